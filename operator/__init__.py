@@ -1,0 +1,1 @@
+"""Kubernetes operator wing: spec rendering, kopf handlers, autoscaler, local backend."""

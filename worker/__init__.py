@@ -1,0 +1,1 @@
+"""Worker wing: torch model code, paged KV cache, scheduler, engine, gRPC servers, router."""
