@@ -1,0 +1,7 @@
+"""Allows `python -m tandem`."""
+
+import sys
+
+from tandem.cli import main
+
+sys.exit(main())

@@ -1,0 +1,40 @@
+"""The `tandem` command: a thin dispatcher that imports each subcommand's module only when it runs."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module, one-line help). Each module exposes `main(argv: list[str]) -> int | None`.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "model": ("tandem.worker.cli_model", "model tools (create-tiny)"),
+    "generate": ("tandem.worker.cli_generate", "one-shot completion through the engine"),
+    "worker": ("tandem.worker.cli_worker", "run a prefill, decode or colocated gRPC worker"),
+    "router": ("tandem.worker.router_main", "run the OpenAI-compatible router"),
+    "up": ("tandem.operator.local", "run an InferenceService spec as local processes"),
+    "bench": ("tandem.bench", "load generator for any OpenAI-compatible endpoint"),
+    "operator": ("tandem.operator.__main__", "run the Kubernetes operator"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: tandem COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"tandem: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

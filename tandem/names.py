@@ -1,0 +1,36 @@
+"""Names shared by both wings: labels, ports, metric names. One place so Prometheus, the router and the
+operator agree."""
+
+LABEL_SERVICE = "serving.tandem.dev/inferenceservice"
+LABEL_POOL = "serving.tandem.dev/pool"  # prefill | decode | router | colocated
+LABEL_COMPONENT = "app.kubernetes.io/component"
+
+POOL_PREFILL = "prefill"
+POOL_DECODE = "decode"
+POOL_ROUTER = "router"
+POOL_COLOCATED = "colocated"
+
+GRPC_PORT = 50051
+METRICS_PORT = 9090
+HTTP_PORT = 8000
+
+# Router metrics
+TTFT_SECONDS = "tandem_ttft_seconds"
+TPOT_SECONDS = "tandem_tpot_seconds"
+ITL_SECONDS = "tandem_inter_token_latency_seconds"
+E2E_SECONDS = "tandem_e2e_latency_seconds"
+REQUESTS_TOTAL = "tandem_requests_total"
+ROUTER_QUEUE_DEPTH = "tandem_router_queue_depth"
+# Prefill metrics
+PREFILL_QUEUED_TOKENS = "tandem_prefill_queued_tokens"
+PREFILL_TOKENS_TOTAL = "tandem_prefill_tokens_total"
+KV_TRANSFER_BYTES_TOTAL = "tandem_kv_transfer_bytes_total"
+KV_TRANSFER_SECONDS = "tandem_kv_transfer_seconds"
+# Decode metrics
+DECODE_RUNNING_SEQUENCES = "tandem_decode_running_sequences"
+KV_BLOCKS_USED = "tandem_kv_blocks_used"
+KV_BLOCKS_TOTAL = "tandem_kv_blocks_total"
+DECODE_BATCH_SIZE = "tandem_decode_batch_size"
+
+# Metric labels
+METRIC_LABELS = ("service", "pool")

@@ -1,0 +1,183 @@
+"""InferenceService spec types shared by the operator, the local backend and the workers.
+
+The same YAML a user `kubectl apply`s is parsed here; camelCase in YAML, snake_case in Python.
+Integers in milliseconds, never floats, as the Kubernetes API conventions ask.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+API_GROUP = "serving.tandem.dev"
+API_VERSION = "v1alpha1"
+KIND = "InferenceService"
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class Dtype(StrEnum):
+    float32 = "float32"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+
+
+class Mode(StrEnum):
+    disaggregated = "disaggregated"
+    colocated = "colocated"
+
+
+class SecretKeyRef(_Spec):
+    name: str
+    key: str = "token"
+
+
+class PvcSource(_Spec):
+    claim_name: str
+    path: str = ""
+
+
+class HuggingFaceSource(_Spec):
+    repo_id: str
+    revision: str = "main"
+    token_secret_ref: SecretKeyRef | None = None
+
+
+class ModelSource(_Spec):
+    """Exactly one of: a local/in-pod path, a PVC, a host path, an image, or a Hugging Face repo."""
+
+    path: str | None = None
+    pvc: PvcSource | None = None
+    host_path: str | None = None
+    image: str | None = None
+    hugging_face: HuggingFaceSource | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ModelSource:
+        chosen = [k for k in ("path", "pvc", "host_path", "image", "hugging_face") if getattr(self, k)]
+        if len(chosen) != 1:
+            raise ValueError(f"model.source needs exactly one of path, pvc, hostPath, image, huggingFace; got {chosen}")
+        return self
+
+
+class ModelSpec(_Spec):
+    source: ModelSource
+    served_name: str
+    dtype: Dtype = Dtype.bfloat16
+    max_context_length: int = Field(default=4096, gt=0)
+
+
+class Resources(_Spec):
+    gpus: int = Field(default=1, ge=0)
+    cpu: str | None = None
+    memory: str | None = None
+
+
+class PoolSpec(_Spec):
+    replicas: int = Field(default=1, ge=0)
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=4, ge=1)
+    resources: Resources = Field(default_factory=Resources)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    affinity: dict[str, Any] | None = None
+    env: list[dict[str, Any]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> PoolSpec:
+        if not self.min_replicas <= self.max_replicas:
+            raise ValueError("minReplicas must be <= maxReplicas")
+        return self
+
+
+class RouterSpec(_Spec):
+    replicas: int = Field(default=1, ge=1)
+    resources: Resources = Field(default_factory=lambda: Resources(gpus=0))
+    max_queued_requests: int = Field(default=256, gt=0)
+
+
+class SloSpec(_Spec):
+    ttft_ms: int = Field(default=500, gt=0)
+    tpot_ms: int = Field(default=50, gt=0)
+    percentile: int = Field(default=90, gt=0, le=100)
+
+
+class AutoscalingSpec(_Spec):
+    enabled: bool = False
+    interval_seconds: int = Field(default=15, gt=0)
+    window_seconds: int = Field(default=60, gt=0)
+    scale_up_cooldown_seconds: int = Field(default=30, ge=0)
+    scale_down_cooldown_seconds: int = Field(default=120, ge=0)
+
+
+class Transport(StrEnum):
+    auto = "auto"
+    grpc = "grpc"
+    shm = "shm"
+    nccl = "nccl"
+
+
+class KvTransferSpec(_Spec):
+    transport: Transport = Transport.auto
+    compression: str = Field(default="none", pattern="^(none|int8)$")
+    lease_ms: int = Field(default=30_000, gt=0)
+
+
+class EngineSpec(_Spec):
+    block_size: int = Field(default=16, gt=0)
+    kv_cache_memory_percent: int = Field(default=90, gt=0, le=100)
+    num_kv_blocks: int | None = Field(default=None, gt=0)
+    max_running_sequences: int = Field(default=64, gt=0)
+    max_batch_tokens: int = Field(default=2048, gt=0)
+    prefill_chunk_tokens: int = Field(default=512, gt=0)
+    threads: int | None = Field(default=None, gt=0)
+
+
+class InferenceServiceSpec(_Spec):
+    model: ModelSpec
+    mode: Mode = Mode.disaggregated
+    image: str = "ghcr.io/tandem-serving/tandem:0.1.0"
+    router: RouterSpec = Field(default_factory=RouterSpec)
+    prefill: PoolSpec = Field(default_factory=PoolSpec)
+    decode: PoolSpec = Field(default_factory=PoolSpec)
+    slo: SloSpec = Field(default_factory=SloSpec)
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    kv_transfer: KvTransferSpec = Field(default_factory=KvTransferSpec)
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+
+
+class InferenceService(BaseModel):
+    """A whole object as read from YAML: name, namespace and the spec."""
+
+    name: str
+    namespace: str = "default"
+    spec: InferenceServiceSpec
+
+
+def parse_object(obj: dict[str, Any]) -> InferenceService:
+    """Validate a YAML/JSON InferenceService object; raises ValueError with the field path on bad input."""
+    if obj.get("kind") != KIND or not str(obj.get("apiVersion", "")).startswith(API_GROUP + "/"):
+        raise ValueError(f"expected kind {KIND} in {API_GROUP}, got {obj.get('kind')!r} {obj.get('apiVersion')!r}")
+    meta = obj.get("metadata") or {}
+    if not meta.get("name"):
+        raise ValueError("metadata.name is required")
+    return InferenceService(
+        name=meta["name"],
+        namespace=meta.get("namespace", "default"),
+        spec=InferenceServiceSpec.model_validate(obj.get("spec") or {}),
+    )
+
+
+def load_file(path: str | Path) -> InferenceService:
+    """Read the first InferenceService document from a YAML file."""
+    for doc in yaml.safe_load_all(Path(path).read_text()):
+        if doc and doc.get("kind") == KIND:
+            return parse_object(doc)
+    raise ValueError(f"{path}: no {KIND} document found")
