@@ -143,7 +143,7 @@ class EngineSpec(_Spec):
 class InferenceServiceSpec(_Spec):
     model: ModelSpec
     mode: Mode = Mode.disaggregated
-    image: str = "ghcr.io/tandem-serving/tandem:0.1.0"
+    image: str = "tandem-worker:0.1.0"
     router: RouterSpec = Field(default_factory=RouterSpec)
     prefill: PoolSpec = Field(default_factory=PoolSpec)
     decode: PoolSpec = Field(default_factory=PoolSpec)
