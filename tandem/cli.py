@@ -12,7 +12,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("tandem.worker.cli_worker", "run a prefill, decode or colocated gRPC worker"),
     "router": ("tandem.worker.router_main", "run the OpenAI-compatible router"),
     "up": ("tandem.operator.local", "run an InferenceService spec as local processes"),
-    "bench": ("tandem.bench", "load generator for any OpenAI-compatible endpoint"),
+    "bench": ("tandem.worker.loadgen.cli", "load generator for any OpenAI-compatible endpoint"),
     "operator": ("tandem.operator.__main__", "run the Kubernetes operator"),
 }
 
