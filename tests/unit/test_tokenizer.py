@@ -1,0 +1,149 @@
+"""The tokenizer wrapper: round trips, streaming detokenization, special tokens and chat templates."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tandem.worker.config import ModelLoadError
+from tandem.worker.tokenizer import ChatTemplateError, StreamDecoder, Tokenizer
+
+MULTIBYTE = "Grüße aus Köln — 日本語のテキスト 🙂👍🏽 naïve café"
+CHAT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi there"},
+    {"role": "assistant", "content": "Hello!"},
+    {"role": "user", "content": "Tell me about the sea."},
+]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir) -> Tokenizer:
+    return Tokenizer.from_dir(tiny_model_dir)
+
+
+@pytest.mark.parametrize(
+    "text", ["The quick brown fox jumps over the lazy dog.", MULTIBYTE, "  two  spaces\n\tand tabs"]
+)
+def test_encode_decode_round_trip(tok, text):
+    ids = tok.encode(text, add_bos=False)
+    assert ids and all(0 <= i < tok.vocab_size for i in ids)
+    assert tok.decode(ids) == text
+
+
+def test_common_words_are_single_tokens(tok):
+    assert len(tok.encode(" the quick brown fox", add_bos=False)) == 4
+
+
+def test_bos_is_prepended_only_when_asked(tok):
+    assert tok.bos_token_id == tok.backend.token_to_id("<s>")
+    with_bos, without = tok.encode("hello", add_bos=True), tok.encode("hello", add_bos=False)
+    assert with_bos == [tok.bos_token_id, *without]
+    assert tok.decode(with_bos) == "hello"
+    assert tok.decode(with_bos, skip_special_tokens=False) == "<s>hello"
+
+
+def test_eos_ids_collect_tokenizer_config_and_generation_config(tok):
+    assert tok.eos_token_ids == (tok.backend.token_to_id("</s>"), tok.backend.token_to_id("<|end|>"))
+
+
+def _stream(tok, ids, prompt=()):
+    decoder = StreamDecoder(tok, prompt)
+    pieces = [decoder.push(i) for i in ids]
+    return pieces, decoder.flush()
+
+
+@pytest.mark.parametrize("text", [MULTIBYTE, "plain ascii text, streamed one token at a time"])
+def test_streamed_pieces_join_to_the_full_decode(tok, text):
+    ids = tok.encode(text, add_bos=False)
+    pieces, tail = _stream(tok, ids)
+    assert "".join(pieces) + tail == tok.decode(ids) == text
+    assert tail == ""
+    assert not any("\ufffd" in p for p in pieces)
+    assert len(ids) > len(text.encode("utf-8")) // 4  # multi-byte chars really span several tokens here
+
+
+def test_stream_after_a_prompt_yields_only_new_text(tok):
+    prompt = tok.encode("Once upon a time", add_bos=True)
+    ids = tok.encode(" there was a café 🙂", add_bos=False)
+    pieces, tail = _stream(tok, ids, prompt)
+    assert "".join(pieces) + tail == " there was a café 🙂"
+
+
+def test_stream_holds_back_an_incomplete_character_until_flush(tok):
+    ids = tok.encode("ok 🙂", add_bos=False)
+    assert len(tok.encode("🙂", add_bos=False)) > 1  # the emoji spans several byte tokens
+    pieces, tail = _stream(tok, ids[:-1])
+    assert "".join(pieces).rstrip() == "ok"
+    assert not any("\ufffd" in p for p in pieces)
+    assert tail.endswith("\ufffd")
+    assert "".join(pieces) + tail == tok.decode(ids[:-1])
+
+
+def test_incremental_decode_returns_offsets(tok):
+    ids = tok.encode("hello world", add_bos=False)
+    text, prefix, read = tok.decode_incremental(ids, 0, 0)
+    assert (text, prefix, read) == ("hello world", 0, len(ids))
+    assert tok.decode_incremental(ids, prefix, read) == ("", prefix, read)
+
+
+def test_chat_template_renders_roles_and_generation_prompt(tok):
+    text = tok.apply_chat_template(CHAT)
+    assert text.startswith("<s><|system|>\nBe brief.<|end|>\n<|user|>\nHi there<|end|>\n")
+    assert text.endswith("<|user|>\nTell me about the sea.<|end|>\n<|assistant|>\n")
+    assert not tok.apply_chat_template(CHAT, add_generation_prompt=False).endswith("<|assistant|>\n")
+    ids = tok.encode(text, add_bos=False)
+    assert ids[0] == tok.bos_token_id and tok.backend.token_to_id("<|assistant|>") in ids
+
+
+def test_chat_template_raise_exception_becomes_chat_template_error(tok):
+    with pytest.raises(ChatTemplateError, match="unknown role: robot"):
+        tok.apply_chat_template([{"role": "robot", "content": "beep"}])
+
+
+def test_missing_tokenizer_json_is_named(tmp_path):
+    with pytest.raises(ModelLoadError, match="tokenizer.json"):
+        Tokenizer.from_dir(tmp_path)
+
+
+def test_template_from_chat_template_jinja_and_none_at_all(tmp_path, tiny_model_dir):
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    shutil.copy(tiny_model_dir / "tokenizer.json", model_dir / "tokenizer.json")
+    with pytest.raises(ChatTemplateError, match="no chat template"):
+        Tokenizer.from_dir(model_dir).apply_chat_template(CHAT)
+    (model_dir / "chat_template.jinja").write_text(
+        "{% for m in messages %}[{{ m.role }}] {{ m.content | tojson }}\n{% endfor %}"
+    )
+    assert (
+        Tokenizer.from_dir(model_dir).apply_chat_template(CHAT[:2])
+        == '[system] "Be brief."\n[user] "Hi there"\n'
+    )
+
+
+def test_added_token_dict_form_of_special_tokens(tmp_path, tiny_model_dir):
+    model_dir = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, model_dir)
+    config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    config["bos_token"] = {"content": "<s>", "special": True}
+    config["eos_token"] = {"content": "<|end|>", "special": True}
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = Tokenizer.from_dir(model_dir)
+    assert tok.bos_token_id == tok.backend.token_to_id("<s>")
+    assert tok.eos_token_ids[0] == tok.backend.token_to_id("<|end|>")
+
+
+def test_transformers_tokenizer_agrees_with_ours(tok, tiny_model_dir):
+    import transformers  # a test dependency; imported here because it is slow to import
+
+    hf = transformers.AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    for text in ("The quick brown fox.", MULTIBYTE):
+        assert hf.encode(text) == tok.encode(text, add_bos=True)
+        assert hf.encode(text, add_special_tokens=False) == tok.encode(text, add_bos=False)
+    assert hf.apply_chat_template(
+        CHAT, tokenize=False, add_generation_prompt=True
+    ) == tok.apply_chat_template(CHAT)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tiny_model_dir / "tokenizer.json"))
+    assert fast.decode(tok.encode(MULTIBYTE, add_bos=False)) == MULTIBYTE
