@@ -43,6 +43,12 @@ class ModelConfig:
         eos = hf.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         is_qwen2 = arch == "Qwen2ForCausalLM"
+        # transformers >= 5 writes `rope_parameters`; older configs have `rope_theta` + `rope_scaling`
+        rope = hf.get("rope_parameters") or {}
+        rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+        rope_scaling = hf.get("rope_scaling")
+        if rope and rope.get("rope_type", "default") != "default":
+            rope_scaling = rope
         return cls(
             vocab_size=hf["vocab_size"],
             hidden_size=hf["hidden_size"],
@@ -53,8 +59,8 @@ class ModelConfig:
             head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
             max_position_embeddings=hf.get("max_position_embeddings", 4096),
             rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            rope_theta=hf.get("rope_theta", 10000.0),
-            rope_scaling=hf.get("rope_scaling"),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
             attention_bias=is_qwen2 or bool(hf.get("attention_bias", False)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             architecture=arch,

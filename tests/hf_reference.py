@@ -1,0 +1,81 @@
+"""Hugging Face transformers models on random weights: the numerical reference our model code is checked against."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+from tandem.worker.config import ModelConfig
+from tandem.worker.engine import Engine, EngineConfig
+from tandem.worker.model import Transformer
+
+LLAMA_GQA = dict(
+    architectures=["LlamaForCausalLM"],
+    vocab_size=512,
+    hidden_size=128,
+    intermediate_size=344,
+    num_hidden_layers=3,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    rope_scaling={
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256,
+    },
+    tie_word_embeddings=False,
+    initializer_range=0.08,
+)
+
+QWEN2_BIAS = dict(
+    architectures=["Qwen2ForCausalLM"],
+    vocab_size=512,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    tie_word_embeddings=True,
+    use_sliding_window=False,
+    initializer_range=0.08,
+)
+
+
+def hf_model(cfg: dict, seed: int = 0) -> transformers.PreTrainedModel:
+    torch.manual_seed(seed)
+    arch = cfg["architectures"][0]
+    config_cls = {"LlamaForCausalLM": transformers.LlamaConfig, "Qwen2ForCausalLM": transformers.Qwen2Config}[arch]
+    model_cls = getattr(transformers, arch)
+    kwargs = {k: v for k, v in cfg.items() if k != "architectures"}
+    hf = model_cls(config_cls(**kwargs, architectures=[arch], attn_implementation="eager"))
+    if arch == "Qwen2ForCausalLM":  # HF initialises biases to zero; make them matter
+        with torch.no_grad():
+            for layer in hf.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.1)
+    return hf.float().eval()
+
+
+def ours_from(hf: transformers.PreTrainedModel) -> Transformer:
+    model = Transformer(ModelConfig.from_hf(hf.config.to_dict()))
+    model.load_state_dict(hf.state_dict(), strict=True)
+    return model.float().eval()
+
+
+def engine_for(model: Transformer, **overrides) -> Engine:
+    return Engine(model, EngineConfig(**{"block_size": 8, "num_kv_blocks": 256, **overrides}))
+
+
+def hf_greedy(hf: transformers.PreTrainedModel, prompt: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(
+            torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None
+        )
+    return out[0, len(prompt) :].tolist()

@@ -1,0 +1,115 @@
+"""Which KV block belongs to whom: a free pool, reference counts, and prefix caching by block hash.
+
+Pure bookkeeping with no tensors, so the accounting rules (nothing leaks, shared prefixes are counted
+once) are tested on their own. Only full blocks are hashed; a freed block keeps its hash until it is
+reused, so a later request with the same prefix can pick it up again.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+
+class OutOfBlocks(RuntimeError):
+    """The pool cannot hold what was asked for."""
+
+
+def block_hash(parent: int | None, tokens: Sequence[int]) -> int:
+    """Hash of a full block, chained to the hash of the block before it."""
+    return hash((parent, tuple(tokens)))
+
+
+def prefix_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
+    """Chained hashes of every full block of `token_ids`."""
+    hashes: list[int] = []
+    parent: int | None = None
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = block_hash(parent, token_ids[start : start + block_size])
+        hashes.append(parent)
+    return hashes
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.block_hashes: list[int | None] = [None] * num_blocks
+        self.cached: dict[int, int] = {}  # hash -> block id
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))  # LRU order
+
+    # --- queries -------------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self.free)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def cached_prefix(self, token_ids: Sequence[int]) -> list[int]:
+        """Block ids already holding the longest cached run of full blocks of `token_ids`.
+
+        At least one token is always left to compute, so the caller still gets logits.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        blocks: list[int] = []
+        for h in prefix_hashes(token_ids[: max(0, len(token_ids) - 1)], self.block_size):
+            block = self.cached.get(h)
+            if block is None or self.block_hashes[block] != h:
+                break
+            blocks.append(block)
+        return blocks
+
+    # --- changes -------------------------------------------------------------------------------
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self.free):
+            raise OutOfBlocks(f"need {n} KV blocks, {len(self.free)} free")
+        out = []
+        for _ in range(n):
+            block, _ = self.free.popitem(last=False)
+            old = self.block_hashes[block]
+            if old is not None and self.cached.get(old) == block:
+                del self.cached[old]
+            self.block_hashes[block] = None
+            self.ref_counts[block] = 1
+            out.append(block)
+        return out
+
+    def share(self, blocks: Sequence[int]) -> None:
+        """Take a reference on cached blocks (which may currently sit in the free pool)."""
+        for block in blocks:
+            if self.ref_counts[block] == 0:
+                del self.free[block]
+            self.ref_counts[block] += 1
+
+    def allocate_prompt(self, token_ids: Sequence[int], extra_tokens: int = 0) -> tuple[list[int], int]:
+        """Blocks for a prompt (+ room for `extra_tokens`), reusing cached prefix blocks.
+
+        Returns (block table, number of tokens already in the cache).
+        """
+        cached = self.cached_prefix(token_ids)
+        need = self.blocks_needed(len(token_ids) + extra_tokens) - len(cached)
+        if need > self.num_free - sum(1 for b in cached if self.ref_counts[b] == 0):
+            raise OutOfBlocks(f"need {need} KV blocks, {self.num_free} free")
+        self.share(cached)
+        return cached + self.allocate(need), len(cached) * self.block_size
+
+    def register(self, block: int, h: int) -> None:
+        """Publish that `block` now holds the full block with hash `h`."""
+        if self.enable_prefix_caching and self.block_hashes[block] is None and h not in self.cached:
+            self.block_hashes[block] = h
+            self.cached[h] = block
+
+    def release(self, blocks: Sequence[int]) -> None:
+        for block in reversed(blocks):  # tail first, so the prefix stays cached longest
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] < 0:
+                raise AssertionError(f"block {block} released twice")
+            if self.ref_counts[block] == 0:
+                self.free[block] = None

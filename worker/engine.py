@@ -1,0 +1,227 @@
+"""The engine: one explicit step (schedule, execute, update) over a paged KV cache and a torch model.
+
+The same engine runs in every pool. A prefill worker adds requests with `max_tokens=1` and a layer hook
+that pushes each layer's KV as soon as it is written; a decode worker reserves blocks for an incoming
+transfer and admits the sequence straight into its running batch once the KV has landed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from tandem.worker.block_manager import BlockManager
+from tandem.worker.kv_cache import KvCache
+from tandem.worker.model import AttentionBatch, Transformer
+from tandem.worker.sampling import InvalidRequest, SamplingParams, sample
+from tandem.worker.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from tandem.worker.sequence import Sequence, SeqStatus
+
+
+@dataclass
+class EngineConfig:
+    block_size: int = 16
+    num_kv_blocks: int = 1024
+    max_running_sequences: int = 64
+    max_batch_tokens: int = 2048
+    prefill_chunk_tokens: int = 512
+    max_model_len: int | None = None  # defaults to the model's max positions
+    enable_prefix_caching: bool = True
+
+
+@dataclass
+class StepOutput:
+    """A token produced this step for one request (`finish_reason` set on its last one)."""
+
+    request_id: str
+    token_id: int
+    logprob: float
+    finish_reason: str | None
+
+
+# Called after each layer: (layer index, what ran this step).
+EngineLayerHook = Callable[[int, SchedulerOutput], None]
+
+
+class Engine:
+    def __init__(
+        self,
+        model: Transformer,
+        config: EngineConfig,
+        eos_token_ids: tuple[int, ...] = (),
+        detokenize: Callable[[list[int]], str] | None = None,
+    ):
+        self.model, self.config = model, config
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.max_model_len = config.max_model_len or model.config.max_position_embeddings
+        self.kv = KvCache(model.config, config.num_kv_blocks, config.block_size, self.dtype, self.device)
+        self.blocks = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_running_sequences, config.max_batch_tokens, config.prefill_chunk_tokens),
+            self.blocks,
+        )
+        self.eos_token_ids = eos_token_ids
+        self.detokenize = detokenize
+        self.seqs: dict[str, Sequence] = {}
+        self.layer_hook: EngineLayerHook | None = None
+        self._ids = itertools.count()
+
+    # --- requests ------------------------------------------------------------------------------
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if not prompt_ids:
+            raise InvalidRequest("prompt is empty")
+        if len(prompt_ids) >= self.max_model_len:
+            raise InvalidRequest(
+                f"prompt has {len(prompt_ids)} tokens; the model's context is {self.max_model_len} tokens"
+            )
+        vocab = self.model.config.vocab_size
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            raise InvalidRequest(f"prompt token ids must be in [0, {vocab})")
+        if self.blocks.blocks_needed(len(prompt_ids) + 1) > self.blocks.num_blocks:
+            raise InvalidRequest(f"prompt of {len(prompt_ids)} tokens does not fit in the KV cache")
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
+        self.validate(prompt_ids, params)
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self.seqs:
+            raise InvalidRequest(f"duplicate request id {request_id!r}")
+        seq = Sequence(request_id, list(prompt_ids), params)
+        self.seqs[request_id] = seq
+        self.scheduler.add(seq)
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        seq = self.seqs.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.finish(seq, "abort")
+        return True
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # --- the decode side of a KV transfer ------------------------------------------------------
+    def reserve(self, prompt_ids: list[int], params: SamplingParams) -> tuple[list[int], int]:
+        """Blocks for an incoming prompt's KV; returns (block table, tokens already cached by prefix)."""
+        self.validate(prompt_ids, params)
+        return self.blocks.allocate_prompt(prompt_ids)
+
+    def release(self, block_table: list[int]) -> None:
+        self.blocks.release(block_table)
+
+    def admit_prefilled(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        block_table: list[int],
+        first_token: int,
+        first_logprob: float = 0.0,
+    ) -> list[StepOutput]:
+        """Start decoding a sequence whose prompt KV already sits in `block_table`."""
+        seq = Sequence(request_id, list(prompt_ids), params, block_table=block_table, num_computed=len(prompt_ids))
+        self.seqs[request_id] = seq
+        self.scheduler.add_running(seq)
+        self.scheduler.publish_full_blocks(seq)
+        return [self._append(seq, first_token, first_logprob)]
+
+    # --- one step ------------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        sched = self.scheduler.schedule()
+        if not sched:
+            return []
+        logits = self._execute(sched)
+        return self._update(sched, logits)
+
+    @torch.inference_mode()
+    def _execute(self, sched: SchedulerOutput) -> torch.Tensor | None:
+        ids, pos, slots, sample_rows = [], [], [], []
+        bs = self.config.block_size
+        for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
+            start = seq.num_computed
+            ids += seq.token_ids[start : start + n]
+            for p in range(start, start + n):
+                pos.append(p)
+                slots.append(seq.block_table[p // bs] * bs + p % bs)
+            if start + n == seq.num_tokens:
+                sample_rows.append(len(ids) - 1)
+        batch = AttentionBatch(
+            query_lens=list(sched.num_new_tokens),
+            context_lens=[s.num_computed + n for s, n in zip(sched.seqs, sched.num_new_tokens, strict=True)],
+            block_tables=[s.block_table for s in sched.seqs],
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
+            block_size=bs,
+        )
+        hook = None
+        if self.layer_hook is not None:
+            layer_hook = self.layer_hook
+
+            def hook(layer: int) -> None:
+                layer_hook(layer, sched)
+
+        hidden = self.model(
+            torch.tensor(ids, dtype=torch.long, device=self.device),
+            torch.tensor(pos, dtype=torch.long, device=self.device),
+            self.kv.k,
+            self.kv.v,
+            batch,
+            hook,
+        )
+        if not sample_rows:
+            return None
+        return self.model.logits(hidden[torch.tensor(sample_rows, device=self.device)]).cpu()
+
+    def _update(self, sched: SchedulerOutput, logits: torch.Tensor | None) -> list[StepOutput]:
+        to_sample = []
+        for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
+            self.scheduler.advance(seq, n)
+            if seq.num_computed == seq.num_tokens:
+                to_sample.append(seq)
+        if not to_sample:
+            return []
+        assert logits is not None
+        tokens, logprobs = sample(logits, [s.params for s in to_sample], [s.generator for s in to_sample])
+        return [self._append(s, t, lp) for s, t, lp in zip(to_sample, tokens, logprobs, strict=True)]
+
+    def _append(self, seq: Sequence, token: int, logprob: float) -> StepOutput:
+        seq.output_ids.append(token)
+        seq.output_logprobs.append(logprob)
+        reason = self._finish_reason(seq)
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            self.seqs.pop(seq.request_id, None)
+        return StepOutput(seq.request_id, token, logprob, reason)
+
+    def _finish_reason(self, seq: Sequence) -> str | None:
+        p, token = seq.params, seq.output_ids[-1]
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+            return "stop"
+        if p.stop and self.detokenize is not None:
+            text = self.detokenize(seq.output_ids)
+            if any(s in text for s in p.stop):
+                return "stop"
+        if len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    # --- introspection for load reports and tests ----------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def queued_prompt_tokens(self) -> int:
+        waiting = sum(s.num_uncomputed for s in self.scheduler.waiting)
+        return waiting + sum(s.num_uncomputed for s in self.scheduler.running if s.in_prefill)
+
+    def is_running(self, request_id: str) -> bool:
+        seq = self.seqs.get(request_id)
+        return seq is not None and seq.status is SeqStatus.RUNNING

@@ -1,0 +1,50 @@
+"""The paged KV cache's storage: one preallocated block pool per layer, read and written by block id.
+
+This is the small interface the KV transfer uses; which block belongs to whom is the block manager's job.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tandem.worker.config import ModelConfig
+
+
+def kv_block_nbytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block takes across all layers, keys and values."""
+    elem = torch.tensor([], dtype=dtype).element_size()
+    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
+
+
+def blocks_for_memory(config: ModelConfig, block_size: int, dtype: torch.dtype, budget_bytes: int) -> int:
+    return max(1, budget_bytes // kv_block_nbytes(config, block_size, dtype))
+
+
+class KvCache:
+    """Per layer `k[layer]`, `v[layer]`: [num_blocks, block_size, num_kv_heads, head_dim], contiguous."""
+
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: str | torch.device = "cpu"):
+        self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
+        shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)
+        self._k = torch.zeros(shape, dtype=dtype, device=device)
+        self._v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = list(self._k.unbind(0))
+        self.v = list(self._v.unbind(0))
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.k)
+
+    @property
+    def block_nbytes_per_layer(self) -> int:
+        """Bytes of keys (or values) of one block in one layer."""
+        return self.k[0][0].numel() * self.k[0].element_size()
+
+    def read_blocks(self, layer: int, block_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.tensor(block_ids, dtype=torch.long, device=self.k[layer].device)
+        return self.k[layer][ids], self.v[layer][ids]
+
+    def write_blocks(self, layer: int, block_ids: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
+        ids = torch.tensor(block_ids, dtype=torch.long, device=self.k[layer].device)
+        self.k[layer][ids] = k.to(self.k[layer].device, self.dtype)
+        self.v[layer][ids] = v.to(self.v[layer].device, self.dtype)

@@ -1,0 +1,237 @@
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, TinyLlama) as pure torch code over a paged KV cache.
+
+No scheduling and no I/O: the caller hands in a flat batch of tokens with their positions and an
+`AttentionBatch` that says where each sequence's KV lives. Parameter names equal Hugging Face's, so a
+checkpoint's state dict loads as is. `layer_hook(layer)` runs after each layer has written its KV, which
+is where the prefill worker starts pushing that layer to the decode worker.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tandem.worker.config import ModelConfig, ModelLoadError
+
+
+@dataclass
+class AttentionBatch:
+    """Where the tokens of one forward pass go in the paged KV cache.
+
+    Sequences are laid out back to back in the flat token dimension T.
+    """
+
+    query_lens: list[int]  # new tokens per sequence
+    context_lens: list[int]  # tokens in the cache after this step (cached + new), per sequence
+    block_tables: list[list[int]]  # KV block ids per sequence
+    slot_mapping: torch.Tensor  # [T] flat slot (block * block_size + offset) for each new token
+    block_size: int
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Rotary inverse frequencies, with Llama 3 and linear RoPE scaling."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind in ("default", None):
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / scaling["factor"]
+    if kind == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+        old_len = scaling["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(is_medium, smoothed, scaled)
+    raise ModelLoadError(f"unsupported rope_scaling type {kind!r}")
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        h, bias = config.hidden_size, config.attention_bias
+        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=False)
+        self.scale = self.head_dim**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, H]
+        cos: torch.Tensor,  # [T, D]
+        sin: torch.Tensor,  # [T, D]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
+        v_cache: torch.Tensor,
+        batch: AttentionBatch,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        q = q * cos[:, None] + rotate_half(q) * sin[:, None]
+        k = k * cos[:, None] + rotate_half(k) * sin[:, None]
+        k_cache.view(-1, self.num_kv_heads, self.head_dim)[batch.slot_mapping] = k
+        v_cache.view(-1, self.num_kv_heads, self.head_dim)[batch.slot_mapping] = v
+        out = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale)  # [T, NH, D]
+        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+
+def _gather(cache: torch.Tensor, blocks: list[int], length: int) -> torch.Tensor:
+    """One sequence's cached keys or values, [length, KVH, D]."""
+    ids = torch.tensor(blocks[: -(-length // cache.shape[1])], dtype=torch.long, device=cache.device)
+    return cache[ids].flatten(0, 1)[:length]
+
+
+def paged_attention(
+    q: torch.Tensor,  # [T, NH, D]
+    k_new: torch.Tensor,  # [T, KVH, D]
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: AttentionBatch,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of each sequence's new queries over its whole context in the paged cache."""
+    out = torch.empty_like(q)
+    gqa = q.shape[1] != k_new.shape[1]
+    decode_rows = [i for i, n in enumerate(batch.query_lens) if n == 1]
+    starts = [0]
+    for n in batch.query_lens:
+        starts.append(starts[-1] + n)
+    if len(decode_rows) > 1:  # batched single-token decode over padded contexts
+        max_len = max(batch.context_lens[i] for i in decode_rows)
+        ks = torch.stack([_pad(_gather(k_cache, batch.block_tables[i], batch.context_lens[i]), max_len) for i in decode_rows])
+        vs = torch.stack([_pad(_gather(v_cache, batch.block_tables[i], batch.context_lens[i]), max_len) for i in decode_rows])
+        lens = torch.tensor([batch.context_lens[i] for i in decode_rows], device=q.device)
+        mask = (torch.arange(max_len, device=q.device)[None, :] < lens[:, None])[:, None, None, :]  # [B,1,1,L]
+        rows = torch.tensor([starts[i] for i in decode_rows], device=q.device)
+        qb = q[rows][:, :, None, :]  # [B, NH, 1, D]
+        o = F.scaled_dot_product_attention(
+            qb, ks.transpose(1, 2), vs.transpose(1, 2), attn_mask=mask, scale=scale, enable_gqa=gqa
+        )
+        out[rows] = o[:, :, 0, :]
+        done = set(decode_rows)
+    else:
+        done = set()
+    for i, (n, ctx) in enumerate(zip(batch.query_lens, batch.context_lens, strict=True)):
+        if i in done:
+            continue
+        s, e = starts[i], starts[i] + n
+        qi = q[s:e].transpose(0, 1)[None]  # [1, NH, n, D]
+        if ctx == n:  # nothing cached before: attend over the fresh keys directly
+            ki, vi = k_new[s:e], v_new[s:e]
+            o = F.scaled_dot_product_attention(
+                qi, ki.transpose(0, 1)[None], vi.transpose(0, 1)[None], is_causal=n > 1, scale=scale, enable_gqa=gqa
+            )
+        else:
+            ki = _gather(k_cache, batch.block_tables[i], ctx)
+            vi = _gather(v_cache, batch.block_tables[i], ctx)
+            q_pos = torch.arange(ctx - n, ctx, device=q.device)
+            mask = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None]  # [n, ctx]
+            o = F.scaled_dot_product_attention(
+                qi, ki.transpose(0, 1)[None], vi.transpose(0, 1)[None], attn_mask=mask, scale=scale, enable_gqa=gqa
+            )
+        out[s:e] = o[0].transpose(0, 1)
+    return out
+
+
+def _pad(x: torch.Tensor, length: int) -> torch.Tensor:
+    return F.pad(x, (0, 0, 0, 0, 0, length - x.shape[0]))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+
+class _Body(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+LayerHook = Callable[[int], None]
+
+
+class Transformer(nn.Module):
+    """Causal LM whose state dict keys match Hugging Face's `*ForCausalLM` for the Llama family."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = _Body(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        k_caches: list[torch.Tensor],  # per layer [num_blocks, block_size, KVH, D]
+        v_caches: list[torch.Tensor],
+        batch: AttentionBatch,
+        layer_hook: LayerHook | None = None,
+    ) -> torch.Tensor:  # [T, H] final hidden states
+        x = self.model.embed_tokens(input_ids)
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2], float32 like HF
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        for i, layer in enumerate(self.model.layers):
+            h = x + layer.self_attn(layer.input_layernorm(x), cos, sin, k_caches[i], v_caches[i], batch)
+            x = h + layer.mlp(layer.post_attention_layernorm(h))
+            if layer_hook is not None:
+                layer_hook(i)
+        return self.model.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V] float32
+        return self.lm_head(hidden).float()

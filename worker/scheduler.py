@@ -1,0 +1,142 @@
+"""Continuous batching: which sequences run this step and how many tokens each, under a token budget.
+
+Running sequences go first (decodes and unfinished prompt chunks, oldest first), then waiting prompts
+are admitted while blocks, the token budget and the running-sequence cap allow. A prompt longer than the
+chunk size is prefilled over several steps. When a running sequence needs a block and none is free, the
+newest running sequence is preempted: its blocks are freed and it is recomputed later.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from tandem.worker.block_manager import BlockManager, OutOfBlocks, block_hash
+from tandem.worker.sequence import Sequence, SeqStatus
+
+
+@dataclass
+class SchedulerConfig:
+    max_running_sequences: int = 64
+    max_batch_tokens: int = 2048
+    prefill_chunk_tokens: int = 512
+
+
+@dataclass
+class SchedulerOutput:
+    """The explicit message from scheduler to model runner for one step."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def __bool__(self) -> bool:
+        return bool(self.seqs)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager):
+        self.config, self.blocks = config, blocks
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        """Admit a sequence whose prompt KV is already in its blocks (the decode side of a transfer)."""
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # --- one step ------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_batch_tokens
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status is not SeqStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            n = min(seq.num_uncomputed, budget, self.config.prefill_chunk_tokens)
+            if n == 0 or not self._grow(seq, seq.num_computed + n, out):
+                continue
+            out.seqs.append(seq)
+            out.num_new_tokens.append(n)
+            budget -= n
+        while self.waiting and budget > 0 and not out.preempted:
+            if len(self.running) >= self.config.max_running_sequences:
+                break
+            seq = self.waiting[0]
+            try:
+                seq.block_table, cached = self.blocks.allocate_prompt(seq.token_ids)
+            except OutOfBlocks:
+                break
+            self.waiting.popleft()
+            seq.num_computed = cached
+            seq.block_hashes = [self.blocks.block_hashes[b] for b in seq.block_table[: cached // self.blocks.block_size]]  # type: ignore[misc]
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            n = min(seq.num_uncomputed, budget, self.config.prefill_chunk_tokens)
+            out.seqs.append(seq)
+            out.num_new_tokens.append(n)
+            budget -= n
+        return out
+
+    def _grow(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
+        """Make room in `seq`'s block table for `num_tokens`, preempting newer sequences if needed."""
+        need = self.blocks.blocks_needed(num_tokens) - len(seq.block_table)
+        while need > self.blocks.num_free:
+            victim = self.running[-1]
+            self.preempt(victim)
+            out.preempted.append(victim)
+            if victim is seq:
+                return False
+        if need > 0:
+            seq.block_table += self.blocks.allocate(need)
+        return True
+
+    def preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self._free(seq)
+        seq.num_computed = 0
+        seq.num_preemptions += 1
+        seq.status = SeqStatus.WAITING
+        self.waiting.appendleft(seq)
+
+    # --- after the model ran -------------------------------------------------------------------
+    def advance(self, seq: Sequence, num_new: int) -> None:
+        """Account for `num_new` tokens now in the cache and publish newly full blocks for prefix reuse."""
+        seq.num_computed += num_new
+        self.publish_full_blocks(seq)
+
+    def publish_full_blocks(self, seq: Sequence) -> None:
+        bs = self.blocks.block_size
+        tokens = seq.token_ids
+        while (len(seq.block_hashes) + 1) * bs <= seq.num_computed:
+            i = len(seq.block_hashes)
+            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            h = block_hash(parent, tokens[i * bs : (i + 1) * bs])
+            seq.block_hashes.append(h)
+            self.blocks.register(seq.block_table[i], h)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self._free(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+
+    def _free(self, seq: Sequence) -> None:
+        self.blocks.release(seq.block_table)
+        seq.block_table = []
+        seq.block_hashes = []
