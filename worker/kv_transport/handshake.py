@@ -1,0 +1,57 @@
+"""Handshake decisions (pure): are two workers' KV layouts compatible, and which transport to use."""
+
+from __future__ import annotations
+
+from tandem.v1 import common_pb2
+
+T = common_pb2
+
+_LAYOUT_FIELDS = (
+    "model_name",
+    "dtype",
+    "num_layers",
+    "num_kv_heads",
+    "head_dim",
+    "block_size",
+    "protocol_version",
+)
+_SENDERS = (T.WORKER_ROLE_PREFILL, T.WORKER_ROLE_COLOCATED)
+_RECEIVERS = (T.WORKER_ROLE_DECODE, T.WORKER_ROLE_COLOCATED)
+
+
+def check_compatible(sender: common_pb2.WorkerInfo, receiver: common_pb2.WorkerInfo) -> list[str]:
+    """Reasons why `sender` may not push KV into `receiver`; empty when it may."""
+    problems = []
+    for name in _LAYOUT_FIELDS:
+        a, b = getattr(sender, name), getattr(receiver, name)
+        if a != b:
+            problems.append(
+                f"{name} differs: {sender.worker_id or 'sender'} has {a!r}, {receiver.worker_id or 'receiver'} has {b!r}"
+            )
+    for name in ("num_layers", "num_kv_heads", "head_dim", "block_size"):
+        if getattr(sender, name) == 0 or getattr(receiver, name) == 0:
+            problems.append(f"{name} is unset")
+    if sender.role not in _SENDERS and sender.role != T.WORKER_ROLE_UNSPECIFIED:
+        problems.append(f"{T.WorkerRole.Name(sender.role)} cannot send KV")
+    if receiver.role not in _RECEIVERS and receiver.role != T.WORKER_ROLE_UNSPECIFIED:
+        problems.append(f"{T.WorkerRole.Name(receiver.role)} cannot receive KV")
+    return problems
+
+
+def same_host(a: common_pb2.WorkerInfo, b: common_pb2.WorkerInfo) -> bool:
+    return bool(a.host_id) and a.host_id == b.host_id
+
+
+def choose_transport(
+    sender: common_pb2.WorkerInfo, receiver: common_pb2.WorkerInfo, allow_cuda_ipc: bool = True
+) -> int:
+    """The fastest transport both sides offer: CUDA IPC (same host, both caches on GPUs), then shared
+    memory (same host, both shm-capable), else the gRPC stream, which always works."""
+    both = set(sender.transports) & set(receiver.transports)
+    if same_host(sender, receiver):
+        gpus = sender.cuda_device >= 0 and receiver.cuda_device >= 0
+        if allow_cuda_ipc and gpus and T.KV_TRANSPORT_CUDA_IPC in both:
+            return T.KV_TRANSPORT_CUDA_IPC
+        if sender.shm_capable and receiver.shm_capable and T.KV_TRANSPORT_SHM in both:
+            return T.KV_TRANSPORT_SHM
+    return T.KV_TRANSPORT_GRPC

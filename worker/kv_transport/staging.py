@@ -1,0 +1,194 @@
+"""A single-producer, single-consumer staging ring a decode worker lends to one transfer at a time.
+
+The data region is a uint8 tensor (shared memory on the CPU, or a CUDA buffer shared by IPC); a small
+shared-memory control block holds the consumer's read position and the epoch of the transfer the ring
+is lent to. The producer writes a chunk, then sends its header (offset, length) on the gRPC stream;
+the consumer copies the chunk into the KV cache and advances the read position.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing import shared_memory
+
+import numpy as np
+import torch
+
+from tandem.v1 import decode_pb2
+
+from .base import KvTransferError
+
+CONTROL_BYTES = 64  # u64 slots: read_pos, epoch, capacity
+_READ, _EPOCH, _CAPACITY = 0, 1, 2
+
+
+def ring_start(write_pos: int, length: int, capacity: int) -> int:
+    """Logical offset where a chunk of `length` goes so that it does not wrap around the ring (pure)."""
+    if length > capacity:
+        raise ValueError(f"chunk of {length} bytes exceeds the ring's {capacity}")
+    if write_pos % capacity + length <= capacity:
+        return write_pos
+    return (write_pos // capacity + 1) * capacity
+
+
+def new_segment_name(prefix: str = "tandem-kv") -> str:
+    return f"{prefix}-{secrets.token_hex(6)}"
+
+
+def _attach(name: str) -> shared_memory.SharedMemory:
+    # track=False (3.13+) is unavailable on 3.11: unregister so the attaching process never unlinks it.
+    seg = shared_memory.SharedMemory(name=name)
+    try:
+        from multiprocessing import resource_tracker
+
+        resource_tracker.unregister(seg._name, "shared_memory")  # type: ignore[attr-defined]
+    except Exception:
+        pass
+    return seg
+
+
+class StagingRing:
+    def __init__(self, control: shared_memory.SharedMemory, region: torch.Tensor, owner: bool, segment=None):
+        self._control_seg = control
+        self._control = np.ndarray((CONTROL_BYTES // 8,), dtype=np.uint64, buffer=control.buf)
+        self.region = region
+        self.owner = owner
+        self._segment = segment  # the shm segment holding the region, when it is separate from control
+        self.write_pos = 0  # producer side only
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    @classmethod
+    def create_shm(cls, capacity: int, name: str | None = None) -> StagingRing:
+        """Control block and data region in one shared-memory segment (decode side)."""
+        seg = shared_memory.SharedMemory(
+            name=name or new_segment_name(), create=True, size=CONTROL_BYTES + capacity
+        )
+        region = torch.frombuffer(seg.buf, dtype=torch.uint8, offset=CONTROL_BYTES, count=capacity)
+        region.fill_(0)  # fault the pages in now, not during the first transfer
+        ring = cls(seg, region, owner=True)
+        ring._control[_CAPACITY] = capacity
+        return ring
+
+    @classmethod
+    def attach_shm(cls, name: str) -> StagingRing:
+        seg = _attach(name)
+        capacity = int(np.ndarray((CONTROL_BYTES // 8,), dtype=np.uint64, buffer=seg.buf)[_CAPACITY])
+        region = torch.frombuffer(seg.buf, dtype=torch.uint8, offset=CONTROL_BYTES, count=capacity)
+        return cls(seg, region, owner=False)
+
+    @classmethod
+    def with_region(cls, region: torch.Tensor, name: str | None = None) -> StagingRing:
+        """A ring over a given region (e.g. a CUDA buffer) with its control block in a new segment."""
+        seg = shared_memory.SharedMemory(name=name or new_segment_name(), create=True, size=CONTROL_BYTES)
+        ring = cls(seg, region, owner=True)
+        ring._control[_CAPACITY] = region.numel()
+        return ring
+
+    @classmethod
+    def attach_control(cls, name: str, region: torch.Tensor) -> StagingRing:
+        return cls(_attach(name), region, owner=False)
+
+    @property
+    def name(self) -> str:
+        return self._control_seg.name
+
+    @property
+    def capacity(self) -> int:
+        return int(self._control[_CAPACITY])
+
+    def close(self) -> None:
+        """Detach; the owner also removes the segment."""
+        self.region = torch.empty(0, dtype=torch.uint8)
+        self._control = np.zeros(CONTROL_BYTES // 8, dtype=np.uint64)
+        self._control_seg.close()
+        if self.owner:
+            self._control_seg.unlink()
+
+    # -- lending (consumer side) ----------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return int(self._control[_EPOCH])
+
+    def lend(self, epoch: int) -> None:
+        """Start a transfer: positions back to zero, owned by `epoch`."""
+        self._control[_READ] = 0
+        self._control[_EPOCH] = epoch
+
+    def revoke(self) -> None:
+        self._control[_EPOCH] = 0
+
+    # -- producer ----------------------------------------------------------------------------------
+    def write(
+        self,
+        parts: Sequence[torch.Tensor],
+        epoch: int,
+        deadline: float,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> decode_pb2.StagingSlice:
+        """Copy uint8 tensors into the ring, back to back, waiting for space; returns where they went."""
+        length = sum(p.numel() for p in parts)
+        start = ring_start(self.write_pos, length, self.capacity)
+        pause = 20e-6
+        while start + length - int(self._control[_READ]) > self.capacity:
+            if cancelled():
+                raise KvTransferError("transfer cancelled while waiting for staging space")
+            if time.monotonic() > deadline:
+                raise KvTransferError("timed out waiting for the decode worker to drain the staging ring")
+            time.sleep(pause)
+            pause = min(pause * 2, 2e-3)
+        if int(self._control[_EPOCH]) != epoch:
+            raise KvTransferError(f"staging ring no longer lent to epoch {epoch}")
+        pos = start % self.capacity
+        for p in parts:
+            self.region[pos : pos + p.numel()].copy_(p)
+            pos += p.numel()
+        if self.region.is_cuda:
+            torch.cuda.current_stream(self.region.device).synchronize()
+        self.write_pos = start + length
+        return decode_pb2.StagingSlice(offset=start, length=length)
+
+    # -- consumer ----------------------------------------------------------------------------------
+    def view(self, where: decode_pb2.StagingSlice) -> torch.Tensor:
+        pos = where.offset % self.capacity
+        if pos + where.length > self.capacity:
+            raise KvTransferError("staging slice wraps around the ring")
+        return self.region[pos : pos + where.length]
+
+    def release(self, where: decode_pb2.StagingSlice) -> None:
+        """The consumer is done with everything up to the end of `where`."""
+        self._control[_READ] = where.offset + where.length
+
+
+class StagingPool:
+    """Rings a decode worker lends, one per transfer; none free means the transfer falls back to gRPC."""
+
+    def __init__(self, rings: Sequence[StagingRing]):
+        self._free = list(rings)
+        self._all = list(rings)
+        self._lock = threading.Lock()
+
+    def lend(self, epoch: int) -> StagingRing | None:
+        with self._lock:
+            if not self._free:
+                return None
+            ring = self._free.pop()
+        ring.lend(epoch)
+        return ring
+
+    def give_back(self, ring: StagingRing) -> None:
+        ring.revoke()
+        with self._lock:
+            if ring not in self._free:
+                self._free.append(ring)
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def close(self) -> None:
+        for ring in self._all:
+            ring.close()
+        self._free.clear()

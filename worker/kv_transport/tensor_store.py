@@ -1,0 +1,32 @@
+"""A plain KvBlockStore over per-layer tensors [num_blocks, block_size, num_kv_heads, head_dim] (tests, bench)."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import KvLayout
+
+
+class TensorKvStore:
+    def __init__(self, layout: KvLayout, num_blocks: int, device: str | torch.device = "cpu"):
+        shape = (num_blocks, *layout.block_shape)
+        self.layout = layout
+        self.k = [torch.zeros(shape, dtype=layout.dtype, device=device) for _ in range(layout.num_layers)]
+        self.v = [torch.zeros(shape, dtype=layout.dtype, device=device) for _ in range(layout.num_layers)]
+
+    @classmethod
+    def random(cls, layout: KvLayout, num_blocks: int, seed: int = 0) -> TensorKvStore:
+        store = cls(layout, num_blocks)
+        gen = torch.Generator().manual_seed(seed)
+        for t in store.k + store.v:
+            t.copy_(torch.randn(t.shape, generator=gen).to(layout.dtype))
+        return store
+
+    def read_blocks(self, layer: int, block_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.as_tensor(block_ids, dtype=torch.long, device=self.k[layer].device)
+        return self.k[layer][ids], self.v[layer][ids]
+
+    def write_blocks(self, layer: int, block_ids: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
+        ids = torch.as_tensor(block_ids, dtype=torch.long, device=self.k[layer].device)
+        self.k[layer][ids] = k.to(self.k[layer].device, self.layout.dtype)
+        self.v[layer][ids] = v.to(self.v[layer].device, self.layout.dtype)
