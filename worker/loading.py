@@ -1,0 +1,38 @@
+"""Builds a ready-to-serve model from a Hugging Face directory: config, weights, tokenizer, engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tandem.worker.engine import Engine, EngineConfig
+from tandem.worker.loader import load_checkpoint, parse_dtype
+from tandem.worker.model import Transformer, rope_inv_freq
+from tandem.worker.tokenizer import Tokenizer
+
+
+def load_model(model_dir: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu") -> Transformer:
+    """Our Transformer with the checkpoint's weights (no random init: parameters start on `meta`)."""
+    target = parse_dtype(dtype)
+    config, state = load_checkpoint(model_dir, target, device)
+    with torch.device("meta"):
+        model = Transformer(config)
+    model.load_state_dict(state, strict=True, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.inv_freq = rope_inv_freq(config).to(device)  # a non-persistent buffer, still on `meta`
+    return model.eval()
+
+
+def build_engine(
+    model_dir: str | Path,
+    engine_config: EngineConfig,
+    dtype: str | torch.dtype = "float32",
+    device: str = "cpu",
+) -> tuple[Engine, Tokenizer]:
+    model = load_model(model_dir, dtype, device)
+    tokenizer = Tokenizer.from_dir(model_dir)
+    eos = tuple(tokenizer.eos_token_ids) or model.config.eos_token_ids
+    engine = Engine(model, engine_config, eos_token_ids=tuple(eos), detokenize=tokenizer.decode)
+    return engine, tokenizer
