@@ -115,6 +115,13 @@ def build_tokenizer() -> tokenizers.Tokenizer:
     return tokenizers.Tokenizer.from_str(_tokenizer_json())
 
 
+def _special_id(tok: tokenizers.Tokenizer, token: str) -> int:
+    token_id = tok.token_to_id(token)
+    if token_id is None:
+        raise ValueError(f"tokenizer lacks special token {token!r}")
+    return token_id
+
+
 def hf_config(spec: TinySpec, vocab_size: int, bos_id: int, eos_id: int) -> dict[str, Any]:
     """The `config.json` of a tiny model, with the keys transformers writes for this architecture."""
     if spec.hidden % spec.heads or spec.heads % spec.kv_heads:
@@ -204,7 +211,7 @@ def create_tiny_model(
     root = Path(model_dir)
     root.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer()
-    bos_id, eos_id, end_id = (tok.token_to_id(t) for t in (BOS, EOS, "<|end|>"))
+    bos_id, eos_id, end_id = (_special_id(tok, t) for t in (BOS, EOS, "<|end|>"))
     config = hf_config(spec, tok.get_vocab_size(with_added_tokens=True), bos_id, eos_id)
     write_safetensors(random_state_dict(ModelConfig.from_hf(config), spec.seed, spec.dtype), root, shard_size)
     tok.save(str(root / "tokenizer.json"))
