@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from tandem.worker.loadgen.client import build_payload, chunk_text, sse_data
 
 

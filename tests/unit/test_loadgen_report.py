@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tandem.worker.loadgen.report import (
     format_table,
     latency_stats_ms,
@@ -11,6 +12,7 @@ from tandem.worker.loadgen.report import (
     slo_attainment,
     summarize,
     throughput_timeseries,
+    timeseries_bin_s,
 )
 from tandem.worker.loadgen.result import RequestResult
 
@@ -114,3 +116,9 @@ def test_throughput_timeseries_bins_tokens_and_completions() -> None:
     # request 1 tokens at 0.2, 0.7, 1.2; request 2 chunks at 1.1, 1.3 carrying 2 tokens each
     assert series == [(0.0, 2.0, 0.0), (1.0, 5.0, 2.0)]
     assert throughput_timeseries([], 1.0) == []
+
+
+def test_timeseries_bins_shrink_for_short_runs() -> None:
+    assert timeseries_bin_s(600.0) == 1.0
+    assert timeseries_bin_s(2.0) == pytest.approx(0.1)
+    assert timeseries_bin_s(0.0) == 0.05

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tandem.worker.loadgen.search import search_max_rate
 
 

@@ -1,4 +1,4 @@
-"""Workload building for `tandem bench`: Poisson schedule statistics, length ranges, shaping, prompts."""
+"""Workload building for `tandem bench`: Poisson schedule statistics, length ranges, shaping."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 import statistics
 
 import pytest
-from tandem.worker.loadgen.prompts import WORDS, prompt_for_tokens
+
 from tandem.worker.loadgen.workload import (
     LengthRange,
     RequestSpec,
@@ -70,13 +70,3 @@ def test_shape_workload_scales_clamps_and_caps() -> None:
     assert len(shape_workload(specs, max_requests=2)) == 2
     assert [s.arrival_s for s in shape_workload(specs, duration_s=5.0)] == [0.0, 2.0]
     assert shape_workload([]) == []
-
-
-def test_prompt_for_tokens_has_n_words_and_depends_on_rng() -> None:
-    prompt = prompt_for_tokens(300, random.Random(0))
-    words = prompt.split(" ")
-    assert len(words) == 300 and set(words) <= set(WORDS)
-    assert prompt == prompt_for_tokens(300, random.Random(0))
-    assert prompt != prompt_for_tokens(300, random.Random(1))
-    with pytest.raises(ValueError):
-        prompt_for_tokens(0, random.Random(0))

@@ -11,7 +11,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from tandem.worker.loadgen.report import format_table, summarize, summary_rows, throughput_timeseries
+from tandem.worker.loadgen.report import (
+    format_table,
+    summarize,
+    summary_rows,
+    throughput_timeseries,
+    timeseries_bin_s,
+)
 from tandem.worker.loadgen.result import RequestResult
 from tandem.worker.loadgen.trace import attribution_for, load_trace
 from tandem.worker.loadgen.workload import RequestSpec, parse_length, poisson_workload, shape_workload
@@ -38,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--max-output-len", type=int, help="clamp output lengths")
     w.add_argument("--duration", type=float, help="stop sending new requests after this many seconds")
     w.add_argument("--seed", type=int, default=0)
+    w.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="tokenizer.json (or a model directory) to calibrate prompt lengths; default: one word per token",
+    )
     s = p.add_argument_group("SLOs")
     s.add_argument("--slo-ttft-ms", type=float, help="time-to-first-token SLO")
     s.add_argument("--slo-tpot-ms", type=float, help="time-per-output-token SLO")
@@ -116,6 +127,7 @@ def write_outputs(
     from tandem.worker.loadgen.plots import plot_latency_cdfs, plot_throughput
 
     out.mkdir(parents=True, exist_ok=True)
+    bin_s = timeseries_bin_s(summary["duration_s"])
     document = {
         "tool": "tandem bench",
         "config": _config(args, model),
@@ -123,8 +135,9 @@ def write_outputs(
         "summary": summary,
         "throughput_timeseries": [
             {"t_s": t, "output_tokens_per_s": tok, "requests_per_s": req}
-            for t, tok, req in throughput_timeseries(results)
+            for t, tok, req in throughput_timeseries(results, bin_s)
         ],
+        "throughput_bin_s": bin_s,
         "requests": [_request_record(r) for r in results],
     }
     results_path = out / "results.json"
@@ -132,18 +145,20 @@ def write_outputs(
     return [
         results_path,
         plot_latency_cdfs(results, out / "latency_cdf.png", args.slo_ttft_ms, args.slo_tpot_ms),
-        plot_throughput(results, out / "throughput.png"),
+        plot_throughput(results, out / "throughput.png", bin_s),
     ]
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    from tandem.worker.loadgen.prompts import DEFAULT_VOCABULARY, load_vocabulary
     from tandem.worker.loadgen.runner import run_workload
 
     specs = build_workload(args)
     if not specs:
         print("tandem bench: the workload is empty", file=sys.stderr)
         return 2
+    vocab = DEFAULT_VOCABULARY if args.tokenizer is None else load_vocabulary(args.tokenizer)
     to_s = lambda ms: None if ms is None else ms / 1000  # noqa: E731
     outcome = asyncio.run(
         run_workload(
@@ -156,6 +171,7 @@ def main(argv: list[str]) -> int:
             timeout_s=args.timeout,
             duration_s=args.duration,
             progress=False if args.no_progress else None,
+            vocab=vocab,
         )
     )
     summary = summarize(outcome.results, outcome.duration_s, to_s(args.slo_ttft_ms), to_s(args.slo_tpot_ms))

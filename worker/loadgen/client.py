@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import httpx
+
 from tandem.worker.loadgen.result import RequestResult
 
 ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}

@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
 from tandem.worker.loadgen.report import throughput_timeseries  # noqa: E402
 from tandem.worker.loadgen.result import RequestResult  # noqa: E402
 
@@ -51,15 +52,24 @@ def plot_latency_cdfs(
 def plot_throughput(results: Sequence[RequestResult], path: Path, bin_s: float = 1.0) -> Path:
     series = throughput_timeseries(results, bin_s)
     fig, ax_tok = plt.subplots(figsize=(11, 4.5))
-    ax_tok.set_title(f"throughput over time ({bin_s:g} s bins)")
+    ax_tok.set_title(f"throughput over time ({bin_s:.3g} s bins)")
     ax_tok.set_xlabel("time since start (s)")
     ax_tok.set_ylabel("output tokens/s", color="tab:blue")
     ax_req = ax_tok.twinx()
     ax_req.set_ylabel("completed requests/s", color="tab:orange")
     if series:
-        ts = [t for t, _, _ in series]
-        ax_tok.step(ts, [tok for _, tok, _ in series], where="post", color="tab:blue")
-        ax_req.step(ts, [req for _, _, req in series], where="post", color="tab:orange")
+        # step "post" draws bin i over [t_i, t_i + bin_s): repeat the last value so the last bin shows
+        ts = [t for t, _, _ in series] + [series[-1][0] + bin_s]
+        toks = [tok for _, tok, _ in series]
+        reqs = [req for _, _, req in series]
+        ax_req.step(
+            ts, reqs + reqs[-1:], where="post", color="tab:orange", linestyle="--", label="requests/s"
+        )
+        ax_tok.step(ts, toks + toks[-1:], where="post", color="tab:blue", label="output tokens/s")
+        ax_tok.set_ylim(bottom=0)
+        ax_req.set_ylim(bottom=0)
+        lines = ax_tok.get_lines() + ax_req.get_lines()
+        ax_tok.legend(lines, [line.get_label() for line in lines], loc="upper left")
     ax_tok.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

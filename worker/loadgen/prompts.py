@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 # Short, common English words; with a space before them each is one token in the usual BPE and
 # SentencePiece vocabularies (GPT-2, Llama, Qwen, Mistral), so n words tokenize to about n tokens.
@@ -40,9 +43,52 @@ WORDS: tuple[str, ...] = tuple(
 )
 
 
-def prompt_for_tokens(n: int, rng: random.Random) -> str:
-    """A prompt of n random words, which tokenizes to roughly n tokens (exact counts depend on the
-    tokenizer and, for chat, on its template). Random words keep prefix caches from sharing prompts."""
+@dataclass(frozen=True)
+class Vocabulary:
+    """Words to build prompts from and how many tokens each costs (with its leading space)."""
+
+    words: tuple[str, ...]
+    costs: tuple[int, ...]
+
+
+DEFAULT_VOCABULARY = Vocabulary(WORDS, (1,) * len(WORDS))
+MIN_SINGLE_TOKEN_WORDS = 32  # below this, keep multi-token words too, for variety
+
+
+def vocabulary_for(count_tokens: Callable[[str], int]) -> Vocabulary:
+    """Calibrate WORDS to a tokenizer: keep the words that are one token after a space when there are
+    enough of them, otherwise keep every word with its real cost."""
+    costs = [max(1, count_tokens(" " + w)) for w in WORDS]
+    single = tuple(w for w, c in zip(WORDS, costs, strict=True) if c == 1)
+    if len(single) >= MIN_SINGLE_TOKEN_WORDS:
+        return Vocabulary(single, (1,) * len(single))
+    return Vocabulary(WORDS, tuple(costs))
+
+
+def load_vocabulary(tokenizer_path: str | Path) -> Vocabulary:
+    """A vocabulary calibrated to a Hugging Face `tokenizer.json` (or a model directory holding one)."""
+    import tokenizers  # only when asked for: the default prompts need no tokenizer
+
+    path = Path(tokenizer_path)
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    tok = tokenizers.Tokenizer.from_file(str(path))
+    return vocabulary_for(lambda text: len(tok.encode(text, add_special_tokens=False).ids))
+
+
+def prompt_for_tokens(n: int, rng: random.Random, vocab: Vocabulary = DEFAULT_VOCABULARY) -> str:
+    """A prompt of random words costing about n tokens in `vocab` (exactly n with the default or a
+    single-token vocabulary, up to tokenizer effects at word joins and, for chat, the template).
+    Random words keep prefix caches from sharing prompts between requests."""
     if n < 1:
         raise ValueError("n must be >= 1")
-    return " ".join(rng.choice(WORDS) for _ in range(n))
+    cheapest = min(vocab.costs)
+    words: list[str] = []
+    total = 0
+    while total < n and (not words or n - total >= cheapest):
+        i = rng.randrange(len(vocab.words))
+        if words and total + vocab.costs[i] > n:
+            continue  # too long for what is left; the cheapest words still fit, so this ends
+        words.append(vocab.words[i])
+        total += vocab.costs[i]
+    return " ".join(words)

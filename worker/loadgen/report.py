@@ -118,6 +118,11 @@ def throughput_timeseries(
     return [(i * bin_s, tokens[i] / bin_s, done[i] / bin_s) for i in range(last + 1)]
 
 
+def timeseries_bin_s(duration_s: float) -> float:
+    """A bin width giving about 20 bins for short runs and 1 s bins for runs of 20 s or more."""
+    return 1.0 if duration_s >= 20 else max(duration_s / 20, 0.05)
+
+
 def _fmt(value: float | int | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 

@@ -9,11 +9,12 @@ import time
 from dataclasses import dataclass
 
 import httpx
+from tqdm import tqdm
+
 from tandem.worker.loadgen.client import ENDPOINT_PATHS, build_payload, discover_model, send_request
-from tandem.worker.loadgen.prompts import prompt_for_tokens
+from tandem.worker.loadgen.prompts import DEFAULT_VOCABULARY, Vocabulary, prompt_for_tokens
 from tandem.worker.loadgen.result import RequestResult
 from tandem.worker.loadgen.workload import RequestSpec
-from tqdm import tqdm
 
 
 @dataclass
@@ -39,6 +40,7 @@ async def run_workload(
     timeout_s: float = 600.0,
     duration_s: float | None = None,
     progress: bool | None = None,
+    vocab: Vocabulary = DEFAULT_VOCABULARY,
 ) -> RunOutcome:
     """Send `specs` to `base_url` on schedule. `progress=None` shows the bar only on a terminal."""
     base_url = base_url.rstrip("/")
@@ -53,7 +55,7 @@ async def run_workload(
         results: list[RequestResult] = []
 
         async def one(index: int, spec: RequestSpec, run_start: float) -> None:
-            prompt = prompt_for_tokens(spec.input_len, request_rng(seed, index))
+            prompt = prompt_for_tokens(spec.input_len, request_rng(seed, index), vocab)
             payload = build_payload(endpoint, model, prompt, spec.output_len)
             result = RequestResult(input_len=spec.input_len, output_len=spec.output_len)
             if slots is None:
