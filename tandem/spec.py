@@ -97,9 +97,15 @@ class PoolSpec(_Spec):
         return self
 
 
+class RouterResources(Resources):
+    """The router needs no GPU unless asked: `router.resources: {cpu: "1"}` must not request one."""
+
+    gpus: int = Field(default=0, ge=0)
+
+
 class RouterSpec(_Spec):
     replicas: int = Field(default=1, ge=1)
-    resources: Resources = Field(default_factory=lambda: Resources(gpus=0))
+    resources: RouterResources = Field(default_factory=RouterResources)
     max_queued_requests: int = Field(default=256, gt=0)
 
 

@@ -1,0 +1,73 @@
+"""`python -m tandem.operator` / `tandem operator`: run the kopf operator in or out of a cluster."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="tandem operator", description="Reconcile InferenceServices into GPU pools.")
+    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
+                   help="kubeconfig file (default: in-cluster config, then ~/.kube/config)")
+    p.add_argument("--namespace", "-n", action="append", default=[],
+                   help="watch only this namespace (repeatable); default: all namespaces")
+    p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True,
+                   help="hold a coordination.k8s.io Lease before acting (default on)")
+    p.add_argument("--lease-name", default="tandem-operator")
+    p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"))
+    p.add_argument("--lease-seconds", type=int, default=15)
+    p.add_argument("--renew-seconds", type=int, default=10)
+    p.add_argument("--retry-seconds", type=int, default=2)
+    p.add_argument("--liveness", default=None, help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    p.add_argument("--verbose", "-v", action="store_true")
+    return p.parse_args(argv)
+
+
+def load_config(kubeconfig: str | None) -> None:
+    from kubernetes import config
+
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig)
+        return
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    load_config(args.kubeconfig)
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig  # kopf logs in through the same file
+
+    import kopf
+
+    from tandem.operator import handlers  # noqa: F401  (registers the handlers)
+    from tandem.operator.leader import Leader
+
+    leader = None
+    if args.leader_elect:
+        leader = Leader(args.lease_name, args.lease_namespace, args.lease_seconds, args.renew_seconds,
+                        args.retry_seconds)
+        leader.wait()
+    try:
+        kopf.run(
+            standalone=True,  # the Lease, not kopf peering, decides who acts
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+            liveness_endpoint=args.liveness,
+        )
+    finally:
+        if leader:
+            leader.release()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Thin kopf entry points: every watch event becomes a trigger for the level-based reconcile.
+
+Only `on.event` handlers and no timers, so kopf adds no finalizers and writes no bookkeeping to the
+InferenceService; children map to their parent through the controller owner reference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import kopf
+
+from tandem.operator.kube import Kube
+from tandem.operator.queue import ReconcileQueue
+from tandem.operator.reconcile import reconcile
+from tandem.spec import API_GROUP, API_VERSION, KIND
+
+log = logging.getLogger("tandem.operator")
+
+KUBE = Kube()
+QUEUE: ReconcileQueue | None = None
+_RESYNC: asyncio.Task[None] | None = None
+
+
+def parent_of(meta: dict[str, Any]) -> str | None:
+    """The InferenceService that controls a child, from its owner references."""
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == KIND and str(ref.get("apiVersion", "")).startswith(API_GROUP + "/"):
+            return ref.get("name")
+    return None
+
+
+def _owned(meta: dict[str, Any], **_: Any) -> bool:
+    return parent_of(meta) is not None
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    global QUEUE, _RESYNC
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=API_GROUP)
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    QUEUE = ReconcileQueue(lambda ns, name: reconcile(KUBE, ns, name),
+                           concurrency=int(os.environ.get("TANDEM_OPERATOR_WORKERS", "4")))
+    _RESYNC = asyncio.get_running_loop().create_task(
+        QUEUE.resync_forever(float(os.environ.get("TANDEM_RESYNC_SECONDS", "60"))))
+
+
+@kopf.on.cleanup()
+async def stop(**_: Any) -> None:
+    if _RESYNC:
+        _RESYNC.cancel()
+
+
+@kopf.on.event(API_GROUP, API_VERSION, "inferenceservices")
+def service_event(type: str, name: str, namespace: str, **_: Any) -> None:
+    assert QUEUE is not None
+    key = (namespace, name)
+    if type == "DELETED":
+        QUEUE.known.discard(key)
+        return
+    QUEUE.known.add(key)
+    QUEUE.trigger(key)
+
+
+def _child_event(meta: dict[str, Any], namespace: str, **_: Any) -> None:
+    parent = parent_of(meta)
+    if parent and QUEUE is not None:
+        QUEUE.trigger((namespace, parent))
+
+
+for _resource in (
+    ("apps", "v1", "deployments"),
+    ("v1", "services"),
+    ("v1", "configmaps"),
+    ("policy", "v1", "poddisruptionbudgets"),
+    (API_GROUP, API_VERSION, "inferencepools"),
+):
+    kopf.on.event(*_resource, when=_owned, id=f"child-{_resource[-1]}")(_child_event)

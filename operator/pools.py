@@ -1,0 +1,39 @@
+"""Who writes a pool's replica count: one owner at a time, decided here as a pure function.
+
+The rule:
+- The InferencePool object `<service>-<pool>` holds the desired worker count of that pool
+  (`spec.replicas`, exposed through its /scale subresource). The pool's Deployment always follows it;
+  only the operator writes the Deployment's replicas.
+- The operator writes `InferencePool.spec.replicas` in exactly two cases: when it creates the pool
+  (from `InferenceService.spec.<pool>.replicas`, the initial size), and while
+  `spec.autoscaling.enabled` is true (the built-in autoscaler owns the count; the operator clamps it to
+  [minReplicas, maxReplicas]).
+- With the autoscaler off, `kubectl scale inferencepool/<service>-<pool>`, an HPA or KEDA own the count,
+  and editing `spec.<pool>.replicas` on the InferenceService after creation changes nothing.
+The colocated pool is sized by `spec.decode`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tandem.operator.render import pool_spec
+from tandem.spec import InferenceServiceSpec
+
+
+def clamp(value: int, low: int, high: int) -> int:
+    return max(low, min(high, value))
+
+
+def desired_pool_replicas(spec: InferenceServiceSpec, pool: str, live_pool: dict[str, Any] | None) -> tuple[int, bool]:
+    """(replicas the pool should have, whether the operator must write them)."""
+    ps = pool_spec(spec, pool)
+    if live_pool is None:
+        return ps.replicas, True
+    current = (live_pool.get("spec") or {}).get("replicas")
+    if current is None:
+        return ps.replicas, True
+    if spec.autoscaling.enabled:
+        wanted = clamp(int(current), ps.min_replicas, ps.max_replicas)
+        return wanted, wanted != current
+    return int(current), False

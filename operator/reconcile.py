@@ -1,0 +1,140 @@
+"""One level-based reconcile of an InferenceService: read, render, write only what differs, report status.
+
+Safe to run any number of times: with nothing changed it reads and writes nothing back.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from tandem import names
+from tandem.operator import render
+from tandem.operator.drift import is_subset, needs_apply
+from tandem.operator.kube import Kube
+from tandem.operator.pools import desired_pool_replicas
+from tandem.operator.status import inference_pool_status, same_status, service_status
+from tandem.spec import KIND, InferenceServiceSpec
+
+log = logging.getLogger("tandem.operator")
+
+_CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "InferencePool")
+
+
+@dataclass
+class Outcome:
+    """What one reconcile did; `writes` lists every API write it made."""
+
+    writes: list[str] = field(default_factory=list)
+    ready: bool = False
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _patch_status(kube: Kube, namespace: str, name: str, status: dict[str, Any], previous: dict[str, Any]) -> None:
+    """Merge-patch the status; pools that no longer exist are removed (null in a merge patch)."""
+    gone = {p: None for p in previous.get("pools") or {} if p not in status["pools"]}
+    kube.merge_patch(KIND, namespace, name, {"status": {**status, "pools": {**gone, **status["pools"]}}}, sub="status")
+
+
+def _ensure_pool(kube: Kube, spec: InferenceServiceSpec, name: str, ns: str, uid: str, pool: str,
+                 out: Outcome) -> tuple[dict[str, Any], int]:
+    """Create the InferencePool if missing, keep its metadata ours, and return (pool, replicas)."""
+    live = kube.get("InferencePool", ns, render.child_name(name, pool))
+    replicas, write = desired_pool_replicas(spec, pool, live)
+    wanted = render.inference_pool(name, ns, uid, pool, replicas)
+    if live is None:
+        live = kube.create(wanted)
+        out.writes.append(f"create InferencePool/{wanted['metadata']['name']}")
+        return live, replicas
+    if not is_subset(wanted["metadata"], live["metadata"]):
+        # replicas left out on purpose: after creation this field manager must not own them (see pools.py)
+        body = {**wanted, "spec": {k: v for k, v in wanted["spec"].items() if k != "replicas"}}
+        live = kube.apply(body)
+        out.writes.append(f"apply InferencePool/{wanted['metadata']['name']}")
+    if write:
+        live = kube.merge_patch("InferencePool", ns, wanted["metadata"]["name"], {"spec": {"replicas": replicas}})
+        out.writes.append(f"scale InferencePool/{wanted['metadata']['name']}={replicas}")
+    return live, replicas
+
+
+def _remove_stale(kube: Kube, name: str, ns: str, keep: set[tuple[str, str]], out: Outcome) -> None:
+    """Delete children of pools the spec no longer has (for example after switching to colocated)."""
+    for kind in _CHILD_KINDS:
+        for item in kube.list(kind, ns, f"{names.LABEL_SERVICE}={name}"):
+            child = item["metadata"]["name"]
+            owners = item["metadata"].get("ownerReferences") or []
+            ours = any(o.get("kind") == KIND and o.get("name") == name for o in owners)
+            if ours and (kind, child) not in keep:
+                kube.delete(kind, ns, child)
+                out.writes.append(f"delete {kind}/{child}")
+
+
+def reconcile(kube: Kube, namespace: str, name: str) -> Outcome:
+    out = Outcome()
+    isvc = kube.get(KIND, namespace, name)
+    if isvc is None or isvc["metadata"].get("deletionTimestamp"):
+        return out  # garbage collection removes the children through owner references
+    meta = isvc["metadata"]
+    uid, generation = meta["uid"], meta.get("generation", 1)
+    previous = isvc.get("status") or {}
+    endpoint = render.router_endpoint(name, namespace)
+    try:
+        spec = InferenceServiceSpec.model_validate(isvc.get("spec") or {})
+    except ValidationError as e:
+        status = service_status(generation, {}, {}, previous, endpoint, _now(), invalid=str(e).splitlines()[0])
+        if not same_status(status, previous):
+            _patch_status(kube, namespace, name, status, previous)
+            kube.event(isvc, "InvalidSpec", str(e), "Warning")
+            out.writes.append("status")
+        return out
+
+    pools: dict[str, tuple[dict[str, Any], int]] = {}
+    for pool in render.worker_pools(spec):
+        pools[pool] = _ensure_pool(kube, spec, name, namespace, uid, pool, out)
+
+    replicas = {pool: n for pool, (_, n) in pools.items()}
+    deployments: dict[str, dict[str, Any] | None] = {}
+    keep: set[tuple[str, str]] = set()
+    for manifest in render.children(spec, name, namespace, uid, replicas):
+        manifest = render.with_hash(manifest)
+        kind, child = manifest["kind"], manifest["metadata"]["name"]
+        keep.add((kind, child))
+        live = kube.get(kind, namespace, child)
+        if needs_apply(manifest, live):
+            live = kube.apply(manifest)
+            out.writes.append(f"apply {kind}/{child}")
+        if kind == "Deployment":
+            deployments[manifest["metadata"]["labels"][names.LABEL_POOL]] = live
+    keep |= {("InferencePool", render.child_name(name, p)) for p in pools}
+
+    if previous.get("observedGeneration") != generation:
+        _remove_stale(kube, name, namespace, keep, out)
+
+    for pool, (live_pool, _) in pools.items():
+        st = inference_pool_status(deployments.get(pool), render.selector_string(name, pool),
+                                   live_pool["metadata"].get("generation", 1))
+        if not same_status(st, live_pool.get("status") or {}):
+            kube.merge_patch("InferencePool", namespace, live_pool["metadata"]["name"], {"status": st}, sub="status")
+            out.writes.append(f"status InferencePool/{live_pool['metadata']['name']}")
+
+    desired = {**replicas, names.POOL_ROUTER: spec.router.replicas}
+    status = service_status(generation, deployments, desired, previous, endpoint, _now())
+    out.ready = next(c for c in status["conditions"] if c["type"] == "Ready")["status"] == "True"
+    if not same_status(status, previous):
+        _patch_status(kube, namespace, name, status, previous)
+        out.writes.append("status")
+        was_ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in previous.get("conditions") or [])
+        if out.ready and not was_ready:
+            kube.event(isvc, "Ready", "all pools ready")
+    changed = [w for w in out.writes if not w.startswith("status")]
+    if changed:
+        kube.event(isvc, "Reconciled", "; ".join(changed))
+        log.info("%s/%s: %s", namespace, name, "; ".join(changed))
+    return out

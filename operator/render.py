@@ -1,0 +1,424 @@
+"""Pure rendering: an InferenceService spec in, the Kubernetes manifests of its children out.
+
+No I/O here. The handlers apply what these functions return; tests check them without a cluster.
+Replica counts come from the InferencePool objects (see operator/pools.py for who writes them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import yaml
+
+from tandem import names
+from tandem.spec import API_GROUP, API_VERSION, KIND, InferenceServiceSpec, Mode
+
+Manifest = dict[str, Any]
+
+POOL_API_VERSION = f"{API_GROUP}/{API_VERSION}"
+POOL_KIND = "InferencePool"
+MANAGED_BY = "tandem-operator"
+HASH_ANNOTATION = f"{API_GROUP}/rendered-hash"
+CONFIG_HASH_ANNOTATION = f"{API_GROUP}/config-hash"
+MODEL_MOUNT = "/models"
+CONFIG_MOUNT = "/etc/tandem"
+CONFIG_FILE = "spec.yaml"
+
+
+def worker_pools(spec: InferenceServiceSpec) -> list[str]:
+    """The GPU worker pools a spec asks for: prefill and decode, or one colocated pool."""
+    if spec.mode == Mode.colocated:
+        return [names.POOL_COLOCATED]
+    return [names.POOL_PREFILL, names.POOL_DECODE]
+
+
+def child_name(service: str, pool: str) -> str:
+    return f"{service}-{pool}"
+
+
+def config_name(service: str) -> str:
+    return f"{service}-config"
+
+
+def router_endpoint(service: str, namespace: str) -> str:
+    return f"http://{child_name(service, names.POOL_ROUTER)}.{namespace}.svc:{names.HTTP_PORT}"
+
+
+def pool_spec(spec: InferenceServiceSpec, pool: str):
+    """The PoolSpec that sizes a pool; the colocated pool uses spec.decode."""
+    return spec.prefill if pool == names.POOL_PREFILL else spec.decode
+
+
+def labels(service: str, pool: str | None = None) -> dict[str, str]:
+    out = {
+        "app.kubernetes.io/name": "tandem",
+        "app.kubernetes.io/instance": service,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        names.LABEL_SERVICE: service,
+    }
+    if pool:
+        out[names.LABEL_POOL] = pool
+        out[names.LABEL_COMPONENT] = pool
+    return out
+
+
+def selector(service: str, pool: str) -> dict[str, str]:
+    return {names.LABEL_SERVICE: service, names.LABEL_POOL: pool}
+
+
+def selector_string(service: str, pool: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector(service, pool).items())
+
+
+def owner_reference(service: str, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": POOL_API_VERSION,
+        "kind": KIND,
+        "name": service,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(name: str, namespace: str, service: str, uid: str, pool: str | None = None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": labels(service, pool),
+        "ownerReferences": [owner_reference(service, uid)],
+    }
+
+
+def spec_document(spec: InferenceServiceSpec) -> str:
+    """The spec as YAML, the way workers and the router read it from the ConfigMap."""
+    return yaml.safe_dump(spec.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=True)
+
+
+def content_hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# --- model source ---------------------------------------------------------------------------------
+
+def model_path(spec: InferenceServiceSpec) -> str:
+    """Where the weights are inside the worker container."""
+    src = spec.model.source
+    if src.path:
+        return src.path
+    if src.pvc:
+        return f"{MODEL_MOUNT}/{src.pvc.path}".rstrip("/") if src.pvc.path else MODEL_MOUNT
+    if src.hugging_face:
+        return f"{MODEL_MOUNT}/{src.hugging_face.repo_id}"
+    return MODEL_MOUNT  # hostPath and image are mounted or copied to MODEL_MOUNT
+
+
+def model_volume(spec: InferenceServiceSpec) -> dict[str, Any] | None:
+    src = spec.model.source
+    if src.pvc:
+        return {"name": "model", "persistentVolumeClaim": {"claimName": src.pvc.claim_name, "readOnly": True}}
+    if src.host_path:
+        return {"name": "model", "hostPath": {"path": src.host_path, "type": "Directory"}}
+    if src.image or src.hugging_face:
+        return {"name": "model", "emptyDir": {}}
+    return None
+
+
+def model_init_containers(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """Init containers that fetch the weights: copied out of a model image, or downloaded from the Hub."""
+    src = spec.model.source
+    mount = [{"name": "model", "mountPath": MODEL_MOUNT}]
+    if src.image:
+        return [{
+            "name": "fetch-model",
+            "image": src.image,
+            "command": ["sh", "-c", f"cp -a /model/. {MODEL_MOUNT}/"],
+            "volumeMounts": mount,
+        }]
+    if src.hugging_face:
+        hf = src.hugging_face
+        env: list[dict[str, Any]] = [{"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}]
+        if hf.token_secret_ref:
+            env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+                "name": hf.token_secret_ref.name, "key": hf.token_secret_ref.key}}})
+        return [{
+            "name": "fetch-model",
+            "image": spec.image,
+            "command": ["huggingface-cli", "download", hf.repo_id, "--revision", hf.revision,
+                        "--local-dir", model_path(spec)],
+            "env": env,
+            "volumeMounts": mount,
+        }]
+    return []
+
+
+# --- containers -------------------------------------------------------------------------------------
+
+def worker_args(spec: InferenceServiceSpec, service: str, pool: str) -> list[str]:
+    """The one place that turns a spec into `tandem worker` arguments."""
+    engine = spec.engine
+    args = [
+        "worker",
+        "--role", pool,
+        "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}",
+        "--model", model_path(spec),
+        "--served-name", spec.model.served_name,
+        "--dtype", spec.model.dtype.value,
+        "--max-context-length", str(spec.model.max_context_length),
+        "--grpc-port", str(names.GRPC_PORT),
+        "--metrics-port", str(names.METRICS_PORT),
+        "--block-size", str(engine.block_size),
+        "--max-running-sequences", str(engine.max_running_sequences),
+        "--max-batch-tokens", str(engine.max_batch_tokens),
+        "--prefill-chunk-tokens", str(engine.prefill_chunk_tokens),
+        "--kv-transport", spec.kv_transfer.transport.value,
+        "--service-name", service,
+    ]
+    if engine.num_kv_blocks:
+        args += ["--num-kv-blocks", str(engine.num_kv_blocks)]
+    else:
+        args += ["--kv-cache-memory-percent", str(engine.kv_cache_memory_percent)]
+    if engine.threads:
+        args += ["--threads", str(engine.threads)]
+    return args
+
+
+def router_args(spec: InferenceServiceSpec, service: str, namespace: str) -> list[str]:
+    """The one place that turns a spec into `tandem router` arguments."""
+    args = [
+        "router",
+        "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}",
+        "--port", str(names.HTTP_PORT),
+        "--metrics-port", str(names.METRICS_PORT),
+        "--served-name", spec.model.served_name,
+        "--max-queued-requests", str(spec.router.max_queued_requests),
+        "--service-name", service,
+    ]
+    for pool in worker_pools(spec):
+        host = f"{child_name(service, pool)}.{namespace}.svc"
+        args += [f"--{pool}-service", f"dns:///{host}:{names.GRPC_PORT}"]
+    return args
+
+
+def resources(gpus: int, cpu: str | None, memory: str | None) -> dict[str, Any]:
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if cpu:
+        requests["cpu"] = cpu
+    if memory:
+        requests["memory"] = memory
+        limits["memory"] = memory
+    if gpus:
+        requests["nvidia.com/gpu"] = str(gpus)
+        limits["nvidia.com/gpu"] = str(gpus)
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _ports(main_name: str, main_port: int) -> list[dict[str, Any]]:
+    return [
+        {"name": main_name, "containerPort": main_port, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": names.METRICS_PORT, "protocol": "TCP"},
+    ]
+
+
+def worker_probes() -> dict[str, Any]:
+    grpc = {"grpc": {"port": names.GRPC_PORT}}
+    return {
+        "startupProbe": {**grpc, "periodSeconds": 10, "failureThreshold": 60},
+        "readinessProbe": {**grpc, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {**grpc, "periodSeconds": 10, "failureThreshold": 6},
+    }
+
+
+def router_probes() -> dict[str, Any]:
+    http = {"httpGet": {"path": "/health", "port": names.HTTP_PORT}}
+    return {
+        "readinessProbe": {**http, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {**http, "periodSeconds": 10, "failureThreshold": 6},
+    }
+
+
+def _pod_template(
+    service: str, pool: str, container: dict[str, Any], config_hash: str,
+    volumes: list[dict[str, Any]], init_containers: list[dict[str, Any]],
+    node_selector: dict[str, str], tolerations: list[dict[str, Any]], affinity: dict[str, Any] | None,
+) -> dict[str, Any]:
+    pod_spec: dict[str, Any] = {"containers": [container], "volumes": volumes}
+    if init_containers:
+        pod_spec["initContainers"] = init_containers
+    if node_selector:
+        pod_spec["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        pod_spec["tolerations"] = list(tolerations)
+    if affinity:
+        pod_spec["affinity"] = dict(affinity)
+    return {
+        "metadata": {
+            "labels": labels(service, pool),
+            "annotations": {
+                CONFIG_HASH_ANNOTATION: config_hash,
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(names.METRICS_PORT),
+            },
+        },
+        "spec": pod_spec,
+    }
+
+
+def _deployment(name: str, namespace: str, service: str, uid: str, pool: str, replicas: int,
+                template: dict[str, Any]) -> Manifest:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(name, namespace, service, uid, pool),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector(service, pool)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": template,
+        },
+    }
+
+
+def worker_deployment(spec: InferenceServiceSpec, service: str, namespace: str, uid: str,
+                      pool: str, replicas: int) -> Manifest:
+    ps = pool_spec(spec, pool)
+    config_hash = content_hash(spec_document(spec))
+    mounts = [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True}]
+    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": config_name(service)}}]
+    mv = model_volume(spec)
+    if mv:
+        volumes.append(mv)
+        mounts.append({"name": "model", "mountPath": MODEL_MOUNT,
+                       "readOnly": bool(spec.model.source.pvc or spec.model.source.host_path)})
+    container = {
+        "name": "worker",
+        "image": spec.image,
+        "command": ["tandem"],
+        "args": worker_args(spec, service, pool),
+        "ports": _ports("grpc", names.GRPC_PORT),
+        "env": [
+            {"name": "TANDEM_POOL", "value": pool},
+            {"name": "TANDEM_SERVICE", "value": service},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            *ps.env,
+        ],
+        "resources": resources(ps.resources.gpus, ps.resources.cpu, ps.resources.memory),
+        "volumeMounts": mounts,
+        **worker_probes(),
+    }
+    template = _pod_template(service, pool, container, config_hash, volumes, model_init_containers(spec),
+                             ps.node_selector, ps.tolerations, ps.affinity)
+    return _deployment(child_name(service, pool), namespace, service, uid, pool, replicas, template)
+
+
+def router_deployment(spec: InferenceServiceSpec, service: str, namespace: str, uid: str) -> Manifest:
+    pool = names.POOL_ROUTER
+    r = spec.router
+    container = {
+        "name": "router",
+        "image": spec.image,
+        "command": ["tandem"],
+        "args": router_args(spec, service, namespace),
+        "ports": _ports("http", names.HTTP_PORT),
+        "env": [{"name": "TANDEM_POOL", "value": pool}, {"name": "TANDEM_SERVICE", "value": service}],
+        "resources": resources(r.resources.gpus, r.resources.cpu, r.resources.memory),
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True}],
+        **router_probes(),
+    }
+    volumes = [{"name": "config", "configMap": {"name": config_name(service)}}]
+    template = _pod_template(service, pool, container, content_hash(spec_document(spec)), volumes, [],
+                             {}, [], None)
+    return _deployment(child_name(service, pool), namespace, service, uid, pool, r.replicas, template)
+
+
+def worker_service(service: str, namespace: str, uid: str, pool: str) -> Manifest:
+    """Headless, so the router sees every worker pod through DNS."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(child_name(service, pool), namespace, service, uid, pool),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": False,
+            "selector": selector(service, pool),
+            "ports": [
+                {"name": "grpc", "port": names.GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
+                {"name": "metrics", "port": names.METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def router_service(service: str, namespace: str, uid: str) -> Manifest:
+    pool = names.POOL_ROUTER
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(child_name(service, pool), namespace, service, uid, pool),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector(service, pool),
+            "ports": [
+                {"name": "http", "port": names.HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "metrics", "port": names.METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def config_map(spec: InferenceServiceSpec, service: str, namespace: str, uid: str) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(config_name(service), namespace, service, uid),
+        "data": {CONFIG_FILE: spec_document(spec)},
+    }
+
+
+def pod_disruption_budget(service: str, namespace: str, uid: str, pool: str) -> Manifest:
+    """At most one worker of a pool down for voluntary disruptions (drains, upgrades)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(child_name(service, pool), namespace, service, uid, pool),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(service, pool)}},
+    }
+
+
+def inference_pool(service: str, namespace: str, uid: str, pool: str, replicas: int) -> Manifest:
+    return {
+        "apiVersion": POOL_API_VERSION,
+        "kind": POOL_KIND,
+        "metadata": _metadata(child_name(service, pool), namespace, service, uid, pool),
+        "spec": {"service": service, "pool": pool, "replicas": replicas},
+    }
+
+
+def children(spec: InferenceServiceSpec, service: str, namespace: str, uid: str,
+             pool_replicas: dict[str, int]) -> list[Manifest]:
+    """Every child but the InferencePools, in apply order. pool_replicas: pool -> desired workers."""
+    out: list[Manifest] = [config_map(spec, service, namespace, uid)]
+    for pool in worker_pools(spec):
+        out.append(worker_deployment(spec, service, namespace, uid, pool, pool_replicas[pool]))
+        out.append(worker_service(service, namespace, uid, pool))
+        out.append(pod_disruption_budget(service, namespace, uid, pool))
+    out.append(router_deployment(spec, service, namespace, uid))
+    out.append(router_service(service, namespace, uid))
+    return out
+
+
+def with_hash(manifest: Manifest) -> Manifest:
+    """The manifest with a hash of itself in an annotation, so a changed render is seen without a deep diff."""
+    digest = content_hash(manifest)
+    meta = dict(manifest["metadata"])
+    meta["annotations"] = {**meta.get("annotations", {}), HASH_ANNOTATION: digest}
+    return {**manifest, "metadata": meta}

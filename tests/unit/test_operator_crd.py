@@ -1,0 +1,90 @@
+"""The CRD schema and tandem/spec.py describe the same object: same fields, same defaults, same enums."""
+
+from enum import Enum
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin
+
+import pytest
+import yaml
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from tandem.spec import InferenceServiceSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _crd(name: str) -> dict:
+    return yaml.safe_load((ROOT / "crds" / name).read_text())
+
+
+def _schema() -> dict:
+    version = _crd("inferenceservice.yaml")["spec"]["versions"][0]
+    return version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+def _inner(annotation: Any) -> Any:
+    """Strip Optional[...] to the one real type."""
+    if get_origin(annotation) in (Union, getattr(__import__("types"), "UnionType")):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        return args[0]
+    return annotation
+
+
+def _walk(model: type[BaseModel], schema: dict, where: str, problems: list[str]) -> None:
+    props = schema.get("properties", {})
+    fields = {f.alias or n: f for n, f in model.model_fields.items()}
+    if set(fields) != set(props):
+        problems.append(f"{where}: spec.py {sorted(fields)} vs CRD {sorted(props)}")
+    required = set(schema.get("required", []))
+    for alias, f in fields.items():
+        if alias not in props:
+            continue
+        prop, typ = props[alias], _inner(f.annotation)
+        if f.is_required() != (alias in required):
+            problems.append(f"{where}.{alias}: required differs")
+        if isinstance(typ, type) and issubclass(typ, BaseModel):
+            _walk(typ, prop, f"{where}.{alias}", problems)
+            continue
+        if isinstance(typ, type) and issubclass(typ, Enum):
+            if sorted(e.value for e in typ) != sorted(prop.get("enum", [])):
+                problems.append(f"{where}.{alias}: enum differs")
+        if f.default is not PydanticUndefined and f.default is not None and not isinstance(f.default, BaseModel):
+            want = f.default.value if isinstance(f.default, Enum) else f.default
+            if prop.get("default") != want:
+                problems.append(f"{where}.{alias}: default {want!r} vs CRD {prop.get('default')!r}")
+        for meta in f.metadata:
+            for attr, key in (("ge", "minimum"), ("le", "maximum")):
+                if getattr(meta, attr, None) is not None and prop.get(key) != getattr(meta, attr):
+                    problems.append(f"{where}.{alias}: {key} {getattr(meta, attr)} vs CRD {prop.get(key)}")
+            if getattr(meta, "gt", None) is not None and prop.get("minimum") != meta.gt + 1:
+                problems.append(f"{where}.{alias}: minimum {meta.gt + 1} vs CRD {prop.get('minimum')}")
+
+
+def test_crd_schema_matches_spec_types():
+    problems: list[str] = []
+    _walk(InferenceServiceSpec, _schema(), "spec", problems)
+    assert not problems, "\n".join(problems)
+
+
+def test_router_resources_default_no_gpu_in_both():
+    router = _schema()["properties"]["router"]["properties"]["resources"]["properties"]
+    assert router["gpus"]["default"] == 0
+    assert InferenceServiceSpec.model_validate(
+        {"model": {"source": {"path": "/m"}, "servedName": "m"}, "router": {"resources": {"cpu": "1"}}}
+    ).router.resources.gpus == 0
+
+
+@pytest.mark.parametrize("name", ["inferenceservice.yaml", "inferencepool.yaml"])
+def test_crd_basics(name):
+    crd = _crd(name)
+    assert crd["spec"]["group"] == "serving.tandem.dev"
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == "v1alpha1" and version["subresources"]["status"] == {}
+    assert "isvc" not in crd["spec"]["names"].get("shortNames", [])
+
+
+def test_pool_scale_subresource():
+    scale = _crd("inferencepool.yaml")["spec"]["versions"][0]["subresources"]["scale"]
+    assert scale == {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+                     "labelSelectorPath": ".status.selector"}

@@ -1,0 +1,126 @@
+"""Pure rendering: spec in, manifests out, no cluster."""
+
+from pathlib import Path
+
+import pytest
+
+from tandem import names
+from tandem.operator import render
+from tandem.spec import InferenceServiceSpec, load_file
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def gpu_spec() -> InferenceServiceSpec:
+    return load_file(ROOT / "examples/inferenceservice-gpu.yaml").spec
+
+
+def _by(manifests, kind, name):
+    return next(m for m in manifests if m["kind"] == kind and m["metadata"]["name"] == name)
+
+
+def test_disaggregated_children(gpu_spec):
+    out = render.children(gpu_spec, "llama", "ml", "uid-1", {"prefill": 1, "decode": 3})
+    kinds = sorted((m["kind"], m["metadata"]["name"]) for m in out)
+    assert kinds == sorted([
+        ("ConfigMap", "llama-config"),
+        ("Deployment", "llama-prefill"), ("Service", "llama-prefill"), ("PodDisruptionBudget", "llama-prefill"),
+        ("Deployment", "llama-decode"), ("Service", "llama-decode"), ("PodDisruptionBudget", "llama-decode"),
+        ("Deployment", "llama-router"), ("Service", "llama-router"),
+    ])
+    for m in out:
+        assert m["metadata"]["namespace"] == "ml"
+        (ref,) = m["metadata"]["ownerReferences"]
+        assert ref == {"apiVersion": "serving.tandem.dev/v1alpha1", "kind": "InferenceService", "name": "llama",
+                       "uid": "uid-1", "controller": True, "blockOwnerDeletion": True}
+        assert m["metadata"]["labels"][names.LABEL_SERVICE] == "llama"
+
+
+def test_worker_deployment_gpu_probes_labels(gpu_spec):
+    dep = render.worker_deployment(gpu_spec, "llama", "ml", "u", names.POOL_DECODE, 3)
+    assert dep["spec"]["replicas"] == 3
+    pod = dep["spec"]["template"]
+    assert pod["metadata"]["labels"][names.LABEL_POOL] == "decode"
+    assert dep["spec"]["selector"]["matchLabels"] == {names.LABEL_SERVICE: "llama", names.LABEL_POOL: "decode"}
+    (c,) = pod["spec"]["containers"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert c["resources"]["requests"] == {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": "1"}
+    assert c["readinessProbe"]["grpc"]["port"] == names.GRPC_PORT
+    assert c["livenessProbe"]["grpc"]["port"] == names.GRPC_PORT
+    assert c["args"][:3] == ["worker", "--role", "decode"]
+    assert {"name": "TANDEM_LOG_LEVEL", "value": "info"} in c["env"]
+    assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    vols = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert vols["model"]["persistentVolumeClaim"]["claimName"] == "models"
+    assert "--model" in c["args"] and c["args"][c["args"].index("--model") + 1] == \
+        "/models/meta-llama/Llama-3.1-8B-Instruct"
+
+
+def test_router_deployment_http_probes_and_no_gpu(gpu_spec):
+    dep = render.router_deployment(gpu_spec, "llama", "ml", "u")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": names.HTTP_PORT}
+    assert "nvidia.com/gpu" not in c["resources"].get("requests", {})
+    assert c["args"][0] == "router"
+    assert "dns:///llama-decode.ml.svc:50051" in c["args"]
+    assert "dns:///llama-prefill.ml.svc:50051" in c["args"]
+
+
+def test_colocated_has_one_pool_sized_by_decode(gpu_spec):
+    spec = InferenceServiceSpec.model_validate({**gpu_spec.model_dump(mode="json", by_alias=True),
+                                                "mode": "colocated"})
+    assert render.worker_pools(spec) == ["colocated"]
+    out = render.children(spec, "s", "ns", "u", {"colocated": 2})
+    deps = [m for m in out if m["kind"] == "Deployment"]
+    assert sorted(d["metadata"]["name"] for d in deps) == ["s-colocated", "s-router"]
+    co = _by(out, "Deployment", "s-colocated")
+    assert co["spec"]["template"]["spec"]["containers"][0]["args"][:3] == ["worker", "--role", "colocated"]
+
+
+def test_spec_change_changes_pod_template_hash(gpu_spec):
+    a = render.worker_deployment(gpu_spec, "s", "ns", "u", "decode", 1)
+    changed = gpu_spec.model_copy(update={"slo": gpu_spec.slo.model_copy(update={"ttft_ms": 999})})
+    b = render.worker_deployment(changed, "s", "ns", "u", "decode", 1)
+    key = render.CONFIG_HASH_ANNOTATION
+    assert a["spec"]["template"]["metadata"]["annotations"][key] != \
+        b["spec"]["template"]["metadata"]["annotations"][key]
+    assert render.with_hash(a)["metadata"]["annotations"][render.HASH_ANNOTATION] != \
+        render.with_hash(b)["metadata"]["annotations"][render.HASH_ANNOTATION]
+
+
+def test_rendering_is_deterministic(gpu_spec):
+    one = [render.with_hash(m) for m in render.children(gpu_spec, "s", "ns", "u", {"prefill": 1, "decode": 1})]
+    two = [render.with_hash(m) for m in render.children(gpu_spec, "s", "ns", "u", {"prefill": 1, "decode": 1})]
+    assert one == two
+
+
+@pytest.mark.parametrize("source,volume,init", [
+    ({"path": "/weights"}, None, False),
+    ({"hostPath": "/data/m"}, "hostPath", False),
+    ({"image": "models/llama:1"}, "emptyDir", True),
+    ({"huggingFace": {"repoId": "org/m", "tokenSecretRef": {"name": "hf"}}}, "emptyDir", True),
+])
+def test_model_sources(source, volume, init):
+    spec = InferenceServiceSpec.model_validate({"model": {"source": source, "servedName": "m"}})
+    dep = render.worker_deployment(spec, "s", "ns", "u", "prefill", 1)
+    pod = dep["spec"]["template"]["spec"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    if volume is None:
+        assert "model" not in vols
+    else:
+        assert volume in vols["model"]
+    assert bool(pod.get("initContainers")) is init
+    if "huggingFace" in source:
+        env = pod["initContainers"][0]["env"]
+        assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in env
+
+
+def test_no_gpu_pool_requests_no_gpu():
+    spec = InferenceServiceSpec.model_validate(
+        {"model": {"source": {"path": "/m"}, "servedName": "m"}, "prefill": {"resources": {"gpus": 0}}})
+    c = render.worker_deployment(spec, "s", "ns", "u", "prefill", 1)["spec"]["template"]["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in str(c["resources"])
+    c = render.worker_deployment(spec, "s", "ns", "u", "decode", 1)["spec"]["template"]["spec"]["containers"][0]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
