@@ -1,0 +1,1 @@
+"""The router: OpenAI-compatible HTTP in front of the prefill and decode pools."""
