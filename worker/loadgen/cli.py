@@ -78,9 +78,9 @@ def build_workload(args: argparse.Namespace) -> list[RequestSpec]:
 
 
 def _config(args: argparse.Namespace, model: str) -> dict[str, Any]:
-    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    for key in ("input_len", "output_len"):
-        config[key] = asdict(config[key])
+    config: dict[str, Any] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    config["input_len"] = asdict(args.input_len)
+    config["output_len"] = asdict(args.output_len)
     config["rate"] = (
         None if args.trace is not None else str(args.rate) if args.rate == float("inf") else args.rate
     )
@@ -160,20 +160,24 @@ def main(argv: list[str]) -> int:
         return 2
     vocab = DEFAULT_VOCABULARY if args.tokenizer is None else load_vocabulary(args.tokenizer)
     to_s = lambda ms: None if ms is None else ms / 1000  # noqa: E731
-    outcome = asyncio.run(
-        run_workload(
-            args.url,
-            args.endpoint,
-            specs,
-            model=args.model,
-            concurrency=args.concurrency,
-            seed=args.seed,
-            timeout_s=args.timeout,
-            duration_s=args.duration,
-            progress=False if args.no_progress else None,
-            vocab=vocab,
+    try:
+        outcome = asyncio.run(
+            run_workload(
+                args.url,
+                args.endpoint,
+                specs,
+                model=args.model,
+                concurrency=args.concurrency,
+                seed=args.seed,
+                timeout_s=args.timeout,
+                duration_s=args.duration,
+                progress=False if args.no_progress else None,
+                vocab=vocab,
+            )
         )
-    )
+    except KeyboardInterrupt:
+        print("tandem bench: interrupted", file=sys.stderr)
+        return 130
     summary = summarize(outcome.results, outcome.duration_s, to_s(args.slo_ttft_ms), to_s(args.slo_tpot_ms))
     source = f"trace {args.trace.name}" if args.trace is not None else f"Poisson rate {args.rate:g}/s"
     print_summary(summary, f"tandem bench: {outcome.model} at {args.url} ({args.endpoint}, {source})")

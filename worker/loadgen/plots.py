@@ -69,7 +69,7 @@ def plot_throughput(results: Sequence[RequestResult], path: Path, bin_s: float =
         ax_tok.set_ylim(bottom=0)
         ax_req.set_ylim(bottom=0)
         lines = ax_tok.get_lines() + ax_req.get_lines()
-        ax_tok.legend(lines, [line.get_label() for line in lines], loc="upper left")
+        ax_tok.legend(lines, [str(line.get_label()) for line in lines], loc="upper left")
     ax_tok.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
