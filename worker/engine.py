@@ -68,6 +68,7 @@ class Engine:
         self.detokenize = detokenize
         self.seqs: dict[str, Sequence] = {}
         self.layer_hook: EngineLayerHook | None = None
+        self.last_schedule: SchedulerOutput | None = None  # for metrics
         self._ids = itertools.count()
 
     # --- requests ------------------------------------------------------------------------------
@@ -131,7 +132,7 @@ class Engine:
 
     # --- one step ------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        sched = self.scheduler.schedule()
+        sched = self.last_schedule = self.scheduler.schedule()
         if not sched:
             return []
         logits = self._execute(sched)

@@ -63,9 +63,10 @@ class EngineLoop:
         self._wake.set()
         return stream
 
-    def admit(self, request_id: str, fn: Callable[[Engine], list[StepOutput]]) -> queue.Queue[StepOutput | StreamEnd]:
-        """Admit a sequence via `fn` (e.g. `engine.admit_prefilled`) and stream its tokens."""
-        stream: queue.Queue[StepOutput | StreamEnd] = queue.Queue()
+    def admit(
+        self, request_id: str, fn: Callable[[Engine], list[StepOutput]], stream: queue.Queue[StepOutput | StreamEnd]
+    ) -> None:
+        """Admit a sequence via `fn` (e.g. `engine.admit_prefilled`); its tokens go to `stream`."""
         with self._lock:
             self._streams[request_id] = stream
             try:
@@ -75,7 +76,6 @@ class EngineLoop:
                 raise
             self._deliver(first)
         self._wake.set()
-        return stream
 
     def abort(self, request_id: str, reason: str = "abort") -> bool:
         with self._lock:

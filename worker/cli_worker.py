@@ -1,0 +1,143 @@
+"""`tandem worker`: serve one engine over gRPC as a prefill, decode or colocated worker, with health and metrics."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+import uuid
+from concurrent import futures
+
+import grpc
+import torch
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import start_http_server
+
+from tandem import names
+from tandem.v1 import colocated_pb2_grpc, prefill_pb2_grpc
+from tandem.worker.engine import EngineConfig
+from tandem.worker.engine_loop import EngineLoop
+from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS
+from tandem.worker.loading import build_engine
+from tandem.worker.wire import worker_info
+from tandem.worker.worker_metrics import WorkerMetrics
+
+log = logging.getLogger("tandem.worker")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="tandem worker", description=__doc__)
+    p.add_argument("--role", choices=["prefill", "decode", "colocated"], required=True)
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("--served-name", default="model")
+    p.add_argument("--service", default="default", help="InferenceService name, for metric labels")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=names.GRPC_PORT)
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: off)")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-kv-blocks", type=int, default=None, help="default: from --kv-memory-percent")
+    p.add_argument("--kv-memory-percent", type=int, default=90, help="of free GPU memory (CPU: 1 GiB budget)")
+    p.add_argument("--max-running", type=int, default=64)
+    p.add_argument("--max-batch-tokens", type=int, default=2048)
+    p.add_argument("--prefill-chunk", type=int, default=512)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--kv-compression", choices=["none", "int8"], default="none")
+    p.add_argument("--no-shm", action="store_true", help="never offer the shared-memory KV transport")
+    p.add_argument("--worker-id", default=None)
+    return p.parse_args(argv)
+
+
+def kv_block_budget(args: argparse.Namespace, engine_probe_bytes: int) -> int:
+    if args.num_kv_blocks:
+        return args.num_kv_blocks
+    if args.device.startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info()
+        budget = free * args.kv_memory_percent // 100
+    else:
+        budget = (1 << 30) * args.kv_memory_percent // 100
+    return max(16, budget // engine_probe_bytes)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=os.environ.get("TANDEM_LOG", "INFO"), format=f"%(asctime)s {args.role} %(levelname)s %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from tandem.worker.config import ModelConfig
+    from tandem.worker.kv_cache import kv_block_nbytes
+    from tandem.worker.loader import parse_dtype
+
+    config = ModelConfig.from_dir(args.model_dir)
+    num_blocks = kv_block_budget(args, kv_block_nbytes(config, args.block_size, parse_dtype(args.dtype)))
+    engine, _ = build_engine(
+        args.model_dir,
+        EngineConfig(
+            block_size=args.block_size,
+            num_kv_blocks=num_blocks,
+            max_running_sequences=args.max_running,
+            max_batch_tokens=args.max_batch_tokens,
+            prefill_chunk_tokens=args.prefill_chunk,
+            max_model_len=args.max_model_len,
+        ),
+        args.dtype,
+        args.device,
+    )
+    metrics = WorkerMetrics(args.service, args.role)
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
+    loop = EngineLoop(engine, on_step=metrics.on_step).start()
+    worker_id = args.worker_id or f"{args.role}-{uuid.uuid4().hex[:8]}"
+    info = worker_info(engine, worker_id, args.role, args.served_name, shm=not args.no_shm and args.device == "cpu")
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=BULK_CHANNEL_OPTIONS)
+    servicer = _add_servicer(server, args, loop, info, metrics)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(f"{args.host}:{args.port}")
+    server.start()
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    log.info("%s worker %s serving %s on %s:%d (%d KV blocks)", args.role, worker_id, args.served_name, args.host, port, num_blocks)
+    print(f"READY {args.role} {args.host}:{port}", flush=True)
+
+    stop = threading.Event()
+
+    def drain(signum, frame):  # SIGTERM: stop taking new work, let the running batch finish
+        servicer.draining = True
+        health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, drain)
+    signal.signal(signal.SIGINT, drain)
+    stop.wait()
+    server.stop(grace=float(os.environ.get("TANDEM_DRAIN_SECONDS", "5"))).wait()
+    loop.stop()
+    return 0
+
+
+def _add_servicer(server, args, loop, info, metrics):
+    if args.role == "decode":
+        from tandem.worker.decode_server import DecodeServicer, add_to_server
+        from tandem.worker.kv_transport.staging import StagingPool, StagingRing
+
+        staging = None
+        if info.shm_capable:
+            staging = StagingPool([StagingRing.create_shm(64 << 20) for _ in range(4)])
+        decode = DecodeServicer(loop, info, staging)
+        add_to_server(server, decode)
+        return decode
+    if args.role == "prefill":
+        from tandem.worker.prefill_server import PrefillServicer
+
+        compression = 1 if args.kv_compression == "int8" else 0
+        prefill = PrefillServicer(loop, info, compression, metrics)
+        prefill_pb2_grpc.add_PrefillServiceServicer_to_server(prefill, server)
+        return prefill
+    from tandem.worker.colocated_server import ColocatedServicer
+
+    colocated = ColocatedServicer(loop, info)
+    colocated_pb2_grpc.add_ColocatedServiceServicer_to_server(colocated, server)
+    return colocated

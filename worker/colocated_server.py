@@ -1,0 +1,37 @@
+"""The colocated worker's gRPC service: both phases in one engine, the baseline disaggregation is measured against."""
+
+from __future__ import annotations
+
+import grpc
+
+from tandem.v1 import colocated_pb2, common_pb2
+from tandem.worker.engine_loop import EngineLoop
+from tandem.worker.sampling import InvalidRequest
+from tandem.worker.wire import load_report, params_from_proto, token_event
+
+
+class ColocatedServicer:
+    def __init__(self, loop: EngineLoop, info: common_pb2.WorkerInfo):
+        self.loop, self.info = loop, info
+        self.draining = False
+
+    def Handshake(self, request: common_pb2.HandshakeRequest, context: grpc.ServicerContext) -> common_pb2.HandshakeReply:
+        return common_pb2.HandshakeReply(worker=self.info, transport=common_pb2.KV_TRANSPORT_UNSPECIFIED)
+
+    def Generate(self, request: common_pb2.GenerateRequest, context: grpc.ServicerContext):
+        if self.draining:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "worker is draining")
+        try:
+            params = params_from_proto(request.sampling)
+            stream = self.loop.submit(list(request.prompt_token_ids), params, request.request_id)
+        except InvalidRequest as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        context.add_callback(lambda: self.loop.abort(request.request_id, "abort"))
+        for index, item in enumerate(EngineLoop.iterate(stream)):
+            yield token_event(request.request_id, item, index)
+
+    def Abort(self, request: colocated_pb2.ColocatedAbortRequest, context: grpc.ServicerContext) -> colocated_pb2.ColocatedAbortReply:
+        return colocated_pb2.ColocatedAbortReply(found=self.loop.abort(request.request_id, "abort"))
+
+    def Load(self, request: common_pb2.LoadRequest, context: grpc.ServicerContext) -> common_pb2.LoadReport:
+        return self.loop.call(lambda e: load_report(e, self.info.worker_id, "colocated", 0, self.draining))

@@ -1,0 +1,191 @@
+"""The decode worker's gRPC service: reserve blocks for a transfer, take the pushed KV, stream tokens.
+
+Blocks are reserved under a lease. A reservation that is aborted, fails or expires gives its blocks back
+and ends the waiting token stream with an error; a committed one is admitted straight into the running
+batch, its first token (computed by the prefill worker) first in its stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from tandem.v1 import common_pb2, decode_pb2
+from tandem.worker.block_manager import OutOfBlocks
+from tandem.worker.engine import StepOutput
+from tandem.worker.engine_loop import EngineLoop, StreamEnd
+from tandem.worker.kv_transport.base import KvLayout
+from tandem.worker.kv_transport.grpc_stream import add_decode_service
+from tandem.worker.kv_transport.handshake import check_compatible, choose_transport
+from tandem.worker.kv_transport.receiver import Committed, KvReceiver
+from tandem.worker.kv_transport.reservations import Released
+from tandem.worker.kv_transport.staging import StagingPool, StagingRing
+from tandem.worker.sampling import InvalidRequest, SamplingParams
+from tandem.worker.wire import load_report, params_from_proto, token_event
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Pending:
+    """A reservation waiting for its KV: what to admit once it commits."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    block_table: list[int]
+    ring: StagingRing | None = None
+
+
+class DecodeServicer:
+    def __init__(
+        self,
+        loop: EngineLoop,
+        info: common_pb2.WorkerInfo,
+        staging: StagingPool | None = None,
+        expire_every_s: float = 0.25,
+    ):
+        self.loop, self.info, self.staging = loop, info, staging
+        self.layout = KvLayout.from_worker_info(info)
+        self.receiver = KvReceiver(loop.engine.kv, self.layout, on_release=self._released, on_commit=self._committed)
+        self._lock = threading.Lock()
+        self._pending: dict[str, Pending] = {}  # transfer_id -> what to admit
+        self._outputs: dict[str, queue.Queue[StepOutput | StreamEnd]] = {}  # request_id -> token queue
+        self.draining = False
+        self._stop = threading.Event()
+        self._expiry = threading.Thread(target=self._expire_loop, args=(expire_every_s,), daemon=True)
+        self._expiry.start()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    # --- RPCs ---------------------------------------------------------------------------------
+    def Handshake(self, request: common_pb2.HandshakeRequest, context: grpc.ServicerContext) -> common_pb2.HandshakeReply:
+        problems = check_compatible(request.peer, self.info) if request.peer.num_layers else []
+        return common_pb2.HandshakeReply(
+            worker=self.info, problems=problems, transport=choose_transport(request.peer, self.info)
+        )
+
+    def Reserve(self, request: decode_pb2.ReserveRequest, context: grpc.ServicerContext) -> decode_pb2.ReserveReply:
+        if self.draining:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "decode worker is draining")
+        prompt = list(request.prompt_token_ids)
+        try:
+            params = params_from_proto(request.sampling)
+            block_table, cached = self.loop.call(lambda e: e.reserve(prompt, params))
+        except InvalidRequest as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except OutOfBlocks as e:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        first = cached // self.layout.block_size
+        to_fill = block_table[first:]
+        transport = common_pb2.KV_TRANSPORT_GRPC
+        ring = None
+        if self.staging is not None and common_pb2.KV_TRANSPORT_SHM in request.transports:
+            if request.prefill_host_id and request.prefill_host_id == self.info.host_id:
+                transport = common_pb2.KV_TRANSPORT_SHM
+        with self._lock:
+            self._outputs[request.request_id] = queue.Queue()
+        lease_s = (request.lease_ms or 30_000) / 1000
+        res = self.receiver.reserve(request.transfer_id, request.request_id, to_fill, lease_s)
+        if transport == common_pb2.KV_TRANSPORT_SHM:
+            assert self.staging is not None
+            ring = self.staging.lend(res.epoch)
+            if ring is None:
+                transport = common_pb2.KV_TRANSPORT_GRPC
+            else:
+                res.staging = ring
+        with self._lock:
+            self._pending[request.transfer_id] = Pending(request.request_id, prompt, params, block_table, ring)
+        return decode_pb2.ReserveReply(
+            block_ids=to_fill,
+            num_cached_tokens=cached,
+            epoch=res.epoch,
+            lease_deadline_ms=int((time.time() + lease_s) * 1000),
+            transport=transport,
+            shm_name=ring.name if ring is not None else "",
+            shm_capacity=ring.capacity if ring is not None else 0,
+            first_block_index=first,
+        )
+
+    def StreamTokens(self, request: decode_pb2.StreamTokensRequest, context: grpc.ServicerContext):
+        with self._lock:
+            stream = self._outputs.get(request.request_id)
+        if stream is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no reservation or sequence for {request.request_id}")
+        context.add_callback(lambda: self._client_gone(request.request_id))
+        try:
+            for index, item in enumerate(EngineLoop.iterate(stream)):
+                yield token_event(request.request_id, item, index)
+        finally:
+            with self._lock:
+                self._outputs.pop(request.request_id, None)
+
+    def Abort(self, request: decode_pb2.AbortRequest, context: grpc.ServicerContext) -> decode_pb2.AbortReply:
+        released = self.receiver.abort(request.transfer_id, request.request_id, request.reason or "aborted")
+        freed = sum(len(r.block_ids) for r in released)
+        running = bool(request.request_id) and self.loop.abort(request.request_id, "abort")
+        return decode_pb2.AbortReply(found=bool(released) or running, blocks_freed=freed)
+
+    def Load(self, request: common_pb2.LoadRequest, context: grpc.ServicerContext) -> common_pb2.LoadReport:
+        reserved = self.receiver.table.reserved_blocks()
+        return self.loop.call(lambda e: load_report(e, self.info.worker_id, "decode", reserved, self.draining))
+
+    # --- reservation outcomes -----------------------------------------------------------------
+    def _committed(self, done: Committed) -> None:
+        with self._lock:
+            pending = self._pending.pop(done.reservation.transfer_id, None)
+            stream = self._outputs.get(done.reservation.request_id)
+        if pending is None:
+            return
+        self._give_back_ring(pending)
+        if stream is None:  # the router is gone: nobody will read the tokens
+            self.loop.call(lambda e: e.release(pending.block_table))
+            return
+        self.loop.admit(
+            pending.request_id,
+            lambda e: e.admit_prefilled(
+                pending.request_id, pending.prompt_ids, pending.params, pending.block_table,
+                done.first_token, done.first_token_logprob,
+            ),
+            stream,
+        )
+
+    def _released(self, released: Released) -> None:
+        with self._lock:
+            pending = self._pending.pop(released.reservation.transfer_id, None)
+            stream = self._outputs.get(released.reservation.request_id)
+        if pending is None:
+            return
+        self._give_back_ring(pending)
+        self.loop.call(lambda e: e.release(pending.block_table))
+        if stream is not None:
+            stream.put(StreamEnd("error", f"KV transfer did not complete: {released.reason}"))
+        log.info("released reservation %s: %s", released.reservation.transfer_id, released.reason)
+
+    def _give_back_ring(self, pending: Pending) -> None:
+        if pending.ring is not None and self.staging is not None:
+            self.staging.give_back(pending.ring)
+
+    def _client_gone(self, request_id: str) -> None:
+        """The token stream ended (finished, or the router went away): stop the work and free its blocks."""
+        self.receiver.abort(request_id=request_id, reason="token stream closed")
+        self.loop.abort(request_id, "abort")
+
+    def _expire_loop(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            self.receiver.expire()
+
+    @property
+    def num_pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+
+def add_to_server(server: grpc.Server, servicer: DecodeServicer) -> None:
+    add_decode_service(server, servicer, servicer.receiver)

@@ -1,0 +1,151 @@
+"""The prefill worker's gRPC service: run a prompt and push each layer's KV to the decode worker as
+soon as that layer is written, so the transfer overlaps the compute; the first token goes last."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from tandem.v1 import common_pb2, decode_pb2, prefill_pb2
+from tandem.worker.engine import Engine
+from tandem.worker.engine_loop import EngineLoop, StreamEnd
+from tandem.worker.kv_transport.base import KvLayout, KvSender, KvTransferError
+from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS, StreamKvSender, staging_for
+from tandem.worker.kv_transport.handshake import check_compatible
+from tandem.worker.sampling import InvalidRequest
+from tandem.worker.scheduler import SchedulerOutput
+from tandem.worker.wire import load_report, params_from_proto
+from tandem.worker.worker_metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Transfer:
+    """One prompt's KV on its way out: which local blocks go to which reserved decode blocks."""
+
+    sender: KvSender
+    first_block: int  # the decode worker already holds blocks [0, first_block) by prefix
+    decode_blocks: list[int]
+    next_block: int = -1  # first local block index not yet pushed (all layers)
+    pending_range: tuple[int, int] = (0, 0)
+    errors: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.next_block = self.first_block
+
+
+def blocks_to_push(computed_before: int, computed_after: int, prompt_len: int, block_size: int, next_block: int) -> tuple[int, int]:
+    """Block index range whose KV is final after a prefill chunk: full blocks, plus the last partial
+    block once the whole prompt is in."""
+    end = prompt_len if computed_after >= prompt_len else computed_after
+    hi = -(-end // block_size) if computed_after >= prompt_len else end // block_size
+    return next_block, max(next_block, hi)
+
+
+class PrefillServicer:
+    def __init__(self, loop: EngineLoop, info: common_pb2.WorkerInfo, compression: int = 0, metrics: WorkerMetrics | None = None):
+        self.loop, self.info, self.compression, self.metrics = loop, info, compression, metrics
+        self.layout = KvLayout.from_worker_info(info)
+        self._transfers: dict[str, Transfer] = {}
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+        self.draining = False
+        loop.engine.layer_hook = self._after_layer
+
+    # --- RPCs ---------------------------------------------------------------------------------
+    def Handshake(self, request: common_pb2.HandshakeRequest, context: grpc.ServicerContext) -> common_pb2.HandshakeReply:
+        problems = check_compatible(self.info, request.peer) if request.peer.num_layers else []
+        return common_pb2.HandshakeReply(worker=self.info, problems=problems, transport=common_pb2.KV_TRANSPORT_GRPC)
+
+    def Load(self, request: common_pb2.LoadRequest, context: grpc.ServicerContext) -> common_pb2.LoadReport:
+        return self.loop.call(lambda e: load_report(e, self.info.worker_id, "prefill", 0, self.draining))
+
+    def Prefill(self, request: prefill_pb2.PrefillRequest, context: grpc.ServicerContext) -> prefill_pb2.PrefillReply:
+        if self.draining:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "prefill worker is draining")
+        arrived = time.perf_counter()
+        prompt = list(request.prompt_token_ids)
+        try:
+            params = params_from_proto(request.sampling)
+            params.max_tokens, params.ignore_eos = 1, True
+        except InvalidRequest as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        reservation = request.reservation
+        sender = StreamKvSender(
+            self._channel(request.decode_address),
+            request.transfer_id,
+            reservation,
+            self.layout,
+            ring=staging_for(reservation),
+            compression=self.compression,
+        )
+        transfer = Transfer(sender, reservation.first_block_index, list(reservation.block_ids))
+        with self._lock:
+            self._transfers[request.request_id] = transfer
+        try:
+            try:
+                stream = self.loop.submit(prompt, params, request.request_id)
+            except InvalidRequest as e:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            context.add_callback(lambda: self.loop.abort(request.request_id, "abort"))
+            first = next(EngineLoop.iterate(stream))
+            computed = time.perf_counter()
+            if isinstance(first, StreamEnd):
+                context.abort(grpc.StatusCode.INTERNAL, first.error or f"prefill ended: {first.finish_reason}")
+            if transfer.errors:
+                raise KvTransferError("; ".join(transfer.errors))
+            reply = sender.commit(first.token_id, first.logprob)
+        except KvTransferError as e:
+            sender.abort(str(e))
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"KV transfer failed: {e}")
+        finally:
+            with self._lock:
+                self._transfers.pop(request.request_id, None)
+            sender.close()
+        if reply.status != decode_pb2.PUSH_KV_STATUS_COMMITTED:
+            context.abort(grpc.StatusCode.ABORTED, f"decode worker refused the KV: {reply.error}")
+        done = time.perf_counter()
+        if self.metrics is not None:
+            self.metrics.kv_bytes.inc(sender.bytes_sent)
+            self.metrics.kv_seconds.observe(done - arrived)
+        return prefill_pb2.PrefillReply(
+            first_token=first.token_id,
+            first_token_logprob=first.logprob,
+            kv_bytes=sender.bytes_sent,
+            timings=prefill_pb2.PrefillTimings(
+                compute_s=computed - arrived, transfer_tail_s=done - computed, transfer_s=done - arrived
+            ),
+            transport=sender.transport,
+            push_status=reply.status,
+        )
+
+    # --- the layer hook (engine thread) -------------------------------------------------------
+    def _after_layer(self, layer: int, sched: SchedulerOutput) -> None:
+        engine: Engine = self.loop.engine
+        bs = engine.config.block_size
+        for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
+            transfer = self._transfers.get(seq.request_id)
+            if transfer is None or transfer.errors:
+                continue
+            lo, hi = blocks_to_push(seq.num_computed, seq.num_computed + n, len(seq.prompt_ids), bs, transfer.next_block)
+            if hi > lo:
+                try:
+                    k, v = engine.kv.read_blocks(layer, seq.block_table[lo:hi])
+                    first = transfer.first_block
+                    transfer.sender.send(layer, transfer.decode_blocks[lo - first : hi - first], k, v)
+                except Exception as e:  # the RPC thread reports it; the engine keeps going
+                    transfer.errors.append(str(e))
+            if layer == engine.model.config.num_layers - 1:
+                transfer.next_block = hi
+
+    def _channel(self, address: str) -> grpc.Channel:
+        with self._lock:
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = self._channels[address] = grpc.insecure_channel(address, options=BULK_CHANNEL_OPTIONS)
+            return channel

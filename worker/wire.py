@@ -1,0 +1,113 @@
+"""Conversions between engine types and tandem.v1 messages, shared by every worker server and the router."""
+
+from __future__ import annotations
+
+import socket
+
+from tandem.v1 import common_pb2
+from tandem.worker.engine import Engine, StepOutput
+from tandem.worker.engine_loop import StreamEnd
+from tandem.worker.kv_transport.base import PROTOCOL_VERSION, dtype_name
+from tandem.worker.sampling import SamplingParams
+
+FINISH_REASONS = {
+    "stop": common_pb2.FINISH_REASON_STOP,
+    "length": common_pb2.FINISH_REASON_LENGTH,
+    "abort": common_pb2.FINISH_REASON_ABORT,
+    "error": common_pb2.FINISH_REASON_ERROR,
+}
+FINISH_NAMES = {v: k for k, v in FINISH_REASONS.items()}
+
+ROLES = {
+    "prefill": common_pb2.WORKER_ROLE_PREFILL,
+    "decode": common_pb2.WORKER_ROLE_DECODE,
+    "colocated": common_pb2.WORKER_ROLE_COLOCATED,
+}
+
+
+def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
+    msg = common_pb2.SamplingParams(
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=p.top_k,
+        max_tokens=p.max_tokens,
+        stop_token_ids=p.stop_token_ids,
+        logprobs=p.logprobs,
+        ignore_eos=p.ignore_eos,
+    )
+    if p.seed is not None:
+        msg.seed = p.seed
+    return msg
+
+
+def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
+    """Raises InvalidRequest for out-of-range values."""
+    return SamplingParams(
+        max_tokens=msg.max_tokens,
+        temperature=msg.temperature,
+        top_p=msg.top_p,
+        top_k=msg.top_k,
+        seed=msg.seed if msg.HasField("seed") else None,
+        stop_token_ids=list(msg.stop_token_ids),
+        ignore_eos=msg.ignore_eos,
+        logprobs=msg.logprobs,
+    )
+
+
+def token_event(request_id: str, item: StepOutput | StreamEnd, index: int) -> common_pb2.TokenEvent:
+    if isinstance(item, StreamEnd):
+        return common_pb2.TokenEvent(
+            request_id=request_id, finish_reason=FINISH_REASONS.get(item.finish_reason, 4), error=item.error, index=index
+        )
+    return common_pb2.TokenEvent(
+        request_id=request_id,
+        token_id=item.token_id,
+        logprob=item.logprob,
+        finish_reason=FINISH_REASONS[item.finish_reason] if item.finish_reason else 0,
+        index=index,
+        has_token=True,
+    )
+
+
+def host_id() -> str:
+    """Identifies this host (and its /dev/shm) so two workers can tell they may share memory."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}:{boot}"
+
+
+def worker_info(engine: Engine, worker_id: str, role: str, model_name: str, shm: bool = True) -> common_pb2.WorkerInfo:
+    cfg = engine.model.config
+    transports = [common_pb2.KV_TRANSPORT_GRPC] + ([common_pb2.KV_TRANSPORT_SHM] if shm else [])
+    return common_pb2.WorkerInfo(
+        worker_id=worker_id,
+        role=ROLES[role],
+        model_name=model_name,
+        dtype=dtype_name(engine.dtype),
+        num_layers=cfg.num_layers,
+        num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        block_size=engine.config.block_size,
+        host_id=host_id(),
+        transports=transports,
+        shm_capable=shm,
+        cuda_device=engine.device.index if engine.device.type == "cuda" and engine.device.index is not None else -1,
+        protocol_version=PROTOCOL_VERSION,
+    )
+
+
+def load_report(engine: Engine, worker_id: str, role: str, reserved_blocks: int = 0, draining: bool = False) -> common_pb2.LoadReport:
+    return common_pb2.LoadReport(
+        worker_id=worker_id,
+        queued_prompt_tokens=engine.queued_prompt_tokens,
+        running_sequences=engine.num_running,
+        waiting_sequences=engine.num_waiting,
+        free_kv_blocks=engine.blocks.num_free,
+        total_kv_blocks=engine.blocks.num_blocks,
+        reserved_kv_blocks=reserved_blocks,
+        draining=draining,
+        role=ROLES[role],
+    )

@@ -1,0 +1,54 @@
+"""Prometheus metrics of a prefill, decode or colocated worker, labelled by service and pool."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from tandem import names
+from tandem.worker.engine import Engine
+from tandem.worker.scheduler import SchedulerOutput
+
+
+class WorkerMetrics:
+    def __init__(self, service: str, pool: str, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        labels = list(names.METRIC_LABELS)
+        r = self.registry
+
+        def bind(metric):  # every series carries the service and the pool
+            return metric.labels(service=service, pool=pool)
+
+        self.queued_prompt_tokens = bind(Gauge(names.PREFILL_QUEUED_TOKENS, "Prompt tokens waiting to be prefilled", labels, registry=r))
+        self.prefill_tokens = bind(Counter(names.PREFILL_TOKENS_TOTAL, "Prompt tokens prefilled", labels, registry=r))
+        self.kv_bytes = bind(Counter(names.KV_TRANSFER_BYTES_TOTAL, "KV cache bytes pushed to decode workers", labels, registry=r))
+        self.kv_seconds = bind(
+            Histogram(names.KV_TRANSFER_SECONDS, "Prefill-to-commit time of a KV transfer", labels, registry=r,
+                      buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        )
+        self.running = bind(Gauge(names.DECODE_RUNNING_SEQUENCES, "Sequences in the running batch", labels, registry=r))
+        self.kv_used = bind(Gauge(names.KV_BLOCKS_USED, "KV cache blocks in use", labels, registry=r))
+        self.kv_total = bind(Gauge(names.KV_BLOCKS_TOTAL, "KV cache blocks in the pool", labels, registry=r))
+        self.batch_size = bind(
+            Histogram(names.DECODE_BATCH_SIZE, "Sequences per engine step", labels, registry=r,
+                      buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+        )
+
+    def on_step(self, engine: Engine) -> None:
+        """Refresh the gauges after an engine step (runs on the engine thread, so it stays cheap)."""
+        sched = engine.last_schedule
+        self.queued_prompt_tokens.set(engine.queued_prompt_tokens)
+        self.running.set(engine.num_running)
+        self.kv_used.set(engine.blocks.num_used)
+        self.kv_total.set(engine.blocks.num_blocks)
+        if sched is not None and sched.seqs:
+            self.batch_size.observe(len(sched.seqs))
+            self.prefill_tokens.inc(prompt_tokens_computed(sched))
+
+
+def prompt_tokens_computed(sched: SchedulerOutput) -> int:
+    """Prompt tokens (not decode tokens) among those a finished step computed."""
+    total = 0
+    for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
+        start = max(0, seq.num_computed - n)
+        total += max(0, min(n, len(seq.prompt_ids) - start))
+    return total
