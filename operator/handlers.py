@@ -57,7 +57,7 @@ async def stop(**_: Any) -> None:
         _RESYNC.cancel()
 
 
-@kopf.on.event(API_GROUP, API_VERSION, "inferenceservices")
+@kopf.on.event(API_GROUP, API_VERSION, "inferenceservices")  # type: ignore[arg-type]
 def service_event(type: str, name: str, namespace: str, **_: Any) -> None:
     assert QUEUE is not None
     key = (namespace, name)
@@ -81,4 +81,4 @@ for _resource in (
     ("policy", "v1", "poddisruptionbudgets"),
     (API_GROUP, API_VERSION, "inferencepools"),
 ):
-    kopf.on.event(*_resource, when=_owned, id=f"child-{_resource[-1]}")(_child_event)
+    kopf.on.event(*_resource, when=_owned, id=f"child-{_resource[-1]}")(_child_event)  # type: ignore[arg-type]

@@ -10,9 +10,10 @@ import datetime as dt
 import json
 import threading
 from typing import Any
+from urllib.parse import urlencode
 
+import urllib3
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 FIELD_MANAGER = "tandem-operator"
 
@@ -28,6 +29,15 @@ _KINDS = {
 }
 
 Body = dict[str, Any]
+_TIMEOUT = urllib3.Timeout(connect=10, read=60)
+
+
+class ApiError(Exception):
+    """An error answer from the API server; `status` is the HTTP status."""
+
+    def __init__(self, status: int, body: str):
+        super().__init__(f"HTTP {status}: {body[:500]}")
+        self.status = status
 
 
 def path(kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
@@ -58,18 +68,28 @@ class Kube:
 
     def _call(self, method: str, url: str, body: Any = None, query: list[tuple[str, str]] | None = None,
               content_type: str = "application/json") -> Body:
+        """One HTTP round trip through the client's configured pool (TLS, client certs, token).
+
+        The generated client's call_api changed signature between releases; its urllib3 pool did not.
+        """
         self._count(method != "GET")
-        payload = json.dumps(body) if body is not None else None
-        return self.api.call_api(
-            url, method, query_params=query or [], body=payload,
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
-            response_type="object", auth_settings=["BearerToken"], _return_http_data_only=True,
-        )
+        cfg = self.api.configuration
+        headers = {"Content-Type": content_type, "Accept": "application/json"}
+        auth = cfg.auth_settings().get("BearerToken")
+        if auth and auth.get("value"):
+            headers[auth["key"]] = auth["value"]
+        full = cfg.host + url + (f"?{urlencode(query)}" if query else "")
+        payload = json.dumps(body).encode() if body is not None else None
+        resp = self.api.rest_client.pool_manager.request(method, full, body=payload, headers=headers,
+                                                         timeout=_TIMEOUT, preload_content=True)
+        if resp.status >= 400:
+            raise ApiError(resp.status, resp.data.decode(errors="replace"))
+        return json.loads(resp.data) if resp.data else {}
 
     def get(self, kind: str, namespace: str, name: str) -> Body | None:
         try:
             return self._call("GET", path(kind, namespace, name))
-        except ApiException as e:
+        except ApiError as e:
             if e.status == 404:
                 return None
             raise
@@ -97,7 +117,7 @@ class Kube:
     def delete(self, kind: str, namespace: str, name: str) -> None:
         try:
             self._call("DELETE", path(kind, namespace, name), {"propagationPolicy": "Background"})
-        except ApiException as e:
+        except ApiError as e:
             if e.status != 404:
                 raise
 
@@ -121,5 +141,5 @@ class Kube:
         }
         try:
             self.create(event)
-        except ApiException:
+        except ApiError:
             pass  # events are best effort

@@ -47,7 +47,7 @@ class Leader:
         api = client.CoordinationV1Api()
         try:
             lease = api.read_namespaced_lease(self.name, self.namespace)
-            if lease.spec.holder_identity != self.identity:
+            if lease.spec is None or lease.spec.holder_identity != self.identity:
                 return
             past = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
             api.patch_namespaced_lease(self.name, self.namespace, {"spec": {

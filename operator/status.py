@@ -53,8 +53,8 @@ def inference_pool_status(dep: Body | None, selector: str, generation: int) -> d
 def _condition(ctype: str, ok: bool, reason: str, message: str, generation: int,
                previous: dict[str, Body], now: str) -> Body:
     status = "True" if ok else "False"
-    old = previous.get(ctype)
-    changed = old is None or old.get("status") != status
+    old = previous.get(ctype) or {}
+    changed = old.get("status") != status
     return {
         "type": ctype,
         "status": status,

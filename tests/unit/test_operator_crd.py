@@ -1,5 +1,6 @@
 """The CRD schema and tandem/spec.py describe the same object: same fields, same defaults, same enums."""
 
+import types
 from enum import Enum
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin
@@ -25,7 +26,7 @@ def _schema() -> dict:
 
 def _inner(annotation: Any) -> Any:
     """Strip Optional[...] to the one real type."""
-    if get_origin(annotation) in (Union, getattr(__import__("types"), "UnionType")):
+    if get_origin(annotation) in (Union, types.UnionType):
         args = [a for a in get_args(annotation) if a is not type(None)]
         return args[0]
     return annotation

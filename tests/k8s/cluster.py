@@ -1,0 +1,301 @@
+"""Start and stop a real Kubernetes control plane on loopback (etcd, apiserver, controller-manager,
+scheduler, kwok fake GPU nodes) from binaries built by build-controlplane.sh. Used by the k8s tests
+and bench/operator.py."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+LOOPBACK = "127.0.0.1"
+SERVICE_CIDR = "10.96.0.0/16"
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
+USERS = {  # name -> (token, groups)
+    "admin": ("admin-token", "system:masters"),
+    "system:kube-controller-manager": ("kcm-token", ""),
+    "system:kube-scheduler": ("scheduler-token", ""),
+    "tandem-operator": ("operator-token", ""),
+}
+
+
+def find_binaries(build: bool = True) -> Path:
+    """The bin folder; builds it with the script when missing. Raises RuntimeError without Go."""
+    if os.environ.get("TANDEM_CONTROLPLANE_BIN"):
+        return Path(os.environ["TANDEM_CONTROLPLANE_BIN"])
+    if not build:
+        raise RuntimeError("control-plane binaries not built")
+    if shutil.which("go") is None:
+        raise RuntimeError("go is not installed; cannot build the control plane (tests/k8s/build-controlplane.sh)")
+    out = subprocess.run(["bash", str(HERE / "build-controlplane.sh")], check=True, text=True,
+                         stdout=subprocess.PIPE)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def _write_certs(d: Path) -> None:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import NameOID
+
+    def key():
+        return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+    def pem_key(k):
+        return k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                               serialization.NoEncryption())
+
+    now = dt.datetime.now(dt.UTC)
+    ca_key = key()
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tandem-test-ca")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(hours=1))
+          .not_valid_after(now + dt.timedelta(days=2))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    srv_key = key()
+    sans = [x509.DNSName(n) for n in ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc")]
+    sans += [x509.IPAddress(ipaddress.ip_address(LOOPBACK)), x509.IPAddress(ipaddress.ip_address("10.96.0.1"))]
+    srv = (x509.CertificateBuilder()
+           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+           .issuer_name(ca_name).public_key(srv_key.public_key()).serial_number(x509.random_serial_number())
+           .not_valid_before(now - dt.timedelta(hours=1)).not_valid_after(now + dt.timedelta(days=2))
+           .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+           .sign(ca_key, hashes.SHA256()))
+    (d / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (d / "ca.key").write_bytes(pem_key(ca_key))
+    (d / "apiserver.crt").write_bytes(srv.public_bytes(serialization.Encoding.PEM))
+    (d / "apiserver.key").write_bytes(pem_key(srv_key))
+    sa = key()
+    (d / "sa.key").write_bytes(pem_key(sa))
+    (d / "sa.pub").write_bytes(sa.public_key().public_bytes(serialization.Encoding.PEM,
+                                                            serialization.PublicFormat.SubjectPublicKeyInfo))
+
+
+def fake_gpu_node(name: str, gpus: int = 8) -> dict:
+    """A node kwok keeps Ready, with nvidia.com/gpu capacity."""
+    capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {"type": "kwok", "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                       "kubernetes.io/arch": "amd64", "nvidia.com/gpu.present": "true"},
+        },
+        "spec": {},
+        "status": {"capacity": capacity, "allocatable": capacity, "nodeInfo": {"kubeletVersion": "fake"}},
+    }
+
+
+class ControlPlane:
+    """One throwaway cluster. start() returns when the API is ready and fake nodes exist."""
+
+    def __init__(self, bin_dir: Path, workdir: Path | None = None, nodes: int = 4):
+        self.bin = bin_dir
+        self.dir = Path(workdir or tempfile.mkdtemp(prefix="tandem-k8s-"))
+        self.nodes = nodes
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs = self.dir / "logs"
+        self.port = free_port()
+        self.server = f"https://{LOOPBACK}:{self.port}"
+
+    # --- files -------------------------------------------------------------------------------------
+    def kubeconfig(self, user: str = "admin") -> Path:
+        path = self.dir / f"{user.replace(':', '-')}.kubeconfig"
+        if not path.exists():
+            cfg = {
+                "apiVersion": "v1", "kind": "Config", "current-context": "tandem",
+                "clusters": [{"name": "tandem", "cluster": {"server": self.server,
+                                                            "certificate-authority": str(self.dir / "ca.crt")}}],
+                "users": [{"name": user, "user": {"token": USERS[user][0]}}],
+                "contexts": [{"name": "tandem", "context": {"cluster": "tandem", "user": user,
+                                                            "namespace": "default"}}],
+            }
+            path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    def _prepare(self) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        _write_certs(self.dir)
+        lines = [f'{tok},{user},{user}-uid,"{groups}"' if groups else f"{tok},{user},{user}-uid"
+                 for user, (tok, groups) in USERS.items()]
+        (self.dir / "tokens.csv").write_text("\n".join(lines) + "\n")
+
+    # --- processes ---------------------------------------------------------------------------------
+    def _spawn(self, name: str, args: list[str], env: dict | None = None) -> None:
+        log = open(self.logs / f"{name}.log", "w")
+        self.procs[name] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir,
+                                            env={**os.environ, **(env or {})}, start_new_session=True)
+
+    def kubectl(self, *args: str, user: str = "admin", input: str | None = None, check: bool = True,
+                timeout: float = 60) -> subprocess.CompletedProcess:
+        cmd = [str(self.bin / "kubectl"), "--kubeconfig", str(self.kubeconfig(user)), *args]
+        out = subprocess.run(cmd, input=input, text=True, capture_output=True, timeout=timeout)
+        if check and out.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {out.stderr}")
+        return out
+
+    def _wait(self, what: str, ok, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, p in self.procs.items():
+                if p.poll() is not None:
+                    tail = (self.logs / f"{name}.log").read_text()[-3000:]
+                    raise RuntimeError(f"{name} exited ({p.returncode}) while waiting for {what}:\n{tail}")
+            if ok():
+                return
+            time.sleep(0.3)
+        raise TimeoutError(f"timed out waiting for {what}; logs in {self.logs}")
+
+    def start(self) -> ControlPlane:
+        self._prepare()
+        etcd_port, peer_port = free_port(), free_port()
+        etcd_url = f"http://{LOOPBACK}:{etcd_port}"
+        self._spawn("etcd", [str(self.bin / "etcd"), "--data-dir", str(self.dir / "etcd"),
+                             "--listen-client-urls", etcd_url,
+                             "--listen-peer-urls", f"http://{LOOPBACK}:{peer_port}"])
+        d = self.dir
+        self._spawn("kube-apiserver", [
+            str(self.bin / "kube-apiserver"),
+            f"--etcd-servers={etcd_url}",
+            f"--bind-address={LOOPBACK}", f"--advertise-address={LOOPBACK}", f"--secure-port={self.port}",
+            f"--tls-cert-file={d / 'apiserver.crt'}", f"--tls-private-key-file={d / 'apiserver.key'}",
+            f"--client-ca-file={d / 'ca.crt'}",
+            f"--token-auth-file={d / 'tokens.csv'}",
+            "--authorization-mode=RBAC",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={d / 'sa.pub'}",
+            f"--service-account-signing-key-file={d / 'sa.key'}",
+            "--enable-priority-and-fairness=false",
+            "--allow-privileged=true",
+            "--endpoint-reconciler-type=none",
+            f"--cert-dir={d / 'apiserver-certs'}",
+        ])
+        self._wait("kube-apiserver /readyz", self._ready, 180)
+        self._spawn("kube-controller-manager", [
+            str(self.bin / "kube-controller-manager"),
+            f"--kubeconfig={self.kubeconfig('system:kube-controller-manager')}",
+            f"--authentication-kubeconfig={self.kubeconfig('system:kube-controller-manager')}",
+            f"--authorization-kubeconfig={self.kubeconfig('system:kube-controller-manager')}",
+            f"--bind-address={LOOPBACK}", f"--secure-port={free_port()}",
+            f"--cert-dir={d / 'kcm-certs'}",
+            f"--service-account-private-key-file={d / 'sa.key'}",
+            f"--root-ca-file={d / 'ca.crt'}",
+            "--use-service-account-credentials=true",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--leader-elect=false",
+            "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller",
+            "--concurrent-deployment-syncs=10", "--concurrent-replicaset-syncs=10",
+            "--kube-api-qps=200", "--kube-api-burst=400",
+        ])
+        self._spawn("kube-scheduler", [
+            str(self.bin / "kube-scheduler"),
+            f"--kubeconfig={self.kubeconfig('system:kube-scheduler')}",
+            f"--authentication-kubeconfig={self.kubeconfig('system:kube-scheduler')}",
+            f"--authorization-kubeconfig={self.kubeconfig('system:kube-scheduler')}",
+            f"--bind-address={LOOPBACK}", f"--secure-port={free_port()}",
+            f"--cert-dir={d / 'scheduler-certs'}",
+            "--leader-elect=false",
+        ])
+        self._spawn("kwok", [
+            str(self.bin / "kwok"),
+            f"--kubeconfig={self.kubeconfig('admin')}",
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            f"--node-ip={LOOPBACK}",
+            f"--server-address={LOOPBACK}:{free_port()}",
+            "--cidr=10.244.0.0/16",
+        ])
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(
+            [fake_gpu_node(f"gpu-node-{i}") for i in range(self.nodes)]))
+        self._wait("fake nodes Ready", self._nodes_ready, 120)
+        self._wait("default service account", lambda: self.kubectl(
+            "get", "serviceaccount", "default", check=False).returncode == 0, 120)
+        return self
+
+    def _ready(self) -> bool:
+        out = self.kubectl("get", "--raw", "/readyz", check=False, timeout=10)
+        return out.returncode == 0 and out.stdout.strip() == "ok"
+
+    def _nodes_ready(self) -> bool:
+        out = self.kubectl("get", "nodes", "-o",
+                           "jsonpath={range .items[*]}{.status.conditions[?(@.type=='Ready')].status}{'\\n'}{end}",
+                           check=False)
+        states = out.stdout.split()
+        return len(states) == self.nodes and all(s == "True" for s in states)
+
+    def install_crds_and_rbac(self) -> None:
+        self.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                     "crd/inferenceservices.serving.tandem.dev", "crd/inferencepools.serving.tandem.dev")
+        self.kubectl("apply", "-f", str(ROOT / "charts/tandem/files/operator-clusterrole.yaml"))
+        self.kubectl("create", "clusterrolebinding", "tandem-operator", "--clusterrole=tandem-operator",
+                     "--user=tandem-operator", check=False)
+
+    def stop(self) -> None:
+        for name in reversed(list(self.procs)):
+            p = self.procs[name]
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        self.procs.clear()
+        if not os.environ.get("TANDEM_KEEP_CLUSTER_DIR"):
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Operator:
+    """`python -m tandem.operator` as a subprocess against a ControlPlane, with the operator's own user."""
+
+    def __init__(self, cp: ControlPlane, name: str = "operator", extra_env: dict | None = None):
+        self.cp, self.name = cp, name
+        self.env = {"TANDEM_RESYNC_SECONDS": "10", **(extra_env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.log_path = cp.logs / f"{name}.log"
+
+    def start(self) -> Operator:
+        log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tandem.operator", "--kubeconfig", str(self.cp.kubeconfig("tandem-operator")),
+             "--lease-namespace", "default", "--lease-seconds", "6", "--renew-seconds", "4",
+             "--retry-seconds", "1"],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}, start_new_session=True)
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""

@@ -1,0 +1,73 @@
+"""Session fixtures for the k8s suite: a real control plane on loopback, the CRDs, and the operator."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.k8s.cluster import ControlPlane, Operator, find_binaries
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if HERE in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.k8s)
+
+
+@pytest.fixture(scope="session")
+def control_plane():
+    try:
+        bin_dir = find_binaries()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    cp = ControlPlane(bin_dir)
+    try:
+        cp.start()
+        cp.install_crds_and_rbac()
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="session")
+def operator(control_plane):
+    op = Operator(control_plane).start()
+    yield op
+    op.stop()
+
+
+@pytest.fixture
+def namespace(control_plane):
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    control_plane.kubectl("create", "namespace", name)
+    wait_for(lambda: control_plane.kubectl("get", "serviceaccount", "default", "-n", name,
+                                           check=False).returncode == 0, 60, "default service account")
+    yield name
+    control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def wait_for(fn, timeout: float, what: str, interval: float = 0.3):
+    """Poll fn until it returns something truthy; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+        except Exception as e:  # not there yet
+            last = e
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+def get_json(cp: ControlPlane, *args: str, namespace: str | None = None) -> dict | None:
+    ns = ["-n", namespace] if namespace else []
+    out = cp.kubectl("get", *args, *ns, "-o", "json", check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else None
