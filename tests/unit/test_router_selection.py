@@ -1,0 +1,28 @@
+"""Worker selection: prefill by queued prompt tokens, decode by room and running sequences, never an unhealthy or draining one."""
+
+from tandem.worker.router.selection import WorkerView, pick_decode, pick_prefill
+
+
+def test_prefill_goes_to_the_shortest_queue_and_skips_bad_workers():
+    ws = [
+        WorkerView("a", queued_prompt_tokens=900),
+        WorkerView("b", queued_prompt_tokens=100, inflight_prompt_tokens=500),
+        WorkerView("c", queued_prompt_tokens=0, healthy=False),
+        WorkerView("d", queued_prompt_tokens=0, draining=True),
+    ]
+    assert pick_prefill(ws).address == "b"
+    assert pick_prefill(ws, exclude={"b"}).address == "a"
+    assert pick_prefill(ws[2:]) is None
+
+
+def test_decode_needs_room_then_prefers_fewer_running():
+    ws = [
+        WorkerView("a", running_sequences=1, free_kv_blocks=3, total_kv_blocks=100),
+        WorkerView("b", running_sequences=5, free_kv_blocks=80, total_kv_blocks=100),
+        WorkerView("c", running_sequences=5, free_kv_blocks=90, total_kv_blocks=100),
+    ]
+    assert pick_decode(ws, blocks_needed=2).address == "a"
+    assert pick_decode(ws, blocks_needed=10).address == "c"
+    # when nobody has room, still pick someone (the worker queues or preempts) rather than fail
+    assert pick_decode(ws, blocks_needed=1000).address == "a"
+    assert pick_decode([WorkerView("x", draining=True)], 1) is None

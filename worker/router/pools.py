@@ -1,0 +1,307 @@
+"""The router's gRPC backend: keeps the prefill, decode and colocated pools, routes each request, retries.
+
+Disaggregated: reserve blocks on a decode worker, open its token stream, ask a prefill worker to run the
+prompt and push the KV there, then relay tokens. A worker that fails before the first token is marked
+unhealthy and the request is retried elsewhere; after the first token a failure ends the stream with an
+error. Membership comes from the command line and, if given, a JSON workers file that may change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc import aio
+
+from tandem.v1 import colocated_pb2_grpc, common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
+from tandem.worker.router.backend import BackendError, Timing, TokenOut
+from tandem.worker.router.selection import WorkerView, pick_decode, pick_prefill
+from tandem.worker.sampling import SamplingParams
+from tandem.worker.wire import FINISH_NAMES, params_to_proto
+
+log = logging.getLogger(__name__)
+
+STUBS = {
+    "prefill": prefill_pb2_grpc.PrefillServiceStub,
+    "decode": decode_pb2_grpc.DecodeServiceStub,
+    "colocated": colocated_pb2_grpc.ColocatedServiceStub,
+}
+UNHEALTHY_FOR_S = 2.0
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+             grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL,
+             grpc.StatusCode.UNKNOWN, grpc.StatusCode.NOT_FOUND}
+
+
+class _Retry(Exception):
+    """This attempt failed before any token reached the client; try other workers."""
+
+
+@dataclass
+class Worker:
+    role: str
+    view: WorkerView
+    channel: aio.Channel
+    stub: object
+    info: common_pb2.WorkerInfo | None = None
+    unhealthy_until: float = 0.0
+
+    def mark_failed(self) -> None:
+        self.view.healthy = False
+        self.unhealthy_until = time.monotonic() + UNHEALTHY_FOR_S
+
+
+@dataclass
+class Pools:
+    workers: dict[str, dict[str, Worker]] = field(default_factory=lambda: {r: {} for r in STUBS})
+
+    def views(self, role: str) -> list[WorkerView]:
+        return [w.view for w in self.workers[role].values()]
+
+
+class GrpcBackend:
+    def __init__(
+        self,
+        mode: str,
+        addresses: dict[str, list[str]],
+        workers_file: str | None = None,
+        block_size: int = 16,
+        max_attempts: int = 3,
+        poll_interval_s: float = 0.5,
+        lease_ms: int = 30_000,
+    ):
+        self.mode, self.block_size, self.max_attempts = mode, block_size, max_attempts
+        self.poll_interval_s, self.lease_ms = poll_interval_s, lease_ms
+        self.static = addresses
+        self.workers_file = workers_file
+        self._file_mtime = 0.0
+        self.pools = Pools()
+        self.inflight = 0
+        self._poller: asyncio.Task | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self._refresh_membership()
+        await self._poll_once()
+        self._poller = asyncio.create_task(self._poll_forever())
+
+    async def close(self) -> None:
+        if self._poller:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        for role in self.pools.workers.values():
+            for w in role.values():
+                await w.channel.close()
+
+    def ready(self) -> bool:
+        needed = ["colocated"] if self.mode == "colocated" else ["prefill", "decode"]
+        return all(any(v.routable for v in self.pools.views(r)) for r in needed)
+
+    def queue_depth(self) -> int:
+        return self.inflight
+
+    # --- membership and health ----------------------------------------------------------------
+    def _wanted(self) -> dict[str, list[str]]:
+        wanted = {r: list(self.static.get(r, [])) for r in STUBS}
+        if self.workers_file and os.path.exists(self.workers_file):
+            data = json.loads(Path(self.workers_file).read_text() or "{}")
+            for role in STUBS:
+                wanted[role] = list(dict.fromkeys(wanted[role] + list(data.get(role, []))))
+        return wanted
+
+    async def _refresh_membership(self) -> None:
+        if self.workers_file and os.path.exists(self.workers_file):
+            mtime = os.path.getmtime(self.workers_file)
+            if mtime == self._file_mtime and any(self.pools.workers.values()):
+                return
+            self._file_mtime = mtime
+        try:
+            wanted = self._wanted()
+        except (OSError, ValueError) as e:
+            log.warning("workers file unreadable: %s", e)
+            return
+        for role, addresses in wanted.items():
+            current = self.pools.workers[role]
+            for address in addresses:
+                if address not in current:
+                    channel = aio.insecure_channel(address)
+                    current[address] = Worker(role, WorkerView(address, healthy=False), channel, STUBS[role](channel))
+            for address in list(current):
+                if address not in addresses:  # scaled away: stop routing to it
+                    await current.pop(address).channel.close()
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval_s)
+            try:
+                await self._refresh_membership()
+                await self._poll_once()
+            except Exception:  # keep polling whatever one round did
+                log.exception("worker poll failed")
+
+    async def _poll_once(self) -> None:
+        workers = [w for role in self.pools.workers.values() for w in role.values()]
+        await asyncio.gather(*(self._poll(w) for w in workers))
+
+    async def _poll(self, w: Worker) -> None:
+        try:
+            if w.info is None:
+                w.info = (await w.stub.Handshake(common_pb2.HandshakeRequest(), timeout=2)).worker  # type: ignore[attr-defined]
+            load = await w.stub.Load(common_pb2.LoadRequest(), timeout=2)  # type: ignore[attr-defined]
+        except aio.AioRpcError:
+            w.mark_failed()
+            return
+        if time.monotonic() < w.unhealthy_until and not w.view.healthy:
+            return  # a recent request failure outranks one good poll
+        v = w.view
+        v.healthy, v.draining = True, load.draining
+        v.queued_prompt_tokens, v.running_sequences = load.queued_prompt_tokens, load.running_sequences
+        v.free_kv_blocks, v.total_kv_blocks = load.free_kv_blocks, load.total_kv_blocks
+
+    def _pick(self, role: str, tried: set[str], blocks_needed: int = 0) -> Worker:
+        views = self.pools.views(role)
+        view = pick_decode(views, blocks_needed, tried) if role == "decode" else pick_prefill(views, tried)
+        if view is None:
+            view = pick_decode(views, blocks_needed) if role == "decode" else pick_prefill(views)  # retry a tried one
+        if view is None:
+            raise BackendError(f"no healthy {role} worker", status=503, retry_after_s=1)
+        return self.pools.workers[role][view.address]
+
+    # --- requests -----------------------------------------------------------------------------
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, timing: Timing
+    ) -> AsyncIterator[TokenOut]:
+        self.inflight += 1
+        try:
+            tried: set[str] = set()
+            for attempt in range(self.max_attempts):
+                timing.retries = attempt
+                started = False
+                attempt_id = request_id if attempt == 0 else f"{request_id}-r{attempt}"
+                try:
+                    run = self._colocated if self.mode == "colocated" else self._disaggregated
+                    async for token in run(attempt_id, prompt_ids, params, timing, tried):
+                        started = True
+                        yield token
+                    return
+                except _Retry as e:
+                    if started:
+                        raise BackendError(f"worker failed mid-stream: {e}", status=503) from None
+                    log.warning("request %s attempt %d failed before the first token: %s", request_id, attempt, e)
+            raise BackendError(f"request failed on {self.max_attempts} attempts", status=503, retry_after_s=1)
+        finally:
+            self.inflight -= 1
+
+    async def _colocated(self, request_id, prompt_ids, params, timing, tried) -> AsyncIterator[TokenOut]:
+        worker = self._pick("colocated", tried)
+        tried.add(worker.view.address)
+        timing.decode_worker = timing.prefill_worker = worker.view.address
+        call = worker.stub.Generate(  # type: ignore[attr-defined]
+            common_pb2.GenerateRequest(request_id=request_id, prompt_token_ids=prompt_ids, sampling=params_to_proto(params))
+        )
+        worker.view.inflight_requests += 1
+        try:
+            async for token in _relay(call, worker):
+                yield token
+        finally:
+            worker.view.inflight_requests -= 1
+            call.cancel()
+
+    async def _disaggregated(self, request_id, prompt_ids, params, timing, tried) -> AsyncIterator[TokenOut]:
+        blocks = -(-(len(prompt_ids) + params.max_tokens) // self.block_size)
+        decode = self._pick("decode", tried, blocks)
+        prefill = self._pick("prefill", tried)
+        tried.update({decode.view.address, prefill.view.address})
+        timing.decode_worker, timing.prefill_worker = decode.view.address, prefill.view.address
+        transfer_id = uuid.uuid4().hex
+        sampling = params_to_proto(params)
+        prefill_info = prefill.info or common_pb2.WorkerInfo()
+        try:
+            reservation = await decode.stub.Reserve(  # type: ignore[attr-defined]
+                decode_pb2.ReserveRequest(
+                    transfer_id=transfer_id, request_id=request_id, prompt_token_ids=prompt_ids, sampling=sampling,
+                    lease_ms=self.lease_ms, transports=prefill_info.transports, prefill_host_id=prefill_info.host_id,
+                ),
+                timeout=10,
+            )
+        except aio.AioRpcError as e:
+            _raise_client_error(e)
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                decode.mark_failed()
+            raise _Retry(f"reserve on {decode.view.address}: {e.code().name} {e.details()}") from None
+        stream = decode.stub.StreamTokens(decode_pb2.StreamTokensRequest(request_id=request_id))  # type: ignore[attr-defined]
+        decode.view.inflight_requests += 1
+        prefill.view.inflight_prompt_tokens += len(prompt_ids)
+        prefill_call = prefill.stub.Prefill(  # type: ignore[attr-defined]
+            prefill_pb2.PrefillRequest(
+                request_id=request_id, transfer_id=transfer_id, prompt_token_ids=prompt_ids, sampling=sampling,
+                decode_address=decode.view.address, reservation=reservation,
+            ),
+            timeout=max(30.0, self.lease_ms / 1000),
+        )
+        try:
+            try:
+                reply = await prefill_call
+                timing.kv_bytes = reply.kv_bytes
+            except aio.AioRpcError as e:
+                prefill.view.inflight_prompt_tokens -= len(prompt_ids)
+                with contextlib.suppress(aio.AioRpcError):
+                    await decode.stub.Abort(  # type: ignore[attr-defined]
+                        decode_pb2.AbortRequest(transfer_id=transfer_id, request_id=request_id, reason="prefill failed"),
+                        timeout=2,
+                    )
+                _raise_client_error(e)
+                if e.code() == grpc.StatusCode.UNAVAILABLE:
+                    prefill.mark_failed()
+                raise _Retry(f"prefill on {prefill.view.address}: {e.code().name} {e.details()}") from None
+            prefill.view.inflight_prompt_tokens -= len(prompt_ids)
+            async for token in _relay(stream, decode):
+                yield token
+        finally:
+            decode.view.inflight_requests -= 1
+            stream.cancel()
+            prefill_call.cancel()
+
+
+async def _relay(call, worker: Worker) -> AsyncIterator[TokenOut]:
+    """Token events of one worker stream as TokenOut; worker failures become _Retry."""
+    try:
+        async for event in call:
+            if event.has_token:
+                reason = FINISH_NAMES.get(event.finish_reason) if event.finish_reason else None
+                yield TokenOut(event.token_id, event.logprob, reason)
+                if reason:
+                    return
+            elif event.finish_reason:
+                if event.error:
+                    raise _Retry(f"{worker.view.address}: {event.error}")
+                return
+    except aio.AioRpcError as e:
+        _raise_client_error(e)
+        if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
+            worker.mark_failed()
+        raise _Retry(f"{worker.view.address}: {e.code().name} {e.details()}") from None
+
+
+def _raise_client_error(e: aio.AioRpcError) -> None:
+    if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+        raise BackendError(e.details() or "invalid request", status=400) from None
+
+
+def build_backend(args) -> GrpcBackend:
+    """From `tandem router` arguments."""
+
+    def split(value: str | None) -> list[str]:
+        return [a for a in (value or "").split(",") if a]
+
+    addresses = {"prefill": split(args.prefill), "decode": split(args.decode), "colocated": split(args.colocated)}
+    return GrpcBackend(args.mode, addresses, getattr(args, "workers_file", None), getattr(args, "block_size", 16))

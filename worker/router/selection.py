@@ -1,0 +1,46 @@
+"""Which worker gets the next request: pure functions over what the router knows of each worker."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass
+class WorkerView:
+    """The router's picture of one worker (from its last load report plus the router's own in-flight count)."""
+
+    address: str
+    healthy: bool = True
+    draining: bool = False
+    queued_prompt_tokens: int = 0
+    running_sequences: int = 0
+    free_kv_blocks: int = 0
+    total_kv_blocks: int = 0
+    inflight_requests: int = 0
+    inflight_prompt_tokens: int = 0
+
+    @property
+    def routable(self) -> bool:
+        return self.healthy and not self.draining
+
+
+def pick_prefill(workers: Iterable[WorkerView], exclude: set[str] = frozenset()) -> WorkerView | None:  # type: ignore[assignment]
+    """The prefill worker with the fewest prompt tokens ahead of this one."""
+    candidates = [w for w in workers if w.routable and w.address not in exclude]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda w: (w.queued_prompt_tokens + w.inflight_prompt_tokens, w.address))
+
+
+def pick_decode(
+    workers: Iterable[WorkerView], blocks_needed: int, exclude: set[str] = frozenset()
+) -> WorkerView | None:  # type: ignore[assignment]
+    """The decode worker with room for the prompt's blocks and the fewest running sequences; ties go to
+    the one with more free blocks."""
+    candidates = [w for w in workers if w.routable and w.address not in exclude]
+    roomy = [w for w in candidates if w.free_kv_blocks >= blocks_needed or w.total_kv_blocks == 0]
+    pool = roomy or candidates
+    if not pool:
+        return None
+    return min(pool, key=lambda w: (w.running_sequences + w.inflight_requests, -w.free_kv_blocks, w.address))
