@@ -75,7 +75,7 @@ def plan(
     router = python + [
         "router", "--model-dir", str(model_dir(svc, base)), "--served-name", spec.model.served_name,
         "--service", svc.name, "--host", host, "--port", str(port), "--mode", spec.mode.value,
-        "--max-queued", str(spec.router.max_queued_requests), "--block-size", str(engine.block_size),
+        "--max-queued", str(spec.router.max_queued_requests),
     ]  # fmt: skip
     if workers_file is not None:
         router += ["--workers-file", str(workers_file)]

@@ -167,6 +167,10 @@ class GrpcBackend:
         v.queued_prompt_tokens, v.running_sequences = load.queued_prompt_tokens, load.running_sequences
         v.free_kv_blocks, v.total_kv_blocks = load.free_kv_blocks, load.total_kv_blocks
 
+    def _blocks_needed(self, num_tokens: int) -> int:
+        sizes = [w.info.block_size for w in self.pools.workers["decode"].values() if w.info and w.info.block_size]
+        return -(-num_tokens // (sizes[0] if sizes else self.block_size))
+
     def _pick(self, role: str, tried: set[str], blocks_needed: int = 0) -> Worker:
         views = self.pools.views(role)
         view = pick_decode(views, blocks_needed, tried) if role == "decode" else pick_prefill(views, tried)
@@ -217,8 +221,7 @@ class GrpcBackend:
             call.cancel()
 
     async def _disaggregated(self, request_id, prompt_ids, params, timing, tried) -> AsyncIterator[TokenOut]:
-        blocks = -(-(len(prompt_ids) + params.max_tokens) // self.block_size)
-        decode = self._pick("decode", tried, blocks)
+        decode = self._pick("decode", tried, self._blocks_needed(len(prompt_ids) + params.max_tokens))
         prefill = self._pick("prefill", tried)
         tried.update({decode.view.address, prefill.view.address})
         timing.decode_worker, timing.prefill_worker = decode.view.address, prefill.view.address
@@ -300,8 +303,10 @@ def _raise_client_error(e: aio.AioRpcError) -> None:
 def build_backend(args) -> GrpcBackend:
     """From `tandem router` arguments."""
 
-    def split(value: str | None) -> list[str]:
+    def split(value: str | list[str] | None) -> list[str]:
+        if isinstance(value, list):
+            return value
         return [a for a in (value or "").split(",") if a]
 
     addresses = {"prefill": split(args.prefill), "decode": split(args.decode), "colocated": split(args.colocated)}
-    return GrpcBackend(args.mode, addresses, getattr(args, "workers_file", None), getattr(args, "block_size", 16))
+    return GrpcBackend(args.mode, addresses, getattr(args, "workers_file", None))
