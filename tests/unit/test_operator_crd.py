@@ -89,3 +89,8 @@ def test_pool_scale_subresource():
     scale = _crd("inferencepool.yaml")["spec"]["versions"][0]["subresources"]["scale"]
     assert scale == {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
                      "labelSelectorPath": ".status.selector"}
+
+
+@pytest.mark.parametrize("name", ["inferenceservice.yaml", "inferencepool.yaml"])
+def test_chart_ships_the_same_crds(name):
+    assert (ROOT / "charts/tandem/crds" / name).read_text() == (ROOT / "crds" / name).read_text()
