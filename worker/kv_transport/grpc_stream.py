@@ -158,7 +158,7 @@ class StreamKvSender(KvSender):
                     frame = self._encode(*item)
                 self._bytes += len(frame)
                 yield frame
-        except BaseException as e:  # surfaced by commit(); gRPC cancels the call
+        except Exception as e:  # surfaced by commit(); gRPC cancels the call (not GeneratorExit)
             self._error = e
             raise
 

@@ -38,9 +38,21 @@ def new_segment_name(prefix: str = "tandem-kv") -> str:
     return f"{prefix}-{secrets.token_hex(6)}"
 
 
+_CREATED_HERE: set[str] = set()
+
+
+def _create(name: str, size: int) -> shared_memory.SharedMemory:
+    seg = shared_memory.SharedMemory(name=name, create=True, size=size)
+    _CREATED_HERE.add(seg.name)
+    return seg
+
+
 def _attach(name: str) -> shared_memory.SharedMemory:
-    # track=False (3.13+) is unavailable on 3.11: unregister so the attaching process never unlinks it.
+    # track=False (3.13+) is unavailable on 3.11: unregister so the attaching process never unlinks it
+    # (unless this process created it, as when both ends run in one process).
     seg = shared_memory.SharedMemory(name=name)
+    if seg.name in _CREATED_HERE:
+        return seg
     try:
         from multiprocessing import resource_tracker
 
@@ -63,9 +75,7 @@ class StagingRing:
     @classmethod
     def create_shm(cls, capacity: int, name: str | None = None) -> StagingRing:
         """Control block and data region in one shared-memory segment (decode side)."""
-        seg = shared_memory.SharedMemory(
-            name=name or new_segment_name(), create=True, size=CONTROL_BYTES + capacity
-        )
+        seg = _create(name or new_segment_name(), CONTROL_BYTES + capacity)
         region = torch.frombuffer(seg.buf, dtype=torch.uint8, offset=CONTROL_BYTES, count=capacity)
         region.fill_(0)  # fault the pages in now, not during the first transfer
         ring = cls(seg, region, owner=True)
@@ -82,7 +92,7 @@ class StagingRing:
     @classmethod
     def with_region(cls, region: torch.Tensor, name: str | None = None) -> StagingRing:
         """A ring over a given region (e.g. a CUDA buffer) with its control block in a new segment."""
-        seg = shared_memory.SharedMemory(name=name or new_segment_name(), create=True, size=CONTROL_BYTES)
+        seg = _create(name or new_segment_name(), CONTROL_BYTES)
         ring = cls(seg, region, owner=True)
         ring._control[_CAPACITY] = region.numel()
         return ring
@@ -106,6 +116,7 @@ class StagingRing:
         self._control_seg.close()
         if self.owner:
             self._control_seg.unlink()
+            _CREATED_HERE.discard(self._control_seg.name)
 
     # -- lending (consumer side) ----------------------------------------------------------------------
     @property
