@@ -18,7 +18,7 @@ from tandem.worker.kv_cache import KvCache
 from tandem.worker.model import AttentionBatch, Transformer
 from tandem.worker.sampling import InvalidRequest, SamplingParams, sample
 from tandem.worker.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from tandem.worker.sequence import Sequence, SeqStatus
+from tandem.worker.sequence import SeqStatus, Sequence
 
 
 @dataclass

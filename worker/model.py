@@ -223,10 +223,12 @@ class Transformer(nn.Module):
         layer_hook: LayerHook | None = None,
     ) -> torch.Tensor:  # [T, H] final hidden states
         x = self.model.embed_tokens(input_ids)
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2], float32 like HF
+        inv_freq: torch.Tensor = self.inv_freq  # type: ignore[assignment]
+        freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, D/2], float32 like HF
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        for i, layer in enumerate(self.model.layers):
+        layer: DecoderLayer
+        for i, layer in enumerate(self.model.layers):  # type: ignore[assignment]
             h = x + layer.self_attn(layer.input_layernorm(x), cos, sin, k_caches[i], v_caches[i], batch)
             x = h + layer.mlp(layer.post_attention_layernorm(h))
             if layer_hook is not None:

@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from tandem.worker.block_manager import BlockManager, OutOfBlocks, block_hash
-from tandem.worker.sequence import Sequence, SeqStatus
+from tandem.worker.sequence import SeqStatus, Sequence
 
 
 @dataclass

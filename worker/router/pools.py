@@ -22,7 +22,14 @@ from pathlib import Path
 import grpc
 from grpc import aio
 
-from tandem.v1 import colocated_pb2_grpc, common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
+from tandem.v1 import (
+    colocated_pb2_grpc,
+    common_pb2,
+    decode_pb2,
+    decode_pb2_grpc,
+    prefill_pb2,
+    prefill_pb2_grpc,
+)
 from tandem.worker.router.backend import BackendError, Timing, TokenOut
 from tandem.worker.router.selection import WorkerView, pick_decode, pick_prefill
 from tandem.worker.sampling import SamplingParams

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from dataclasses import dataclass
 
 
@@ -25,7 +25,7 @@ class WorkerView:
         return self.healthy and not self.draining
 
 
-def pick_prefill(workers: Iterable[WorkerView], exclude: set[str] = frozenset()) -> WorkerView | None:  # type: ignore[assignment]
+def pick_prefill(workers: Iterable[WorkerView], exclude: Set[str] = frozenset()) -> WorkerView | None:
     """The prefill worker with the fewest prompt tokens ahead of this one."""
     candidates = [w for w in workers if w.routable and w.address not in exclude]
     if not candidates:
@@ -34,8 +34,8 @@ def pick_prefill(workers: Iterable[WorkerView], exclude: set[str] = frozenset())
 
 
 def pick_decode(
-    workers: Iterable[WorkerView], blocks_needed: int, exclude: set[str] = frozenset()
-) -> WorkerView | None:  # type: ignore[assignment]
+    workers: Iterable[WorkerView], blocks_needed: int, exclude: Set[str] = frozenset()
+) -> WorkerView | None:
     """The decode worker with room for the prompt's blocks and the fewest running sequences; ties go to
     the one with more free blocks."""
     candidates = [w for w in workers if w.routable and w.address not in exclude]
