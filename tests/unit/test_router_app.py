@@ -1,0 +1,574 @@
+"""The router's HTTP layer against a scripted backend: OpenAI shapes, stop strings, errors, limits, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from tandem.worker.router.app import create_app
+from tandem.worker.router.backend import BackendError, Timing, TokenOut
+from tandem.worker.router.streaming import StopStringFilter, find_stop, holdback_length
+from tandem.worker.sampling import InvalidRequest, SamplingParams
+from tandem.worker.tokenizer import Tokenizer
+
+SERVED = "tiny"
+ANSWER = "Hello world, stop here. END now"
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir) -> Tokenizer:
+    return Tokenizer.from_dir(tiny_model_dir)
+
+
+class ScriptedBackend:
+    """Yields the token ids of `text` (or `ids`), each with logprob -0.1 * (i + 1); records what it saw."""
+
+    def __init__(self, tok: Tokenizer, text: str = ANSWER, *, finish: str | None = "stop") -> None:
+        self.ids = tok.encode(text, add_bos=False)
+        self.finish = finish
+        self.fail_after: int | None = None  # raise BackendError before yielding token i
+        self.error_first: Exception | None = None
+        self.gate: asyncio.Event | None = None
+        self.delay_s = 0.0
+        self.healthy = True
+        self.calls: list[tuple[str, list[int], SamplingParams]] = []
+        self.aborted: list[str] = []  # request ids whose iterator was closed before the end
+        self.in_flight = 0
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    def ready(self) -> bool:
+        return self.healthy
+
+    def queue_depth(self) -> int:
+        return self.in_flight
+
+    async def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams, timing: Timing):
+        self.calls.append((request_id, prompt_ids, params))
+        self.in_flight += 1
+        done = False
+        try:
+            if self.error_first is not None:
+                raise self.error_first
+            if self.gate is not None:
+                await self.gate.wait()
+            for i, token_id in enumerate(self.ids):
+                if self.fail_after == i:
+                    raise BackendError("decode worker went away", status=503)
+                if self.delay_s:
+                    await asyncio.sleep(self.delay_s)
+                last = i == len(self.ids) - 1
+                yield TokenOut(token_id, -0.1 * (i + 1), self.finish if last else None)
+            done = True
+        finally:
+            self.in_flight -= 1
+            if not done:
+                self.aborted.append(request_id)
+
+
+def client_for(app) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router")
+
+
+def sse_events(body: str) -> list:
+    """The JSON payloads of an SSE body ('[DONE]' kept as the string), checking the framing."""
+    assert body.endswith("\n\n")
+    events = []
+    for block in body.split("\n\n")[:-1]:
+        assert block.startswith("data: "), block
+        data = block[len("data: ") :]
+        events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+async def post(app, path: str, body) -> httpx.Response:
+    async with client_for(app) as c:
+        if isinstance(body, bytes | str):
+            return await c.post(path, content=body, headers={"content-type": "application/json"})
+        return await c.post(path, json=body)
+
+
+# ---- pure stop-string decisions ----
+
+
+def test_stop_string_decisions():
+    assert find_stop("abc STOP def stop", ["stop", "STOP"]) == 4
+    assert find_stop("nothing", ["stop"]) is None
+    assert holdback_length("say hel", ["hello"]) == 3
+    assert holdback_length("say hello", ["hello"]) == 0  # a whole stop string is found, not held
+    assert holdback_length("xx", ["ab", "xa"]) == 1
+    f = StopStringFilter(["<end>"])
+    assert [f.feed(p) for p in ["hi <", "e", "nd> more"]] == ["hi ", "", ""]
+    assert f.stopped and f.finish("tail") == ""
+    g = StopStringFilter(["<end>"])
+    assert g.feed("a <e") == "a " and g.finish("") == "<e"  # a prefix that never completed is released
+
+
+# ---- completions ----
+
+
+@pytest.mark.asyncio
+async def test_completion_non_streaming_shape_and_usage(tok):
+    backend = ScriptedBackend(tok)
+    app = create_app(backend, tok, SERVED)
+    r = await post(app, "/v1/completions", {"model": SERVED, "prompt": "Once upon a time", "temperature": 0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "text_completion" and body["model"] == SERVED and body["id"].startswith("cmpl-")
+    assert body["choices"] == [{"index": 0, "text": ANSWER, "logprobs": None, "finish_reason": "stop"}]
+    prompt_ids = tok.encode("Once upon a time", add_bos=True)
+    assert body["usage"] == {
+        "prompt_tokens": len(prompt_ids),
+        "completion_tokens": len(backend.ids),
+        "total_tokens": len(prompt_ids) + len(backend.ids),
+    }
+    rid, seen_ids, params = backend.calls[0]
+    assert rid == body["id"] and seen_ids == prompt_ids
+    assert params.max_tokens == 16 and params.temperature == 0.0 and params.greedy
+
+
+@pytest.mark.asyncio
+async def test_completion_accepts_token_ids_and_passes_sampling_fields(tok):
+    backend = ScriptedBackend(tok, finish="length")
+    app = create_app(backend, tok, SERVED)
+    req = {
+        "model": SERVED, "prompt": [5, 6, 7], "max_tokens": 40, "temperature": 0.7, "top_p": 0.9, "top_k": 20,
+        "seed": 3, "stop": "zzz", "stop_token_ids": [9], "ignore_eos": True, "min_tokens": 2, "user": "u",
+    }  # fmt: skip
+    r = await post(app, "/v1/completions", req)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    _, ids, p = backend.calls[0]
+    assert ids == [5, 6, 7]
+    assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.seed) == (40, 0.7, 0.9, 20, 3)
+    assert (p.stop, p.stop_token_ids, p.ignore_eos, p.logprobs) == (["zzz"], [9], True, False)
+
+
+@pytest.mark.asyncio
+async def test_completion_streaming_chunks_and_usage(tok):
+    backend = ScriptedBackend(tok)
+    app = create_app(backend, tok, SERVED)
+    req = {"model": SERVED, "prompt": "Hi", "stream": True, "stream_options": {"include_usage": True}}
+    r = await post(app, "/v1/completions", req)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]"
+    chunks, usage_chunk = events[:-2], events[-2]
+    assert all(c["object"] == "text_completion" and c["model"] == SERVED for c in chunks)
+    assert len({c["id"] for c in events[:-1]}) == 1
+    assert len(chunks) > 3  # streamed piece by piece, not in one go
+    assert "".join(c["choices"][0]["text"] for c in chunks) == ANSWER
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "stop"
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+    assert usage_chunk["choices"] == []
+    n_prompt = len(tok.encode("Hi"))
+    assert usage_chunk["usage"] == {
+        "prompt_tokens": n_prompt,
+        "completion_tokens": len(backend.ids),
+        "total_tokens": n_prompt + len(backend.ids),
+    }
+
+
+@pytest.mark.asyncio
+async def test_completion_logprobs_report_the_chosen_tokens(tok):
+    backend = ScriptedBackend(tok, "Hello world")
+    app = create_app(backend, tok, SERVED)
+    r = await post(app, "/v1/completions", {"model": SERVED, "prompt": "x", "logprobs": 1})
+    lp = r.json()["choices"][0]["logprobs"]
+    assert backend.calls[0][2].logprobs is True
+    assert lp["tokens"] == ["Hello", " world"]
+    assert lp["token_logprobs"] == pytest.approx([-0.1, -0.2])
+    assert lp["text_offset"] == [0, 5]
+
+
+# ---- chat ----
+
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello"}]
+
+
+@pytest.mark.asyncio
+async def test_chat_non_streaming_uses_the_template_without_a_second_bos(tok):
+    backend = ScriptedBackend(tok)
+    app = create_app(backend, tok, SERVED)
+    r = await post(
+        app, "/v1/chat/completions", {"model": SERVED, "messages": CHAT, "max_completion_tokens": 50}
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": ANSWER}
+    assert body["choices"][0]["finish_reason"] == "stop"
+    _, ids, params = backend.calls[0]
+    assert ids == tok.encode(tok.apply_chat_template(CHAT, add_generation_prompt=True), add_bos=False)
+    assert ids[0] == tok.bos_token_id and ids[1] != tok.bos_token_id
+    assert params.max_tokens == 50
+    assert body["usage"]["prompt_tokens"] == len(ids)
+
+
+@pytest.mark.asyncio
+async def test_chat_streaming_role_then_content_then_finish(tok):
+    backend = ScriptedBackend(tok)
+    app = create_app(backend, tok, SERVED)
+    r = await post(app, "/v1/chat/completions", {"model": SERVED, "messages": CHAT, "stream": True})
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[-1]["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}
+    content = [c["choices"][0]["delta"]["content"] for c in chunks[1:-1]]
+    assert "".join(content) == ANSWER and len(content) > 3
+    assert "usage" not in chunks[-1]  # only with stream_options.include_usage
+
+
+@pytest.mark.asyncio
+async def test_chat_logprobs(tok):
+    app = create_app(ScriptedBackend(tok, "Hello world"), tok, SERVED)
+    r = await post(app, "/v1/chat/completions", {"model": SERVED, "messages": CHAT, "logprobs": True})
+    content = r.json()["choices"][0]["logprobs"]["content"]
+    assert [c["token"] for c in content] == ["Hello", " world"]
+    assert [c["logprob"] for c in content] == pytest.approx([-0.1, -0.2])
+    assert content[0]["bytes"] == list(b"Hello")
+
+
+# ---- stop strings and detokenization ----
+
+
+@pytest.mark.asyncio
+async def test_stop_string_truncates_and_aborts_the_rest(tok):
+    backend = ScriptedBackend(tok)
+    app = create_app(backend, tok, SERVED)
+    r = await post(app, "/v1/completions", {"model": SERVED, "prompt": "x", "stop": ["nope", " here."]})
+    choice = r.json()["choices"][0]
+    assert choice["text"] == "Hello world, stop" and choice["finish_reason"] == "stop"
+    assert backend.aborted == [backend.calls[0][0]]  # the router closed the stream after the stop string
+    assert r.json()["usage"]["completion_tokens"] < len(backend.ids)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_streamed_stop_string_spanning_tokens_is_never_sent(tok, path):
+    backend = ScriptedBackend(tok)
+    assert [tok.decode([i]) for i in tok.encode(" END", add_bos=False)] == [" ", "E", "N", "D"]
+    app = create_app(backend, tok, SERVED)
+    req = {"model": SERVED, "stream": True, "stop": "END"}
+    req |= {"messages": CHAT} if "chat" in path else {"prompt": "x"}
+    events = sse_events((await post(app, path, req)).text)[:-1]
+    choices = [e["choices"][0] for e in events]
+    pieces = [c.get("text", c.get("delta", {}).get("content")) or "" for c in choices]
+    assert "".join(pieces) == "Hello world, stop here. "  # nothing of "END" leaked, even "E" alone
+    assert choices[-1]["finish_reason"] == "stop"
+
+
+@pytest.mark.asyncio
+async def test_engine_stop_on_a_stop_string_is_still_cut(tok):
+    """The engine stops once the text contains the stop string; the router must not send it."""
+    backend = ScriptedBackend(tok, "Hello world, stop")  # engine says finish=stop right after " st", "o", "p"
+    app = create_app(backend, tok, SERVED)
+    r = await post(app, "/v1/completions", {"model": SERVED, "prompt": "x", "stop": ["stop"], "stream": True})
+    text = "".join(e["choices"][0]["text"] for e in sse_events(r.text)[:-1])
+    assert text == "Hello world, "
+
+
+@pytest.mark.asyncio
+async def test_streamed_multibyte_text_is_never_split(tok):
+    text = "café 🙂 日本語"
+    backend = ScriptedBackend(tok, text)
+    assert len(backend.ids) > len(text)  # several tokens per character
+    app = create_app(backend, tok, SERVED)
+    r = await post(
+        app, "/v1/completions", {"model": SERVED, "prompt": "x", "stream": True, "max_tokens": 100}
+    )
+    pieces = [e["choices"][0]["text"] for e in sse_events(r.text)[:-1]]
+    assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
+
+
+# ---- errors ----
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("path", "body", "param", "fragment"),
+    [
+        ("/v1/completions", {"model": SERVED}, "prompt", "prompt: Field required"),
+        ("/v1/completions", {"model": SERVED, "prompt": "x", "temperature": -1}, None, "temperature"),
+        ("/v1/completions", {"model": SERVED, "prompt": "x", "n": 2}, "n", "n=1"),
+        ("/v1/completions", {"model": SERVED, "prompt": "x", "max_tokens": 0}, None, "max_tokens"),
+        ("/v1/completions", {"model": SERVED, "prompt": 7}, "prompt", "list of token ids"),
+        ("/v1/completions", {"model": SERVED, "prompt": ["a", "b"]}, "prompt", "one prompt"),
+        ("/v1/completions", {"model": SERVED, "prompt": [10**9]}, "prompt", "outside the vocabulary"),
+        ("/v1/completions", {"prompt": "x"}, "model", "model: Field required"),
+        ("/v1/completions", b'{"model": "tiny", "prompt": ', None, "not valid JSON"),
+        ("/v1/chat/completions", {"model": SERVED}, "messages", "messages: Field required"),
+        (
+            "/v1/chat/completions",
+            {"model": SERVED, "messages": [{"role": "robot", "content": "x"}]},
+            None,
+            "robot",
+        ),
+        ("/v1/chat/completions", {"model": SERVED, "messages": CHAT, "top_p": 0}, None, "top_p"),
+    ],
+)
+async def test_bad_requests_get_400_with_a_reason(tok, path, body, param, fragment):
+    backend = ScriptedBackend(tok)
+    r = await post(create_app(backend, tok, SERVED), path, body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert fragment in err["message"] and err["type"] == "invalid_request_error" and err["param"] == param
+    assert backend.calls == []
+
+
+@pytest.mark.asyncio
+async def test_unknown_model_is_404(tok):
+    r = await post(
+        create_app(ScriptedBackend(tok), tok, SERVED), "/v1/completions", {"model": "gpt-9", "prompt": "x"}
+    )
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "model_not_found" and "gpt-9" in r.json()["error"]["message"]
+
+
+@pytest.mark.asyncio
+async def test_prompt_longer_than_the_context_is_400(tok):
+    app = create_app(ScriptedBackend(tok), tok, SERVED, max_model_len=8)
+    r = await post(
+        app, "/v1/completions", {"model": SERVED, "prompt": "one two three four five six seven eight"}
+    )
+    assert r.status_code == 400 and "too long" in r.json()["error"]["message"]
+    r = await post(app, "/v1/completions", {"model": SERVED, "prompt": "one", "max_tokens": 50})
+    assert r.status_code == 400 and "exceeds the model's context" in r.json()["error"]["message"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("stream", [False, True])
+async def test_backend_errors_before_the_first_token_keep_their_status(tok, stream):
+    backend = ScriptedBackend(tok)
+    app = create_app(backend, tok, SERVED)
+    req = {"model": SERVED, "prompt": "x", "stream": stream}
+    backend.error_first = InvalidRequest("prompt of 9000 tokens exceeds the 4096-token context")
+    r = await post(app, "/v1/completions", req)
+    assert r.status_code == 400 and "9000 tokens" in r.json()["error"]["message"]
+    backend.error_first = BackendError("no healthy decode worker", status=503, retry_after_s=2)
+    r = await post(app, "/v1/completions", req)
+    assert r.status_code == 503 and r.headers["retry-after"] == "2"
+    assert r.json()["error"] == {
+        "message": "no healthy decode worker", "type": "server_error", "param": None, "code": None,
+    }  # fmt: skip
+    assert app.state.admission.in_flight == 0
+
+
+@pytest.mark.asyncio
+async def test_error_mid_stream_becomes_an_error_event_then_done(tok):
+    backend = ScriptedBackend(tok)
+    backend.fail_after = 3
+    app = create_app(backend, tok, SERVED)
+    r = await post(app, "/v1/chat/completions", {"model": SERVED, "messages": CHAT, "stream": True})
+    assert r.status_code == 200
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]"
+    assert events[-2] == {
+        "error": {"message": "decode worker went away", "type": "server_error", "param": None, "code": None}
+    }
+    assert any(e["choices"][0]["delta"].get("content") for e in events[:-2])
+    r = await post(app, "/v1/completions", {"model": SERVED, "prompt": "x"})  # not streamed: plain 503
+    assert r.status_code == 503 and r.json()["error"]["message"] == "decode worker went away"
+    metrics = (await client_for(app).get("/metrics")).text
+    assert 'tandem_requests_total{pool="router",service="default",status="503"} 2.0' in metrics
+
+
+@pytest.mark.asyncio
+async def test_queue_full_is_429_with_retry_after(tok):
+    backend = ScriptedBackend(tok)
+    backend.gate = asyncio.Event()
+    app = create_app(backend, tok, SERVED, max_queued_requests=2)
+    req = {"model": SERVED, "prompt": "x"}
+    first = [asyncio.create_task(post(app, "/v1/completions", req)) for _ in range(2)]
+    for _ in range(200):
+        if app.state.admission.in_flight == 2:
+            break
+        await asyncio.sleep(0.005)
+    r = await post(app, "/v1/completions", req)
+    assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+    assert r.json()["error"]["type"] == "rate_limit_error" and "in flight" in r.json()["error"]["message"]
+    backend.gate.set()
+    assert [(await t).status_code for t in first] == [200, 200]
+    assert app.state.admission.in_flight == 0 and backend.in_flight == 0
+    assert (await post(app, "/v1/completions", req)).status_code == 200
+
+
+# ---- models, health, metrics ----
+
+
+@pytest.mark.asyncio
+async def test_models_and_health(tok):
+    backend = ScriptedBackend(tok)
+    app = create_app(backend, tok, SERVED)
+    async with client_for(app) as c:
+        models = (await c.get("/v1/models")).json()
+        assert models["object"] == "list" and [m["id"] for m in models["data"]] == [SERVED]
+        assert (await c.get("/health")).status_code == 200
+        backend.healthy = False
+        r = await c.get("/health")
+        assert r.status_code == 503 and r.json()["status"] == "unavailable"
+
+
+@pytest.mark.asyncio
+async def test_metrics_after_a_request(tok):
+    backend = ScriptedBackend(tok)
+    backend.delay_s = 0.002
+    app = create_app(backend, tok, SERVED, service_name="svc")
+    other = create_app(ScriptedBackend(tok), tok, SERVED, service_name="other")  # own registry: no clash
+    await post(app, "/v1/completions", {"model": SERVED, "prompt": "x", "stream": True})
+    await post(app, "/v1/completions", {"model": "nope", "prompt": "x"})
+    async with client_for(app) as c:
+        r = await c.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    text = r.text
+    labels = 'pool="router",service="svc"'
+    n = len(backend.ids)
+    assert f"tandem_ttft_seconds_count{{{labels}}} 1.0" in text
+    assert f"tandem_tpot_seconds_count{{{labels}}} 1.0" in text
+    assert f"tandem_inter_token_latency_seconds_count{{{labels}}} {float(n - 1)}" in text
+    assert f"tandem_e2e_latency_seconds_count{{{labels}}} 1.0" in text
+    assert f'tandem_requests_total{{{labels},status="200"}} 1.0' in text
+    assert f'tandem_requests_total{{{labels},status="404"}} 1.0' in text
+    assert f"tandem_router_queue_depth{{{labels}}} 0.0" in text
+    tpot_sum = float(
+        next(li for li in text.splitlines() if li.startswith("tandem_tpot_seconds_sum")).split()[-1]
+    )
+    assert 0.0015 < tpot_sum < 1.0  # about the scripted 2 ms per token
+    async with client_for(other) as c:
+        assert 'service="other"' in (await c.get("/metrics")).text
+
+
+# ---- over real sockets: the official client, disconnects ----
+
+
+@pytest.fixture(scope="module")
+def served(tok):
+    """The app under uvicorn on a free loopback port, in a background thread."""
+    import uvicorn
+
+    backend = ScriptedBackend(tok)
+    app = create_app(backend, tok, SERVED)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}", backend
+    server.should_exit = True
+    thread.join(timeout=10)
+    sock.close()
+
+
+def test_openai_client_completions_and_chat(served):
+    import openai
+
+    base, backend = served
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    done = client.completions.create(model=SERVED, prompt="Once", max_tokens=32, temperature=0)
+    assert done.choices[0].text == ANSWER and done.usage.completion_tokens == len(backend.ids)
+    stream = client.completions.create(model=SERVED, prompt="Once", stream=True, stop=[" here"])
+    assert "".join(c.choices[0].text for c in stream if c.choices) == "Hello world, stop"
+    chat = client.chat.completions.create(model=SERVED, messages=CHAT)
+    assert chat.choices[0].message.content == ANSWER and chat.choices[0].finish_reason == "stop"
+    pieces = client.chat.completions.create(
+        model=SERVED, messages=CHAT, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(pieces)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ANSWER
+    assert chunks[-1].usage.completion_tokens == len(backend.ids)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="other", prompt="x")
+    with pytest.raises(openai.BadRequestError, match="n=1"):
+        client.chat.completions.create(model=SERVED, messages=CHAT, n=2)
+    assert [m.id for m in client.models.list()] == [SERVED]
+
+
+def test_client_disconnect_mid_stream_closes_the_backend_stream(served):
+    base, backend = served
+    backend.delay_s = 0.05  # about 1.5 s for the whole answer
+    try:
+        req = {"model": SERVED, "prompt": "x", "stream": True}
+        with httpx.Client(timeout=10) as c, c.stream("POST", f"{base}/v1/completions", json=req) as r:
+            first = next(r.iter_lines())
+            assert first.startswith("data: ")
+        rid = backend.calls[-1][0]
+        deadline = time.monotonic() + 1.0  # well before the answer would have ended on its own
+        while rid not in backend.aborted:
+            assert time.monotonic() < deadline, "backend stream was not closed after the client left"
+            time.sleep(0.01)
+    finally:
+        backend.delay_s = 0.0
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_leaving_before_the_first_token_aborts_the_request(served, stream):
+    base, backend = served
+    backend.gate = asyncio.Event()  # never set: the workers "queue" the request forever
+    try:
+        req = {"model": SERVED, "prompt": "x", "stream": stream}
+        with httpx.Client(timeout=httpx.Timeout(10, read=0.2)) as c, pytest.raises(httpx.ReadTimeout):
+            c.post(f"{base}/v1/completions", json=req)
+        rid = backend.calls[-1][0]
+        deadline = time.monotonic() + 2.0
+        while rid not in backend.aborted:
+            assert time.monotonic() < deadline, "backend request was not aborted after the client left"
+            time.sleep(0.01)
+        metrics = httpx.get(f"{base}/metrics").text
+        assert 'status="499"' in metrics
+        assert "tandem_router_queue_depth" in metrics and backend.in_flight == 0
+    finally:
+        backend.gate = None
+
+
+# ---- the command line ----
+
+
+def test_router_command_line(capsys):
+    from tandem.worker.router_main import build_parser, check_args, main
+
+    args = build_parser().parse_args(
+        [
+            "--model-dir",
+            "m",
+            "--served-name",
+            "tiny",
+            "--prefill",
+            "a:1,b:2",
+            "--decode",
+            "c:3",
+            "--max-queued",
+            "8",
+        ]
+    )
+    assert (args.mode, args.prefill, args.decode, args.colocated) == (
+        "disaggregated",
+        ["a:1", "b:2"],
+        ["c:3"],
+        [],
+    )
+    assert (args.host, args.port, args.max_queued, args.workers_file) == ("127.0.0.1", 8000, 8, None)
+    assert check_args(args) is None
+    colocated = build_parser().parse_args(["--model-dir", "m", "--served-name", "t", "--mode", "colocated"])
+    assert "--colocated" in check_args(colocated)
+    dynamic = build_parser().parse_args(
+        ["--model-dir", "m", "--served-name", "t", "--workers-file", "w.json"]
+    )
+    assert check_args(dynamic) is None and dynamic.workers_file == "w.json"
+    assert main(["--model-dir", "m", "--served-name", "t", "--decode", "c:3"]) == 2
+    assert "needs --prefill and --decode" in capsys.readouterr().err

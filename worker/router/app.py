@@ -1,0 +1,375 @@
+"""The router's HTTP routes: OpenAI completions and chat (JSON or SSE), models, health and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Literal, TypeVar
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.types import Receive, Scope, Send
+
+from tandem.worker.router import openai_schema as oa
+from tandem.worker.router.backend import Backend, BackendError
+from tandem.worker.router.generation import Generation
+from tandem.worker.router.metrics import STATUS_CLIENT_GONE, RequestClock, RouterMetrics
+from tandem.worker.router.streaming import SSE_DONE, TextDelta, sse_event
+from tandem.worker.sampling import InvalidRequest
+from tandem.worker.tokenizer import ChatTemplateError, Tokenizer
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Req = TypeVar("Req", bound=oa._SamplingRequest)
+QUEUE_FULL_RETRY_AFTER_S = 1
+DEFAULT_CHAT_MAX_TOKENS = 1024  # when neither the request nor the model's context length bounds it
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+class ClientGone(Exception):
+    """The client disconnected before the answer was ready."""
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A streaming response that always closes its body iterator, however the stream ends."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()
+
+
+class Admission:
+    """Counts requests in flight and refuses new ones past the limit."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.in_flight = limit, 0
+
+    def acquire(self) -> None:
+        if self.in_flight >= self.limit:
+            raise oa.ApiError(
+                429,
+                f"too many requests in flight ({self.in_flight} of {self.limit}); retry later",
+                code="queue_full",
+                retry_after_s=QUEUE_FULL_RETRY_AFTER_S,
+            )
+        self.in_flight += 1
+
+    def release(self) -> None:
+        self.in_flight -= 1
+
+
+def error_of(exc: BaseException) -> oa.ApiError:
+    """The HTTP error a failure maps to."""
+    if isinstance(exc, oa.ApiError):
+        return exc
+    if isinstance(exc, InvalidRequest | ChatTemplateError):
+        return oa.ApiError(400, str(exc))
+    if isinstance(exc, BackendError):
+        return oa.ApiError(exc.status, str(exc), retry_after_s=exc.retry_after_s)
+    return oa.ApiError(500, f"internal error: {type(exc).__name__}")
+
+
+def error_response(err: oa.ApiError) -> JSONResponse:
+    headers = {"Retry-After": str(err.retry_after_s)} if err.retry_after_s is not None else None
+    return JSONResponse(
+        oa.error_body(err.status, err.message, err.param, err.code), err.status, headers=headers
+    )
+
+
+def parse_request(model: type[Req], body: bytes) -> Req:
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        message, param = oa.describe_validation_error(e)
+        raise oa.ApiError(400, message, param=param) from None
+
+
+def resolve_max_tokens(
+    requested: int | None, default: int, prompt_len: int, max_model_len: int | None
+) -> int:
+    """The output budget: the request's, else the default, bounded by the context left after the prompt."""
+    if max_model_len is not None and prompt_len >= max_model_len:
+        raise oa.ApiError(
+            400,
+            f"prompt is too long: {prompt_len} tokens, the model's context is {max_model_len}",
+            param="prompt",
+        )
+    room = None if max_model_len is None else max_model_len - prompt_len
+    if requested is None:
+        return default if room is None else min(default, room)
+    if room is not None and requested > room:
+        raise oa.ApiError(
+            400,
+            f"prompt ({prompt_len} tokens) plus max_tokens ({requested}) exceeds the model's context of "
+            f"{max_model_len} tokens",
+            param="max_tokens",
+        )
+    return requested
+
+
+def completion_prompt_ids(req: oa.CompletionRequest, tokenizer: Tokenizer) -> list[int]:
+    prompt = req.single_prompt()
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(prompt, add_bos=True)
+    else:
+        bad = [i for i in prompt if not 0 <= i < tokenizer.vocab_size]
+        if bad:
+            raise oa.ApiError(400, f"prompt has token ids outside the vocabulary: {bad[:5]}", param="prompt")
+        ids = list(prompt)
+    if not ids:
+        raise oa.ApiError(400, "prompt is empty", param="prompt")
+    return ids
+
+
+def chat_prompt_ids(req: oa.ChatCompletionRequest, tokenizer: Tokenizer) -> list[int]:
+    text = tokenizer.apply_chat_template([m.for_template() for m in req.messages], add_generation_prompt=True)
+    has_bos = bool(tokenizer.bos_token) and text.startswith(tokenizer.bos_token or "")
+    return tokenizer.encode(text, add_bos=not has_bos)
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, unless the client disconnects first (then cancel it and raise ClientGone)."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+    if task.cancelled():
+        raise ClientGone()
+    return task.result()
+
+
+async def collect(deltas: AsyncIterator[TextDelta]) -> TextDelta:
+    """All deltas of a request joined into one."""
+    whole = TextDelta("")
+    async for d in deltas:
+        whole.text += d.text
+        whole.logprobs += d.logprobs
+        whole.finish_reason = d.finish_reason or whole.finish_reason
+    return whole
+
+
+async def completion_chunks(
+    gen: Generation, req: oa.CompletionRequest, rid: str, created: int, model: str
+) -> AsyncIterator[dict]:
+    offset = 0
+    async for d in gen.deltas():
+        lp = oa.completion_logprobs(d.logprobs, offset) if req.wants_logprobs() else None
+        offset += sum(len(e.token) for e in d.logprobs)
+        if d.text or d.finish_reason is None:
+            yield oa.completion_object(
+                rid, created, model, [oa.completion_choice(d.text, None, lp)], None, chunk=True
+            )
+            lp = None
+        if d.finish_reason is not None:
+            yield oa.completion_object(
+                rid, created, model, [oa.completion_choice("", d.finish_reason, lp)], None, chunk=True
+            )
+    if req.include_usage:
+        yield oa.completion_object(
+            rid, created, model, [], oa.usage(gen.prompt_tokens, gen.completion_tokens), chunk=True
+        )
+
+
+async def chat_chunks(
+    gen: Generation, req: oa.ChatCompletionRequest, rid: str, created: int, model: str
+) -> AsyncIterator[dict]:
+    yield oa.chat_object(
+        rid,
+        created,
+        model,
+        [oa.chat_delta_choice({"role": "assistant", "content": ""}, None, None)],
+        None,
+        chunk=True,
+    )
+    async for d in gen.deltas():
+        lp = oa.chat_logprobs(d.logprobs) if req.wants_logprobs() else None
+        if d.text or d.finish_reason is None:
+            yield oa.chat_object(
+                rid, created, model, [oa.chat_delta_choice({"content": d.text}, None, lp)], None, chunk=True
+            )
+            lp = None
+        if d.finish_reason is not None:
+            yield oa.chat_object(
+                rid, created, model, [oa.chat_delta_choice({}, d.finish_reason, lp)], None, chunk=True
+            )
+    if req.include_usage:
+        yield oa.chat_object(
+            rid, created, model, [], oa.usage(gen.prompt_tokens, gen.completion_tokens), chunk=True
+        )
+
+
+def create_app(
+    backend: Backend,
+    tokenizer: Tokenizer,
+    served_name: str,
+    service_name: str = "default",
+    max_queued_requests: int = 256,
+    *,
+    max_model_len: int | None = None,
+) -> FastAPI:
+    """The router's ASGI app. `max_model_len` (the model's context) turns overlong prompts into 400s here."""
+    metrics = RouterMetrics(service_name, backend.queue_depth)
+    admission = Admission(max_queued_requests)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await backend.start()
+        try:
+            yield
+        finally:
+            await backend.close()
+
+    app = FastAPI(title="tandem router", lifespan=lifespan)
+    app.state.metrics, app.state.admission, app.state.backend = metrics, admission, backend
+
+    def check_model(req: oa._SamplingRequest) -> None:
+        if req.model != served_name:
+            raise oa.ApiError(
+                404, f"model {req.model!r} does not exist; this router serves {served_name!r}",
+                param="model", code="model_not_found",
+            )  # fmt: skip
+
+    async def serve(
+        request: Request,
+        model: type[Req],
+        id_kind: Literal["cmpl", "chatcmpl"],
+        prompt_ids_of: Callable[[Req, Tokenizer], list[int]],
+        default_max_tokens: int,
+        answer: Callable[[Generation, Req, str], Awaitable[dict[str, Any]]],
+        chunks: Callable[[Generation, Req, str], AsyncIterator[dict]],
+    ) -> Response:
+        clock = metrics.start_request()
+        admitted, handed_off, gen = False, False, None
+        try:
+            req = parse_request(model, await request.body())
+            check_model(req)
+            req.check_supported()
+            prompt_ids = prompt_ids_of(req, tokenizer)
+            max_tokens = resolve_max_tokens(
+                req.requested_max_tokens(), default_max_tokens, len(prompt_ids), max_model_len
+            )
+            params = req.sampling_params(max_tokens)
+            admission.acquire()
+            admitted = True
+            rid = oa.new_id(id_kind)
+            gen = Generation(backend, tokenizer, rid, prompt_ids, params, clock)
+            if not req.stream:
+                body = await until_disconnect(request, answer(gen, req, rid))
+                clock.finish("200")
+                return JSONResponse(body)
+            await until_disconnect(request, gen.start())  # errors before the first token keep their status
+            stream = sse_stream(gen, chunks(gen, req, rid), clock, admission)
+            handed_off = True  # from here on the stream owns the cleanup
+            return ClosingStreamingResponse(stream, media_type="text/event-stream")
+        except ClientGone:
+            clock.finish(STATUS_CLIENT_GONE)
+            return Response(status_code=int(STATUS_CLIENT_GONE))
+        except Exception as exc:
+            err = error_of(exc)
+            if err.status >= 500:
+                log.warning("request failed: %s", err.message, exc_info=err.status == 500)
+            clock.finish(str(err.status))
+            return error_response(err)
+        finally:
+            if not handed_off:
+                clock.finish(STATUS_CLIENT_GONE)  # no-op unless cancelled before an outcome was recorded
+                if gen is not None:
+                    await gen.close()
+                if admitted:
+                    admission.release()
+
+    async def answer_completion(gen: Generation, req: oa.CompletionRequest, rid: str) -> dict[str, Any]:
+        d = await collect(gen.deltas())
+        lp = oa.completion_logprobs(d.logprobs, 0) if req.wants_logprobs() else None
+        choice = oa.completion_choice(d.text, d.finish_reason, lp)
+        return oa.completion_object(
+            rid, oa.now_s(), served_name, [choice], oa.usage(gen.prompt_tokens, gen.completion_tokens),
+            chunk=False,
+        )  # fmt: skip
+
+    async def answer_chat(gen: Generation, req: oa.ChatCompletionRequest, rid: str) -> dict[str, Any]:
+        d = await collect(gen.deltas())
+        lp = oa.chat_logprobs(d.logprobs) if req.wants_logprobs() else None
+        choice = oa.chat_choice(d.text, d.finish_reason, lp)
+        return oa.chat_object(
+            rid, oa.now_s(), served_name, [choice], oa.usage(gen.prompt_tokens, gen.completion_tokens),
+            chunk=False,
+        )  # fmt: skip
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await serve(
+            request, oa.CompletionRequest, "cmpl", completion_prompt_ids, DEFAULT_COMPLETION_MAX_TOKENS,
+            answer_completion, lambda gen, req, rid: completion_chunks(gen, req, rid, oa.now_s(), served_name),
+        )  # fmt: skip
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await serve(
+            request, oa.ChatCompletionRequest, "chatcmpl", chat_prompt_ids, DEFAULT_CHAT_MAX_TOKENS, answer_chat,
+            lambda gen, req, rid: chat_chunks(gen, req, rid, oa.now_s(), served_name),
+        )  # fmt: skip
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {"id": served_name, "object": "model", "created": oa.now_s(), "owned_by": "tandem"}
+        if max_model_len is not None:
+            card["max_model_len"] = max_model_len
+        return {"object": "list", "data": [card]}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ready = backend.ready()
+        body = {"status": "ok" if ready else "unavailable", "in_flight": admission.in_flight}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        payload, content_type = metrics.exposition()
+        return Response(payload, media_type=content_type)
+
+    return app
+
+
+async def sse_stream(
+    gen: Generation, chunks: AsyncIterator[dict], clock: RequestClock, admission: Admission
+) -> AsyncIterator[str]:
+    """The SSE body of a streaming answer; a failure mid-stream becomes an error event, then [DONE]."""
+    status = STATUS_CLIENT_GONE  # unless the stream gets to its end
+    try:
+        try:
+            async for chunk in chunks:
+                yield sse_event(chunk)
+            status = "200"
+        except Exception as exc:
+            err = error_of(exc)
+            status = str(err.status)
+            log.warning("stream failed after it started: %s", err.message, exc_info=err.status == 500)
+            yield sse_event(oa.error_body(err.status, err.message, err.param, err.code))
+        yield SSE_DONE
+    finally:
+        await gen.close()
+        admission.release()
+        clock.finish(status)

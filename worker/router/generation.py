@@ -1,0 +1,97 @@
+"""One request through the backend: tokens in, releasable text out (detokenized, cut at stop strings, timed)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+
+import anyio
+
+from tandem.worker.router.backend import Backend, BackendError, Timing, TokenOut
+from tandem.worker.router.metrics import RequestClock
+from tandem.worker.router.streaming import StopStringFilter, TextDelta, TokenLogprob
+from tandem.worker.sampling import SamplingParams
+from tandem.worker.tokenizer import StreamDecoder, Tokenizer
+
+FINISH_ABORT = "abort"
+
+
+def default_finish_reason(completion_tokens: int, max_tokens: int) -> str:
+    """Why a token stream that ended without saying so ended."""
+    return "length" if completion_tokens >= max_tokens else "stop"
+
+
+class Generation:
+    """Drives `backend.generate` for one request. `start()` waits for the first token (errors before it
+    raise there), `deltas()` yields the text to send, `close()` aborts the rest on the workers."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        tokenizer: Tokenizer,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        clock: RequestClock,
+    ) -> None:
+        self.tokenizer, self.params, self.clock = tokenizer, params, clock
+        self.prompt_tokens = len(prompt_ids)
+        self.completion_tokens = 0
+        self.timing = Timing()
+        self._tokens: AsyncIterator[TokenOut] = backend.generate(
+            request_id, list(prompt_ids), params, self.timing
+        )
+        self._first: TokenOut | None = None
+        self._started = False
+        self._decoder = StreamDecoder(tokenizer, prompt_ids)
+        self._stops = StopStringFilter(params.stop)
+
+    async def start(self) -> None:
+        if not self._started:
+            self._first = await anext(self._tokens, None)
+            self._started = True
+
+    async def close(self) -> None:
+        """Close the backend iterator (aborting the request on the workers), even while being cancelled."""
+        aclose = getattr(self._tokens, "aclose", None)
+        if aclose is None:
+            return
+        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+            await aclose()
+
+    def _logprob(self, token: TokenOut) -> TokenLogprob:
+        return TokenLogprob(self.tokenizer.decode([token.token_id], skip_special_tokens=False), token.logprob)
+
+    async def deltas(self) -> AsyncIterator[TextDelta]:
+        """Text as it becomes safe to send; the last delta carries the finish reason."""
+        await self.start()
+        token, held = self._first, []
+        while token is not None:
+            self.completion_tokens += 1
+            self.clock.on_token()
+            if self.params.logprobs:
+                held.append(self._logprob(token))
+            piece = self._decoder.push(token.token_id)
+            if token.finish_reason == FINISH_ABORT:
+                raise BackendError("the request was aborted by the worker", status=503)
+            if token.finish_reason is not None:
+                text = self._stops.finish(piece + self._decoder.flush())
+                reason = "stop" if self._stops.stopped else token.finish_reason
+                yield TextDelta(text, held, reason)
+                return
+            text = self._stops.feed(piece)
+            if self._stops.stopped:
+                await self.close()  # the engine may not know the stop string ended the answer
+                yield TextDelta(text, held, "stop")
+                return
+            if text:
+                yield TextDelta(text, held)
+                held = []
+            token = await anext(self._tokens, None)
+        text = self._stops.finish(self._decoder.flush())
+        reason = (
+            "stop"
+            if self._stops.stopped
+            else default_finish_reason(self.completion_tokens, self.params.max_tokens)
+        )
+        yield TextDelta(text, held, reason)

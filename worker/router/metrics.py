@@ -1,0 +1,166 @@
+"""The router's Prometheus metrics: per-request latency histograms, request outcomes and queue depth."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from tandem.names import (
+    E2E_SECONDS,
+    ITL_SECONDS,
+    METRIC_LABELS,
+    POOL_ROUTER,
+    REQUESTS_TOTAL,
+    ROUTER_QUEUE_DEPTH,
+    TPOT_SECONDS,
+    TTFT_SECONDS,
+)
+
+# Seconds. TTFT spans queueing plus prefill; TPOT/ITL one decode step; E2E a whole answer.
+TTFT_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1,
+    1.5,
+    2,
+    3,
+    5,
+    10,
+    20,
+    30,
+    60,
+)
+TOKEN_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    1,
+    2.5,
+)
+E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600)
+
+# Values of the `status` label of REQUESTS_TOTAL: the HTTP status the request ended with, as text.
+# A stream that fails after it started counts with the error's status; a client that went away, 499.
+STATUS_CLIENT_GONE = "499"
+
+
+def mean_time_per_output_token(first_token_s: float, last_token_s: float, tokens: int) -> float | None:
+    """TPOT of one request: decode time spread over the tokens after the first; None below two tokens."""
+    if tokens < 2:
+        return None
+    return (last_token_s - first_token_s) / (tokens - 1)
+
+
+class RouterMetrics:
+    """The metric families of one router, in their own registry (so several apps can coexist)."""
+
+    def __init__(
+        self,
+        service: str,
+        queue_depth: Callable[[], float],
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.labels = {"service": service, "pool": POOL_ROUTER}
+        assert tuple(self.labels) == METRIC_LABELS
+        r, labels = self.registry, METRIC_LABELS
+        self.ttft = Histogram(
+            TTFT_SECONDS,
+            "Request arrival at the router to the first token out",
+            labels,
+            registry=r,
+            buckets=TTFT_BUCKETS,
+        ).labels(**self.labels)
+        self.tpot = Histogram(
+            TPOT_SECONDS,
+            "Per-request mean time per output token after the first",
+            labels,
+            registry=r,
+            buckets=TOKEN_BUCKETS,
+        ).labels(**self.labels)
+        self.itl = Histogram(
+            ITL_SECONDS, "Time between consecutive output tokens", labels, registry=r, buckets=TOKEN_BUCKETS
+        ).labels(**self.labels)
+        self.e2e = Histogram(
+            E2E_SECONDS,
+            "Request arrival to the last token of a completed request",
+            labels,
+            registry=r,
+            buckets=E2E_BUCKETS,
+        ).labels(**self.labels)
+        self.requests = Counter(
+            REQUESTS_TOTAL, "Requests by final HTTP status", (*labels, "status"), registry=r
+        )
+        depth = Gauge(
+            ROUTER_QUEUE_DEPTH, "Requests admitted by the router and not yet finished", labels, registry=r
+        )
+        depth.labels(**self.labels).set_function(queue_depth)
+
+    def start_request(self, clock: Callable[[], float] = time.perf_counter) -> RequestClock:
+        return RequestClock(self, clock)
+
+    def count(self, status: str) -> None:
+        self.requests.labels(**self.labels, status=status).inc()
+
+    def exposition(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class RequestClock:
+    """Times one request from its arrival; observes TTFT and ITL as tokens come, the rest at the end."""
+
+    def __init__(self, metrics: RouterMetrics, clock: Callable[[], float]) -> None:
+        self.metrics, self.clock = metrics, clock
+        self.arrival = clock()
+        self.first_token: float | None = None
+        self.last_token: float | None = None
+        self.tokens = 0
+        self.status: str | None = None
+
+    def on_token(self) -> None:
+        now = self.clock()
+        if self.last_token is None:
+            self.first_token = now
+            self.metrics.ttft.observe(now - self.arrival)
+        else:
+            self.metrics.itl.observe(now - self.last_token)
+        self.last_token = now
+        self.tokens += 1
+
+    def finish(self, status: str) -> None:
+        """Record the outcome once; latency of the whole request only for completed ones."""
+        if self.status is not None:
+            return
+        self.status = status
+        self.metrics.count(status)
+        if status != "200" or self.first_token is None or self.last_token is None:
+            return
+        self.metrics.e2e.observe(self.clock() - self.arrival)
+        tpot = mean_time_per_output_token(self.first_token, self.last_token, self.tokens)
+        if tpot is not None:
+            self.metrics.tpot.observe(tpot)

@@ -1,0 +1,94 @@
+"""`tandem router`: load the tokenizer, build the worker-pool backend, serve the OpenAI API with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from tandem.names import HTTP_PORT
+
+MODES = ("disaggregated", "colocated")
+
+
+def _addresses(value: str) -> list[str]:
+    """`host:port[,host:port...]` -> a list, empty entries dropped."""
+    return [a.strip() for a in value.split(",") if a.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tandem router", description="OpenAI-compatible router for tandem workers"
+    )
+    p.add_argument("--model-dir", required=True, help="Hugging Face model directory (tokenizer, config)")
+    p.add_argument("--served-name", required=True, help="the model name clients send")
+    p.add_argument("--service", default="default", help="InferenceService name (metric label)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=HTTP_PORT)
+    p.add_argument("--mode", choices=MODES, default="disaggregated")
+    p.add_argument("--prefill", type=_addresses, default=[], help="prefill worker addresses, comma-separated")
+    p.add_argument("--decode", type=_addresses, default=[], help="decode worker addresses, comma-separated")
+    p.add_argument(
+        "--colocated", type=_addresses, default=[], help="colocated worker addresses, comma-separated"
+    )
+    p.add_argument(
+        "--workers-file",
+        default=None,
+        help='JSON {"prefill": [...], "decode": [...], "colocated": [...]}, re-read as it changes',
+    )
+    p.add_argument("--max-queued", type=int, default=256, help="requests in flight before answering 429")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return p
+
+
+def check_args(args: argparse.Namespace) -> str | None:
+    """Why the worker addresses cannot serve the mode, or None when they can."""
+    if args.max_queued < 1:
+        return "--max-queued must be >= 1"
+    if args.workers_file:
+        return None  # the file names the workers, possibly later
+    if args.mode == "disaggregated" and not (args.prefill and args.decode):
+        return "disaggregated mode needs --prefill and --decode addresses (or --workers-file)"
+    if args.mode == "colocated" and not args.colocated:
+        return "colocated mode needs --colocated addresses (or --workers-file)"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    problem = check_args(args)
+    if problem:
+        print(f"tandem router: {problem}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+    import uvicorn
+
+    from tandem.worker.config import ModelConfig, ModelLoadError
+    from tandem.worker.router.app import create_app
+    from tandem.worker.router.pools import build_backend
+    from tandem.worker.tokenizer import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_dir(args.model_dir)
+        max_model_len = ModelConfig.from_dir(args.model_dir).max_position_embeddings
+    except ModelLoadError as e:
+        print(f"tandem router: {e}", file=sys.stderr)
+        return 2
+    app = create_app(
+        build_backend(args),
+        tokenizer,
+        args.served_name,
+        service_name=args.service,
+        max_queued_requests=args.max_queued,
+        max_model_len=max_model_len,
+    )
+    print(f"tandem router: serving {args.served_name!r} on http://{args.host}:{args.port}/v1", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
