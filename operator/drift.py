@@ -8,14 +8,19 @@ from tandem.operator.render import HASH_ANNOTATION
 
 
 def is_subset(desired: Any, live: Any) -> bool:
-    """True when every field set in `desired` has the same value in `live` (server defaults are ignored)."""
+    """True when every field set in `desired` has the same value in `live` (server defaults are ignored).
+
+    A zero value (false, 0, "", empty) that the server leaves out (Go `omitempty`) counts as equal.
+    """
+    if live is None and desired in (False, 0, "", [], {}):
+        return True
     if isinstance(desired, dict):
         if not isinstance(live, dict):
-            return not desired and live is None
+            return False
         return all(is_subset(v, live.get(k)) for k, v in desired.items())
     if isinstance(desired, list):
         if not isinstance(live, list):
-            return not desired and live is None
+            return False
         return len(desired) == len(live) and all(is_subset(d, x) for d, x in zip(desired, live, strict=True))
     return desired == live
 

@@ -37,6 +37,23 @@ def _owned(meta: dict[str, Any], **_: Any) -> bool:
     return parent_of(meta) is not None
 
 
+@kopf.on.login()
+def login(**_: Any) -> kopf.ConnectionInfo:
+    """kopf connects with the same credentials the Kubernetes client loaded (kubeconfig or in-cluster)."""
+    cfg = KUBE.api.configuration
+    auth = cfg.auth_settings().get("BearerToken") or {}
+    scheme, _sep, token = str(auth.get("value") or "").partition(" ")
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+    )
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     global QUEUE, _RESYNC
@@ -58,7 +75,7 @@ async def stop(**_: Any) -> None:
 
 
 @kopf.on.event(API_GROUP, API_VERSION, "inferenceservices")  # type: ignore[arg-type]
-def service_event(type: str, name: str, namespace: str, **_: Any) -> None:
+async def service_event(type: str, name: str, namespace: str, **_: Any) -> None:
     assert QUEUE is not None
     key = (namespace, name)
     if type == "DELETED":
@@ -68,7 +85,7 @@ def service_event(type: str, name: str, namespace: str, **_: Any) -> None:
     QUEUE.trigger(key)
 
 
-def _child_event(meta: dict[str, Any], namespace: str, **_: Any) -> None:
+async def _child_event(meta: dict[str, Any], namespace: str, **_: Any) -> None:
     parent = parent_of(meta)
     if parent and QUEUE is not None:
         QUEUE.trigger((namespace, parent))

@@ -348,7 +348,6 @@ def worker_service(service: str, namespace: str, uid: str, pool: str) -> Manifes
         "metadata": _metadata(child_name(service, pool), namespace, service, uid, pool),
         "spec": {
             "clusterIP": "None",
-            "publishNotReadyAddresses": False,
             "selector": selector(service, pool),
             "ports": [
                 {"name": "grpc", "port": names.GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},

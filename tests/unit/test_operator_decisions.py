@@ -103,3 +103,8 @@ def test_degraded_on_progress_deadline_and_foreign_conditions_kept():
     assert _cond(st, "Degraded")["reason"] == "ProgressDeadlineExceeded"
     assert _cond(st, "Progressing")["status"] == "False"
     assert _cond(st, "SLOMet")["status"] == "True"
+
+
+def test_zero_values_the_server_omits_are_equal():
+    assert is_subset({"spec": {"publishNotReadyAddresses": False, "x": 0}}, {"spec": {}})
+    assert not is_subset({"spec": {"publishNotReadyAddresses": True}}, {"spec": {}})
