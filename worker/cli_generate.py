@@ -106,7 +106,7 @@ def default_device() -> str:
 
 
 def generate(args: argparse.Namespace, out: TextIO) -> Completion:
-    from tandem.worker.loading import build_engine  # torch import only once the input is valid
+    from tandem.worker.loading import build_engine
 
     if not Path(args.model).is_dir():
         raise ModelLoadError(f"{args.model}: model directory does not exist")

@@ -1,0 +1,258 @@
+"""Our engine against Hugging Face transformers' `generate`, side by side in one run: prefill and decode tokens/s.
+
+Both load the same random-weight checkpoint (written by `create_tiny_model`) in the same dtype and run
+under the same torch thread count. Each run sends a batch of B random prompts of L tokens and generates
+N tokens per prompt, greedy, never stopping early. Prefill time is from submission until every sequence
+has its first token; decode time is from then until the last token, over B * (N - 1) tokens.
+
+    python -m bench.engine [--threads 2] [--batches 1,8,32] [--out result.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+from bench.engine_timing import RunTiming, random_prompts, time_engine
+from tandem.worker.engine import Engine, EngineConfig
+from tandem.worker.loading import build_engine
+from tandem.worker.tiny import TinySpec, create_tiny_model
+
+BLOCK_SIZE = 16
+TARGETS = {
+    ("decode", 8): 2.0,
+    ("decode", 32): 2.0,
+    ("prefill", 1): 1.0,
+    ("prefill", 8): 1.0,
+    ("prefill", 32): 1.0,
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    phase: str  # prefill | decode
+    batch: int
+    ours_tok_s: float
+    hf_tok_s: float
+    target: float | None  # minimum ours / hf
+
+    @property
+    def ratio(self) -> float:
+        return self.ours_tok_s / self.hf_tok_s
+
+    @property
+    def met(self) -> bool | None:
+        return None if self.target is None else self.ratio >= self.target
+
+
+class TokenClock(BaseStreamer):
+    """A transformers streamer that only records when each batch of tokens arrives (the first is the prompt)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def time_hf(model, prompts: list[list[int]], new_tokens: int) -> RunTiming:
+    clock = TokenClock()
+    ids = torch.tensor(prompts, dtype=torch.long)
+    start = time.perf_counter()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+        streamer=clock,
+    )
+    end = time.perf_counter()
+    if out.shape != (len(prompts), ids.shape[1] + new_tokens) or len(clock.times) != new_tokens + 1:
+        raise RuntimeError(
+            f"transformers generated {tuple(out.shape)} with {len(clock.times)} streamer calls"
+        )
+    first = clock.times[1]
+    return RunTiming(first - start, end - first, len(prompts) * (new_tokens - 1))
+
+
+def load_hf(model_dir: Path, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
+    except TypeError:  # transformers < 4.56 spells it torch_dtype
+        model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=dtype, attn_implementation="sdpa")
+    return model.eval()
+
+
+def engine_config(max_batch: int, prompt_len: int, new_tokens: int) -> EngineConfig:
+    """Room for the largest batch, and a token budget that prefills the whole batch in one step like HF."""
+    per_seq = -(-(prompt_len + new_tokens) // BLOCK_SIZE)
+    return EngineConfig(
+        block_size=BLOCK_SIZE,
+        num_kv_blocks=max_batch * per_seq + 16,
+        max_running_sequences=max(64, max_batch),
+        max_batch_tokens=max(2048, max_batch * prompt_len),
+        prefill_chunk_tokens=max(512, prompt_len),
+    )
+
+
+def median_timing(runs: list[RunTiming]) -> tuple[float, float]:
+    """(median prefill seconds, median decode seconds per token) over repeated runs."""
+    return statistics.median(r.prefill_s for r in runs), statistics.median(
+        r.decode_s / r.decode_tokens for r in runs
+    )
+
+
+def rows_for(batch: int, prompt_len: int, ours: list[RunTiming], hf: list[RunTiming]) -> list[Row]:
+    (op, od), (hp, hd) = median_timing(ours), median_timing(hf)
+    return [
+        Row(
+            "prefill",
+            batch,
+            batch * prompt_len / op,
+            batch * prompt_len / hp,
+            TARGETS.get(("prefill", batch)),
+        ),
+        Row("decode", batch, 1 / od, 1 / hd, TARGETS.get(("decode", batch))),
+    ]
+
+
+def bench_batch(
+    batch: int, args: argparse.Namespace, engine: Engine, hf, vocab: int, log: Callable[[str], None]
+) -> list[Row]:
+    ours, hf_runs = [], []
+    for rep in range(args.repeats):
+        prompts = random_prompts(batch, args.prompt_len, vocab, seed=1000 * batch + rep)
+        ours.append(time_engine(engine, prompts, args.new_tokens))
+        hf_runs.append(time_hf(hf, prompts, args.new_tokens))
+        log(f"  batch {batch} run {rep + 1}: ours {fmt_run(ours[-1])} | transformers {fmt_run(hf_runs[-1])}")
+    return rows_for(batch, args.prompt_len, ours, hf_runs)
+
+
+def fmt_run(r: RunTiming) -> str:
+    return f"prefill {r.prefill_s * 1e3:.0f} ms, decode {r.decode_s * 1e3:.0f} ms / {r.decode_tokens} tok"
+
+
+def print_table(rows: list[Row], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="tandem engine vs transformers generate", caption=title)
+    for col in ("phase", "batch", "ours tok/s", "HF tok/s", "ours / HF", "target", "met"):
+        table.add_column(col, justify="right" if col not in ("phase", "met") else "left")
+    for r in rows:
+        target = f">= {r.target:.1f}x" if r.target is not None else "-"
+        met = {True: "yes", False: "NO", None: "-"}[r.met]
+        table.add_row(
+            r.phase,
+            str(r.batch),
+            f"{r.ours_tok_s:,.0f}",
+            f"{r.hf_tok_s:,.0f}",
+            f"{r.ratio:.2f}x",
+            target,
+            met,
+        )
+    Console().print(table)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    d = TinySpec()
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--threads", type=int, default=os.cpu_count(), help="torch threads for both (default: all cores)"
+    )
+    p.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes")
+    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per batch size; the median is reported")
+    p.add_argument(
+        "--model", type=Path, default=None, help="an existing model directory instead of a random one"
+    )
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--intermediate", type=int, default=1408)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
+    args = p.parse_args(argv)
+    args.batch_sizes = [int(b) for b in args.batches.split(",")]
+    if args.new_tokens < 2 or args.prompt_len < 1 or args.repeats < 1:
+        p.error("need --new-tokens >= 2, --prompt-len >= 1, --repeats >= 1")
+    return args
+
+
+def run(args: argparse.Namespace, model_dir: Path) -> dict:
+    torch.set_num_threads(args.threads)
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    config = engine_config(max(args.batch_sizes), args.prompt_len, args.new_tokens)
+    engine, _ = build_engine(model_dir, config, "float32", "cpu")
+    hf = load_hf(model_dir, torch.float32)
+    vocab = engine.model.config.vocab_size
+    params = sum(p.numel() for p in engine.model.parameters())
+    log(f"model: {params / 1e6:.1f}M parameters, {args.threads} threads; warming up")
+    for seed in (1, 2):
+        warm = random_prompts(2, args.prompt_len, vocab, seed=seed)
+        time_engine(engine, warm, 8)
+        time_hf(hf, warm, 8)
+    rows: list[Row] = []
+    for batch in args.batch_sizes:
+        rows += bench_batch(batch, args, engine, hf, vocab, log)
+    title = (
+        f"{params / 1e6:.1f}M params fp32, {args.threads} threads, "
+        f"prompt {args.prompt_len}, {args.new_tokens} new tokens, median of {args.repeats}"
+    )
+    print_table(rows, title)
+    return {
+        "title": title,
+        "threads": args.threads,
+        "parameters": params,
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
+        "engine_config": asdict(config),
+        "torch": torch.__version__,
+        "rows": [{**asdict(r), "ratio": r.ratio, "met": r.met} for r in rows],
+    }
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
+        model_dir = args.model
+        if model_dir is None:
+            spec = TinySpec(
+                layers=args.layers,
+                hidden=args.hidden,
+                heads=args.heads,
+                kv_heads=args.kv_heads,
+                intermediate=args.intermediate,
+                seed=args.seed,
+            )
+            model_dir = create_tiny_model(Path(tmp) / "model", spec)
+        result = run(args, model_dir)
+    if args.out is not None:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

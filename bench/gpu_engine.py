@@ -1,0 +1,254 @@
+"""How close our engine gets to an H200's limits on a Llama-3.2-1B-shaped model: bandwidth, FLOPs, batch decode.
+
+A random-weight model with Llama-3.2-1B's shape (hidden 2048, 16 layers, 32 heads, 8 KV heads,
+intermediate 8192, vocab 128256, tied embeddings) is written in bf16 with the tiny-model tools and loaded
+through the real loading path. Reported:
+
+- decode memory-bandwidth utilisation at batch 1: (weight bytes + KV bytes read per step) / step time
+  / 4.8 TB/s, target >= 70%;
+- prefill FLOP utilisation for one 2048-token prompt: model FLOPs / time / 790 TFLOP/s, target >= 50%;
+- decode tokens/s at batch 64.
+
+    python -m bench.gpu_engine [--out result.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from bench.engine_timing import random_prompts, time_engine
+from tandem.worker.config import ModelConfig
+from tandem.worker.engine import Engine, EngineConfig
+from tandem.worker.loading import load_model
+from tandem.worker.sampling import SamplingParams
+from tandem.worker.tiny import (
+    BOS,
+    EOS,
+    TinySpec,
+    build_tokenizer,
+    hf_config,
+    random_state_dict,
+    write_safetensors,
+)
+
+PEAK_BANDWIDTH = 4.8e12  # H200 HBM3e, bytes/s
+PEAK_BF16_FLOPS = 790e12  # dense bf16 FLOP/s the issue measures against
+BLOCK_SIZE = 16
+LLAMA_3_2_1B = TinySpec(
+    layers=16,
+    hidden=2048,
+    heads=32,
+    kv_heads=8,
+    intermediate=8192,
+    max_positions=131072,
+    tie_embeddings=True,
+    dtype="bfloat16",
+    rope_theta=500000.0,
+)
+LLAMA_3_2_1B_VOCAB = 128256
+LLAMA_3_ROPE_SCALING = {
+    "rope_type": "llama3",
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+
+def write_llama_1b_shaped(model_dir: Path, seed: int = 0) -> Path:
+    """The tiny-model writer at Llama-3.2-1B's shape and full vocab (the tiny tokenizer covers its first ids)."""
+    model_dir.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer()
+    spec = LLAMA_3_2_1B
+    config = hf_config(spec, LLAMA_3_2_1B_VOCAB, tok.token_to_id(BOS), tok.token_to_id(EOS))
+    config["rope_scaling"] = LLAMA_3_ROPE_SCALING
+    write_safetensors(random_state_dict(ModelConfig.from_hf(config), seed, spec.dtype), model_dir)
+    tok.save(str(model_dir / "tokenizer.json"))
+    (model_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return model_dir
+
+
+# --- what a step has to move and compute ---------------------------------------------------------
+def weight_bytes_per_step(model: torch.nn.Module) -> int:
+    """Bytes of weights one decode step reads: every distinct parameter, except the embedding table
+    when it is not tied (a lookup reads only a few rows; tied, lm_head reads it all)."""
+    params = {p.data_ptr(): p for p in model.parameters()}
+    total = sum(p.numel() * p.element_size() for p in params.values())
+    embed = model.model.embed_tokens.weight
+    if not model.config.tie_word_embeddings:
+        total -= embed.numel() * embed.element_size()
+    return total
+
+
+def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes of keys and values one cached token holds across all layers."""
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * torch.finfo(dtype).bits // 8
+
+
+def linear_params(config: ModelConfig) -> int:
+    """Weights of the per-token matmuls in the layers (embedding lookup and lm_head excluded)."""
+    h, q, kv = config.hidden_size, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    per_layer = h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size
+    return config.num_layers * per_layer
+
+
+def prefill_flops(config: ModelConfig, tokens: int) -> float:
+    """FLOPs of a causal prefill of `tokens`: the layer matmuls, causal attention, and lm_head for one row."""
+    matmuls = 2 * linear_params(config) * tokens
+    attention = (
+        2 * config.num_layers * tokens * tokens * config.num_heads * config.head_dim
+    )  # QK^T + PV, causal half
+    return matmuls + attention + 2 * config.hidden_size * config.vocab_size
+
+
+# --- measurements ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Result:
+    metric: str
+    value: float
+    unit: str
+    target: float | None = None  # minimum value
+
+    @property
+    def met(self) -> bool | None:
+        return None if self.target is None else self.value >= self.target
+
+
+def decode_step_times(engine: Engine, prompt: list[int], new_tokens: int) -> list[float]:
+    """Seconds of each decode step (after the first token) of one sequence."""
+    engine.add_request(prompt, SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True))
+    times = []
+    while engine.has_work():
+        start = time.perf_counter()
+        outs = engine.step()  # synchronises: the logits are copied to the host
+        times.append(time.perf_counter() - start)
+        assert len(outs) == 1
+    return times[1:]
+
+
+def decode_bandwidth(engine: Engine, context: int, new_tokens: int, seed: int) -> tuple[float, float]:
+    """(bandwidth utilisation, median step seconds) of batch-1 decode after a `context`-token prompt."""
+    config = engine.model.config
+    prompt = random_prompts(1, context, config.vocab_size, seed)[0]
+    step_s = statistics.median(decode_step_times(engine, prompt, new_tokens))
+    mean_context = context + new_tokens / 2
+    read = weight_bytes_per_step(engine.model) + mean_context * kv_bytes_per_token(config, engine.dtype)
+    return read / step_s / PEAK_BANDWIDTH, step_s
+
+
+def prefill_utilisation(engine: Engine, tokens: int, seed: int) -> tuple[float, float]:
+    """(FLOP utilisation, seconds) of one `tokens`-long prompt prefilled in a single step."""
+    prompt = random_prompts(1, tokens, engine.model.config.vocab_size, seed)[0]
+    seconds = time_engine(engine, [prompt], 2).prefill_s
+    return prefill_flops(engine.model.config, tokens) / seconds / PEAK_BF16_FLOPS, seconds
+
+
+def median_of(repeats: int, measure, seed: int) -> tuple[float, float]:
+    runs = [measure(seed + i) for i in range(repeats)]
+    return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+
+
+def run(args: argparse.Namespace, model_dir: Path, device: str = "cuda") -> list[Result]:
+    model = load_model(model_dir, "bfloat16", device)
+    per_seq = -(-(max(args.context, args.prefill_tokens) + args.new_tokens) // BLOCK_SIZE)
+    config = EngineConfig(
+        block_size=BLOCK_SIZE,
+        num_kv_blocks=args.batch * per_seq + 64,
+        max_running_sequences=max(64, args.batch),
+        max_batch_tokens=max(args.prefill_tokens, args.batch * args.context, 2048),
+        prefill_chunk_tokens=max(args.prefill_tokens, args.context),
+    )
+    engine = Engine(model, config, eos_token_ids=())
+    vocab = model.config.vocab_size
+    print(
+        f"model: {sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()) / 1e9:.2f}B params"
+    )
+    time_engine(engine, random_prompts(4, args.context, vocab, seed=1), 8)  # warm up kernels and allocator
+    mbu, step_s = median_of(
+        args.repeats, lambda s: decode_bandwidth(engine, args.context, args.new_tokens, s), 100
+    )
+    mfu, prefill_s = median_of(
+        args.repeats, lambda s: prefill_utilisation(engine, args.prefill_tokens, s), 200
+    )
+    time_engine(engine, random_prompts(args.batch, args.context, vocab, seed=2), 4)  # warm up the batch shape
+    batch_runs = [
+        time_engine(engine, random_prompts(args.batch, args.context, vocab, seed=300 + i), args.new_tokens)
+        for i in range(args.repeats)
+    ]
+    return [
+        Result("decode batch 1: memory-bandwidth utilisation", 100 * mbu, "% of 4.8 TB/s", 70.0),
+        Result("decode batch 1: step time", step_s * 1e3, "ms"),
+        Result(
+            f"prefill {args.prefill_tokens} tokens: FLOP utilisation", 100 * mfu, "% of 790 TFLOP/s", 50.0
+        ),
+        Result(f"prefill {args.prefill_tokens} tokens: time", prefill_s * 1e3, "ms"),
+        Result(
+            f"decode batch {args.batch}: tokens/s",
+            statistics.median(r.decode_tok_s for r in batch_runs),
+            "tok/s",
+        ),
+    ]
+
+
+def print_results(results: list[Result], caption: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="tandem engine on the GPU (Llama-3.2-1B shape, bf16)", caption=caption)
+    for col in ("metric", "value", "unit", "target", "met"):
+        table.add_column(col)
+    for r in results:
+        target = "-" if r.target is None else f">= {r.target:g}"
+        table.add_row(
+            r.metric, f"{r.value:,.1f}", r.unit, target, {True: "yes", False: "NO", None: "-"}[r.met]
+        )
+    Console().print(table)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--model", type=Path, default=None, help="an existing model directory instead of a random one"
+    )
+    p.add_argument("--context", type=int, default=512, help="prompt tokens of each decoding sequence")
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--prefill-tokens", type=int, default=2048)
+    p.add_argument("--batch", type=int, default=64, help="batch size of the decode tokens/s run")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print(
+            "bench/gpu_engine.py needs a CUDA GPU and torch with CUDA; none is available here",
+            file=sys.stderr,
+        )
+        return 2
+    with tempfile.TemporaryDirectory(prefix="tandem-gpu-bench-") as tmp:
+        model_dir = args.model or write_llama_1b_shaped(Path(tmp) / "model")
+        results = run(args, model_dir)
+    caption = (
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}; batch-1 decode after {args.context} "
+        f"prompt tokens, {args.new_tokens} new tokens; median of {args.repeats}"
+    )
+    print_results(results, caption)
+    if args.out is not None:
+        data = {"caption": caption, "results": [{**asdict(r), "met": r.met} for r in results]}
+        args.out.write_text(json.dumps(data, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
