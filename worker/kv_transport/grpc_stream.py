@@ -5,7 +5,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import grpc
 import torch
@@ -70,6 +70,8 @@ class StreamKvSender(KvSender):
         self.transport = reservation.transport or common_pb2.KV_TRANSPORT_GRPC
         # Bytes that cross a socket are checksummed by default; shared memory is not, unless asked.
         self.checksum = (ring is None) if checksum is None else checksum
+        if ring is not None and ring.region.is_cuda:
+            self.checksum = False  # bytes staged on the GPU are not checksummed
         if ring is not None:
             chunk_bytes = min(chunk_bytes, ring.capacity // 2)
         self.chunk_bytes = chunk_bytes
@@ -91,7 +93,7 @@ class StreamKvSender(KvSender):
         if not set(ids) <= self._allowed:
             raise InvalidChunk(f"blocks {sorted(set(ids) - self._allowed)[:8]} are not in the reservation")
         event = None
-        if k.is_cuda and (self.ring is None or not self.ring.region.is_cuda):
+        if k.is_cuda:  # the copy runs on another thread: wait for the compute stream there
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(k.device))
         per_block = chunk_nbytes(self.layout, 1, self.compression)
@@ -164,8 +166,11 @@ class StreamKvSender(KvSender):
 
     def _encode(self, header: decode_pb2.KvChunkHeader, k: torch.Tensor, v: torch.Tensor, event) -> bytes:
         if event is not None:
-            event.synchronize()
-            k, v = k.cpu(), v.cpu()
+            if self.ring is not None and self.ring.region.is_cuda:
+                torch.cuda.current_stream(k.device).wait_event(event)
+            else:
+                event.synchronize()
+                k, v = k.cpu(), v.cpu()
         parts, scales = encode_blocks(k, v, self.compression)
         header.scales.extend(scales)
         header.sequence = self._seq
@@ -268,11 +273,18 @@ def service_handler(
             (True, True): grpc.stream_stream_rpc_method_handler,
         }[(method.client_streaming, method.server_streaming)]
         handlers[method.name] = kind(
-            getattr(servicer, method.name),
+            getattr(servicer, method.name, _unimplemented(method.full_name)),
             request_deserializer=req.FromString,
             response_serializer=resp.SerializeToString,
         )
     return grpc.method_handlers_generic_handler(service.full_name, handlers)  # type: ignore[attr-defined]
+
+
+def _unimplemented(name: str):
+    def behavior(request, context: grpc.ServicerContext):
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} is not implemented by this worker")
+
+    return behavior
 
 
 def add_decode_service(server: grpc.Server, servicer: object, receiver: KvReceiver) -> None:
@@ -284,10 +296,12 @@ def add_decode_service(server: grpc.Server, servicer: object, receiver: KvReceiv
     )
 
 
-def staging_for(
-    reservation: decode_pb2.ReserveReply, attach: Callable[[str], StagingRing] = StagingRing.attach_shm
-):
+def staging_for(reservation: decode_pb2.ReserveReply) -> StagingRing | None:
     """The ring a reservation's transport writes into, or None for inline gRPC payloads."""
     if reservation.transport == common_pb2.KV_TRANSPORT_SHM and reservation.shm_name:
-        return attach(reservation.shm_name)
+        return StagingRing.attach_shm(reservation.shm_name)
+    if reservation.transport == common_pb2.KV_TRANSPORT_CUDA_IPC and reservation.cuda_ipc_handle:
+        from .cuda_ipc import attach_cuda_ring
+
+        return attach_cuda_ring(reservation.shm_name, reservation.cuda_ipc_handle)
     return None

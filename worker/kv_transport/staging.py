@@ -8,6 +8,8 @@ the consumer copies the chunk into the KV cache and advances the read position.
 
 from __future__ import annotations
 
+import mmap
+import os
 import secrets
 import threading
 import time
@@ -22,6 +24,7 @@ from tandem.v1 import decode_pb2
 from .base import KvTransferError
 
 CONTROL_BYTES = 64  # u64 slots: read_pos, epoch, capacity
+SHM_DIR = "/dev/shm"  # where POSIX shared memory lives on Linux
 _READ, _EPOCH, _CAPACITY = 0, 1, 2
 
 
@@ -38,37 +41,41 @@ def new_segment_name(prefix: str = "tandem-kv") -> str:
     return f"{prefix}-{secrets.token_hex(6)}"
 
 
-_CREATED_HERE: set[str] = set()
-
-
 def _create(name: str, size: int) -> shared_memory.SharedMemory:
-    seg = shared_memory.SharedMemory(name=name, create=True, size=size)
-    _CREATED_HERE.add(seg.name)
-    return seg
+    return shared_memory.SharedMemory(name=name, create=True, size=size)
 
 
-def _attach(name: str) -> shared_memory.SharedMemory:
-    # track=False (3.13+) is unavailable on 3.11: unregister so the attaching process never unlinks it
-    # (unless this process created it, as when both ends run in one process).
-    seg = shared_memory.SharedMemory(name=name)
-    if seg.name in _CREATED_HERE:
-        return seg
-    try:
-        from multiprocessing import resource_tracker
+class _Attached:
+    """A segment another process created, mapped from /dev/shm without multiprocessing's resource tracker
+    (which, on Python 3.11, would unlink it when this process exits)."""
 
-        resource_tracker.unregister(seg._name, "shared_memory")  # type: ignore[attr-defined]
-    except Exception:
-        pass
-    return seg
+    def __init__(self, name: str):
+        self.name = name.lstrip("/")
+        with open(os.path.join(SHM_DIR, self.name), "r+b") as f:
+            self._map = mmap.mmap(f.fileno(), 0)
+        self.buf = memoryview(self._map)
+
+    def close(self) -> None:
+        self.buf.release()
+        try:
+            self._map.close()
+        except BufferError:  # tensors still view the mapping; it goes when they do
+            pass
+
+    def unlink(self) -> None:
+        raise PermissionError("only the creator of a staging segment removes it")
+
+
+def _attach(name: str) -> _Attached:
+    return _Attached(name)
 
 
 class StagingRing:
-    def __init__(self, control: shared_memory.SharedMemory, region: torch.Tensor, owner: bool, segment=None):
+    def __init__(self, control: shared_memory.SharedMemory | _Attached, region: torch.Tensor, owner: bool):
         self._control_seg = control
         self._control = np.ndarray((CONTROL_BYTES // 8,), dtype=np.uint64, buffer=control.buf)
         self.region = region
         self.owner = owner
-        self._segment = segment  # the shm segment holding the region, when it is separate from control
         self.write_pos = 0  # producer side only
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -116,7 +123,6 @@ class StagingRing:
         self._control_seg.close()
         if self.owner:
             self._control_seg.unlink()
-            _CREATED_HERE.discard(self._control_seg.name)
 
     # -- lending (consumer side) ----------------------------------------------------------------------
     @property
