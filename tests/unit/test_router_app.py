@@ -40,12 +40,13 @@ class ScriptedBackend:
         self.calls: list[tuple[str, list[int], SamplingParams]] = []
         self.aborted: list[str] = []  # request ids whose iterator was closed before the end
         self.in_flight = 0
+        self.lifecycle: list[str] = []
 
     async def start(self) -> None:
-        pass
+        self.lifecycle.append("start")
 
     async def close(self) -> None:
-        pass
+        self.lifecycle.append("close")
 
     def ready(self) -> bool:
         return self.healthy
@@ -55,6 +56,7 @@ class ScriptedBackend:
 
     async def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams, timing: Timing):
         self.calls.append((request_id, prompt_ids, params))
+        timing.prefill_worker, timing.decode_worker = "127.0.0.1:7001", "127.0.0.1:7002"
         self.in_flight += 1
         done = False
         try:
@@ -134,6 +136,7 @@ async def test_completion_non_streaming_shape_and_usage(tok):
     }
     rid, seen_ids, params = backend.calls[0]
     assert rid == body["id"] and seen_ids == prompt_ids
+    assert r.headers["x-tandem-decode-worker"] == "127.0.0.1:7002" and "x-tandem-retries" not in r.headers
     assert params.max_tokens == 16 and params.temperature == 0.0 and params.greedy
 
 
@@ -161,6 +164,7 @@ async def test_completion_streaming_chunks_and_usage(tok):
     req = {"model": SERVED, "prompt": "Hi", "stream": True, "stream_options": {"include_usage": True}}
     r = await post(app, "/v1/completions", req)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    assert r.headers["x-tandem-prefill-worker"] == "127.0.0.1:7001"  # known once the first token is in
     events = sse_events(r.text)
     assert events[-1] == "[DONE]"
     chunks, usage_chunk = events[:-2], events[-2]
@@ -469,10 +473,12 @@ def served(tok):
     while not server.started:
         assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
         time.sleep(0.01)
+    assert backend.lifecycle == ["start"]
     yield f"http://127.0.0.1:{sock.getsockname()[1]}", backend
     server.should_exit = True
     thread.join(timeout=10)
     sock.close()
+    assert backend.lifecycle == ["start", "close"]
 
 
 def test_openai_client_completions_and_chat(served):

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
 from tandem.worker.router import openai_schema as oa
-from tandem.worker.router.backend import Backend, BackendError
+from tandem.worker.router.backend import Backend, BackendError, Timing
 from tandem.worker.router.generation import Generation
 from tandem.worker.router.metrics import STATUS_CLIENT_GONE, RequestClock, RouterMetrics
 from tandem.worker.router.streaming import SSE_DONE, TextDelta, sse_event
@@ -37,16 +37,38 @@ class ClientGone(Exception):
 
 
 class ClosingStreamingResponse(StreamingResponse):
-    """A streaming response that always closes its body iterator, however the stream ends."""
+    """A streaming response that, however the stream ends (even before it starts), closes its body
+    iterator and runs `on_close`."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], Awaitable[None]], **kwargs: Any):
+        super().__init__(content, **kwargs)
+        self.on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            aclose = getattr(self.body_iterator, "aclose", None)
-            if aclose is not None:
-                with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True):
+                aclose = getattr(self.body_iterator, "aclose", None)
+                if aclose is not None:
                     await aclose()
+                await self.on_close()
+
+
+class StreamEnd:
+    """Releases what a streamed answer holds (backend stream, admission slot) and records its outcome, once."""
+
+    def __init__(self, gen: Generation, clock: RequestClock, admission: Admission) -> None:
+        self.gen, self.clock, self.admission = gen, clock, admission
+        self.done = False
+
+    async def __call__(self, status: str = STATUS_CLIENT_GONE) -> None:
+        if self.done:
+            return
+        self.done = True
+        await self.gen.close()
+        self.admission.release()
+        self.clock.finish(status)
 
 
 class Admission:
@@ -78,6 +100,16 @@ def error_of(exc: BaseException) -> oa.ApiError:
     if isinstance(exc, BackendError):
         return oa.ApiError(exc.status, str(exc), retry_after_s=exc.retry_after_s)
     return oa.ApiError(500, f"internal error: {type(exc).__name__}")
+
+
+def timing_headers(timing: Timing) -> dict[str, str]:
+    """Which workers served the request and how many retries it took, for clients and tests to see."""
+    headers = {
+        "X-Tandem-Prefill-Worker": timing.prefill_worker,
+        "X-Tandem-Decode-Worker": timing.decode_worker,
+        "X-Tandem-Retries": str(timing.retries) if timing.retries else "",
+    }
+    return {k: v for k, v in headers.items() if v}
 
 
 def error_response(err: oa.ApiError) -> JSONResponse:
@@ -278,11 +310,17 @@ def create_app(
             if not req.stream:
                 body = await until_disconnect(request, answer(gen, req, rid))
                 clock.finish("200")
-                return JSONResponse(body)
+                return JSONResponse(body, headers=timing_headers(gen.timing))
             await until_disconnect(request, gen.start())  # errors before the first token keep their status
-            stream = sse_stream(gen, chunks(gen, req, rid), clock, admission)
-            handed_off = True  # from here on the stream owns the cleanup
-            return ClosingStreamingResponse(stream, media_type="text/event-stream")
+            end = StreamEnd(gen, clock, admission)
+            response = ClosingStreamingResponse(
+                sse_stream(chunks(gen, req, rid), end),
+                on_close=end,
+                media_type="text/event-stream",
+                headers=timing_headers(gen.timing),
+            )
+            handed_off = True  # from here on the response owns the cleanup
+            return response
         except ClientGone:
             clock.finish(STATUS_CLIENT_GONE)
             return Response(status_code=int(STATUS_CLIENT_GONE))
@@ -353,9 +391,7 @@ def create_app(
     return app
 
 
-async def sse_stream(
-    gen: Generation, chunks: AsyncIterator[dict], clock: RequestClock, admission: Admission
-) -> AsyncIterator[str]:
+async def sse_stream(chunks: AsyncIterator[dict], end: StreamEnd) -> AsyncIterator[str]:
     """The SSE body of a streaming answer; a failure mid-stream becomes an error event, then [DONE]."""
     status = STATUS_CLIENT_GONE  # unless the stream gets to its end
     try:
@@ -370,6 +406,5 @@ async def sse_stream(
             yield sse_event(oa.error_body(err.status, err.message, err.param, err.code))
         yield SSE_DONE
     finally:
-        await gen.close()
-        admission.release()
-        clock.finish(status)
+        with anyio.CancelScope(shield=True):
+            await end(status)
