@@ -175,6 +175,7 @@ async def test_completion_streaming_chunks_and_usage(tok):
     assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "stop"
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
     assert usage_chunk["choices"] == []
+    assert all(c["usage"] is None for c in chunks)  # OpenAI: null on every chunk but the usage one
     n_prompt = len(tok.encode("Hi"))
     assert usage_chunk["usage"] == {
         "prompt_tokens": n_prompt,
@@ -193,6 +194,20 @@ async def test_completion_logprobs_report_the_chosen_tokens(tok):
     assert lp["tokens"] == ["Hello", " world"]
     assert lp["token_logprobs"] == pytest.approx([-0.1, -0.2])
     assert lp["text_offset"] == [0, 5]
+
+
+@pytest.mark.asyncio
+async def test_streamed_logprobs_cover_every_token_once(tok):
+    text = "café 🙂 ok"  # the emoji's byte tokens print no text alone: their logprobs ride with later text
+    backend = ScriptedBackend(tok, text)
+    app = create_app(backend, tok, SERVED)
+    r = await post(app, "/v1/completions", {"model": SERVED, "prompt": "x", "logprobs": 0, "stream": True})
+    lps = [e["choices"][0]["logprobs"] for e in sse_events(r.text)[:-1]]
+    lps = [lp for lp in lps if lp]
+    token_logprobs = [v for lp in lps for v in lp["token_logprobs"]]
+    assert token_logprobs == pytest.approx([-0.1 * (i + 1) for i in range(len(backend.ids))])
+    offsets = [o for lp in lps for o in lp["text_offset"]]
+    assert offsets[0] == 0 and offsets == sorted(offsets)
 
 
 # ---- chat ----

@@ -26,7 +26,7 @@ from tandem.worker.tokenizer import ChatTemplateError, Tokenizer
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Req = TypeVar("Req", bound=oa._SamplingRequest)
+Req = TypeVar("Req", bound=oa.SamplingRequest)
 QUEUE_FULL_RETRY_AFTER_S = 1
 DEFAULT_CHAT_MAX_TOKENS = 1024  # when neither the request nor the model's context length bounds it
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -205,51 +205,40 @@ async def collect(deltas: AsyncIterator[TextDelta]) -> TextDelta:
 async def completion_chunks(
     gen: Generation, req: oa.CompletionRequest, rid: str, created: int, model: str
 ) -> AsyncIterator[dict]:
+    def chunk(choices: list[dict], usage: dict | None = None) -> dict:
+        return oa.completion_object(
+            rid, created, model, choices, usage, chunk=True, usage_field=req.include_usage
+        )
+
     offset = 0
     async for d in gen.deltas():
         lp = oa.completion_logprobs(d.logprobs, offset) if req.wants_logprobs() else None
         offset += sum(len(e.token) for e in d.logprobs)
         if d.text or d.finish_reason is None:
-            yield oa.completion_object(
-                rid, created, model, [oa.completion_choice(d.text, None, lp)], None, chunk=True
-            )
+            yield chunk([oa.completion_choice(d.text, None, lp)])
             lp = None
         if d.finish_reason is not None:
-            yield oa.completion_object(
-                rid, created, model, [oa.completion_choice("", d.finish_reason, lp)], None, chunk=True
-            )
+            yield chunk([oa.completion_choice("", d.finish_reason, lp)])
     if req.include_usage:
-        yield oa.completion_object(
-            rid, created, model, [], oa.usage(gen.prompt_tokens, gen.completion_tokens), chunk=True
-        )
+        yield chunk([], oa.usage(gen.prompt_tokens, gen.completion_tokens))
 
 
 async def chat_chunks(
     gen: Generation, req: oa.ChatCompletionRequest, rid: str, created: int, model: str
 ) -> AsyncIterator[dict]:
-    yield oa.chat_object(
-        rid,
-        created,
-        model,
-        [oa.chat_delta_choice({"role": "assistant", "content": ""}, None, None)],
-        None,
-        chunk=True,
-    )
+    def chunk(choices: list[dict], usage: dict | None = None) -> dict:
+        return oa.chat_object(rid, created, model, choices, usage, chunk=True, usage_field=req.include_usage)
+
+    yield chunk([oa.chat_delta_choice({"role": "assistant", "content": ""}, None, None)])
     async for d in gen.deltas():
         lp = oa.chat_logprobs(d.logprobs) if req.wants_logprobs() else None
         if d.text or d.finish_reason is None:
-            yield oa.chat_object(
-                rid, created, model, [oa.chat_delta_choice({"content": d.text}, None, lp)], None, chunk=True
-            )
+            yield chunk([oa.chat_delta_choice({"content": d.text}, None, lp)])
             lp = None
         if d.finish_reason is not None:
-            yield oa.chat_object(
-                rid, created, model, [oa.chat_delta_choice({}, d.finish_reason, lp)], None, chunk=True
-            )
+            yield chunk([oa.chat_delta_choice({}, d.finish_reason, lp)])
     if req.include_usage:
-        yield oa.chat_object(
-            rid, created, model, [], oa.usage(gen.prompt_tokens, gen.completion_tokens), chunk=True
-        )
+        yield chunk([], oa.usage(gen.prompt_tokens, gen.completion_tokens))
 
 
 def create_app(
@@ -276,7 +265,7 @@ def create_app(
     app = FastAPI(title="tandem router", lifespan=lifespan)
     app.state.metrics, app.state.admission, app.state.backend = metrics, admission, backend
 
-    def check_model(req: oa._SamplingRequest) -> None:
+    def check_model(req: oa.SamplingRequest) -> None:
         if req.model != served_name:
             raise oa.ApiError(
                 404, f"model {req.model!r} does not exist; this router serves {served_name!r}",

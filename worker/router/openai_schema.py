@@ -58,7 +58,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _SamplingRequest(BaseModel):
+class SamplingRequest(BaseModel):
     """Fields shared by completions and chat completions. Unknown fields are ignored, as OpenAI does."""
 
     model_config = ConfigDict(extra="ignore")
@@ -120,7 +120,7 @@ class _SamplingRequest(BaseModel):
         )
 
 
-class CompletionRequest(_SamplingRequest):
+class CompletionRequest(SamplingRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = None
     echo: bool = False
@@ -168,7 +168,7 @@ class ChatMessage(BaseModel):
         return {"role": self.role, "content": "".join(p.text or "" for p in self.content)}
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = None
@@ -226,7 +226,14 @@ def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
 
 
 def completion_object(
-    request_id: str, created: int, model: str, choices: list[dict], usage_: dict | None, *, chunk: bool
+    request_id: str,
+    created: int,
+    model: str,
+    choices: list[dict],
+    usage_: dict | None,
+    *,
+    chunk: bool,
+    usage_field: bool = False,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": request_id,
@@ -235,13 +242,20 @@ def completion_object(
         "model": model,
         "choices": choices,
     }
-    if not chunk or usage_ is not None:
+    if not chunk or usage_field:  # with include_usage every chunk has "usage" (null until the last)
         body["usage"] = usage_
     return body
 
 
 def chat_object(
-    request_id: str, created: int, model: str, choices: list[dict], usage_: dict | None, *, chunk: bool
+    request_id: str,
+    created: int,
+    model: str,
+    choices: list[dict],
+    usage_: dict | None,
+    *,
+    chunk: bool,
+    usage_field: bool = False,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": request_id,
@@ -251,7 +265,7 @@ def chat_object(
         "system_fingerprint": None,
         "choices": choices,
     }
-    if not chunk or usage_ is not None:
+    if not chunk or usage_field:  # with include_usage every chunk has "usage" (null until the last)
         body["usage"] = usage_
     return body
 
