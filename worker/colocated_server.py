@@ -34,4 +34,4 @@ class ColocatedServicer:
         return colocated_pb2.ColocatedAbortReply(found=self.loop.abort(request.request_id, "abort"))
 
     def Load(self, request: common_pb2.LoadRequest, context: grpc.ServicerContext) -> common_pb2.LoadReport:
-        return self.loop.call(lambda e: load_report(e, self.info.worker_id, "colocated", 0, self.draining))
+        return load_report(self.loop.snapshot, self.info.worker_id, "colocated", 0, self.draining)

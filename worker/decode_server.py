@@ -134,7 +134,7 @@ class DecodeServicer:
 
     def Load(self, request: common_pb2.LoadRequest, context: grpc.ServicerContext) -> common_pb2.LoadReport:
         reserved = self.receiver.table.reserved_blocks()
-        return self.loop.call(lambda e: load_report(e, self.info.worker_id, "decode", reserved, self.draining))
+        return load_report(self.loop.snapshot, self.info.worker_id, "decode", reserved, self.draining)
 
     # --- reservation outcomes -----------------------------------------------------------------
     def _committed(self, done: Committed) -> None:

@@ -1,8 +1,10 @@
-"""Runs the engine on its own thread so gRPC handlers on other threads can submit, reserve and abort.
+"""Runs the engine on its own thread; gRPC handlers on other threads hand it commands.
 
-Every touch of the engine happens under one lock; the loop steps while there is work and sleeps on an
-event otherwise. Each request's tokens go to its own queue, ended by a final event, so a handler streams
-them without polling and a failing step fails its requests instead of hanging them.
+The engine thread owns the engine: submit, reserve, admit and abort arrive as commands that run between
+two steps, so a handler waits at most one step (a lock would let the busy loop starve them). Each
+request's tokens go to its own queue, ended by a final event, so a handler streams them without polling,
+and a failing step fails its requests instead of hanging them. A load snapshot, refreshed after every
+step and command, answers load reports without waiting.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tandem.worker.engine import Engine, StepOutput
 from tandem.worker.sampling import SamplingParams
@@ -29,14 +32,27 @@ class StreamEnd:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class LoadSnapshot:
+    queued_prompt_tokens: int = 0
+    running: int = 0
+    waiting: int = 0
+    free_kv_blocks: int = 0
+    total_kv_blocks: int = 0
+
+
+TokenQueue = queue.Queue[StepOutput | StreamEnd]
+
+
 class EngineLoop:
     def __init__(self, engine: Engine, on_step: Callable[[Engine], None] | None = None):
         self.engine = engine
         self.on_step = on_step
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self._commands: queue.SimpleQueue[tuple[Callable[[Engine], Any], Future] | None] = queue.SimpleQueue()
         self._stopped = threading.Event()
-        self._streams: dict[str, queue.Queue[StepOutput | StreamEnd]] = {}
+        self._streams: dict[str, TokenQueue] = {}
+        self.snapshot = LoadSnapshot()
+        self._refresh()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     def start(self) -> EngineLoop:
@@ -45,48 +61,55 @@ class EngineLoop:
 
     def stop(self) -> None:
         self._stopped.set()
-        self._wake.set()
+        self._commands.put(None)
         self._thread.join(timeout=10)
 
     # --- called from handler threads ---------------------------------------------------------
     def call(self, fn: Callable[[Engine], T]) -> T:
-        """Run `fn(engine)` under the engine lock (for reserve, release, load reports)."""
-        with self._lock:
+        """Run `fn(engine)` on the engine thread between steps; its exception is raised here."""
+        if threading.current_thread() is self._thread:
             return fn(self.engine)
+        done: Future = Future()
+        self._commands.put((fn, done))
+        return done.result()
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> queue.Queue[StepOutput | StreamEnd]:
+    def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> TokenQueue:
         """Queue a request; raises InvalidRequest at once for a bad one."""
-        stream: queue.Queue[StepOutput | StreamEnd] = queue.Queue()
-        with self._lock:
-            self.engine.add_request(prompt_ids, params, request_id)
+        stream: TokenQueue = queue.Queue()
+
+        def add(engine: Engine) -> None:
+            engine.add_request(prompt_ids, params, request_id)
             self._streams[request_id] = stream
-        self._wake.set()
+
+        self.call(add)
         return stream
 
-    def admit(
-        self, request_id: str, fn: Callable[[Engine], list[StepOutput]], stream: queue.Queue[StepOutput | StreamEnd]
-    ) -> None:
+    def admit(self, request_id: str, fn: Callable[[Engine], list[StepOutput]], stream: TokenQueue) -> None:
         """Admit a sequence via `fn` (e.g. `engine.admit_prefilled`); its tokens go to `stream`."""
-        with self._lock:
+
+        def admit(engine: Engine) -> None:
             self._streams[request_id] = stream
             try:
-                first = fn(self.engine)
+                first = fn(engine)
             except Exception:
                 del self._streams[request_id]
                 raise
             self._deliver(first)
-        self._wake.set()
+
+        self.call(admit)
 
     def abort(self, request_id: str, reason: str = "abort") -> bool:
-        with self._lock:
-            found = self.engine.abort(request_id)
+        def abort(engine: Engine) -> bool:
+            found = engine.abort(request_id)
             stream = self._streams.pop(request_id, None)
-        if stream is not None:
-            stream.put(StreamEnd(reason))
-        return found
+            if stream is not None:
+                stream.put(StreamEnd(reason))
+            return found
+
+        return self.call(abort)
 
     @staticmethod
-    def iterate(stream: queue.Queue[StepOutput | StreamEnd], timeout_s: float = 600.0) -> Iterator[StepOutput | StreamEnd]:
+    def iterate(stream: TokenQueue, timeout_s: float = 600.0) -> Iterator[StepOutput | StreamEnd]:
         """Items of one request's queue up to and including its end."""
         while True:
             item = stream.get(timeout=timeout_s)
@@ -97,19 +120,39 @@ class EngineLoop:
     # --- the loop ----------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stopped.is_set():
-            with self._lock:
-                busy = self.engine.has_work()
-                if busy:
-                    try:
-                        self._deliver(self.engine.step())
-                    except Exception as exc:  # fail what was running, keep serving
-                        log.exception("engine step failed")
-                        self._fail_all(f"engine step failed: {exc}")
-                    if self.on_step is not None:
-                        self.on_step(self.engine)
-            if not busy:
-                self._wake.wait(timeout=0.5)
-                self._wake.clear()
+            busy = self.engine.has_work()
+            self._run_commands(block=not busy)
+            if not self.engine.has_work():
+                continue
+            try:
+                self._deliver(self.engine.step())
+            except Exception as exc:  # fail what was running, keep serving
+                log.exception("engine step failed")
+                self._fail_all(f"engine step failed: {exc}")
+            if self.on_step is not None:
+                self.on_step(self.engine)
+            self._refresh()
+
+    def _run_commands(self, block: bool) -> None:
+        try:
+            item = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while item is not None:
+            fn, done = item
+            try:
+                done.set_result(fn(self.engine))
+            except BaseException as exc:
+                done.set_exception(exc)
+            try:
+                item = self._commands.get_nowait()
+            except queue.Empty:
+                break
+        self._refresh()
+
+    def _refresh(self) -> None:
+        e = self.engine
+        self.snapshot = LoadSnapshot(e.queued_prompt_tokens, e.num_running, e.num_waiting, e.blocks.num_free, e.blocks.num_blocks)
 
     def _deliver(self, outputs: list[StepOutput]) -> None:
         for out in outputs:

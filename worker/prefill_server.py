@@ -63,7 +63,7 @@ class PrefillServicer:
         return common_pb2.HandshakeReply(worker=self.info, problems=problems, transport=common_pb2.KV_TRANSPORT_GRPC)
 
     def Load(self, request: common_pb2.LoadRequest, context: grpc.ServicerContext) -> common_pb2.LoadReport:
-        return self.loop.call(lambda e: load_report(e, self.info.worker_id, "prefill", 0, self.draining))
+        return load_report(self.loop.snapshot, self.info.worker_id, "prefill", 0, self.draining)
 
     def Prefill(self, request: prefill_pb2.PrefillRequest, context: grpc.ServicerContext) -> prefill_pb2.PrefillReply:
         if self.draining:

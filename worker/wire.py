@@ -6,7 +6,7 @@ import socket
 
 from tandem.v1 import common_pb2
 from tandem.worker.engine import Engine, StepOutput
-from tandem.worker.engine_loop import StreamEnd
+from tandem.worker.engine_loop import LoadSnapshot, StreamEnd
 from tandem.worker.kv_transport.base import PROTOCOL_VERSION, dtype_name
 from tandem.worker.sampling import SamplingParams
 
@@ -99,14 +99,16 @@ def worker_info(engine: Engine, worker_id: str, role: str, model_name: str, shm:
     )
 
 
-def load_report(engine: Engine, worker_id: str, role: str, reserved_blocks: int = 0, draining: bool = False) -> common_pb2.LoadReport:
+def load_report(
+    load: LoadSnapshot, worker_id: str, role: str, reserved_blocks: int = 0, draining: bool = False
+) -> common_pb2.LoadReport:
     return common_pb2.LoadReport(
         worker_id=worker_id,
-        queued_prompt_tokens=engine.queued_prompt_tokens,
-        running_sequences=engine.num_running,
-        waiting_sequences=engine.num_waiting,
-        free_kv_blocks=engine.blocks.num_free,
-        total_kv_blocks=engine.blocks.num_blocks,
+        queued_prompt_tokens=load.queued_prompt_tokens,
+        running_sequences=load.running,
+        waiting_sequences=load.waiting,
+        free_kv_blocks=load.free_kv_blocks,
+        total_kv_blocks=load.total_kv_blocks,
         reserved_kv_blocks=reserved_blocks,
         draining=draining,
         role=ROLES[role],

@@ -1,0 +1,78 @@
+"""Local stacks for end-to-end tests: real router and worker processes on loopback, from a spec."""
+
+from __future__ import annotations
+
+import socket
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+
+from tandem.operator.local import LocalStack
+from tandem.operator.local_plan import ProcessPlan, plan, workers_document
+from tandem.spec import parse_object
+from tandem.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+
+
+def free_port_block(n: int) -> int:
+    """A base port with `n` consecutive free ports above it (best effort)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n >= 65000:
+            continue
+        ok = True
+        for p in range(base, base + n):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no free port block")
+
+
+def spec(name: str, model_dir: Path, mode: str = "disaggregated", prefill: int = 1, decode: int = 1, **engine) -> dict:
+    return {
+        "apiVersion": "serving.tandem.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"source": {"path": str(model_dir)}, "servedName": "tiny", "dtype": "float32", "maxContextLength": 4096},
+            "mode": mode,
+            "prefill": {"replicas": prefill, "resources": {"gpus": 0}},
+            "decode": {"replicas": decode, "resources": {"gpus": 0}},
+            "engine": {"blockSize": 16, "numKvBlocks": 512, "threads": 1, **engine},
+        },
+    }
+
+
+@contextmanager
+def running_stack(obj: dict, log_dir: Path):
+    svc = parse_object(obj)
+    base = free_port_block(24)
+    workers_file = log_dir / "workers.json"
+    procs = plan(svc, Path.cwd(), port=base, first_worker_port=base + 2, workers_file=workers_file)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    import json
+
+    workers_file.write_text(json.dumps(workers_document(procs)))
+    stack = LocalStack(procs, log_dir)
+    stack.start()
+    try:
+        stack.wait_ready(f"http://127.0.0.1:{base}", timeout_s=240)
+        yield stack, f"http://127.0.0.1:{base}"
+    finally:
+        stack.stop()
+
+
+def load(p: ProcessPlan) -> common_pb2.LoadReport:
+    channel = grpc.insecure_channel(p.address)
+    stub = (prefill_pb2_grpc.PrefillServiceStub if p.role == "prefill" else decode_pb2_grpc.DecodeServiceStub)(channel)
+    try:
+        return stub.Load(common_pb2.LoadRequest(), timeout=5)
+    finally:
+        channel.close()
