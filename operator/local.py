@@ -15,12 +15,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
 from tandem.operator.local_plan import ProcessPlan, model_dir, plan, workers_document
-from tandem.spec import load_file
+from tandem.spec import InferenceService, load_file
 
 
 class LocalStack:
@@ -63,6 +64,24 @@ class LocalStack:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+@contextmanager
+def serving(svc: InferenceService, state: Path, host: str = "127.0.0.1", port: int = 8000, worker_port: int = 50100):
+    """Start the stack for `svc`, wait until the router is healthy, yield (stack, router URL), stop it."""
+    state.mkdir(parents=True, exist_ok=True)
+    workers_file = state / "workers.json"
+    procs = plan(svc, Path.cwd(), host, port, worker_port, workers_file)
+    workers_file.write_text(json.dumps(workers_document(procs)))
+    stack = LocalStack(procs, state)
+    url = f"http://{host}:{port}"
+    try:
+        stack.start()
+        print(f"starting {svc.name}: {', '.join(p.name for p in procs)} (logs in {state})", flush=True)
+        stack.wait_ready(url)
+        yield stack, url
+    finally:
+        stack.stop()
 
 
 def demo(router_url: str, model: str, prompt: str, max_tokens: int) -> dict[str, float]:
@@ -134,32 +153,31 @@ def main(argv: list[str]) -> int:
             return 2
         subprocess.run([sys.executable, "-m", "tandem", "model", "create-tiny", str(mdir)], check=True)
     state = Path(args.log_dir or tempfile.mkdtemp(prefix=f"tandem-{svc.name}-"))
-    workers_file = state / "workers.json"
-    procs = plan(svc, base, args.host, args.port, args.worker_port, workers_file)
-    state.mkdir(parents=True, exist_ok=True)
-    workers_file.write_text(json.dumps(workers_document(procs)))
-    stack = LocalStack(procs, state)
-    url = f"http://{args.host}:{args.port}"
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        stack.start()
-        print(f"starting {svc.name}: {', '.join(p.name for p in procs)} (logs in {state})", flush=True)
-        stack.wait_ready(url)
-        print(f"{svc.name} ready: OpenAI API at {url}/v1 (model {svc.spec.model.served_name!r}), metrics at {url}/metrics", flush=True)
-        if args.demo:
-            demo(url, svc.spec.model.served_name, args.prompt, args.max_tokens)
-            return 0
-        while True:
-            time.sleep(1)
-            for name, proc in stack.running.items():
-                if proc.poll() is not None:
-                    print(f"{name} exited with code {proc.returncode}; see {state / (name + '.log')}", file=sys.stderr)
-                    return 1
+        with serving(svc, state, args.host, args.port, args.worker_port) as (stack, url):
+            return _serve_until_stopped(args, svc, stack, url, state)
     except KeyboardInterrupt:
         print("\nstopping...", flush=True)
         return 0
     except (RuntimeError, TimeoutError) as e:
         print(f"tandem up: {e}", file=sys.stderr)
         return 1
-    finally:
-        stack.stop()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _serve_until_stopped(args: argparse.Namespace, svc: InferenceService, stack: LocalStack, url: str, state: Path) -> int:
+    name = svc.spec.model.served_name
+    print(f"{svc.name} ready: OpenAI API at {url}/v1 (model {name!r}), metrics at {url}/metrics", flush=True)
+    if args.demo:
+        demo(url, name, args.prompt, args.max_tokens)
+        return 0
+    while True:
+        time.sleep(1)
+        for proc_name, proc in stack.running.items():
+            if proc.poll() is not None:
+                print(f"{proc_name} exited with code {proc.returncode}; see {state / (proc_name + '.log')}", file=sys.stderr)
+                return 1

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import grpc
 
-from tandem.operator.local import LocalStack
-from tandem.operator.local_plan import ProcessPlan, plan, workers_document
+from tandem.operator.local import serving
+from tandem.operator.local_plan import ProcessPlan
 from tandem.spec import parse_object
 from tandem.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
@@ -22,16 +22,13 @@ def free_port_block(n: int) -> int:
             base = s.getsockname()[1]
         if base + n >= 65000:
             continue
-        ok = True
-        for p in range(base, base + n):
-            with socket.socket() as s:
-                try:
+        try:
+            for p in range(base, base + n):
+                with socket.socket() as s:
                     s.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
+        except OSError:
+            continue
+        return base
     raise RuntimeError("no free port block")
 
 
@@ -52,21 +49,9 @@ def spec(name: str, model_dir: Path, mode: str = "disaggregated", prefill: int =
 
 @contextmanager
 def running_stack(obj: dict, log_dir: Path):
-    svc = parse_object(obj)
     base = free_port_block(24)
-    workers_file = log_dir / "workers.json"
-    procs = plan(svc, Path.cwd(), port=base, first_worker_port=base + 2, workers_file=workers_file)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    import json
-
-    workers_file.write_text(json.dumps(workers_document(procs)))
-    stack = LocalStack(procs, log_dir)
-    stack.start()
-    try:
-        stack.wait_ready(f"http://127.0.0.1:{base}", timeout_s=240)
-        yield stack, f"http://127.0.0.1:{base}"
-    finally:
-        stack.stop()
+    with serving(parse_object(obj), log_dir, port=base, worker_port=base + 2) as running:
+        yield running
 
 
 def load(p: ProcessPlan) -> common_pb2.LoadReport:
