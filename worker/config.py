@@ -73,4 +73,9 @@ class ModelConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise ModelLoadError(f"{model_dir}: missing config.json")
-        return cls.from_hf(json.loads(path.read_text()))
+        try:
+            return cls.from_hf(json.loads(path.read_text()))
+        except json.JSONDecodeError as e:
+            raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
+        except KeyError as e:
+            raise ModelLoadError(f"{path}: missing required key {e.args[0]!r}") from None

@@ -207,3 +207,14 @@ def test_transformers_loads_our_sharded_tied_qwen2(tmp_path):
     hf_state = {k: v for k, v in hf_state.items() if "rotary_emb" not in k}
     assert set(hf_state) == set(ours)
     assert all(torch.equal(hf_state[k], ours[k]) for k in ours)
+
+
+def test_malformed_config_json_names_the_problem(tmp_path):
+    from tandem.worker.config import ModelConfig, ModelLoadError
+
+    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "vocab_size": 10}')
+    with pytest.raises(ModelLoadError, match="hidden_size"):
+        ModelConfig.from_dir(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match="not valid JSON"):
+        ModelConfig.from_dir(tmp_path)
