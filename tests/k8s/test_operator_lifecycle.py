@@ -178,7 +178,9 @@ def _children_fingerprint(cp, ns: str) -> dict:
     out = {}
     for kind in ("deployments", "services", "configmaps", "poddisruptionbudgets", "inferencepools"):
         for item in get_json(cp, kind, "-l", f"{names.LABEL_SERVICE}={SERVICE}", namespace=ns)["items"]:
-            out[f"{kind}/{item['metadata']['name']}"] = (item["metadata"]["uid"], item["metadata"]["generation"])
+            meta = item["metadata"]
+            # generation moves on spec writes; objects without one (Service, ConfigMap) use resourceVersion
+            out[f"{kind}/{meta['name']}"] = (meta["uid"], meta.get("generation") or meta["resourceVersion"])
     return out
 
 
