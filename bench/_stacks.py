@@ -1,0 +1,211 @@
+"""Shared helpers for the serving benchmarks: a random-weight model, local stacks from a spec, timed requests."""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import statistics
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import httpx
+
+from tandem.operator.local import LocalStack, serving
+from tandem.spec import parse_object
+from tandem.v1 import colocated_pb2_grpc, common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+
+STUBS = {
+    "prefill": prefill_pb2_grpc.PrefillServiceStub,
+    "decode": decode_pb2_grpc.DecodeServiceStub,
+    "colocated": colocated_pb2_grpc.ColocatedServiceStub,
+}
+
+SERVED_NAME = "bench"
+FIRST_TOKEN_ID = 10  # below this sit the tokenizer's special tokens; prompts never use them
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A Llama shape for `create_tiny_model`; head_dim stays 64 and GQA 2:1."""
+
+    hidden: int = 512
+    layers: int = 8
+
+    def tiny_spec(self):
+        from tandem.worker.tiny import TinySpec  # only the model maker needs torch
+
+        heads = max(1, self.hidden // 64)
+        return TinySpec(
+            layers=self.layers,
+            hidden=self.hidden,
+            heads=heads,
+            kv_heads=max(1, heads // 2),
+            intermediate=self.hidden * 11 // 4 // 64 * 64,
+            max_positions=8192,
+        )
+
+
+def make_model(model_dir: Path, shape: ModelShape) -> Path:
+    from tandem.worker.tiny import create_tiny_model
+
+    return create_tiny_model(model_dir, shape.tiny_spec())
+
+
+def vocab_size(model_dir: Path) -> int:
+    return int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+
+
+def service_object(
+    name: str,
+    model_dir: Path,
+    *,
+    mode: str,
+    prefill: int = 1,
+    decode: int = 1,
+    transport: str = "auto",
+    threads: int = 1,
+    num_kv_blocks: int = 1024,
+    max_context: int = 4096,
+) -> dict:
+    """An InferenceService object for the local backend: float32 on CPU, `threads` torch threads per
+    worker. In colocated mode `decode` replicas is the number of colocated workers."""
+    return {
+        "apiVersion": "serving.tandem.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {
+                "source": {"path": str(model_dir)},
+                "servedName": SERVED_NAME,
+                "dtype": "float32",
+                "maxContextLength": max_context,
+            },
+            "mode": mode,
+            "prefill": {"replicas": prefill, "resources": {"gpus": 0}},
+            "decode": {"replicas": decode, "resources": {"gpus": 0}},
+            "kvTransfer": {"transport": transport},
+            "engine": {"blockSize": 16, "numKvBlocks": num_kv_blocks, "threads": threads},
+        },
+    }
+
+
+def free_port_block(n: int) -> int:
+    """A base port with `n` consecutive free loopback ports above it (best effort)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n >= 65000:
+            continue
+        try:
+            for p in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free port block")
+
+
+@contextmanager
+def running_stacks(objects: dict[str, dict], state_dir: Path) -> Iterator[dict[str, tuple[LocalStack, str]]]:
+    """Start every stack (label -> InferenceService object) on its own ports; stop them all on exit."""
+    with ExitStack() as stacks:
+        running = {}
+        for label, obj in objects.items():
+            base = free_port_block(24)
+            svc = parse_object(obj)
+            running[label] = stacks.enter_context(
+                serving(svc, state_dir / label, port=base, worker_port=base + 2)
+            )
+        yield running
+
+
+def random_prompt(n: int, rng: random.Random, vocab: int) -> list[int]:
+    """Random token ids: distinct per call, so no request is served from another's prefix cache."""
+    return [rng.randrange(FIRST_TOKEN_ID, vocab) for _ in range(n)]
+
+
+@dataclass(frozen=True)
+class Timed:
+    ttft_s: float
+    e2e_s: float
+    tokens: int
+
+    @property
+    def tpot_s(self) -> float | None:
+        return (self.e2e_s - self.ttft_s) / (self.tokens - 1) if self.tokens > 1 else None
+
+
+def timed_completion(url: str, prompt_ids: list[int], max_tokens: int, timeout_s: float = 120.0) -> Timed:
+    """One streamed /v1/completions request with a token-id prompt; TTFT is measured at the client."""
+    body = {
+        "model": SERVED_NAME,
+        "prompt": prompt_ids,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    start = time.perf_counter()
+    first = None
+    chunks = 0
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout_s, trust_env=False) as resp:
+        if resp.status_code != 200:
+            raise RuntimeError(f"router answered {resp.status_code}: {resp.read().decode()[:300]}")
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"]["message"])
+            if any(c.get("text") for c in chunk.get("choices") or []):
+                chunks += 1
+                if first is None:
+                    first = time.perf_counter()
+    end = time.perf_counter()
+    if first is None:
+        raise RuntimeError("no tokens came back")
+    return Timed(first - start, end - start, chunks)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def scrape_metric(port: int, name: str) -> float:
+    """The sum of every sample of `name` at a worker's Prometheus endpoint (0 when absent)."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5, trust_env=False).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def worker_load(address: str, role: str) -> common_pb2.LoadReport:
+    channel = grpc.insecure_channel(address)
+    try:
+        return STUBS[role](channel).Load(common_pb2.LoadRequest(), timeout=5)
+    finally:
+        channel.close()
+
+
+def wait_idle(stack: LocalStack, timeout_s: float = 60.0) -> bool:
+    """Until no worker of `stack` runs, waits or holds KV blocks; False if that never happened."""
+    deadline = time.monotonic() + timeout_s
+    workers = [p for p in stack.plans if p.role != "router"]
+    while time.monotonic() < deadline:
+        reports = [worker_load(p.address, p.role) for p in workers]
+        if all(
+            r.running_sequences == 0 and r.waiting_sequences == 0 and r.free_kv_blocks == r.total_kv_blocks
+            for r in reports
+        ):
+            return True
+        time.sleep(0.25)
+    return False
