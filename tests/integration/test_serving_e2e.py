@@ -174,3 +174,27 @@ def test_kill_router_mid_stream_frees_worker_blocks(tiny_model_dir, tmp_path):
         assert not t.is_alive()
         assert ("end", None) in events
         _wait_idle(stack)
+
+
+def test_incompatible_workers_are_refused_with_a_clear_error(tiny_model_dir, tmp_path):
+    """A prefill worker whose KV layout differs from the decode worker's (block size here) must never
+    push: the request fails with a message that names the mismatch."""
+    from tandem.operator.local import LocalStack
+    from tandem.operator.local_plan import plan
+    from tandem.spec import parse_object
+    from tests.integration.stacks import free_port_block
+
+    base = free_port_block(12)
+    procs = plan(parse_object(spec("mismatch", tiny_model_dir)), tmp_path, port=base, first_worker_port=base + 2)
+    prefill = next(p for p in procs if p.role == "prefill")
+    prefill.argv[prefill.argv.index("--block-size") + 1] = "32"
+    stack = LocalStack(procs, tmp_path / "logs")
+    stack.start()
+    try:
+        url = f"http://127.0.0.1:{base}"
+        stack.wait_ready(url, timeout_s=240)
+        r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 4}, timeout=60)
+        assert r.status_code == 503
+        assert "block_size differs" in r.json()["error"]["message"]
+    finally:
+        stack.stop()

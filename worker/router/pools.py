@@ -30,6 +30,7 @@ from tandem.v1 import (
     prefill_pb2,
     prefill_pb2_grpc,
 )
+from tandem.worker.kv_transport.handshake import check_compatible
 from tandem.worker.router.backend import BackendError, Timing, TokenOut
 from tandem.worker.router.selection import WorkerView, pick_decode, pick_prefill
 from tandem.worker.sampling import SamplingParams
@@ -231,6 +232,14 @@ class GrpcBackend:
         decode = self._pick("decode", tried, self._blocks_needed(len(prompt_ids) + params.max_tokens))
         prefill = self._pick("prefill", tried)
         tried.update({decode.view.address, prefill.view.address})
+        if prefill.info is not None and decode.info is not None:
+            problems = check_compatible(prefill.info, decode.info)
+            if problems:  # refuse rather than move KV that would decode into garbage
+                raise BackendError(
+                    f"prefill worker {prefill.view.address} cannot send KV to decode worker {decode.view.address}: "
+                    + "; ".join(problems),
+                    status=503,
+                )
         timing.decode_worker, timing.prefill_worker = decode.view.address, prefill.view.address
         transfer_id = uuid.uuid4().hex
         sampling = params_to_proto(params)
