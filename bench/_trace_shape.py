@@ -1,0 +1,76 @@
+"""The goodput benchmark's workload decisions (pure): trace lengths scaled for a CPU model, arrivals at a target rate, SLOs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tandem.worker.loadgen.report import percentile
+from tandem.worker.loadgen.workload import RequestSpec, shape_workload
+
+
+@dataclass(frozen=True)
+class LengthShaping:
+    """Trace lengths divided by `scale` (rounded, at least 1 token), then capped."""
+
+    scale: float = 4.0
+    max_input_len: int = 512
+    max_output_len: int = 64
+
+    def apply(self, spec: RequestSpec) -> RequestSpec:
+        in_len = min(self.max_input_len, max(1, round(spec.input_len / self.scale)))
+        out_len = min(self.max_output_len, max(1, round(spec.output_len / self.scale)))
+        return RequestSpec(spec.arrival_s, in_len, out_len)
+
+
+def thinned(trace: Sequence[RequestSpec], n: int, shaping: LengthShaping) -> list[RequestSpec]:
+    """`n` rows evenly spaced over the whole trace, in order, lengths shaped, arrivals re-based to 0: the
+    lengths follow the whole trace's distribution (a short contiguous window need not) and the gaps are
+    those of the thinned arrival process."""
+    ordered = sorted(trace, key=lambda s: s.arrival_s)
+    if not 2 <= n <= len(ordered):
+        raise ValueError(f"need 2 <= n <= {len(ordered)} trace rows, got {n}")
+    rows = [ordered[i * len(ordered) // n] for i in range(n)]
+    return shape_workload([shaping.apply(s) for s in rows])
+
+
+def mean_rate(specs: Sequence[RequestSpec]) -> float:
+    """Requests per second over the window's arrivals (n - 1 gaps over the span)."""
+    span = specs[-1].arrival_s - specs[0].arrival_s
+    if len(specs) < 2 or span <= 0:
+        raise ValueError("need at least two requests at different times")
+    return (len(specs) - 1) / span
+
+
+def at_rate(window: Sequence[RequestSpec], rate: float) -> list[RequestSpec]:
+    """The window replayed with its inter-arrival pattern stretched or squeezed to `rate` req/s on average."""
+    return shape_workload(window, time_scale=rate / mean_rate(window))
+
+
+def requests_for_rate(rate: float, probe_s: float, lo: int, hi: int) -> int:
+    """How many requests a probe at `rate` sends: about `probe_s` seconds of arrivals, within [lo, hi]."""
+    return max(lo, min(hi, round(rate * probe_s)))
+
+
+def median_lengths(specs: Sequence[RequestSpec]) -> tuple[int, int]:
+    """(median input, median output) length of a shaped workload, as whole tokens."""
+    return (
+        round(percentile([s.input_len for s in specs], 50) or 1),
+        round(percentile([s.output_len for s in specs], 50) or 1),
+    )
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_s: float
+    tpot_s: float
+
+
+def slo_from_idle(idle: Sequence[Slo], ttft_factor: float, tpot_factor: float) -> Slo:
+    """SLOs as multiples of the idle latencies, from the slower system on each metric so that neither
+    system's own idle overhead counts against it."""
+    return Slo(ttft_factor * max(s.ttft_s for s in idle), tpot_factor * max(s.tpot_s for s in idle))
+
+
+def rate_ratio(disaggregated: float, colocated: float) -> float | None:
+    return disaggregated / colocated if colocated > 0 else None
