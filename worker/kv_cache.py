@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from tandem.worker.config import ModelConfig
+from tandem.worker.kv_transport.blockcopy import write_rows
 
 
 def kv_block_nbytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -45,6 +46,5 @@ class KvCache:
         return self.k[layer][ids], self.v[layer][ids]
 
     def write_blocks(self, layer: int, block_ids: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
-        ids = torch.tensor(block_ids, dtype=torch.long, device=self.k[layer].device)
-        self.k[layer][ids] = k.to(self.k[layer].device, self.dtype)
-        self.v[layer][ids] = v.to(self.v[layer].device, self.dtype)
+        write_rows(self.k[layer], block_ids, k)
+        write_rows(self.v[layer], block_ids, v)

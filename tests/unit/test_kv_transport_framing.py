@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-import zlib
 
 import pytest
+import xxhash
 
 from tandem.v1 import decode_pb2
 from tandem.worker.kv_transport.framing import checksum, pack_chunk, unpack_chunk
@@ -22,7 +22,7 @@ def _header(**kw):
 @pytest.mark.parametrize("size", [0, 1, 127, 128, 16384, 3 << 20])
 def test_pack_equals_protobuf_serialization(size):
     payload = os.urandom(size)
-    header = _header(checksum=zlib.crc32(payload), has_checksum=True, scales=[0.5, 0.25])
+    header = _header(checksum=checksum([payload]), has_checksum=True, scales=[0.5, 0.25])
     ours = pack_chunk(header, [payload[: size // 3], payload[size // 3 :]])
     assert ours == decode_pb2.KvChunk(header=header, payload=payload).SerializeToString()
 
@@ -53,7 +53,14 @@ def test_truncated_chunk_is_an_error():
         unpack_chunk(data[:-10])
 
 
-def test_checksum_of_parts_equals_crc_of_concatenation():
+def test_checksum_of_parts_equals_xxh3_of_concatenation():
     a, b = os.urandom(1000), os.urandom(333)
-    assert checksum([a, b]) == zlib.crc32(a + b)
+    assert checksum([a, b]) == xxhash.xxh3_64_intdigest(a + b) & 0xFFFFFFFF == checksum([a + b])
     assert checksum([a, b]) != checksum([b, a])
+    assert checksum([]) == xxhash.xxh3_64_intdigest(b"") & 0xFFFFFFFF
+
+
+def test_checksum_is_a_fixed32_and_matches_a_known_vector():
+    # XXH3-64 of b"" with seed 0 is 0x2d06800538d394c2 (the reference test vector)
+    assert checksum([b""]) == 0x38D394C2
+    assert 0 <= checksum([os.urandom(64)]) < 1 << 32

@@ -11,7 +11,7 @@ import torch
 
 from tandem.v1 import common_pb2, decode_pb2
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: chunk checksums are XXH3-64 (low 32 bits) instead of crc32
 
 
 @dataclass(frozen=True)

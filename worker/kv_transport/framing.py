@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterable, Sequence
+
+import xxhash
 
 from tandem.v1 import decode_pb2
 
@@ -40,12 +41,19 @@ def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
             raise ValueError("varint too long in KvChunk")
 
 
+CHECKSUM_NAME = "xxh3_64/32"  # the header's fixed32 checksum: low 32 bits of XXH3-64 (seed 0)
+_MASK32 = 0xFFFFFFFF
+
+
 def checksum(parts: Iterable[Buffer]) -> int:
-    """zlib.crc32 of the concatenation of parts (the chunk's payload as it travels)."""
-    crc = 0
+    """Low 32 bits of XXH3-64 over the concatenation of parts (the chunk's bytes as they travel)."""
+    parts = list(parts)
+    if len(parts) == 1:
+        return xxhash.xxh3_64_intdigest(parts[0]) & _MASK32
+    h = xxhash.xxh3_64()
     for part in parts:
-        crc = zlib.crc32(part, crc)
-    return crc
+        h.update(part)
+    return h.intdigest() & _MASK32
 
 
 def pack_chunk(header: decode_pb2.KvChunkHeader, parts: Sequence[Buffer] = ()) -> bytes:

@@ -25,7 +25,8 @@ class Committed:
 
 
 def chunk_checksum(parts: Iterable[torch.Tensor], scales: Iterable[float] = ()) -> int:
-    """crc32 of a chunk's bytes (CPU uint8 tensors, in order) followed by its float32 scales."""
+    """framing.checksum (XXH3-64, low 32 bits) of a chunk's bytes (CPU uint8 tensors, in order) followed
+    by its float32 scales."""
     bufs = [memoryview(p.numpy()) for p in parts]
     scales = list(scales)
     if scales:
@@ -125,7 +126,7 @@ class KvReceiver:
                 got = chunk_checksum([data], header.scales)
                 if got != header.checksum:
                     raise ChecksumMismatch(
-                        f"transfer {header.transfer_id} layer {header.layer}: crc32 {got:#010x} != {header.checksum:#010x}"
+                        f"transfer {header.transfer_id} layer {header.layer}: checksum {got:#010x} != {header.checksum:#010x}"
                     )
             k, v = decode_blocks(data, self.layout, len(ids), header.compression, list(header.scales))
             self.store.write_blocks(header.layer, ids, k, v)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .base import KvLayout
+from .blockcopy import write_rows
 
 
 class TensorKvStore:
@@ -27,6 +28,5 @@ class TensorKvStore:
         return self.k[layer][ids], self.v[layer][ids]
 
     def write_blocks(self, layer: int, block_ids: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
-        ids = torch.as_tensor(block_ids, dtype=torch.long, device=self.k[layer].device)
-        self.k[layer][ids] = k.to(self.k[layer].device, self.layout.dtype)
-        self.v[layer][ids] = v.to(self.v[layer].device, self.layout.dtype)
+        write_rows(self.k[layer], block_ids, k)
+        write_rows(self.v[layer], block_ids, v)
