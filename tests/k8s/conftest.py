@@ -71,3 +71,13 @@ def get_json(cp: ControlPlane, *args: str, namespace: str | None = None) -> dict
     ns = ["-n", namespace] if namespace else []
     out = cp.kubectl("get", *args, *ns, "-o", "json", check=False)
     return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """On a failed k8s test, attach the operator's log tail to the report."""
+    outcome = yield
+    report = outcome.get_result()
+    op = item.funcargs.get("operator") if hasattr(item, "funcargs") else None
+    if report.when == "call" and report.failed and op is not None:
+        report.sections.append(("operator log (tail)", op.log()[-6000:]))
