@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +23,8 @@ from tandem.worker.config import ModelConfig, ModelLoadError
 class AttentionBatch:
     """Where the tokens of one forward pass go in the paged KV cache.
 
-    Sequences are laid out back to back in the flat token dimension T.
+    Sequences are laid out back to back in the flat token dimension T. The index tensors that every
+    layer needs are derived once here, not once per layer.
     """
 
     query_lens: list[int]  # new tokens per sequence
@@ -31,6 +32,34 @@ class AttentionBatch:
     block_tables: list[list[int]]  # KV block ids per sequence
     slot_mapping: torch.Tensor  # [T] flat slot (block * block_size + offset) for each new token
     block_size: int
+    starts: list[int] = field(init=False)  # first flat token of each sequence
+    decode_rows: list[int] = field(init=False)  # sequences with one new token, attended as one batch
+    decode_tokens: torch.Tensor = field(init=False)  # [B] their flat token index
+    decode_blocks: torch.Tensor = field(init=False)  # [B * max_blocks] their block ids, padded
+    decode_mask: torch.Tensor = field(init=False)  # [B, 1, 1, max_blocks * block_size] valid context
+    context_blocks: dict[int, torch.Tensor] = field(init=False)  # other sequences with cached context
+
+    def __post_init__(self) -> None:
+        device = self.slot_mapping.device
+        self.starts = [0]
+        for n in self.query_lens:
+            self.starts.append(self.starts[-1] + n)
+        rows = [i for i, n in enumerate(self.query_lens) if n == 1]
+        self.decode_rows = rows if len(rows) > 1 else []
+        bs = self.block_size
+        if self.decode_rows:
+            need = [-(-self.context_lens[i] // bs) for i in self.decode_rows]
+            width = max(need)
+            ids = [b for i, k in zip(self.decode_rows, need, strict=True) for b in self.block_tables[i][:k] + [0] * (width - k)]
+            lens = torch.tensor([self.context_lens[i] for i in self.decode_rows], device=device)
+            self.decode_blocks = torch.tensor(ids, dtype=torch.long, device=device)
+            self.decode_mask = (torch.arange(width * bs, device=device)[None, :] < lens[:, None])[:, None, None, :]
+            self.decode_tokens = torch.tensor([self.starts[i] for i in self.decode_rows], device=device)
+        self.context_blocks = {
+            i: torch.tensor(self.block_tables[i][: -(-ctx // bs)], dtype=torch.long, device=device)
+            for i, (n, ctx) in enumerate(zip(self.query_lens, self.context_lens, strict=True))
+            if ctx != n and i not in self.decode_rows
+        }
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -107,17 +136,11 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
 
-def _gather(cache: torch.Tensor, blocks: list[int], length: int) -> torch.Tensor:
-    """One sequence's cached keys or values, [length, KVH, D]."""
-    ids = torch.tensor(blocks[: -(-length // cache.shape[1])], dtype=torch.long, device=cache.device)
-    return cache[ids].flatten(0, 1)[:length]
-
-
 def paged_attention(
     q: torch.Tensor,  # [T, NH, D]
     k_new: torch.Tensor,  # [T, KVH, D]
     v_new: torch.Tensor,
-    k_cache: torch.Tensor,
+    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
     v_cache: torch.Tensor,
     batch: AttentionBatch,
     scale: float,
@@ -125,49 +148,34 @@ def paged_attention(
     """Causal attention of each sequence's new queries over its whole context in the paged cache."""
     out = torch.empty_like(q)
     gqa = q.shape[1] != k_new.shape[1]
-    decode_rows = [i for i, n in enumerate(batch.query_lens) if n == 1]
-    starts = [0]
-    for n in batch.query_lens:
-        starts.append(starts[-1] + n)
-    if len(decode_rows) > 1:  # batched single-token decode over padded contexts
-        max_len = max(batch.context_lens[i] for i in decode_rows)
-        ks = torch.stack([_pad(_gather(k_cache, batch.block_tables[i], batch.context_lens[i]), max_len) for i in decode_rows])
-        vs = torch.stack([_pad(_gather(v_cache, batch.block_tables[i], batch.context_lens[i]), max_len) for i in decode_rows])
-        lens = torch.tensor([batch.context_lens[i] for i in decode_rows], device=q.device)
-        mask = (torch.arange(max_len, device=q.device)[None, :] < lens[:, None])[:, None, None, :]  # [B,1,1,L]
-        rows = torch.tensor([starts[i] for i in decode_rows], device=q.device)
-        qb = q[rows][:, :, None, :]  # [B, NH, 1, D]
-        o = F.scaled_dot_product_attention(
-            qb, ks.transpose(1, 2), vs.transpose(1, 2), attn_mask=mask, scale=scale, enable_gqa=gqa
-        )
-        out[rows] = o[:, :, 0, :]
-        done = set(decode_rows)
-    else:
-        done = set()
+    kvh, d = k_cache.shape[2], k_cache.shape[3]
+    if batch.decode_rows:  # single-token decodes as one batch over padded contexts
+        b = len(batch.decode_rows)
+        ks = k_cache.index_select(0, batch.decode_blocks).view(b, -1, kvh, d).transpose(1, 2)  # [B, KVH, L, D]
+        vs = v_cache.index_select(0, batch.decode_blocks).view(b, -1, kvh, d).transpose(1, 2)
+        qb = q.index_select(0, batch.decode_tokens)[:, :, None, :]  # [B, NH, 1, D]
+        o = F.scaled_dot_product_attention(qb, ks, vs, attn_mask=batch.decode_mask, scale=scale, enable_gqa=gqa)
+        out[batch.decode_tokens] = o[:, :, 0, :]
+    decoded = set(batch.decode_rows)
     for i, (n, ctx) in enumerate(zip(batch.query_lens, batch.context_lens, strict=True)):
-        if i in done:
+        if i in decoded:
             continue
-        s, e = starts[i], starts[i] + n
+        s, e = batch.starts[i], batch.starts[i] + n
         qi = q[s:e].transpose(0, 1)[None]  # [1, NH, n, D]
         if ctx == n:  # nothing cached before: attend over the fresh keys directly
             ki, vi = k_new[s:e], v_new[s:e]
-            o = F.scaled_dot_product_attention(
-                qi, ki.transpose(0, 1)[None], vi.transpose(0, 1)[None], is_causal=n > 1, scale=scale, enable_gqa=gqa
-            )
+            mask, causal = None, n > 1
         else:
-            ki = _gather(k_cache, batch.block_tables[i], ctx)
-            vi = _gather(v_cache, batch.block_tables[i], ctx)
+            blocks = batch.context_blocks[i]
+            ki = k_cache.index_select(0, blocks).flatten(0, 1)[:ctx]  # [ctx, KVH, D]
+            vi = v_cache.index_select(0, blocks).flatten(0, 1)[:ctx]
             q_pos = torch.arange(ctx - n, ctx, device=q.device)
-            mask = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None]  # [n, ctx]
-            o = F.scaled_dot_product_attention(
-                qi, ki.transpose(0, 1)[None], vi.transpose(0, 1)[None], attn_mask=mask, scale=scale, enable_gqa=gqa
-            )
+            mask, causal = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None], False  # [n, ctx]
+        o = F.scaled_dot_product_attention(
+            qi, ki.transpose(0, 1)[None], vi.transpose(0, 1)[None], attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa
+        )
         out[s:e] = o[0].transpose(0, 1)
     return out
-
-
-def _pad(x: torch.Tensor, length: int) -> torch.Tensor:
-    return F.pad(x, (0, 0, 0, 0, 0, length - x.shape[0]))
 
 
 class MLP(nn.Module):
