@@ -13,6 +13,7 @@ from typing import Any
 
 import kopf
 
+from tandem.operator.cache import ObjectCache
 from tandem.operator.kube import Kube
 from tandem.operator.queue import ReconcileQueue
 from tandem.operator.reconcile import reconcile
@@ -21,6 +22,7 @@ from tandem.spec import API_GROUP, API_VERSION, KIND
 log = logging.getLogger("tandem.operator")
 
 KUBE = Kube()
+CACHE = ObjectCache()
 QUEUE: ReconcileQueue | None = None
 _RESYNC: asyncio.Task[None] | None = None
 
@@ -62,8 +64,8 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    QUEUE = ReconcileQueue(lambda ns, name: reconcile(KUBE, ns, name),
-                           concurrency=int(os.environ.get("TANDEM_OPERATOR_WORKERS", "4")))
+    QUEUE = ReconcileQueue(lambda ns, name, fresh: reconcile(KUBE, ns, name, CACHE, fresh),
+                           concurrency=int(os.environ.get("TANDEM_OPERATOR_WORKERS", "8")))
     _RESYNC = asyncio.get_running_loop().create_task(
         QUEUE.resync_forever(float(os.environ.get("TANDEM_RESYNC_SECONDS", "60"))))
 
@@ -75,17 +77,24 @@ async def stop(**_: Any) -> None:
 
 
 @kopf.on.event(API_GROUP, API_VERSION, "inferenceservices")  # type: ignore[arg-type]
-async def service_event(type: str, name: str, namespace: str, **_: Any) -> None:
+async def service_event(type: str, event: dict[str, Any], name: str, namespace: str, **_: Any) -> None:
     assert QUEUE is not None
     key = (namespace, name)
     if type == "DELETED":
+        CACHE.forget(event["object"], KIND)
         QUEUE.known.discard(key)
         return
+    CACHE.put(event["object"], KIND)
     QUEUE.known.add(key)
     QUEUE.trigger(key)
 
 
-async def _child_event(meta: dict[str, Any], namespace: str, **_: Any) -> None:
+async def _child_event(type: str, event: dict[str, Any], meta: dict[str, Any], namespace: str,
+                       resource: kopf.Resource, **_: Any) -> None:
+    if type == "DELETED":
+        CACHE.forget(event["object"], resource.kind)
+    else:
+        CACHE.put(event["object"], resource.kind)
     parent = parent_of(meta)
     if parent and QUEUE is not None:
         QUEUE.trigger((namespace, parent))

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from tandem import names
 from tandem.operator import render
+from tandem.operator.cache import ObjectCache
 from tandem.operator.drift import is_subset, needs_apply
 from tandem.operator.kube import Kube
 from tandem.operator.pools import desired_pool_replicas
@@ -37,29 +38,53 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _patch_status(kube: Kube, namespace: str, name: str, status: dict[str, Any], previous: dict[str, Any]) -> None:
+def _patch_status(kube: Kube, namespace: str, name: str, status: dict[str, Any],
+                  previous: dict[str, Any]) -> dict[str, Any]:
     """Merge-patch the status; pools that no longer exist are removed (null in a merge patch)."""
     gone = {p: None for p in previous.get("pools") or {} if p not in status["pools"]}
-    kube.merge_patch(KIND, namespace, name, {"status": {**status, "pools": {**gone, **status["pools"]}}}, sub="status")
+    return kube.merge_patch(KIND, namespace, name, {"status": {**status, "pools": {**gone, **status["pools"]}}}, sub="status")
 
 
-def _ensure_pool(kube: Kube, spec: InferenceServiceSpec, name: str, ns: str, uid: str, pool: str,
+class Reader:
+    """Reads through the watch cache when there is one (GET only on a miss); writes refresh it."""
+
+    def __init__(self, kube: Kube, cache: ObjectCache | None, fresh: bool):
+        self.kube, self.cache, self.fresh = kube, cache, fresh
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        if self.cache is not None and not self.fresh:
+            hit = self.cache.get(kind, namespace, name)
+            if hit is not None:
+                return hit
+        body = self.kube.get(kind, namespace, name)
+        if body is not None:
+            self.remember(body)
+        return body
+
+    def remember(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.cache is not None and body.get("kind"):
+            self.cache.put(body)
+        return body
+
+
+def _ensure_pool(kube: Kube, reader: Reader, spec: InferenceServiceSpec, name: str, ns: str, uid: str, pool: str,
                  out: Outcome) -> tuple[dict[str, Any], int]:
     """Create the InferencePool if missing, keep its metadata ours, and return (pool, replicas)."""
-    live = kube.get("InferencePool", ns, render.child_name(name, pool))
+    live = reader.get("InferencePool", ns, render.child_name(name, pool))
     replicas, write = desired_pool_replicas(spec, pool, live)
     wanted = render.inference_pool(name, ns, uid, pool, replicas)
     if live is None:
-        live = kube.create(wanted)
+        live = reader.remember(kube.create(wanted))
         out.writes.append(f"create InferencePool/{wanted['metadata']['name']}")
         return live, replicas
     if not is_subset(wanted["metadata"], live["metadata"]):
         # replicas left out on purpose: after creation this field manager must not own them (see pools.py)
         body = {**wanted, "spec": {k: v for k, v in wanted["spec"].items() if k != "replicas"}}
-        live = kube.apply(body)
+        live = reader.remember(kube.apply(body))
         out.writes.append(f"apply InferencePool/{wanted['metadata']['name']}")
     if write:
-        live = kube.merge_patch("InferencePool", ns, wanted["metadata"]["name"], {"spec": {"replicas": replicas}})
+        live = reader.remember(kube.merge_patch("InferencePool", ns, wanted["metadata"]["name"],
+                                                {"spec": {"replicas": replicas}}))
         out.writes.append(f"scale InferencePool/{wanted['metadata']['name']}={replicas}")
     return live, replicas
 
@@ -76,9 +101,15 @@ def _remove_stale(kube: Kube, name: str, ns: str, keep: set[tuple[str, str]], ou
                 out.writes.append(f"delete {kind}/{child}")
 
 
-def reconcile(kube: Kube, namespace: str, name: str) -> Outcome:
+def reconcile(kube: Kube, namespace: str, name: str, cache: ObjectCache | None = None,
+              fresh: bool = False) -> Outcome:
+    """Bring one InferenceService's children and status in line with its spec.
+
+    With a cache, reads come from the watch cache unless `fresh` (the periodic resync reads the API).
+    """
     out = Outcome()
-    isvc = kube.get(KIND, namespace, name)
+    reader = Reader(kube, cache, fresh)
+    isvc = reader.get(KIND, namespace, name)
     if isvc is None or isvc["metadata"].get("deletionTimestamp"):
         return out  # garbage collection removes the children through owner references
     meta = isvc["metadata"]
@@ -90,14 +121,14 @@ def reconcile(kube: Kube, namespace: str, name: str) -> Outcome:
     except ValidationError as e:
         status = service_status(generation, {}, {}, previous, endpoint, _now(), invalid=str(e).splitlines()[0])
         if not same_status(status, previous):
-            _patch_status(kube, namespace, name, status, previous)
+            reader.remember(_patch_status(kube, namespace, name, status, previous))
             kube.event(isvc, "InvalidSpec", str(e), "Warning")
             out.writes.append("status")
         return out
 
     pools: dict[str, tuple[dict[str, Any], int]] = {}
     for pool in render.worker_pools(spec):
-        pools[pool] = _ensure_pool(kube, spec, name, namespace, uid, pool, out)
+        pools[pool] = _ensure_pool(kube, reader, spec, name, namespace, uid, pool, out)
 
     replicas = {pool: n for pool, (_, n) in pools.items()}
     deployments: dict[str, dict[str, Any] | None] = {}
@@ -106,9 +137,9 @@ def reconcile(kube: Kube, namespace: str, name: str) -> Outcome:
         manifest = render.with_hash(manifest)
         kind, child = manifest["kind"], manifest["metadata"]["name"]
         keep.add((kind, child))
-        live = kube.get(kind, namespace, child)
+        live = reader.get(kind, namespace, child)
         if needs_apply(manifest, live):
-            live = kube.apply(manifest)
+            live = reader.remember(kube.apply(manifest))
             out.writes.append(f"apply {kind}/{child}")
         if kind == "Deployment":
             deployments[manifest["metadata"]["labels"][names.LABEL_POOL]] = live
@@ -121,14 +152,15 @@ def reconcile(kube: Kube, namespace: str, name: str) -> Outcome:
         st = inference_pool_status(deployments.get(pool), render.selector_string(name, pool),
                                    live_pool["metadata"].get("generation", 1))
         if not same_status(st, live_pool.get("status") or {}):
-            kube.merge_patch("InferencePool", namespace, live_pool["metadata"]["name"], {"status": st}, sub="status")
+            reader.remember(kube.merge_patch("InferencePool", namespace, live_pool["metadata"]["name"],
+                                             {"status": st}, sub="status"))
             out.writes.append(f"status InferencePool/{live_pool['metadata']['name']}")
 
     desired = {**replicas, names.POOL_ROUTER: spec.router.replicas}
     status = service_status(generation, deployments, desired, previous, endpoint, _now())
     out.ready = next(c for c in status["conditions"] if c["type"] == "Ready")["status"] == "True"
     if not same_status(status, previous):
-        _patch_status(kube, namespace, name, status, previous)
+        reader.remember(_patch_status(kube, namespace, name, status, previous))
         out.writes.append("status")
         was_ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in previous.get("conditions") or [])
         if out.ready and not was_ready:

@@ -234,7 +234,9 @@ class ControlPlane:
         ])
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(
             [fake_gpu_node(f"gpu-node-{i}") for i in range(self.nodes)]))
+        # the API server taints new nodes not-ready; with the node lifecycle controller off, lift it here
         self._wait("fake nodes Ready", self._nodes_ready, 120)
+        self.kubectl("taint", "nodes", "--all", "node.kubernetes.io/not-ready:NoSchedule-", check=False)
         self._wait("default service account", lambda: self.kubectl(
             "get", "serviceaccount", "default", check=False).returncode == 0, 120)
         return self
