@@ -32,7 +32,7 @@ class Transfer:
     first_block: int  # the decode worker already holds blocks [0, first_block) by prefix
     decode_blocks: list[int]
     next_block: int = -1  # first local block index not yet pushed (all layers)
-    pending_range: tuple[int, int] = (0, 0)
+    kv_bytes: int = 0  # KV payload pushed, whatever the transport
     errors: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -111,12 +111,12 @@ class PrefillServicer:
             context.abort(grpc.StatusCode.ABORTED, f"decode worker refused the KV: {reply.error}")
         done = time.perf_counter()
         if self.metrics is not None:
-            self.metrics.kv_bytes.inc(sender.bytes_sent)
+            self.metrics.kv_bytes.inc(transfer.kv_bytes)
             self.metrics.kv_seconds.observe(done - arrived)
         return prefill_pb2.PrefillReply(
             first_token=first.token_id,
             first_token_logprob=first.logprob,
-            kv_bytes=sender.bytes_sent,
+            kv_bytes=transfer.kv_bytes,
             timings=prefill_pb2.PrefillTimings(
                 compute_s=computed - arrived, transfer_tail_s=done - computed, transfer_s=done - arrived
             ),
@@ -138,6 +138,7 @@ class PrefillServicer:
                     k, v = engine.kv.read_blocks(layer, seq.block_table[lo:hi])
                     first = transfer.first_block
                     transfer.sender.send(layer, transfer.decode_blocks[lo - first : hi - first], k, v)
+                    transfer.kv_bytes += 2 * k.numel() * k.element_size()
                 except Exception as e:  # the RPC thread reports it; the engine keeps going
                     transfer.errors.append(str(e))
             if layer == engine.model.config.num_layers - 1:

@@ -165,9 +165,10 @@ class GrpcBackend:
             if w.info is None:
                 w.info = (await w.stub.Handshake(common_pb2.HandshakeRequest(), timeout=2)).worker  # type: ignore[attr-defined]
             load = await w.stub.Load(common_pb2.LoadRequest(), timeout=2)  # type: ignore[attr-defined]
-        except aio.AioRpcError:
-            w.mark_failed()
-            return
+        except aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                w.mark_failed()
+            return  # a slow answer (a busy worker) keeps the last load, it is not a failure
         if time.monotonic() < w.unhealthy_until and not w.view.healthy:
             return  # a recent request failure outranks one good poll
         v = w.view
@@ -271,6 +272,9 @@ class GrpcBackend:
             try:
                 reply = await prefill_call
                 timing.kv_bytes = reply.kv_bytes
+                timing.extra.update(
+                    prefill_compute_s=reply.timings.compute_s, kv_transfer_tail_s=reply.timings.transfer_tail_s
+                )
             except aio.AioRpcError as e:
                 prefill.view.inflight_prompt_tokens -= len(prompt_ids)
                 with contextlib.suppress(aio.AioRpcError):
