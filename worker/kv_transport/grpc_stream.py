@@ -188,7 +188,7 @@ class StreamKvSender(KvSender):
         if self.checksum:
             header.checksum = chunk_checksum(parts, scales)
             header.has_checksum = True
-        return pack_chunk(header, [memoryview(p.numpy()) for p in parts])
+        return pack_chunk(header, [p.numpy().data for p in parts])
 
 
 def push_kv_handler(receiver: KvReceiver) -> grpc.RpcMethodHandler:

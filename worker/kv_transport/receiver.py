@@ -27,10 +27,10 @@ class Committed:
 def chunk_checksum(parts: Iterable[torch.Tensor], scales: Iterable[float] = ()) -> int:
     """framing.checksum (XXH3-64, low 32 bits) of a chunk's bytes (CPU uint8 tensors, in order) followed
     by its float32 scales."""
-    bufs = [memoryview(p.numpy()) for p in parts]
+    bufs = [p.numpy().data for p in parts]
     scales = list(scales)
     if scales:
-        bufs.append(memoryview(torch.tensor(scales, dtype=torch.float32).numpy()))
+        bufs.append(torch.tensor(scales, dtype=torch.float32).numpy().data)
     return checksum(bufs)
 
 

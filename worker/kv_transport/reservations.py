@@ -9,6 +9,7 @@ import enum
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class ChunkVerdict(enum.Enum):
@@ -34,7 +35,7 @@ class Reservation:
     deadline: float
     num_layers: int
     received: set[tuple[int, int]] = field(default_factory=set, repr=False)
-    staging: object | None = None  # a staging ring lent to this transfer, released with it
+    staging: Any = None  # a staging ring lent to this transfer, released with it
 
     def is_complete(self) -> bool:
         return len(self.received) == self.num_layers * len(self.block_ids)
