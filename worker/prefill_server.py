@@ -39,11 +39,10 @@ class Transfer:
         self.next_block = self.first_block
 
 
-def blocks_to_push(computed_before: int, computed_after: int, prompt_len: int, block_size: int, next_block: int) -> tuple[int, int]:
-    """Block index range whose KV is final after a prefill chunk: full blocks, plus the last partial
-    block once the whole prompt is in."""
-    end = prompt_len if computed_after >= prompt_len else computed_after
-    hi = -(-end // block_size) if computed_after >= prompt_len else end // block_size
+def blocks_to_push(computed_after: int, prompt_len: int, block_size: int, next_block: int) -> tuple[int, int]:
+    """Block index range [lo, hi) whose KV is final after a prefill chunk: the full blocks so far, and the
+    last partial block once the whole prompt is in."""
+    hi = -(-prompt_len // block_size) if computed_after >= prompt_len else computed_after // block_size
     return next_block, max(next_block, hi)
 
 
@@ -132,7 +131,7 @@ class PrefillServicer:
             transfer = self._transfers.get(seq.request_id)
             if transfer is None or transfer.errors:
                 continue
-            lo, hi = blocks_to_push(seq.num_computed, seq.num_computed + n, len(seq.prompt_ids), bs, transfer.next_block)
+            lo, hi = blocks_to_push(seq.num_computed + n, len(seq.prompt_ids), bs, transfer.next_block)
             if hi > lo:
                 try:
                     k, v = engine.kv.read_blocks(layer, seq.block_table[lo:hi])
