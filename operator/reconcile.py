@@ -16,7 +16,7 @@ from tandem import names
 from tandem.operator import render
 from tandem.operator.cache import ObjectCache
 from tandem.operator.drift import is_subset, needs_apply
-from tandem.operator.kube import Kube
+from tandem.operator.kube import ApiError, Kube
 from tandem.operator.pools import desired_pool_replicas
 from tandem.operator.status import inference_pool_status, same_status, service_status
 from tandem.spec import KIND, InferenceServiceSpec
@@ -50,12 +50,15 @@ class Reader:
 
     def __init__(self, kube: Kube, cache: ObjectCache | None, fresh: bool):
         self.kube, self.cache, self.fresh = kube, cache, fresh
+        self.first_time = False  # set for a never-reconciled object: a cache miss then means "absent"
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         if self.cache is not None and not self.fresh:
             hit = self.cache.get(kind, namespace, name)
             if hit is not None:
                 return hit
+            if self.first_time:
+                return None
         body = self.kube.get(kind, namespace, name)
         if body is not None:
             self.remember(body)
@@ -74,7 +77,13 @@ def _ensure_pool(kube: Kube, reader: Reader, spec: InferenceServiceSpec, name: s
     replicas, write = desired_pool_replicas(spec, pool, live)
     wanted = render.inference_pool(name, ns, uid, pool, replicas)
     if live is None:
-        live = reader.remember(kube.create(wanted))
+        try:
+            live = reader.remember(kube.create(wanted))
+        except ApiError as e:
+            if e.status != 409:
+                raise
+            reader.first_time = False  # it exists after all: read it and go on as for an existing pool
+            return _ensure_pool(kube, reader, spec, name, ns, uid, pool, out)
         out.writes.append(f"create InferencePool/{wanted['metadata']['name']}")
         return live, replicas
     if not is_subset(wanted["metadata"], live["metadata"]):
@@ -115,6 +124,9 @@ def reconcile(kube: Kube, namespace: str, name: str, cache: ObjectCache | None =
     meta = isvc["metadata"]
     uid, generation = meta["uid"], meta.get("generation", 1)
     previous = isvc.get("status") or {}
+    # Never reconciled: its children can only be ones we created, which the cache holds. (A crash between
+    # creating children and writing status is covered: apply is idempotent, create falls back on 409.)
+    reader.first_time = "observedGeneration" not in previous
     endpoint = render.router_endpoint(name, namespace)
     try:
         spec = InferenceServiceSpec.model_validate(isvc.get("spec") or {})
