@@ -23,6 +23,7 @@ log = logging.getLogger("tandem.operator")
 
 KUBE = Kube()
 CACHE = ObjectCache()
+CHILD_EVENT_DELAY = float(os.environ.get("TANDEM_CHILD_EVENT_DELAY", "0.05"))
 QUEUE: ReconcileQueue | None = None
 _RESYNC: asyncio.Task[None] | None = None
 
@@ -97,7 +98,7 @@ async def _child_event(type: str, event: dict[str, Any], meta: dict[str, Any], n
         CACHE.put(event["object"], resource.kind)
     parent = parent_of(meta)
     if parent and QUEUE is not None:
-        QUEUE.trigger((namespace, parent))
+        QUEUE.trigger((namespace, parent), delay=CHILD_EVENT_DELAY)
 
 
 for _resource in (

@@ -27,16 +27,19 @@ class ReconcileQueue:
         self._retry_seconds = retry_seconds
         self.known: set[Key] = set()
 
-    def trigger(self, key: Key, fresh: bool = False) -> None:
+    def trigger(self, key: Key, fresh: bool = False, delay: float = 0.0) -> None:
+        """Queue a reconcile; `delay` lets a burst of events (echoes of our own writes) fold into one."""
         if fresh:
             self._fresh.add(key)
         if key in self._running:
             self._dirty.add(key)
         elif key not in self._queued:
             self._queued.add(key)
-            asyncio.get_running_loop().create_task(self._run(key))
+            asyncio.get_running_loop().create_task(self._run(key, delay))
 
-    async def _run(self, key: Key) -> None:
+    async def _run(self, key: Key, delay: float = 0.0) -> None:
+        if delay:
+            await asyncio.sleep(delay)
         async with self._sem:
             self._queued.discard(key)
             self._running.add(key)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import lru_cache
 from typing import Any
 
 import yaml
@@ -94,7 +95,13 @@ def _metadata(name: str, namespace: str, service: str, uid: str, pool: str | Non
 
 def spec_document(spec: InferenceServiceSpec) -> str:
     """The spec as YAML, the way workers and the router read it from the ConfigMap."""
-    return yaml.safe_dump(spec.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=True)
+    return _yaml_of(spec.model_dump_json(by_alias=True, exclude_none=True))
+
+
+@lru_cache(maxsize=512)
+def _yaml_of(spec_json: str) -> str:
+    """YAML dumping is the slowest step of a render; a reconcile with an unchanged spec reuses it."""
+    return yaml.safe_dump(json.loads(spec_json), sort_keys=True)
 
 
 def content_hash(obj: Any) -> str:
