@@ -27,15 +27,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def load_config(kubeconfig: str | None) -> None:
-    from kubernetes import config
+    from kubernetes import client, config
 
     if kubeconfig:
         config.load_kube_config(config_file=kubeconfig)
-        return
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
+    else:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+    cfg = client.Configuration.get_default_copy()
+    cfg.connection_pool_maxsize = 32  # reconcile workers x side-by-side applies share one pool
+    client.Configuration.set_default(cfg)
 
 
 def main(argv: list[str] | None = None) -> int:
