@@ -140,9 +140,9 @@ def reconcile(kube: Kube, namespace: str, name: str, cache: ObjectCache | None =
             out.writes.append("status")
         return out
 
-    pools: dict[str, tuple[dict[str, Any], int]] = {}
-    for pool in render.worker_pools(spec):
-        pools[pool] = _ensure_pool(kube, reader, spec, name, namespace, uid, pool, out)
+    wanted_pools = render.worker_pools(spec)
+    ensured = _APPLY_POOL.map(lambda p: _ensure_pool(kube, reader, spec, name, namespace, uid, p, out), wanted_pools)
+    pools: dict[str, tuple[dict[str, Any], int]] = dict(zip(wanted_pools, ensured, strict=True))
 
     replicas = {pool: n for pool, (_, n) in pools.items()}
     deployments: dict[str, dict[str, Any] | None] = {}
