@@ -24,14 +24,14 @@ fi
 
 # 2-core machines are shared: keep the compiler frugal unless told otherwise.
 export GOMAXPROCS="${GOMAXPROCS:-2}"
-export GOFLAGS="${GOFLAGS:--mod=mod} -p=${TANDEM_BUILD_JOBS:-2}"
+export GOFLAGS="${GOFLAGS:-} -mod=mod -p=${TANDEM_BUILD_JOBS:-2}"
 export CGO_ENABLED=0
 ldflags="-s -w"
 
 build_k8s() {
-  local name="$1" pkg="$2"
+  local name="$1" pkg="$2" version="$3"
   if [[ -x "$bin/$name" ]]; then return 0; fi
-  echo "build-controlplane: building $name ($K8S_VERSION)" >&2
+  echo "build-controlplane: building $name ($version)" >&2
   (cd "$mod" && go build -trimpath -ldflags="$ldflags" -o "$bin/$name.tmp" "$pkg")
   mv "$bin/$name.tmp" "$bin/$name"
 }
@@ -49,11 +49,11 @@ install_mod() {
   rm -rf "$tmp"
 }
 
-build_k8s etcd ./cmd/etcd
-build_k8s kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
-build_k8s kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
-build_k8s kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler
-build_k8s kubectl k8s.io/kubernetes/cmd/kubectl
+build_k8s etcd ./cmd/etcd "$ETCD_VERSION"
+build_k8s kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$K8S_VERSION"
+build_k8s kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$K8S_VERSION"
+build_k8s kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$K8S_VERSION"
+build_k8s kubectl k8s.io/kubernetes/cmd/kubectl "$K8S_VERSION"
 install_mod kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION"
 if [[ "$BUILD_HELM" == "1" ]]; then
   install_mod helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
