@@ -45,7 +45,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("leaderelection").setLevel(logging.WARNING)  # it logs every renewal at INFO
     load_config(args.kubeconfig)
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf logs in through the same file

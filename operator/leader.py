@@ -1,4 +1,7 @@
-"""Lease-based leader election, so two operator replicas never both act."""
+"""Lease-based leader election, so two operator replicas never both act.
+
+Written against CoordinationV1Api alone (the client's own leaderelection helpers differ between releases).
+"""
 
 from __future__ import annotations
 
@@ -7,50 +10,117 @@ import logging
 import os
 import socket
 import threading
+import time
+from typing import Any
 
 from kubernetes import client
-from kubernetes.leaderelection import electionconfig, leaderelection
-from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
+from kubernetes.client.rest import ApiException
 
 log = logging.getLogger("tandem.operator")
 
 
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _micro(t: dt.datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def lease_free(holder: str | None, renewed: dt.datetime | None, duration: int, me: str, now: dt.datetime) -> bool:
+    """Pure rule: we may take the lease if it is ours, unheld, or its holder let it expire."""
+    if not holder or holder == me or renewed is None:
+        return True
+    return now > renewed + dt.timedelta(seconds=duration)
+
+
 class Leader:
-    """Blocks in wait() until this process holds the Lease; exits the process if it ever loses it."""
+    """wait() blocks until this process holds the Lease, then renews it in a thread; losing it exits."""
 
     def __init__(self, name: str, namespace: str, lease_seconds: int = 15, renew_seconds: int = 10,
                  retry_seconds: int = 2):
+        if not retry_seconds < renew_seconds < lease_seconds:
+            raise ValueError("need retry_seconds < renew_seconds < lease_seconds")
         self.name, self.namespace = name, namespace
+        self.lease_seconds, self.renew_seconds, self.retry_seconds = lease_seconds, renew_seconds, retry_seconds
         self.identity = f"{socket.gethostname()}-{os.getpid()}"
-        self._leading = threading.Event()
-        self._config = electionconfig.Config(
-            LeaseLock(name, namespace, self.identity), lease_seconds, renew_seconds, retry_seconds,
-            self._started, self._stopped)
+        self.api = client.CoordinationV1Api()
 
-    def _started(self) -> None:
-        log.info("leader election: %s leads %s/%s", self.identity, self.namespace, self.name)
-        self._leading.set()
-        threading.Event().wait()  # keep the renew loop going for the life of the process
+    def _body(self, spec: dict[str, Any], resource_version: str | None = None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
 
-    def _stopped(self) -> None:
-        log.error("leader election: lost the lease, exiting so another replica takes over")
-        os._exit(1)
+    def try_acquire(self) -> bool:
+        """One attempt to take or renew the lease; optimistic concurrency makes a race lose cleanly."""
+        now = _now()
+        mine = {"holderIdentity": self.identity, "leaseDurationSeconds": self.lease_seconds,
+                "renewTime": _micro(now)}
+        try:
+            lease = self.api.read_namespaced_lease(self.name, self.namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            try:
+                self.api.create_namespaced_lease(self.namespace, self._body(
+                    {**mine, "acquireTime": _micro(now), "leaseTransitions": 0}))
+                return True
+            except ApiException as e2:
+                if e2.status == 409:
+                    return False
+                raise
+        spec = lease.spec
+        holder = spec.holder_identity if spec else None
+        renewed = spec.renew_time if spec else None
+        duration = (spec.lease_duration_seconds if spec else None) or self.lease_seconds
+        if not lease_free(holder, renewed, duration, self.identity, now):
+            return False
+        body = {**mine,
+                "acquireTime": _micro(spec.acquire_time) if holder == self.identity and spec and spec.acquire_time
+                else _micro(now),
+                "leaseTransitions": ((spec.lease_transitions or 0) if spec else 0) + (holder != self.identity)}
+        try:
+            self.api.replace_namespaced_lease(self.name, self.namespace,
+                                              self._body(body, lease.metadata.resource_version))
+            return True
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+
+    def _attempt(self) -> bool:
+        try:
+            return self.try_acquire()
+        except Exception as e:  # API hiccup: try again later
+            log.warning("leader election: %s", e)
+            return False
 
     def wait(self) -> None:
-        threading.Thread(target=leaderelection.LeaderElection(self._config).run, daemon=True,
-                         name="leader-election").start()
         log.info("leader election: %s waiting for %s/%s", self.identity, self.namespace, self.name)
-        self._leading.wait()
+        while not self._attempt():
+            time.sleep(self.retry_seconds)
+        log.info("leader election: %s leads %s/%s", self.identity, self.namespace, self.name)
+        threading.Thread(target=self._renew_forever, daemon=True, name="lease-renewal").start()
+
+    def _renew_forever(self) -> None:
+        last = time.monotonic()
+        while True:
+            time.sleep(self.retry_seconds)
+            if self._attempt():
+                last = time.monotonic()
+            elif time.monotonic() - last > self.renew_seconds:
+                log.error("leader election: lost the lease, exiting so another replica takes over")
+                os._exit(1)
 
     def release(self) -> None:
         """Expire our lease on a clean shutdown, so a successor does not wait out the lease."""
-        api = client.CoordinationV1Api()
         try:
-            lease = api.read_namespaced_lease(self.name, self.namespace)
+            lease = self.api.read_namespaced_lease(self.name, self.namespace)
             if lease.spec is None or lease.spec.holder_identity != self.identity:
                 return
-            past = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
-            api.patch_namespaced_lease(self.name, self.namespace, {"spec": {
-                "leaseDurationSeconds": 1, "renewTime": past.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}})
+            past = _now() - dt.timedelta(hours=1)
+            self.api.patch_namespaced_lease(self.name, self.namespace, {"spec": {
+                "leaseDurationSeconds": 1, "renewTime": _micro(past)}})
         except Exception as e:  # shutting down: nothing useful to do on failure
             log.warning("leader election: could not release the lease: %s", e)

@@ -294,6 +294,17 @@ class Operator:
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}, start_new_session=True)
         return self
 
+    def wait_leading(self, timeout: float = 60) -> Operator:
+        """Return once this operator holds the lease; fail fast, with its log, if it dies first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if "leads" in self.log().split("waiting for")[-1]:
+                return self
+            if self.proc is None or self.proc.poll() is not None:
+                raise RuntimeError(f"operator exited before leading:\n{self.log()[-4000:]}")
+            time.sleep(0.2)
+        raise TimeoutError(f"operator did not lead within {timeout}s:\n{self.log()[-4000:]}")
+
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

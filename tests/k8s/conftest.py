@@ -37,7 +37,7 @@ def control_plane():
 
 @pytest.fixture(scope="session")
 def operator(control_plane):
-    op = Operator(control_plane).start()
+    op = Operator(control_plane).start().wait_leading()
     yield op
     op.stop()
 

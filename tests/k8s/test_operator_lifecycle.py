@@ -190,8 +190,7 @@ def test_operator_restart_creates_no_duplicates_and_keeps_status(control_plane, 
     status_before = get_json(cp, "tsvc", SERVICE, namespace=ns)["status"]
     operator.stop()
     try:
-        operator.start()
-        wait_for(lambda: "leads" in operator.log().split("waiting for")[-1], 60, "restarted operator leads")
+        operator.start().wait_leading()
         # a new object proves the restarted operator acts; the old one must be left exactly as it was
         cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump({
             "apiVersion": "serving.tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": "probe"},

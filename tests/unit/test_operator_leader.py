@@ -1,0 +1,14 @@
+"""The lease rule: take it when unheld, ours, or expired; never while another holder renews it."""
+
+import datetime as dt
+
+from tandem.operator.leader import lease_free
+
+T = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def test_lease_rule():
+    assert lease_free(None, None, 15, "me", T)
+    assert lease_free("me", T, 15, "me", T)
+    assert not lease_free("other", T, 15, "me", T + dt.timedelta(seconds=10))
+    assert lease_free("other", T, 15, "me", T + dt.timedelta(seconds=16))
