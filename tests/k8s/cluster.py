@@ -52,6 +52,12 @@ def free_port() -> int:
 
 
 def _write_certs(d: Path) -> None:
+    """A CA, the API server's serving certificate, and the service-account key pair."""
+    try:
+        import cryptography  # noqa: F401
+    except ImportError:
+        _write_certs_openssl(d)
+        return
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
@@ -89,6 +95,23 @@ def _write_certs(d: Path) -> None:
     (d / "sa.key").write_bytes(pem_key(sa))
     (d / "sa.pub").write_bytes(sa.public_key().public_bytes(serialization.Encoding.PEM,
                                                             serialization.PublicFormat.SubjectPublicKeyInfo))
+
+
+def _write_certs_openssl(d: Path) -> None:
+    """The same files through the openssl command, for environments without the cryptography package."""
+    sans = "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:127.0.0.1,IP:10.96.0.1"
+    (d / "san.ext").write_text(f"subjectAltName={sans}\n")
+    for cmd in (
+        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+         "-subj", "/CN=tandem-test-ca"],
+        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key", "-out", "apiserver.csr",
+         "-subj", "/CN=kube-apiserver"],
+        ["x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+         "-out", "apiserver.crt", "-days", "2", "-extfile", "san.ext"],
+        ["genrsa", "-out", "sa.key", "2048"],
+        ["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"],
+    ):
+        subprocess.run(["openssl", *cmd], cwd=d, check=True, capture_output=True)
 
 
 def fake_gpu_node(name: str, gpus: int = 8) -> dict:
