@@ -7,7 +7,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tandem.spec import InferenceService, Mode
+from tandem.launch import pool_replicas, router_argv, worker_argv, worker_pools
+from tandem.spec import InferenceService
 
 
 @dataclass(frozen=True)
@@ -43,46 +44,22 @@ def plan(
     workers_file: Path | None = None,
     cpus: int | None = None,
 ) -> list[ProcessPlan]:
-    spec, engine = svc.spec, svc.spec.engine
-    roles = ["colocated"] if spec.mode is Mode.colocated else ["prefill", "decode"]
-    counts = {"colocated": spec.decode.replicas, "prefill": spec.prefill.replicas, "decode": spec.decode.replicas}
-    threads = worker_threads(svc, sum(counts[r] for r in roles), cpus or os.cpu_count() or 1)
+    spec = svc.spec
+    pools = worker_pools(spec)
+    threads = worker_threads(svc, sum(pool_replicas(spec, p) for p in pools), cpus or os.cpu_count() or 1)
     python = [sys.executable, "-m", "tandem"]
+    mdir = str(model_dir(svc, base))
     procs: list[ProcessPlan] = []
     next_port = first_worker_port
-    for role in roles:
-        for i in range(counts[role]):
+    for role in pools:
+        for i in range(pool_replicas(spec, role)):
             grpc_port, metrics_port = next_port, next_port + 1
             next_port += 2
-            argv = python + [
-                "worker", "--role", role, "--model-dir", str(model_dir(svc, base)),
-                "--served-name", spec.model.served_name, "--service", svc.name,
-                "--host", host, "--port", str(grpc_port), "--metrics-port", str(metrics_port),
-                "--dtype", spec.model.dtype.value, "--block-size", str(engine.block_size),
-                "--max-running", str(engine.max_running_sequences),
-                "--max-batch-tokens", str(engine.max_batch_tokens), "--prefill-chunk", str(engine.prefill_chunk_tokens),
-                "--max-model-len", str(spec.model.max_context_length), "--threads", str(threads),
-                "--kv-compression", spec.kv_transfer.compression,
-                "--worker-id", f"{svc.name}-{role}-{i}",
-            ]  # fmt: skip
-            if engine.num_kv_blocks:
-                argv += ["--num-kv-blocks", str(engine.num_kv_blocks)]
-            else:
-                argv += ["--kv-memory-percent", str(engine.kv_cache_memory_percent)]
-            if spec.kv_transfer.transport.value == "grpc":
-                argv.append("--no-shm")
-            procs.append(ProcessPlan(f"{role}-{i}", role, argv, f"{host}:{grpc_port}", metrics_port))
-    router = python + [
-        "router", "--model-dir", str(model_dir(svc, base)), "--served-name", spec.model.served_name,
-        "--service", svc.name, "--host", host, "--port", str(port), "--mode", spec.mode.value,
-        "--max-queued", str(spec.router.max_queued_requests),
-    ]  # fmt: skip
-    if workers_file is not None:
-        router += ["--workers-file", str(workers_file)]
-    else:
-        for role in roles:
-            router += [f"--{role}", ",".join(p.address for p in procs if p.role == role)]
-    procs.append(ProcessPlan("router", "router", router, f"{host}:{port}"))
+            argv = worker_argv(spec, svc.name, role, mdir, host, grpc_port, metrics_port, threads, f"{svc.name}-{role}-{i}")
+            procs.append(ProcessPlan(f"{role}-{i}", role, python + argv, f"{host}:{grpc_port}", metrics_port))
+    addresses = None if workers_file else {role: [p.address for p in procs if p.role == role] for role in pools}
+    router = router_argv(spec, svc.name, mdir, addresses, str(workers_file) if workers_file else None, host, port)
+    procs.append(ProcessPlan("router", "router", python + router, f"{host}:{port}"))
     return procs
 
 

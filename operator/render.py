@@ -14,7 +14,8 @@ from typing import Any
 import yaml
 
 from tandem import names
-from tandem.spec import API_GROUP, API_VERSION, KIND, InferenceServiceSpec, Mode
+from tandem.launch import router_argv, worker_argv, worker_pools
+from tandem.spec import API_GROUP, API_VERSION, KIND, InferenceServiceSpec
 
 Manifest = dict[str, Any]
 
@@ -26,13 +27,6 @@ CONFIG_HASH_ANNOTATION = f"{API_GROUP}/config-hash"
 MODEL_MOUNT = "/models"
 CONFIG_MOUNT = "/etc/tandem"
 CONFIG_FILE = "spec.yaml"
-
-
-def worker_pools(spec: InferenceServiceSpec) -> list[str]:
-    """The GPU worker pools a spec asks for: prefill and decode, or one colocated pool."""
-    if spec.mode == Mode.colocated:
-        return [names.POOL_COLOCATED]
-    return [names.POOL_PREFILL, names.POOL_DECODE]
 
 
 def child_name(service: str, pool: str) -> str:
@@ -164,49 +158,16 @@ def model_init_containers(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
 # --- containers -------------------------------------------------------------------------------------
 
 def worker_args(spec: InferenceServiceSpec, service: str, pool: str) -> list[str]:
-    """The one place that turns a spec into `tandem worker` arguments."""
-    engine = spec.engine
-    args = [
-        "worker",
-        "--role", pool,
-        "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}",
-        "--model", model_path(spec),
-        "--served-name", spec.model.served_name,
-        "--dtype", spec.model.dtype.value,
-        "--max-context-length", str(spec.model.max_context_length),
-        "--grpc-port", str(names.GRPC_PORT),
-        "--metrics-port", str(names.METRICS_PORT),
-        "--block-size", str(engine.block_size),
-        "--max-running-sequences", str(engine.max_running_sequences),
-        "--max-batch-tokens", str(engine.max_batch_tokens),
-        "--prefill-chunk-tokens", str(engine.prefill_chunk_tokens),
-        "--kv-transport", spec.kv_transfer.transport.value,
-        "--service-name", service,
-    ]
-    if engine.num_kv_blocks:
-        args += ["--num-kv-blocks", str(engine.num_kv_blocks)]
-    else:
-        args += ["--kv-cache-memory-percent", str(engine.kv_cache_memory_percent)]
-    if engine.threads:
-        args += ["--threads", str(engine.threads)]
-    return args
+    """`tandem worker` arguments for a pool's pods (the same builder `tandem up` uses)."""
+    return worker_argv(spec, service, pool, model_path(spec), worker_id=None)
 
 
 def router_args(spec: InferenceServiceSpec, service: str, namespace: str) -> list[str]:
-    """The one place that turns a spec into `tandem router` arguments."""
-    args = [
-        "router",
-        "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}",
-        "--port", str(names.HTTP_PORT),
-        "--metrics-port", str(names.METRICS_PORT),
-        "--served-name", spec.model.served_name,
-        "--max-queued-requests", str(spec.router.max_queued_requests),
-        "--service-name", service,
-    ]
-    for pool in worker_pools(spec):
-        host = f"{child_name(service, pool)}.{namespace}.svc"
-        args += [f"--{pool}-service", f"dns:///{host}:{names.GRPC_PORT}"]
-    return args
+    """`tandem router` arguments: each pool found through its headless Service, re-resolved as pods change."""
+    pools = {
+        pool: [f"dns:///{child_name(service, pool)}.{namespace}.svc:{names.GRPC_PORT}"] for pool in worker_pools(spec)
+    }
+    return router_argv(spec, service, model_path(spec), pools, metrics_port=names.METRICS_PORT)
 
 
 def resources(gpus: int, cpu: str | None, memory: str | None) -> dict[str, Any]:
@@ -298,13 +259,7 @@ def worker_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
                       pool: str, replicas: int) -> Manifest:
     ps = pool_spec(spec, pool)
     config_hash = content_hash(spec_document(spec))
-    mounts = [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True}]
-    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": config_name(service)}}]
-    mv = model_volume(spec)
-    if mv:
-        volumes.append(mv)
-        mounts.append({"name": "model", "mountPath": MODEL_MOUNT,
-                       "readOnly": bool(spec.model.source.pvc or spec.model.source.host_path)})
+    mounts, volumes = config_and_model_volumes(spec, service)
     container = {
         "name": "worker",
         "image": spec.image,
@@ -327,9 +282,22 @@ def worker_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
     return _deployment(child_name(service, pool), namespace, service, uid, pool, replicas, template)
 
 
+def config_and_model_volumes(spec: InferenceServiceSpec, service: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Volume mounts and volumes for the spec's ConfigMap and the model weights."""
+    mounts = [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True}]
+    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": config_name(service)}}]
+    mv = model_volume(spec)
+    if mv:
+        volumes.append(mv)
+        mounts.append({"name": "model", "mountPath": MODEL_MOUNT,
+                       "readOnly": bool(spec.model.source.pvc or spec.model.source.host_path)})
+    return mounts, volumes
+
+
 def router_deployment(spec: InferenceServiceSpec, service: str, namespace: str, uid: str) -> Manifest:
     pool = names.POOL_ROUTER
     r = spec.router
+    mounts, volumes = config_and_model_volumes(spec, service)  # the router reads the tokenizer
     container = {
         "name": "router",
         "image": spec.image,
@@ -338,12 +306,11 @@ def router_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
         "ports": _ports("http", names.HTTP_PORT),
         "env": [{"name": "TANDEM_POOL", "value": pool}, {"name": "TANDEM_SERVICE", "value": service}],
         "resources": resources(r.resources.gpus, r.resources.cpu, r.resources.memory),
-        "volumeMounts": [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True}],
+        "volumeMounts": mounts,
         **router_probes(),
     }
-    volumes = [{"name": "config", "configMap": {"name": config_name(service)}}]
-    template = _pod_template(service, pool, container, content_hash(spec_document(spec)), volumes, [],
-                             {}, [], None)
+    template = _pod_template(service, pool, container, content_hash(spec_document(spec)), volumes,
+                             model_init_containers(spec), {}, [], None)
     return _deployment(child_name(service, pool), namespace, service, uid, pool, r.replicas, template)
 
 

@@ -65,7 +65,7 @@ def kv_block_budget(args: argparse.Namespace, engine_probe_bytes: int) -> int:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=os.environ.get("TANDEM_LOG", "INFO"), format=f"%(asctime)s {args.role} %(levelname)s %(message)s")
+    logging.basicConfig(level=os.environ.get("TANDEM_LOG_LEVEL", "INFO").upper(), format=f"%(asctime)s {args.role} %(levelname)s %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
     from tandem.worker.config import ModelConfig

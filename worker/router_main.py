@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help='JSON {"prefill": [...], "decode": [...], "colocated": [...]}, re-read as it changes',
     )
+    p.add_argument("--metrics-port", type=int, default=0, help="also serve /metrics on this port (0: off)")
     p.add_argument("--max-queued", type=int, default=256, help="requests in flight before answering 429")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
@@ -85,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         max_queued_requests=args.max_queued,
         max_model_len=max_model_len,
     )
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port, addr=args.host, registry=app.state.metrics.registry)
     print(f"tandem router: serving {args.served_name!r} on http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0

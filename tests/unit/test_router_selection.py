@@ -26,3 +26,11 @@ def test_decode_needs_room_then_prefers_fewer_running():
     # when nobody has room, still pick someone (the worker queues or preempts) rather than fail
     assert pick_decode(ws, blocks_needed=1000).address == "a"
     assert pick_decode([WorkerView("x", draining=True)], 1) is None
+
+
+def test_headless_service_names_resolve_to_one_address_per_pod():
+    from tandem.worker.router.pools import resolve
+
+    assert resolve("10.0.0.7:50051") == ["10.0.0.7:50051"]
+    assert resolve("dns:///localhost:50051") in (["127.0.0.1:50051"], ["127.0.0.1:50051", "[::1]:50051"], ["[::1]:50051"])
+    assert resolve("dns:///no-such-host.invalid:50051") == []

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -124,16 +125,17 @@ class GrpcBackend:
             data = json.loads(Path(self.workers_file).read_text() or "{}")
             for role in STUBS:
                 wanted[role] = list(dict.fromkeys(wanted[role] + list(data.get(role, []))))
-        return wanted
+        return {role: [a for address in addresses for a in resolve(address)] for role, addresses in wanted.items()}
 
     async def _refresh_membership(self) -> None:
-        if self.workers_file and os.path.exists(self.workers_file):
+        dynamic = any(a.startswith(DNS_PREFIX) for addresses in self.static.values() for a in addresses)
+        if not dynamic and self.workers_file and os.path.exists(self.workers_file):
             mtime = os.path.getmtime(self.workers_file)
             if mtime == self._file_mtime and any(self.pools.workers.values()):
                 return
             self._file_mtime = mtime
         try:
-            wanted = self._wanted()
+            wanted = await asyncio.to_thread(self._wanted)
         except (OSError, ValueError) as e:
             log.warning("workers file unreadable: %s", e)
             return
@@ -313,6 +315,23 @@ async def _relay(call, worker: Worker) -> AsyncIterator[TokenOut]:
         if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
             worker.mark_failed()
         raise _Retry(f"{worker.view.address}: {e.code().name} {e.details()}") from None
+
+
+DNS_PREFIX = "dns:///"
+
+
+def resolve(address: str) -> list[str]:
+    """`dns:///name:port` (a headless Service) to one `ip:port` per pod behind it; others as they are."""
+    if not address.startswith(DNS_PREFIX):
+        return [address]
+    host, _, port = address[len(DNS_PREFIX) :].rpartition(":")
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except (OSError, ValueError) as e:
+        log.warning("cannot resolve %s: %s", address, e)
+        return []
+    ips = sorted({str(info[4][0]) for info in infos})
+    return [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips]
 
 
 def _raise_client_error(e: aio.AioRpcError) -> None:

@@ -1,0 +1,82 @@
+"""The command lines of tandem's processes, from a spec: one place for the local backend and the operator.
+
+`tandem up` runs these as processes on this machine; the operator puts the same arguments in the pods.
+"""
+
+from __future__ import annotations
+
+from tandem import names
+from tandem.spec import InferenceServiceSpec, Mode
+
+
+def worker_pools(spec: InferenceServiceSpec) -> list[str]:
+    """The worker pools a spec asks for."""
+    return [names.POOL_COLOCATED] if spec.mode is Mode.colocated else [names.POOL_PREFILL, names.POOL_DECODE]
+
+
+def pool_replicas(spec: InferenceServiceSpec, pool: str) -> int:
+    """A colocated pool is sized by `spec.decode`."""
+    return spec.prefill.replicas if pool == names.POOL_PREFILL else spec.decode.replicas
+
+
+def worker_argv(
+    spec: InferenceServiceSpec,
+    service: str,
+    role: str,
+    model_dir: str,
+    host: str = "0.0.0.0",
+    port: int = names.GRPC_PORT,
+    metrics_port: int = names.METRICS_PORT,
+    threads: int | None = None,
+    worker_id: str | None = None,
+) -> list[str]:
+    """Arguments of `tandem worker` (without the program name)."""
+    engine = spec.engine
+    argv = [
+        "worker", "--role", role, "--model-dir", model_dir,
+        "--served-name", spec.model.served_name, "--service", service,
+        "--host", host, "--port", str(port), "--metrics-port", str(metrics_port),
+        "--dtype", spec.model.dtype.value, "--block-size", str(engine.block_size),
+        "--max-running", str(engine.max_running_sequences),
+        "--max-batch-tokens", str(engine.max_batch_tokens), "--prefill-chunk", str(engine.prefill_chunk_tokens),
+        "--max-model-len", str(spec.model.max_context_length),
+        "--kv-compression", spec.kv_transfer.compression,
+    ]  # fmt: skip
+    if engine.num_kv_blocks:
+        argv += ["--num-kv-blocks", str(engine.num_kv_blocks)]
+    else:
+        argv += ["--kv-memory-percent", str(engine.kv_cache_memory_percent)]
+    if threads or engine.threads:
+        argv += ["--threads", str(threads or engine.threads)]
+    if spec.kv_transfer.transport.value == "grpc":
+        argv.append("--no-shm")
+    if worker_id:
+        argv += ["--worker-id", worker_id]
+    return argv
+
+
+def router_argv(
+    spec: InferenceServiceSpec,
+    service: str,
+    model_dir: str,
+    workers: dict[str, list[str]] | None = None,
+    workers_file: str | None = None,
+    host: str = "0.0.0.0",
+    port: int = names.HTTP_PORT,
+    metrics_port: int | None = None,
+) -> list[str]:
+    """Arguments of `tandem router`: worker addresses by pool (`host:port` or `dns:///name:port`,
+    resolved again as pods come and go), or a workers file."""
+    argv = [
+        "router", "--model-dir", model_dir, "--served-name", spec.model.served_name,
+        "--service", service, "--host", host, "--port", str(port), "--mode", spec.mode.value,
+        "--max-queued", str(spec.router.max_queued_requests),
+    ]  # fmt: skip
+    if metrics_port:
+        argv += ["--metrics-port", str(metrics_port)]
+    if workers_file:
+        argv += ["--workers-file", workers_file]
+    for pool, addresses in (workers or {}).items():
+        if addresses:
+            argv += [f"--{pool}", ",".join(addresses)]
+    return argv
