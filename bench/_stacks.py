@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 import statistics
 import time
 from collections.abc import Iterator, Sequence
@@ -15,7 +14,7 @@ from pathlib import Path
 import grpc
 import httpx
 
-from tandem.operator.local import LocalStack, serving
+from tandem.operator.local import LocalStack, free_port_block, serving
 from tandem.spec import parse_object
 from tandem.v1 import colocated_pb2_grpc, common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
@@ -92,24 +91,6 @@ def service_object(
             "engine": {"blockSize": 16, "numKvBlocks": num_kv_blocks, "threads": threads},
         },
     }
-
-
-def free_port_block(n: int) -> int:
-    """A base port with `n` consecutive free loopback ports above it (best effort)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n >= 65000:
-            continue
-        try:
-            for p in range(base, base + n):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free port block")
 
 
 @contextmanager

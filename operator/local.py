@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,25 @@ class LocalStack:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def free_port_block(n: int) -> int:
+    """A base port with `n` consecutive free loopback ports above it (best effort), for a stack's
+    router and workers."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n >= 65000:
+            continue
+        try:
+            for p in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free port block")
 
 
 @contextmanager

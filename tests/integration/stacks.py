@@ -2,34 +2,15 @@
 
 from __future__ import annotations
 
-import socket
 from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
 
-from tandem.operator.local import serving
+from tandem.operator.local import free_port_block, serving
 from tandem.operator.local_plan import ProcessPlan
 from tandem.spec import parse_object
 from tandem.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
-
-
-def free_port_block(n: int) -> int:
-    """A base port with `n` consecutive free ports above it (best effort)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n >= 65000:
-            continue
-        try:
-            for p in range(base, base + n):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free port block")
 
 
 def spec(name: str, model_dir: Path, mode: str = "disaggregated", prefill: int = 1, decode: int = 1, **engine) -> dict:
