@@ -162,11 +162,10 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     try:
         svc = load_file(args.file)
+        mdir = model_dir(svc, Path.cwd())
     except (OSError, ValueError) as e:
         print(f"tandem up: {args.file}: {e}", file=sys.stderr)
         return 2
-    base = Path.cwd()
-    mdir = model_dir(svc, base)
     if not (mdir / "config.json").exists():
         if not args.create_tiny:
             print(f"tandem up: no model at {mdir} (pass --create-tiny for the tiny demo model)", file=sys.stderr)
