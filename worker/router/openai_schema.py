@@ -225,49 +225,32 @@ def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
     return {"content": content}
 
 
-def completion_object(
-    request_id: str,
-    created: int,
-    model: str,
-    choices: list[dict],
-    usage_: dict | None,
-    *,
-    chunk: bool,
-    usage_field: bool = False,
+def _response_object(
+    object_name: str, request_id: str, created: int, model: str, choices: list[dict], usage_: dict | None,
+    chunk: bool, usage_field: bool, **extra: Any,
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": request_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-    }
+    body: dict[str, Any] = {"id": request_id, "object": object_name, "created": created, "model": model, **extra}
+    body["choices"] = choices
     if not chunk or usage_field:  # with include_usage every chunk has "usage" (null until the last)
         body["usage"] = usage_
     return body
+
+
+def completion_object(
+    request_id: str, created: int, model: str, choices: list[dict], usage_: dict | None, *,
+    chunk: bool, usage_field: bool = False,
+) -> dict[str, Any]:
+    return _response_object("text_completion", request_id, created, model, choices, usage_, chunk, usage_field)
 
 
 def chat_object(
-    request_id: str,
-    created: int,
-    model: str,
-    choices: list[dict],
-    usage_: dict | None,
-    *,
-    chunk: bool,
-    usage_field: bool = False,
+    request_id: str, created: int, model: str, choices: list[dict], usage_: dict | None, *,
+    chunk: bool, usage_field: bool = False,
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": request_id,
-        "object": "chat.completion.chunk" if chunk else "chat.completion",
-        "created": created,
-        "model": model,
-        "system_fingerprint": None,
-        "choices": choices,
-    }
-    if not chunk or usage_field:  # with include_usage every chunk has "usage" (null until the last)
-        body["usage"] = usage_
-    return body
+    name = "chat.completion.chunk" if chunk else "chat.completion"
+    return _response_object(
+        name, request_id, created, model, choices, usage_, chunk, usage_field, system_fingerprint=None
+    )
 
 
 def completion_choice(text: str, finish_reason: str | None, logprobs: dict | None) -> dict[str, Any]:
