@@ -36,7 +36,7 @@ class ModelShape:
     layers: int = 8
 
     def tiny_spec(self):
-        from tandem.worker.tiny import TinySpec  # only the model maker needs torch
+        from tandem.worker.devtools.tiny import TinySpec  # only the model maker needs torch
 
         heads = max(1, self.hidden // 64)
         return TinySpec(
@@ -50,7 +50,7 @@ class ModelShape:
 
 
 def make_model(model_dir: Path, shape: ModelShape) -> Path:
-    from tandem.worker.tiny import create_tiny_model
+    from tandem.worker.devtools.tiny import create_tiny_model
 
     return create_tiny_model(model_dir, shape.tiny_spec())
 

@@ -26,11 +26,11 @@ from pathlib import Path
 import torch
 
 from bench.engine_timing import random_prompts, time_engine
-from tandem.worker.config import ModelConfig
-from tandem.worker.engine import Engine, EngineConfig
-from tandem.worker.loading import load_model
-from tandem.worker.sampling import SamplingParams
-from tandem.worker.tiny import (
+from tandem.worker.hf.config import ModelConfig
+from tandem.worker.engine.engine import Engine, EngineConfig
+from tandem.worker.engine.loading import load_model
+from tandem.worker.api.params import SamplingParams
+from tandem.worker.devtools.tiny import (
     BOS,
     EOS,
     TinySpec,

@@ -7,10 +7,10 @@ import sys
 
 # subcommand -> (module, one-line help). Each module exposes `main(argv: list[str]) -> int | None`.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "model": ("tandem.worker.cli_model", "model tools (create-tiny)"),
-    "generate": ("tandem.worker.cli_generate", "one-shot completion through the engine"),
-    "worker": ("tandem.worker.cli_worker", "run a prefill, decode or colocated gRPC worker"),
-    "router": ("tandem.worker.router_main", "run the OpenAI-compatible router"),
+    "model": ("tandem.worker.devtools.model_cli", "model tools (create-tiny)"),
+    "generate": ("tandem.worker.devtools.generate", "one-shot completion through the engine"),
+    "worker": ("tandem.worker.serve.main", "run a prefill, decode or colocated gRPC worker"),
+    "router": ("tandem.worker.router.main", "run the OpenAI-compatible router"),
     "up": ("tandem.operator.local", "run an InferenceService spec as local processes"),
     "bench": ("tandem.worker.loadgen.cli", "load generator for any OpenAI-compatible endpoint"),
     "operator": ("tandem.operator.__main__", "run the Kubernetes operator"),

@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tandem.worker.config import ModelConfig, ModelLoadError
-from tandem.worker.loader import expected_shapes, load_checkpoint, load_state_dict, parse_dtype
-from tandem.worker.tiny import TinySpec, create_tiny_model, random_state_dict
+from tandem.worker.hf.config import ModelConfig, ModelLoadError
+from tandem.worker.engine.loader import expected_shapes, load_checkpoint, load_state_dict, parse_dtype
+from tandem.worker.devtools.tiny import TinySpec, create_tiny_model, random_state_dict
 
 SMALL = TinySpec(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=96, seed=3)
 
@@ -210,7 +210,7 @@ def test_transformers_loads_our_sharded_tied_qwen2(tmp_path):
 
 
 def test_malformed_config_json_names_the_problem(tmp_path):
-    from tandem.worker.config import ModelConfig, ModelLoadError
+    from tandem.worker.hf.config import ModelConfig, ModelLoadError
 
     (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "vocab_size": 10}')
     with pytest.raises(ModelLoadError, match="missing required key"):

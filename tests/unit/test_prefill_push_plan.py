@@ -1,6 +1,6 @@
 """Which blocks a prefill chunk may push: only blocks whose KV is final, the partial tail only at the end."""
 
-from tandem.worker.prefill_server import blocks_to_push
+from tandem.worker.serve.prefill import blocks_to_push
 
 
 def test_full_blocks_go_as_chunks_finish_and_the_tail_goes_last():

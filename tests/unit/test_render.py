@@ -57,14 +57,14 @@ def test_worker_deployment_gpu_probes_labels(gpu_spec):
     assert "--model-dir" in c["args"] and c["args"][c["args"].index("--model-dir") + 1] == \
         "/models/meta-llama/Llama-3.1-8B-Instruct"
     # the arguments parse with the real `tandem worker` parser
-    from tandem.worker.cli_worker import parse_args
+    from tandem.worker.serve.main import parse_args
 
     parsed = parse_args(c["args"][1:])
     assert (parsed.role, parsed.port, parsed.block_size) == ("decode", names.GRPC_PORT, gpu_spec.engine.block_size)
 
 
 def test_router_args_parse_and_find_pools_through_headless_services(gpu_spec):
-    from tandem.worker.router_main import build_parser, check_args
+    from tandem.worker.router.main import build_parser, check_args
 
     dep = render.router_deployment(gpu_spec, "llama", "ml", "u")
     (c,) = dep["spec"]["template"]["spec"]["containers"]

@@ -14,8 +14,8 @@ import pytest
 from tandem.worker.router.app import create_app
 from tandem.worker.router.backend import BackendError, Timing, TokenOut
 from tandem.worker.router.streaming import StopStringFilter, find_stop, holdback_length
-from tandem.worker.sampling import InvalidRequest, SamplingParams
-from tandem.worker.tokenizer import Tokenizer
+from tandem.worker.api.params import InvalidRequest, SamplingParams
+from tandem.worker.hf.tokenizer import Tokenizer
 
 SERVED = "tiny"
 ANSWER = "Hello world, stop here. END now"
@@ -561,7 +561,7 @@ def test_client_leaving_before_the_first_token_aborts_the_request(served, stream
 
 
 def test_router_command_line(capsys):
-    from tandem.worker.router_main import build_parser, check_args, main
+    from tandem.worker.router.main import build_parser, check_args, main
 
     args = build_parser().parse_args(
         [

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from tandem.worker.sampling import SamplingParams, sample
+from tandem.worker.api.params import SamplingParams
+
+from tandem.worker.engine.sampling import sample
 
 
 def _gen(seed: int) -> torch.Generator:

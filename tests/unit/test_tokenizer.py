@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from tandem.worker.config import ModelLoadError
-from tandem.worker.tokenizer import ChatTemplateError, StreamDecoder, Tokenizer
+from tandem.worker.hf.config import ModelLoadError
+from tandem.worker.hf.tokenizer import ChatTemplateError, StreamDecoder, Tokenizer
 
 MULTIBYTE = "Grüße aus Köln — 日本語のテキスト 🙂👍🏽 naïve café"
 CHAT = [

@@ -20,8 +20,8 @@ from tandem.worker.router.backend import Backend, BackendError, Timing
 from tandem.worker.router.generation import Generation
 from tandem.worker.router.metrics import STATUS_CLIENT_GONE, RequestClock, RouterMetrics
 from tandem.worker.router.streaming import SSE_DONE, TextDelta, sse_event
-from tandem.worker.sampling import InvalidRequest
-from tandem.worker.tokenizer import ChatTemplateError, Tokenizer
+from tandem.worker.api.params import InvalidRequest
+from tandem.worker.hf.tokenizer import ChatTemplateError, Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tandem.worker.sampling import SamplingParams
+from tandem.worker.api.params import SamplingParams
 
 
 @dataclass

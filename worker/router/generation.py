@@ -10,8 +10,8 @@ import anyio
 from tandem.worker.router.backend import Backend, BackendError, Timing, TokenOut
 from tandem.worker.router.metrics import RequestClock
 from tandem.worker.router.streaming import StopStringFilter, TextDelta, TokenLogprob
-from tandem.worker.sampling import SamplingParams
-from tandem.worker.tokenizer import StreamDecoder, Tokenizer
+from tandem.worker.api.params import SamplingParams
+from tandem.worker.hf.tokenizer import StreamDecoder, Tokenizer
 
 FINISH_ABORT = "abort"
 

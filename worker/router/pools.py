@@ -34,8 +34,8 @@ from tandem.v1 import (
 from tandem.worker.kv_transport.handshake import check_compatible
 from tandem.worker.router.backend import BackendError, Timing, TokenOut
 from tandem.worker.router.selection import WorkerView, pick_decode, pick_prefill
-from tandem.worker.sampling import SamplingParams
-from tandem.worker.wire import FINISH_NAMES, params_to_proto
+from tandem.worker.api.params import SamplingParams
+from tandem.worker.api.wire import FINISH_NAMES, params_to_proto
 
 log = logging.getLogger(__name__)
 

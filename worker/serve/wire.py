@@ -1,57 +1,20 @@
-"""Conversions between engine types and tandem.v1 messages, shared by every worker server and the router."""
+"""Engine state to tandem.v1 messages: token events, load reports and worker info, for every worker server."""
 
 from __future__ import annotations
 
 import socket
 
 from tandem.v1 import common_pb2
-from tandem.worker.engine import Engine, StepOutput
-from tandem.worker.engine_loop import LoadSnapshot, StreamEnd
+from tandem.worker.engine.engine import Engine, StepOutput
+from tandem.worker.engine.engine_loop import LoadSnapshot, StreamEnd
 from tandem.worker.kv_transport.base import PROTOCOL_VERSION, dtype_name
-from tandem.worker.sampling import SamplingParams
-
-FINISH_REASONS = {
-    "stop": common_pb2.FINISH_REASON_STOP,
-    "length": common_pb2.FINISH_REASON_LENGTH,
-    "abort": common_pb2.FINISH_REASON_ABORT,
-    "error": common_pb2.FINISH_REASON_ERROR,
-}
-FINISH_NAMES = {v: k for k, v in FINISH_REASONS.items()}
+from tandem.worker.api.wire import FINISH_REASONS
 
 ROLES = {
     "prefill": common_pb2.WORKER_ROLE_PREFILL,
     "decode": common_pb2.WORKER_ROLE_DECODE,
     "colocated": common_pb2.WORKER_ROLE_COLOCATED,
 }
-
-
-def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
-    msg = common_pb2.SamplingParams(
-        temperature=p.temperature,
-        top_p=p.top_p,
-        top_k=p.top_k,
-        max_tokens=p.max_tokens,
-        stop_token_ids=p.stop_token_ids,
-        logprobs=p.logprobs,
-        ignore_eos=p.ignore_eos,
-    )
-    if p.seed is not None:
-        msg.seed = p.seed
-    return msg
-
-
-def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
-    """Raises InvalidRequest for out-of-range values."""
-    return SamplingParams(
-        max_tokens=msg.max_tokens,
-        temperature=msg.temperature,
-        top_p=msg.top_p,
-        top_k=msg.top_k,
-        seed=msg.seed if msg.HasField("seed") else None,
-        stop_token_ids=list(msg.stop_token_ids),
-        ignore_eos=msg.ignore_eos,
-        logprobs=msg.logprobs,
-    )
 
 
 def token_event(request_id: str, item: StepOutput | StreamEnd, index: int) -> common_pb2.TokenEvent:

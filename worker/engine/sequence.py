@@ -8,7 +8,7 @@ from enum import Enum
 
 import torch
 
-from tandem.worker.sampling import SamplingParams
+from tandem.worker.api.params import SamplingParams
 
 
 class SeqStatus(Enum):

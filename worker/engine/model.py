@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tandem.worker.config import ModelConfig, ModelLoadError
+from tandem.worker.hf.config import ModelConfig, ModelLoadError
 
 
 @dataclass

@@ -11,10 +11,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-from tandem.worker.config import ModelLoadError
-from tandem.worker.engine import Engine, EngineConfig
-from tandem.worker.sampling import InvalidRequest, SamplingParams
-from tandem.worker.tokenizer import ChatTemplateError, StreamDecoder, Tokenizer
+from tandem.worker.hf.config import ModelLoadError
+from tandem.worker.engine.engine import Engine, EngineConfig
+from tandem.worker.api.params import InvalidRequest, SamplingParams
+from tandem.worker.hf.tokenizer import ChatTemplateError, StreamDecoder, Tokenizer
 
 PROG = "tandem generate"
 BLOCK_SIZE = 16
@@ -106,7 +106,7 @@ def default_device() -> str:
 
 
 def generate(args: argparse.Namespace, out: TextIO) -> Completion:
-    from tandem.worker.loading import build_engine
+    from tandem.worker.engine.loading import build_engine
 
     if not Path(args.model).is_dir():
         raise ModelLoadError(f"{args.model}: model directory does not exist")

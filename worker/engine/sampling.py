@@ -1,43 +1,10 @@
-"""Sampling parameters (validated) and the batched sampler: greedy, temperature, top-k, top-p, seeds."""
+"""The batched sampler: greedy, temperature, top-k, top-p, seeds."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-
-class InvalidRequest(ValueError):
-    """A request the engine refuses, with a message fit for a 400 response."""
-
-
-@dataclass
-class SamplingParams:
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    logprobs: bool = False
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InvalidRequest(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not 0.0 <= self.temperature <= 100.0:
-            raise InvalidRequest(f"temperature must be in [0, 100], got {self.temperature!r}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.top_k < 0:
-            raise InvalidRequest(f"top_k must be >= 0 (0 disables it), got {self.top_k!r}")
-        if any(not s for s in self.stop):
-            raise InvalidRequest("stop strings must be non-empty")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+from tandem.worker.api.params import SamplingParams
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

@@ -17,12 +17,12 @@ from prometheus_client import start_http_server
 
 from tandem import names
 from tandem.v1 import colocated_pb2_grpc, prefill_pb2_grpc
-from tandem.worker.engine import EngineConfig
-from tandem.worker.engine_loop import EngineLoop
+from tandem.worker.engine.engine import EngineConfig
+from tandem.worker.engine.engine_loop import EngineLoop
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS
-from tandem.worker.loading import build_engine
-from tandem.worker.wire import worker_info
-from tandem.worker.worker_metrics import WorkerMetrics
+from tandem.worker.engine.loading import build_engine
+from tandem.worker.serve.wire import worker_info
+from tandem.worker.serve.metrics import WorkerMetrics
 
 log = logging.getLogger("tandem.worker")
 
@@ -68,9 +68,9 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=os.environ.get("TANDEM_LOG_LEVEL", "INFO").upper(), format=f"%(asctime)s {args.role} %(levelname)s %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from tandem.worker.config import ModelConfig
-    from tandem.worker.kv_cache import kv_block_nbytes
-    from tandem.worker.loader import parse_dtype
+    from tandem.worker.hf.config import ModelConfig
+    from tandem.worker.engine.kv_cache import kv_block_nbytes
+    from tandem.worker.engine.loader import parse_dtype
 
     config = ModelConfig.from_dir(args.model_dir)
     num_blocks = kv_block_budget(args, kv_block_nbytes(config, args.block_size, parse_dtype(args.dtype)))
@@ -120,7 +120,7 @@ def main(argv: list[str]) -> int:
 
 def _add_servicer(server, args, loop, info, metrics):
     if args.role == "decode":
-        from tandem.worker.decode_server import DecodeServicer, add_to_server
+        from tandem.worker.serve.decode import DecodeServicer, add_to_server
         from tandem.worker.kv_transport.staging import StagingPool, StagingRing
 
         staging = None
@@ -130,13 +130,13 @@ def _add_servicer(server, args, loop, info, metrics):
         add_to_server(server, decode)
         return decode
     if args.role == "prefill":
-        from tandem.worker.prefill_server import PrefillServicer
+        from tandem.worker.serve.prefill import PrefillServicer
 
         compression = 1 if args.kv_compression == "int8" else 0
         prefill = PrefillServicer(loop, info, compression, metrics)
         prefill_pb2_grpc.add_PrefillServiceServicer_to_server(prefill, server)
         return prefill
-    from tandem.worker.colocated_server import ColocatedServicer
+    from tandem.worker.serve.colocated import ColocatedServicer
 
     colocated = ColocatedServicer(loop, info)
     colocated_pb2_grpc.add_ColocatedServiceServicer_to_server(colocated, server)

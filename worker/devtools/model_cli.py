@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from tandem.worker.tiny import TinySpec, create_tiny_model
+from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from tandem.worker.block_manager import BlockManager, OutOfBlocks, block_hash
-from tandem.worker.sequence import SeqStatus, Sequence
+from tandem.worker.engine.block_manager import BlockManager, OutOfBlocks, block_hash
+from tandem.worker.engine.sequence import SeqStatus, Sequence
 
 
 @dataclass

@@ -5,8 +5,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tandem import names
-from tandem.worker.engine import Engine
-from tandem.worker.scheduler import SchedulerOutput
+from tandem.worker.engine.engine import Engine
+from tandem.worker.engine.scheduler import SchedulerOutput
 
 
 class WorkerMetrics:

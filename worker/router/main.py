@@ -67,10 +67,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
-    from tandem.worker.config import ModelConfig, ModelLoadError
+    from tandem.worker.hf.config import ModelConfig, ModelLoadError
     from tandem.worker.router.app import create_app
     from tandem.worker.router.pools import build_backend
-    from tandem.worker.tokenizer import Tokenizer
+    from tandem.worker.hf.tokenizer import Tokenizer
 
     try:
         tokenizer = Tokenizer.from_dir(args.model_dir)

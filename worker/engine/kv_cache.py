@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from tandem.worker.config import ModelConfig
+from tandem.worker.hf.config import ModelConfig
 from tandem.worker.kv_transport.blockcopy import write_rows
 
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import torch
 
-from tandem.worker.engine import Engine, EngineConfig
-from tandem.worker.loader import load_checkpoint, parse_dtype
-from tandem.worker.model import Transformer, rope_inv_freq
-from tandem.worker.tokenizer import Tokenizer
+from tandem.worker.engine.engine import Engine, EngineConfig
+from tandem.worker.engine.loader import load_checkpoint, parse_dtype
+from tandem.worker.engine.model import Transformer, rope_inv_freq
+from tandem.worker.hf.tokenizer import Tokenizer
 
 
 def load_model(model_dir: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu") -> Transformer:

@@ -12,7 +12,7 @@ import jinja2
 import jinja2.sandbox
 import tokenizers
 
-from tandem.worker.config import ModelLoadError
+from tandem.worker.hf.config import ModelLoadError
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from tandem.worker.config import ModelConfig, ModelLoadError
+from tandem.worker.hf.config import ModelConfig, ModelLoadError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

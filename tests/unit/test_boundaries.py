@@ -1,0 +1,60 @@
+"""The wings' import boundaries hold: the router and the load generator never load torch, and neither
+wing imports the other."""
+
+from __future__ import annotations
+
+import ast
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _modules(package: str, folder: Path) -> list[str]:
+    return [f"{package}.{m.name}" for m in pkgutil.iter_modules([str(folder)])]
+
+
+TORCH_FREE = (
+    _modules("tandem.worker.router", ROOT / "worker" / "router")
+    + _modules("tandem.worker.loadgen", ROOT / "worker" / "loadgen")
+    + _modules("tandem.worker.api", ROOT / "worker" / "api")
+    + _modules("tandem.worker.hf", ROOT / "worker" / "hf")
+)
+
+
+@pytest.mark.parametrize("module", TORCH_FREE)
+def test_module_never_imports_torch(module):
+    code = f"import sys, importlib; importlib.import_module({module!r}); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", f"{module} pulls in torch"
+
+
+def _imports(folder: Path) -> set[tuple[str, str]]:
+    found = set()
+    for path in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found.add((str(path.relative_to(ROOT)), node.module))
+            elif isinstance(node, ast.Import):
+                found.update((str(path.relative_to(ROOT)), a.name) for a in node.names)
+    return found
+
+
+def test_wings_do_not_import_each_other():
+    worker_to_operator = {(f, m) for f, m in _imports(ROOT / "worker") if m.startswith(("tandem.operator", "kopf", "kubernetes"))}
+    operator_to_worker = {(f, m) for f, m in _imports(ROOT / "operator") if m.startswith("tandem.worker")}
+    assert not worker_to_operator, worker_to_operator
+    assert not operator_to_worker, operator_to_worker
+
+
+def test_every_worker_folder_is_a_declared_package():
+    import tomllib
+
+    declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {"tandem.worker." + p.parent.name for p in (ROOT / "worker").glob("*/__init__.py")}
+    assert folders <= declared, folders - declared

@@ -1,0 +1,43 @@
+"""Sampling parameters and finish reasons to and from tandem.v1 messages (torch-free; router and workers)."""
+
+from __future__ import annotations
+
+from tandem.v1 import common_pb2
+from tandem.worker.api.params import SamplingParams
+
+FINISH_REASONS = {
+    "stop": common_pb2.FINISH_REASON_STOP,
+    "length": common_pb2.FINISH_REASON_LENGTH,
+    "abort": common_pb2.FINISH_REASON_ABORT,
+    "error": common_pb2.FINISH_REASON_ERROR,
+}
+FINISH_NAMES = {v: k for k, v in FINISH_REASONS.items()}
+
+
+def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
+    msg = common_pb2.SamplingParams(
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=p.top_k,
+        max_tokens=p.max_tokens,
+        stop_token_ids=p.stop_token_ids,
+        logprobs=p.logprobs,
+        ignore_eos=p.ignore_eos,
+    )
+    if p.seed is not None:
+        msg.seed = p.seed
+    return msg
+
+
+def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
+    """Raises InvalidRequest for out-of-range values."""
+    return SamplingParams(
+        max_tokens=msg.max_tokens,
+        temperature=msg.temperature,
+        top_p=msg.top_p,
+        top_k=msg.top_k,
+        seed=msg.seed if msg.HasField("seed") else None,
+        stop_token_ids=list(msg.stop_token_ids),
+        ignore_eos=msg.ignore_eos,
+        logprobs=msg.logprobs,
+    )

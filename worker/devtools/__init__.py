@@ -1,0 +1,1 @@
+"""Developer tools: `tandem model create-tiny` and `tandem generate`."""
