@@ -21,10 +21,10 @@ import torch
 
 from bench.engine import engine_config, load_hf
 from bench.engine_timing import random_prompts
-from tandem.worker.engine.engine import Engine
-from tandem.worker.engine.loading import build_engine
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
+from tandem.worker.engine.engine import Engine
+from tandem.worker.engine.loading import build_engine
 
 
 def output_lengths(n: int, low: int, high: int, seed: int) -> list[int]:

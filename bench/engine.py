@@ -25,9 +25,9 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from bench.engine_timing import RunTiming, random_prompts, time_engine
+from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
 from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.engine.loading import build_engine
-from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
 
 BLOCK_SIZE = 16
 TARGETS = {

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem.worker.engine.engine import Engine
 from tandem.worker.api.params import SamplingParams
+from tandem.worker.engine.engine import Engine
 
 
 @dataclass(frozen=True)

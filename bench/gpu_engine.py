@@ -26,9 +26,6 @@ from pathlib import Path
 import torch
 
 from bench.engine_timing import random_prompts, time_engine
-from tandem.worker.hf.config import ModelConfig
-from tandem.worker.engine.engine import Engine, EngineConfig
-from tandem.worker.engine.loading import load_model
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.devtools.tiny import (
     BOS,
@@ -39,6 +36,9 @@ from tandem.worker.devtools.tiny import (
     random_state_dict,
     write_safetensors,
 )
+from tandem.worker.engine.engine import Engine, EngineConfig
+from tandem.worker.engine.loading import load_model
+from tandem.worker.hf.config import ModelConfig
 
 PEAK_BANDWIDTH = 4.8e12  # H200 HBM3e, bytes/s
 PEAK_BF16_FLOPS = 790e12  # dense bf16 FLOP/s the issue measures against

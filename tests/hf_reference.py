@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import transformers
 
-from tandem.worker.hf.config import ModelConfig
 from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.engine.model import Transformer
+from tandem.worker.hf.config import ModelConfig
 
 LLAMA_GQA = dict(
     architectures=["LlamaForCausalLM"],

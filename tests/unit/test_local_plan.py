@@ -8,8 +8,8 @@ import pytest
 
 from tandem.operator.local_plan import plan, workers_document
 from tandem.spec import parse_object
-from tandem.worker.serve.main import parse_args as parse_worker_args
 from tandem.worker.router.main import build_parser, check_args
+from tandem.worker.serve.main import parse_args as parse_worker_args
 
 
 def _svc(mode: str = "disaggregated", source: dict | None = None, prefill: int = 2, decode: int = 1):

@@ -11,11 +11,11 @@ import time
 import httpx
 import pytest
 
+from tandem.worker.api.params import InvalidRequest, SamplingParams
+from tandem.worker.hf.tokenizer import Tokenizer
 from tandem.worker.router.app import create_app
 from tandem.worker.router.backend import BackendError, Timing, TokenOut
 from tandem.worker.router.streaming import StopStringFilter, find_stop, holdback_length
-from tandem.worker.api.params import InvalidRequest, SamplingParams
-from tandem.worker.hf.tokenizer import Tokenizer
 
 SERVED = "tiny"
 ANSWER = "Hello world, stop here. END now"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from tandem.worker.api.params import SamplingParams
-
 from tandem.worker.engine.sampling import sample
 
 

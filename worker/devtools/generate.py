@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-from tandem.worker.hf.config import ModelLoadError
-from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.api.params import InvalidRequest, SamplingParams
+from tandem.worker.engine.engine import Engine, EngineConfig
+from tandem.worker.hf.config import ModelLoadError
 from tandem.worker.hf.tokenizer import ChatTemplateError, StreamDecoder, Tokenizer
 
 PROG = "tandem generate"

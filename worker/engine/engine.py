@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem.worker.api.params import InvalidRequest, SamplingParams
 from tandem.worker.engine.block_manager import BlockManager
 from tandem.worker.engine.kv_cache import KvCache
 from tandem.worker.engine.model import AttentionBatch, Transformer
-from tandem.worker.api.params import InvalidRequest, SamplingParams
 from tandem.worker.engine.sampling import sample
 from tandem.worker.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tandem.worker.engine.sequence import SeqStatus, Sequence

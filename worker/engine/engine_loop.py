@@ -17,8 +17,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from tandem.worker.engine.engine import Engine, StepOutput
 from tandem.worker.api.params import SamplingParams
+from tandem.worker.engine.engine import Engine, StepOutput
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

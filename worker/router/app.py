@@ -15,13 +15,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
+from tandem.worker.api.params import InvalidRequest
+from tandem.worker.hf.tokenizer import ChatTemplateError, Tokenizer
 from tandem.worker.router import openai_schema as oa
 from tandem.worker.router.backend import Backend, BackendError, Timing
 from tandem.worker.router.generation import Generation
 from tandem.worker.router.metrics import STATUS_CLIENT_GONE, RequestClock, RouterMetrics
 from tandem.worker.router.streaming import SSE_DONE, TextDelta, sse_event
-from tandem.worker.api.params import InvalidRequest
-from tandem.worker.hf.tokenizer import ChatTemplateError, Tokenizer
 
 log = logging.getLogger(__name__)
 

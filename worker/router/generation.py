@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator, Sequence
 
 import anyio
 
+from tandem.worker.api.params import SamplingParams
+from tandem.worker.hf.tokenizer import StreamDecoder, Tokenizer
 from tandem.worker.router.backend import Backend, BackendError, Timing, TokenOut
 from tandem.worker.router.metrics import RequestClock
 from tandem.worker.router.streaming import StopStringFilter, TextDelta, TokenLogprob
-from tandem.worker.api.params import SamplingParams
-from tandem.worker.hf.tokenizer import StreamDecoder, Tokenizer
 
 FINISH_ABORT = "abort"
 

@@ -68,9 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from tandem.worker.hf.config import ModelConfig, ModelLoadError
+    from tandem.worker.hf.tokenizer import Tokenizer
     from tandem.worker.router.app import create_app
     from tandem.worker.router.pools import build_backend
-    from tandem.worker.hf.tokenizer import Tokenizer
 
     try:
         tokenizer = Tokenizer.from_dir(args.model_dir)

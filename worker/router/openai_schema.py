@@ -8,8 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tandem.worker.router.streaming import TokenLogprob
 from tandem.worker.api.params import SamplingParams
+from tandem.worker.router.streaming import TokenLogprob
 
 MAX_LOGPROBS = 20
 ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error"}

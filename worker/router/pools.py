@@ -31,11 +31,11 @@ from tandem.v1 import (
     prefill_pb2,
     prefill_pb2_grpc,
 )
+from tandem.worker.api.params import SamplingParams
+from tandem.worker.api.wire import FINISH_NAMES, params_to_proto
 from tandem.worker.kv_transport.handshake import check_compatible
 from tandem.worker.router.backend import BackendError, Timing, TokenOut
 from tandem.worker.router.selection import WorkerView, pick_decode, pick_prefill
-from tandem.worker.api.params import SamplingParams
-from tandem.worker.api.wire import FINISH_NAMES, params_to_proto
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import grpc
 
 from tandem.v1 import common_pb2, decode_pb2
+from tandem.worker.api.params import InvalidRequest, SamplingParams
+from tandem.worker.api.wire import params_from_proto
 from tandem.worker.engine.block_manager import OutOfBlocks
 from tandem.worker.engine.engine import StepOutput
 from tandem.worker.engine.engine_loop import EngineLoop, StreamEnd
@@ -25,8 +27,6 @@ from tandem.worker.kv_transport.handshake import check_compatible, choose_transp
 from tandem.worker.kv_transport.receiver import Committed, KvReceiver
 from tandem.worker.kv_transport.reservations import Released
 from tandem.worker.kv_transport.staging import StagingPool, StagingRing
-from tandem.worker.api.params import InvalidRequest, SamplingParams
-from tandem.worker.api.wire import params_from_proto
 from tandem.worker.serve.wire import load_report, token_event
 
 log = logging.getLogger(__name__)

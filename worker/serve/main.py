@@ -19,10 +19,10 @@ from tandem import names
 from tandem.v1 import colocated_pb2_grpc, prefill_pb2_grpc
 from tandem.worker.engine.engine import EngineConfig
 from tandem.worker.engine.engine_loop import EngineLoop
-from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS
 from tandem.worker.engine.loading import build_engine
-from tandem.worker.serve.wire import worker_info
+from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS
 from tandem.worker.serve.metrics import WorkerMetrics
+from tandem.worker.serve.wire import worker_info
 
 log = logging.getLogger("tandem.worker")
 
@@ -68,9 +68,9 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=os.environ.get("TANDEM_LOG_LEVEL", "INFO").upper(), format=f"%(asctime)s {args.role} %(levelname)s %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from tandem.worker.hf.config import ModelConfig
     from tandem.worker.engine.kv_cache import kv_block_nbytes
     from tandem.worker.engine.loader import parse_dtype
+    from tandem.worker.hf.config import ModelConfig
 
     config = ModelConfig.from_dir(args.model_dir)
     num_blocks = kv_block_budget(args, kv_block_nbytes(config, args.block_size, parse_dtype(args.dtype)))
@@ -120,8 +120,8 @@ def main(argv: list[str]) -> int:
 
 def _add_servicer(server, args, loop, info, metrics):
     if args.role == "decode":
-        from tandem.worker.serve.decode import DecodeServicer, add_to_server
         from tandem.worker.kv_transport.staging import StagingPool, StagingRing
+        from tandem.worker.serve.decode import DecodeServicer, add_to_server
 
         staging = None
         if info.shm_capable:

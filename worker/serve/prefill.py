@@ -11,16 +11,16 @@ from dataclasses import dataclass, field
 import grpc
 
 from tandem.v1 import common_pb2, decode_pb2, prefill_pb2
+from tandem.worker.api.params import InvalidRequest
+from tandem.worker.api.wire import params_from_proto
 from tandem.worker.engine.engine import Engine
 from tandem.worker.engine.engine_loop import EngineLoop, StreamEnd
+from tandem.worker.engine.scheduler import SchedulerOutput
 from tandem.worker.kv_transport.base import KvLayout, KvSender, KvTransferError
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS, StreamKvSender, staging_for
 from tandem.worker.kv_transport.handshake import check_compatible
-from tandem.worker.api.params import InvalidRequest
-from tandem.worker.engine.scheduler import SchedulerOutput
-from tandem.worker.api.wire import params_from_proto
-from tandem.worker.serve.wire import load_report
 from tandem.worker.serve.metrics import WorkerMetrics
+from tandem.worker.serve.wire import load_report
 
 log = logging.getLogger(__name__)
 

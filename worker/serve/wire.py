@@ -5,10 +5,10 @@ from __future__ import annotations
 import socket
 
 from tandem.v1 import common_pb2
+from tandem.worker.api.wire import FINISH_REASONS
 from tandem.worker.engine.engine import Engine, StepOutput
 from tandem.worker.engine.engine_loop import LoadSnapshot, StreamEnd
 from tandem.worker.kv_transport.base import PROTOCOL_VERSION, dtype_name
-from tandem.worker.api.wire import FINISH_REASONS
 
 ROLES = {
     "prefill": common_pb2.WORKER_ROLE_PREFILL,
