@@ -57,4 +57,5 @@ def test_every_worker_folder_is_a_declared_package():
 
     declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     folders = {"tandem.worker." + p.parent.name for p in (ROOT / "worker").glob("*/__init__.py")}
+    folders |= {"tandem.operator." + p.parent.name for p in (ROOT / "operator").glob("*/__init__.py")}
     assert folders <= declared, folders - declared
