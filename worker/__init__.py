@@ -1,1 +1,1 @@
-"""Worker wing: torch model code, paged KV cache, scheduler, engine, gRPC servers, router."""
+"""The data plane: the torch engine, the gRPC worker servers, KV transports, the router and the load generator."""
