@@ -83,21 +83,20 @@ def test_chunked_prefill_matches_transformers(pair):
 
 def test_prefix_cache_hit_gives_same_tokens(pair):
     hf, ours = pair
-    engine = engine_for(ours)
-    shared = _prompt(40, seed=5)
+    engine = engine_for(ours)  # block_size 8
+    shared = _prompt(40, seed=5)  # five full blocks
     first = _run(engine, [shared + [7, 8, 9]], 64)
     second_prompt = shared + [11, 12]
-    seq_blocks_before = engine.blocks.num_free
+    free_before = engine.blocks.num_free
     rid = engine.add_request(second_prompt, SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True))
-    engine.scheduler.schedule  # noqa: B018 - admitted on the next step
-    out = []
-    steps = 0
+    out = [o.token_id for o in engine.step()]
+    sched = engine.last_schedule
+    assert sched is not None and [s.request_id for s in sched.seqs] == [rid]
+    computed = sched.num_new_tokens[0]
+    assert len(second_prompt) - computed == len(shared), "the shared blocks must come from the prefix cache"
+    assert computed == 2 and engine.seqs[rid].num_computed == len(second_prompt)
     while engine.has_work():
-        outputs = engine.step()
-        if steps == 0:
-            assert engine.seqs[rid].num_computed == len(second_prompt)
-        steps += 1
-        out += [o.token_id for o in outputs]
-    assert engine.blocks.num_free == seq_blocks_before
+        out += [o.token_id for o in engine.step()]
+    assert engine.blocks.num_free == free_before
     assert list(first.values())[0] == hf_greedy(hf, shared + [7, 8, 9], 64)
     assert out == hf_greedy(hf, second_prompt, 64)

@@ -53,7 +53,6 @@ class Engine:
         model: Transformer,
         config: EngineConfig,
         eos_token_ids: tuple[int, ...] = (),
-        detokenize: Callable[[list[int]], str] | None = None,
     ):
         self.model, self.config = model, config
         self.device = next(model.parameters()).device
@@ -65,8 +64,7 @@ class Engine:
             SchedulerConfig(config.max_running_sequences, config.max_batch_tokens, config.prefill_chunk_tokens),
             self.blocks,
         )
-        self.eos_token_ids = eos_token_ids
-        self.detokenize = detokenize
+        self.eos_token_ids = eos_token_ids  # stop strings are the router's: it sees the text, the engine sees ids
         self.seqs: dict[str, Sequence] = {}
         self.layer_hook: EngineLayerHook | None = None
         self.last_schedule: SchedulerOutput | None = None  # for metrics
@@ -202,10 +200,6 @@ class Engine:
         p, token = seq.params, seq.output_ids[-1]
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
             return "stop"
-        if p.stop and self.detokenize is not None:
-            text = self.detokenize(seq.output_ids)
-            if any(s in text for s in p.stop):
-                return "stop"
         if len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length"
         return None

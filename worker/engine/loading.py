@@ -34,5 +34,5 @@ def build_engine(
     model = load_model(model_dir, dtype, device)
     tokenizer = Tokenizer.from_dir(model_dir)
     eos = tuple(tokenizer.eos_token_ids) or model.config.eos_token_ids
-    engine = Engine(model, engine_config, eos_token_ids=tuple(eos), detokenize=tokenizer.decode)
+    engine = Engine(model, engine_config, eos_token_ids=tuple(eos))
     return engine, tokenizer

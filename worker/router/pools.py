@@ -45,9 +45,6 @@ STUBS = {
     "colocated": colocated_pb2_grpc.ColocatedServiceStub,
 }
 UNHEALTHY_FOR_S = 2.0
-RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, grpc.StatusCode.RESOURCE_EXHAUSTED,
-             grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL,
-             grpc.StatusCode.UNKNOWN, grpc.StatusCode.NOT_FOUND}
 
 
 class _Retry(Exception):
