@@ -206,10 +206,13 @@ def worker_probes() -> dict[str, Any]:
 
 
 def router_probes() -> dict[str, Any]:
-    http = {"httpGet": {"path": "/health", "port": names.HTTP_PORT}}
+    """Readiness follows the worker pools (no healthy worker: out of the Service); liveness only the process,
+    so a pool outage or a first rollout never restarts the router."""
+    ready = {"httpGet": {"path": names.READINESS_PATH, "port": names.HTTP_PORT}}
+    alive = {"httpGet": {"path": names.LIVENESS_PATH, "port": names.HTTP_PORT}}
     return {
-        "readinessProbe": {**http, "periodSeconds": 5, "failureThreshold": 3},
-        "livenessProbe": {**http, "periodSeconds": 10, "failureThreshold": 6},
+        "readinessProbe": {**ready, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {**alive, "periodSeconds": 10, "failureThreshold": 6},
     }
 
 

@@ -14,6 +14,10 @@ GRPC_PORT = 50051
 METRICS_PORT = 9090
 HTTP_PORT = 8000
 
+# Router HTTP probes: liveness answers while the process serves HTTP; readiness only while workers can serve
+LIVENESS_PATH = "/livez"
+READINESS_PATH = "/readyz"
+
 # Router metrics
 TTFT_SECONDS = "tandem_ttft_seconds"
 TPOT_SECONDS = "tandem_tpot_seconds"

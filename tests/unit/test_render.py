@@ -78,7 +78,8 @@ def test_router_args_parse_and_find_pools_through_headless_services(gpu_spec):
 def test_router_deployment_http_probes_and_no_gpu(gpu_spec):
     dep = render.router_deployment(gpu_spec, "llama", "ml", "u")
     (c,) = dep["spec"]["template"]["spec"]["containers"]
-    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": names.HTTP_PORT}
+    assert c["readinessProbe"]["httpGet"] == {"path": names.READINESS_PATH, "port": names.HTTP_PORT}
+    assert c["livenessProbe"]["httpGet"] == {"path": names.LIVENESS_PATH, "port": names.HTTP_PORT}
     assert "nvidia.com/gpu" not in c["resources"].get("requests", {})
     assert c["args"][0] == "router"
     assert "dns:///llama-decode.ml.svc:50051" in c["args"]

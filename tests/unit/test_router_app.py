@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 
+from tandem import names
 from tandem.worker.api.params import InvalidRequest, SamplingParams
 from tandem.worker.hf.tokenizer import Tokenizer
 from tandem.worker.router.app import create_app
@@ -428,16 +429,19 @@ async def test_queue_full_is_429_with_retry_after(tok):
 
 
 @pytest.mark.asyncio
-async def test_models_and_health(tok):
+async def test_models_liveness_and_readiness(tok):
     backend = ScriptedBackend(tok)
     app = create_app(backend, tok, SERVED)
     async with client_for(app) as c:
         models = (await c.get("/v1/models")).json()
         assert models["object"] == "list" and [m["id"] for m in models["data"]] == [SERVED]
-        assert (await c.get("/health")).status_code == 200
-        backend.healthy = False
-        r = await c.get("/health")
-        assert r.status_code == 503 and r.json()["status"] == "unavailable"
+        for path in (names.LIVENESS_PATH, names.READINESS_PATH, "/health"):
+            assert (await c.get(path)).status_code == 200, path
+        backend.healthy = False  # no worker can serve: not ready, but the process is alive and must not be restarted
+        assert (await c.get(names.LIVENESS_PATH)).status_code == 200
+        for path in (names.READINESS_PATH, "/health"):
+            r = await c.get(path)
+            assert r.status_code == 503 and r.json()["status"] == "unavailable", path
 
 
 @pytest.mark.asyncio

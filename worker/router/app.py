@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
+from tandem import names
 from tandem.worker.api.params import InvalidRequest
 from tandem.worker.hf.tokenizer import ChatTemplateError, Tokenizer
 from tandem.worker.router import openai_schema as oa
@@ -366,8 +367,13 @@ def create_app(
             card["max_model_len"] = max_model_len
         return {"object": "list", "data": [card]}
 
-    @app.get("/health")
-    async def health() -> JSONResponse:
+    @app.get(names.LIVENESS_PATH)
+    async def livez() -> dict[str, str]:  # answered by the event loop: no worker needed to be alive
+        return {"status": "alive"}
+
+    @app.get(names.READINESS_PATH)
+    @app.get("/health")  # the same readiness answer, for clients of the older path
+    async def readyz() -> JSONResponse:
         ready = backend.ready()
         body = {"status": "ok" if ready else "unavailable", "in_flight": admission.in_flight}
         return JSONResponse(body, status_code=200 if ready else 503)
