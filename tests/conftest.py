@@ -11,3 +11,21 @@ def tiny_model_dir(tmp_path_factory):
     from tandem.worker.devtools.tiny import TinySpec, create_tiny_model  # torch only for tests that use it
 
     return create_tiny_model(tmp_path_factory.mktemp("tiny-model"), TinySpec(seed=0))
+
+
+@pytest.fixture
+def prometheus(tmp_path):
+    """A factory: `prometheus(targets, **kw)` starts a real Prometheus (see tests/prometheus.py) scraping
+    `targets` and returns its client; every server it started stops at teardown. Skips without the binary.
+    For a module-scoped server use `tests.prometheus.running_prometheus` directly."""
+    from contextlib import ExitStack
+
+    from tests.prometheus import running_prometheus
+
+    with ExitStack() as stack:
+        count = iter(range(1000))
+
+        def start(targets, **kw):
+            return stack.enter_context(running_prometheus(targets, tmp_path / f"prometheus-{next(count)}", **kw))
+
+        yield start

@@ -11,6 +11,7 @@ from tandem.operator.local import free_port_block, serving
 from tandem.operator.local_plan import ProcessPlan
 from tandem.spec import parse_object
 from tandem.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+from tests.prometheus import Target
 
 
 def spec(name: str, model_dir: Path, mode: str = "disaggregated", prefill: int = 1, decode: int = 1, **engine) -> dict:
@@ -42,3 +43,14 @@ def load(p: ProcessPlan) -> common_pb2.LoadReport:
         return stub.Load(common_pb2.LoadRequest(), timeout=5)
     finally:
         channel.close()
+
+
+def metrics_targets(stack, namespace: str = "default") -> list[Target]:
+    """Prometheus targets for a running local stack: the router's /metrics on its HTTP port and each
+    worker's metrics port, labelled like the chart's PodMonitor labels pods (namespace, pod)."""
+    out = []
+    for p in stack.plans:
+        host = p.address.rsplit(":", 1)[0]
+        address = p.address if p.role == "router" else f"{host}:{p.metrics_port}"
+        out.append(Target(address, {"namespace": namespace, "pod": p.name}))
+    return out
