@@ -27,10 +27,10 @@ from tandem import names  # noqa: E402
 from tests.k8s.cluster import ControlPlane, Operator, find_binaries  # noqa: E402
 
 GROUP, VERSION = "serving.tandem.dev", "v1alpha1"
-CHILD_KINDS = ("deployments", "services", "configmaps", "poddisruptionbudgets", "inferencepools")
-CHILDREN_PER_OBJECT = 3 + 3 + 1 + 2 + 2  # deployments, services, config, PDBs, pools
+CHILD_KINDS = ("deployments", "services", "poddisruptionbudgets", "inferencepools")
+CHILDREN_PER_OBJECT = 3 + 3 + 2 + 2  # deployments, services, PDBs, pools
 WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY", "DELETE")
-OPERATOR_RESOURCES = ("inferenceservices", "inferencepools", "deployments", "services", "configmaps",
+OPERATOR_RESOURCES = ("inferenceservices", "inferencepools", "deployments", "services",
                       "poddisruptionbudgets", "events")
 
 
@@ -56,7 +56,6 @@ class ChildWatcher:
         return {
             "deployments": (apps.list_namespaced_deployment, {}),
             "services": (core.list_namespaced_service, {}),
-            "configmaps": (core.list_namespaced_config_map, {}),
             "poddisruptionbudgets": (policy.list_namespaced_pod_disruption_budget, {}),
             "inferencepools": (custom.list_namespaced_custom_object,
                                {"group": GROUP, "version": VERSION, "plural": "inferencepools"}),

@@ -60,8 +60,6 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     global QUEUE, _RESYNC
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=API_GROUP)
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
@@ -104,7 +102,6 @@ async def _child_event(type: str, event: dict[str, Any], meta: dict[str, Any], n
 for _resource in (
     ("apps", "v1", "deployments"),
     ("v1", "services"),
-    ("v1", "configmaps"),
     ("policy", "v1", "poddisruptionbudgets"),
     (API_GROUP, API_VERSION, "inferencepools"),
 ):

@@ -21,7 +21,6 @@ FIELD_MANAGER = "tandem-operator"
 _KINDS = {
     "Deployment": ("/apis/apps/v1", "deployments"),
     "Service": ("/api/v1", "services"),
-    "ConfigMap": ("/api/v1", "configmaps"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     "InferenceService": ("/apis/serving.tandem.dev/v1alpha1", "inferenceservices"),
     "InferencePool": ("/apis/serving.tandem.dev/v1alpha1", "inferencepools"),

@@ -2,16 +2,16 @@
 
 No I/O here. The handlers apply what these functions return; tests check them without a cluster.
 Replica counts come from the InferencePool objects (see operator/pools.py for who writes them).
+Pods receive everything they use through their template (arguments, environment, image, volumes), so a
+pod-template change is exactly a change the pods consume: editing `slo`, `autoscaling` or a pool's replica
+bounds rewrites no template and restarts no pod.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from functools import lru_cache
 from typing import Any
-
-import yaml
 
 from tandem import names
 from tandem.launch import router_argv, worker_argv, worker_pools
@@ -23,18 +23,11 @@ POOL_API_VERSION = f"{API_GROUP}/{API_VERSION}"
 POOL_KIND = "InferencePool"
 MANAGED_BY = "tandem-operator"
 HASH_ANNOTATION = f"{API_GROUP}/rendered-hash"
-CONFIG_HASH_ANNOTATION = f"{API_GROUP}/config-hash"
 MODEL_MOUNT = "/models"
-CONFIG_MOUNT = "/etc/tandem"
-CONFIG_FILE = "spec.yaml"
 
 
 def child_name(service: str, pool: str) -> str:
     return f"{service}-{pool}"
-
-
-def config_name(service: str) -> str:
-    return f"{service}-config"
 
 
 def router_endpoint(service: str, namespace: str) -> str:
@@ -85,17 +78,6 @@ def _metadata(name: str, namespace: str, service: str, uid: str, pool: str | Non
         "labels": labels(service, pool),
         "ownerReferences": [owner_reference(service, uid)],
     }
-
-
-def spec_document(spec: InferenceServiceSpec) -> str:
-    """The spec as YAML, the way workers and the router read it from the ConfigMap."""
-    return _yaml_of(spec.model_dump_json(by_alias=True, exclude_none=True))
-
-
-@lru_cache(maxsize=512)
-def _yaml_of(spec_json: str) -> str:
-    """YAML dumping is the slowest step of a render; a reconcile with an unchanged spec reuses it."""
-    return yaml.safe_dump(json.loads(spec_json), sort_keys=True)
 
 
 def content_hash(obj: Any) -> str:
@@ -217,11 +199,13 @@ def router_probes() -> dict[str, Any]:
 
 
 def _pod_template(
-    service: str, pool: str, container: dict[str, Any], config_hash: str,
+    service: str, pool: str, container: dict[str, Any],
     volumes: list[dict[str, Any]], init_containers: list[dict[str, Any]],
     node_selector: dict[str, str], tolerations: list[dict[str, Any]], affinity: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    pod_spec: dict[str, Any] = {"containers": [container], "volumes": volumes}
+    pod_spec: dict[str, Any] = {"containers": [container]}
+    if volumes:
+        pod_spec["volumes"] = volumes
     if init_containers:
         pod_spec["initContainers"] = init_containers
     if node_selector:
@@ -234,7 +218,6 @@ def _pod_template(
         "metadata": {
             "labels": labels(service, pool),
             "annotations": {
-                CONFIG_HASH_ANNOTATION: config_hash,
                 "prometheus.io/scrape": "true",
                 "prometheus.io/port": str(names.METRICS_PORT),
             },
@@ -261,8 +244,7 @@ def _deployment(name: str, namespace: str, service: str, uid: str, pool: str, re
 def worker_deployment(spec: InferenceServiceSpec, service: str, namespace: str, uid: str,
                       pool: str, replicas: int) -> Manifest:
     ps = pool_spec(spec, pool)
-    config_hash = content_hash(spec_document(spec))
-    mounts, volumes = config_and_model_volumes(spec, service)
+    mounts, volumes = model_volumes(spec)
     container = {
         "name": "worker",
         "image": spec.image,
@@ -277,18 +259,18 @@ def worker_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
             *ps.env,
         ],
         "resources": resources(ps.resources.gpus, ps.resources.cpu, ps.resources.memory),
-        "volumeMounts": mounts,
+        **({"volumeMounts": mounts} if mounts else {}),
         **worker_probes(),
     }
-    template = _pod_template(service, pool, container, config_hash, volumes, model_init_containers(spec),
+    template = _pod_template(service, pool, container, volumes, model_init_containers(spec),
                              ps.node_selector, ps.tolerations, ps.affinity)
     return _deployment(child_name(service, pool), namespace, service, uid, pool, replicas, template)
 
 
-def config_and_model_volumes(spec: InferenceServiceSpec, service: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Volume mounts and volumes for the spec's ConfigMap and the model weights."""
-    mounts = [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True}]
-    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": config_name(service)}}]
+def model_volumes(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Volume mounts and volumes for the model weights (none when they are baked into the image)."""
+    mounts: list[dict[str, Any]] = []
+    volumes: list[dict[str, Any]] = []
     mv = model_volume(spec)
     if mv:
         volumes.append(mv)
@@ -300,7 +282,7 @@ def config_and_model_volumes(spec: InferenceServiceSpec, service: str) -> tuple[
 def router_deployment(spec: InferenceServiceSpec, service: str, namespace: str, uid: str) -> Manifest:
     pool = names.POOL_ROUTER
     r = spec.router
-    mounts, volumes = config_and_model_volumes(spec, service)  # the router reads the tokenizer
+    mounts, volumes = model_volumes(spec)  # the router reads the tokenizer
     container = {
         "name": "router",
         "image": spec.image,
@@ -309,11 +291,10 @@ def router_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
         "ports": _ports("http", names.HTTP_PORT),
         "env": [{"name": "TANDEM_POOL", "value": pool}, {"name": "TANDEM_SERVICE", "value": service}],
         "resources": resources(r.resources.gpus, r.resources.cpu, r.resources.memory),
-        "volumeMounts": mounts,
+        **({"volumeMounts": mounts} if mounts else {}),
         **router_probes(),
     }
-    template = _pod_template(service, pool, container, content_hash(spec_document(spec)), volumes,
-                             model_init_containers(spec), {}, [], None)
+    template = _pod_template(service, pool, container, volumes, model_init_containers(spec), {}, [], None)
     return _deployment(child_name(service, pool), namespace, service, uid, pool, r.replicas, template)
 
 
@@ -351,15 +332,6 @@ def router_service(service: str, namespace: str, uid: str) -> Manifest:
     }
 
 
-def config_map(spec: InferenceServiceSpec, service: str, namespace: str, uid: str) -> Manifest:
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": _metadata(config_name(service), namespace, service, uid),
-        "data": {CONFIG_FILE: spec_document(spec)},
-    }
-
-
 def pod_disruption_budget(service: str, namespace: str, uid: str, pool: str) -> Manifest:
     """At most one worker of a pool down for voluntary disruptions (drains, upgrades)."""
     return {
@@ -382,7 +354,7 @@ def inference_pool(service: str, namespace: str, uid: str, pool: str, replicas: 
 def children(spec: InferenceServiceSpec, service: str, namespace: str, uid: str,
              pool_replicas: dict[str, int]) -> list[Manifest]:
     """Every child but the InferencePools, in apply order. pool_replicas: pool -> desired workers."""
-    out: list[Manifest] = [config_map(spec, service, namespace, uid)]
+    out: list[Manifest] = []
     for pool in worker_pools(spec):
         out.append(worker_deployment(spec, service, namespace, uid, pool, pool_replicas[pool]))
         out.append(worker_service(service, namespace, uid, pool))

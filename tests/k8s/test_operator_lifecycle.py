@@ -83,7 +83,8 @@ def test_apply_creates_ready_gpu_pools(control_plane, llama):
         svc = get_json(cp, "service", f"{SERVICE}-{pool}", namespace=ns)
         assert svc["metadata"]["ownerReferences"][0]["uid"] == uid
         assert svc["spec"]["selector"] == {names.LABEL_SERVICE: SERVICE, names.LABEL_POOL: pool}
-    for kind in ("configmap/llama-8b-config", "poddisruptionbudget/llama-8b-decode",
+    assert get_json(cp, "configmap", f"{SERVICE}-config", namespace=ns) is None  # pods get the spec in args
+    for kind in ("poddisruptionbudget/llama-8b-decode",
                  "inferencepool/llama-8b-prefill", "inferencepool/llama-8b-decode"):
         assert get_json(cp, kind, namespace=ns)["metadata"]["ownerReferences"][0]["uid"] == uid, kind
     pods = get_json(cp, "pods", "-l", f"{names.LABEL_SERVICE}={SERVICE}", namespace=ns)["items"]
@@ -103,26 +104,55 @@ def test_apply_creates_ready_gpu_pools(control_plane, llama):
     assert "True" in table.splitlines()[1] and "2/2" in table
 
 
-def test_spec_update_rolls_out(control_plane, llama):
-    cp, ns = control_plane, llama
-    before = deployment(cp, ns, "decode")
-    cp.kubectl("patch", "tsvc", SERVICE, "-n", ns, "--type=merge",
-               "-p", '{"spec":{"image":"tandem-worker:0.2.0","slo":{"ttftMs":300}}}')
+def _live_pods(cp, ns: str) -> dict[str, list[dict]]:
+    """pool -> its pods that are not being deleted."""
+    out: dict[str, list[dict]] = {pool: [] for pool in POOLS}
+    for pod in get_json(cp, "pods", "-l", f"{names.LABEL_SERVICE}={SERVICE}", namespace=ns)["items"]:
+        if not pod["metadata"].get("deletionTimestamp"):
+            out[pod["metadata"]["labels"][names.LABEL_POOL]].append(pod)
+    return out
+
+
+def _uids(pods: list[dict]) -> set[str]:
+    return {p["metadata"]["uid"] for p in pods}
+
+
+def _patch_and_wait_ready(cp, ns: str, patch: str) -> None:
     gen = get_json(cp, "tsvc", SERVICE, namespace=ns)["metadata"]["generation"]
-    obj = wait_for(lambda: ready_at_current_generation(cp, ns), 120, "Ready at the new generation")
-    assert obj["status"]["observedGeneration"] == gen
-    for pool in POOLS:
-        dep = deployment(cp, ns, pool)
-        assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "tandem-worker:0.2.0"
-    after = deployment(cp, ns, "decode")
-    key = "serving.tandem.dev/config-hash"
-    assert after["spec"]["template"]["metadata"]["annotations"][key] != \
-        before["spec"]["template"]["metadata"]["annotations"][key]
-    cm = get_json(cp, "configmap", f"{SERVICE}-config", namespace=ns)
-    assert yaml.safe_load(cm["data"]["spec.yaml"])["slo"]["ttftMs"] == 300
-    pods = get_json(cp, "pods", "-l", f"{names.LABEL_SERVICE}={SERVICE}", namespace=ns)["items"]
-    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-    assert {p["spec"]["containers"][0]["image"] for p in live} == {"tandem-worker:0.2.0"}
+    cp.kubectl("patch", "tsvc", SERVICE, "-n", ns, "--type=merge", "-p", patch)
+    wait_for(lambda: (o := ready_at_current_generation(cp, ns)) and o["metadata"]["generation"] > gen, 120,
+             "Ready at the new generation")
+
+
+def test_slo_autoscaling_and_bounds_edits_restart_no_pod(control_plane, llama):
+    cp, ns = control_plane, llama
+    pods = {pool: _uids(p) for pool, p in _live_pods(cp, ns).items()}
+    generations = {pool: deployment(cp, ns, pool)["metadata"]["generation"] for pool in POOLS}
+    _patch_and_wait_ready(cp, ns, '{"spec":{"slo":{"ttftMs":300,"tpotMs":20},'
+                                  '"autoscaling":{"windowSeconds":120},"decode":{"maxReplicas":6}}}')
+    time.sleep(2)  # room for a wrong rollout to start
+    assert {pool: deployment(cp, ns, pool)["metadata"]["generation"] for pool in POOLS} == generations
+    assert {pool: _uids(p) for pool, p in _live_pods(cp, ns).items()} == pods
+
+
+def test_engine_edit_rolls_the_workers_and_image_edit_rolls_every_pod(control_plane, llama):
+    cp, ns = control_plane, llama
+    before = {pool: _uids(p) for pool, p in _live_pods(cp, ns).items()}
+    _patch_and_wait_ready(cp, ns, '{"spec":{"engine":{"maxBatchTokens":4096}}}')
+    after = wait_for(lambda: (p := _live_pods(cp, ns)) and all(len(p[k]) == n for k, n in POOLS.items()) and p,
+                     60, "old worker pods gone")
+    for pool in ("prefill", "decode"):
+        assert not _uids(after[pool]) & before[pool], f"{pool} pods were not replaced"
+        for pod in after[pool]:
+            args = pod["spec"]["containers"][0]["args"]
+            assert args[args.index("--max-batch-tokens") + 1] == "4096"
+    assert _uids(after["router"]) == before["router"]  # the router does not consume the engine section
+
+    _patch_and_wait_ready(cp, ns, '{"spec":{"image":"tandem-worker:0.2.0"}}')
+    live = wait_for(lambda: (p := _live_pods(cp, ns)) and all(len(p[k]) == n for k, n in POOLS.items())
+                    and {q["spec"]["containers"][0]["image"] for v in p.values() for q in v} == {"tandem-worker:0.2.0"}
+                    and p, 60, "every pod on the new image")
+    assert not _uids(live["router"]) & before["router"]
 
 
 def test_scale_one_pool_changes_only_that_pool(control_plane, llama):
@@ -155,10 +185,10 @@ def test_deleted_or_edited_child_is_restored(control_plane, llama):
                "-p", '[{"op":"replace","path":"/spec/template/spec/containers/0/image","value":"evil:1"}]')
     wait_for(lambda: deployment(cp, ns, "decode")["spec"]["template"]["spec"]["containers"][0]["image"]
              == "tandem-worker:0.1.0", 30, "decode image restored")
-    cp.kubectl("patch", "configmap", f"{SERVICE}-config", "-n", ns, "--type=merge",
-               "-p", '{"data":{"spec.yaml":"tampered"}}')
-    wait_for(lambda: get_json(cp, "configmap", f"{SERVICE}-config", namespace=ns)["data"]["spec.yaml"]
-             != "tampered", 30, "config restored")
+    cp.kubectl("patch", "poddisruptionbudget", f"{SERVICE}-decode", "-n", ns, "--type=merge",
+               "-p", '{"spec":{"maxUnavailable":5}}')
+    wait_for(lambda: get_json(cp, "poddisruptionbudget", f"{SERVICE}-decode", namespace=ns)["spec"]
+             ["maxUnavailable"] == 1, 30, "PodDisruptionBudget restored")
     wait_for(lambda: ready_at_current_generation(cp, ns), 60, "Ready again")
 
 
@@ -168,7 +198,7 @@ def test_delete_garbage_collects_every_child(control_plane, llama):
     selector = f"{names.LABEL_SERVICE}={SERVICE}"
 
     def gone():
-        out = cp.kubectl("get", "deployments,services,configmaps,poddisruptionbudgets,inferencepools,replicasets,pods",
+        out = cp.kubectl("get", "deployments,services,poddisruptionbudgets,inferencepools,replicasets,pods",
                          "-n", ns, "-l", selector, "-o", "name").stdout
         return out.strip() == ""
     wait_for(gone, 60, "children garbage-collected")
@@ -176,10 +206,10 @@ def test_delete_garbage_collects_every_child(control_plane, llama):
 
 def _children_fingerprint(cp, ns: str) -> dict:
     out = {}
-    for kind in ("deployments", "services", "configmaps", "poddisruptionbudgets", "inferencepools"):
+    for kind in ("deployments", "services", "poddisruptionbudgets", "inferencepools"):
         for item in get_json(cp, kind, "-l", f"{names.LABEL_SERVICE}={SERVICE}", namespace=ns)["items"]:
             meta = item["metadata"]
-            # generation moves on spec writes; objects without one (Service, ConfigMap) use resourceVersion
+            # generation moves on spec writes; objects without one (Service) use resourceVersion
             out[f"{kind}/{meta['name']}"] = (meta["uid"], meta.get("generation") or meta["resourceVersion"])
     return out
 

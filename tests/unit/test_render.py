@@ -24,7 +24,6 @@ def test_disaggregated_children(gpu_spec):
     out = render.children(gpu_spec, "llama", "ml", "uid-1", {"prefill": 1, "decode": 3})
     kinds = sorted((m["kind"], m["metadata"]["name"]) for m in out)
     assert kinds == sorted([
-        ("ConfigMap", "llama-config"),
         ("Deployment", "llama-prefill"), ("Service", "llama-prefill"), ("PodDisruptionBudget", "llama-prefill"),
         ("Deployment", "llama-decode"), ("Service", "llama-decode"), ("PodDisruptionBudget", "llama-decode"),
         ("Deployment", "llama-router"), ("Service", "llama-router"),
@@ -97,15 +96,42 @@ def test_colocated_has_one_pool_sized_by_decode(gpu_spec):
     assert co["spec"]["template"]["spec"]["containers"][0]["args"][:3] == ["worker", "--role", "colocated"]
 
 
-def test_spec_change_changes_pod_template_hash(gpu_spec):
-    a = render.worker_deployment(gpu_spec, "s", "ns", "u", "decode", 1)
-    changed = gpu_spec.model_copy(update={"slo": gpu_spec.slo.model_copy(update={"ttft_ms": 999})})
-    b = render.worker_deployment(changed, "s", "ns", "u", "decode", 1)
-    key = render.CONFIG_HASH_ANNOTATION
-    assert a["spec"]["template"]["metadata"]["annotations"][key] != \
-        b["spec"]["template"]["metadata"]["annotations"][key]
-    assert render.with_hash(a)["metadata"]["annotations"][render.HASH_ANNOTATION] != \
-        render.with_hash(b)["metadata"]["annotations"][render.HASH_ANNOTATION]
+def _edited(spec: InferenceServiceSpec, patch: dict) -> InferenceServiceSpec:
+    """The spec with a camelCase patch merged in, validated as the API server's object would be."""
+    def merge(base: dict, over: dict) -> dict:
+        return {**base, **{k: merge(base.get(k) or {}, v) if isinstance(v, dict) else v for k, v in over.items()}}
+    return InferenceServiceSpec.model_validate(merge(spec.model_dump(mode="json", by_alias=True), patch))
+
+
+def _pod_templates(spec: InferenceServiceSpec) -> dict[str, dict]:
+    """Deployment name -> pod template: what Kubernetes compares to decide whether pods restart."""
+    out = render.children(spec, "s", "ns", "u", {"prefill": 1, "decode": 1, "colocated": 1})
+    return {m["metadata"]["name"]: m["spec"]["template"] for m in out if m["kind"] == "Deployment"}
+
+
+@pytest.mark.parametrize("patch", [
+    {"slo": {"ttftMs": 999, "tpotMs": 7, "percentile": 99}},
+    {"autoscaling": {"enabled": True, "windowSeconds": 300, "scaleDownCooldownSeconds": 1}},
+    {"decode": {"replicas": 3, "maxReplicas": 8}, "prefill": {"minReplicas": 0}},
+    {"router": {"replicas": 3}},
+], ids=["slo", "autoscaling", "pool-replicas", "router-replicas"])
+def test_edits_the_pods_do_not_consume_leave_every_pod_template_alone(gpu_spec, patch):
+    edited = _edited(gpu_spec, patch)
+    assert edited != gpu_spec
+    assert _pod_templates(edited) == _pod_templates(gpu_spec)
+
+
+@pytest.mark.parametrize("patch,rolled", [
+    ({"image": "tandem-worker:9"}, {"s-prefill", "s-decode", "s-router"}),
+    ({"engine": {"maxBatchTokens": 4096}}, {"s-prefill", "s-decode"}),
+    ({"model": {"maxContextLength": 16384}}, {"s-prefill", "s-decode"}),
+    ({"model": {"servedName": "other"}}, {"s-prefill", "s-decode", "s-router"}),
+    ({"decode": {"resources": {"gpus": 2}}}, {"s-decode"}),
+    ({"router": {"maxQueuedRequests": 9}}, {"s-router"}),
+], ids=["image", "engine", "context", "served-name", "decode-gpus", "router-queue"])
+def test_edits_the_pods_consume_roll_exactly_those_pods(gpu_spec, patch, rolled):
+    before, after = _pod_templates(gpu_spec), _pod_templates(_edited(gpu_spec, patch))
+    assert {name for name in before if before[name] != after[name]} == rolled
 
 
 def test_rendering_is_deterministic(gpu_spec):
@@ -124,7 +150,7 @@ def test_model_sources(source, volume, init):
     spec = InferenceServiceSpec.model_validate({"model": {"source": source, "servedName": "m"}})
     dep = render.worker_deployment(spec, "s", "ns", "u", "prefill", 1)
     pod = dep["spec"]["template"]["spec"]
-    vols = {v["name"]: v for v in pod["volumes"]}
+    vols = {v["name"]: v for v in pod.get("volumes", [])}
     if volume is None:
         assert "model" not in vols
     else:
