@@ -71,6 +71,7 @@ def router_argv(
         "router", "--model-dir", model_dir, "--served-name", spec.model.served_name,
         "--service", service, "--host", host, "--port", str(port), "--mode", spec.mode.value,
         "--max-queued", str(spec.router.max_queued_requests),
+        "--max-model-len", str(spec.model.max_context_length),
     ]  # fmt: skip
     if metrics_port:
         argv += ["--metrics-port", str(metrics_port)]

@@ -321,9 +321,9 @@ async def test_streamed_multibyte_text_is_never_split(tok):
     ("path", "body", "param", "fragment"),
     [
         ("/v1/completions", {"model": SERVED}, "prompt", "prompt: Field required"),
-        ("/v1/completions", {"model": SERVED, "prompt": "x", "temperature": -1}, None, "temperature"),
+        ("/v1/completions", {"model": SERVED, "prompt": "x", "temperature": -1}, "temperature", "temperature"),
         ("/v1/completions", {"model": SERVED, "prompt": "x", "n": 2}, "n", "n=1"),
-        ("/v1/completions", {"model": SERVED, "prompt": "x", "max_tokens": 0}, None, "max_tokens"),
+        ("/v1/completions", {"model": SERVED, "prompt": "x", "max_tokens": 0}, "max_tokens", "max_tokens"),
         ("/v1/completions", {"model": SERVED, "prompt": 7}, "prompt", "list of token ids"),
         ("/v1/completions", {"model": SERVED, "prompt": ["a", "b"]}, "prompt", "one prompt"),
         ("/v1/completions", {"model": SERVED, "prompt": [10**9]}, "prompt", "outside the vocabulary"),
@@ -336,7 +336,7 @@ async def test_streamed_multibyte_text_is_never_split(tok):
             None,
             "robot",
         ),
-        ("/v1/chat/completions", {"model": SERVED, "messages": CHAT, "top_p": 0}, None, "top_p"),
+        ("/v1/chat/completions", {"model": SERVED, "messages": CHAT, "top_p": 0}, "top_p", "top_p"),
     ],
 )
 async def test_bad_requests_get_400_with_a_reason(tok, path, body, param, fragment):

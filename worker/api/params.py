@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+UINT32_MAX = 2**32 - 1  # the wire's bound on token ids, top_k and max_tokens (tandem.v1.SamplingParams)
+UINT64_MAX = 2**64 - 1  # the wire's bound on seeds
+
 
 class InvalidRequest(ValueError):
     """A request the engine refuses, with a message fit for a 400 response."""
@@ -22,14 +25,18 @@ class SamplingParams:
     logprobs: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InvalidRequest(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.max_tokens, int) or not 1 <= self.max_tokens <= UINT32_MAX:
+            raise InvalidRequest(f"max_tokens must be an integer in [1, {UINT32_MAX}], got {self.max_tokens!r}")
         if not 0.0 <= self.temperature <= 100.0:
             raise InvalidRequest(f"temperature must be in [0, 100], got {self.temperature!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.top_k < 0:
-            raise InvalidRequest(f"top_k must be >= 0 (0 disables it), got {self.top_k!r}")
+        if not 0 <= self.top_k <= UINT32_MAX:
+            raise InvalidRequest(f"top_k must be in [0, {UINT32_MAX}] (0 disables it), got {self.top_k!r}")
+        if self.seed is not None and not 0 <= self.seed <= UINT64_MAX:
+            raise InvalidRequest(f"seed must be in [0, {UINT64_MAX}], got {self.seed!r}")
+        if any(not 0 <= t <= UINT32_MAX for t in self.stop_token_ids):
+            raise InvalidRequest(f"stop_token_ids must be in [0, {UINT32_MAX}]")
         if any(not s for s in self.stop):
             raise InvalidRequest("stop strings must be non-empty")
 

@@ -20,6 +20,7 @@ from tandem.worker.engine.model import AttentionBatch, Transformer
 from tandem.worker.engine.sampling import sample
 from tandem.worker.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tandem.worker.engine.sequence import SeqStatus, Sequence
+from tandem.worker.hf.config import served_context_length
 
 
 @dataclass
@@ -57,7 +58,7 @@ class Engine:
         self.model, self.config = model, config
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.max_model_len = config.max_model_len or model.config.max_position_embeddings
+        self.max_model_len = served_context_length(model.config.max_position_embeddings, config.max_model_len)
         self.kv = KvCache(model.config, config.num_kv_blocks, config.block_size, self.dtype, self.device)
         self.blocks = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(

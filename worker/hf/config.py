@@ -79,3 +79,11 @@ class ModelConfig:
             raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
         except KeyError as e:
             raise ModelLoadError(f"{path}: missing required key {e.args[0]!r}") from None
+
+
+def served_context_length(model_max_positions: int, requested: int | None) -> int:
+    """The context length a deployment serves: the spec's `maxContextLength` when set, never more than the
+    model's positions. Router and workers both call this, so they refuse the same requests."""
+    if requested is None or requested <= 0:
+        return model_max_positions
+    return min(requested, model_max_positions)

@@ -13,6 +13,7 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from tandem import names
@@ -21,6 +22,7 @@ from tandem.worker.hf.tokenizer import ChatTemplateError, Tokenizer
 from tandem.worker.router import openai_schema as oa
 from tandem.worker.router.backend import Backend, BackendError, Timing
 from tandem.worker.router.generation import Generation
+from tandem.worker.router.limits import BodyGone, RequestLimits, read_body
 from tandem.worker.router.metrics import STATUS_CLIENT_GONE, RequestClock, RouterMetrics
 from tandem.worker.router.streaming import SSE_DONE, TextDelta, sse_event
 
@@ -250,10 +252,13 @@ def create_app(
     max_queued_requests: int = 256,
     *,
     max_model_len: int | None = None,
+    limits: RequestLimits | None = None,
 ) -> FastAPI:
-    """The router's ASGI app. `max_model_len` (the model's context) turns overlong prompts into 400s here."""
+    """The router's ASGI app. `max_model_len` (the context the workers serve) turns overlong prompts
+    into 400s here; `limits` bound what a request body may cost before it is parsed."""
     metrics = RouterMetrics(service_name, backend.queue_depth)
     admission = Admission(max_queued_requests)
+    limits = limits or RequestLimits()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -265,6 +270,18 @@ def create_app(
 
     app = FastAPI(title="tandem router", lifespan=lifespan)
     app.state.metrics, app.state.admission, app.state.backend = metrics, admission, backend
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Unknown paths (404) and wrong methods (405) answer in the OpenAI error shape too."""
+        response = error_response(oa.ApiError(exc.status_code, str(exc.detail)))
+        response.headers.update(exc.headers or {})
+        return response
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(_: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled error", exc_info=exc)
+        return error_response(oa.ApiError(500, f"internal error: {type(exc).__name__}"))
 
     def check_model(req: oa.SamplingRequest) -> None:
         if req.model != served_name:
@@ -285,10 +302,12 @@ def create_app(
         clock = metrics.start_request()
         admitted, handed_off, gen = False, False, None
         try:
-            req = parse_request(model, await request.body())
+            req = parse_request(model, await read_body(request, limits))
             check_model(req)
             req.check_supported()
-            prompt_ids = prompt_ids_of(req, tokenizer)
+            req.check_token_ids(tokenizer.vocab_size)
+            # templates and tokenizers take time on long prompts: off the event loop, other requests go on
+            prompt_ids = await anyio.to_thread.run_sync(prompt_ids_of, req, tokenizer)
             max_tokens = resolve_max_tokens(
                 req.requested_max_tokens(), default_max_tokens, len(prompt_ids), max_model_len
             )
@@ -311,7 +330,7 @@ def create_app(
             )
             handed_off = True  # from here on the response owns the cleanup
             return response
-        except ClientGone:
+        except (ClientGone, BodyGone):
             clock.finish(STATUS_CLIENT_GONE)
             return Response(status_code=int(STATUS_CLIENT_GONE))
         except Exception as exc:

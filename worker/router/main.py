@@ -7,6 +7,7 @@ import logging
 import sys
 
 from tandem.names import HTTP_PORT
+from tandem.worker.router.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, RequestLimits
 
 MODES = ("disaggregated", "colocated")
 
@@ -38,6 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--metrics-port", type=int, default=0, help="also serve /metrics on this port (0: off)")
     p.add_argument("--max-queued", type=int, default=256, help="requests in flight before answering 429")
+    p.add_argument(
+        "--max-model-len", type=int, default=None,
+        help="context length the workers serve (their --max-model-len); default: the model's positions",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="larger request bodies get 413"
+    )
+    p.add_argument(
+        "--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT_S,
+        help="seconds a client may take to send its request body before 408",
+    )  # fmt: skip
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
 
@@ -46,6 +58,8 @@ def check_args(args: argparse.Namespace) -> str | None:
     """Why the worker addresses cannot serve the mode, or None when they can."""
     if args.max_queued < 1:
         return "--max-queued must be >= 1"
+    if args.max_body_bytes < 1 or args.body_timeout <= 0:
+        return "--max-body-bytes and --body-timeout must be positive"
     if args.workers_file:
         return None  # the file names the workers, possibly later
     if args.mode == "disaggregated" and not (args.prefill and args.decode):
@@ -67,14 +81,15 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
-    from tandem.worker.hf.config import ModelConfig, ModelLoadError
+    from tandem.worker.hf.config import ModelConfig, ModelLoadError, served_context_length
     from tandem.worker.hf.tokenizer import Tokenizer
     from tandem.worker.router.app import create_app
     from tandem.worker.router.pools import build_backend
 
     try:
         tokenizer = Tokenizer.from_dir(args.model_dir)
-        max_model_len = ModelConfig.from_dir(args.model_dir).max_position_embeddings
+        positions = ModelConfig.from_dir(args.model_dir).max_position_embeddings
+        max_model_len = served_context_length(positions, args.max_model_len)
     except ModelLoadError as e:
         print(f"tandem router: {e}", file=sys.stderr)
         return 2
@@ -85,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         service_name=args.service,
         max_queued_requests=args.max_queued,
         max_model_len=max_model_len,
+        limits=RequestLimits(args.max_body_bytes, args.body_timeout),
     )
     if args.metrics_port:
         from prometheus_client import start_http_server

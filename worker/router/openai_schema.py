@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tandem.worker.api.params import SamplingParams
+from tandem.worker.api.params import UINT32_MAX, UINT64_MAX, SamplingParams
 from tandem.worker.router.streaming import TokenLogprob
 
-MAX_LOGPROBS = 20
+MAX_LOGPROBS = 20  # the most alternatives OpenAI's API lets a client ask for
+SUPPORTED_LOGPROBS = 1  # we report the sampled token only, so asking for more alternatives is refused
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 256
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seeds OpenAI clients (and vLLM) accept
 ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error"}
 FIELD_HINTS = {"prompt": "must be a string, a list of token ids, or a one-element list of either"}
 
@@ -39,46 +44,64 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 
 def describe_validation_error(error: ValidationError) -> tuple[str, str | None]:
-    """A one-line message and the offending top-level field for a pydantic validation failure."""
-    parts: dict[str, str] = {}
+    """A one-line message and the offending top-level field for a pydantic validation failure.
+
+    A field typed as a union (`stop: str | list[str]`) fails once per branch; the branch whose type
+    matched says what is wrong (a length, a range), so its error wins over "should be a valid string".
+    """
+    by_field: dict[str, list[Any]] = {}
     for e in error.errors(include_url=False):
         if e["type"] == "json_invalid":
             return f"request body is not valid JSON: {e['msg']}", None
         loc = [str(x) for x in e["loc"]]
-        field = loc[0] if loc else "body"
-        if field in parts:
-            continue
-        where = ".".join(x for x in loc if not x.startswith(("list[", "str", "int")))
+        by_field.setdefault(loc[0] if loc else "body", []).append(e)
+    parts = []
+    for field, errors in by_field.items():
+        e = next((x for x in errors if not x["type"].endswith("_type")), errors[0])
+        where = ".".join(str(x) for x in e["loc"] if not _is_type_tag(x))
         hint = FIELD_HINTS.get(field) if e["type"] != "missing" else None
-        parts[field] = f"{where or 'body'}: {hint or e['msg']}"
-    return "; ".join(parts.values()) or "invalid request", next(iter(parts), None)
+        parts.append(f"{where or 'body'}: {hint or e['msg']}")
+    return "; ".join(parts) or "invalid request", next(iter(by_field), None)
+
+
+def _is_type_tag(loc_part: Any) -> bool:
+    """Union branch names pydantic puts in an error location (`str`, `list[int]`, `constrained-str`)."""
+    return isinstance(loc_part, str) and (
+        "[" in loc_part or "-" in loc_part or loc_part in ("str", "int", "float", "bool")
+    )
 
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class SamplingRequest(BaseModel):
-    """Fields shared by completions and chat completions. Unknown fields are ignored, as OpenAI does."""
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+TokenId = Annotated[int, Field(ge=0, le=UINT32_MAX)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
-    model_config = ConfigDict(extra="ignore")
+
+class SamplingRequest(BaseModel):
+    """Fields shared by completions and chat completions, each range-checked here so that nothing a client
+    sends fails later on the wire. Unknown fields are ignored, as OpenAI does."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None  # -1 or 0: off
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    max_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
+    temperature: float | None = Field(None, ge=0.0, le=100.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1, le=UINT32_MAX)  # -1 or 0: off
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
-    min_tokens: int = 0  # accepted, not enforced
+    min_tokens: int = Field(0, ge=0, le=UINT32_MAX)  # accepted, not enforced
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
 
     def check_supported(self) -> None:
         if self.n != 1:
@@ -86,8 +109,16 @@ class SamplingRequest(BaseModel):
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) not in (None, 0, 0.0):
                 raise ApiError(400, f"{name} is not supported (use 0)", param=name)
-        if self.min_tokens < 0:
-            raise ApiError(400, f"min_tokens must be >= 0, got {self.min_tokens}", param="min_tokens")
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
+
+    def check_token_ids(self, vocab_size: int) -> None:
+        """Token ids the request names must exist in the model's vocabulary."""
+        bad = [t for t in self.stop_token_ids or [] if t >= vocab_size]
+        if bad:
+            raise ApiError(
+                400, f"stop_token_ids outside the vocabulary of {vocab_size}: {bad[:5]}", param="stop_token_ids"
+            )
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:
@@ -112,7 +143,7 @@ class SamplingRequest(BaseModel):
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=top_k,
-            seed=self.seed,
+            seed=None if self.seed is None else self.seed & UINT64_MAX,  # negative seeds as two's complement
             stop=self.stop_strings(),
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
@@ -120,9 +151,19 @@ class SamplingRequest(BaseModel):
         )
 
 
+def refuse_top_n(param: str, n: int | None) -> None:
+    if n is not None and n > SUPPORTED_LOGPROBS:
+        raise ApiError(
+            400,
+            f"{param}={n} is not supported: only the sampled token's logprob is reported "
+            f"(use {param} <= {SUPPORTED_LOGPROBS})",
+            param=param,
+        )
+
+
 class CompletionRequest(SamplingRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     best_of: int | None = None
 
@@ -132,8 +173,7 @@ class CompletionRequest(SamplingRequest):
             raise ApiError(400, "echo is not supported", param="echo")
         if self.best_of not in (None, 1):
             raise ApiError(400, "only best_of=1 is supported", param="best_of")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ApiError(400, f"logprobs must be in [0, {MAX_LOGPROBS}]", param="logprobs")
+        refuse_top_n("logprobs", self.logprobs)
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str | list):
             if len(self.prompt) != 1:
                 raise ApiError(400, "only one prompt per request is supported", param="prompt")
@@ -171,13 +211,14 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
-    top_logprobs: int | None = None
-    max_completion_tokens: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    max_completion_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
-            raise ApiError(400, f"top_logprobs must be in [0, {MAX_LOGPROBS}]", param="top_logprobs")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        refuse_top_n("top_logprobs", self.top_logprobs)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
