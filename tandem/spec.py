@@ -121,6 +121,14 @@ class AutoscalingSpec(_Spec):
     window_seconds: int = Field(default=60, gt=0)
     scale_up_cooldown_seconds: int = Field(default=30, ge=0)
     scale_down_cooldown_seconds: int = Field(default=120, ge=0)
+    # Scale down only after the need stayed below the current count this long (then one replica per cooldown).
+    stabilization_seconds: int = Field(default=180, ge=0)
+    # Size each pool for this share of its SLO, and scale down only if N-1 replicas still meet it.
+    slo_margin_percent: int = Field(default=80, ge=1, le=100)
+    # GPUs both pools may hold together; unset = no shared cap (each pool still has its maxReplicas).
+    gpu_budget: int | None = Field(default=None, ge=1)
+    # The capacity profile (`tandem profile` JSON): a file path locally, a ConfigMap name on Kubernetes.
+    profile: str | None = None
 
 
 class Transport(StrEnum):

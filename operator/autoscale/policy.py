@@ -1,0 +1,326 @@
+"""The SLO policy: one pure call per interval turns per-pool observations into replica decisions with reasons.
+
+Rules, in the order they apply to each pool:
+1. stale, missing or NaN metrics: hold and say which;
+2. a change still in flight (replicas starting, draining, or not yet at the last target): hold;
+3. zero traffic for a stabilisation window: straight down to the minimum;
+4. otherwise the target is the larger of a predictive floor (the capacity model at the rate forecast one
+   cold start plus one interval ahead) and a reactive term (SLO breached now, or the prefill queue
+   growing faster than the pool drains it); up at once, down one replica at a time, only after the
+   need stayed below the current count for the stabilisation window and only if N-1 replicas still
+   meet the SLO with margin;
+5. min/max per pool, then an optional GPU budget shared by the pools, given to the pool whose
+   predicted latency (as a share of its SLO) drops most per replica.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from tandem.operator.autoscale import forecast as fc
+from tandem.operator.autoscale.capacity import (
+    DecodeLoad,
+    Need,
+    PrefillLoad,
+    decode_need,
+    decode_tpot_ms,
+    prefill_need,
+    prefill_ttft_ms,
+)
+from tandem.operator.autoscale.config import PolicyConfig
+from tandem.operator.autoscale.types import Decision, Pool, PoolObservation
+
+
+@dataclass(frozen=True)
+class PoolState:
+    """What the policy remembers of one pool between calls."""
+
+    forecaster: fc.RateForecaster | None = None
+    target: int | None = None  # the last decided count, until the pool reaches it
+    target_since_s: float = -math.inf
+    last_change_s: float = -math.inf
+    last_direction: int = 0  # +1 up, -1 down, 0 none yet
+    low_since_s: float | None = None  # since when the need stayed below the current count
+    idle_since_s: float | None = None  # since when the pool saw no traffic
+    last_queue_tokens: float | None = None
+    last_queue_at_s: float | None = None
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    pools: dict[Pool, PoolState] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    decision: Decision
+    state: PoolState
+    latency_share: Callable[[int], float] | None = None  # predicted latency / SLO at N replicas
+
+
+def decide(
+    observations: dict[Pool, PoolObservation], state: PolicyState, config: PolicyConfig, now_s: float
+) -> tuple[dict[Pool, Decision], PolicyState]:
+    """Decide every observed pool; the returned state replaces `state` for the next call."""
+    outcomes = {
+        pool: _decide_pool(obs, state.pools.get(pool, PoolState()), config, now_s)
+        for pool, obs in observations.items()
+    }
+    decisions = {pool: o.decision for pool, o in outcomes.items()}
+    if config.gpu_budget is not None:
+        decisions = _apply_budget(decisions, outcomes, config)
+    pools = dict(state.pools)
+    for pool, o in outcomes.items():
+        pools[pool] = _record(o.state, decisions[pool], now_s)
+    return decisions, PolicyState(pools)
+
+
+def _record(ps: PoolState, d: Decision, now_s: float) -> PoolState:
+    if not d.changes:
+        return ps
+    direction = 1 if d.desired > d.current else -1
+    return replace(ps, target=d.desired, target_since_s=now_s, last_change_s=now_s, last_direction=direction)
+
+
+# --- one pool ------------------------------------------------------------------------------------------
+
+
+def _missing(value: float | None) -> bool:
+    return value is None or math.isnan(value)
+
+
+def _hold(obs: PoolObservation, current: int, code: str, why: str, **details: float) -> Decision:
+    return Decision(obs.pool, current, current, f"{obs.pool} holds at {current}: {why}", code, dict(details))
+
+
+def _required(obs: PoolObservation) -> tuple[str, ...]:
+    if obs.pool == Pool.prefill:
+        return ("prompt_tokens_mean", "ttft_ms")
+    if obs.pool == Pool.decode:
+        return ("prompt_tokens_mean", "output_tokens_mean", "tpot_ms")
+    return ("prompt_tokens_mean", "output_tokens_mean", "ttft_ms", "tpot_ms")
+
+
+def _decide_pool(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: float) -> _Outcome:
+    r = obs.replicas
+    current = r.ready + r.starting  # starting replicas are capacity on its way
+    limits = cfg.limits_for(obs.pool)
+
+    age = now_s - obs.at_s
+    if age > cfg.stale_after_s:
+        return _Outcome(_hold(obs, current, "MetricsStale", f"metrics are {age:.0f} s old"), ps)
+    if _missing(obs.arrival_rate_rps):
+        return _Outcome(_hold(obs, current, "MetricsUnavailable", "arrival rate missing"), ps)
+    rate = float(obs.arrival_rate_rps)  # type: ignore[arg-type]
+
+    forecaster = ps.forecaster
+    forecaster = fc.start(rate, obs.at_s) if forecaster is None else fc.observe(forecaster, rate, obs.at_s)
+    ps = replace(ps, forecaster=forecaster)
+
+    if ps.target is not None:
+        landed = r.ready == ps.target and r.starting == 0 and r.draining == 0
+        if not landed and now_s - ps.target_since_s < cfg.in_flight_timeout_s:
+            why = f"waiting for {ps.target} (ready {r.ready}, starting {r.starting}, draining {r.draining})"
+            return _Outcome(_hold(obs, current, "InFlight", why), ps)
+        ps = replace(ps, target=None)
+
+    if current < limits.min_replicas or current > limits.max_replicas:
+        desired = min(max(current, limits.min_replicas), limits.max_replicas)
+        why = f"bounds are {limits.min_replicas}..{limits.max_replicas}"
+        return _Outcome(Decision(obs.pool, current, desired, f"{obs.pool} {current}->{desired}: {why}", "Bounds"), ps)
+
+    idle = rate <= 0 and not (obs.queued_prompt_tokens or 0) > 0 and not (obs.running_sequences or 0) > 0
+    if idle:
+        return _idle(obs, replace(ps, low_since_s=None), cfg, now_s, current)
+    ps = replace(ps, idle_since_s=None)
+
+    absent = [name for name in _required(obs) if _missing(getattr(obs, name))]
+    if absent:
+        return _Outcome(_hold(obs, current, "MetricsUnavailable", "missing " + ", ".join(absent)), ps)
+
+    predicted = fc.forecast(forecaster, cfg.horizon_s)
+    floor_rate = max(rate, predicted.rate_rps)
+    sizing = _sizing(obs, cfg, floor_rate)
+    need, observed, slo_ms, label = sizing.need, sizing.observed_ms, sizing.slo_ms, sizing.label
+    plan = (
+        f"predicted {floor_rate:.3g} req/s ({predicted.model}) needs {need.load_replicas:.2g} replicas"
+        + (f" at batch {need.batch:.0f}" if need.batch else "")
+    )
+    details = {
+        "rate_rps": rate,
+        "predicted_rate_rps": floor_rate,
+        "needed_replicas": float(need.replicas),
+        "load_replicas": need.load_replicas,
+        "observed_ms": observed,
+        "slo_ms": slo_ms,
+    }
+
+    reactive, reactive_why, reactive_code = 0, "", ""
+    if observed > slo_ms:
+        reactive = min(2 * current, max(current + 1, math.ceil(current * observed / slo_ms)))
+        reactive_why = f"{label} p{cfg.slo.percentile:g} {observed:.0f} ms > {slo_ms:.0f} ms SLO"
+        reactive_code = "SLOBreach"
+    growing = _queue_growing(obs, ps, cfg, current)
+    ps = replace(ps, last_queue_tokens=obs.queued_prompt_tokens, last_queue_at_s=obs.at_s)
+    if growing and reactive <= current:
+        reactive = current + 1
+        reactive_why, reactive_code = growing, "QueueGrowing"
+
+    target = min(max(need.replicas, reactive, limits.min_replicas), limits.max_replicas)
+    share = sizing.latency_share
+
+    if target > current:
+        ps = replace(ps, low_since_s=None)
+        if ps.last_direction > 0 and now_s - ps.last_change_s < cfg.scale_up_cooldown_s:
+            return _Outcome(_hold(obs, current, "Cooldown", f"scaled up {now_s - ps.last_change_s:.0f} s ago; " + plan), ps, share)
+        code = reactive_code if reactive >= need.replicas and reactive_code else "Forecast"
+        why = f"{reactive_why}; {plan}" if reactive_why else plan
+        return _Outcome(Decision(obs.pool, current, target, f"{obs.pool} {current}->{target}: {why}", code, details), ps, share)
+
+    if target == current or current <= limits.min_replicas:
+        return _Outcome(_hold(obs, current, "Steady", plan, **details), replace(ps, low_since_s=None), share)
+
+    low_since = now_s if ps.low_since_s is None else ps.low_since_s
+    ps = replace(ps, low_since_s=low_since)
+    waited = now_s - low_since
+    if waited < cfg.stabilization_s:
+        why = f"{plan}; stabilizing {waited:.0f}/{cfg.stabilization_s:.0f} s before going down"
+        return _Outcome(_hold(obs, current, "Stabilizing", why, **details), ps, share)
+    if ps.last_direction < 0 and now_s - ps.last_change_s < cfg.scale_down_cooldown_s:
+        why = f"{plan}; stepped down {now_s - ps.last_change_s:.0f} s ago"
+        return _Outcome(_hold(obs, current, "Cooldown", why, **details), ps, share)
+    if observed > cfg.margin * slo_ms:
+        why = f"{label} {observed:.0f} ms is above {cfg.margin:.0%} of the {slo_ms:.0f} ms SLO; {plan}"
+        return _Outcome(_hold(obs, current, "NoMargin", why, **details), ps, share)
+    fewer = share(current - 1)
+    if fewer > cfg.margin:
+        why = f"{current - 1} replicas would run at {fewer:.0%} of the {label} SLO; {plan}"
+        return _Outcome(_hold(obs, current, "NoMargin", why, **details), ps, share)
+    desired = current - 1
+    why = f"{plan}; {desired} replicas keep {label} at {fewer:.0%} of the SLO"
+    return _Outcome(Decision(obs.pool, current, desired, f"{obs.pool} {current}->{desired}: {why}", "ScaleDown", details), ps, share)
+
+
+def _idle(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: float, current: int) -> _Outcome:
+    idle_since = now_s if ps.idle_since_s is None else ps.idle_since_s
+    ps = replace(ps, idle_since_s=idle_since)
+    floor = cfg.limits_for(obs.pool).min_replicas
+    if current <= floor:
+        return _Outcome(_hold(obs, current, "Idle", "no traffic, at the minimum"), ps, lambda n: 0.0)
+    waited = now_s - idle_since
+    if waited < cfg.stabilization_s:
+        why = f"no traffic for {waited:.0f} s; down to {floor} after {cfg.stabilization_s:.0f} s"
+        return _Outcome(_hold(obs, current, "Idle", why), ps, lambda n: 0.0)
+    why = f"no traffic for {waited:.0f} s"
+    decision = Decision(obs.pool, current, floor, f"{obs.pool} {current}->{floor}: {why}", "ScaleDownIdle")
+    return _Outcome(decision, ps, lambda n: 0.0)
+
+
+@dataclass(frozen=True)
+class _Sizing:
+    need: Need
+    observed_ms: float  # the binding latency now
+    slo_ms: float
+    label: str
+    latency_share: Callable[[int], float]  # worst predicted latency / SLO at N replicas
+
+
+def _sizing(obs: PoolObservation, cfg: PolicyConfig, rate: float) -> _Sizing:
+    slo, profile = cfg.slo, cfg.profile
+    prompt = float(obs.prompt_tokens_mean or 0.0)
+    prefill_load = PrefillLoad(
+        rate_rps=rate,
+        prompt_tokens_mean=prompt,
+        prompt_tokens_p=float(obs.prompt_tokens_p90 if not _missing(obs.prompt_tokens_p90) else prompt),
+        prefix_hit_rate=float(obs.prefix_hit_rate if not _missing(obs.prefix_hit_rate) else 0.0),
+    )
+    decode_load = DecodeLoad(rate, prompt, float(obs.output_tokens_mean or 0.0))
+
+    def ttft_share(n: int) -> float:
+        return prefill_ttft_ms(profile, n, prefill_load, slo.percentile) / slo.ttft_ms
+
+    def tpot_share(n: int) -> float:
+        return decode_tpot_ms(profile, n, decode_load) / slo.tpot_ms
+
+    if obs.pool == Pool.prefill:
+        need = prefill_need(profile, prefill_load, slo, cfg.margin)
+        return _Sizing(need, float(obs.ttft_ms), slo.ttft_ms, "TTFT", ttft_share)  # type: ignore[arg-type]
+    if obs.pool == Pool.decode:
+        need = decode_need(profile, decode_load, slo, cfg.margin)
+        return _Sizing(need, float(obs.tpot_ms), slo.tpot_ms, "TPOT", tpot_share)  # type: ignore[arg-type]
+    p_need = prefill_need(profile, prefill_load, slo, cfg.margin)
+    d_need = decode_need(profile, decode_load, slo, cfg.margin)
+    ttft_ratio = float(obs.ttft_ms) / slo.ttft_ms  # type: ignore[arg-type]
+    tpot_ratio = float(obs.tpot_ms) / slo.tpot_ms  # type: ignore[arg-type]
+    need = p_need if p_need.replicas >= d_need.replicas else d_need
+    observed, slo_ms, label = (
+        (float(obs.ttft_ms), slo.ttft_ms, "TTFT")  # type: ignore[arg-type]
+        if ttft_ratio >= tpot_ratio
+        else (float(obs.tpot_ms), slo.tpot_ms, "TPOT")  # type: ignore[arg-type]
+    )
+    return _Sizing(need, observed, slo_ms, label, lambda n: max(ttft_share(n), tpot_share(n)))
+
+
+def _queue_growing(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, current: int) -> str:
+    """Why the prefill backlog calls for a replica now ('' if it does not)."""
+    q = obs.queued_prompt_tokens
+    if obs.pool == Pool.decode or _missing(q) or ps.last_queue_tokens is None or ps.last_queue_at_s is None:
+        return ""
+    dt = obs.at_s - ps.last_queue_at_s
+    if dt <= 0 or q <= ps.last_queue_tokens:  # type: ignore[operator]
+        return ""
+    prompt = max(float(obs.prompt_tokens_mean or 1.0), 1.0)
+    tokens_per_s = current * prompt / (cfg.profile.prefill_ms(prompt) / 1000)
+    drain_s = float(q) / max(tokens_per_s, 1e-9)  # type: ignore[arg-type]
+    if drain_s * 1000 <= cfg.slo.ttft_ms:
+        return ""
+    growth = (float(q) - ps.last_queue_tokens) / dt  # type: ignore[arg-type]
+    return f"prefill queue {q:.0f} tokens grows {growth:.0f} tokens/s and takes {drain_s:.1f} s to drain"
+
+
+# --- the shared GPU budget ---------------------------------------------------------------------------------
+
+_SATURATED = 1000.0  # a pool that cannot keep up at all ranks above any latency share
+
+
+def _apply_budget(
+    decisions: dict[Pool, Decision], outcomes: dict[Pool, _Outcome], cfg: PolicyConfig
+) -> dict[Pool, Decision]:
+    """Cut the desired counts to the budget: each GPU goes to the pool whose SLO gains most from it."""
+    assert cfg.gpu_budget is not None
+    gpus = {p: cfg.limits_for(p).gpus_per_replica for p in decisions}
+    wanted = sum(d.desired * gpus[p] for p, d in decisions.items())
+    if wanted <= cfg.gpu_budget:
+        return decisions
+    alloc = {p: min(cfg.limits_for(p).min_replicas, d.desired) for p, d in decisions.items()}
+    left = cfg.gpu_budget - sum(alloc[p] * gpus[p] for p in alloc)
+
+    def shortfall(p: Pool, n: int) -> float:
+        """Predicted latency / SLO; past saturation, a large number that still falls with every replica."""
+        share = outcomes[p].latency_share
+        value = 0.0 if share is None else share(n)
+        if math.isinf(value):
+            return _SATURATED + max(decisions[p].details.get("load_replicas", 0.0) - n, 0.0) + 1.0
+        return min(value, _SATURATED)
+
+    def gain(p: Pool) -> float:
+        drop = shortfall(p, alloc[p]) - shortfall(p, alloc[p] + 1)
+        return drop / gpus[p] if gpus[p] else math.inf
+
+    while True:
+        open_pools = [p for p in alloc if alloc[p] < decisions[p].desired and gpus[p] <= left]
+        if not open_pools:
+            break
+        best = max(open_pools, key=lambda p: (gain(p), decisions[p].desired - alloc[p]))
+        alloc[best] += 1
+        left -= gpus[best]
+    out = {}
+    for p, d in decisions.items():
+        if alloc[p] >= d.desired:
+            out[p] = d
+            continue
+        why = f"{d.reason}; GPU budget {cfg.gpu_budget} allows {alloc[p]}"
+        out[p] = Decision(p, d.current, alloc[p], why.replace(f"{d.current}->{d.desired}", f"{d.current}->{alloc[p]}"), "GPUBudget", d.details)
+    return out
