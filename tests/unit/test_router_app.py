@@ -31,7 +31,7 @@ class ScriptedBackend:
     """Yields the token ids of `text` (or `ids`), each with logprob -0.1 * (i + 1); records what it saw."""
 
     def __init__(self, tok: Tokenizer, text: str = ANSWER, *, finish: str | None = "stop") -> None:
-        self.ids = tok.encode(text, add_bos=False)
+        self.ids = tok.encode(text, add_special_tokens=False)
         self.finish = finish
         self.fail_after: int | None = None  # raise BackendError before yielding token i
         self.error_first: Exception | None = None
@@ -129,7 +129,7 @@ async def test_completion_non_streaming_shape_and_usage(tok):
     body = r.json()
     assert body["object"] == "text_completion" and body["model"] == SERVED and body["id"].startswith("cmpl-")
     assert body["choices"] == [{"index": 0, "text": ANSWER, "logprobs": None, "finish_reason": "stop"}]
-    prompt_ids = tok.encode("Once upon a time", add_bos=True)
+    prompt_ids = tok.encode("Once upon a time", add_special_tokens=True)
     assert body["usage"] == {
         "prompt_tokens": len(prompt_ids),
         "completion_tokens": len(backend.ids),
@@ -229,7 +229,7 @@ async def test_chat_non_streaming_uses_the_template_without_a_second_bos(tok):
     assert body["choices"][0]["message"] == {"role": "assistant", "content": ANSWER}
     assert body["choices"][0]["finish_reason"] == "stop"
     _, ids, params = backend.calls[0]
-    assert ids == tok.encode(tok.apply_chat_template(CHAT, add_generation_prompt=True), add_bos=False)
+    assert ids == tok.encode(tok.apply_chat_template(CHAT, add_generation_prompt=True), add_special_tokens=False)
     assert ids[0] == tok.bos_token_id and ids[1] != tok.bos_token_id
     assert params.max_tokens == 50
     assert body["usage"]["prompt_tokens"] == len(ids)
@@ -279,7 +279,7 @@ async def test_stop_string_truncates_and_aborts_the_rest(tok):
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 async def test_streamed_stop_string_spanning_tokens_is_never_sent(tok, path):
     backend = ScriptedBackend(tok)
-    assert [tok.decode([i]) for i in tok.encode(" END", add_bos=False)] == [" ", "E", "N", "D"]
+    assert [tok.decode([i]) for i in tok.encode(" END", add_special_tokens=False)] == [" ", "E", "N", "D"]
     app = create_app(backend, tok, SERVED)
     req = {"model": SERVED, "stream": True, "stop": "END"}
     req |= {"messages": CHAT} if "chat" in path else {"prompt": "x"}

@@ -28,18 +28,18 @@ def tok(tiny_model_dir) -> Tokenizer:
     "text", ["The quick brown fox jumps over the lazy dog.", MULTIBYTE, "  two  spaces\n\tand tabs"]
 )
 def test_encode_decode_round_trip(tok, text):
-    ids = tok.encode(text, add_bos=False)
+    ids = tok.encode(text, add_special_tokens=False)
     assert ids and all(0 <= i < tok.vocab_size for i in ids)
     assert tok.decode(ids) == text
 
 
 def test_common_words_are_single_tokens(tok):
-    assert len(tok.encode(" the quick brown fox", add_bos=False)) == 4
+    assert len(tok.encode(" the quick brown fox", add_special_tokens=False)) == 4
 
 
 def test_bos_is_prepended_only_when_asked(tok):
     assert tok.bos_token_id == tok.backend.token_to_id("<s>")
-    with_bos, without = tok.encode("hello", add_bos=True), tok.encode("hello", add_bos=False)
+    with_bos, without = tok.encode("hello", add_special_tokens=True), tok.encode("hello", add_special_tokens=False)
     assert with_bos == [tok.bos_token_id, *without]
     assert tok.decode(with_bos) == "hello"
     assert tok.decode(with_bos, skip_special_tokens=False) == "<s>hello"
@@ -57,7 +57,7 @@ def _stream(tok, ids, prompt=()):
 
 @pytest.mark.parametrize("text", [MULTIBYTE, "plain ascii text, streamed one token at a time"])
 def test_streamed_pieces_join_to_the_full_decode(tok, text):
-    ids = tok.encode(text, add_bos=False)
+    ids = tok.encode(text, add_special_tokens=False)
     pieces, tail = _stream(tok, ids)
     assert "".join(pieces) + tail == tok.decode(ids) == text
     assert tail == ""
@@ -66,15 +66,15 @@ def test_streamed_pieces_join_to_the_full_decode(tok, text):
 
 
 def test_stream_after_a_prompt_yields_only_new_text(tok):
-    prompt = tok.encode("Once upon a time", add_bos=True)
-    ids = tok.encode(" there was a café 🙂", add_bos=False)
+    prompt = tok.encode("Once upon a time", add_special_tokens=True)
+    ids = tok.encode(" there was a café 🙂", add_special_tokens=False)
     pieces, tail = _stream(tok, ids, prompt)
     assert "".join(pieces) + tail == " there was a café 🙂"
 
 
 def test_stream_holds_back_an_incomplete_character_until_flush(tok):
-    ids = tok.encode("ok 🙂", add_bos=False)
-    assert len(tok.encode("🙂", add_bos=False)) > 1  # the emoji spans several byte tokens
+    ids = tok.encode("ok 🙂", add_special_tokens=False)
+    assert len(tok.encode("🙂", add_special_tokens=False)) > 1  # the emoji spans several byte tokens
     pieces, tail = _stream(tok, ids[:-1])
     assert "".join(pieces).rstrip() == "ok"
     assert not any("\ufffd" in p for p in pieces)
@@ -83,7 +83,7 @@ def test_stream_holds_back_an_incomplete_character_until_flush(tok):
 
 
 def test_incremental_decode_returns_offsets(tok):
-    ids = tok.encode("hello world", add_bos=False)
+    ids = tok.encode("hello world", add_special_tokens=False)
     text, prefix, read = tok.decode_incremental(ids, 0, 0)
     assert (text, prefix, read) == ("hello world", 0, len(ids))
     assert tok.decode_incremental(ids, prefix, read) == ("", prefix, read)
@@ -94,7 +94,7 @@ def test_chat_template_renders_roles_and_generation_prompt(tok):
     assert text.startswith("<s><|system|>\nBe brief.<|end|>\n<|user|>\nHi there<|end|>\n")
     assert text.endswith("<|user|>\nTell me about the sea.<|end|>\n<|assistant|>\n")
     assert not tok.apply_chat_template(CHAT, add_generation_prompt=False).endswith("<|assistant|>\n")
-    ids = tok.encode(text, add_bos=False)
+    ids = tok.encode(text, add_special_tokens=False)
     assert ids[0] == tok.bos_token_id and tok.backend.token_to_id("<|assistant|>") in ids
 
 
@@ -135,15 +135,73 @@ def test_added_token_dict_form_of_special_tokens(tmp_path, tiny_model_dir):
     assert tok.eos_token_ids[0] == tok.backend.token_to_id("<|end|>")
 
 
-def test_transformers_tokenizer_agrees_with_ours(tok, tiny_model_dir):
+def test_transformers_decodes_our_ids(tok, tiny_model_dir):
     import transformers  # a test dependency; imported here because it is slow to import
 
-    hf = transformers.AutoTokenizer.from_pretrained(str(tiny_model_dir))
-    for text in ("The quick brown fox.", MULTIBYTE):
-        assert hf.encode(text) == tok.encode(text, add_bos=True)
-        assert hf.encode(text, add_special_tokens=False) == tok.encode(text, add_bos=False)
-    assert hf.apply_chat_template(
-        CHAT, tokenize=False, add_generation_prompt=True
-    ) == tok.apply_chat_template(CHAT)
     fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tiny_model_dir / "tokenizer.json"))
-    assert fast.decode(tok.encode(MULTIBYTE, add_bos=False)) == MULTIBYTE
+    assert fast.decode(tok.encode(MULTIBYTE, add_special_tokens=False)) == MULTIBYTE
+
+
+ABSENT = object()
+POST_PROCESSORS = {  # what tokenizer.json says about special tokens
+    "bos-template": None,  # the tiny model's own: TemplateProcessing "<s> $A" (Llama 2 style)
+    "byte-level": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": True},
+    "none": "null",  # no post-processor at all
+}
+TEXTS = ("The quick brown fox.", MULTIBYTE, "<|user|>\nhi<|end|> and </s> inside")
+
+
+def _variant(tmp_path, tiny_model_dir, post_processor, add_bos, add_eos):
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    for name in ("config.json", "generation_config.json"):
+        shutil.copy(tiny_model_dir / name, model_dir / name)
+    tokenizer = json.loads((tiny_model_dir / "tokenizer.json").read_text())
+    if post_processor is not None:
+        tokenizer["post_processor"] = None if post_processor == "null" else post_processor
+    (model_dir / "tokenizer.json").write_text(json.dumps(tokenizer))
+    config = json.loads((tiny_model_dir / "tokenizer_config.json").read_text())
+    for key, value in (("add_bos_token", add_bos), ("add_eos_token", add_eos)):
+        config.pop(key, None)
+        if value is not ABSENT:
+            config[key] = value
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    return model_dir
+
+
+@pytest.mark.parametrize("post_processor", list(POST_PROCESSORS))
+@pytest.mark.parametrize(
+    "add_bos, add_eos",
+    [(True, ABSENT), (False, ABSENT), (ABSENT, ABSENT), (ABSENT, True), (True, True)],
+    ids=["bos-true", "bos-false", "bos-absent", "eos-true", "bos-eos-true"],
+)
+def test_encode_and_chat_match_transformers_auto_tokenizer(tmp_path, tiny_model_dir, post_processor, add_bos, add_eos):
+    import transformers
+
+    model_dir = _variant(tmp_path, tiny_model_dir, POST_PROCESSORS[post_processor], add_bos, add_eos)
+    ours = Tokenizer.from_dir(model_dir)
+    hf = transformers.AutoTokenizer.from_pretrained(str(model_dir))
+    for text in TEXTS:
+        assert ours.encode(text) == hf.encode(text), text
+        assert ours.encode(text, add_special_tokens=False) == hf.encode(text, add_special_tokens=False), text
+    assert ours.apply_chat_template(CHAT) == hf.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    chat_ids = hf.apply_chat_template(CHAT, add_generation_prompt=True, return_dict=False)
+    assert ours.encode_chat(CHAT) == list(chat_ids)
+    assert chat_ids[:2] == [ours.bos_token_id, ours.backend.token_to_id("<|system|>")]  # one BOS, from the template
+
+
+def test_special_tokens_come_from_the_post_processor_alone(tmp_path, tiny_model_dir):
+    """The rule the transformers comparison checks, stated, so a change in transformers shows up here as well."""
+
+    def added(post_processor, add_bos, add_eos):
+        sub = tmp_path / f"{post_processor}-{add_bos}-{add_eos}"
+        sub.mkdir()
+        t = Tokenizer.from_dir(_variant(sub, tiny_model_dir, POST_PROCESSORS[post_processor], add_bos, add_eos))
+        full, body = t.encode("hello"), t.encode("hello", add_special_tokens=False)
+        assert full[len(full) - len(body) :] == body
+        return [t.backend.id_to_token(i) for i in full[: len(full) - len(body)]]
+
+    assert added("bos-template", ABSENT, ABSENT) == ["<s>"]
+    assert added("bos-template", False, ABSENT) == ["<s>"]  # the flag does not override tokenizer.json
+    assert added("byte-level", True, True) == []  # a file without BOS: no BOS, whatever the flags say
+    assert added("none", True, ABSENT) == []

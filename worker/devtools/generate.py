@@ -77,8 +77,8 @@ def prompt_ids(tokenizer: Tokenizer, prompt: str, chat: bool) -> tuple[str, list
     if not prompt:
         raise InvalidRequest("prompt is empty")
     if chat:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-        return text, tokenizer.encode(text, add_bos=False)
+        messages = [{"role": "user", "content": prompt}]
+        return tokenizer.apply_chat_template(messages), tokenizer.encode_chat(messages)
     return prompt, tokenizer.encode(prompt)
 
 

@@ -1,4 +1,9 @@
-"""Text <-> token ids for a Hugging Face model directory: `tokenizer.json`, special tokens, chat template."""
+"""Text <-> token ids for a Hugging Face model directory: `tokenizer.json`, special tokens, chat template.
+
+Encodes exactly as transformers' `AutoTokenizer` does for the same directory: the post-processor in
+`tokenizer.json` alone adds the special tokens (none without one). transformers drops `add_bos_token` and
+`add_eos_token` from `tokenizer_config.json` whenever a `tokenizer.json` exists, and so do we.
+"""
 
 from __future__ import annotations
 
@@ -138,15 +143,9 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        """Token ids of `text`; BOS is prepended only when asked and the model has one.
-
-        Text rendered by a chat template usually already contains BOS: encode it with `add_bos=False`.
-        """
-        ids = self.backend.encode(text, add_special_tokens=False).ids
-        if add_bos and self.bos_token_id is not None:
-            return [self.bos_token_id, *ids]
-        return list(ids)
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`, with the special tokens the post-processor adds (as transformers' `encode`)."""
+        return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -181,6 +180,11 @@ class Tokenizer:
             )
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"chat template failed: {e}") from None
+
+    def encode_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of a chat, as transformers' `apply_chat_template(tokenize=True)`: the rendered text
+        carries its own special tokens, so none are added."""
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
 
 
 class StreamDecoder:

@@ -156,7 +156,7 @@ def resolve_max_tokens(
 def completion_prompt_ids(req: oa.CompletionRequest, tokenizer: Tokenizer) -> list[int]:
     prompt = req.single_prompt()
     if isinstance(prompt, str):
-        ids = tokenizer.encode(prompt, add_bos=True)
+        ids = tokenizer.encode(prompt)
     else:
         bad = [i for i in prompt if not 0 <= i < tokenizer.vocab_size]
         if bad:
@@ -168,9 +168,7 @@ def completion_prompt_ids(req: oa.CompletionRequest, tokenizer: Tokenizer) -> li
 
 
 def chat_prompt_ids(req: oa.ChatCompletionRequest, tokenizer: Tokenizer) -> list[int]:
-    text = tokenizer.apply_chat_template([m.for_template() for m in req.messages], add_generation_prompt=True)
-    has_bos = bool(tokenizer.bos_token) and text.startswith(tokenizer.bos_token or "")
-    return tokenizer.encode(text, add_bos=not has_bos)
+    return tokenizer.encode_chat([m.for_template() for m in req.messages], add_generation_prompt=True)
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
