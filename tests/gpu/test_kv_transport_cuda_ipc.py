@@ -34,7 +34,7 @@ SENDER = textwrap.dedent(
     layout = KvLayout(4, 16, 8, 128, torch.bfloat16)
     g = torch.Generator().manual_seed(7)
     ch = grpc.insecure_channel(f"127.0.0.1:{sys.argv[1]}", options=BULK_CHANNEL_OPTIONS)
-    ring = staging_for(reply)
+    ring = staging_for(reply, cuda_device=0)
     assert ring is not None and ring.region.is_cuda
     s = StreamKvSender(ch, "g1", reply, layout, ring=ring, chunk_bytes=256 << 10)
     n = len(reply.block_ids)
@@ -48,7 +48,7 @@ SENDER = textwrap.dedent(
 
 
 def test_cuda_ipc_transfer_is_exact():
-    from tandem.worker.kv_transport.cuda_ipc import create_cuda_ring, export_handle
+    from tandem.worker.kv_transport.cuda_ipc import create_cuda_ring, export_buffer
 
     store = TensorKvStore(LAYOUT, 64, device="cuda")
     committed = []
@@ -70,7 +70,7 @@ def test_cuda_ipc_transfer_is_exact():
             epoch=res.epoch,
             transport=common_pb2.KV_TRANSPORT_CUDA_IPC,
             shm_name=ring.name,
-            cuda_ipc_handle=export_handle(ring),
+            cuda_ipc=export_buffer(ring),
         )
         out = subprocess.run(
             [sys.executable, "-c", SENDER, str(port)],

@@ -298,12 +298,13 @@ def add_decode_service(server: grpc.Server, servicer: object, receiver: KvReceiv
     )
 
 
-def staging_for(reservation: decode_pb2.ReserveReply) -> StagingRing | None:
-    """The ring a reservation's transport writes into, or None for inline gRPC payloads."""
+def staging_for(reservation: decode_pb2.ReserveReply, cuda_device: int = -1) -> StagingRing | None:
+    """The ring a reservation's transport writes into, or None for inline gRPC payloads. `cuda_device` is
+    where this (sending) worker's KV cache lives, -1 for the CPU: a CUDA buffer elsewhere is refused."""
     if reservation.transport == common_pb2.KV_TRANSPORT_SHM and reservation.shm_name:
         return StagingRing.attach_shm(reservation.shm_name)
-    if reservation.transport == common_pb2.KV_TRANSPORT_CUDA_IPC and reservation.cuda_ipc_handle:
+    if reservation.transport == common_pb2.KV_TRANSPORT_CUDA_IPC and reservation.HasField("cuda_ipc"):
         from .cuda_ipc import attach_cuda_ring
 
-        return attach_cuda_ring(reservation.shm_name, reservation.cuda_ipc_handle)
+        return attach_cuda_ring(reservation.shm_name, reservation.cuda_ipc, cuda_device)
     return None

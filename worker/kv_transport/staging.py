@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import secrets
+import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -37,23 +39,61 @@ def ring_start(write_pos: int, length: int, capacity: int) -> int:
     return (write_pos // capacity + 1) * capacity
 
 
-def new_segment_name(prefix: str = "tandem-kv") -> str:
-    return f"{prefix}-{secrets.token_hex(6)}"
+SEGMENT_PREFIX = "tandem-kv-"
+_SEGMENT_NAME = re.compile(re.escape(SEGMENT_PREFIX) + r"[0-9a-f]{24}")
 
 
-def _create(name: str, size: int) -> shared_memory.SharedMemory:
-    return shared_memory.SharedMemory(name=name, create=True, size=size)
+def new_segment_name() -> str:
+    """A fresh segment name: the fixed prefix and 96 random bits, the only form a peer may send back."""
+    return SEGMENT_PREFIX + secrets.token_hex(12)
+
+
+def check_segment_name(name: str) -> None:
+    """Refuse any name this worker's kind could not have minted (a path, `..`, another process's segment)."""
+    if not _SEGMENT_NAME.fullmatch(name):
+        raise KvTransferError(f"staging segment name {name[:80]!r} is not a minted {SEGMENT_PREFIX}<hex> token")
+
+
+def segment_problems(st: os.stat_result, expected_size: int | None, uid: int) -> list[str]:
+    """Why an opened segment must not be mapped (pure): not a regular file, not ours, or the wrong size."""
+    problems = []
+    if not stat.S_ISREG(st.st_mode):
+        problems.append("not a regular file")
+    if st.st_uid != uid:
+        problems.append(f"owned by uid {st.st_uid}, not {uid}")
+    if st.st_size < CONTROL_BYTES:
+        problems.append(f"{st.st_size} bytes, smaller than the control block")
+    elif expected_size is not None and st.st_size != expected_size:
+        problems.append(f"{st.st_size} bytes, expected {expected_size}")
+    return problems
+
+
+def _create(size: int) -> shared_memory.SharedMemory:
+    return shared_memory.SharedMemory(name=new_segment_name(), create=True, size=size)
 
 
 class _Attached:
     """A segment another process created, mapped from /dev/shm without multiprocessing's resource tracker
-    (which, on Python 3.11, would unlink it when this process exits)."""
+    (which, on Python 3.11, would unlink it when this process exits). The name comes from a peer: only a
+    minted token is accepted, opened without following links, and mapped only if it is a regular file of
+    this user."""
 
-    def __init__(self, name: str):
-        self.name = name.lstrip("/")
-        with open(os.path.join(SHM_DIR, self.name), "r+b") as f:
-            self._map = mmap.mmap(f.fileno(), 0)
+    def __init__(self, name: str, size: Callable[[memoryview], int] | None = None):
+        check_segment_name(name)
+        self.name = name
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            problems = segment_problems(st, None, os.getuid())
+            if problems:
+                raise KvTransferError(f"staging segment {name} refused: {'; '.join(problems)}")
+            self._map = mmap.mmap(fd, st.st_size)
+        finally:
+            os.close(fd)
         self.buf = memoryview(self._map)
+        if size is not None and (want := size(self.buf)) != st.st_size:
+            self.close()
+            raise KvTransferError(f"staging segment {name} refused: {st.st_size} bytes, expected {want}")
 
     def close(self) -> None:
         self.buf.release()
@@ -66,8 +106,8 @@ class _Attached:
         raise PermissionError("only the creator of a staging segment removes it")
 
 
-def _attach(name: str) -> _Attached:
-    return _Attached(name)
+def _capacity(buf: memoryview) -> int:
+    return int(np.ndarray((CONTROL_BYTES // 8,), dtype=np.uint64, buffer=buf)[_CAPACITY])
 
 
 class StagingRing:
@@ -80,9 +120,9 @@ class StagingRing:
 
     # -- lifecycle -------------------------------------------------------------------------------
     @classmethod
-    def create_shm(cls, capacity: int, name: str | None = None) -> StagingRing:
+    def create_shm(cls, capacity: int) -> StagingRing:
         """Control block and data region in one shared-memory segment (decode side)."""
-        seg = _create(name or new_segment_name(), CONTROL_BYTES + capacity)
+        seg = _create(CONTROL_BYTES + capacity)
         region = torch.frombuffer(seg.buf, dtype=torch.uint8, offset=CONTROL_BYTES, count=capacity)
         region.fill_(0)  # fault the pages in now, not during the first transfer
         ring = cls(seg, region, owner=True)
@@ -91,22 +131,23 @@ class StagingRing:
 
     @classmethod
     def attach_shm(cls, name: str) -> StagingRing:
-        seg = _attach(name)
-        capacity = int(np.ndarray((CONTROL_BYTES // 8,), dtype=np.uint64, buffer=seg.buf)[_CAPACITY])
+        """The producer's view of a decode worker's ring, by the name it sent (checked, see _Attached)."""
+        seg = _Attached(name, size=lambda buf: CONTROL_BYTES + _capacity(buf))
+        capacity = _capacity(seg.buf)
         region = torch.frombuffer(seg.buf, dtype=torch.uint8, offset=CONTROL_BYTES, count=capacity)
         return cls(seg, region, owner=False)
 
     @classmethod
-    def with_region(cls, region: torch.Tensor, name: str | None = None) -> StagingRing:
+    def with_region(cls, region: torch.Tensor) -> StagingRing:
         """A ring over a given region (e.g. a CUDA buffer) with its control block in a new segment."""
-        seg = _create(name or new_segment_name(), CONTROL_BYTES)
+        seg = _create(CONTROL_BYTES)
         ring = cls(seg, region, owner=True)
         ring._control[_CAPACITY] = region.numel()
         return ring
 
     @classmethod
     def attach_control(cls, name: str, region: torch.Tensor) -> StagingRing:
-        return cls(_attach(name), region, owner=False)
+        return cls(_Attached(name, size=lambda buf: CONTROL_BYTES), region, owner=False)
 
     @property
     def name(self) -> str:

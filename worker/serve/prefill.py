@@ -76,12 +76,16 @@ class PrefillServicer:
         except InvalidRequest as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         reservation = request.reservation
+        try:
+            ring = staging_for(reservation, self.info.cuda_device)
+        except (KvTransferError, OSError, ValueError) as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"reservation's staging ring refused: {e}")
         sender = StreamKvSender(
             self._channel(request.decode_address),
             request.transfer_id,
             reservation,
             self.layout,
-            ring=staging_for(reservation),
+            ring=ring,
             compression=self.compression,
         )
         transfer = Transfer(sender, reservation.first_block_index, list(reservation.block_ids))

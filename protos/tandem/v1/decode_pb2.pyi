@@ -54,7 +54,7 @@ class ReserveRequest(_message.Message):
     def __init__(self, transfer_id: _Optional[str] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., lease_ms: _Optional[int] = ..., transports: _Optional[_Iterable[_Union[_common_pb2.KvTransport, str]]] = ..., prefill_host_id: _Optional[str] = ...) -> None: ...
 
 class ReserveReply(_message.Message):
-    __slots__ = ("block_ids", "num_cached_tokens", "epoch", "lease_deadline_ms", "transport", "shm_name", "shm_capacity", "cuda_ipc_handle", "first_block_index")
+    __slots__ = ("block_ids", "num_cached_tokens", "epoch", "lease_deadline_ms", "transport", "shm_name", "shm_capacity", "first_block_index", "cuda_ipc")
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -62,8 +62,8 @@ class ReserveReply(_message.Message):
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     SHM_NAME_FIELD_NUMBER: _ClassVar[int]
     SHM_CAPACITY_FIELD_NUMBER: _ClassVar[int]
-    CUDA_IPC_HANDLE_FIELD_NUMBER: _ClassVar[int]
     FIRST_BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CUDA_IPC_FIELD_NUMBER: _ClassVar[int]
     block_ids: _containers.RepeatedScalarFieldContainer[int]
     num_cached_tokens: int
     epoch: int
@@ -71,9 +71,29 @@ class ReserveReply(_message.Message):
     transport: _common_pb2.KvTransport
     shm_name: str
     shm_capacity: int
-    cuda_ipc_handle: bytes
     first_block_index: int
-    def __init__(self, block_ids: _Optional[_Iterable[int]] = ..., num_cached_tokens: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_deadline_ms: _Optional[int] = ..., transport: _Optional[_Union[_common_pb2.KvTransport, str]] = ..., shm_name: _Optional[str] = ..., shm_capacity: _Optional[int] = ..., cuda_ipc_handle: _Optional[bytes] = ..., first_block_index: _Optional[int] = ...) -> None: ...
+    cuda_ipc: CudaIpcBuffer
+    def __init__(self, block_ids: _Optional[_Iterable[int]] = ..., num_cached_tokens: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_deadline_ms: _Optional[int] = ..., transport: _Optional[_Union[_common_pb2.KvTransport, str]] = ..., shm_name: _Optional[str] = ..., shm_capacity: _Optional[int] = ..., first_block_index: _Optional[int] = ..., cuda_ipc: _Optional[_Union[CudaIpcBuffer, _Mapping]] = ...) -> None: ...
+
+class CudaIpcBuffer(_message.Message):
+    __slots__ = ("device", "handle", "storage_size", "storage_offset", "ref_counter_name", "ref_counter_offset", "event_handle", "event_sync_required")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    REF_COUNTER_NAME_FIELD_NUMBER: _ClassVar[int]
+    REF_COUNTER_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EVENT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SYNC_REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    device: int
+    handle: bytes
+    storage_size: int
+    storage_offset: int
+    ref_counter_name: str
+    ref_counter_offset: int
+    event_handle: bytes
+    event_sync_required: bool
+    def __init__(self, device: _Optional[int] = ..., handle: _Optional[bytes] = ..., storage_size: _Optional[int] = ..., storage_offset: _Optional[int] = ..., ref_counter_name: _Optional[str] = ..., ref_counter_offset: _Optional[int] = ..., event_handle: _Optional[bytes] = ..., event_sync_required: _Optional[bool] = ...) -> None: ...
 
 class StagingSlice(_message.Message):
     __slots__ = ("offset", "length")
