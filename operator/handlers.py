@@ -81,11 +81,11 @@ async def service_event(type: str, event: dict[str, Any], name: str, namespace: 
     key = (namespace, name)
     if type == "DELETED":
         CACHE.forget(event["object"], KIND)
-        QUEUE.known.discard(key)
+        QUEUE.forget(key)
         return
     CACHE.put(event["object"], KIND)
     QUEUE.known.add(key)
-    QUEUE.trigger(key)
+    QUEUE.trigger(key, generation=(event["object"].get("metadata") or {}).get("generation"))
 
 
 async def _child_event(type: str, event: dict[str, Any], meta: dict[str, Any], namespace: str,

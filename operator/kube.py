@@ -32,11 +32,19 @@ _TIMEOUT = urllib3.Timeout(connect=10, read=60)
 
 
 class ApiError(Exception):
-    """An error answer from the API server; `status` is the HTTP status."""
+    """An error answer from the API server: `status` is the HTTP status; `reason` and `message` come from
+    the Status object the server sends (for example `Invalid` and `Service "x" is invalid: ...`)."""
 
     def __init__(self, status: int, body: str):
         super().__init__(f"HTTP {status}: {body[:500]}")
         self.status = status
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            doc = None
+        doc = doc if isinstance(doc, dict) else {}
+        self.reason = str(doc.get("reason") or "")
+        self.message = str(doc.get("message") or body[:500])
 
 
 def path(kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
@@ -97,12 +105,15 @@ class Kube:
         out = self._call("GET", path(kind, namespace), query=[("labelSelector", label_selector)])
         return out.get("items") or []
 
-    def apply(self, manifest: Body) -> Body:
-        """Server-side apply under our field manager; force, since the operator owns what it renders."""
+    def apply(self, manifest: Body, dry_run: bool = False) -> Body:
+        """Server-side apply under our field manager; force, since the operator owns what it renders.
+
+        `dry_run` runs validation and admission (quota included) without persisting anything.
+        """
         meta = manifest["metadata"]
+        query = [("fieldManager", FIELD_MANAGER), ("force", "true")] + ([("dryRun", "All")] if dry_run else [])
         return self._call("PATCH", path(manifest["kind"], meta["namespace"], meta["name"]), manifest,
-                          query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
-                          content_type="application/apply-patch+yaml")
+                          query=query, content_type="application/apply-patch+yaml")
 
     def create(self, manifest: Body) -> Body:
         meta = manifest["metadata"]

@@ -123,23 +123,49 @@ def reconcile(kube: Kube, namespace: str, name: str, cache: ObjectCache | None =
     isvc = reader.get(KIND, namespace, name)
     if isvc is None or isvc["metadata"].get("deletionTimestamp"):
         return out  # garbage collection removes the children through owner references
-    meta = isvc["metadata"]
-    uid, generation = meta["uid"], meta.get("generation", 1)
     previous = isvc.get("status") or {}
     # Never reconciled: its children can only be ones we created, which the cache holds. (A crash between
     # creating children and writing status is covered: apply is idempotent, create falls back on 409.)
     reader.first_time = "observedGeneration" not in previous
-    endpoint = render.router_endpoint(name, namespace)
     try:
         spec = InferenceServiceSpec.model_validate(isvc.get("spec") or {})
     except ValidationError as e:
-        status = service_status(generation, {}, {}, previous, endpoint, _now(), invalid=str(e).splitlines()[0])
-        if not same_status(status, previous):
-            reader.remember(_patch_status(kube, namespace, name, status, previous))
-            kube.event(isvc, "InvalidSpec", str(e), "Warning")
-            out.writes.append("status")
+        _report_blocked(kube, reader, isvc, previous, ("InvalidSpec", str(e).splitlines()[0]), str(e), out)
         return out
+    try:
+        _converge(kube, reader, isvc, spec, previous, out)
+    except ApiError as e:
+        detail = f"{e.message} (HTTP {e.status}{' ' + e.reason if e.reason else ''})"
+        _report_blocked(kube, reader, isvc, previous, ("ApplyFailed", detail), detail, out)
+        raise  # the queue retries with a backoff (no hot loop on answers that cannot change)
+    return out
 
+
+def _report_blocked(kube: Kube, reader: Reader, isvc: dict[str, Any], previous: dict[str, Any],
+                    blocked: tuple[str, str], event: str, out: Outcome) -> None:
+    """Status Degraded with the cause, and a Warning Event on the InferenceService, once per new cause."""
+    meta = isvc["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    status = service_status(meta.get("generation", 1), {}, {}, previous, render.router_endpoint(name, namespace),
+                            _now(), blocked=blocked)
+    if same_status(status, previous):
+        return
+    log.warning("%s/%s: %s: %s", namespace, name, *blocked)
+    try:
+        reader.remember(_patch_status(kube, namespace, name, status, previous))
+        out.writes.append("status")
+    except ApiError as e:
+        log.warning("%s/%s: could not write status: %s", namespace, name, e)
+    kube.event(isvc, blocked[0], event, "Warning")
+
+
+def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceServiceSpec,
+              previous: dict[str, Any], out: Outcome) -> None:
+    """Create or fix every child, then report status; raises ApiError when the API server refuses a write."""
+    meta = isvc["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    uid, generation = meta["uid"], meta.get("generation", 1)
+    endpoint = render.router_endpoint(name, namespace)
     wanted_pools = render.worker_pools(spec)
     ensured = _APPLY_POOL.map(lambda p: _ensure_pool(kube, reader, spec, name, namespace, uid, p, out), wanted_pools)
     pools: dict[str, tuple[dict[str, Any], int]] = dict(zip(wanted_pools, ensured, strict=True))
@@ -156,6 +182,10 @@ def reconcile(kube: Kube, namespace: str, name: str, cache: ObjectCache | None =
         live_children[key] = reader.get(key[0], namespace, key[1])
         if needs_apply(manifest, live_children[key]):
             stale.append(manifest)
+    # All or nothing: the API server validates and admits (quota included) every changed child before any is
+    # written, so a child it refuses leaves no GPU pool half-built beside it.
+    if stale:
+        list(_APPLY_POOL.map(lambda m: kube.apply(m, dry_run=True), stale))
     # children are independent: apply them side by side, so a new object waits for one round trip, not nine
     applied = _APPLY_POOL.map(lambda m: reader.remember(kube.apply(m)), stale)
     for manifest, body in zip(stale, applied, strict=True):
@@ -191,4 +221,3 @@ def reconcile(kube: Kube, namespace: str, name: str, cache: ObjectCache | None =
     if changed:
         kube.event(isvc, "Reconciled", "; ".join(changed))
         log.info("%s/%s: %s", namespace, name, "; ".join(changed))
-    return out

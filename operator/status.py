@@ -66,18 +66,20 @@ def _condition(ctype: str, ok: bool, reason: str, message: str, generation: int,
 
 
 def service_status(generation: int, deployments: dict[str, Body | None], desired: dict[str, int],
-                   previous: Body, endpoint: str, now: str, invalid: str | None = None) -> Body:
+                   previous: Body, endpoint: str, now: str, blocked: tuple[str, str] | None = None) -> Body:
     """Conditions (Ready, Progressing, Degraded), per-pool replicas and the router endpoint.
 
-    `deployments` and `desired` are keyed by pool (including the router). `invalid` is a message when
-    the spec could not be rendered. lastTransitionTime only moves when a condition's status flips.
+    `deployments` and `desired` are keyed by pool (including the router). `blocked` is (reason, message)
+    when the spec cannot be rolled out: it could not be rendered (InvalidSpec) or the API server refused a
+    child (ApplyFailed). lastTransitionTime only moves when a condition's status flips.
     """
     prev = {c["type"]: c for c in previous.get("conditions") or []}
-    if invalid:
+    if blocked:
+        reason, message = blocked
         conds = [
-            _condition("Ready", False, "InvalidSpec", invalid, generation, prev, now),
-            _condition("Progressing", False, "InvalidSpec", invalid, generation, prev, now),
-            _condition("Degraded", True, "InvalidSpec", invalid, generation, prev, now),
+            _condition("Ready", False, reason, message, generation, prev, now),
+            _condition("Progressing", False, reason, message, generation, prev, now),
+            _condition("Degraded", True, reason, message, generation, prev, now),
         ]
         return {"observedGeneration": generation, "conditions": _keep_foreign(conds, prev),
                 "pools": previous.get("pools") or {}, "routerEndpoint": endpoint}

@@ -108,3 +108,22 @@ def test_degraded_on_progress_deadline_and_foreign_conditions_kept():
 def test_zero_values_the_server_omits_are_equal():
     assert is_subset({"spec": {"publishNotReadyAddresses": False, "x": 0}}, {"spec": {}})
     assert not is_subset({"spec": {"publishNotReadyAddresses": True}}, {"spec": {}})
+
+
+def test_blocked_rollout_sets_three_consistent_conditions_and_keeps_pools():
+    prev = service_status(3, {"decode": _dep(1, 1)}, {"decode": 1}, {}, "e", "T0")
+    st = service_status(4, {}, {}, prev, "e", "T1", blocked=("ApplyFailed", 'services "x" is forbidden: quota'))
+    for ctype, status in (("Ready", "False"), ("Progressing", "False"), ("Degraded", "True")):
+        c = _cond(st, ctype)
+        assert (c["status"], c["reason"], c["observedGeneration"]) == (status, "ApplyFailed", 4)
+        assert "forbidden: quota" in c["message"]
+    assert st["pools"] == prev["pools"]
+
+
+def test_api_error_carries_the_servers_reason_and_message():
+    from tandem.operator.kube import ApiError
+
+    e = ApiError(422, '{"kind":"Status","reason":"Invalid","message":"Service \\"a.b-prefill\\" is invalid"}')
+    assert (e.status, e.reason, e.message) == (422, "Invalid", 'Service "a.b-prefill" is invalid')
+    raw = ApiError(502, "<html>bad gateway</html>")
+    assert (raw.reason, raw.message) == ("", "<html>bad gateway</html>")

@@ -1,9 +1,14 @@
-"""The reconcile queue runs one reconcile per object at a time and folds bursts of triggers together."""
+"""The reconcile queue runs one reconcile per object at a time, folds bursts of triggers together, and backs
+off per object after failures."""
 
 import asyncio
 import threading
 import time
 
+import pytest
+
+from tandem.operator.backoff import CAP_SECONDS, is_permanent, retry_delay
+from tandem.operator.kube import ApiError
 from tandem.operator.queue import ReconcileQueue
 
 
@@ -39,10 +44,80 @@ def test_delayed_triggers_fold_and_failures_retry_fresh():
             raise RuntimeError("API down")
 
     async def main():
-        q = ReconcileQueue(fn, retry_seconds=0.05)
+        q = ReconcileQueue(fn, backoff=lambda e, n: 0.05)
         for _ in range(10):
             q.trigger(("ns", "b"), delay=0.02)
         await asyncio.sleep(0.3)
 
     asyncio.run(main())
     assert calls == [False, True]
+
+
+def test_retry_delay_doubles_to_a_cap_and_permanent_answers_wait_the_cap():
+    down = ConnectionError("refused")
+    assert [retry_delay(down, n, base=1, cap=30) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
+    for status in (400, 403, 422):
+        assert is_permanent(ApiError(status, "{}"))
+        assert retry_delay(ApiError(status, "{}"), 1) == CAP_SECONDS
+    for status in (409, 429, 500, 503):
+        assert not is_permanent(ApiError(status, "{}"))
+        assert retry_delay(ApiError(status, "{}"), 1, base=1) == 1
+
+
+def test_triggers_during_a_backoff_fold_into_one_retry_with_growing_waits():
+    """Child events and resyncs must not turn a failing object into a hot loop."""
+    calls: list[bool] = []
+    asked: list[int] = []
+
+    def fn(ns, name, fresh):
+        calls.append(fresh)
+        raise ApiError(500, '{"message": "etcd timeout"}')
+
+    def backoff(error, failures):
+        asked.append(failures)
+        return 0.1
+
+    async def main() -> float:
+        start = time.monotonic()
+        q = ReconcileQueue(fn, backoff=backoff)
+        q.trigger(("ns", "c"), generation=1)
+        for _ in range(100):  # a storm of child events and resyncs
+            await asyncio.sleep(0.0035)
+            q.trigger(("ns", "c"), delay=0.001)
+            q.trigger(("ns", "c"), fresh=True)
+        q.forget(("ns", "c"))
+        return time.monotonic() - start
+
+    elapsed = asyncio.run(main())
+    # one run per 0.1 s backoff period (however slow this machine ran the storm), not one per trigger
+    assert 2 <= len(calls) <= elapsed / 0.1 + 1, (calls, elapsed)
+    assert asked == list(range(1, len(calls) + 1))  # the count of failures in a row grows
+    assert all(calls[1:])  # retries read fresh
+
+
+@pytest.mark.parametrize("status", [403, 422])
+def test_permanent_error_waits_for_a_new_generation(status):
+    generations: list[int] = []
+    current = {"generation": 1}
+
+    def fn(ns, name, fresh):
+        generations.append(current["generation"])
+        if current["generation"] == 1:
+            raise ApiError(status, '{"message": "no"}')
+
+    async def main():
+        q = ReconcileQueue(fn)  # the real backoff: a permanent answer waits CAP_SECONDS
+        q.trigger(("ns", "d"), generation=1)
+        await asyncio.sleep(0.05)
+        for _ in range(20):
+            q.trigger(("ns", "d"))  # child events
+            q.trigger(("ns", "d"), generation=1)  # our own status write, same generation
+        await asyncio.sleep(0.1)
+        assert generations == [1]
+        current["generation"] = 2
+        q.trigger(("ns", "d"), generation=2)  # the user fixed the spec
+        await asyncio.sleep(0.1)
+        q.forget(("ns", "d"))
+
+    asyncio.run(main())
+    assert generations == [1, 2]
