@@ -72,6 +72,8 @@ def router_argv(
         "--service", service, "--host", host, "--port", str(port), "--mode", spec.mode.value,
         "--max-queued", str(spec.router.max_queued_requests),
         "--max-model-len", str(spec.model.max_context_length),
+        "--slo-ttft-ms", str(spec.slo.ttft_ms), "--slo-tpot-ms", str(spec.slo.tpot_ms),
+        "--slo-percentile", str(spec.slo.percentile),
     ]  # fmt: skip
     if metrics_port:
         argv += ["--metrics-port", str(metrics_port)]

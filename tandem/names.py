@@ -25,6 +25,13 @@ ITL_SECONDS = "tandem_inter_token_latency_seconds"
 E2E_SECONDS = "tandem_e2e_latency_seconds"
 REQUESTS_TOTAL = "tandem_requests_total"
 ROUTER_QUEUE_DEPTH = "tandem_router_queue_depth"
+# The service's SLO as the router judges each completed request: the target (seconds) and objective (the
+# fraction of requests that must meet it, spec.slo.percentile / 100) per `slo`, and requests by `met`.
+SLO_TARGET_SECONDS = "tandem_slo_target_seconds"
+SLO_OBJECTIVE_RATIO = "tandem_slo_objective_ratio"
+SLO_REQUESTS_TOTAL = "tandem_slo_requests_total"
+SLO_TTFT = "ttft"  # values of the `slo` label
+SLO_TPOT = "tpot"
 # Prefill metrics
 PREFILL_QUEUED_TOKENS = "tandem_prefill_queued_tokens"
 PREFILL_TOKENS_TOTAL = "tandem_prefill_tokens_total"
@@ -35,6 +42,11 @@ DECODE_RUNNING_SEQUENCES = "tandem_decode_running_sequences"
 KV_BLOCKS_USED = "tandem_kv_blocks_used"
 KV_BLOCKS_TOTAL = "tandem_kv_blocks_total"
 DECODE_BATCH_SIZE = "tandem_decode_batch_size"
+# Prefix cache (prefill and decode engines): prompt tokens looked up, and those found already cached
+PREFIX_CACHE_QUERIED_TOKENS_TOTAL = "tandem_prefix_cache_queried_tokens_total"
+PREFIX_CACHE_HIT_TOKENS_TOTAL = "tandem_prefix_cache_hit_tokens_total"
+# Autoscaler: the replica count it wants per pool (exported by the autoscaler loop when autoscaling is on)
+AUTOSCALER_DESIRED_REPLICAS = "tandem_autoscaler_desired_replicas"
 
 # Metric labels
 METRIC_LABELS = ("service", "pool")

@@ -92,6 +92,12 @@ class Prometheus:
         assert isinstance(data, dict)
         return data["result"]
 
+    def label_values(self, label: str, match: str) -> list[str]:
+        """What Grafana's `label_values(match, label)` variable query lists."""
+        data = self._get(f"/api/v1/label/{label}/values", **{"match[]": match})
+        assert isinstance(data, list)
+        return data
+
     def targets(self) -> list[dict]:
         data = self._get("/api/v1/targets", state="active")
         assert isinstance(data, dict)

@@ -45,12 +45,13 @@ def load(p: ProcessPlan) -> common_pb2.LoadReport:
         channel.close()
 
 
-def metrics_targets(stack, namespace: str = "default") -> list[Target]:
+def metrics_targets(stack, service: str, namespace: str = "default") -> list[Target]:
     """Prometheus targets for a running local stack: the router's /metrics on its HTTP port and each
-    worker's metrics port, labelled like the chart's PodMonitor labels pods (namespace, pod)."""
+    worker's metrics port, labelled the way the chart's PodMonitor labels pods (namespace, pod, and the
+    service and pool it relabels from the pod's labels, which `up` carries too)."""
     out = []
     for p in stack.plans:
         host = p.address.rsplit(":", 1)[0]
         address = p.address if p.role == "router" else f"{host}:{p.metrics_port}"
-        out.append(Target(address, {"namespace": namespace, "pod": p.name}))
+        out.append(Target(address, {"namespace": namespace, "pod": p.name, "service": service, "pool": p.role}))
     return out

@@ -44,6 +44,10 @@ def test_whole_prompt_cached_still_leaves_one_token_to_compute():
         bm.register(block, h)
     _, cached = bm.allocate_prompt(tokens)
     assert cached == 4  # the second block is recomputed so the request still gets logits
+    assert (bm.prefix_queried_tokens, bm.prefix_hit_tokens) == (16, 4)  # what the hit-rate metric reads
+    with pytest.raises(OutOfBlocks):
+        bm.allocate_prompt(list(range(100, 120)))
+    assert (bm.prefix_queried_tokens, bm.prefix_hit_tokens) == (16, 4)  # a refused prompt is not counted
 
 
 def test_pool_returns_to_empty_after_finish_abort_and_preemption(tiny_model):

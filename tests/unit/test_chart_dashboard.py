@@ -55,10 +55,17 @@ def dashboard() -> dict:
 def test_dashboard_variables(dashboard):
     assert 36 <= dashboard["schemaVersion"] <= 41
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert list(variables) == ["datasource", "namespace", "service", "pool"]
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
-    query = variables["service"]["query"]
-    query = query["query"] if isinstance(query, dict) else query
-    assert query == f"label_values({names.REQUESTS_TOTAL}, service)"
+
+    def query(name: str) -> str:
+        q = variables[name]["query"]
+        return q["query"] if isinstance(q, dict) else q
+
+    assert query("namespace") == f"label_values({names.REQUESTS_TOTAL}, namespace)"
+    # each variable narrows the next: InferenceServices of the chosen namespaces, pools of the chosen services
+    assert query("service") == f'label_values({names.REQUESTS_TOTAL}{{namespace=~"$namespace"}}, service)'
+    assert query("pool") == f'label_values({names.KV_BLOCKS_TOTAL}{{namespace=~"$namespace", service=~"$service"}}, pool)'
 
 
 def test_every_panel_has_a_title_and_a_target(dashboard):
@@ -74,12 +81,13 @@ def test_every_panel_has_a_title_and_a_target(dashboard):
 def test_every_queried_metric_exists_in_names(dashboard):
     exported = _exported()
     used: set[str] = set()
-    for p in _panels(dashboard):
-        for t in p["targets"]:
-            assert '$service' in t["expr"], (p["title"], t["expr"])
-            found = METRIC.findall(t["expr"])
-            assert found, (p["title"], t["expr"])
-            used.update(found)
+    exprs = [(p["title"], t["expr"]) for p in _panels(dashboard) for t in p["targets"]]
+    exprs += [(a["name"], a["expr"]) for a in dashboard["annotations"]["list"]]
+    for title, expr in exprs:
+        assert '$namespace' in expr and '$service' in expr, (title, expr)
+        found = METRIC.findall(expr)
+        assert found or expr.startswith("sum by (namespace, service, pool) (up{"), (title, expr)  # or scrape health
+        used.update(found)
     unknown = sorted(m for m in used if not _known(m, exported))
     assert not unknown, f"dashboard queries metrics not in tandem/names.py: {unknown}"
     # the panels the dashboard promises: every router, prefill and decode family but ITL/E2E

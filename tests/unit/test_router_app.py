@@ -16,6 +16,7 @@ from tandem.worker.api.params import InvalidRequest, SamplingParams
 from tandem.worker.hf.tokenizer import Tokenizer
 from tandem.worker.router.app import create_app
 from tandem.worker.router.backend import BackendError, Timing, TokenOut
+from tandem.worker.router.metrics import Slo, slo_outcomes
 from tandem.worker.router.streaming import StopStringFilter, find_stop, holdback_length
 
 SERVED = "tiny"
@@ -471,6 +472,31 @@ async def test_metrics_after_a_request(tok):
     assert 0.0015 < tpot_sum < 1.0  # about the scripted 2 ms per token
     async with client_for(other) as c:
         assert 'service="other"' in (await c.get("/metrics")).text
+
+
+@pytest.mark.asyncio
+async def test_slo_series_judge_each_completed_request(tok):
+    backend = ScriptedBackend(tok)
+    backend.delay_s = 0.02  # 20 ms per token: meets a 1 s TTFT target, misses a 5 ms TPOT target
+    app = create_app(backend, tok, SERVED, service_name="svc", slo=Slo(ttft_s=1.0, tpot_s=0.005, objective=0.95))
+    await post(app, "/v1/completions", {"model": SERVED, "prompt": "x", "stream": True})
+    await post(app, "/v1/completions", {"model": "nope", "prompt": "x"})  # a 404 is not judged
+    async with client_for(app) as c:
+        text = (await c.get("/metrics")).text
+    labels = 'pool="router",service="svc"'
+    assert f'tandem_slo_target_seconds{{{labels},slo="ttft"}} 1.0' in text
+    assert f'tandem_slo_target_seconds{{{labels},slo="tpot"}} 0.005' in text
+    assert f'tandem_slo_objective_ratio{{{labels},slo="tpot"}} 0.95' in text
+    assert f'tandem_slo_requests_total{{met="true",{labels},slo="ttft"}} 1.0' in text
+    assert f'tandem_slo_requests_total{{met="false",{labels},slo="ttft"}} 0.0' in text
+    assert f'tandem_slo_requests_total{{met="false",{labels},slo="tpot"}} 1.0' in text
+    assert f'tandem_slo_requests_total{{met="true",{labels},slo="tpot"}} 0.0' in text
+
+
+def test_slo_outcomes():
+    slo = Slo(ttft_s=0.5, tpot_s=0.05)
+    assert slo_outcomes(slo, 0.5, 0.051) == {"ttft": True, "tpot": False}
+    assert slo_outcomes(slo, 0.6, None) == {"ttft": False}  # one token: no TPOT to judge
 
 
 # ---- over real sockets: the official client, disconnects ----

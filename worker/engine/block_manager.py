@@ -38,6 +38,9 @@ class BlockManager:
         self.block_hashes: list[int | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # hash -> block id
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))  # LRU order
+        # prompt tokens of every allocated prompt, and those of them found in the prefix cache (metrics)
+        self.prefix_queried_tokens = 0
+        self.prefix_hit_tokens = 0
 
     # --- queries -------------------------------------------------------------------------------
     @property
@@ -98,7 +101,10 @@ class BlockManager:
         if need > self.num_free - sum(1 for b in cached if self.ref_counts[b] == 0):
             raise OutOfBlocks(f"need {need} KV blocks, {self.num_free} free")
         self.share(cached)
-        return cached + self.allocate(need), len(cached) * self.block_size
+        table = cached + self.allocate(need)
+        self.prefix_queried_tokens += len(token_ids)
+        self.prefix_hit_tokens += len(cached) * self.block_size
+        return table, len(cached) * self.block_size
 
     def register(self, block: int, h: int) -> None:
         """Publish that `block` now holds the full block with hash `h`."""

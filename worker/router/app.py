@@ -23,7 +23,7 @@ from tandem.worker.router import openai_schema as oa
 from tandem.worker.router.backend import Backend, BackendError, Timing
 from tandem.worker.router.generation import Generation
 from tandem.worker.router.limits import BodyGone, RequestLimits, read_body
-from tandem.worker.router.metrics import STATUS_CLIENT_GONE, RequestClock, RouterMetrics
+from tandem.worker.router.metrics import STATUS_CLIENT_GONE, RequestClock, RouterMetrics, Slo
 from tandem.worker.router.streaming import SSE_DONE, TextDelta, sse_event
 
 log = logging.getLogger(__name__)
@@ -251,10 +251,12 @@ def create_app(
     *,
     max_model_len: int | None = None,
     limits: RequestLimits | None = None,
+    slo: Slo | None = None,
 ) -> FastAPI:
     """The router's ASGI app. `max_model_len` (the context the workers serve) turns overlong prompts
-    into 400s here; `limits` bound what a request body may cost before it is parsed."""
-    metrics = RouterMetrics(service_name, backend.queue_depth)
+    into 400s here; `limits` bound what a request body may cost before it is parsed; `slo` is what
+    each completed request is judged against."""
+    metrics = RouterMetrics(service_name, backend.queue_depth, slo=slo)
     admission = Admission(max_queued_requests)
     limits = limits or RequestLimits()
 

@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT_S,
         help="seconds a client may take to send its request body before 408",
     )  # fmt: skip
+    p.add_argument("--slo-ttft-ms", type=float, default=500, help="TTFT target each request is judged against")
+    p.add_argument("--slo-tpot-ms", type=float, default=50, help="TPOT target each request is judged against")
+    p.add_argument("--slo-percentile", type=float, default=90, help="percent of requests that must meet the targets")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
 
@@ -84,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     from tandem.worker.hf.config import ModelConfig, ModelLoadError, served_context_length
     from tandem.worker.hf.tokenizer import Tokenizer
     from tandem.worker.router.app import create_app
+    from tandem.worker.router.metrics import Slo
     from tandem.worker.router.pools import build_backend
 
     try:
@@ -101,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         max_queued_requests=args.max_queued,
         max_model_len=max_model_len,
         limits=RequestLimits(args.max_body_bytes, args.body_timeout),
+        slo=Slo(args.slo_ttft_ms / 1000, args.slo_tpot_ms / 1000, args.slo_percentile / 100),
     )
     if args.metrics_port:
         from prometheus_client import start_http_server

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -15,6 +16,11 @@ from tandem.names import (
     POOL_ROUTER,
     REQUESTS_TOTAL,
     ROUTER_QUEUE_DEPTH,
+    SLO_OBJECTIVE_RATIO,
+    SLO_REQUESTS_TOTAL,
+    SLO_TARGET_SECONDS,
+    SLO_TPOT,
+    SLO_TTFT,
     TPOT_SECONDS,
     TTFT_SECONDS,
 )
@@ -76,6 +82,25 @@ def mean_time_per_output_token(first_token_s: float, last_token_s: float, tokens
     return (last_token_s - first_token_s) / (tokens - 1)
 
 
+@dataclass(frozen=True)
+class Slo:
+    """The service's latency SLO: TTFT and TPOT targets (seconds) that `objective` of requests must meet."""
+
+    ttft_s: float = 0.5
+    tpot_s: float = 0.05
+    objective: float = 0.9
+
+
+def slo_outcomes(slo: Slo, ttft_s: float | None, tpot_s: float | None) -> dict[str, bool]:
+    """Which SLOs one completed request met, by `slo` label value; a latency it lacks is not judged."""
+    out = {}
+    if ttft_s is not None:
+        out[SLO_TTFT] = ttft_s <= slo.ttft_s
+    if tpot_s is not None:
+        out[SLO_TPOT] = tpot_s <= slo.tpot_s
+    return out
+
+
 class RouterMetrics:
     """The metric families of one router, in their own registry (so several apps can coexist)."""
 
@@ -84,8 +109,10 @@ class RouterMetrics:
         service: str,
         queue_depth: Callable[[], float],
         registry: CollectorRegistry | None = None,
+        slo: Slo | None = None,
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.slo = slo or Slo()
         self.labels = {"service": service, "pool": POOL_ROUTER}
         assert tuple(self.labels) == METRIC_LABELS
         r, labels = self.registry, METRIC_LABELS
@@ -120,6 +147,20 @@ class RouterMetrics:
             ROUTER_QUEUE_DEPTH, "Requests admitted by the router and not yet finished", labels, registry=r
         )
         depth.labels(**self.labels).set_function(queue_depth)
+        target = Gauge(SLO_TARGET_SECONDS, "The SLO's latency target", (*labels, "slo"), registry=r)
+        objective = Gauge(
+            SLO_OBJECTIVE_RATIO, "Fraction of requests that must meet the SLO's target", (*labels, "slo"), registry=r
+        )
+        for name, seconds in ((SLO_TTFT, self.slo.ttft_s), (SLO_TPOT, self.slo.tpot_s)):
+            target.labels(**self.labels, slo=name).set(seconds)
+            objective.labels(**self.labels, slo=name).set(self.slo.objective)
+        self.slo_requests = Counter(
+            SLO_REQUESTS_TOTAL, "Completed requests judged against the SLO, by whether they met it",
+            (*labels, "slo", "met"), registry=r,
+        )  # fmt: skip
+        for name in (SLO_TTFT, SLO_TPOT):  # both outcomes exist from the start, so ratios are 0, not absent
+            for met in ("true", "false"):
+                self.slo_requests.labels(**self.labels, slo=name, met=met)
 
     def start_request(self, clock: Callable[[], float] = time.perf_counter) -> RequestClock:
         return RequestClock(self, clock)
@@ -164,3 +205,5 @@ class RequestClock:
         tpot = mean_time_per_output_token(self.first_token, self.last_token, self.tokens)
         if tpot is not None:
             self.metrics.tpot.observe(tpot)
+        for slo, met in slo_outcomes(self.metrics.slo, self.first_token - self.arrival, tpot).items():
+            self.metrics.slo_requests.labels(**self.metrics.labels, slo=slo, met=str(met).lower()).inc()

@@ -28,6 +28,13 @@ class WorkerMetrics:
         self.running = bind(Gauge(names.DECODE_RUNNING_SEQUENCES, "Sequences in the running batch", labels, registry=r))
         self.kv_used = bind(Gauge(names.KV_BLOCKS_USED, "KV cache blocks in use", labels, registry=r))
         self.kv_total = bind(Gauge(names.KV_BLOCKS_TOTAL, "KV cache blocks in the pool", labels, registry=r))
+        self.prefix_queried = bind(
+            Counter(names.PREFIX_CACHE_QUERIED_TOKENS_TOTAL, "Prompt tokens looked up in the prefix cache", labels, registry=r)
+        )
+        self.prefix_hits = bind(
+            Counter(names.PREFIX_CACHE_HIT_TOKENS_TOTAL, "Prompt tokens found in the prefix cache", labels, registry=r)
+        )
+        self._prefix_seen = (0, 0)
         self.batch_size = bind(
             Histogram(names.DECODE_BATCH_SIZE, "Sequences per engine step", labels, registry=r,
                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
@@ -40,6 +47,10 @@ class WorkerMetrics:
         self.running.set(engine.num_running)
         self.kv_used.set(engine.blocks.num_used)
         self.kv_total.set(engine.blocks.num_blocks)
+        queried, hits = engine.blocks.prefix_queried_tokens, engine.blocks.prefix_hit_tokens
+        self.prefix_queried.inc(queried - self._prefix_seen[0])
+        self.prefix_hits.inc(hits - self._prefix_seen[1])
+        self._prefix_seen = (queried, hits)
         if sched is not None and sched.seqs:
             self.batch_size.observe(len(sched.seqs))
             self.prefill_tokens.inc(prompt_tokens_computed(sched))

@@ -1,0 +1,140 @@
+"""Every panel of the chart's Grafana dashboard returns data from a real Prometheus scraping a live local
+stack under load: each query runs through the HTTP API with the template variables filled in the way
+Grafana fills them, and a query with no data fails naming its panel."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tandem import names
+from tests.integration.stacks import metrics_targets, running_stack, spec
+from tests.prometheus import running_prometheus
+
+pytestmark = pytest.mark.slow
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "charts/tandem/dashboards/tandem.json"
+NAMESPACE, SERVICE = "team-a", "dash"
+# Series only another component exports, so no data here is expected (each still has to parse).
+NOT_IN_A_LOCAL_STACK = {names.AUTOSCALER_DESIRED_REPLICAS: "the autoscaler loop runs only with autoscaling on"}
+
+
+def grafana_vars(expr: str, rate_interval: str = "1m", dashboard_range: str = "5m") -> str:
+    """The query Grafana sends for `expr` with this namespace and service chosen and every pool."""
+    values = {"$__rate_interval": rate_interval, "$__range": dashboard_range, "$namespace": NAMESPACE,
+              "$service": SERVICE, "$pool": ".*"}  # fmt: skip
+    for var, value in values.items():
+        expr = expr.replace(var, value)
+    assert "$" not in expr, expr
+    return expr
+
+
+def _panels(dash: dict) -> list[dict]:
+    out = []
+    for p in dash["panels"]:
+        out.extend(p.get("panels", []) if p.get("type") == "row" else [p])
+    return [p for p in out if p.get("type") != "row"]
+
+
+class Load:
+    """Streams completions (sharing a long prefix, so the prefix cache hits) and a few bad requests at the
+    router until stopped."""
+
+    def __init__(self, url: str):
+        self.url, self.stop, self.sent, self.errors = url, threading.Event(), 0, []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        prefix = "The quick brown fox jumps over the lazy dog. " * 6
+        with httpx.Client(base_url=self.url, timeout=60) as client:
+            while not self.stop.is_set():
+                i = self.sent
+                model = "tiny" if i % 5 else "no-such-model"  # every fifth a 404: the errors panel has data
+                body = {"model": model, "prompt": f"{prefix} request {i}", "max_tokens": 8, "stream": True,
+                        "ignore_eos": True, "temperature": 0}  # fmt: skip
+                try:
+                    with client.stream("POST", "/v1/completions", json=body) as resp:
+                        resp.read()
+                except httpx.HTTPError as e:
+                    self.errors.append(repr(e))
+                self.sent += 1
+
+    def __enter__(self) -> Load:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def observed(tiny_model_dir, tmp_path_factory):
+    """A disaggregated stack under load, scraped every second by a real Prometheus."""
+    obj = spec(SERVICE, tiny_model_dir, prefillChunkTokens=32)
+    obj["spec"]["slo"] = {"ttftMs": 2000, "tpotMs": 200, "percentile": 90}
+    with running_stack(obj, tmp_path_factory.mktemp("stack")) as (stack, url):
+        targets = metrics_targets(stack, SERVICE, NAMESPACE)
+        with running_prometheus(targets, tmp_path_factory.mktemp("prometheus")) as prom, Load(url) as load:
+            prom.wait_targets_up(timeout_s=60)
+            # enough completed requests and scrapes that every rate has two samples with traffic between
+            prom.wait_for(f'sum(tandem_slo_requests_total{{service="{SERVICE}"}}) >= 8', timeout_s=180)
+            prom.wait_for(f'sum(increase(tandem_requests_total{{service="{SERVICE}", status="404"}}[1m])) > 0', timeout_s=60)
+            yield prom, load
+            assert not load.errors, load.errors[:3]
+
+
+def test_every_panel_returns_data(observed):
+    prom, _ = observed
+    dash = json.loads(DASHBOARD.read_text())
+    empty = []
+    for panel in _panels(dash):
+        got_any = False
+        for target in panel["targets"]:
+            expr = grafana_vars(target["expr"])
+            result = prom.query(expr)
+            values = [float(r["value"][1]) for r in result]
+            finite = [v for v in values if math.isfinite(v)]
+            if finite:
+                got_any = True
+                for r in result:
+                    assert r["metric"].get("service", SERVICE) == SERVICE, (panel["title"], r)
+                continue
+            metrics = set(re.findall(r"\btandem_[a-z0-9_]+", expr))
+            if metrics and metrics <= set(NOT_IN_A_LOCAL_STACK):
+                continue
+            empty.append(f"{panel['title']!r} [{target['refId']}] {expr} -> {values}")
+        assert got_any or not panel["targets"], panel["title"]
+    assert not empty, "panels without data:\n" + "\n".join(empty)
+
+
+def test_panel_values_are_what_the_stack_did(observed):
+    prom, _ = observed
+    up = {r["metric"]["pool"]: float(r["value"][1]) for r in prom.query(grafana_vars(
+        'sum by (namespace, service, pool) (up{namespace=~"$namespace", service=~"$service", pool!="router"})'))}
+    assert up == {"prefill": 1.0, "decode": 1.0}
+    (target,) = prom.query(grafana_vars('max by (namespace, service) (tandem_slo_target_seconds{namespace=~"$namespace", service=~"$service", slo="ttft"})'))
+    assert float(target["value"][1]) == 2.0  # spec.slo.ttftMs reaches the router's SLO line
+    hits = prom.query(grafana_vars(
+        'sum by (pool) (tandem_prefix_cache_hit_tokens_total{namespace=~"$namespace", service=~"$service"})'))
+    assert {r["metric"]["pool"] for r in hits if float(r["value"][1]) > 0} == {"prefill", "decode"}  # the shared prefix
+
+
+def test_variables_and_annotations(observed):
+    prom, _ = observed
+    dash = json.loads(DASHBOARD.read_text())
+    variables = {v["name"]: v for v in dash["templating"]["list"] if v["type"] == "query"}
+    listed = {}
+    for name, v in variables.items():
+        match = re.fullmatch(r"label_values\((.+), (\w+)\)", v["query"]["query"])
+        assert match and match.group(2) == name, v["query"]
+        listed[name] = set(prom.label_values(name, grafana_vars(match.group(1))))
+    assert listed == {"namespace": {NAMESPACE}, "service": {SERVICE}, "pool": {"prefill", "decode"}}
+    for annotation in dash["annotations"]["list"]:
+        prom.query(grafana_vars(annotation["expr"]))  # parses and evaluates (no data without the autoscaler)
