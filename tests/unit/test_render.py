@@ -124,7 +124,7 @@ def test_edits_the_pods_do_not_consume_leave_every_pod_template_alone(gpu_spec, 
 @pytest.mark.parametrize("patch,rolled", [
     ({"image": "tandem-worker:9"}, {"s-prefill", "s-decode", "s-router"}),
     ({"engine": {"maxBatchTokens": 4096}}, {"s-prefill", "s-decode"}),
-    ({"model": {"maxContextLength": 16384}}, {"s-prefill", "s-decode"}),
+    ({"model": {"maxContextLength": 16384}}, {"s-prefill", "s-decode", "s-router"}),
     ({"model": {"servedName": "other"}}, {"s-prefill", "s-decode", "s-router"}),
     ({"decode": {"resources": {"gpus": 2}}}, {"s-decode"}),
     ({"router": {"maxQueuedRequests": 9}}, {"s-router"}),
