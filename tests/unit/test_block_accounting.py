@@ -17,13 +17,20 @@ def tiny_model(tiny_model_dir):
     return load_model(tiny_model_dir)
 
 
+def _register(bm: BlockManager, table: list[int], tokens: list[int], salt: str | None = None) -> None:
+    """What the scheduler does once blocks are computed: publish each full block under its chained hash."""
+    parent = bm.root(salt)
+    for i, (block, h) in enumerate(zip(table, prefix_hashes(tokens, bm.block_size, parent), strict=False)):
+        bm.register(block, h, parent, tokens[i * bm.block_size : (i + 1) * bm.block_size])
+        parent = h
+
+
 def test_block_manager_shares_cached_prefix_and_frees_everything():
     bm = BlockManager(num_blocks=8, block_size=4)
     tokens = list(range(10))
     table, cached = bm.allocate_prompt(tokens)
     assert (len(table), cached) == (3, 0)
-    for block, h in zip(table, prefix_hashes(tokens, 4), strict=False):
-        bm.register(block, h)
+    _register(bm, table, tokens)
     table2, cached2 = bm.allocate_prompt(tokens[:8] + [99, 98, 97])
     assert cached2 == 8 and table2[:2] == table[:2] and table2[2] not in table
     assert bm.num_used == 4
@@ -40,8 +47,7 @@ def test_whole_prompt_cached_still_leaves_one_token_to_compute():
     bm = BlockManager(num_blocks=4, block_size=4)
     tokens = list(range(8))
     table, _ = bm.allocate_prompt(tokens)
-    for block, h in zip(table, prefix_hashes(tokens, 4), strict=False):
-        bm.register(block, h)
+    _register(bm, table, tokens)
     _, cached = bm.allocate_prompt(tokens)
     assert cached == 4  # the second block is recomputed so the request still gets logits
     assert (bm.prefix_queried_tokens, bm.prefix_hit_tokens) == (16, 4)  # what the hit-rate metric reads

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 UINT32_MAX = 2**32 - 1  # the wire's bound on token ids, top_k and max_tokens (tandem.v1.SamplingParams)
 UINT64_MAX = 2**64 - 1  # the wire's bound on seeds
+MAX_CACHE_SALT = 1024
 
 
 class InvalidRequest(ValueError):
@@ -23,6 +24,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: bool = False
+    # Prefix-cache isolation (an OpenAI API extension, as in vLLM): requests share cached KV blocks only
+    # when their salts are equal; None shares with every other unsalted request.
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or not 1 <= self.max_tokens <= UINT32_MAX:
@@ -39,6 +43,8 @@ class SamplingParams:
             raise InvalidRequest(f"stop_token_ids must be in [0, {UINT32_MAX}]")
         if any(not s for s in self.stop):
             raise InvalidRequest("stop strings must be non-empty")
+        if self.cache_salt is not None and not 0 < len(self.cache_salt) <= MAX_CACHE_SALT:
+            raise InvalidRequest(f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT} characters")
 
     @property
     def greedy(self) -> bool:

@@ -26,6 +26,8 @@ def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
     )
     if p.seed is not None:
         msg.seed = p.seed
+    if p.cache_salt is not None:
+        msg.cache_salt = p.cache_salt
     return msg
 
 
@@ -40,4 +42,5 @@ def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
         stop_token_ids=list(msg.stop_token_ids),
         ignore_eos=msg.ignore_eos,
         logprobs=msg.logprobs,
+        cache_salt=msg.cache_salt if msg.HasField("cache_salt") else None,
     )

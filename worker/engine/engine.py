@@ -32,6 +32,7 @@ class EngineConfig:
     prefill_chunk_tokens: int = 512
     max_model_len: int | None = None  # defaults to the model's max positions
     enable_prefix_caching: bool = True
+    prefix_cache_seed: str = ""  # the model's identity: roots every prefix hash chain
 
 
 @dataclass
@@ -60,7 +61,9 @@ class Engine:
         self.dtype = next(model.parameters()).dtype
         self.max_model_len = served_context_length(model.config.max_position_embeddings, config.max_model_len)
         self.kv = KvCache(model.config, config.num_kv_blocks, config.block_size, self.dtype, self.device)
-        self.blocks = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
+        self.blocks = BlockManager(
+            config.num_kv_blocks, config.block_size, config.enable_prefix_caching, config.prefix_cache_seed.encode()
+        )
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_running_sequences, config.max_batch_tokens, config.prefill_chunk_tokens),
             self.blocks,
@@ -109,7 +112,7 @@ class Engine:
     def reserve(self, prompt_ids: list[int], params: SamplingParams) -> tuple[list[int], int]:
         """Blocks for an incoming prompt's KV; returns (block table, tokens already cached by prefix)."""
         self.validate(prompt_ids, params)
-        return self.blocks.allocate_prompt(prompt_ids)
+        return self.blocks.allocate_prompt(prompt_ids, cache_salt=params.cache_salt)
 
     def release(self, block_table: list[int]) -> None:
         self.blocks.release(block_table)

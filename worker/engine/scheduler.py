@@ -76,7 +76,7 @@ class Scheduler:
                 break
             seq = self.waiting[0]
             try:
-                seq.block_table, cached = self.blocks.allocate_prompt(seq.token_ids)
+                seq.block_table, cached = self.blocks.allocate_prompt(seq.token_ids, cache_salt=seq.params.cache_salt)
             except OutOfBlocks:
                 break
             self.waiting.popleft()
@@ -122,10 +122,11 @@ class Scheduler:
         tokens = seq.token_ids
         while (len(seq.block_hashes) + 1) * bs <= seq.num_computed:
             i = len(seq.block_hashes)
-            parent = seq.block_hashes[-1] if seq.block_hashes else None
-            h = block_hash(parent, tokens[i * bs : (i + 1) * bs])
+            parent = seq.block_hashes[-1] if seq.block_hashes else self.blocks.root(seq.params.cache_salt)
+            block_tokens = tokens[i * bs : (i + 1) * bs]
+            h = block_hash(parent, block_tokens)
             seq.block_hashes.append(h)
-            self.blocks.register(seq.block_table[i], h)
+            self.blocks.register(seq.block_table[i], h, parent, block_tokens)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         if seq in self.running:

@@ -25,7 +25,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
-    block_hashes: list[int] = field(default_factory=list)  # hashes of the leading full blocks, once computed
+    block_hashes: list[bytes] = field(default_factory=list)  # hashes of the leading full blocks, once computed
     num_computed: int = 0  # tokens whose KV is in the cache
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: str | None = None

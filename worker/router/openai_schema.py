@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tandem.worker.api.params import UINT32_MAX, UINT64_MAX, SamplingParams
+from tandem.worker.api.params import MAX_CACHE_SALT, UINT32_MAX, UINT64_MAX, SamplingParams
 from tandem.worker.router.streaming import TokenLogprob
 
 MAX_LOGPROBS = 20  # the most alternatives OpenAI's API lets a client ask for
@@ -102,6 +102,8 @@ class SamplingRequest(BaseModel):
     user: str | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
+    # vLLM's extension: prefix-cache blocks are shared only between requests with the same salt
+    cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT)
 
     def check_supported(self) -> None:
         if self.n != 1:
@@ -148,6 +150,7 @@ class SamplingRequest(BaseModel):
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
             logprobs=self.wants_logprobs(),
+            cache_salt=self.cache_salt,
         )
 
 

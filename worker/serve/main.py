@@ -83,6 +83,7 @@ def main(argv: list[str]) -> int:
             max_batch_tokens=args.max_batch_tokens,
             prefill_chunk_tokens=args.prefill_chunk,
             max_model_len=args.max_model_len,
+            prefix_cache_seed=f"{args.served_name}\0{args.model_dir}\0{args.dtype}",
         ),
         args.dtype,
         args.device,
