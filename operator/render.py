@@ -3,8 +3,8 @@
 No I/O here. The handlers apply what these functions return; tests check them without a cluster.
 Replica counts come from the InferencePool objects (see operator/pools.py for who writes them).
 Pods receive everything they use through their template (arguments, environment, image, volumes), so a
-pod-template change is exactly a change the pods consume: editing `slo`, `autoscaling` or a pool's replica
-bounds rewrites no template and restarts no pod.
+pod-template change is exactly a change the pods consume: editing `autoscaling` or a pool's replica bounds
+rewrites no template, and `slo` only the router's.
 """
 
 from __future__ import annotations
