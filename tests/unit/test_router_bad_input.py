@@ -220,9 +220,9 @@ class RecordingTokenizer(Tokenizer):
 
     threads: list[int]
 
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+    def encode(self, *args, **kwargs) -> list[int]:
         self.threads.append(threading.get_ident())
-        return super().encode(text, add_bos)
+        return super().encode(*args, **kwargs)
 
 
 @pytest.mark.asyncio

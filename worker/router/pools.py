@@ -267,6 +267,7 @@ class GrpcBackend:
             ),
             timeout=max(30.0, self.lease_ms / 1000),
         )
+        ended = False  # the decode worker finished the stream or already knows the request is gone
         try:
             try:
                 reply = await prefill_call
@@ -276,11 +277,8 @@ class GrpcBackend:
                 )
             except aio.AioRpcError as e:
                 prefill.view.inflight_prompt_tokens -= len(prompt_ids)
-                with contextlib.suppress(aio.AioRpcError):
-                    await decode.stub.Abort(  # type: ignore[attr-defined]
-                        decode_pb2.AbortRequest(transfer_id=transfer_id, request_id=request_id, reason="prefill failed"),
-                        timeout=2,
-                    )
+                ended = True
+                await _abort_decode(decode, transfer_id, request_id, "prefill failed")
                 _raise_client_error(e)
                 if e.code() == grpc.StatusCode.UNAVAILABLE:
                     prefill.mark_failed()
@@ -288,10 +286,32 @@ class GrpcBackend:
             prefill.view.inflight_prompt_tokens -= len(prompt_ids)
             async for token in _relay(stream, decode):
                 yield token
+            ended = True
         finally:
             decode.view.inflight_requests -= 1
             stream.cancel()
             prefill_call.cancel()
+            if not ended:  # the client left or the stream broke: free the decode reservation now, not at lease expiry
+                await _abort_decode(decode, transfer_id, request_id, "the request ended before its answer")
+
+
+_ABORTS: set[asyncio.Task] = set()  # aborts still in flight, held so they finish even if their caller is cancelled
+
+
+async def _abort_decode(decode: Worker, transfer_id: str, request_id: str, reason: str) -> None:
+    """Tell the decode worker to drop the reservation and the sequence. Runs to its end even when the
+    request that asked is being cancelled; a worker that cannot be reached frees them at lease expiry."""
+
+    async def abort() -> None:
+        with contextlib.suppress(aio.AioRpcError):
+            await decode.stub.Abort(  # type: ignore[attr-defined]
+                decode_pb2.AbortRequest(transfer_id=transfer_id, request_id=request_id, reason=reason), timeout=2
+            )
+
+    task = asyncio.ensure_future(abort())
+    _ABORTS.add(task)
+    task.add_done_callback(_ABORTS.discard)
+    await asyncio.shield(task)
 
 
 async def _relay(call, worker: Worker) -> AsyncIterator[TokenOut]:

@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
         args.dtype,
         args.device,
     )
-    metrics = WorkerMetrics(args.service, args.role)
+    metrics = WorkerMetrics(args.service, args.role).watch(engine)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
     loop = EngineLoop(engine, on_step=metrics.on_step).start()

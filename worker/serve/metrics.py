@@ -40,13 +40,19 @@ class WorkerMetrics:
                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
         )
 
+    def watch(self, engine: Engine) -> WorkerMetrics:
+        """Read the KV block and running-sequence gauges from `engine` at scrape time, so that blocks freed
+        by an abort or an expired lease show at once, not at the next engine step. Each read is one
+        `len()`, safe against the engine thread."""
+        self.kv_used.set_function(lambda: engine.blocks.num_used)
+        self.kv_total.set_function(lambda: engine.blocks.num_blocks)
+        self.running.set_function(lambda: engine.num_running)
+        return self
+
     def on_step(self, engine: Engine) -> None:
-        """Refresh the gauges after an engine step (runs on the engine thread, so it stays cheap)."""
+        """Refresh what a step changes (runs on the engine thread, so it stays cheap)."""
         sched = engine.last_schedule
         self.queued_prompt_tokens.set(engine.queued_prompt_tokens)
-        self.running.set(engine.num_running)
-        self.kv_used.set(engine.blocks.num_used)
-        self.kv_total.set(engine.blocks.num_blocks)
         queried, hits = engine.blocks.prefix_queried_tokens, engine.blocks.prefix_hit_tokens
         self.prefix_queried.inc(queried - self._prefix_seen[0])
         self.prefix_hits.inc(hits - self._prefix_seen[1])

@@ -1,0 +1,29 @@
+"""The worker's KV gauges follow the block pool as it changes, not only after the next engine step."""
+
+from __future__ import annotations
+
+from tandem import names
+from tandem.worker.api.params import SamplingParams
+from tandem.worker.engine.engine import Engine, EngineConfig
+from tandem.worker.engine.loading import load_model
+from tandem.worker.serve.metrics import WorkerMetrics
+
+
+def test_kv_blocks_used_drops_when_a_reservation_is_released_without_a_step(tiny_model_dir):
+    engine = Engine(load_model(tiny_model_dir), EngineConfig(block_size=4, num_kv_blocks=32))
+    metrics = WorkerMetrics("svc", "decode").watch(engine)
+    labels = {"service": "svc", "pool": "decode"}
+
+    def gauge(name: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels)
+
+    assert (gauge(names.KV_BLOCKS_USED), gauge(names.KV_BLOCKS_TOTAL)) == (0, 32)
+    table, _ = engine.reserve(list(range(1, 15)), SamplingParams(max_tokens=4))
+    assert gauge(names.KV_BLOCKS_USED) == len(table) == 4
+    engine.release(table)  # as an abort or an expired lease does, between steps
+    assert gauge(names.KV_BLOCKS_USED) == 0
+    engine.add_request(list(range(1, 6)), SamplingParams(max_tokens=2), "r")
+    engine.step()
+    assert gauge(names.DECODE_RUNNING_SEQUENCES) == 1 and gauge(names.KV_BLOCKS_USED) == 2
+    engine.abort("r")
+    assert gauge(names.DECODE_RUNNING_SEQUENCES) == 0 and gauge(names.KV_BLOCKS_USED) == 0
