@@ -40,7 +40,7 @@ def worker_argv(
         "--max-running", str(engine.max_running_sequences),
         "--max-batch-tokens", str(engine.max_batch_tokens), "--prefill-chunk", str(engine.prefill_chunk_tokens),
         "--max-model-len", str(spec.model.max_context_length),
-        "--kv-compression", spec.kv_transfer.compression,
+        "--kv-compression", spec.kv_transfer.compression, "--kv-transport", spec.kv_transfer.transport.value,
     ]  # fmt: skip
     if engine.num_kv_blocks:
         argv += ["--num-kv-blocks", str(engine.num_kv_blocks)]
@@ -48,8 +48,6 @@ def worker_argv(
         argv += ["--kv-memory-percent", str(engine.kv_cache_memory_percent)]
     if threads or engine.threads:
         argv += ["--threads", str(threads or engine.threads)]
-    if spec.kv_transfer.transport.value == "grpc":
-        argv.append("--no-shm")
     if worker_id:
         argv += ["--worker-id", worker_id]
     return argv
@@ -70,7 +68,7 @@ def router_argv(
     argv = [
         "router", "--model-dir", model_dir, "--served-name", spec.model.served_name,
         "--service", service, "--host", host, "--port", str(port), "--mode", spec.mode.value,
-        "--max-queued", str(spec.router.max_queued_requests),
+        "--max-queued", str(spec.router.max_queued_requests), "--kv-lease-ms", str(spec.kv_transfer.lease_ms),
         "--max-model-len", str(spec.model.max_context_length),
         "--slo-ttft-ms", str(spec.slo.ttft_ms), "--slo-tpot-ms", str(spec.slo.tpot_ms),
         "--slo-percentile", str(spec.slo.percentile),

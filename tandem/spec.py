@@ -132,10 +132,12 @@ class AutoscalingSpec(_Spec):
 
 
 class Transport(StrEnum):
+    """How prefill workers push KV to decode workers: `auto` uses shared memory between workers on one host
+    whose caches are on the CPU, else the gRPC stream; `grpc` and `shm` force one (shm: CPU caches, one host)."""
+
     auto = "auto"
     grpc = "grpc"
     shm = "shm"
-    nccl = "nccl"
 
 
 class KvTransferSpec(_Spec):

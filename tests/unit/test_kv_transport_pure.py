@@ -10,7 +10,7 @@ from tandem.worker.kv_transport.base import InvalidChunk, KvLayout, dtype_from_n
 from tandem.worker.kv_transport.chunking import plan_chunks
 from tandem.worker.kv_transport.codec import INT8, NONE, chunk_nbytes, decode_blocks, encode_blocks
 from tandem.worker.kv_transport.compression import dequantize_int8, quantize_int8
-from tandem.worker.kv_transport.handshake import check_compatible, choose_transport
+from tandem.worker.kv_transport.handshake import check_compatible, choose_transport, reserve_transport
 from tandem.worker.kv_transport.staging import ring_start
 
 LAYOUT = KvLayout(num_layers=2, block_size=16, num_kv_heads=4, head_dim=64, dtype=torch.bfloat16)
@@ -126,6 +126,37 @@ def test_choose_transport():
     assert choose_transport(_info(**gpu), _info(**gpu)) == C.KV_TRANSPORT_CUDA_IPC
     assert choose_transport(_info(**gpu), _info(**gpu), allow_cuda_ipc=False) == C.KV_TRANSPORT_SHM
     assert choose_transport(_info(**gpu), _info(**{**gpu, "cuda_device": -1})) == C.KV_TRANSPORT_SHM
+
+
+GRPC, SHM, NONE_IN_COMMON = C.KV_TRANSPORT_GRPC, C.KV_TRANSPORT_SHM, C.KV_TRANSPORT_UNSPECIFIED
+
+
+def test_forced_transports_are_honoured_or_refused():
+    shm_only = dict(transports=[SHM])
+    grpc_only = dict(transports=[GRPC], shm_capable=False)
+    assert choose_transport(_info(**shm_only), _info(**shm_only)) == SHM
+    assert choose_transport(_info(**shm_only), _info(**{**shm_only, "host_id": "h2"})) == NONE_IN_COMMON
+    assert choose_transport(_info(), _info(**grpc_only)) == GRPC  # same host, but the receiver forces gRPC
+    assert choose_transport(_info(**shm_only), _info(**grpc_only)) == NONE_IN_COMMON
+    (problem,) = check_compatible(_info(**shm_only), _info(**grpc_only))
+    assert "no KV transport in common" in problem and "KV_TRANSPORT_SHM" in problem
+
+
+@pytest.mark.parametrize(
+    "offered, host, receiver, granted",
+    [
+        ([GRPC, SHM], "h1", {}, SHM),  # same host, both offer shared memory
+        ([GRPC, SHM], "h2", {}, GRPC),  # another host
+        ([GRPC, SHM], "", {}, GRPC),  # a sender that does not say where it runs
+        ([], "h1", {}, GRPC),  # a sender that offers nothing: the stream, the protocol's baseline
+        ([SHM], "h1", {"transports": [GRPC], "shm_capable": False}, NONE_IN_COMMON),  # forced shm meets forced grpc
+        ([SHM], "h2", {"transports": [SHM]}, NONE_IN_COMMON),  # forced shm across hosts
+        ([GRPC, SHM], "h1", {"transports": [GRPC], "shm_capable": False}, GRPC),
+        ([GRPC, SHM, C.KV_TRANSPORT_CUDA_IPC], "h1", {"cuda_device": 0, "transports": [GRPC, SHM, C.KV_TRANSPORT_CUDA_IPC]}, SHM),
+    ],
+)
+def test_reserve_transport_is_choose_transport_over_what_the_reservation_offers(offered, host, receiver, granted):
+    assert reserve_transport(offered, host, _info(**receiver)) == granted
 
 
 def test_ring_start_never_wraps_a_chunk():

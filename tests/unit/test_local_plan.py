@@ -32,7 +32,7 @@ def test_disaggregated_plan_has_each_pool_and_a_router_that_knows_them():
     assert len(set(ports)) == len(ports)
     workers = [parse_worker_args(p.argv[4:]) for p in procs[:-1]]
     assert [w.role for w in workers] == ["prefill", "prefill", "decode"]
-    assert all(w.model_dir == "/srv/models/tiny" and w.threads == 2 and w.no_shm for w in workers)  # 6 cores / 3
+    assert all(w.model_dir == "/srv/models/tiny" and w.threads == 2 and w.kv_transport == "grpc" for w in workers)  # 6 cores / 3
     router = build_parser().parse_args(procs[-1].argv[4:])
     assert check_args(router) is None
     assert router.prefill == [procs[0].address, procs[1].address] and router.decode == [procs[2].address]

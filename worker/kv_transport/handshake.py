@@ -1,10 +1,16 @@
-"""Handshake decisions (pure): are two workers' KV layouts compatible, and which transport to use."""
+"""Handshake decisions (pure): are two workers' KV layouts compatible, and which transport to use.
+
+The one place that decides the KV transport: the decode worker grants what `reserve_transport` says.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from tandem.v1 import common_pb2
 
 T = common_pb2
+DEFAULT_LEASE_MS = 30_000  # how long a decode worker holds reserved blocks for a transfer (spec kvTransfer.leaseMs)
 
 _LAYOUT_FIELDS = (
     "model_name",
@@ -35,6 +41,9 @@ def check_compatible(sender: common_pb2.WorkerInfo, receiver: common_pb2.WorkerI
         problems.append(f"{T.WorkerRole.Name(sender.role)} cannot send KV")
     if receiver.role not in _RECEIVERS and receiver.role != T.WORKER_ROLE_UNSPECIFIED:
         problems.append(f"{T.WorkerRole.Name(receiver.role)} cannot receive KV")
+    if choose_transport(sender, receiver) == T.KV_TRANSPORT_UNSPECIFIED:
+        offers = [[T.KvTransport.Name(t) for t in w.transports] for w in (sender, receiver)]
+        problems.append(f"no KV transport in common: the sender offers {offers[0]}, the receiver {offers[1]}")
     return problems
 
 
@@ -46,7 +55,8 @@ def choose_transport(
     sender: common_pb2.WorkerInfo, receiver: common_pb2.WorkerInfo, allow_cuda_ipc: bool = True
 ) -> int:
     """The fastest transport both sides offer: CUDA IPC (same host, both caches on GPUs), then shared
-    memory (same host, both shm-capable), else the gRPC stream, which always works."""
+    memory (same host, both shm-capable), else the gRPC stream; KV_TRANSPORT_UNSPECIFIED when they share
+    none (a worker told to use only shared memory, paired with one on another host)."""
     both = set(sender.transports) & set(receiver.transports)
     if same_host(sender, receiver):
         gpus = sender.cuda_device >= 0 and receiver.cuda_device >= 0
@@ -54,4 +64,14 @@ def choose_transport(
             return T.KV_TRANSPORT_CUDA_IPC
         if sender.shm_capable and receiver.shm_capable and T.KV_TRANSPORT_SHM in both:
             return T.KV_TRANSPORT_SHM
-    return T.KV_TRANSPORT_GRPC
+    return T.KV_TRANSPORT_GRPC if T.KV_TRANSPORT_GRPC in both else T.KV_TRANSPORT_UNSPECIFIED
+
+
+def reserve_transport(offered: Sequence[int], sender_host_id: str, receiver: common_pb2.WorkerInfo) -> int:
+    """The transport a decode worker grants a reservation, from what the prefill worker offers in it (an
+    empty list: the gRPC stream only). The decode server stages no CUDA IPC buffers, so never that."""
+    offered = list(offered) or [T.KV_TRANSPORT_GRPC]
+    sender = common_pb2.WorkerInfo(
+        host_id=sender_host_id, transports=offered, shm_capable=T.KV_TRANSPORT_SHM in offered, cuda_device=-1
+    )
+    return choose_transport(sender, receiver, allow_cuda_ipc=False)

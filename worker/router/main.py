@@ -7,6 +7,7 @@ import logging
 import sys
 
 from tandem.names import HTTP_PORT
+from tandem.worker.kv_transport.handshake import DEFAULT_LEASE_MS
 from tandem.worker.router.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, RequestLimits
 
 MODES = ("disaggregated", "colocated")
@@ -40,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=0, help="also serve /metrics on this port (0: off)")
     p.add_argument("--max-queued", type=int, default=256, help="requests in flight before answering 429")
     p.add_argument(
+        "--kv-lease-ms", type=int, default=DEFAULT_LEASE_MS,
+        help="how long a decode worker keeps blocks reserved for a KV transfer that has not completed",
+    )  # fmt: skip
+    p.add_argument(
         "--max-model-len", type=int, default=None,
         help="context length the workers serve (their --max-model-len); default: the model's positions",
     )  # fmt: skip
@@ -61,6 +66,8 @@ def check_args(args: argparse.Namespace) -> str | None:
     """Why the worker addresses cannot serve the mode, or None when they can."""
     if args.max_queued < 1:
         return "--max-queued must be >= 1"
+    if args.kv_lease_ms < 1:
+        return "--kv-lease-ms must be >= 1"
     if args.max_body_bytes < 1 or args.body_timeout <= 0:
         return "--max-body-bytes and --body-timeout must be positive"
     if args.workers_file:

@@ -33,7 +33,7 @@ from tandem.v1 import (
 )
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.api.wire import FINISH_NAMES, params_to_proto
-from tandem.worker.kv_transport.handshake import check_compatible
+from tandem.worker.kv_transport.handshake import DEFAULT_LEASE_MS, check_compatible
 from tandem.worker.router.backend import BackendError, Timing, TokenOut
 from tandem.worker.router.selection import WorkerView, pick_decode, pick_prefill
 
@@ -82,7 +82,7 @@ class GrpcBackend:
         block_size: int = 16,
         max_attempts: int = 3,
         poll_interval_s: float = 0.5,
-        lease_ms: int = 30_000,
+        lease_ms: int = DEFAULT_LEASE_MS,
     ):
         self.mode, self.block_size, self.max_attempts = mode, block_size, max_attempts
         self.poll_interval_s, self.lease_ms = poll_interval_s, lease_ms
@@ -365,4 +365,4 @@ def build_backend(args) -> GrpcBackend:
         return [a for a in (value or "").split(",") if a]
 
     addresses = {"prefill": split(args.prefill), "decode": split(args.decode), "colocated": split(args.colocated)}
-    return GrpcBackend(args.mode, addresses, getattr(args, "workers_file", None))
+    return GrpcBackend(args.mode, addresses, getattr(args, "workers_file", None), lease_ms=args.kv_lease_ms)

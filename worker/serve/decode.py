@@ -23,7 +23,12 @@ from tandem.worker.engine.engine import StepOutput
 from tandem.worker.engine.engine_loop import EngineLoop, StreamEnd
 from tandem.worker.kv_transport.base import KvLayout
 from tandem.worker.kv_transport.grpc_stream import add_decode_service
-from tandem.worker.kv_transport.handshake import check_compatible, choose_transport
+from tandem.worker.kv_transport.handshake import (
+    DEFAULT_LEASE_MS,
+    check_compatible,
+    choose_transport,
+    reserve_transport,
+)
 from tandem.worker.kv_transport.receiver import Committed, KvReceiver
 from tandem.worker.kv_transport.reservations import Released
 from tandem.worker.kv_transport.staging import StagingPool, StagingRing
@@ -85,22 +90,35 @@ class DecodeServicer:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         first = cached // self.layout.block_size
         to_fill = block_table[first:]
-        transport = common_pb2.KV_TRANSPORT_GRPC
-        ring = None
-        if self.staging is not None and common_pb2.KV_TRANSPORT_SHM in request.transports:
-            if request.prefill_host_id and request.prefill_host_id == self.info.host_id:
-                transport = common_pb2.KV_TRANSPORT_SHM
+        transport = reserve_transport(request.transports, request.prefill_host_id, self.info)
+        if transport == common_pb2.KV_TRANSPORT_UNSPECIFIED:
+            self.loop.call(lambda e: e.release(block_table))
+            offered = [common_pb2.KvTransport.Name(t) for t in request.transports]
+            mine = [common_pb2.KvTransport.Name(t) for t in self.info.transports]
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"no KV transport in common: the prefill worker offers {offered}, this decode worker {mine}",
+            )
         with self._lock:
             self._outputs[request.request_id] = queue.Queue()
-        lease_s = (request.lease_ms or 30_000) / 1000
+        lease_s = (request.lease_ms or DEFAULT_LEASE_MS) / 1000
         res = self.receiver.reserve(request.transfer_id, request.request_id, to_fill, lease_s)
+        ring = None
         if transport == common_pb2.KV_TRANSPORT_SHM:
-            assert self.staging is not None
+            assert self.staging is not None, "a decode worker that offers shared memory has staging rings"
             ring = self.staging.lend(res.epoch)
-            if ring is None:
-                transport = common_pb2.KV_TRANSPORT_GRPC
-            else:
+            if ring is not None:
                 res.staging = ring
+            elif common_pb2.KV_TRANSPORT_GRPC in self.info.transports and (
+                not request.transports or common_pb2.KV_TRANSPORT_GRPC in request.transports
+            ):
+                transport = common_pb2.KV_TRANSPORT_GRPC  # every ring is lent: the stream instead
+            else:  # shared memory only, and none free now: the router retries elsewhere
+                self.receiver.abort(request.transfer_id, request.request_id, "no staging ring free")
+                with self._lock:
+                    self._outputs.pop(request.request_id, None)
+                self.loop.call(lambda e: e.release(block_table))
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "every shared-memory staging ring is in use")
         with self._lock:
             self._pending[request.transfer_id] = Pending(request.request_id, prompt, params, block_table, ring)
         return decode_pb2.ReserveReply(

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import signal
+import sys
 import threading
 import uuid
 from concurrent import futures
@@ -22,7 +23,7 @@ from tandem.worker.engine.engine_loop import EngineLoop
 from tandem.worker.engine.loading import build_engine
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS
 from tandem.worker.serve.metrics import WorkerMetrics
-from tandem.worker.serve.wire import worker_info
+from tandem.worker.serve.wire import KV_TRANSPORTS, offered_transports, worker_info
 
 log = logging.getLogger("tandem.worker")
 
@@ -47,7 +48,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--kv-compression", choices=["none", "int8"], default="none")
-    p.add_argument("--no-shm", action="store_true", help="never offer the shared-memory KV transport")
+    p.add_argument(
+        "--kv-transport", choices=KV_TRANSPORTS, default="auto",
+        help="KV transfer: auto (shared memory on one host when the cache is on the CPU, else gRPC), grpc, shm",
+    )  # fmt: skip
     p.add_argument("--worker-id", default=None)
     return p.parse_args(argv)
 
@@ -66,6 +70,11 @@ def kv_block_budget(args: argparse.Namespace, engine_probe_bytes: int) -> int:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=os.environ.get("TANDEM_LOG_LEVEL", "INFO").upper(), format=f"%(asctime)s {args.role} %(levelname)s %(message)s")
+    try:
+        transports = offered_transports(args.kv_transport, args.device)
+    except ValueError as e:
+        print(f"tandem worker: {e}", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     from tandem.worker.engine.kv_cache import kv_block_nbytes
@@ -93,7 +102,7 @@ def main(argv: list[str]) -> int:
         start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
     loop = EngineLoop(engine, on_step=metrics.on_step).start()
     worker_id = args.worker_id or f"{args.role}-{uuid.uuid4().hex[:8]}"
-    info = worker_info(engine, worker_id, args.role, args.served_name, shm=not args.no_shm and args.device == "cpu")
+    info = worker_info(engine, worker_id, args.role, args.served_name, transports)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=BULK_CHANNEL_OPTIONS)
     servicer = _add_servicer(server, args, loop, info, metrics)
     health_servicer = health.HealthServicer()

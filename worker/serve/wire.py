@@ -42,9 +42,30 @@ def host_id() -> str:
     return f"{socket.gethostname()}:{boot}"
 
 
-def worker_info(engine: Engine, worker_id: str, role: str, model_name: str, shm: bool = True) -> common_pb2.WorkerInfo:
+KV_TRANSPORTS = ("auto", "grpc", "shm")  # spec kvTransfer.transport
+
+
+def offered_transports(kv_transport: str, device: str) -> list[int]:
+    """What a worker offers for KV, best first: `grpc` the stream only, `shm` shared memory only, `auto`
+    shared memory too when the cache lives on the CPU. Raises ValueError for `shm` with a GPU cache."""
+    shm_ok = device == "cpu"
+    if kv_transport == "grpc":
+        return [common_pb2.KV_TRANSPORT_GRPC]
+    if kv_transport == "shm":
+        if not shm_ok:
+            raise ValueError(f"kvTransfer.transport shm needs the KV cache on the CPU, not on {device}")
+        return [common_pb2.KV_TRANSPORT_SHM]
+    if kv_transport == "auto":
+        return [common_pb2.KV_TRANSPORT_SHM, common_pb2.KV_TRANSPORT_GRPC] if shm_ok else [common_pb2.KV_TRANSPORT_GRPC]
+    raise ValueError(f"unknown KV transport {kv_transport!r}; one of {', '.join(KV_TRANSPORTS)}")
+
+
+def worker_info(
+    engine: Engine, worker_id: str, role: str, model_name: str, transports: list[int] | None = None
+) -> common_pb2.WorkerInfo:
     cfg = engine.model.config
-    transports = [common_pb2.KV_TRANSPORT_GRPC] + ([common_pb2.KV_TRANSPORT_SHM] if shm else [])
+    transports = transports if transports is not None else [common_pb2.KV_TRANSPORT_GRPC]
+    shm = common_pb2.KV_TRANSPORT_SHM in transports
     return common_pb2.WorkerInfo(
         worker_id=worker_id,
         role=ROLES[role],

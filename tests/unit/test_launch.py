@@ -1,0 +1,70 @@
+"""Every engine and kvTransfer field of a spec reaches the process that uses it, through the real parsers."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem import launch
+from tandem.spec import InferenceServiceSpec
+from tandem.v1 import common_pb2 as C
+from tandem.worker.router.main import build_parser, check_args
+from tandem.worker.router.pools import build_backend
+from tandem.worker.serve.main import parse_args
+from tandem.worker.serve.wire import offered_transports
+
+ENGINE = {
+    "blockSize": 32,
+    "kvCacheMemoryPercent": 70,
+    "maxRunningSequences": 12,
+    "maxBatchTokens": 1024,
+    "prefillChunkTokens": 256,
+    "threads": 3,
+}
+
+
+def _spec(engine: dict | None = None, kv: dict | None = None) -> InferenceServiceSpec:
+    return InferenceServiceSpec.model_validate({
+        "model": {"source": {"path": "/m"}, "servedName": "tiny", "maxContextLength": 1500},
+        "engine": {**ENGINE, **(engine or {})},
+        "kvTransfer": {"transport": "shm", "compression": "int8", "leaseMs": 4500, **(kv or {})},
+    })  # fmt: skip
+
+
+def test_engine_and_kv_transfer_fields_reach_the_worker():
+    args = parse_args(launch.worker_argv(_spec(), "svc", "decode", "/m")[1:])
+    got = (args.block_size, args.kv_memory_percent, args.num_kv_blocks, args.max_running, args.max_batch_tokens,
+           args.prefill_chunk, args.threads, args.max_model_len, args.kv_compression, args.kv_transport)  # fmt: skip
+    assert got == (32, 70, None, 12, 1024, 256, 3, 1500, "int8", "shm")
+
+
+def test_num_kv_blocks_overrides_the_memory_share():
+    args = parse_args(launch.worker_argv(_spec({"numKvBlocks": 640}, {"transport": "grpc"}), "s", "prefill", "/m")[1:])
+    assert (args.num_kv_blocks, args.kv_transport) == (640, "grpc")
+
+
+def test_lease_reaches_the_router_backend():
+    args = build_parser().parse_args(
+        launch.router_argv(_spec(), "svc", "/m", workers={"prefill": ["a:1"], "decode": ["b:2"]})[1:]
+    )
+    assert check_args(args) is None
+    assert build_backend(args).lease_ms == 4500
+    default = build_parser().parse_args(launch.router_argv(_spec(kv={"leaseMs": 30000}), "svc", "/m")[1:])
+    assert build_backend(default).lease_ms == 30000
+
+
+@pytest.mark.parametrize(
+    "transport, device, offered",
+    [
+        ("auto", "cpu", [C.KV_TRANSPORT_SHM, C.KV_TRANSPORT_GRPC]),
+        ("auto", "cuda:0", [C.KV_TRANSPORT_GRPC]),  # the staging rings are host memory
+        ("grpc", "cpu", [C.KV_TRANSPORT_GRPC]),
+        ("shm", "cpu", [C.KV_TRANSPORT_SHM]),
+    ],
+)
+def test_offered_transports(transport, device, offered):
+    assert offered_transports(transport, device) == offered
+
+
+def test_forced_shm_with_a_gpu_cache_is_refused():
+    with pytest.raises(ValueError, match="CPU"):
+        offered_transports("shm", "cuda:0")
