@@ -19,7 +19,9 @@ from tests.prometheus import running_prometheus
 
 pytestmark = pytest.mark.slow
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "charts/tandem/dashboards/tandem.json"
+CHART = Path(__file__).resolve().parents[2] / "charts/tandem"
+DASHBOARD = CHART / "dashboards/tandem.json"
+RULES = CHART / "files/prometheus-rules.yaml"
 NAMESPACE, SERVICE = "team-a", "dash"
 # Series only another component exports, so no data here is expected (each still has to parse).
 NOT_IN_A_LOCAL_STACK = {names.AUTOSCALER_DESIRED_REPLICAS: "the autoscaler loop runs only with autoscaling on"}
@@ -81,7 +83,7 @@ def observed(tiny_model_dir, tmp_path_factory):
     obj["spec"]["slo"] = {"ttftMs": 2000, "tpotMs": 200, "percentile": 90}
     with running_stack(obj, tmp_path_factory.mktemp("stack")) as (stack, url):
         targets = metrics_targets(stack, SERVICE, NAMESPACE)
-        with running_prometheus(targets, tmp_path_factory.mktemp("prometheus")) as prom, Load(url) as load:
+        with running_prometheus(targets, tmp_path_factory.mktemp("prometheus"), rule_files=[RULES]) as prom, Load(url) as load:
             prom.wait_targets_up(timeout_s=60)
             # enough completed requests and scrapes that every rate has two samples with traffic between
             prom.wait_for(f'sum(tandem_slo_requests_total{{service="{SERVICE}"}}) >= 8', timeout_s=180)
@@ -124,6 +126,22 @@ def test_panel_values_are_what_the_stack_did(observed):
     hits = prom.query(grafana_vars(
         'sum by (pool) (tandem_prefix_cache_hit_tokens_total{namespace=~"$namespace", service=~"$service"})'))
     assert {r["metric"]["pool"] for r in hits if float(r["value"][1]) > 0} == {"prefill", "decode"}  # the shared prefix
+
+
+def test_alert_rules_evaluate_on_live_series(observed):
+    prom, _ = observed
+    groups = {g["name"]: g for g in prom.rule_groups()}
+    assert set(groups) == {"tandem-slo.rules", "tandem-slo.alerts", "tandem-workers.alerts"}
+    for group in groups.values():
+        for rule in group["rules"]:
+            assert rule["health"] in ("ok", "unknown") and not rule.get("lastError"), rule
+    # the recording rules the burn-rate alerts read have a value per SLO for this service
+    ratios = prom.wait_for(f'tandem:slo_error_ratio:rate5m{{service="{SERVICE}"}}', ok=lambda r: len(r) == 2)
+    assert {r["metric"]["slo"] for r in ratios} == {"ttft", "tpot"}
+    (budget, _) = prom.wait_for(f'tandem:slo_error_budget:ratio{{service="{SERVICE}"}}', ok=lambda r: len(r) == 2)
+    assert float(budget["value"][1]) == pytest.approx(0.1)  # spec.slo.percentile 90
+    firing = {a["labels"]["alertname"] for a in prom.alerts() if a["labels"].get("service") == SERVICE}
+    assert not firing & {"TandemWorkerDown", "TandemKVCacheFull"}, firing  # every worker up, cache not full
 
 
 def test_variables_and_annotations(observed):
