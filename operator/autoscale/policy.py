@@ -157,11 +157,22 @@ def _decide_pool(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: 
         "slo_ms": slo_ms,
     }
 
+    # Latency percentiles lag (a TPOT sample is a whole generation old): a breach acts only while the
+    # pool's present backlog or batch still implies a latency above the margin.
     reactive, reactive_why, reactive_code = 0, "", ""
-    if observed > slo_ms:
-        reactive = min(2 * current, max(current + 1, math.ceil(current * observed / slo_ms)))
-        reactive_why = f"{label} p{cfg.slo.percentile:g} {observed:.0f} ms > {slo_ms:.0f} ms SLO"
-        reactive_code = "SLOBreach"
+    breach = f"{label} p{cfg.slo.percentile:g} {observed:.0f} ms > {slo_ms:.0f} ms SLO"
+    if observed > slo_ms and sizing.now_ms > cfg.margin * slo_ms:
+        # Prefill: a queue drains faster in proportion. Decode: running sequences stay where they are, so
+        # new replicas only relieve new arrivals: one more at a time, the running batch sizes the rest.
+        ratio_step = math.ceil(current * observed / slo_ms) if obs.pool != Pool.decode else current + 1
+        reactive = min(2 * current, max(current + 1, ratio_step))
+        reactive_why, reactive_code = breach, "SLOBreach"
+    elif observed > slo_ms:
+        plan += f"; {breach} but the present {sizing.now_source} implies {sizing.now_ms:.0f} ms"
+    if sizing.now_need > max(reactive, need.replicas, current):
+        reactive = sizing.now_need
+        reactive_why = f"{obs.running_sequences:.0f} running sequences need {sizing.now_need} replicas"
+        reactive_code = "RunningBatch"
     growing = _queue_growing(obs, ps, cfg, current)
     ps = replace(ps, last_queue_tokens=obs.queued_prompt_tokens, last_queue_at_s=obs.at_s)
     if growing and reactive <= current:
@@ -225,6 +236,9 @@ class _Sizing:
     slo_ms: float
     label: str
     latency_share: Callable[[int], float]  # worst predicted latency / SLO at N replicas
+    now_ms: float  # the latency the present backlog (prefill) or batch (decode) implies on the ready replicas
+    now_source: str = "load"
+    now_need: int = 0  # decode: replicas the running sequences need at the target batch
 
 
 def _sizing(obs: PoolObservation, cfg: PolicyConfig, rate: float) -> _Sizing:
@@ -244,12 +258,24 @@ def _sizing(obs: PoolObservation, cfg: PolicyConfig, rate: float) -> _Sizing:
     def tpot_share(n: int) -> float:
         return decode_tpot_ms(profile, n, decode_load) / slo.tpot_ms
 
+    ready = max(obs.replicas.ready, 1)
     if obs.pool == Pool.prefill:
         need = prefill_need(profile, prefill_load, slo, cfg.margin)
-        return _Sizing(need, float(obs.ttft_ms), slo.ttft_ms, "TTFT", ttft_share)  # type: ignore[arg-type]
+        observed = float(obs.ttft_ms)  # type: ignore[arg-type]
+        now_ms = observed
+        if not _missing(obs.queued_prompt_tokens) and prompt > 0:
+            tokens_per_ms = ready * prompt / profile.prefill_ms(prompt)
+            now_ms = float(obs.queued_prompt_tokens) / tokens_per_ms + profile.prefill_ms(prefill_load.prompt_tokens_p)  # type: ignore[arg-type]
+        return _Sizing(need, observed, slo.ttft_ms, "TTFT", ttft_share, now_ms, "backlog")
     if obs.pool == Pool.decode:
         need = decode_need(profile, decode_load, slo, cfg.margin)
-        return _Sizing(need, float(obs.tpot_ms), slo.tpot_ms, "TPOT", tpot_share)  # type: ignore[arg-type]
+        observed = float(obs.tpot_ms)  # type: ignore[arg-type]
+        now_ms, now_need = observed, 0
+        if not _missing(obs.running_sequences):
+            running = float(obs.running_sequences)  # type: ignore[arg-type]
+            now_ms = profile.decode_step_ms(running / ready, decode_load.context_tokens)
+            now_need = math.ceil(running / max(need.batch, 1.0) - 1e-9)
+        return _Sizing(need, observed, slo.tpot_ms, "TPOT", tpot_share, now_ms, "batch", now_need)
     p_need = prefill_need(profile, prefill_load, slo, cfg.margin)
     d_need = decode_need(profile, decode_load, slo, cfg.margin)
     ttft_ratio = float(obs.ttft_ms) / slo.ttft_ms  # type: ignore[arg-type]
@@ -260,7 +286,7 @@ def _sizing(obs: PoolObservation, cfg: PolicyConfig, rate: float) -> _Sizing:
         if ttft_ratio >= tpot_ratio
         else (float(obs.tpot_ms), slo.tpot_ms, "TPOT")  # type: ignore[arg-type]
     )
-    return _Sizing(need, observed, slo_ms, label, lambda n: max(ttft_share(n), tpot_share(n)))
+    return _Sizing(need, observed, slo_ms, label, lambda n: max(ttft_share(n), tpot_share(n)), observed)
 
 
 def _queue_growing(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, current: int) -> str:

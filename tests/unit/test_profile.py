@@ -36,3 +36,11 @@ def test_a_profile_needs_two_prompt_lengths_at_its_chunk():
     with pytest.raises(ValueError, match="prefill needs"):
         Profile.model_validate(data)
 
+
+
+def test_shipped_tiny_profile_loads_and_is_monotone():
+    from tandem.profile import shipped_profile
+
+    p = shipped_profile()
+    assert p.prefill_ms(2048) > p.prefill_ms(128) > 0
+    assert p.decode_step_ms(32, 1024) >= p.decode_step_ms(1, 1024) > 0

@@ -1,0 +1,115 @@
+"""Request traces (the Azure LLM inference CSVs, or JSONL with a timestamp and token counts), read the same way
+by the load generator and the autoscaler's simulator."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NamedTuple
+
+AZURE_ATTRIBUTION = (
+    "Azure LLM inference trace 2023 (Microsoft AzurePublicDataset, CC BY 4.0). Patel et al., "
+    '"Splitwise: Efficient generative LLM inference using phase splitting", ISCA 2024.'
+)
+
+# Field names recognised in JSONL traces, first match wins.
+TIME_FIELDS = ("timestamp", "time", "arrival_time", "arrival_s", "ts", "TIMESTAMP")
+INPUT_FIELDS = ("input_length", "input_len", "input_tokens", "prompt_tokens", "prompt_len", "ContextTokens")
+OUTPUT_FIELDS = ("output_length", "output_len", "output_tokens", "completion_tokens", "GeneratedTokens")
+MS_THRESHOLD = 1e11  # a numeric timestamp above this is epoch milliseconds (1e11 s is year 5138)
+
+
+class TraceRequest(NamedTuple):
+    """One request of a trace: seconds after the first, prompt tokens, generated tokens."""
+
+    arrival_s: float
+    input_len: int
+    output_len: int
+
+
+def parse_timestamp(value: Any, unit: str = "auto") -> float:
+    """Seconds as a float: a number (s, or ms when `unit` says so or it is epoch ms), or a wall-clock time
+    like '2023-11-16 18:17:03.9799600' (naive times read as UTC)."""
+    if isinstance(value, int | float) or _is_number(str(value)):
+        number = float(value)
+        if unit == "ms" or (unit == "auto" and number > MS_THRESHOLD):
+            return number / 1000
+        return number
+    text = str(value).strip()
+    if "." in text:  # fromisoformat takes up to 6 fractional digits reliably: trim longer fractions
+        head, frac = text.rsplit(".", 1)
+        digits = "".join(ch for ch in frac if ch.isdigit())
+        text = f"{head}.{digits[:6]}{frac[len(digits):]}"
+    parsed = datetime.fromisoformat(text)
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)  # naive: read as UTC so no DST shift lands between rows
+    return parsed.timestamp()
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _relative(rows: list[tuple[float, int, int]]) -> list[TraceRequest]:
+    if not rows:
+        return []
+    t0 = rows[0][0]
+    return [TraceRequest(t - t0, n_in, n_out) for t, n_in, n_out in rows]
+
+
+def parse_azure_csv(lines: Iterable[str]) -> list[TraceRequest]:
+    """Rows `TIMESTAMP,ContextTokens,GeneratedTokens` -> requests, timestamps relative to the first row."""
+    rows = list(csv.DictReader(lines))
+    if not rows:
+        return []
+    missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(rows[0])
+    if missing:
+        raise ValueError(f"trace CSV lacks columns {sorted(missing)}")
+    return _relative(
+        [(parse_timestamp(r["TIMESTAMP"]), int(r["ContextTokens"]), int(r["GeneratedTokens"])) for r in rows]
+    )
+
+
+def _field(record: dict[str, Any], names: tuple[str, ...], what: str) -> Any:
+    for name in names:
+        if name in record:
+            return record[name]
+    raise ValueError(f"trace record has no {what} field (looked for {', '.join(names)}): {sorted(record)}")
+
+
+def parse_jsonl(lines: Iterable[str], time_unit: str = "auto") -> list[TraceRequest]:
+    """Lines of {"timestamp": s, "input_length": n, "output_length": m} (or the other recognised names)."""
+    records = [json.loads(line) for line in lines if line.strip()]
+    return _relative(
+        [
+            (
+                parse_timestamp(_field(r, TIME_FIELDS, "timestamp"), time_unit),
+                int(_field(r, INPUT_FIELDS, "input length")),
+                int(_field(r, OUTPUT_FIELDS, "output length")),
+            )
+            for r in records
+        ]
+    )
+
+
+def load_trace(path: str | Path, time_unit: str = "auto") -> list[TraceRequest]:
+    """Read a trace file, choosing the parser by extension (.jsonl/.json -> JSONL, otherwise CSV)."""
+    path = Path(path)
+    with path.open(newline="") as f:
+        if path.suffix in (".jsonl", ".json"):
+            return parse_jsonl(f, time_unit)
+        return parse_azure_csv(f)
+
+
+def attribution_for(path: str | Path | None) -> str | None:
+    """The attribution to publish with results from this trace, if it is one of the Azure traces."""
+    if path is None:
+        return None
+    return AZURE_ATTRIBUTION if "azure" in Path(path).name.lower() else None

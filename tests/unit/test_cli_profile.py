@@ -1,0 +1,47 @@
+"""`tandem profile` as a user runs it: measure a tiny model on the real engine, and rescale a profile."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tandem.profile import load_profile, shipped_profile
+
+
+def run_profile(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tandem", "profile", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_measures_the_real_engine(tiny_model_dir, tmp_path):
+    out = tmp_path / "p.json"
+    done = run_profile(
+        "--model", str(tiny_model_dir), "--device", "cpu", "--threads", "1", "-o", str(out),
+        "--prompt-lengths", "16,64", "--batches", "1,2,4", "--contexts", "16", "--decode-steps", "2",
+        "--repeats", "1", "--num-kv-blocks", "64",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    p = load_profile(out)
+    assert [x.prompt_tokens for x in p.prefill] == [16, 64]
+    assert sorted(x.batch for x in p.decode) == [1, 2, 4]
+    assert all(x.ms > 0 for x in p.prefill) and all(x.step_ms > 0 for x in p.decode)
+    assert p.kv_capacity_tokens == 64 * 16 and p.cold_start_ms > 0 and p.device == "cpu"
+
+
+def test_rescales_an_existing_profile_for_a_what_if(tmp_path):
+    src, out = tmp_path / "src.json", tmp_path / "fast.json"
+    src.write_text(shipped_profile().model_dump_json())
+    done = run_profile("--from", str(src), "--prefill-speedup", "20", "--decode-speedup", "5", "--note", "gpu", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    base, fast = shipped_profile(), load_profile(out)
+    assert fast.prefill_ms(512) * 20 == pytest.approx(base.prefill_ms(512))
+    assert fast.decode_step_ms(8, 256) * 5 == pytest.approx(base.decode_step_ms(8, 256), rel=1e-6)
+    assert fast.scale.note == "gpu"
+
+
+def test_missing_model_dir_is_a_usage_error(tmp_path):
+    done = run_profile("--model", str(tmp_path / "nope"), "-o", str(tmp_path / "p.json"))
+    assert done.returncode == 2 and "does not exist" in done.stderr
