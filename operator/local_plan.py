@@ -58,7 +58,14 @@ def plan(
             argv = worker_argv(spec, svc.name, role, mdir, host, grpc_port, metrics_port, threads, f"{svc.name}-{role}-{i}")
             procs.append(ProcessPlan(f"{role}-{i}", role, python + argv, f"{host}:{grpc_port}", metrics_port))
     addresses = None if workers_file else {role: [p.address for p in procs if p.role == role] for role in pools}
-    router = router_argv(spec, svc.name, mdir, addresses, str(workers_file) if workers_file else None, host, port)
+    keys = spec.security.api_keys
+    if keys is not None and not keys.file:
+        raise ValueError("the local backend reads API keys from security.apiKeys.file, not a Secret")
+    keys_file = str(base / keys.file) if keys is not None and keys.file else None
+    router = router_argv(
+        spec, svc.name, mdir, addresses, str(workers_file) if workers_file else None, host, port,
+        api_keys_file=keys_file,
+    )  # fmt: skip
     procs.append(ProcessPlan("router", "router", python + router, f"{host}:{port}"))
     return procs
 

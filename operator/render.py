@@ -24,6 +24,7 @@ POOL_KIND = "InferencePool"
 MANAGED_BY = "tandem-operator"
 HASH_ANNOTATION = f"{API_GROUP}/rendered-hash"
 MODEL_MOUNT = "/models"
+API_KEYS_MOUNT = "/etc/tandem/api-keys"
 
 
 def child_name(service: str, pool: str) -> str:
@@ -149,7 +150,11 @@ def router_args(spec: InferenceServiceSpec, service: str, namespace: str) -> lis
     pools = {
         pool: [f"dns:///{child_name(service, pool)}.{namespace}.svc:{names.GRPC_PORT}"] for pool in worker_pools(spec)
     }
-    return router_argv(spec, service, model_path(spec), pools, metrics_port=names.METRICS_PORT)
+    keys = spec.security.api_keys
+    keys_file = None
+    if keys is not None:  # the mounted Secret's key, else a file the image carries
+        keys_file = f"{API_KEYS_MOUNT}/{keys.key}" if keys.secret_name else keys.file
+    return router_argv(spec, service, model_path(spec), pools, metrics_port=names.METRICS_PORT, api_keys_file=keys_file)
 
 
 def resources(gpus: int, cpu: str | None, memory: str | None) -> dict[str, Any]:
@@ -283,6 +288,10 @@ def router_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
     pool = names.POOL_ROUTER
     r = spec.router
     mounts, volumes = model_volumes(spec)  # the router reads the tokenizer
+    keys = spec.security.api_keys
+    if keys is not None and keys.secret_name:
+        volumes = [*volumes, {"name": "api-keys", "secret": {"secretName": keys.secret_name}}]
+        mounts = [*mounts, {"name": "api-keys", "mountPath": API_KEYS_MOUNT, "readOnly": True}]
     container = {
         "name": "router",
         "image": spec.image,

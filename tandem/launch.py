@@ -62,9 +62,11 @@ def router_argv(
     host: str = "0.0.0.0",
     port: int = names.HTTP_PORT,
     metrics_port: int | None = None,
+    api_keys_file: str | None = None,
 ) -> list[str]:
     """Arguments of `tandem router`: worker addresses by pool (`host:port` or `dns:///name:port`,
-    resolved again as pods come and go), or a workers file."""
+    resolved again as pods come and go), or a workers file; `api_keys_file` where the keys are
+    (spec.security.apiKeys: a local file, or the mounted Secret's key)."""
     argv = [
         "router", "--model-dir", model_dir, "--served-name", spec.model.served_name,
         "--service", service, "--host", host, "--port", str(port), "--mode", spec.mode.value,
@@ -77,6 +79,10 @@ def router_argv(
         argv += ["--metrics-port", str(metrics_port)]
     if workers_file:
         argv += ["--workers-file", workers_file]
+    if api_keys_file:
+        argv += ["--api-keys-file", api_keys_file]
+        if spec.security.api_keys is not None and spec.security.api_keys.protect_metrics:
+            argv.append("--protect-metrics")
     for pool, addresses in (workers or {}).items():
         if addresses:
             argv += [f"--{pool}", ",".join(addresses)]

@@ -156,6 +156,41 @@ class EngineSpec(_Spec):
     threads: int | None = Field(default=None, gt=0)
 
 
+class ApiKeysSpec(_Spec):
+    """Router API keys (`Authorization: Bearer`), one per line: the `key` of Secret `secretName` on
+    Kubernetes, or the file `file` locally. Probes stay open; /metrics too unless `protectMetrics`."""
+
+    secret_name: str | None = Field(default=None, min_length=1)
+    key: str = Field(default="api-keys", min_length=1)
+    file: str | None = Field(default=None, min_length=1)
+    protect_metrics: bool = False
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ApiKeysSpec:
+        if not (self.secret_name or self.file):
+            raise ValueError("security.apiKeys needs secretName (Kubernetes) or file (local)")
+        return self
+
+
+class TlsSpec(_Spec):
+    """Mutual TLS on every gRPC hop (router to workers, prefill to decode): cert-manager-style `tls.crt`,
+    `tls.key` and `ca.crt` from Secret `secretName` mounted in every pod, or the directory `dir` locally."""
+
+    secret_name: str | None = Field(default=None, min_length=1)
+    dir: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TlsSpec:
+        if not (self.secret_name or self.dir):
+            raise ValueError("security.tls needs secretName (Kubernetes) or dir (local)")
+        return self
+
+
+class SecuritySpec(_Spec):
+    api_keys: ApiKeysSpec | None = None
+    tls: TlsSpec | None = None
+
+
 class InferenceServiceSpec(_Spec):
     model: ModelSpec
     mode: Mode = Mode.disaggregated
@@ -167,6 +202,7 @@ class InferenceServiceSpec(_Spec):
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     kv_transfer: KvTransferSpec = Field(default_factory=KvTransferSpec)
     engine: EngineSpec = Field(default_factory=EngineSpec)
+    security: SecuritySpec = Field(default_factory=SecuritySpec)
 
 
 class InferenceService(BaseModel):

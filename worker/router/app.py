@@ -20,6 +20,7 @@ from tandem import names
 from tandem.worker.api.params import InvalidRequest
 from tandem.worker.hf.tokenizer import ChatTemplateError, Tokenizer
 from tandem.worker.router import openai_schema as oa
+from tandem.worker.router.auth import ApiKeys, RequireApiKey
 from tandem.worker.router.backend import Backend, BackendError, Timing
 from tandem.worker.router.generation import Generation
 from tandem.worker.router.limits import BodyGone, RequestLimits, read_body
@@ -252,6 +253,8 @@ def create_app(
     max_model_len: int | None = None,
     limits: RequestLimits | None = None,
     slo: Slo | None = None,
+    api_keys: ApiKeys | None = None,
+    protect_metrics: bool = False,
 ) -> FastAPI:
     """The router's ASGI app. `max_model_len` (the context the workers serve) turns overlong prompts
     into 400s here; `limits` bound what a request body may cost before it is parsed; `slo` is what
@@ -270,6 +273,8 @@ def create_app(
 
     app = FastAPI(title="tandem router", lifespan=lifespan)
     app.state.metrics, app.state.admission, app.state.backend = metrics, admission, backend
+    if api_keys is not None:  # probes stay open; /metrics too unless protect_metrics
+        app.add_middleware(RequireApiKey, keys=api_keys, protect_metrics=protect_metrics)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo-ttft-ms", type=float, default=500, help="TTFT target each request is judged against")
     p.add_argument("--slo-tpot-ms", type=float, default=50, help="TPOT target each request is judged against")
     p.add_argument("--slo-percentile", type=float, default=90, help="percent of requests that must meet the targets")
+    p.add_argument("--api-keys-file", default=None, help="require Authorization: Bearer <key>; keys one per line")
+    p.add_argument(
+        "--api-keys-env", default=None, help="require Authorization: Bearer <key>; keys in this environment variable"
+    )
+    p.add_argument("--protect-metrics", action="store_true", help="/metrics also needs an API key")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
 
@@ -94,9 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     from tandem.worker.hf.config import ModelConfig, ModelLoadError, served_context_length
     from tandem.worker.hf.tokenizer import Tokenizer
     from tandem.worker.router.app import create_app
+    from tandem.worker.router.auth import ApiKeys
     from tandem.worker.router.metrics import Slo
     from tandem.worker.router.pools import build_backend
 
+    try:
+        api_keys = ApiKeys.from_sources(args.api_keys_file, args.api_keys_env)
+    except (OSError, ValueError) as e:
+        print(f"tandem router: API keys: {e}", file=sys.stderr)
+        return 2
     try:
         tokenizer = Tokenizer.from_dir(args.model_dir)
         positions = ModelConfig.from_dir(args.model_dir).max_position_embeddings
@@ -113,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         max_model_len=max_model_len,
         limits=RequestLimits(args.max_body_bytes, args.body_timeout),
         slo=Slo(args.slo_ttft_ms / 1000, args.slo_tpot_ms / 1000, args.slo_percentile / 100),
+        api_keys=api_keys,
+        protect_metrics=args.protect_metrics,
     )
     if args.metrics_port:
         from prometheus_client import start_http_server

@@ -1,0 +1,59 @@
+"""Security switches of the spec, rendered: API keys from a mounted Secret, and the same for `tandem up`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tandem import names
+from tandem.operator import local_plan, render
+from tandem.spec import InferenceService, InferenceServiceSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _spec(**security) -> InferenceServiceSpec:
+    return InferenceServiceSpec.model_validate(
+        {"model": {"source": {"path": "/m"}, "servedName": "m"}, "security": security}
+    )
+
+
+def _router(spec: InferenceServiceSpec) -> dict:
+    return render.router_deployment(spec, "llama", "ml", "u")["spec"]["template"]
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_no_api_keys_by_default():
+    pod = _router(_spec())
+    assert "--api-keys-file" not in pod["spec"]["containers"][0]["args"]
+    assert all(v["name"] != "api-keys" for v in pod["spec"].get("volumes", []))
+
+
+def test_api_keys_secret_is_mounted_and_named_to_the_router():
+    pod = _router(_spec(apiKeys={"secretName": "llama-keys", "key": "keys.txt", "protectMetrics": True}))
+    (container,) = pod["spec"]["containers"]
+    path = _flag(container["args"], "--api-keys-file")
+    assert path == f"{render.API_KEYS_MOUNT}/keys.txt" and "--protect-metrics" in container["args"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "api-keys"]
+    assert mount["readOnly"] and path.startswith(mount["mountPath"] + "/")
+    (vol,) = [v for v in pod["spec"]["volumes"] if v["name"] == "api-keys"]
+    assert vol["secret"]["secretName"] == "llama-keys"
+    # the probes the kubelet runs never need a key
+    assert container["readinessProbe"]["httpGet"]["path"] == names.READINESS_PATH
+
+
+def test_api_keys_need_a_source():
+    with pytest.raises(ValueError, match="secretName"):
+        _spec(apiKeys={"key": "k"})
+
+
+def test_local_backend_reads_the_keys_file(tmp_path):
+    svc = InferenceService(name="s", spec=_spec(apiKeys={"file": "keys.txt"}))
+    (router,) = [p for p in local_plan.plan(svc, tmp_path, workers_file=tmp_path / "w.json") if p.role == "router"]
+    assert _flag(router.argv, "--api-keys-file") == str(tmp_path / "keys.txt")
+    with pytest.raises(ValueError, match="Secret"):
+        local_plan.plan(InferenceService(name="s", spec=_spec(apiKeys={"secretName": "x"})), tmp_path)
