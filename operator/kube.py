@@ -1,14 +1,12 @@
 """The operator's only door to the Kubernetes API: get, server-side apply, create, status patches, events.
 
-Synchronous (the reconciler runs it in worker threads) and counted, so benchmarks and tests can see
-how many writes a reconcile made.
+Synchronous: the reconciler runs it in worker threads.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import threading
 from typing import Any
 from urllib.parse import urlencode
 
@@ -58,20 +56,10 @@ def path(kind: str, namespace: str, name: str | None = None, sub: str | None = N
 
 
 class Kube:
-    """A thin, thread-safe, write-counting wrapper around one ApiClient."""
+    """A thin, thread-safe wrapper around one ApiClient."""
 
     def __init__(self, api: client.ApiClient | None = None):
         self.api = api or client.ApiClient()
-        self._lock = threading.Lock()
-        self.reads = 0
-        self.writes = 0
-
-    def _count(self, write: bool) -> None:
-        with self._lock:
-            if write:
-                self.writes += 1
-            else:
-                self.reads += 1
 
     def _call(self, method: str, url: str, body: Any = None, query: list[tuple[str, str]] | None = None,
               content_type: str = "application/json") -> Body:
@@ -79,7 +67,6 @@ class Kube:
 
         The generated client's call_api changed signature between releases; its urllib3 pool did not.
         """
-        self._count(method != "GET")
         cfg = self.api.configuration
         headers = {"Content-Type": content_type, "Accept": "application/json"}
         auth = cfg.auth_settings().get("BearerToken")

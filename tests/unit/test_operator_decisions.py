@@ -37,7 +37,7 @@ def test_missing_edited_or_rerendered_child_needs_apply():
     edited["spec"]["template"]["spec"]["containers"][0]["image"] = "evil:1"
     assert needs_apply(m, edited)
     fewer = _live(m)
-    fewer["spec"]["template"]["spec"]["containers"][0]["env"].pop()
+    fewer["spec"]["template"]["spec"]["containers"][0]["args"].pop()
     assert needs_apply(m, fewer)
     other = render.with_hash(render.worker_deployment(SPEC, "s", "ns", "u", "decode", 3))
     assert needs_apply(other, _live(m))

@@ -48,7 +48,7 @@ def test_worker_deployment_gpu_probes_labels(gpu_spec):
     assert c["readinessProbe"]["grpc"]["port"] == names.GRPC_PORT
     assert c["livenessProbe"]["grpc"]["port"] == names.GRPC_PORT
     assert c["args"][:3] == ["worker", "--role", "decode"]
-    assert {"name": "TANDEM_LOG_LEVEL", "value": "info"} in c["env"]
+    assert c["env"] == gpu_spec.decode.env  # only what the user asked for: pool and service are in the args
     assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert pod["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
     vols = {v["name"]: v for v in pod["spec"]["volumes"]}
