@@ -148,6 +148,8 @@ class KvTransferSpec(_Spec):
 
 class EngineSpec(_Spec):
     block_size: int = Field(default=16, gt=0)
+    # KV cache share of the GPU memory left once the weights are in, less a warm-up batch's activations
+    # (CPU: of a 1 GiB budget); numKvBlocks, when set, fixes the number instead.
     kv_cache_memory_percent: int = Field(default=90, gt=0, le=100)
     num_kv_blocks: int | None = Field(default=None, gt=0)
     max_running_sequences: int = Field(default=64, gt=0)

@@ -31,8 +31,11 @@ def build_engine(
     dtype: str | torch.dtype = "float32",
     device: str = "cpu",
 ) -> tuple[Engine, Tokenizer]:
-    model = load_model(model_dir, dtype, device)
+    return engine_for_model(load_model(model_dir, dtype, device), model_dir, engine_config)
+
+
+def engine_for_model(model: Transformer, model_dir: str | Path, engine_config: EngineConfig) -> tuple[Engine, Tokenizer]:
+    """An engine around an already loaded model (its KV cache sized after the weights are in)."""
     tokenizer = Tokenizer.from_dir(model_dir)
     eos = tuple(tokenizer.eos_token_ids) or model.config.eos_token_ids
-    engine = Engine(model, engine_config, eos_token_ids=tuple(eos))
-    return engine, tokenizer
+    return Engine(model, engine_config, eos_token_ids=tuple(eos)), tokenizer

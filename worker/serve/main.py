@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -20,7 +21,7 @@ from tandem import names
 from tandem.v1 import colocated_pb2_grpc, prefill_pb2_grpc
 from tandem.worker.engine.engine import EngineConfig
 from tandem.worker.engine.engine_loop import EngineLoop
-from tandem.worker.engine.loading import build_engine
+from tandem.worker.engine.loading import engine_for_model, load_model
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS
 from tandem.worker.serve.metrics import WorkerMetrics
 from tandem.worker.serve.wire import KV_TRANSPORTS, offered_transports, worker_info
@@ -41,7 +42,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-kv-blocks", type=int, default=None, help="default: from --kv-memory-percent")
-    p.add_argument("--kv-memory-percent", type=int, default=90, help="of free GPU memory (CPU: 1 GiB budget)")
+    p.add_argument(
+        "--kv-memory-percent", type=int, default=90,
+        help="KV cache share of the GPU memory free after the weights load, less the warm-up batch's activations "
+        "(CPU: of a 1 GiB budget)",
+    )  # fmt: skip
     p.add_argument("--max-running", type=int, default=64)
     p.add_argument("--max-batch-tokens", type=int, default=2048)
     p.add_argument("--prefill-chunk", type=int, default=512)
@@ -56,17 +61,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def kv_block_budget(args: argparse.Namespace, engine_probe_bytes: int) -> int:
-    if args.num_kv_blocks:
-        return args.num_kv_blocks
-    if args.device.startswith("cuda"):
-        free, _ = torch.cuda.mem_get_info()
-        budget = free * args.kv_memory_percent // 100
-    else:
-        budget = (1 << 30) * args.kv_memory_percent // 100
-    return max(16, budget // engine_probe_bytes)
-
-
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=os.environ.get("TANDEM_LOG_LEVEL", "INFO").upper(), format=f"%(asctime)s {args.role} %(levelname)s %(message)s")
@@ -77,26 +71,25 @@ def main(argv: list[str]) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    from tandem.worker.engine.kv_cache import kv_block_nbytes
-    from tandem.worker.engine.loader import parse_dtype
-    from tandem.worker.hf.config import ModelConfig
+    from tandem.worker.engine.memory import KvCacheTooSmall, plan_kv_cache
 
-    config = ModelConfig.from_dir(args.model_dir)
-    num_blocks = kv_block_budget(args, kv_block_nbytes(config, args.block_size, parse_dtype(args.dtype)))
-    engine, _ = build_engine(
-        args.model_dir,
-        EngineConfig(
-            block_size=args.block_size,
-            num_kv_blocks=num_blocks,
-            max_running_sequences=args.max_running,
-            max_batch_tokens=args.max_batch_tokens,
-            prefill_chunk_tokens=args.prefill_chunk,
-            max_model_len=args.max_model_len,
-            prefix_cache_seed=f"{args.served_name}\0{args.model_dir}\0{args.dtype}",
-        ),
-        args.dtype,
-        args.device,
+    model = load_model(args.model_dir, args.dtype, args.device)
+    engine_config = EngineConfig(
+        block_size=args.block_size,
+        max_running_sequences=args.max_running,
+        max_batch_tokens=args.max_batch_tokens,
+        prefill_chunk_tokens=args.prefill_chunk,
+        max_model_len=args.max_model_len,
+        prefix_cache_seed=f"{args.served_name}\0{args.model_dir}\0{args.dtype}",
     )
+    try:  # after the weights: the cache takes what they and the largest batch leave
+        kv_plan = plan_kv_cache(model, engine_config, args.num_kv_blocks, args.kv_memory_percent)
+    except KvCacheTooSmall as e:
+        print(f"tandem worker: {e}", file=sys.stderr)
+        return 2
+    log.info("%s", kv_plan.describe())
+    num_blocks = kv_plan.num_blocks
+    engine, _ = engine_for_model(model, args.model_dir, dataclasses.replace(engine_config, num_kv_blocks=num_blocks))
     metrics = WorkerMetrics(args.service, args.role).watch(engine)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
