@@ -35,6 +35,9 @@ PENDING = {
     "autoscaling.sloMarginPercent",
     "autoscaling.gpuBudget",
     "autoscaling.profile",
+    # mTLS on the gRPC hops: the spec landed ahead of the rendering and launch code that mounts and passes it
+    "security.tls.secretName",
+    "security.tls.dir",
 }
 
 # Values for fields whose schema alone does not give two valid, different ones.
@@ -59,6 +62,8 @@ CONTEXT: list[tuple[str, dict[str, Any]]] = [
     ("prefill.maxReplicas", {"autoscaling": {"enabled": True}}),
     ("decode.minReplicas", {"autoscaling": {"enabled": True}}),
     ("decode.maxReplicas", {"autoscaling": {"enabled": True}}),
+    ("security.apiKeys.", {"security": {"apiKeys": {"secretName": "api-keys"}}}),
+    ("security.tls.", {"security": {"tls": {"dir": "/tls"}}}),
     # the live pool is scaled out of bounds in `observe`, so the switch shows as a clamp
     ("autoscaling.enabled", {}),
 ]
