@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("tandem.worker.loadgen.cli", "load generator for any OpenAI-compatible endpoint"),
     "operator": ("tandem.operator.__main__", "run the Kubernetes operator"),
     "profile": ("tandem.worker.devtools.profile", "measure a worker's capacity profile for the autoscaler"),
+    "simulate": ("tandem.operator.autoscale.simulate_cli", "replay a trace against autoscaling policies"),
 }
 
 

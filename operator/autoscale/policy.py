@@ -161,10 +161,15 @@ def _decide_pool(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: 
     # pool's present backlog or batch still implies a latency above the margin.
     reactive, reactive_why, reactive_code = 0, "", ""
     breach = f"{label} p{cfg.slo.percentile:g} {observed:.0f} ms > {slo_ms:.0f} ms SLO"
-    if observed > slo_ms and sizing.now_ms > cfg.margin * slo_ms:
-        # Prefill: a queue drains faster in proportion. Decode: running sequences stay where they are, so
-        # new replicas only relieve new arrivals: one more at a time, the running batch sizes the rest.
-        ratio_step = math.ceil(current * observed / slo_ms) if obs.pool != Pool.decode else current + 1
+    # Replicas shorten only the wait, never a prompt's own service time: prefill acts on the wait part,
+    # in proportion (a queue drains faster with more servers). Decode: running sequences stay where they
+    # are, so new replicas relieve only new arrivals: one more at a time, the running batch sizes the rest.
+    allowed_wait = max(cfg.margin * slo_ms - sizing.service_ms, 0.1 * slo_ms)
+    if observed > slo_ms and sizing.now_ms - sizing.service_ms > allowed_wait:
+        if obs.pool == Pool.decode:
+            ratio_step = current + 1
+        else:
+            ratio_step = math.ceil(current * (observed - sizing.service_ms) / allowed_wait)
         reactive = min(2 * current, max(current + 1, ratio_step))
         reactive_why, reactive_code = breach, "SLOBreach"
     elif observed > slo_ms:
@@ -239,6 +244,7 @@ class _Sizing:
     now_ms: float  # the latency the present backlog (prefill) or batch (decode) implies on the ready replicas
     now_source: str = "load"
     now_need: int = 0  # decode: replicas the running sequences need at the target batch
+    service_ms: float = 0.0  # prefill: the service time of a prompt at the SLO percentile (no replica helps)
 
 
 def _sizing(obs: PoolObservation, cfg: PolicyConfig, rate: float) -> _Sizing:
@@ -266,7 +272,8 @@ def _sizing(obs: PoolObservation, cfg: PolicyConfig, rate: float) -> _Sizing:
         if not _missing(obs.queued_prompt_tokens) and prompt > 0:
             tokens_per_ms = ready * prompt / profile.prefill_ms(prompt)
             now_ms = float(obs.queued_prompt_tokens) / tokens_per_ms + profile.prefill_ms(prefill_load.prompt_tokens_p)  # type: ignore[arg-type]
-        return _Sizing(need, observed, slo.ttft_ms, "TTFT", ttft_share, now_ms, "backlog")
+        service = profile.prefill_ms(prefill_load.prompt_tokens_p * (1 - prefill_load.prefix_hit_rate))
+        return _Sizing(need, observed, slo.ttft_ms, "TTFT", ttft_share, now_ms, "backlog", service_ms=service)
     if obs.pool == Pool.decode:
         need = decode_need(profile, decode_load, slo, cfg.margin)
         observed = float(obs.tpot_ms)  # type: ignore[arg-type]

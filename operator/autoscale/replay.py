@@ -1,0 +1,116 @@
+"""One policy over one trace: build its controller, run the simulator, and summarise the run (pure, no I/O)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tandem.operator.autoscale.baselines import (
+    DynamoPlanner,
+    Hpa,
+    static_controller,
+    static_sizes,
+    tandem_controller,
+)
+from tandem.operator.autoscale.capacity import Slo
+from tandem.operator.autoscale.config import PolicyConfig, PoolLimits
+from tandem.operator.autoscale.sim_metrics import percentile
+from tandem.operator.autoscale.simulator import Controller, SimConfig, SimResult, simulate
+from tandem.operator.autoscale.types import Pool
+from tandem.profile import Profile
+from tandem.trace import TraceRequest
+
+POLICIES = ("tandem", "dynamo", "hpa", "static-peak", "static-mean")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    profile: Profile
+    slo: Slo
+    limits: dict[Pool, PoolLimits]
+    interval_s: float = 15.0
+    window_s: float = 60.0
+    stabilization_s: float = 180.0
+    scale_down_cooldown_s: float = 60.0
+    margin: float = 0.8
+    cold_start_s: float | None = None
+
+
+def warm_start(trace: list[TraceRequest], sc: Scenario, first_s: float = 300.0) -> dict[Pool, int]:
+    """Every policy starts from the pools its first minutes' mean load needs, as a service already up would."""
+    head = [r for r in trace if r.arrival_s <= first_s] or trace[:1]
+    return static_sizes(head, sc.profile, sc.slo, sc.limits, sc.margin, peak=False)
+
+
+def build(policy: str, trace: list[TraceRequest], sc: Scenario) -> tuple[Controller, SimConfig]:
+    base = SimConfig(
+        profile=sc.profile, interval_s=sc.interval_s, window_s=sc.window_s, cold_start_s=sc.cold_start_s,
+        percentile=sc.slo.percentile,
+        initial=warm_start(trace, sc),
+    )
+    if policy == "tandem":
+        config = PolicyConfig(
+            slo=sc.slo, profile=sc.profile, limits=sc.limits, interval_s=sc.interval_s,
+            stabilization_s=sc.stabilization_s, scale_down_cooldown_s=sc.scale_down_cooldown_s,
+            margin=sc.margin, stale_after_s=3 * sc.interval_s, cold_start_s=sc.cold_start_s,
+        )
+        return tandem_controller(config), base
+    if policy == "dynamo":
+        return DynamoPlanner(sc.profile, sc.slo, sc.limits), replace(base, interval_s=5.0, drain=False)
+    if policy == "hpa":
+        return Hpa(sc.profile, sc.slo, sc.limits), base
+    if policy in ("static-peak", "static-mean"):
+        sizes = static_sizes(trace, sc.profile, sc.slo, sc.limits, sc.margin, peak=policy == "static-peak")
+        return static_controller(sizes), replace(base, initial=sizes)
+    raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+
+
+def run(policy: str, trace: list[TraceRequest], sc: Scenario) -> tuple[SimResult, dict[str, Any]]:
+    controller, config = build(policy, trace, sc)
+    result = simulate(trace, config, controller)
+    return result, summarise(policy, result, sc.slo)
+
+
+def _reversals(actions: list[tuple[float, int, int]]) -> int:
+    directions = [1 if to > frm else -1 for _, frm, to in actions if to != frm]
+    return sum(1 for a, b in zip(directions, directions[1:], strict=False) if a != b)
+
+
+def summarise(policy: str, result: SimResult, slo: Slo) -> dict[str, Any]:
+    """The JSON fields `tandem simulate` prints; attainment is joint (TTFT and TPOT both within the SLO)."""
+    reqs = result.requests
+    ttfts = [(r.first_token_s - r.arrival_s) * 1000 for r in reqs if r.first_token_s is not None and not r.failed]
+    tpots = [
+        (r.finish_s - r.first_token_s) / (r.output_len - 1) * 1000
+        for r in reqs
+        if r.finish_s is not None and r.first_token_s is not None and r.output_len > 1 and not r.failed
+    ]
+    good = 0
+    for r in reqs:
+        if r.failed or r.finish_s is None or r.first_token_s is None:
+            continue
+        ttft_ok = (r.first_token_s - r.arrival_s) * 1000 <= slo.ttft_ms
+        tpot_ok = r.output_len <= 1 or (r.finish_s - r.first_token_s) / (r.output_len - 1) * 1000 <= slo.tpot_ms
+        good += ttft_ok and tpot_ok
+    hours = result.duration_s / 3600
+    gpu_hours = result.gpu_seconds / 3600
+    per_pool_reversals = {p.value: _reversals(a) / hours if hours else 0.0 for p, a in result.actions.items()}
+    return {
+        "policy": policy,
+        "requests": len(reqs),
+        "failed": sum(r.failed for r in reqs),
+        "simulated_hours": round(hours, 4),
+        "gpu_hours": round(gpu_hours, 4),
+        "slo_attainment": round(good / len(reqs), 4) if reqs else math.nan,
+        "ttft_p90_ms": round(percentile(ttfts, 90), 1) if ttfts else None,
+        "tpot_p90_ms": round(percentile(tpots, 90), 2) if tpots else None,
+        "scaling_actions": sum(len(a) for a in result.actions.values()),
+        "reversals_per_hour": round(max(per_pool_reversals.values(), default=0.0), 2),
+        "reversals_per_hour_by_pool": {k: round(v, 2) for k, v in per_pool_reversals.items()},
+        "goodput_per_gpu_hour": round(good / gpu_hours, 1) if gpu_hours else None,
+        "peak_replicas": {
+            "prefill": max((p for _, p, _ in result.timeline), default=0),
+            "decode": max((d for _, _, d in result.timeline), default=0),
+        },
+    }

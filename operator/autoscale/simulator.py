@@ -1,0 +1,461 @@
+"""A discrete-event replay of a trace through both pools, with an autoscaling policy in the loop.
+
+Per request: the router sends it to the prefill replica with the fewest prompt tokens ahead; the
+replica serves its queue first come, first served, each prompt taking the profile's prefill time (the
+profile was measured at the engine's chunk size); the first token ends TTFT; the KV then travels to the
+decode replica with the fewest sequences for `kv_transfer_ms_per_token x prompt`; decode runs
+continuous batches, each step taking the profile's step time at the current batch and mean context,
+admitting waiting sequences at step boundaries up to the batch and KV caps. Replicas start after a
+cold start (billed while starting), and on scale-down either drain (finish their work, take no new
+work) or, for a policy that does not drain, drop their in-flight requests. Every `interval_s` the
+policy sees each pool's last window, the same fields a metric source gives the operator.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+from tandem.operator.autoscale.sim_metrics import Completed, percentile
+from tandem.operator.autoscale.types import Pool, PoolObservation, Replicas
+from tandem.profile import Profile
+from tandem.trace import TraceRequest
+
+
+@dataclass
+class Request:
+    id: int
+    arrival_s: float
+    input_len: int
+    output_len: int
+    first_token_s: float | None = None
+    decode_start_s: float | None = None
+    finish_s: float | None = None
+    failed: bool = False
+    remaining: int = 0  # decode tokens still to generate
+
+
+@dataclass
+class Replica:
+    id: int
+    pool: Pool
+    ready_at_s: float
+    started_s: float
+    draining: bool = False
+    gone_s: float | None = None
+    # prefill
+    queue: deque[Request] = field(default_factory=deque)
+    serving: Request | None = None
+    busy_until_s: float = 0.0
+    busy_s: float = 0.0  # time spent serving, for utilisation metrics
+    queued_tokens: int = 0
+    # decode
+    running: list[Request] = field(default_factory=list)
+    waiting: deque[Request] = field(default_factory=deque)
+    segment_start_s: float = 0.0
+    step_s: float = 0.0
+    version: int = 0
+
+    def ready(self, now_s: float) -> bool:
+        return self.gone_s is None and not self.draining and self.ready_at_s <= now_s
+
+    def idle(self) -> bool:
+        return self.serving is None and not self.queue and not self.running and not self.waiting
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    profile: Profile
+    interval_s: float = 15.0
+    window_s: float = 60.0
+    cold_start_s: float | None = None  # None: the profile's
+    percentile: float = 90.0
+    drain: bool = True  # False: scale-down drops in-flight requests (a policy that does not drain)
+    gpus_per_replica: int = 1
+    initial: dict[Pool, int] = field(default_factory=lambda: {Pool.prefill: 1, Pool.decode: 1})
+
+    @property
+    def cold_start(self) -> float:
+        return self.profile.cold_start_ms / 1000 if self.cold_start_s is None else self.cold_start_s
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a policy sees at a tick: per-pool observations plus the raw replicas (for load-based baselines)."""
+
+    at_s: float
+    observations: dict[Pool, PoolObservation]
+    prefill_queued_tokens: list[int]  # per ready prefill replica
+    decode_running: list[int]  # per ready decode replica
+    prefill_busy_share: float  # mean over ready prefill replicas, over the window
+    decode_context_mean: float
+
+
+# A policy: snapshot -> desired replicas per pool (pools it leaves out keep their count).
+Controller = Callable[[Snapshot], dict[Pool, int]]
+
+
+@dataclass
+class SimResult:
+    requests: list[Request]
+    duration_s: float
+    gpu_seconds: float
+    timeline: list[tuple[float, int, int]]  # (t, prefill replicas billed, decode replicas billed)
+    latency_timeline: list[tuple[float, float | None, float | None]]  # (t, ttft at p, tpot at p) per tick
+    actions: dict[Pool, list[tuple[float, int, int]]]  # (t, from, to) per applied change
+
+
+class Simulation:
+    def __init__(self, trace: Sequence[TraceRequest], config: SimConfig, controller: Controller):
+        self.cfg, self.controller, self.profile = config, controller, config.profile
+        self.requests = [Request(i, r.arrival_s, max(r.input_len, 1), max(r.output_len, 1)) for i, r in enumerate(trace)]
+        self.events: list[tuple[float, int, str, object]] = []
+        self._seq = itertools.count()
+        self.now = 0.0
+        self.replicas: dict[Pool, list[Replica]] = {Pool.prefill: [], Pool.decode: []}
+        self._ids = itertools.count()
+        self.gpu_seconds = 0.0
+        self._billed_at = 0.0
+        self.timeline: list[tuple[float, int, int]] = []
+        self.latency_timeline: list[tuple[float, float | None, float | None]] = []
+        self.actions: dict[Pool, list[tuple[float, int, int]]] = {Pool.prefill: [], Pool.decode: []}
+        self.completed = Completed(config.window_s)
+        self._pending_prefill: deque[Request] = deque()  # arrived while no prefill replica was ready
+        self._pending_decode: deque[Request] = deque()
+        self._arrival_times = [r.arrival_s for r in self.requests]
+        self._busy_marks: dict[int, list[tuple[float, float]]] = {}
+        for pool, n in config.initial.items():
+            for _ in range(n):
+                self._add_replica(pool, ready_at_s=0.0)
+
+    # --- the event loop ------------------------------------------------------------------------------
+    def _push(self, at_s: float, kind: str, payload: object) -> None:
+        heapq.heappush(self.events, (at_s, next(self._seq), kind, payload))
+
+    def run(self) -> SimResult:
+        for r in self.requests:
+            self._push(r.arrival_s, "arrive", r)
+        end_of_arrivals = self.requests[-1].arrival_s if self.requests else 0.0
+        self._push(self.cfg.interval_s, "tick", None)
+        while self.events:
+            at_s, _, kind, payload = heapq.heappop(self.events)
+            if kind == "tick" and at_s > end_of_arrivals and self._all_done():
+                break
+            self._bill(at_s)
+            self.now = at_s
+            getattr(self, "_on_" + kind)(payload)
+        self._bill(self.now)
+        return SimResult(self.requests, self.now, self.gpu_seconds, self.timeline, self.latency_timeline, self.actions)
+
+    def _all_done(self) -> bool:
+        return all(r.finish_s is not None or r.failed for r in self.requests)
+
+    def _billed(self, pool: Pool) -> list[Replica]:
+        return [r for r in self.replicas[pool] if r.gone_s is None]
+
+    def _bill(self, until_s: float) -> None:
+        billed = len(self._billed(Pool.prefill)) + len(self._billed(Pool.decode))
+        self.gpu_seconds += billed * self.cfg.gpus_per_replica * max(until_s - self._billed_at, 0.0)
+        self._billed_at = until_s
+
+    # --- replicas ------------------------------------------------------------------------------------
+    def _add_replica(self, pool: Pool, ready_at_s: float) -> Replica:
+        rep = Replica(next(self._ids), pool, ready_at_s=ready_at_s, started_s=self.now)
+        self.replicas[pool].append(rep)
+        if ready_at_s > self.now:
+            self._push(ready_at_s, "ready", rep)
+        return rep
+
+    def _on_ready(self, rep: Replica) -> None:
+        if rep.gone_s is None and not rep.draining:
+            self._dispatch_waiting(rep.pool)
+
+    def _scale(self, pool: Pool, desired: int) -> None:
+        live = [r for r in self._billed(pool) if not r.draining]
+        current = len(live)
+        desired = max(desired, 0)
+        if desired == current:
+            return
+        self.actions[pool].append((self.now, current, desired))
+        if desired > current:
+            for _ in range(desired - current):
+                self._add_replica(pool, self.now + self.cfg.cold_start)
+            return
+        # Remove the ones still starting first, then the ready ones with the least work.
+        order = sorted(live, key=lambda r: (r.ready_at_s <= self.now, self._work(r)))
+        for rep in order[: current - desired]:
+            if rep.ready_at_s > self.now or (self.cfg.drain and rep.idle()):
+                rep.gone_s = self.now
+            elif self.cfg.drain:
+                rep.draining = True
+            else:
+                self._kill(rep)
+
+    def _work(self, rep: Replica) -> int:
+        return rep.queued_tokens if rep.pool == Pool.prefill else len(rep.running) + len(rep.waiting)
+
+    def _kill(self, rep: Replica) -> None:
+        lost = list(rep.queue) + list(rep.running) + list(rep.waiting)
+        if rep.serving is not None:
+            lost.append(rep.serving)
+        for req in lost:
+            req.failed = True
+        rep.queue.clear()
+        rep.running.clear()
+        rep.waiting.clear()
+        rep.serving, rep.queued_tokens, rep.gone_s = None, 0, self.now
+        rep.version += 1
+
+    def _retire_if_drained(self, rep: Replica) -> None:
+        if rep.draining and rep.idle() and rep.gone_s is None:
+            rep.gone_s = self.now
+
+    # --- prefill -------------------------------------------------------------------------------------
+    def _on_arrive(self, req: Request) -> None:
+        self._to_prefill(req)
+
+    def _to_prefill(self, req: Request) -> None:
+        ready = [r for r in self.replicas[Pool.prefill] if r.ready(self.now)]
+        if not ready:
+            self._pending_prefill.append(req)
+            return
+        rep = min(ready, key=lambda r: (r.queued_tokens, r.id))
+        rep.queue.append(req)
+        rep.queued_tokens += req.input_len
+        if rep.serving is None:
+            self._start_prefill(rep)
+
+    def _dispatch_waiting(self, pool: Pool) -> None:
+        pending = self._pending_prefill if pool == Pool.prefill else self._pending_decode
+        while pending and any(r.ready(self.now) for r in self.replicas[pool]):
+            req = pending.popleft()
+            (self._to_prefill if pool == Pool.prefill else self._to_decode)(req)
+
+    def _start_prefill(self, rep: Replica) -> None:
+        req = rep.queue.popleft()
+        rep.serving = req
+        service = self.profile.prefill_ms(req.input_len) / 1000
+        rep.busy_until_s = self.now + service
+        rep.busy_s += service
+        self._push(rep.busy_until_s, "prefilled", (rep, rep.version))
+
+    def _on_prefilled(self, payload: object) -> None:
+        rep, version = cast(tuple[Replica, int], payload)
+        if version != rep.version or rep.serving is None:
+            return
+        req = rep.serving
+        rep.serving = None
+        rep.queued_tokens -= req.input_len
+        req.first_token_s = self.now
+        self.completed.first_token(self.now, req.first_token_s - req.arrival_s)
+        transfer = self.profile.kv_transfer_ms_per_token * req.input_len / 1000
+        if req.output_len <= 1:
+            req.finish_s = self.now
+            self.completed.finished(self.now, None, req.output_len)
+        else:
+            self._push(self.now + transfer, "kv_landed", req)
+        if rep.queue:
+            self._start_prefill(rep)
+        else:
+            self._retire_if_drained(rep)
+
+    # --- decode --------------------------------------------------------------------------------------
+    def _on_kv_landed(self, req: Request) -> None:
+        if not req.failed:
+            self._to_decode(req)
+
+    def _to_decode(self, req: Request) -> None:
+        ready = [r for r in self.replicas[Pool.decode] if r.ready(self.now)]
+        if not ready:
+            self._pending_decode.append(req)
+            return
+        rep = min(ready, key=lambda r: (len(r.running) + len(r.waiting), r.id))
+        self._advance(rep)
+        req.remaining = req.output_len - 1  # the first token came from prefill
+        rep.waiting.append(req)
+        if not rep.running:
+            self._resegment(rep)
+            return
+        # A running batch admits newcomers at its next step boundary.
+        steps = math.ceil((self.now - rep.segment_start_s) / rep.step_s - 1e-9)
+        rep.version += 1
+        self._push(rep.segment_start_s + steps * rep.step_s, "decoded", (rep, rep.version))
+
+    def _context(self, rep: Replica) -> float:
+        if not rep.running:
+            return 1.0
+        return sum(r.input_len + (r.output_len - 1 - r.remaining) for r in rep.running) / len(rep.running)
+
+    def _advance(self, rep: Replica) -> None:
+        """Bring the running batch up to the last step boundary at or before now."""
+        if not rep.running or rep.step_s <= 0:
+            rep.segment_start_s = max(rep.segment_start_s, self.now)
+            return
+        steps = math.floor((self.now - rep.segment_start_s) / rep.step_s + 1e-9)
+        if steps <= 0:
+            return
+        for r in rep.running:
+            r.remaining -= steps
+        rep.segment_start_s += steps * rep.step_s
+        self._finish_done(rep)
+
+    def _finish_done(self, rep: Replica) -> None:
+        done = [r for r in rep.running if r.remaining <= 0]
+        if not done:
+            return
+        rep.running = [r for r in rep.running if r.remaining > 0]
+        for r in done:
+            r.finish_s = rep.segment_start_s
+            assert r.first_token_s is not None
+            tpot = (r.finish_s - r.first_token_s) / (r.output_len - 1)
+            self.completed.finished(r.finish_s, tpot, r.output_len)
+
+    def _resegment(self, rep: Replica) -> None:
+        """Admit waiting sequences (batch and KV caps), then schedule the next completion."""
+        if not rep.running:
+            rep.segment_start_s = max(rep.segment_start_s, self.now)
+        cap = self.profile.max_running_sequences
+        kv = sum(r.input_len + r.output_len for r in rep.running)
+        while rep.waiting and len(rep.running) < cap:
+            nxt = rep.waiting[0]
+            if rep.running and kv + nxt.input_len + nxt.output_len > self.profile.kv_capacity_tokens:
+                break
+            rep.waiting.popleft()
+            nxt.decode_start_s = rep.segment_start_s
+            rep.running.append(nxt)
+            kv += nxt.input_len + nxt.output_len
+        rep.version += 1
+        if not rep.running:
+            rep.step_s = 0.0
+            self._retire_if_drained(rep)
+            return
+        rep.step_s = self.profile.decode_step_ms(len(rep.running), self._context(rep)) / 1000
+        steps = min(r.remaining for r in rep.running)
+        self._push(rep.segment_start_s + steps * rep.step_s, "decoded", (rep, rep.version))
+
+    def _on_decoded(self, payload: object) -> None:
+        rep, version = cast(tuple[Replica, int], payload)
+        if version != rep.version:
+            return
+        self._advance(rep)
+        self._resegment(rep)
+
+    # --- the policy ----------------------------------------------------------------------------------
+    def _on_tick(self, _: object) -> None:
+        snap = self.snapshot()
+        self.latency_timeline.append(
+            (self.now, snap.observations[Pool.prefill].ttft_ms, snap.observations[Pool.decode].tpot_ms)
+        )
+        for pool, desired in self.controller(snap).items():
+            self._scale(pool, desired)
+        self.timeline.append((self.now, len(self._billed(Pool.prefill)), len(self._billed(Pool.decode))))
+        self._push(self.now + self.cfg.interval_s, "tick", None)
+
+    def snapshot(self) -> Snapshot:
+        window = self.cfg.window_s
+        lo = self.now - window
+        arrived = [r for r in self._arrivals_between(lo, self.now)]
+        rate = len(arrived) / window if self.now >= window else len(arrived) / max(self.now, 1e-9)
+        prompts = [r.input_len for r in arrived]
+        outputs = self.completed.output_lengths(self.now) or [r.output_len for r in arrived]
+        p = self.cfg.percentile
+        ttft = self.completed.ttft(self.now, p)
+        tpot = self.completed.tpot(self.now, p)
+        waiting_since = [
+            r.arrival_s for rep in self.replicas[Pool.prefill] for r in rep.queue
+        ] + [r.arrival_s for r in self._pending_prefill]
+        if waiting_since:  # requests still waiting bound TTFT from below: the window must not look healthy
+            ttft = max(ttft or 0.0, (self.now - min(waiting_since)) * 1000)
+        pre = [r for r in self.replicas[Pool.prefill] if r.ready(self.now)]
+        dec = [r for r in self.replicas[Pool.decode] if r.ready(self.now)]
+        for rep in dec:
+            self._advance(rep)
+        common = dict(
+            at_s=self.now,
+            window_s=window,
+            arrival_rate_rps=rate,
+            prompt_tokens_mean=sum(prompts) / len(prompts) if prompts else None,
+            prompt_tokens_p90=percentile(prompts, 90) if prompts else None,
+            output_tokens_mean=sum(outputs) / len(outputs) if outputs else None,
+            prefix_hit_rate=0.0,
+        )
+        obs = {
+            Pool.prefill: PoolObservation(
+                Pool.prefill,
+                replicas=self._replica_counts(Pool.prefill),
+                ttft_ms=ttft,
+                queued_prompt_tokens=float(sum(r.queued_tokens for r in self._billed(Pool.prefill))),
+                **common,  # type: ignore[arg-type]
+            ),
+            Pool.decode: PoolObservation(
+                Pool.decode,
+                replicas=self._replica_counts(Pool.decode),
+                tpot_ms=tpot,
+                running_sequences=float(sum(len(r.running) for r in dec)),
+                kv_usage=self._kv_usage(dec),
+                **common,  # type: ignore[arg-type]
+            ),
+        }
+        busy = [self._busy_share(r, lo) for r in pre]
+        contexts = [self._context(r) for r in dec if r.running]
+        return Snapshot(
+            self.now,
+            obs,
+            [r.queued_tokens for r in pre],
+            [len(r.running) + len(r.waiting) for r in dec],
+            sum(busy) / len(busy) if busy else 0.0,
+            sum(contexts) / len(contexts) if contexts else float(common["prompt_tokens_mean"] or 1.0),
+        )
+
+    def _arrivals_between(self, lo: float, hi: float) -> list[Request]:
+        i, j = bisect.bisect_right(self._arrival_times, lo), bisect.bisect_right(self._arrival_times, hi)
+        return self.requests[i:j]
+
+    def _busy_share(self, rep: Replica, since_s: float) -> float:
+        """Share of the window the replica spent serving (the busy time it accrued, spread over the window)."""
+        hist = self._busy_marks.setdefault(rep.id, [])
+        busy_now = rep.busy_s - max(rep.busy_until_s - self.now, 0.0)
+        hist.append((self.now, busy_now))
+        while len(hist) > 1 and hist[1][0] <= since_s:
+            hist.pop(0)
+        t0, b0 = hist[0]
+        span = self.now - t0
+        return (busy_now - b0) / span if span > 0 else (1.0 if rep.serving else 0.0)
+
+    def _kv_usage(self, dec: list[Replica]) -> float | None:
+        if not dec:
+            return None
+        cap = self.profile.kv_capacity_tokens
+        return sum(sum(r.input_len + r.output_len for r in rep.running) / cap for rep in dec) / len(dec)
+
+    def _replica_counts(self, pool: Pool) -> Replicas:
+        live = self._billed(pool)
+        return Replicas(
+            ready=sum(1 for r in live if r.ready(self.now)),
+            starting=sum(1 for r in live if not r.draining and r.ready_at_s > self.now),
+            draining=sum(1 for r in live if r.draining),
+        )
+
+
+def simulate(trace: Sequence[TraceRequest], config: SimConfig, controller: Controller) -> SimResult:
+    return Simulation(trace, config, controller).run()
+
+
+def scale_trace(trace: Sequence[TraceRequest], time_scale: float = 1.0, rate_scale: float = 1.0) -> list[TraceRequest]:
+    """Compress time `time_scale` times; then keep every request `rate_scale` times (fractions by a fixed
+    stride, so the result is deterministic): rate_scale 2 sends each request twice, 0.5 every other one."""
+    out: list[TraceRequest] = []
+    credit = 0.0
+    for r in trace:
+        credit += rate_scale
+        copies = int(credit + 1e-9)
+        credit -= copies
+        for k in range(copies):
+            out.append(TraceRequest(r.arrival_s / time_scale + k * 1e-6, r.input_len, r.output_len))
+    return out

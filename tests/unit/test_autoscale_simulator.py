@@ -1,0 +1,118 @@
+"""Simulator invariants: every request accounted for, static pools never move, attainment is joint,
+an idle request's latency is the profile's, cold starts are billed, non-draining scale-down loses work."""
+
+import pytest
+
+from tandem.operator.autoscale.capacity import Slo
+from tandem.operator.autoscale.config import PoolLimits
+from tandem.operator.autoscale.replay import POLICIES, Scenario, run, summarise
+from tandem.operator.autoscale.simulator import Request, SimConfig, SimResult, scale_trace, simulate
+from tandem.operator.autoscale.types import Pool
+from tandem.trace import TraceRequest
+from tests.unit.autoscale_fixtures import linear_profile
+
+PROFILE = linear_profile()  # prefill 0.1 ms/token; decode step 10 ms + 0.5 ms per running sequence
+SLO = Slo(ttft_ms=500, tpot_ms=30, percentile=90)
+LIMITS = {Pool.prefill: PoolLimits(1, 8), Pool.decode: PoolLimits(1, 8)}
+
+
+def poisson_trace(rate: float, seconds: float, prompt=1000, output=50, seed=1):
+    import random
+
+    rng, t, out = random.Random(seed), 0.0, []
+    while t < seconds:
+        t += rng.expovariate(rate)
+        out.append(TraceRequest(t, prompt, output))
+    return out
+
+
+def fixed(sizes):
+    return lambda snap: dict(sizes)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_request_is_served_or_failed_once(policy):
+    trace = poisson_trace(rate=15.0, seconds=300) + poisson_trace(rate=2.0, seconds=300, seed=2)
+    trace = sorted(trace)
+    result, summary = run(policy, trace, Scenario(PROFILE, SLO, LIMITS, cold_start_s=20))
+    assert summary["requests"] == len(trace) == len(result.requests)
+    for r in result.requests:
+        assert r.failed or (r.finish_s is not None and r.first_token_s is not None)
+        assert r.failed or r.arrival_s <= r.first_token_s <= r.finish_s
+    if policy != "dynamo":  # the only policy that does not drain
+        assert summary["failed"] == 0
+    assert 0.0 <= summary["slo_attainment"] <= 1.0
+
+
+@pytest.mark.parametrize("policy", ["static-peak", "static-mean"])
+def test_static_policies_never_scale(policy):
+    result, summary = run(policy, poisson_trace(rate=10.0, seconds=200), Scenario(PROFILE, SLO, LIMITS))
+    assert summary["scaling_actions"] == 0
+    assert len({(p, d) for _, p, d in result.timeline}) == 1
+    p, d = result.timeline[0][1:]
+    assert result.gpu_seconds == pytest.approx((p + d) * result.duration_s)
+
+
+def test_a_lone_request_takes_the_profiles_times():
+    trace = [TraceRequest(0.0, 2000, 11)]
+    result = simulate(trace, SimConfig(PROFILE, cold_start_s=0), fixed({}))
+    (r,) = result.requests
+    assert (r.first_token_s - r.arrival_s) * 1000 == pytest.approx(200.0)  # 2000 tokens x 0.1 ms
+    tpot_ms = (r.finish_s - r.first_token_s) / 10 * 1000
+    assert tpot_ms == pytest.approx(10.5, rel=1e-3)  # one sequence: 10 + 0.5 ms per step
+
+
+def test_queueing_on_one_prefill_replica():
+    # three prompts arrive together: they are served one after another on the single replica
+    trace = [TraceRequest(0.0, 1000, 2)] * 3
+    result = simulate(trace, SimConfig(PROFILE, cold_start_s=0), fixed({}))
+    ttfts = sorted((r.first_token_s - r.arrival_s) * 1000 for r in result.requests)
+    assert ttfts == pytest.approx([100.0, 200.0, 300.0])
+
+
+def test_attainment_is_joint():
+    fast_ttft_slow_tpot = Request(0, 0.0, 10, 11, first_token_s=0.1, finish_s=0.1 + 10 * 0.040)
+    both_ok = Request(1, 0.0, 10, 11, first_token_s=0.1, finish_s=0.1 + 10 * 0.020)
+    slow_ttft = Request(2, 0.0, 10, 11, first_token_s=0.9, finish_s=0.9 + 10 * 0.020)
+    one_token = Request(3, 0.0, 10, 1, first_token_s=0.2, finish_s=0.2)  # no TPOT: TTFT alone decides
+    failed = Request(4, 0.0, 10, 11, failed=True)
+    result = SimResult([fast_ttft_slow_tpot, both_ok, slow_ttft, one_token, failed], 3600.0, 3600.0, [], [], {Pool.prefill: [], Pool.decode: []})
+    summary = summarise("x", result, SLO)
+    assert summary["slo_attainment"] == pytest.approx(2 / 5)
+    assert summary["goodput_per_gpu_hour"] == pytest.approx(2.0)
+
+
+def test_cold_start_is_billed_and_capacity_arrives_late():
+    calls = []
+
+    def grow_once(snap):
+        calls.append(snap.observations[Pool.prefill].replicas)
+        return {Pool.prefill: 3} if len(calls) == 1 else {}
+
+    trace = [TraceRequest(float(t), 100, 2) for t in range(0, 120, 1)]
+    result = simulate(trace, SimConfig(PROFILE, interval_s=15, cold_start_s=40), grow_once)
+    assert calls[1].starting == 2 and calls[1].ready == 1  # at 30 s, still starting
+    assert any(c.ready == 3 for c in calls)  # after 15 + 40 s
+    assert result.gpu_seconds > (1 + 1) * result.duration_s + 2 * (result.duration_s - 55)
+
+
+def test_scale_down_without_drain_drops_in_flight_work():
+    trace = [TraceRequest(0.0, 100, 2000) for _ in range(4)]  # long generations on two decode replicas
+
+    def shrink(snap):
+        return {Pool.decode: 1}
+
+    for drain, lost in ((True, 0), (False, 1)):
+        cfg = SimConfig(PROFILE, interval_s=5, cold_start_s=0, drain=drain, initial={Pool.prefill: 1, Pool.decode: 2})
+        result = simulate(trace, cfg, shrink)
+        failed = sum(r.failed for r in result.requests)
+        assert (failed > 0) == bool(lost)
+        assert all(r.failed or r.finish_s is not None for r in result.requests)
+
+
+def test_scale_trace_compresses_time_and_multiplies_requests():
+    trace = [TraceRequest(float(t), 10, 10) for t in range(100)]
+    assert [r.arrival_s for r in scale_trace(trace, time_scale=4)[:3]] == [0.0, 0.25, 0.5]
+    assert len(scale_trace(trace, rate_scale=2.0)) == 200
+    assert len(scale_trace(trace, rate_scale=0.5)) == 50
+    assert len(scale_trace(trace, rate_scale=1.5)) == 150
