@@ -49,13 +49,20 @@ def plan(
     threads = worker_threads(svc, sum(pool_replicas(spec, p) for p in pools), cpus or os.cpu_count() or 1)
     python = [sys.executable, "-m", "tandem"]
     mdir = str(model_dir(svc, base))
+    tls = spec.security.tls
+    if tls is not None and not tls.dir:
+        raise ValueError("the local backend reads TLS files from security.tls.dir, not a Secret")
+    tls_dir = str(base / tls.dir) if tls is not None and tls.dir else None
     procs: list[ProcessPlan] = []
     next_port = first_worker_port
     for role in pools:
         for i in range(pool_replicas(spec, role)):
             grpc_port, metrics_port = next_port, next_port + 1
             next_port += 2
-            argv = worker_argv(spec, svc.name, role, mdir, host, grpc_port, metrics_port, threads, f"{svc.name}-{role}-{i}")
+            argv = worker_argv(
+                spec, svc.name, role, mdir, host, grpc_port, metrics_port, threads, f"{svc.name}-{role}-{i}",
+                tls_dir=tls_dir,
+            )  # fmt: skip
             procs.append(ProcessPlan(f"{role}-{i}", role, python + argv, f"{host}:{grpc_port}", metrics_port))
     addresses = None if workers_file else {role: [p.address for p in procs if p.role == role] for role in pools}
     keys = spec.security.api_keys
@@ -64,7 +71,7 @@ def plan(
     keys_file = str(base / keys.file) if keys is not None and keys.file else None
     router = router_argv(
         spec, svc.name, mdir, addresses, str(workers_file) if workers_file else None, host, port,
-        api_keys_file=keys_file,
+        api_keys_file=keys_file, tls_dir=tls_dir,
     )  # fmt: skip
     procs.append(ProcessPlan("router", "router", python + router, f"{host}:{port}"))
     return procs

@@ -25,6 +25,7 @@ MANAGED_BY = "tandem-operator"
 HASH_ANNOTATION = f"{API_GROUP}/rendered-hash"
 MODEL_MOUNT = "/models"
 API_KEYS_MOUNT = "/etc/tandem/api-keys"
+TLS_MOUNT = "/etc/tandem/tls"  # tls.crt, tls.key, ca.crt of spec.security.tls.secretName
 
 
 def child_name(service: str, pool: str) -> str:
@@ -140,9 +141,26 @@ def model_init_containers(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
 
 # --- containers -------------------------------------------------------------------------------------
 
+def tls_dir(spec: InferenceServiceSpec) -> str | None:
+    """Where pods find the mutual-TLS files: the mounted Secret, else a directory the image carries."""
+    tls = spec.security.tls
+    if tls is None:
+        return None
+    return TLS_MOUNT if tls.secret_name else tls.dir
+
+
+def tls_volumes(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    tls = spec.security.tls
+    if tls is None or not tls.secret_name:
+        return [], []
+    mount = {"name": "tls", "mountPath": TLS_MOUNT, "readOnly": True}
+    return [mount], [{"name": "tls", "secret": {"secretName": tls.secret_name, "defaultMode": 0o440}}]
+
+
 def worker_args(spec: InferenceServiceSpec, service: str, pool: str) -> list[str]:
     """`tandem worker` arguments for a pool's pods (the same builder `tandem up` uses)."""
-    return worker_argv(spec, service, pool, model_path(spec), worker_id=None)
+    health = names.HEALTH_PORT if spec.security.tls is not None else None
+    return worker_argv(spec, service, pool, model_path(spec), worker_id=None, tls_dir=tls_dir(spec), health_port=health)
 
 
 def router_args(spec: InferenceServiceSpec, service: str, namespace: str) -> list[str]:
@@ -154,7 +172,10 @@ def router_args(spec: InferenceServiceSpec, service: str, namespace: str) -> lis
     keys_file = None
     if keys is not None:  # the mounted Secret's key, else a file the image carries
         keys_file = f"{API_KEYS_MOUNT}/{keys.key}" if keys.secret_name else keys.file
-    return router_argv(spec, service, model_path(spec), pools, metrics_port=names.METRICS_PORT, api_keys_file=keys_file)
+    return router_argv(
+        spec, service, model_path(spec), pools, metrics_port=names.METRICS_PORT, api_keys_file=keys_file,
+        tls_dir=tls_dir(spec),
+    )  # fmt: skip
 
 
 def resources(gpus: int, cpu: str | None, memory: str | None) -> dict[str, Any]:
@@ -183,8 +204,9 @@ def _ports(main_name: str, main_port: int) -> list[dict[str, Any]]:
     ]
 
 
-def worker_probes() -> dict[str, Any]:
-    grpc = {"grpc": {"port": names.GRPC_PORT}}
+def worker_probes(tls: bool = False) -> dict[str, Any]:
+    """gRPC health probes; with mutual TLS on the gRPC port, against the plaintext health-only port."""
+    grpc = {"grpc": {"port": names.HEALTH_PORT if tls else names.GRPC_PORT}}
     return {
         "startupProbe": {**grpc, "periodSeconds": 10, "failureThreshold": 60},
         "readinessProbe": {**grpc, "periodSeconds": 5, "failureThreshold": 3},
@@ -250,6 +272,8 @@ def worker_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
                       pool: str, replicas: int) -> Manifest:
     ps = pool_spec(spec, pool)
     mounts, volumes = model_volumes(spec)
+    tls_mounts, tls_vols = tls_volumes(spec)
+    mounts, volumes = mounts + tls_mounts, volumes + tls_vols
     container = {
         "name": "worker",
         "image": spec.image,
@@ -259,7 +283,7 @@ def worker_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
         **({"env": list(ps.env)} if ps.env else {}),  # pool and service travel in the arguments
         "resources": resources(ps.resources.gpus, ps.resources.cpu, ps.resources.memory),
         **({"volumeMounts": mounts} if mounts else {}),
-        **worker_probes(),
+        **worker_probes(spec.security.tls is not None),
     }
     template = _pod_template(service, pool, container, volumes, model_init_containers(spec),
                              ps.node_selector, ps.tolerations, ps.affinity)
@@ -282,6 +306,8 @@ def router_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
     pool = names.POOL_ROUTER
     r = spec.router
     mounts, volumes = model_volumes(spec)  # the router reads the tokenizer
+    tls_mounts, tls_vols = tls_volumes(spec)
+    mounts, volumes = mounts + tls_mounts, volumes + tls_vols
     keys = spec.security.api_keys
     if keys is not None and keys.secret_name:
         volumes = [*volumes, {"name": "api-keys", "secret": {"secretName": keys.secret_name}}]

@@ -29,8 +29,11 @@ def worker_argv(
     metrics_port: int = names.METRICS_PORT,
     threads: int | None = None,
     worker_id: str | None = None,
+    tls_dir: str | None = None,
+    health_port: int | None = None,
 ) -> list[str]:
-    """Arguments of `tandem worker` (without the program name)."""
+    """Arguments of `tandem worker` (without the program name); `tls_dir` holds the mutual-TLS files
+    (spec.security.tls: a local directory or the mounted Secret), `health_port` a plaintext probe port."""
     engine = spec.engine
     argv = [
         "worker", "--role", role, "--model-dir", model_dir,
@@ -50,6 +53,19 @@ def worker_argv(
         argv += ["--threads", str(threads or engine.threads)]
     if worker_id:
         argv += ["--worker-id", worker_id]
+    argv += tls_argv(spec, tls_dir)
+    if health_port:
+        argv += ["--health-port", str(health_port)]
+    return argv
+
+
+def tls_argv(spec: InferenceServiceSpec, tls_dir: str | None) -> list[str]:
+    """The mutual-TLS flags workers and the router share."""
+    if not tls_dir:
+        return []
+    argv = ["--tls-dir", tls_dir]
+    if spec.security.tls is not None and spec.security.tls.server_name:
+        argv += ["--tls-server-name", spec.security.tls.server_name]
     return argv
 
 
@@ -63,6 +79,7 @@ def router_argv(
     port: int = names.HTTP_PORT,
     metrics_port: int | None = None,
     api_keys_file: str | None = None,
+    tls_dir: str | None = None,
 ) -> list[str]:
     """Arguments of `tandem router`: worker addresses by pool (`host:port` or `dns:///name:port`,
     resolved again as pods come and go), or a workers file; `api_keys_file` where the keys are
@@ -83,6 +100,7 @@ def router_argv(
         argv += ["--api-keys-file", api_keys_file]
         if spec.security.api_keys is not None and spec.security.api_keys.protect_metrics:
             argv.append("--protect-metrics")
+    argv += tls_argv(spec, tls_dir)
     for pool, addresses in (workers or {}).items():
         if addresses:
             argv += [f"--{pool}", ",".join(addresses)]

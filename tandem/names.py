@@ -11,6 +11,7 @@ POOL_ROUTER = "router"
 POOL_COLOCATED = "colocated"
 
 GRPC_PORT = 50051
+HEALTH_PORT = 50052  # plaintext grpc.health.v1 only, for kubelet probes when the gRPC port needs mutual TLS
 METRICS_PORT = 9090
 HTTP_PORT = 8000
 

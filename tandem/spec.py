@@ -180,6 +180,9 @@ class TlsSpec(_Spec):
 
     secret_name: str | None = Field(default=None, min_length=1)
     dir: str | None = Field(default=None, min_length=1)
+    # The name every worker certificate carries and clients check (workers are dialled by pod IP);
+    # unset: the dialled host itself must be in the certificate.
+    server_name: str | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
     def _one_source(self) -> TlsSpec:

@@ -57,3 +57,35 @@ def test_local_backend_reads_the_keys_file(tmp_path):
     assert _flag(router.argv, "--api-keys-file") == str(tmp_path / "keys.txt")
     with pytest.raises(ValueError, match="Secret"):
         local_plan.plan(InferenceService(name="s", spec=_spec(apiKeys={"secretName": "x"})), tmp_path)
+
+
+def _worker(spec: InferenceServiceSpec, pool: str = names.POOL_DECODE) -> dict:
+    return render.worker_deployment(spec, "llama", "ml", "u", pool, 1)["spec"]["template"]
+
+
+def test_tls_secret_is_mounted_in_every_pod_and_named_to_every_process():
+    spec = _spec(tls={"secretName": "llama-tls", "serverName": "llama-workers.ml.svc"})
+    for pod in (_worker(spec, names.POOL_PREFILL), _worker(spec, names.POOL_DECODE), _router(spec)):
+        (container,) = pod["spec"]["containers"]
+        assert _flag(container["args"], "--tls-dir") == render.TLS_MOUNT
+        assert _flag(container["args"], "--tls-server-name") == "llama-workers.ml.svc"
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "tls"]
+        assert mount == {"name": "tls", "mountPath": render.TLS_MOUNT, "readOnly": True}
+        (vol,) = [v for v in pod["spec"]["volumes"] if v["name"] == "tls"]
+        assert vol["secret"]["secretName"] == "llama-tls"
+
+
+def test_with_tls_the_kubelet_probes_a_plaintext_health_only_port():
+    plain = _worker(_spec())["spec"]["containers"][0]
+    assert plain["readinessProbe"]["grpc"]["port"] == names.GRPC_PORT and "--health-port" not in plain["args"]
+    tls = _worker(_spec(tls={"secretName": "t"}))["spec"]["containers"][0]
+    assert _flag(tls["args"], "--health-port") == str(names.HEALTH_PORT)
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert tls[probe]["grpc"]["port"] == names.HEALTH_PORT
+
+
+def test_local_backend_passes_the_tls_dir_to_every_process(tmp_path):
+    svc = InferenceService(name="s", spec=_spec(tls={"dir": "certs"}))
+    procs = local_plan.plan(svc, tmp_path, workers_file=tmp_path / "w.json")
+    assert {p.role for p in procs} == {"prefill", "decode", "router"}
+    assert all(_flag(p.argv, "--tls-dir") == str(tmp_path / "certs") for p in procs)

@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-keys-env", default=None, help="require Authorization: Bearer <key>; keys in this environment variable"
     )
     p.add_argument("--protect-metrics", action="store_true", help="/metrics also needs an API key")
+    p.add_argument("--tls-dir", default=None, help="mutual TLS to the workers: tls.crt, tls.key, ca.crt")
+    p.add_argument("--tls-server-name", default=None, help="name in the workers' certificates (dialled by IP)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
 

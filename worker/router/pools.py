@@ -32,6 +32,7 @@ from tandem.v1 import (
     prefill_pb2_grpc,
 )
 from tandem.worker.api.params import SamplingParams
+from tandem.worker.api.tls import TlsConfig, aio_channel
 from tandem.worker.api.wire import FINISH_NAMES, params_to_proto
 from tandem.worker.kv_transport.handshake import DEFAULT_LEASE_MS, check_compatible
 from tandem.worker.router.backend import BackendError, Timing, TokenOut
@@ -83,10 +84,12 @@ class GrpcBackend:
         max_attempts: int = 3,
         poll_interval_s: float = 0.5,
         lease_ms: int = DEFAULT_LEASE_MS,
+        tls: TlsConfig | None = None,
     ):
         self.mode, self.block_size, self.max_attempts = mode, block_size, max_attempts
         self.poll_interval_s, self.lease_ms = poll_interval_s, lease_ms
         self.static = addresses
+        self.tls = tls  # mutual TLS to every worker, or plaintext
         self.workers_file = workers_file
         self._file_mtime = 0.0
         self.pools = Pools()
@@ -140,7 +143,7 @@ class GrpcBackend:
             current = self.pools.workers[role]
             for address in addresses:
                 if address not in current:
-                    channel = aio.insecure_channel(address)
+                    channel = aio_channel(address, self.tls)
                     current[address] = Worker(role, WorkerView(address, healthy=False), channel, STUBS[role](channel))
             for address in list(current):
                 if address not in addresses:  # scaled away: stop routing to it
@@ -365,4 +368,5 @@ def build_backend(args) -> GrpcBackend:
         return [a for a in (value or "").split(",") if a]
 
     addresses = {"prefill": split(args.prefill), "decode": split(args.decode), "colocated": split(args.colocated)}
-    return GrpcBackend(args.mode, addresses, getattr(args, "workers_file", None), lease_ms=args.kv_lease_ms)
+    tls = TlsConfig.optional(getattr(args, "tls_dir", None), getattr(args, "tls_server_name", None))
+    return GrpcBackend(args.mode, addresses, getattr(args, "workers_file", None), lease_ms=args.kv_lease_ms, tls=tls)

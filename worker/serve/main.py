@@ -19,6 +19,7 @@ from prometheus_client import start_http_server
 
 from tandem import names
 from tandem.v1 import colocated_pb2_grpc, prefill_pb2_grpc
+from tandem.worker.api.tls import TlsConfig, add_port
 from tandem.worker.engine.engine import EngineConfig
 from tandem.worker.engine.engine_loop import EngineLoop
 from tandem.worker.engine.loading import engine_for_model, load_model
@@ -58,6 +59,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="KV transfer: auto (shared memory on one host when the cache is on the CPU, else gRPC), grpc, shm",
     )  # fmt: skip
     p.add_argument("--worker-id", default=None)
+    p.add_argument("--tls-dir", default=None, help="mutual TLS: tls.crt, tls.key, ca.crt (default: plaintext)")
+    p.add_argument("--tls-server-name", default=None, help="name in the peers' certificates (dialled by IP)")
+    p.add_argument(
+        "--health-port", type=int, default=0,
+        help="also serve only grpc.health.v1, in plaintext, here (kubelet probes cannot speak TLS; 0: off)",
+    )  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -97,11 +104,17 @@ def main(argv: list[str]) -> int:
     worker_id = args.worker_id or f"{args.role}-{uuid.uuid4().hex[:8]}"
     info = worker_info(engine, worker_id, args.role, args.served_name, transports)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=BULK_CHANNEL_OPTIONS)
-    servicer = _add_servicer(server, args, loop, info, metrics)
+    tls = TlsConfig.optional(args.tls_dir, args.tls_server_name)
+    servicer = _add_servicer(server, args, loop, info, metrics, tls)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(f"{args.host}:{args.port}")
+    port = add_port(server, f"{args.host}:{args.port}", tls)
     server.start()
+    if args.health_port:  # the health service alone: no data-plane method is reachable without TLS
+        probes = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, probes)
+        probes.add_insecure_port(f"{args.host}:{args.health_port}")
+        probes.start()
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     log.info("%s worker %s serving %s on %s:%d (%d KV blocks)", args.role, worker_id, args.served_name, args.host, port, num_blocks)
     print(f"READY {args.role} {args.host}:{port}", flush=True)
@@ -121,7 +134,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _add_servicer(server, args, loop, info, metrics):
+def _add_servicer(server, args, loop, info, metrics, tls):
     if args.role == "decode":
         from tandem.worker.kv_transport.staging import StagingPool, StagingRing
         from tandem.worker.serve.decode import DecodeServicer, add_to_server
@@ -136,7 +149,7 @@ def _add_servicer(server, args, loop, info, metrics):
         from tandem.worker.serve.prefill import PrefillServicer
 
         compression = 1 if args.kv_compression == "int8" else 0
-        prefill = PrefillServicer(loop, info, compression, metrics)
+        prefill = PrefillServicer(loop, info, compression, metrics, tls=tls)
         prefill_pb2_grpc.add_PrefillServiceServicer_to_server(prefill, server)
         return prefill
     from tandem.worker.serve.colocated import ColocatedServicer

@@ -12,6 +12,8 @@ import grpc
 
 from tandem.v1 import common_pb2, decode_pb2, prefill_pb2
 from tandem.worker.api.params import InvalidRequest
+from tandem.worker.api.tls import TlsConfig
+from tandem.worker.api.tls import channel as tls_channel
 from tandem.worker.api.wire import params_from_proto
 from tandem.worker.engine.engine import Engine
 from tandem.worker.engine.engine_loop import EngineLoop, StreamEnd
@@ -48,8 +50,16 @@ def blocks_to_push(computed_after: int, prompt_len: int, block_size: int, next_b
 
 
 class PrefillServicer:
-    def __init__(self, loop: EngineLoop, info: common_pb2.WorkerInfo, compression: int = 0, metrics: WorkerMetrics | None = None):
+    def __init__(
+        self,
+        loop: EngineLoop,
+        info: common_pb2.WorkerInfo,
+        compression: int = 0,
+        metrics: WorkerMetrics | None = None,
+        tls: TlsConfig | None = None,
+    ):
         self.loop, self.info, self.compression, self.metrics = loop, info, compression, metrics
+        self.tls = tls  # for the channels to decode workers
         self.layout = KvLayout.from_worker_info(info)
         self._transfers: dict[str, Transfer] = {}
         self._channels: dict[str, grpc.Channel] = {}
@@ -152,5 +162,5 @@ class PrefillServicer:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = self._channels[address] = grpc.insecure_channel(address, options=BULK_CHANNEL_OPTIONS)
+                channel = self._channels[address] = tls_channel(address, self.tls, BULK_CHANNEL_OPTIONS)
             return channel

@@ -1,0 +1,71 @@
+"""Mutual TLS for every gRPC hop (router to workers, prefill to decode), torch-free so the router shares it.
+
+Certificates are cert-manager style files in one directory: `tls.crt` (this process's chain), `tls.key`
+and `ca.crt` (the CA every peer's certificate must chain to). Servers require a client certificate from
+that CA; clients check the server's against it. Without a directory everything stays plaintext.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc import aio
+
+CERT, KEY, CA = "tls.crt", "tls.key", "ca.crt"
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """This process's certificate, key and the peers' CA (PEM bytes), and the name clients expect in a
+    server's certificate when they dial an address (a pod IP) the certificate cannot name."""
+
+    cert: bytes
+    key: bytes
+    ca: bytes
+    server_name: str | None = None
+
+    @classmethod
+    def from_dir(cls, directory: str | Path, server_name: str | None = None) -> TlsConfig:
+        d = Path(directory)
+        missing = [n for n in (CERT, KEY, CA) if not (d / n).is_file()]
+        if missing:
+            raise FileNotFoundError(f"TLS directory {d} lacks {', '.join(missing)}")
+        return cls((d / CERT).read_bytes(), (d / KEY).read_bytes(), (d / CA).read_bytes(), server_name or None)
+
+    @classmethod
+    def optional(cls, directory: str | None, server_name: str | None = None) -> TlsConfig | None:
+        return cls.from_dir(directory, server_name) if directory else None
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials(
+            [(self.key, self.cert)], root_certificates=self.ca, require_client_auth=True
+        )
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert)
+
+    def channel_options(self) -> list[tuple[str, Any]]:
+        return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
+
+
+def add_port(server: grpc.Server | aio.Server, address: str, tls: TlsConfig | None) -> int:
+    """Listen on `address`, with mutual TLS when `tls` is given."""
+    if tls is None:
+        return server.add_insecure_port(address)
+    return server.add_secure_port(address, tls.server_credentials())
+
+
+def channel(address: str, tls: TlsConfig | None, options: Sequence[tuple[str, Any]] = ()) -> grpc.Channel:
+    if tls is None:
+        return grpc.insecure_channel(address, options=list(options))
+    return grpc.secure_channel(address, tls.channel_credentials(), options=[*options, *tls.channel_options()])
+
+
+def aio_channel(address: str, tls: TlsConfig | None, options: Sequence[tuple[str, Any]] = ()) -> aio.Channel:
+    if tls is None:
+        return aio.insecure_channel(address, options=list(options))
+    return aio.secure_channel(address, tls.channel_credentials(), options=[*options, *tls.channel_options()])
