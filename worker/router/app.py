@@ -25,6 +25,7 @@ from tandem.worker.router.backend import Backend, BackendError, Timing
 from tandem.worker.router.generation import Generation
 from tandem.worker.router.limits import BodyGone, RequestLimits, read_body
 from tandem.worker.router.metrics import STATUS_CLIENT_GONE, RequestClock, RouterMetrics, Slo
+from tandem.worker.router.openapi import document_request_bodies
 from tandem.worker.router.streaming import SSE_DONE, TextDelta, sse_event
 
 log = logging.getLogger(__name__)
@@ -407,6 +408,9 @@ def create_app(
         payload, content_type = metrics.exposition()
         return Response(payload, media_type=content_type)
 
+    document_request_bodies(
+        app, {"/v1/completions": oa.CompletionRequest, "/v1/chat/completions": oa.ChatCompletionRequest}
+    )
     return app
 
 
