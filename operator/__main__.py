@@ -22,6 +22,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--renew-seconds", type=int, default=10)
     p.add_argument("--retry-seconds", type=int, default=2)
     p.add_argument("--liveness", default=None, help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    p.add_argument("--check", action="store_true",
+                   help="check the CRD is served, readable, and an operator holds the lease, then exit (helm test)")
     p.add_argument("--verbose", "-v", action="store_true")
     return p.parse_args(argv)
 
@@ -46,6 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     load_config(args.kubeconfig)
+    if args.check:
+        from tandem.operator.check import check
+
+        ok, lines = check(args.namespace, args.lease_name, args.lease_namespace)
+        print("\n".join(lines), flush=True)
+        return 0 if ok else 1
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf logs in through the same file
 

@@ -144,6 +144,19 @@ class ControlPlane:
         self.server = f"https://{LOOPBACK}:{self.port}"
 
     # --- files -------------------------------------------------------------------------------------
+    def token_kubeconfig(self, name: str, token: str) -> Path:
+        """A kubeconfig that authenticates with `token` (e.g. a ServiceAccount's, from the TokenRequest API)."""
+        path = self.dir / f"{name}.kubeconfig"
+        cfg = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "tandem",
+            "clusters": [{"name": "tandem", "cluster": {"server": self.server,
+                                                        "certificate-authority": str(self.dir / "ca.crt")}}],
+            "users": [{"name": name, "user": {"token": token}}],
+            "contexts": [{"name": "tandem", "context": {"cluster": "tandem", "user": name, "namespace": "default"}}],
+        }
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
     def kubeconfig(self, user: str = "admin") -> Path:
         path = self.dir / f"{user.replace(':', '-')}.kubeconfig"
         if not path.exists():
@@ -265,7 +278,10 @@ class ControlPlane:
         return self
 
     def _ready(self) -> bool:
-        out = self.kubectl("get", "--raw", "/readyz", check=False, timeout=10)
+        try:
+            out = self.kubectl("get", "--raw", "/readyz", check=False, timeout=10)
+        except subprocess.TimeoutExpired:  # a loaded machine: the API server is still starting
+            return False
         return out.returncode == 0 and out.stdout.strip() == "ok"
 
     def _nodes_ready(self) -> bool:
@@ -302,18 +318,22 @@ class ControlPlane:
 class Operator:
     """`python -m tandem.operator` as a subprocess against a ControlPlane, with the operator's own user."""
 
-    def __init__(self, cp: ControlPlane, name: str = "operator", extra_env: dict | None = None):
+    def __init__(self, cp: ControlPlane, name: str = "operator", extra_env: dict | None = None,
+                 args: list[str] | None = None, kubeconfig: Path | None = None):
+        """`args` replace the test defaults (lease timings) after `tandem operator`, e.g. the chart's own;
+        `kubeconfig` replaces the tandem-operator user's, e.g. one with a ServiceAccount's token."""
         self.cp, self.name = cp, name
         self.env = {"TANDEM_RESYNC_SECONDS": "10", **(extra_env or {})}
+        self.args = args if args is not None else ["--lease-namespace", "default", "--lease-seconds", "6",
+                                                   "--renew-seconds", "4", "--retry-seconds", "1"]
+        self.kubeconfig = kubeconfig or cp.kubeconfig("tandem-operator")
         self.proc: subprocess.Popen | None = None
         self.log_path = cp.logs / f"{name}.log"
 
     def start(self) -> Operator:
         log = open(self.log_path, "a")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tandem.operator", "--kubeconfig", str(self.cp.kubeconfig("tandem-operator")),
-             "--lease-namespace", "default", "--lease-seconds", "6", "--renew-seconds", "4",
-             "--retry-seconds", "1"],
+            [sys.executable, "-m", "tandem.operator", "--kubeconfig", str(self.kubeconfig), *self.args],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}, start_new_session=True)
         return self
 
