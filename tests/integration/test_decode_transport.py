@@ -71,9 +71,22 @@ def _used_blocks(servicer: DecodeServicer) -> int:
 AUTO = [C.KV_TRANSPORT_SHM, C.KV_TRANSPORT_GRPC]
 
 
+def _handshake(stub, servicer: DecodeServicer, transports: list[int]) -> C.HandshakeReply:
+    """What the decode worker says to a prefill worker on its host that offers `transports`."""
+    peer = C.WorkerInfo()
+    peer.CopyFrom(servicer.info)
+    peer.role, peer.worker_id = C.WORKER_ROLE_PREFILL, "prefill-0"
+    del peer.transports[:]
+    peer.transports.extend(transports)
+    peer.shm_capable = C.KV_TRANSPORT_SHM in transports
+    return stub.Handshake(C.HandshakeRequest(peer=peer), timeout=10)
+
+
 @pytest.mark.parametrize("decode_worker", ["auto"], indirect=True)
 def test_auto_grants_shared_memory_on_one_host_and_the_stream_across_hosts(decode_worker):
     stub, servicer = decode_worker
+    reply = _handshake(stub, servicer, AUTO)
+    assert (reply.transport, list(reply.problems)) == (C.KV_TRANSPORT_SHM, [])
     assert _reserve(stub, "t1", AUTO, True, servicer).transport == C.KV_TRANSPORT_SHM
     assert _reserve(stub, "t2", AUTO, False, servicer).transport == C.KV_TRANSPORT_GRPC
     # the only ring is lent to t1: a prefill worker that also speaks gRPC gets the stream
@@ -83,6 +96,9 @@ def test_auto_grants_shared_memory_on_one_host_and_the_stream_across_hosts(decod
 @pytest.mark.parametrize("decode_worker", ["grpc"], indirect=True)
 def test_forced_grpc_never_grants_shared_memory(decode_worker):
     stub, servicer = decode_worker
+    assert _handshake(stub, servicer, AUTO).transport == C.KV_TRANSPORT_GRPC
+    reply = _handshake(stub, servicer, [C.KV_TRANSPORT_SHM])
+    assert reply.transport == C.KV_TRANSPORT_UNSPECIFIED and "no KV transport in common" in reply.problems[0]
     assert _reserve(stub, "t1", AUTO, True, servicer).transport == C.KV_TRANSPORT_GRPC
     with pytest.raises(grpc.RpcError) as e:
         _reserve(stub, "t2", [C.KV_TRANSPORT_SHM], True, servicer)  # a prefill worker forced to shm

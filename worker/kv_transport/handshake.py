@@ -51,13 +51,18 @@ def same_host(a: common_pb2.WorkerInfo, b: common_pb2.WorkerInfo) -> bool:
     return bool(a.host_id) and a.host_id == b.host_id
 
 
+def _offers(worker: common_pb2.WorkerInfo) -> set[int]:
+    """The transports a worker offers; one that lists none speaks the gRPC stream, the protocol's baseline."""
+    return set(worker.transports) or {T.KV_TRANSPORT_GRPC}
+
+
 def choose_transport(
     sender: common_pb2.WorkerInfo, receiver: common_pb2.WorkerInfo, allow_cuda_ipc: bool = True
 ) -> int:
     """The fastest transport both sides offer: CUDA IPC (same host, both caches on GPUs), then shared
     memory (same host, both shm-capable), else the gRPC stream; KV_TRANSPORT_UNSPECIFIED when they share
     none (a worker told to use only shared memory, paired with one on another host)."""
-    both = set(sender.transports) & set(receiver.transports)
+    both = _offers(sender) & _offers(receiver)
     if same_host(sender, receiver):
         gpus = sender.cuda_device >= 0 and receiver.cuda_device >= 0
         if allow_cuda_ipc and gpus and T.KV_TRANSPORT_CUDA_IPC in both:
@@ -70,7 +75,6 @@ def choose_transport(
 def reserve_transport(offered: Sequence[int], sender_host_id: str, receiver: common_pb2.WorkerInfo) -> int:
     """The transport a decode worker grants a reservation, from what the prefill worker offers in it (an
     empty list: the gRPC stream only). The decode server stages no CUDA IPC buffers, so never that."""
-    offered = list(offered) or [T.KV_TRANSPORT_GRPC]
     sender = common_pb2.WorkerInfo(
         host_id=sender_host_id, transports=offered, shm_capable=T.KV_TRANSPORT_SHM in offered, cuda_device=-1
     )

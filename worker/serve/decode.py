@@ -26,7 +26,6 @@ from tandem.worker.kv_transport.grpc_stream import add_decode_service
 from tandem.worker.kv_transport.handshake import (
     DEFAULT_LEASE_MS,
     check_compatible,
-    choose_transport,
     reserve_transport,
 )
 from tandem.worker.kv_transport.receiver import Committed, KvReceiver
@@ -72,9 +71,13 @@ class DecodeServicer:
 
     # --- RPCs ---------------------------------------------------------------------------------
     def Handshake(self, request: common_pb2.HandshakeRequest, context: grpc.ServicerContext) -> common_pb2.HandshakeReply:
-        problems = check_compatible(request.peer, self.info) if request.peer.num_layers else []
-        return common_pb2.HandshakeReply(
-            worker=self.info, problems=problems, transport=choose_transport(request.peer, self.info)
+        peer = request.peer
+        if not peer.num_layers:  # no peer named: nothing to check or choose
+            return common_pb2.HandshakeReply(worker=self.info, transport=common_pb2.KV_TRANSPORT_UNSPECIFIED)
+        return common_pb2.HandshakeReply(  # the transport a Reserve from this peer would be granted
+            worker=self.info,
+            problems=check_compatible(peer, self.info),
+            transport=reserve_transport(peer.transports, peer.host_id, self.info),
         )
 
     def Reserve(self, request: decode_pb2.ReserveRequest, context: grpc.ServicerContext) -> decode_pb2.ReserveReply:

@@ -20,7 +20,7 @@ from tandem.worker.engine.engine_loop import EngineLoop, StreamEnd
 from tandem.worker.engine.scheduler import SchedulerOutput
 from tandem.worker.kv_transport.base import KvLayout, KvSender, KvTransferError
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS, StreamKvSender, staging_for
-from tandem.worker.kv_transport.handshake import check_compatible
+from tandem.worker.kv_transport.handshake import check_compatible, reserve_transport
 from tandem.worker.serve.metrics import WorkerMetrics
 from tandem.worker.serve.wire import load_report
 
@@ -69,8 +69,14 @@ class PrefillServicer:
 
     # --- RPCs ---------------------------------------------------------------------------------
     def Handshake(self, request: common_pb2.HandshakeRequest, context: grpc.ServicerContext) -> common_pb2.HandshakeReply:
-        problems = check_compatible(self.info, request.peer) if request.peer.num_layers else []
-        return common_pb2.HandshakeReply(worker=self.info, problems=problems, transport=common_pb2.KV_TRANSPORT_GRPC)
+        peer = request.peer
+        if not peer.num_layers:  # no peer named: nothing to check or choose
+            return common_pb2.HandshakeReply(worker=self.info, transport=common_pb2.KV_TRANSPORT_UNSPECIFIED)
+        return common_pb2.HandshakeReply(
+            worker=self.info,
+            problems=check_compatible(self.info, peer),
+            transport=reserve_transport(self.info.transports, self.info.host_id, peer),
+        )
 
     def Load(self, request: common_pb2.LoadRequest, context: grpc.ServicerContext) -> common_pb2.LoadReport:
         return load_report(self.loop.snapshot, self.info.worker_id, "prefill", 0, self.draining)
