@@ -9,9 +9,15 @@ CAP_SECONDS = 300.0
 PERMANENT_STATUSES = frozenset({400, 403, 422})
 
 
+# Server-side apply answers 500 when a manifest does not fit the object's schema (a pass-through field such as
+# affinity with a typo): the same manifest always fails the same way.
+SCHEMA_MISMATCH = "failed to create typed patch object"
+
+
 def is_permanent(error: BaseException) -> bool:
     """True for an API answer that retrying the same request cannot change."""
-    return getattr(error, "status", None) in PERMANENT_STATUSES
+    status = getattr(error, "status", None)
+    return status in PERMANENT_STATUSES or (status == 500 and SCHEMA_MISMATCH in str(getattr(error, "message", "")))
 
 
 def retry_delay(error: BaseException, failures: int, base: float = BASE_SECONDS, cap: float = CAP_SECONDS) -> float:

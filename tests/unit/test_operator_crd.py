@@ -94,3 +94,14 @@ def test_pool_scale_subresource():
 @pytest.mark.parametrize("name", ["inferenceservice.yaml", "inferencepool.yaml"])
 def test_chart_ships_the_same_crds(name):
     assert (ROOT / "charts/tandem/crds" / name).read_text() == (ROOT / "crds" / name).read_text()
+
+
+def test_name_limit_lets_every_child_name_fit_a_dns_label():
+    from tandem import names
+    from tandem.operator.render import child_name
+
+    schema = _crd("inferenceservice.yaml")["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    name = schema["properties"]["metadata"]["properties"]["name"]
+    pools = (names.POOL_PREFILL, names.POOL_DECODE, names.POOL_COLOCATED, names.POOL_ROUTER)
+    assert name["maxLength"] == 63 - max(len(child_name("", p)) for p in pools)
+    assert name["pattern"] == "^[a-z]([-a-z0-9]*[a-z0-9])?$"  # DNS-1035: Services need it

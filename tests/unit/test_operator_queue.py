@@ -62,6 +62,8 @@ def test_retry_delay_doubles_to_a_cap_and_permanent_answers_wait_the_cap():
     for status in (409, 429, 500, 503):
         assert not is_permanent(ApiError(status, "{}"))
         assert retry_delay(ApiError(status, "{}"), 1, base=1) == 1
+    typo = '{"message": "failed to create typed patch object (ns/x-decode; apps/v1, Kind=Deployment): ..."}'
+    assert is_permanent(ApiError(500, typo))
 
 
 def test_triggers_during_a_backoff_fold_into_one_retry_with_growing_waits():
