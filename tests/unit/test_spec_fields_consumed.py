@@ -35,9 +35,6 @@ PENDING = {
     "autoscaling.sloMarginPercent",
     "autoscaling.gpuBudget",
     "autoscaling.profile",
-    # mTLS on the gRPC hops: the spec landed ahead of the rendering and launch code that mounts and passes it
-    "security.tls.secretName",
-    "security.tls.dir",
 }
 
 # Values for fields whose schema alone does not give two valid, different ones.
