@@ -19,7 +19,7 @@ from tandem.worker.engine.kv_cache import KvCache
 from tandem.worker.engine.model import AttentionBatch, Transformer
 from tandem.worker.engine.sampling import sample
 from tandem.worker.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from tandem.worker.engine.sequence import SeqStatus, Sequence
+from tandem.worker.engine.sequence import Sequence
 from tandem.worker.hf.config import served_context_length
 
 
@@ -221,7 +221,3 @@ class Engine:
     def queued_prompt_tokens(self) -> int:
         waiting = sum(s.num_uncomputed for s in self.scheduler.waiting)
         return waiting + sum(s.num_uncomputed for s in self.scheduler.running if s.in_prefill)
-
-    def is_running(self, request_id: str) -> bool:
-        seq = self.seqs.get(request_id)
-        return seq is not None and seq.status is SeqStatus.RUNNING

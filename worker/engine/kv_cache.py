@@ -17,10 +17,6 @@ def kv_block_nbytes(config: ModelConfig, block_size: int, dtype: torch.dtype) ->
     return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
 
 
-def blocks_for_memory(config: ModelConfig, block_size: int, dtype: torch.dtype, budget_bytes: int) -> int:
-    return max(1, budget_bytes // kv_block_nbytes(config, block_size, dtype))
-
-
 class KvCache:
     """Per layer `k[layer]`, `v[layer]`: [num_blocks, block_size, num_kv_heads, head_dim], contiguous."""
 
@@ -35,11 +31,6 @@ class KvCache:
     @property
     def num_layers(self) -> int:
         return len(self.k)
-
-    @property
-    def block_nbytes_per_layer(self) -> int:
-        """Bytes of keys (or values) of one block in one layer."""
-        return self.k[0][0].numel() * self.k[0].element_size()
 
     def read_blocks(self, layer: int, block_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.tensor(block_ids, dtype=torch.long, device=self.k[layer].device)

@@ -83,10 +83,6 @@ class IncompleteTransfer(KvTransferError):
     """A commit that arrived before every block of every layer."""
 
 
-class IncompatibleWorkers(KvTransferError):
-    """Two workers whose KV layouts disagree; transferring would corrupt the output."""
-
-
 class KvSender(ABC):
     """Sender side of one transfer (one reservation), whatever the transport.
 
@@ -107,10 +103,6 @@ class KvSender(ABC):
 
     @abstractmethod
     def abort(self, reason: str = "") -> None: ...
-
-    @property
-    @abstractmethod
-    def bytes_sent(self) -> int: ...
 
     def close(self) -> None:
         """Abort unless committed; safe to call twice."""

@@ -23,10 +23,6 @@ MAX_HANDLE_BYTES = 256  # cudaIpcMemHandle_t is 64 bytes; expandable segments ad
 _REF_COUNTER = re.compile(r"/torch_[0-9A-Za-z_]{1,64}")
 
 
-def available() -> bool:
-    return torch.cuda.is_available()
-
-
 def create_cuda_ring(capacity: int, device: int | str | torch.device = 0) -> StagingRing:
     region = torch.zeros(capacity, dtype=torch.uint8, device=device)
     return StagingRing.with_region(region)

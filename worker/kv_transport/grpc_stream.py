@@ -80,7 +80,6 @@ class StreamKvSender(KvSender):
         self._deadline = time.monotonic() + timeout_s
         self._allowed = set(reservation.block_ids)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._bytes = 0
         self._seq = 0
         self._error: BaseException | None = None
         self._done = threading.Event()
@@ -137,10 +136,6 @@ class StreamKvSender(KvSender):
             self._queue.put(_END)
             self._future.cancel()
 
-    @property
-    def bytes_sent(self) -> int:
-        return self._bytes
-
     # -- internals ---------------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._done.is_set():
@@ -160,7 +155,6 @@ class StreamKvSender(KvSender):
                     frame = pack_chunk(header, [payload] if len(payload) else [])
                 else:
                     frame = self._encode(*item)
-                self._bytes += len(frame)
                 yield frame
         except Exception as e:  # surfaced by commit(); gRPC cancels the call (not GeneratorExit)
             self._error = e
