@@ -85,7 +85,7 @@ def rig():
     return rx, store, clock, freed, committed
 
 
-def _chunk(res, layer, ids, k, v, corrupt=False, epoch=None):
+def _chunk(res, layer, ids, k, v, corrupt=False, epoch=None, sequence=None):
     parts, _ = encode_blocks(k, v)
     header = decode_pb2.KvChunkHeader(
         transfer_id=res.transfer_id,
@@ -93,6 +93,7 @@ def _chunk(res, layer, ids, k, v, corrupt=False, epoch=None):
         kind=decode_pb2.KV_CHUNK_KIND_DATA,
         layer=layer,
         block_ids=ids,
+        sequence=res.next_sequence if sequence is None else sequence,  # the next one due, unless told
     )
     header.checksum, header.has_checksum = chunk_checksum(parts), True
     raw = bytearray(pack_chunk(header, [memoryview(p.numpy()) for p in parts]))

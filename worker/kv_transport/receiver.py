@@ -100,7 +100,8 @@ class KvReceiver:
     # -- chunks --------------------------------------------------------------------------------------
     def apply(self, header: decode_pb2.KvChunkHeader, payload: memoryview) -> ChunkVerdict:
         """Write one data chunk into the store. STALE/UNKNOWN chunks are dropped untouched; a bad
-        checksum or a chunk outside its reservation raises (the caller fails the transfer)."""
+        checksum, a chunk outside its reservation or out of sequence raises (the caller fails the
+        transfer)."""
         with self._lock:
             verdict = self.table.check(header.transfer_id, header.epoch, self._clock())
             res = self.table.get(header.transfer_id)
@@ -111,6 +112,11 @@ class KvReceiver:
             with self._lock:
                 if self.table.get(header.transfer_id) is not res:
                     return ChunkVerdict.UNKNOWN
+            if header.sequence != res.next_sequence:
+                raise InvalidChunk(
+                    f"transfer {header.transfer_id}: chunk {header.sequence} arrived where chunk "
+                    f"{res.next_sequence} was due (replayed or out of order)"
+                )
             ids = list(header.block_ids)
             self._check_fits(header, ids, res)
             staged = header.HasField("staging")
@@ -137,6 +143,7 @@ class KvReceiver:
             with self._lock:
                 if self.table.get(header.transfer_id) is res:
                     self.table.record(header.transfer_id, header.layer, ids, self._clock())
+                res.next_sequence += 1
         return ChunkVerdict.ACCEPT
 
     def _check_fits(self, header: decode_pb2.KvChunkHeader, ids: list[int], res: Reservation) -> None:
