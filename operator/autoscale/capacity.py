@@ -54,6 +54,23 @@ class Need:
     batch: float = 0.0  # decode: the largest batch per replica that meets the TPOT target
 
 
+def burst_rate(slice_rates: tuple[float, ...] | list[float], percentile: float) -> float:
+    """The arrival rate the p-th percentile request arrived at: slices weighted by the requests they hold.
+
+    On smooth traffic this is about the mean rate; on traffic that comes in bursts it is the burst's rate,
+    which is what a queue with no time to scale sees.
+    """
+    total = sum(slice_rates)
+    if total <= 0:
+        return 0.0
+    seen = 0.0
+    for rate in sorted(slice_rates):
+        seen += rate
+        if seen >= total * percentile / 100:
+            return rate
+    return max(slice_rates)
+
+
 def erlang_c(servers: int, offered: float) -> float:
     """Probability that an arrival waits in an M/M/c queue with `offered` = rate x service time."""
     if offered <= 0:

@@ -27,6 +27,8 @@ class PolicyConfig:
     scale_down_cooldown_s: float = 120.0  # between two steps down
     scale_up_cooldown_s: float = 0.0  # between two steps up (the in-flight hold already spaces them)
     margin: float = 0.8  # size for this share of the SLO
+    up_tolerance: float = 0.1  # a forecast alone adds replicas only once N would run past (1 + this) x margin
+    hysteresis: float = 0.85  # step down only if N-1 replicas run at <= hysteresis x margin of the SLO
     stale_after_s: float = 60.0  # an observation older than this is not acted on
     in_flight_timeout_s: float = 600.0  # give up waiting for a change that never lands (pods unschedulable)
     gpu_budget: int | None = None

@@ -24,6 +24,7 @@ from tandem.operator.autoscale.capacity import (
     DecodeLoad,
     Need,
     PrefillLoad,
+    burst_rate,
     decode_need,
     decode_tpot_ms,
     prefill_need,
@@ -145,7 +146,9 @@ def _decide_pool(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: 
     sizing = _sizing(obs, cfg, floor_rate)
     need, observed, slo_ms, label = sizing.need, sizing.observed_ms, sizing.slo_ms, sizing.label
     plan = (
-        f"predicted {floor_rate:.3g} req/s ({predicted.model}) needs {need.load_replicas:.2g} replicas"
+        f"predicted {floor_rate:.3g} req/s ({predicted.model})"
+        + (f", bursts of {sizing.rate_rps:.3g} req/s," if sizing.rate_rps > floor_rate * 1.05 else "")
+        + f" needs {need.load_replicas:.2g} replicas"
         + (f" at batch {need.batch:.0f}" if need.batch else "")
     )
     details = {
@@ -184,7 +187,11 @@ def _decide_pool(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: 
         reactive = current + 1
         reactive_why, reactive_code = growing, "QueueGrowing"
 
-    target = min(max(need.replicas, reactive, limits.min_replicas), limits.max_replicas)
+    predictive = need.replicas
+    if predictive > current:  # a forecast alone moves up only past a tolerance band (the SLO breach does not wait)
+        loose = min(cfg.margin * (1 + cfg.up_tolerance), 0.95)
+        predictive = max(current, _sizing(obs, cfg, floor_rate, loose).need.replicas)
+    target = min(max(predictive, reactive, limits.min_replicas), limits.max_replicas)
     share = sizing.latency_share
 
     if target > current:
@@ -211,7 +218,7 @@ def _decide_pool(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: 
         why = f"{label} {observed:.0f} ms is above {cfg.margin:.0%} of the {slo_ms:.0f} ms SLO; {plan}"
         return _Outcome(_hold(obs, current, "NoMargin", why, **details), ps, share)
     fewer = share(current - 1)
-    if fewer > cfg.margin:
+    if fewer > cfg.margin * cfg.hysteresis:
         why = f"{current - 1} replicas would run at {fewer:.0%} of the {label} SLO; {plan}"
         return _Outcome(_hold(obs, current, "NoMargin", why, **details), ps, share)
     desired = current - 1
@@ -245,10 +252,12 @@ class _Sizing:
     now_source: str = "load"
     now_need: int = 0  # decode: replicas the running sequences need at the target batch
     service_ms: float = 0.0  # prefill: the service time of a prompt at the SLO percentile (no replica helps)
+    rate_rps: float = 0.0  # the rate the pool was sized for
 
 
-def _sizing(obs: PoolObservation, cfg: PolicyConfig, rate: float) -> _Sizing:
+def _sizing(obs: PoolObservation, cfg: PolicyConfig, rate: float, share: float | None = None) -> _Sizing:
     slo, profile = cfg.slo, cfg.profile
+    margin = cfg.margin if share is None else share
     prompt = float(obs.prompt_tokens_mean or 0.0)
     prefill_load = PrefillLoad(
         rate_rps=rate,
@@ -257,6 +266,10 @@ def _sizing(obs: PoolObservation, cfg: PolicyConfig, rate: float) -> _Sizing:
         prefix_hit_rate=float(obs.prefix_hit_rate if not _missing(obs.prefix_hit_rate) else 0.0),
     )
     decode_load = DecodeLoad(rate, prompt, float(obs.output_tokens_mean or 0.0))
+    if obs.arrival_rate_slices_rps:  # size for the bursts a request meets, not the window's mean
+        burst = max(rate, burst_rate(obs.arrival_rate_slices_rps, slo.percentile))
+        prefill_load = replace(prefill_load, rate_rps=burst)
+        decode_load = replace(decode_load, rate_rps=burst)
 
     def ttft_share(n: int) -> float:
         return prefill_ttft_ms(profile, n, prefill_load, slo.percentile) / slo.ttft_ms
@@ -266,25 +279,30 @@ def _sizing(obs: PoolObservation, cfg: PolicyConfig, rate: float) -> _Sizing:
 
     ready = max(obs.replicas.ready, 1)
     if obs.pool == Pool.prefill:
-        need = prefill_need(profile, prefill_load, slo, cfg.margin)
+        need = prefill_need(profile, prefill_load, slo, margin)
         observed = float(obs.ttft_ms)  # type: ignore[arg-type]
         now_ms = observed
         if not _missing(obs.queued_prompt_tokens) and prompt > 0:
             tokens_per_ms = ready * prompt / profile.prefill_ms(prompt)
             now_ms = float(obs.queued_prompt_tokens) / tokens_per_ms + profile.prefill_ms(prefill_load.prompt_tokens_p)  # type: ignore[arg-type]
         service = profile.prefill_ms(prefill_load.prompt_tokens_p * (1 - prefill_load.prefix_hit_rate))
-        return _Sizing(need, observed, slo.ttft_ms, "TTFT", ttft_share, now_ms, "backlog", service_ms=service)
+        return _Sizing(
+            need, observed, slo.ttft_ms, "TTFT", ttft_share, now_ms, "backlog", service_ms=service,
+            rate_rps=prefill_load.rate_rps,
+        )  # fmt: skip
     if obs.pool == Pool.decode:
-        need = decode_need(profile, decode_load, slo, cfg.margin)
+        need = decode_need(profile, decode_load, slo, margin)
         observed = float(obs.tpot_ms)  # type: ignore[arg-type]
         now_ms, now_need = observed, 0
         if not _missing(obs.running_sequences):
             running = float(obs.running_sequences)  # type: ignore[arg-type]
             now_ms = profile.decode_step_ms(running / ready, decode_load.context_tokens)
             now_need = math.ceil(running / max(need.batch, 1.0) - 1e-9)
-        return _Sizing(need, observed, slo.tpot_ms, "TPOT", tpot_share, now_ms, "batch", now_need)
-    p_need = prefill_need(profile, prefill_load, slo, cfg.margin)
-    d_need = decode_need(profile, decode_load, slo, cfg.margin)
+        return _Sizing(
+            need, observed, slo.tpot_ms, "TPOT", tpot_share, now_ms, "batch", now_need, rate_rps=decode_load.rate_rps
+        )  # fmt: skip
+    p_need = prefill_need(profile, prefill_load, slo, margin)
+    d_need = decode_need(profile, decode_load, slo, margin)
     ttft_ratio = float(obs.ttft_ms) / slo.ttft_ms  # type: ignore[arg-type]
     tpot_ratio = float(obs.tpot_ms) / slo.tpot_ms  # type: ignore[arg-type]
     need = p_need if p_need.replicas >= d_need.replicas else d_need
@@ -293,7 +311,10 @@ def _sizing(obs: PoolObservation, cfg: PolicyConfig, rate: float) -> _Sizing:
         if ttft_ratio >= tpot_ratio
         else (float(obs.tpot_ms), slo.tpot_ms, "TPOT")  # type: ignore[arg-type]
     )
-    return _Sizing(need, observed, slo_ms, label, lambda n: max(ttft_share(n), tpot_share(n)), observed)
+    return _Sizing(
+        need, observed, slo_ms, label, lambda n: max(ttft_share(n), tpot_share(n)), observed,
+        rate_rps=prefill_load.rate_rps,
+    )  # fmt: skip
 
 
 def _queue_growing(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, current: int) -> str:

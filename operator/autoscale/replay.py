@@ -32,7 +32,7 @@ class Scenario:
     interval_s: float = 15.0
     window_s: float = 60.0
     stabilization_s: float = 180.0
-    scale_down_cooldown_s: float = 60.0
+    scale_down_cooldown_s: float = 120.0
     margin: float = 0.8
     cold_start_s: float | None = None
 
@@ -86,13 +86,15 @@ def summarise(policy: str, result: SimResult, slo: Slo) -> dict[str, Any]:
         for r in reqs
         if r.finish_s is not None and r.first_token_s is not None and r.output_len > 1 and not r.failed
     ]
-    good = 0
+    good = ttft_good = tpot_good = 0
     for r in reqs:
         if r.failed or r.finish_s is None or r.first_token_s is None:
             continue
         ttft_ok = (r.first_token_s - r.arrival_s) * 1000 <= slo.ttft_ms
         tpot_ok = r.output_len <= 1 or (r.finish_s - r.first_token_s) / (r.output_len - 1) * 1000 <= slo.tpot_ms
         good += ttft_ok and tpot_ok
+        ttft_good += ttft_ok
+        tpot_good += tpot_ok
     hours = result.duration_s / 3600
     gpu_hours = result.gpu_seconds / 3600
     per_pool_reversals = {p.value: _reversals(a) / hours if hours else 0.0 for p, a in result.actions.items()}
@@ -103,6 +105,8 @@ def summarise(policy: str, result: SimResult, slo: Slo) -> dict[str, Any]:
         "simulated_hours": round(hours, 4),
         "gpu_hours": round(gpu_hours, 4),
         "slo_attainment": round(good / len(reqs), 4) if reqs else math.nan,
+        "ttft_attainment": round(ttft_good / len(reqs), 4) if reqs else math.nan,
+        "tpot_attainment": round(tpot_good / len(reqs), 4) if reqs else math.nan,
         "ttft_p90_ms": round(percentile(ttfts, 90), 1) if ttfts else None,
         "tpot_p90_ms": round(percentile(tpots, 90), 2) if tpots else None,
         "scaling_actions": sum(len(a) for a in result.actions.values()),

@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval-s", type=float, default=15.0)
     p.add_argument("--window-s", type=float, default=60.0)
     p.add_argument("--stabilization-s", type=float, default=180.0)
-    p.add_argument("--scale-down-cooldown-s", type=float, default=60.0)
+    p.add_argument("--scale-down-cooldown-s", type=float, default=120.0)
     p.add_argument("--cold-start-s", type=float, default=None, help="default: the profile's")
     p.add_argument("--json", action="store_true", help="one JSON object per policy")
     p.add_argument("--plot", help="draw replicas and latency against the SLO over time to this PNG")

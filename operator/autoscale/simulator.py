@@ -384,6 +384,7 @@ class Simulation:
             prompt_tokens_p90=percentile(prompts, 90) if prompts else None,
             output_tokens_mean=sum(outputs) / len(outputs) if outputs else None,
             prefix_hit_rate=0.0,
+            arrival_rate_slices_rps=self._slices(lo),
         )
         obs = {
             Pool.prefill: PoolObservation(
@@ -410,8 +411,15 @@ class Simulation:
             [r.queued_tokens for r in pre],
             [len(r.running) + len(r.waiting) for r in dec],
             sum(busy) / len(busy) if busy else 0.0,
-            sum(contexts) / len(contexts) if contexts else float(common["prompt_tokens_mean"] or 1.0),
+            sum(contexts) / len(contexts) if contexts else (sum(prompts) / len(prompts) if prompts else 1.0),
         )
+
+    def _slices(self, since_s: float, count: int = 6) -> tuple[float, ...]:
+        width = (self.now - max(since_s, 0.0)) / count
+        if width <= 0:
+            return ()
+        edges = [max(since_s, 0.0) + i * width for i in range(count + 1)]
+        return tuple(len(self._arrivals_between(a, b)) / width for a, b in zip(edges, edges[1:], strict=False))
 
     def _arrivals_between(self, lo: float, hi: float) -> list[Request]:
         i, j = bisect.bisect_right(self._arrival_times, lo), bisect.bisect_right(self._arrival_times, hi)

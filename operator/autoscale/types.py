@@ -42,6 +42,9 @@ class PoolObservation:
     queued_prompt_tokens: float | None = None  # prefill backlog, summed over replicas
     running_sequences: float | None = None  # decode batch, summed over replicas
     kv_usage: float | None = None  # mean share of KV blocks in use, 0..1
+    # Arrival rate in consecutive equal slices of the window (e.g. 6 x 10 s), oldest first: lets the policy
+    # size prefill for bursts shorter than the window. None: the policy treats arrivals as Poisson.
+    arrival_rate_slices_rps: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from tandem.operator.autoscale.capacity import (
     DecodeLoad,
     PrefillLoad,
     Slo,
+    burst_rate,
     decode_max_batch,
     decode_need,
     decode_tpot_ms,
@@ -87,3 +88,16 @@ def test_decode_need_meets_the_tpot_target_at_the_chosen_batch():
     assert decode_tpot_ms(p, need.replicas, load) <= 24.0
     assert decode_tpot_ms(p, need.replicas - 1, load) > 24.0
     assert decode_need(p, DecodeLoad(0.0, 400, 200), SLO, 0.8).replicas == 0
+
+
+@pytest.mark.parametrize(
+    "slices,expected",
+    [
+        ((5.0, 5.0, 5.0, 5.0), 5.0),  # smooth: the mean
+        ((0.0, 0.0, 0.0, 0.0, 0.0, 30.0), 30.0),  # every request came in the burst
+        ((1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 91.0), 91.0),
+        ((0.0, 0.0), 0.0),
+    ],
+)
+def test_burst_rate_is_the_rate_the_percentile_request_saw(slices, expected):
+    assert burst_rate(slices, 90) == expected

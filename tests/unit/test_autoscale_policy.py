@@ -225,3 +225,12 @@ def test_state_is_plain_data_per_pool():
     _, state = once(decode())
     assert isinstance(state.pools[Pool.decode], PoolState)
     assert Pool.prefill not in state.pools
+
+
+def test_bursts_inside_the_window_size_prefill_above_the_mean():
+    smooth = prefill(ready=1, arrival_rate_rps=5.0, ttft_ms=200.0, arrival_rate_slices_rps=(5.0,) * 6)
+    bursty = replace(smooth, arrival_rate_slices_rps=(0.0, 0.0, 0.0, 0.0, 0.0, 30.0))
+    calm, _ = once(smooth)
+    burst, _ = once(bursty)
+    assert burst.desired > calm.desired
+    assert "bursts of 30 req/s" in burst.reason

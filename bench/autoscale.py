@@ -1,0 +1,197 @@
+"""Autoscaling policies on the Azure traces in the simulator, and the simulator checked against a real stack.
+
+    python -m bench.autoscale                      # every policy on both traces: the README table
+    python -m bench.autoscale --validate           # + simulator vs a real `tandem up` 1P+1D, three loads
+
+The replay: each trace's full hour through the discrete-event simulator (`tandem simulate`), every policy
+from the same warm start. Capacity comes from the shipped tiny-model profile scaled as a what-if
+(--prefill-speedup, --decode-speedup: a CPU profile made about as fast as a GPU replica serving a
+small model), replicas cold-start in --cold-start-s, SLOs are TTFT / TPOT at p90. The simulator is
+deterministic, so one run per policy is the figure (no spread to report); it needs no time compression
+to run in minutes (--time-scale is there to stress a policy with a faster trace).
+
+--validate starts a real 1 prefill + 1 decode stack of the tiny model on this machine (CPU, one torch
+thread per worker), replays a slice of the conversation trace at three rates (lengths shrunk to what a
+CPU serves), and simulates the same requests on the same fixed pools with the unscaled profile. It
+prints both TTFT and TPOT percentiles and whether they agree within 25%. The profile must be measured
+on the machine that runs the stack (`tandem profile --model DIR ...`; --profile to pass it), or the
+agreement only measures how far two machines differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tandem.operator.autoscale.capacity import Slo
+from tandem.operator.autoscale.config import PoolLimits
+from tandem.operator.autoscale.replay import POLICIES, Scenario, run
+from tandem.operator.autoscale.sim_metrics import percentile
+from tandem.operator.autoscale.simulator import SimConfig, scale_trace, simulate
+from tandem.operator.autoscale.types import Pool
+from tandem.profile import Profile, load_profile, shipped_profile
+from tandem.trace import AZURE_ATTRIBUTION, TraceRequest, load_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ("azure_llm_2023_code.csv", "azure_llm_2023_conv.csv")
+AGREEMENT = 0.25
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.autoscale", description=__doc__.split("\n\n")[0])
+    p.add_argument("--traces", default=str(ROOT.parent / "shared" / "traces"), help="folder with the Azure CSVs")
+    p.add_argument("--profile", help="a `tandem profile` JSON (default: the shipped tiny-model profile)")
+    p.add_argument("--prefill-speedup", type=float, default=20.0)
+    p.add_argument("--decode-speedup", type=float, default=10.0)
+    p.add_argument("--slo-ttft-ms", type=float, default=1000.0)
+    p.add_argument("--slo-tpot-ms", type=float, default=50.0)
+    p.add_argument("--cold-start-s", type=float, default=60.0)
+    p.add_argument("--max-replicas", type=int, default=32)
+    p.add_argument("--stabilization-s", type=float, default=180.0)
+    p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--json", help="also write every row to this file")
+    p.add_argument("--validate", action="store_true", help="check the simulator against a real tandem up stack")
+    p.add_argument("--validate-requests", type=int, default=40, help="requests per load level")
+    return p
+
+
+def base_profile(args: argparse.Namespace) -> Profile:
+    return load_profile(args.profile) if args.profile else shipped_profile()
+
+
+def replay(args: argparse.Namespace) -> list[dict[str, Any]]:
+    profile = base_profile(args).scaled(args.prefill_speedup, args.decode_speedup)
+    limits = {p: PoolLimits(1, args.max_replicas) for p in (Pool.prefill, Pool.decode)}
+    sc = Scenario(
+        profile, Slo(args.slo_ttft_ms, args.slo_tpot_ms, 90), limits,
+        stabilization_s=args.stabilization_s, scale_down_cooldown_s=120.0, cold_start_s=args.cold_start_s,
+    )  # fmt: skip
+    rows = []
+    for name in TRACES:
+        path = Path(args.traces) / name
+        if not path.exists():
+            print(f"skip {name}: not found in {args.traces}", file=sys.stderr)
+            continue
+        trace = scale_trace(load_trace(path), args.time_scale)
+        by_policy = {}
+        for policy in args.policies.split(","):
+            _, summary = run(policy, trace, sc)
+            by_policy[policy] = summary
+        for s in by_policy.values():
+            s["trace"] = name.removeprefix("azure_llm_2023_").removesuffix(".csv")
+            for base in ("dynamo", "hpa"):
+                if base in by_policy and by_policy[base]["gpu_hours"]:
+                    s[f"gpu_hours_vs_{base}"] = round(s["gpu_hours"] / by_policy[base]["gpu_hours"], 2)
+            rows.append(s)
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| trace | policy | GPU-h | SLO met (joint) | TTFT met | TPOT met | TTFT p90 ms | TPOT p90 ms "
+        "| GPU-h vs dynamo | GPU-h vs hpa | reversals/h (prefill, decode) | failed |"
+    )
+    lines = [head, "|" + " --- |" * 12]
+    for r in rows:
+        rev = r["reversals_per_hour_by_pool"]
+        lines.append(
+            f"| {r['trace']} | {r['policy']} | {r['gpu_hours']:.2f} | {r['slo_attainment']:.1%} "
+            f"| {r['ttft_attainment']:.1%} | {r['tpot_attainment']:.1%} | {r['ttft_p90_ms']:.0f} "
+            f"| {r['tpot_p90_ms']:.1f} | {r.get('gpu_hours_vs_dynamo', float('nan')):.2f} "
+            f"| {r.get('gpu_hours_vs_hpa', float('nan')):.2f} | {rev['prefill']:.1f}, {rev['decode']:.1f} "
+            f"| {r['failed']} |"
+        )
+    return "\n".join(lines)
+
+
+# --- the simulator against a real stack ---------------------------------------------------------------
+
+
+def validation_trace(n: int, rate_rps: float, traces: str) -> list[TraceRequest]:
+    """`n` requests of the conversation trace, lengths shrunk to what a CPU serves, spaced at `rate_rps`
+    with the trace's own inter-arrival pattern."""
+    source = load_trace(Path(traces) / "azure_llm_2023_conv.csv")[:n]
+    span = source[-1].arrival_s or 1.0
+    stretch = (n - 1) / rate_rps / span
+    return [
+        TraceRequest(r.arrival_s * stretch, max(8, min(r.input_len // 8, 512)), max(2, min(r.output_len // 8, 48)))
+        for r in source
+    ]
+
+
+def measure_real(url: str, model_dir: Path, trace: list[TraceRequest]) -> tuple[list[float], list[float]]:
+    from tandem.worker.loadgen.prompts import load_vocabulary
+    from tandem.worker.loadgen.runner import run_workload
+    from tandem.worker.loadgen.workload import RequestSpec
+
+    specs = [RequestSpec(r.arrival_s, r.input_len, r.output_len) for r in trace]
+    outcome = asyncio.run(
+        run_workload(url, "completions", specs, vocab=load_vocabulary(model_dir), timeout_s=300, progress=False)
+    )
+    ttft = [r.ttft_s * 1000 for r in outcome.results if r.ok and r.ttft_s is not None]
+    tpot = [r.tpot_s * 1000 for r in outcome.results if r.ok and r.tpot_s is not None]
+    return ttft, tpot
+
+
+def measure_sim(profile: Profile, trace: list[TraceRequest]) -> tuple[list[float], list[float]]:
+    result = simulate(trace, SimConfig(profile, cold_start_s=0.0), lambda snap: {})
+    ttft = [(r.first_token_s - r.arrival_s) * 1000 for r in result.requests if r.first_token_s is not None]
+    tpot = [
+        (r.finish_s - r.first_token_s) / (r.output_len - 1) * 1000
+        for r in result.requests
+        if r.finish_s is not None and r.first_token_s is not None and r.output_len > 1
+    ]
+    return ttft, tpot
+
+
+def validate(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from bench._stacks import running_stacks, service_object
+    from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
+
+    kv_blocks = 1024
+    profile = base_profile(args).model_copy(update={"kv_capacity_tokens": kv_blocks * 16})
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tandem-autoscale-") as tmp:
+        model_dir = create_tiny_model(Path(tmp) / "model", TinySpec())  # the shipped profile's model
+        obj = service_object("validate", model_dir, mode="disaggregated", prefill=1, decode=1, threads=1, num_kv_blocks=kv_blocks)
+        with running_stacks({"1p1d": obj}, Path(tmp) / "state") as stacks:
+            _, url = stacks["1p1d"]
+            mean_prompt = sum(r.input_len for r in validation_trace(args.validate_requests, 1.0, args.traces)) / args.validate_requests
+            service_s = profile.prefill_ms(mean_prompt) / 1000
+            for load in (0.2, 0.4, 0.6):  # offered prefill utilisation by the profile
+                trace = validation_trace(args.validate_requests, load / service_s, args.traces)
+                real_ttft, real_tpot = measure_real(url, model_dir, trace)
+                sim_ttft, sim_tpot = measure_sim(profile, trace)
+                row: dict[str, Any] = {"load": load, "rate_rps": round(load / service_s, 3), "requests": len(trace)}
+                for name, real, sim in (("ttft", real_ttft, sim_ttft), ("tpot", real_tpot, sim_tpot)):
+                    for p in (50, 90):
+                        r_v, s_v = percentile(real, p), percentile(sim, p)
+                        row[f"{name}_p{p}_real_ms"], row[f"{name}_p{p}_sim_ms"] = round(r_v, 1), round(s_v, 1)
+                        row[f"{name}_p{p}_agrees"] = abs(s_v - r_v) <= AGREEMENT * r_v
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    rows = replay(args)
+    if rows:
+        print(markdown(rows))
+        print(f"\nprofile: shipped tiny-model profile, prefill x{args.prefill_speedup:g}, decode x{args.decode_speedup:g}; "
+              f"SLO TTFT {args.slo_ttft_ms:g} ms, TPOT {args.slo_tpot_ms:g} ms at p90; cold start {args.cold_start_s:g} s")
+        print(f"traces: {AZURE_ATTRIBUTION}")
+    checks = validate(args) if args.validate else []
+    if args.json:
+        Path(args.json).write_text(json.dumps({"replay": rows, "validation": checks}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
