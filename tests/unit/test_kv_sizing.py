@@ -14,6 +14,7 @@ from tandem.worker.engine.memory import (
     KvCacheTooSmall,
     MemoryReading,
     blocks_for_budget,
+    decode_gather_bytes,
     kv_budget_bytes,
     min_blocks,
     plan_kv_cache,
@@ -50,6 +51,15 @@ def test_weights_kv_and_activations_fit_where_sizing_before_the_load_did_not(
     assert 0 < kv and weights + kv + activations <= device_free_before_load
     sized_before_the_load = device_free_before_load * percent // 100  # what the worker used to take
     assert weights + sized_before_the_load > device_free_before_load  # ... out of memory
+
+
+def test_decode_attention_room_is_one_layer_of_the_gathered_contexts():
+    block, size, layers = 32 * 16 * 4096, 16, 32  # 4 KiB per token per layer, 32 layers
+    # 64 sequences at an 8192 context fit a 100 GiB cache: one layer's share of all their tokens
+    assert decode_gather_bytes(100 * GIB, block, size, layers, 64 * 8192) == 64 * 8192 * 4096
+    # a cache of 1 GiB holds fewer tokens than that: no more can be gathered than the cache holds
+    assert decode_gather_bytes(GIB, block, size, layers, 64 * 8192) == GIB // layers
+    assert decode_gather_bytes(-GIB, block, size, layers, 64 * 8192) == 0
 
 
 def test_blocks_for_budget_needs_one_full_context():

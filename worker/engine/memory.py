@@ -1,8 +1,8 @@
 """Sizes the KV cache from the memory left once the weights are loaded and one warm-up pass at the largest
 batch has run, as vLLM and nano-vllm do: the cache never takes memory the weights or activations need.
 
-The arithmetic is pure (`kv_budget_bytes`, `blocks_for_budget`, `KvCachePlan`); `read_cuda_memory` and
-`warm_up` are the only parts that touch the device.
+The arithmetic is pure (`kv_budget_bytes`, `decode_gather_bytes`, `blocks_for_budget`, `KvCachePlan`);
+`read_cuda_memory` and `warm_up` are the only parts that touch the device.
 """
 
 from __future__ import annotations
@@ -44,6 +44,14 @@ def kv_budget_bytes(reading: MemoryReading, memory_percent: int) -> int:
     """Bytes the KV cache may take: `memory_percent` of what is free once the weights are in, less the room
     the largest batch needs for its activations (released after the warm-up, needed again on every step)."""
     return reading.free_bytes * memory_percent // 100 - reading.activation_bytes
+
+
+def decode_gather_bytes(budget_bytes: int, block_bytes: int, block_size: int, num_layers: int, max_context_tokens: int) -> int:
+    """The room a decode step over full contexts needs beyond the warm-up's: paged attention gathers one
+    layer's keys and values of every decoding sequence (at most `max_context_tokens` = running x context,
+    and at most what a cache of `budget_bytes` holds), a 1/num_layers share of those tokens' KV."""
+    tokens = min(max_context_tokens, max(0, budget_bytes) // block_bytes * block_size)
+    return tokens * (block_bytes // block_size) // num_layers
 
 
 def blocks_for_budget(budget_bytes: int, block_bytes: int, min_blocks: int) -> int:
@@ -143,11 +151,16 @@ def plan_kv_cache(
         torch.cuda.reset_peak_memory_stats(param.device)
         warm_up(model, config)
         reading = read_cuda_memory(param.device)
-        blocks = blocks_for_budget(kv_budget_bytes(reading, memory_percent), block_bytes, need)
+        budget = kv_budget_bytes(reading, memory_percent)
+        gather = decode_gather_bytes(
+            budget, block_bytes, config.block_size, model.config.num_layers, config.max_running_sequences * max_len
+        )
+        blocks = blocks_for_budget(budget - gather, block_bytes, need)
         return plan(
             blocks,
             f"{memory_percent}% of {reading.free_bytes / GIB:.2f} GiB free after the weights "
-            f"({reading.allocated_bytes / GIB:.2f} GiB), less {reading.activation_bytes / GIB:.2f} GiB of activations",
+            f"({reading.allocated_bytes / GIB:.2f} GiB), less {reading.activation_bytes / GIB:.2f} GiB of activations "
+            f"and {gather / GIB:.2f} GiB for decode attention",
         )
     budget = CPU_KV_BUDGET_BYTES * memory_percent // 100
     return plan(blocks_for_budget(budget, block_bytes, need), f"{memory_percent}% of a {CPU_KV_BUDGET_BYTES / GIB:.0f} GiB CPU budget")
