@@ -190,6 +190,21 @@ def test_encode_and_chat_match_transformers_auto_tokenizer(tmp_path, tiny_model_
     assert chat_ids[:2] == [ours.bos_token_id, ours.backend.token_to_id("<|system|>")]  # one BOS, from the template
 
 
+def test_chat_template_sees_the_named_special_tokens_transformers_passes(tmp_path, tiny_model_dir):
+    import transformers
+
+    model_dir = _variant(tmp_path, tiny_model_dir, None, True, ABSENT)
+    config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    config.update(unk_token="<|user|>", chat_template="{{ pad_token }}|{{ unk_token }}|{{ bos_token }}|{{ sep_token }}|"
+                  "{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}")  # fmt: skip
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    ours = Tokenizer.from_dir(model_dir)
+    hf = transformers.AutoTokenizer.from_pretrained(str(model_dir))
+    rendered = ours.apply_chat_template(CHAT[:2])
+    assert rendered == hf.apply_chat_template(CHAT[:2], tokenize=False, add_generation_prompt=True)
+    assert rendered.startswith("</s>|<|user|>|<s>||")  # pad is EOS in the tiny config; no sep_token
+
+
 def test_special_tokens_come_from_the_post_processor_alone(tmp_path, tiny_model_dir):
     """The rule the transformers comparison checks, stated, so a change in transformers shows up here as well."""
 

@@ -23,6 +23,8 @@ TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where newer transformers versions save the template
 REPLACEMENT_CHAR = "\ufffd"  # what a byte-level decoder prints for an incomplete UTF-8 sequence
+# The named special tokens transformers hands a chat template (its SPECIAL_TOKENS_ATTRIBUTES)
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 PREFIX_WINDOW = 6  # tokens of context kept before the unread ones when decoding incrementally
 
 
@@ -98,6 +100,7 @@ class Tokenizer:
         eos_tokens: Sequence[str] = (),
         extra_eos_ids: Sequence[int] = (),
         chat_template: str | None = None,
+        special_tokens: dict[str, str] | None = None,
     ) -> None:
         self.backend = backend
         self.bos_token = bos_token
@@ -106,6 +109,7 @@ class Tokenizer:
         eos_ids = [backend.token_to_id(t) for t in eos_tokens] + list(extra_eos_ids)
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(i for i in eos_ids if i is not None))
         self.chat_template = chat_template
+        self.special_tokens = dict(special_tokens or {})  # named ones (pad_token, unk_token...), for templates
         self._template = compile_chat_template(chat_template) if chat_template else None
 
     @classmethod
@@ -137,6 +141,11 @@ class Tokenizer:
             extra_eos_ids=_as_id_list(model_config.get("eos_token_id"))
             + _as_id_list(generation_config.get("eos_token_id")),
             chat_template=_chat_template(root, tok_config),
+            special_tokens={
+                name: content
+                for name in SPECIAL_TOKEN_NAMES
+                if (content := _token_content(tok_config.get(name))) is not None
+            },
         )
 
     @property
@@ -175,8 +184,7 @@ class Tokenizer:
             return self._template.render(
                 messages=list(messages),
                 add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "",
+                **{**self.special_tokens, "bos_token": self.bos_token or "", "eos_token": self.eos_token or ""},
             )
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"chat template failed: {e}") from None
