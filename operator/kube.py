@@ -20,6 +20,7 @@ _KINDS = {
     "Deployment": ("/apis/apps/v1", "deployments"),
     "Service": ("/api/v1", "services"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "InferenceService": ("/apis/serving.tandem.dev/v1alpha1", "inferenceservices"),
     "InferencePool": ("/apis/serving.tandem.dev/v1alpha1", "inferencepools"),
     "Event": ("/api/v1", "events"),

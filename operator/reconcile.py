@@ -25,7 +25,7 @@ from tandem.spec import KIND, InferenceServiceSpec
 log = logging.getLogger("tandem.operator")
 
 _APPLY_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="apply")
-_CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "InferencePool")
+_CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "InferencePool")
 
 
 @dataclass

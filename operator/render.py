@@ -225,16 +225,54 @@ def router_probes() -> dict[str, Any]:
     }
 
 
+# --- the restricted Pod Security Standard ----------------------------------------------------------
+
+RUN_AS = 1000  # uid and gid of every tandem container; the image must not need root
+SCRATCH = "/tmp"  # the only writable path besides /dev/shm and the volumes: HOME and caches go here
+SCRATCH_SIZE = "1Gi"
+# A decode worker lends 4 staging rings of 64 MiB (serve/main.py); torch and the KV transport share /dev/shm.
+SHM_SIZE = {names.POOL_DECODE: "320Mi", names.POOL_COLOCATED: "64Mi", names.POOL_PREFILL: "64Mi"}
+POD_SECURITY = {
+    "runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}  # fmt: skip
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+}  # fmt: skip
+
+
+def restricted(container: dict[str, Any], shm: bool) -> dict[str, Any]:
+    """A container that passes the restricted Pod Security Standard on a read-only root filesystem."""
+    mounts = [*container.get("volumeMounts", []), {"name": "scratch", "mountPath": SCRATCH}]
+    if shm:
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    return {**container, "volumeMounts": mounts, "securityContext": dict(CONTAINER_SECURITY)}
+
+
+def scratch_volumes(pool: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{"name": "scratch", "emptyDir": {"sizeLimit": SCRATCH_SIZE}}]
+    if pool in SHM_SIZE:
+        out.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE[pool]}})
+    return out
+
+
 def _pod_template(
     service: str, pool: str, container: dict[str, Any],
     volumes: list[dict[str, Any]], init_containers: list[dict[str, Any]],
     node_selector: dict[str, str], tolerations: list[dict[str, Any]], affinity: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    pod_spec: dict[str, Any] = {"containers": [container]}
-    if volumes:
-        pod_spec["volumes"] = volumes
+    shm = pool in SHM_SIZE
+    pod_spec: dict[str, Any] = {
+        "securityContext": dict(POD_SECURITY),
+        "automountServiceAccountToken": False,  # no tandem process talks to the API server from a pod
+        "containers": [restricted(container, shm)],
+        "volumes": [*volumes, *scratch_volumes(pool)],
+    }
     if init_containers:
-        pod_spec["initContainers"] = init_containers
+        home = [{"name": "HOME", "value": SCRATCH}, {"name": "HF_HOME", "value": f"{SCRATCH}/hf"}]  # downloads
+        pod_spec["initContainers"] = [restricted({**c, "env": [*c.get("env", []), *home]}, shm=False)
+                                      for c in init_containers]
     if node_selector:
         pod_spec["nodeSelector"] = dict(node_selector)
     if tolerations:
@@ -379,6 +417,32 @@ def inference_pool(service: str, namespace: str, uid: str, pool: str, replicas: 
     }
 
 
+def network_policy(spec: InferenceServiceSpec, service: str, namespace: str, uid: str, pool: str) -> Manifest:
+    """What may reach a pool's pods: clients the router's HTTP port, the router (and, for decode, the
+    prefill pool) the workers' gRPC port, `metricsFrom` the metrics port. Nothing else."""
+    def port(n: int) -> list[dict[str, Any]]:
+        return [{"protocol": "TCP", "port": n}]
+
+    def pods(p: str) -> dict[str, Any]:
+        return {"podSelector": {"matchLabels": selector(service, p)}}
+
+    ingress: list[dict[str, Any]]
+    if pool == names.POOL_ROUTER:
+        ingress = [{"ports": port(names.HTTP_PORT)}]  # the API, from anywhere (API keys guard it)
+    else:
+        senders = [names.POOL_ROUTER] + ([names.POOL_PREFILL] if pool == names.POOL_DECODE else [])
+        ingress = [{"from": [pods(p) for p in senders], "ports": port(names.GRPC_PORT)}]
+    metrics_from = spec.security.network_policy.metrics_from
+    ingress.append({"from": [dict(peer) for peer in metrics_from], "ports": port(names.METRICS_PORT)})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(child_name(service, pool), namespace, service, uid, pool),
+        "spec": {"podSelector": {"matchLabels": selector(service, pool)}, "policyTypes": ["Ingress"],
+                 "ingress": ingress},
+    }
+
+
 def children(spec: InferenceServiceSpec, service: str, namespace: str, uid: str,
              pool_replicas: dict[str, int]) -> list[Manifest]:
     """Every child but the InferencePools, in apply order. pool_replicas: pool -> desired workers."""
@@ -389,6 +453,8 @@ def children(spec: InferenceServiceSpec, service: str, namespace: str, uid: str,
         out.append(pod_disruption_budget(service, namespace, uid, pool))
     out.append(router_deployment(spec, service, namespace, uid))
     out.append(router_service(service, namespace, uid))
+    if spec.security.network_policy.enabled:
+        out += [network_policy(spec, service, namespace, uid, p) for p in [*worker_pools(spec), names.POOL_ROUTER]]
     return out
 
 

@@ -191,9 +191,23 @@ class TlsSpec(_Spec):
         return self
 
 
+PROMETHEUS_PEER: dict[str, Any] = {
+    "namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+}  # fmt: skip
+
+
+class NetworkPolicySpec(_Spec):
+    """One NetworkPolicy per pool: clients to the router, the router to the workers, prefill to decode,
+    `metricsFrom` (NetworkPolicyPeers; default: Prometheus pods in any namespace) to the metrics ports."""
+
+    enabled: bool = True
+    metrics_from: list[dict[str, Any]] = Field(default_factory=lambda: [dict(PROMETHEUS_PEER)])
+
+
 class SecuritySpec(_Spec):
     api_keys: ApiKeysSpec | None = None
     tls: TlsSpec | None = None
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
 
 
 class InferenceServiceSpec(_Spec):

@@ -12,6 +12,7 @@ import pytest
 from tests.k8s.cluster import ControlPlane, Operator, find_binaries
 
 HERE = Path(__file__).resolve().parent
+PSS_ENFORCE = "pod-security.kubernetes.io/enforce"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -46,6 +47,8 @@ def operator(control_plane):
 def namespace(control_plane):
     name = f"t-{uuid.uuid4().hex[:8]}"
     control_plane.kubectl("create", "namespace", name)
+    # every pod the operator renders must pass the restricted Pod Security Standard, or admission refuses it
+    control_plane.kubectl("label", "namespace", name, f"{PSS_ENFORCE}=restricted")
     wait_for(lambda: control_plane.kubectl("get", "serviceaccount", "default", "-n", name,
                                            check=False).returncode == 0, 60, "default service account")
     yield name

@@ -27,6 +27,7 @@ def test_disaggregated_children(gpu_spec):
         ("Deployment", "llama-prefill"), ("Service", "llama-prefill"), ("PodDisruptionBudget", "llama-prefill"),
         ("Deployment", "llama-decode"), ("Service", "llama-decode"), ("PodDisruptionBudget", "llama-decode"),
         ("Deployment", "llama-router"), ("Service", "llama-router"),
+        ("NetworkPolicy", "llama-prefill"), ("NetworkPolicy", "llama-decode"), ("NetworkPolicy", "llama-router"),
     ])
     for m in out:
         assert m["metadata"]["namespace"] == "ml"

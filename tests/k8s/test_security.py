@@ -1,0 +1,119 @@
+"""Hardening against the real API server: the test namespaces enforce the restricted Pod Security Standard
+and the operator's pods are admitted there; the operator's service account, as the chart binds it, may
+do what reconciling needs and nothing it must not (secrets, nodes, pods/exec, cluster-wide deletes),
+cluster-wide or confined to one namespace."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.k8s.conftest import PSS_ENFORCE, get_json, wait_for
+from tests.k8s.test_operator_lifecycle import EXAMPLE, SERVICE, model_volume, ready_at_current_generation
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts/tandem"
+
+# what reconciling uses, and what the operator must never be able to do
+NEEDED = [
+    ("get", "inferenceservices.serving.tandem.dev"), ("watch", "inferenceservices.serving.tandem.dev"),
+    ("patch", "inferenceservices.serving.tandem.dev/status"), ("create", "inferencepools.serving.tandem.dev"),
+    ("create", "deployments.apps"), ("patch", "deployments.apps"), ("delete", "deployments.apps"),
+    ("create", "services"), ("create", "poddisruptionbudgets.policy"),
+    ("create", "networkpolicies.networking.k8s.io"), ("create", "events"),
+    ("update", "leases.coordination.k8s.io"),
+]
+FORBIDDEN = [
+    ("get", "secrets"), ("list", "secrets"), ("create", "pods/exec"), ("create", "pods"), ("delete", "pods"),
+    ("update", "inferenceservices.serving.tandem.dev"), ("delete", "inferenceservices.serving.tandem.dev"),
+    ("create", "roles.rbac.authorization.k8s.io"), ("create", "rolebindings.rbac.authorization.k8s.io"),
+    ("create", "serviceaccounts/token"), ("patch", "configmaps"),
+]
+CLUSTER_FORBIDDEN = [
+    ("get", "nodes"), ("delete", "namespaces"), ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
+    ("delete", "customresourcedefinitions.apiextensions.k8s.io"), ("update", "customresourcedefinitions.apiextensions.k8s.io"),
+]
+
+
+@pytest.fixture(scope="module")
+def helm(control_plane):
+    path = control_plane.bin / "helm"
+    if not path.exists():
+        pytest.skip("helm not built: TANDEM_BUILD_HELM=1 bash tests/k8s/build-controlplane.sh")
+    return str(path)
+
+
+def can_i(cp, sa: str, verb: str, resource: str, namespace: str | None) -> bool:
+    where = ["-n", namespace] if namespace else ["--all-namespaces"]
+    resource, _, sub = resource.partition("/")
+    subresource = [f"--subresource={sub}"] if sub else []
+    out = cp.kubectl("auth", "can-i", verb, resource, *subresource, *where, f"--as={sa}", check=False)
+    answer = out.stdout.strip()
+    assert answer in ("yes", "no"), out.stdout + out.stderr
+    return answer == "yes"
+
+
+def test_the_test_namespace_refuses_a_privileged_pod(control_plane, namespace):
+    labels = get_json(control_plane, "namespace", namespace)["metadata"]["labels"]
+    assert labels[PSS_ENFORCE] == "restricted"
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "root", "namespace": namespace},
+           "spec": {"containers": [{"name": "c", "image": "busybox", "securityContext": {"privileged": True}}]}}
+    out = control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(pod), check=False)
+    assert out.returncode != 0 and "violates PodSecurity" in out.stderr, out.stderr
+
+
+def test_every_rendered_pod_is_admitted_under_restricted(control_plane, operator, namespace):
+    control_plane.kubectl("apply", "-f", "-", input=model_volume(namespace))
+    control_plane.kubectl("apply", "-n", namespace, "-f", str(EXAMPLE))
+    wait_for(lambda: ready_at_current_generation(control_plane, namespace), 180, "Ready under restricted")
+    pods = get_json(control_plane, "pods", namespace=namespace)["items"]
+    assert {p["metadata"]["labels"]["serving.tandem.dev/pool"] for p in pods} == {"prefill", "decode", "router"}
+    for p in pods:
+        assert p["spec"]["securityContext"]["runAsNonRoot"] is True
+        assert all(c["securityContext"]["readOnlyRootFilesystem"] for c in p["spec"]["containers"])
+    policies = get_json(control_plane, "networkpolicies", namespace=namespace)["items"]
+    assert sorted(n["metadata"]["name"] for n in policies) == sorted(f"{SERVICE}-{p}" for p in ("prefill", "decode", "router"))
+
+
+def _install_rbac(cp, helm: str, namespace: str, *values: str) -> str:
+    """The chart's service account and RBAC objects, applied for real; returns the service account user."""
+    out = subprocess.run([helm, "template", "sec", str(CHART), "--namespace", namespace, *values],
+                         check=True, capture_output=True, text=True, timeout=60)
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] in
+            ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
+    for d in docs:  # cluster-scoped names must not collide between tests
+        if d["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            d["metadata"]["name"] += f"-{namespace}"
+            if d["kind"] == "ClusterRoleBinding":
+                d["roleRef"]["name"] += f"-{namespace}"
+    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    sa = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
+    return f"system:serviceaccount:{namespace}:{sa}"
+
+
+def test_operator_rbac_cluster_wide_is_least_privilege(control_plane, helm, namespace):
+    sa = _install_rbac(control_plane, helm, namespace)
+    other = f"t-{uuid.uuid4().hex[:8]}"
+    for verb, resource in NEEDED:
+        assert can_i(control_plane, sa, verb, resource, other), (verb, resource)
+    for verb, resource in FORBIDDEN:
+        assert not can_i(control_plane, sa, verb, resource, other), (verb, resource)
+        assert not can_i(control_plane, sa, verb, resource, namespace), (verb, resource)
+    for verb, resource in CLUSTER_FORBIDDEN:
+        assert not can_i(control_plane, sa, verb, resource, None), (verb, resource)
+    assert not can_i(control_plane, sa, "get", "secrets", None)
+
+
+def test_operator_rbac_single_namespace_switch(control_plane, helm, namespace):
+    sa = _install_rbac(control_plane, helm, namespace, "--set", "rbac.singleNamespace=true")
+    for verb, resource in NEEDED:
+        assert can_i(control_plane, sa, verb, resource, namespace), (verb, resource)
+        assert not can_i(control_plane, sa, verb, resource, "default"), (verb, resource)
+    for verb, resource in FORBIDDEN:
+        assert not can_i(control_plane, sa, verb, resource, namespace), (verb, resource)
+    for verb, resource in CLUSTER_FORBIDDEN + [("list", "deployments.apps"), ("create", "deployments.apps")]:
+        assert not can_i(control_plane, sa, verb, resource, None), (verb, resource)
