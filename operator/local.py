@@ -32,12 +32,19 @@ class LocalStack:
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         for p in self.plans:
-            log = open(self.log_dir / f"{p.name}.log", "wb")  # noqa: SIM115 - owned by the child
-            self.running[p.name] = subprocess.Popen(
-                p.argv, stdout=log, stderr=subprocess.STDOUT, env={**env, **p.env}, start_new_session=True
-            )
+            self.spawn(p)
+
+    def spawn(self, p: ProcessPlan) -> subprocess.Popen:
+        """Start one planned process (logging to `<name>.log`); the stack stops it with the rest."""
+        if p not in self.plans:
+            self.plans.append(p)
+        log = open(self.log_dir / f"{p.name}.log", "wb")  # noqa: SIM115 - owned by the child
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **p.env}
+        proc = self.running[p.name] = subprocess.Popen(
+            p.argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        return proc
 
     def wait_ready(self, router_url: str, timeout_s: float = 180.0) -> None:
         deadline = time.monotonic() + timeout_s

@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tandem.launch import pool_replicas, router_argv, worker_argv, worker_pools
+from tandem.launch import drain_timeout_seconds, pool_replicas, router_argv, worker_argv, worker_pools
 from tandem.spec import InferenceService
 
 
@@ -35,6 +35,25 @@ def worker_threads(svc: InferenceService, num_workers: int, cpus: int) -> int:
     return svc.spec.engine.threads or max(1, cpus // max(1, num_workers))
 
 
+def local_tls_dir(svc: InferenceService, base: Path) -> str | None:
+    """The mutual-TLS directory of a local stack (security.tls.dir), or None without TLS."""
+    tls = svc.spec.security.tls
+    if tls is not None and not tls.dir:
+        raise ValueError("the local backend reads TLS files from security.tls.dir, not a Secret")
+    return str(base / tls.dir) if tls is not None and tls.dir else None
+
+
+def worker_plan(
+    svc: InferenceService, base: Path, role: str, index: int, host: str, grpc_port: int, threads: int
+) -> ProcessPlan:
+    """One worker process: gRPC on `grpc_port`, metrics on the port above it."""
+    argv = worker_argv(
+        svc.spec, svc.name, role, str(model_dir(svc, base)), host, grpc_port, grpc_port + 1, threads,
+        f"{svc.name}-{role}-{index}", tls_dir=local_tls_dir(svc, base), drain_timeout_s=drain_timeout_seconds(svc.spec),
+    )  # fmt: skip
+    return ProcessPlan(f"{role}-{index}", role, [sys.executable, "-m", "tandem", *argv], f"{host}:{grpc_port}", grpc_port + 1)
+
+
 def plan(
     svc: InferenceService,
     base: Path,
@@ -49,21 +68,13 @@ def plan(
     threads = worker_threads(svc, sum(pool_replicas(spec, p) for p in pools), cpus or os.cpu_count() or 1)
     python = [sys.executable, "-m", "tandem"]
     mdir = str(model_dir(svc, base))
-    tls = spec.security.tls
-    if tls is not None and not tls.dir:
-        raise ValueError("the local backend reads TLS files from security.tls.dir, not a Secret")
-    tls_dir = str(base / tls.dir) if tls is not None and tls.dir else None
+    tls_dir = local_tls_dir(svc, base)
     procs: list[ProcessPlan] = []
     next_port = first_worker_port
     for role in pools:
         for i in range(pool_replicas(spec, role)):
-            grpc_port, metrics_port = next_port, next_port + 1
+            procs.append(worker_plan(svc, base, role, i, host, next_port, threads))
             next_port += 2
-            argv = worker_argv(
-                spec, svc.name, role, mdir, host, grpc_port, metrics_port, threads, f"{svc.name}-{role}-{i}",
-                tls_dir=tls_dir,
-            )  # fmt: skip
-            procs.append(ProcessPlan(f"{role}-{i}", role, python + argv, f"{host}:{grpc_port}", metrics_port))
     addresses = None if workers_file else {role: [p.address for p in procs if p.role == role] for role in pools}
     keys = spec.security.api_keys
     if keys is not None and not keys.file:

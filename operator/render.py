@@ -14,7 +14,14 @@ import json
 from typing import Any
 
 from tandem import names
-from tandem.launch import router_argv, worker_argv, worker_pools
+from tandem.launch import (
+    drain_timeout_seconds,
+    router_argv,
+    termination_grace_seconds,
+    tls_argv,
+    worker_argv,
+    worker_pools,
+)
 from tandem.spec import API_GROUP, API_VERSION, KIND, InferenceServiceSpec
 
 Manifest = dict[str, Any]
@@ -214,6 +221,13 @@ def worker_probes(tls: bool = False) -> dict[str, Any]:
     }
 
 
+def worker_lifecycle(spec: InferenceServiceSpec) -> dict[str, Any]:
+    """preStop: drain the worker (no new work, finish what it holds) before the kubelet sends SIGTERM."""
+    drain = ["tandem", "drain", "--address", f"127.0.0.1:{names.GRPC_PORT}", "--wait",
+             "--timeout", str(drain_timeout_seconds(spec)), *tls_argv(spec, tls_dir(spec))]
+    return {"preStop": {"exec": {"command": drain}}}
+
+
 def router_probes() -> dict[str, Any]:
     """Readiness follows the worker pools (no healthy worker: out of the Service); liveness only the process,
     so a pool outage or a first rollout never restarts the router."""
@@ -321,10 +335,13 @@ def worker_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
         **({"env": list(ps.env)} if ps.env else {}),  # pool and service travel in the arguments
         "resources": resources(ps.resources.gpus, ps.resources.cpu, ps.resources.memory),
         **({"volumeMounts": mounts} if mounts else {}),
+        "lifecycle": worker_lifecycle(spec),
         **worker_probes(spec.security.tls is not None),
     }
     template = _pod_template(service, pool, container, volumes, model_init_containers(spec),
                              ps.node_selector, ps.tolerations, ps.affinity)
+    # the longest generation the spec allows must finish inside the grace period
+    template["spec"]["terminationGracePeriodSeconds"] = termination_grace_seconds(spec)
     return _deployment(child_name(service, pool), namespace, service, uid, pool, replicas, template)
 
 

@@ -10,6 +10,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("tandem.worker.devtools.model_cli", "model tools (create-tiny)"),
     "generate": ("tandem.worker.devtools.generate", "one-shot completion through the engine"),
     "worker": ("tandem.worker.serve.main", "run a prefill, decode or colocated gRPC worker"),
+    "drain": ("tandem.worker.serve.drain_cli", "tell a worker to drain and wait until it holds nothing"),
     "router": ("tandem.worker.router.main", "run the OpenAI-compatible router"),
     "up": ("tandem.operator.local", "run an InferenceService spec as local processes"),
     "bench": ("tandem.worker.loadgen.cli", "load generator for any OpenAI-compatible endpoint"),

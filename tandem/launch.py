@@ -19,6 +19,25 @@ def pool_replicas(spec: InferenceServiceSpec, pool: str) -> int:
     return spec.prefill.replicas if pool == names.POOL_PREFILL else spec.decode.replicas
 
 
+# Time per output token a drain allows: twice the default TPOT target. It is a constant, not the spec's
+# SLO, because the grace period is part of the pod template: an SLO edit must not roll the GPU pods.
+DRAIN_MS_PER_TOKEN = 100
+# What the pod needs beyond the drain itself: the preStop call, closing the server, the process exit.
+TERMINATION_MARGIN_S = 15
+
+
+def drain_timeout_seconds(spec: InferenceServiceSpec) -> int:
+    """How long a draining worker may take to finish what it holds: the longest generation the spec
+    allows (maxContextLength tokens at DRAIN_MS_PER_TOKEN) plus one KV reservation lease."""
+    longest_generation_ms = spec.model.max_context_length * DRAIN_MS_PER_TOKEN
+    return -(-(longest_generation_ms + spec.kv_transfer.lease_ms) // 1000)
+
+
+def termination_grace_seconds(spec: InferenceServiceSpec) -> int:
+    """A worker pod's terminationGracePeriodSeconds: its drain timeout and the margin to exit after it."""
+    return drain_timeout_seconds(spec) + TERMINATION_MARGIN_S
+
+
 def worker_argv(
     spec: InferenceServiceSpec,
     service: str,
@@ -31,6 +50,7 @@ def worker_argv(
     worker_id: str | None = None,
     tls_dir: str | None = None,
     health_port: int | None = None,
+    drain_timeout_s: int | None = None,
 ) -> list[str]:
     """Arguments of `tandem worker` (without the program name); `tls_dir` holds the mutual-TLS files
     (spec.security.tls: a local directory or the mounted Secret), `health_port` a plaintext probe port."""
@@ -53,6 +73,7 @@ def worker_argv(
         argv += ["--threads", str(threads or engine.threads)]
     if worker_id:
         argv += ["--worker-id", worker_id]
+    argv += ["--drain-timeout", str(drain_timeout_s or drain_timeout_seconds(spec))]
     argv += tls_argv(spec, tls_dir)
     if health_port:
         argv += ["--health-port", str(health_port)]

@@ -10,6 +10,9 @@ POOL_DECODE = "decode"
 POOL_ROUTER = "router"
 POOL_COLOCATED = "colocated"
 
+# Trailing metadata a draining worker sets on the refusals it answers, so the router stops picking it at once.
+DRAINING_METADATA_KEY = "tandem-draining"
+
 GRPC_PORT = 50051
 HEALTH_PORT = 50052  # plaintext grpc.health.v1 only, for kubelet probes when the gRPC port needs mutual TLS
 METRICS_PORT = 9090

@@ -170,3 +170,24 @@ def test_no_gpu_pool_requests_no_gpu():
     assert "nvidia.com/gpu" not in str(c["resources"])
     c = render.worker_deployment(spec, "s", "ns", "u", "decode", 1)["spec"]["template"]["spec"]["containers"][0]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+
+def test_worker_pods_drain_before_they_stop(gpu_spec):
+    """preStop drains the worker; the grace period outlasts the drain timeout, which covers the longest
+    generation the spec allows; the worker itself exits after the same timeout."""
+    from tandem.launch import drain_timeout_seconds
+
+    out = render.children(gpu_spec, "llama", "ml", "uid-1", {"prefill": 1, "decode": 2})
+    for pool in ("prefill", "decode"):
+        pod = _by(out, "Deployment", f"llama-{pool}")["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        command = container["lifecycle"]["preStop"]["exec"]["command"]
+        assert command[:2] == ["tandem", "drain"] and "--wait" in command
+        assert command[command.index("--address") + 1] == f"127.0.0.1:{names.GRPC_PORT}"
+        drain_s = drain_timeout_seconds(gpu_spec)
+        assert drain_s * 1000 >= 2 * gpu_spec.model.max_context_length * gpu_spec.slo.tpot_ms
+        assert pod["terminationGracePeriodSeconds"] > drain_s
+        args = container["args"]
+        assert args[args.index("--drain-timeout") + 1] == str(drain_s)
+    router = _by(out, "Deployment", "llama-router")["spec"]["template"]["spec"]
+    assert "lifecycle" not in router["containers"][0]

@@ -4,6 +4,10 @@ Disaggregated: reserve blocks on a decode worker, open its token stream, ask a p
 prompt and push the KV there, then relay tokens. A worker that fails before the first token is marked
 unhealthy and the request is retried elsewhere; after the first token a failure ends the stream with an
 error. Membership comes from the command line and, if given, a JSON workers file that may change.
+
+Scaling down never cuts a stream: a worker that refuses work because it drains is taken out of rotation
+at once (and by its next load report), and a worker that leaves the membership stops getting requests
+but keeps its channel until the requests it holds have finished.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 import grpc
 from grpc import aio
 
+from tandem import names
 from tandem.v1 import (
     colocated_pb2_grpc,
     common_pb2,
@@ -60,6 +65,7 @@ class Worker:
     stub: object
     info: common_pb2.WorkerInfo | None = None
     unhealthy_until: float = 0.0
+    in_use: int = 0  # request attempts holding this worker (its channel must stay open)
 
     def mark_failed(self) -> None:
         self.view.healthy = False
@@ -69,6 +75,7 @@ class Worker:
 @dataclass
 class Pools:
     workers: dict[str, dict[str, Worker]] = field(default_factory=lambda: {r: {} for r in STUBS})
+    retiring: list[Worker] = field(default_factory=list)  # left the membership, still finishing requests
 
     def views(self, role: str) -> list[WorkerView]:
         return [w.view for w in self.workers[role].values()]
@@ -110,6 +117,8 @@ class GrpcBackend:
         for role in self.pools.workers.values():
             for w in role.values():
                 await w.channel.close()
+        for w in self.pools.retiring:
+            await w.channel.close()
 
     def ready(self) -> bool:
         needed = ["colocated"] if self.mode == "colocated" else ["prefill", "decode"]
@@ -146,14 +155,24 @@ class GrpcBackend:
                     channel = aio_channel(address, self.tls)
                     current[address] = Worker(role, WorkerView(address, healthy=False), channel, STUBS[role](channel))
             for address in list(current):
-                if address not in addresses:  # scaled away: stop routing to it
-                    await current.pop(address).channel.close()
+                if address not in addresses:  # scaled away: no new requests, the held ones finish
+                    gone = current.pop(address)
+                    gone.view.draining = True
+                    self.pools.retiring.append(gone)
+
+    async def _close_retired(self) -> None:
+        """Close the channels of workers that left the membership once no request holds them."""
+        done = [w for w in self.pools.retiring if w.in_use == 0]
+        self.pools.retiring = [w for w in self.pools.retiring if w.in_use > 0]
+        for w in done:
+            await w.channel.close()
 
     async def _poll_forever(self) -> None:
         while True:
             await asyncio.sleep(self.poll_interval_s)
             try:
                 await self._refresh_membership()
+                await self._close_retired()
                 await self._poll_once()
             except Exception:  # keep polling whatever one round did
                 log.exception("worker poll failed")
@@ -220,6 +239,7 @@ class GrpcBackend:
         worker = self._pick("colocated", tried)
         tried.add(worker.view.address)
         timing.decode_worker = timing.prefill_worker = worker.view.address
+        worker.in_use += 1
         call = worker.stub.Generate(  # type: ignore[attr-defined]
             common_pb2.GenerateRequest(request_id=request_id, prompt_token_ids=prompt_ids, sampling=params_to_proto(params))
         )
@@ -229,6 +249,7 @@ class GrpcBackend:
                 yield token
         finally:
             worker.view.inflight_requests -= 1
+            worker.in_use -= 1
             call.cancel()
 
     async def _disaggregated(self, request_id, prompt_ids, params, timing, tried) -> AsyncIterator[TokenOut]:
@@ -244,6 +265,16 @@ class GrpcBackend:
                     status=503,
                 )
         timing.decode_worker, timing.prefill_worker = decode.view.address, prefill.view.address
+        decode.in_use += 1
+        prefill.in_use += 1
+        try:
+            async for token in self._reserve_prefill_relay(request_id, prompt_ids, params, timing, decode, prefill):
+                yield token
+        finally:
+            decode.in_use -= 1
+            prefill.in_use -= 1
+
+    async def _reserve_prefill_relay(self, request_id, prompt_ids, params, timing, decode, prefill) -> AsyncIterator[TokenOut]:
         transfer_id = uuid.uuid4().hex
         sampling = params_to_proto(params)
         prefill_info = prefill.info or common_pb2.WorkerInfo()
@@ -257,8 +288,7 @@ class GrpcBackend:
             )
         except aio.AioRpcError as e:
             _raise_client_error(e)
-            if e.code() == grpc.StatusCode.UNAVAILABLE:
-                decode.mark_failed()
+            _note_unavailable(decode, e)
             raise _Retry(f"reserve on {decode.view.address}: {e.code().name} {e.details()}") from None
         stream = decode.stub.StreamTokens(decode_pb2.StreamTokensRequest(request_id=request_id))  # type: ignore[attr-defined]
         decode.view.inflight_requests += 1
@@ -283,8 +313,7 @@ class GrpcBackend:
                 ended = True
                 await _abort_decode(decode, transfer_id, request_id, "prefill failed")
                 _raise_client_error(e)
-                if e.code() == grpc.StatusCode.UNAVAILABLE:
-                    prefill.mark_failed()
+                _note_unavailable(prefill, e)
                 raise _Retry(f"prefill on {prefill.view.address}: {e.code().name} {e.details()}") from None
             prefill.view.inflight_prompt_tokens -= len(prompt_ids)
             async for token in _relay(stream, decode):
@@ -332,9 +361,23 @@ async def _relay(call, worker: Worker) -> AsyncIterator[TokenOut]:
                 return
     except aio.AioRpcError as e:
         _raise_client_error(e)
-        if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
+        if is_draining(e):
+            worker.view.draining = True
+        elif e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
             worker.mark_failed()
         raise _Retry(f"{worker.view.address}: {e.code().name} {e.details()}") from None
+
+
+def is_draining(e: aio.AioRpcError) -> bool:
+    """The worker refused because it drains (it says so in trailing metadata), not because it failed."""
+    return any(key == names.DRAINING_METADATA_KEY and value == "1" for key, value in (e.trailing_metadata() or ()))
+
+
+def _note_unavailable(worker: Worker, e: aio.AioRpcError) -> None:
+    if is_draining(e):
+        worker.view.draining = True  # out of rotation now; its next load report says the same
+    elif e.code() == grpc.StatusCode.UNAVAILABLE:
+        worker.mark_failed()
 
 
 DNS_PREFIX = "dns:///"

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+
 import grpc
 
 from tandem.v1 import colocated_pb2, common_pb2
 from tandem.worker.api.params import InvalidRequest
 from tandem.worker.api.wire import params_from_proto
 from tandem.worker.engine.engine_loop import EngineLoop
+from tandem.worker.serve.drain import refuse_while_draining
 from tandem.worker.serve.wire import load_report, token_event
 
 
@@ -15,13 +18,29 @@ class ColocatedServicer:
     def __init__(self, loop: EngineLoop, info: common_pb2.WorkerInfo):
         self.loop, self.info = loop, info
         self.draining = False
+        self._lock = threading.Lock()
+        self._streams = 0  # Generate streams accepted and not yet ended
+
+    def busy(self) -> int:
+        load = self.loop.snapshot
+        with self._lock:
+            return self._streams + load.running + load.waiting
 
     def Handshake(self, request: common_pb2.HandshakeRequest, context: grpc.ServicerContext) -> common_pb2.HandshakeReply:
         return common_pb2.HandshakeReply(worker=self.info, transport=common_pb2.KV_TRANSPORT_UNSPECIFIED)
 
     def Generate(self, request: common_pb2.GenerateRequest, context: grpc.ServicerContext):
-        if self.draining:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "worker is draining")
+        with self._lock:
+            if self.draining:
+                refuse_while_draining(context, "colocated worker")
+            self._streams += 1
+        try:
+            yield from self._generate(request, context)
+        finally:
+            with self._lock:
+                self._streams -= 1
+
+    def _generate(self, request: common_pb2.GenerateRequest, context: grpc.ServicerContext):
         try:
             params = params_from_proto(request.sampling)
             stream = self.loop.submit(list(request.prompt_token_ids), params, request.request_id)

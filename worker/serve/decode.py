@@ -31,6 +31,7 @@ from tandem.worker.kv_transport.handshake import (
 from tandem.worker.kv_transport.receiver import Committed, KvReceiver
 from tandem.worker.kv_transport.reservations import Released
 from tandem.worker.kv_transport.staging import StagingPool, StagingRing
+from tandem.worker.serve.drain import refuse_while_draining
 from tandem.worker.serve.wire import load_report, token_event
 
 log = logging.getLogger(__name__)
@@ -62,12 +63,22 @@ class DecodeServicer:
         self._pending: dict[str, Pending] = {}  # transfer_id -> what to admit
         self._outputs: dict[str, queue.Queue[StepOutput | StreamEnd]] = {}  # request_id -> token queue
         self.draining = False
+        self._reserving = 0  # Reserve RPCs past the draining check, not yet pending
         self._stop = threading.Event()
         self._expiry = threading.Thread(target=self._expire_loop, args=(expire_every_s,), daemon=True)
         self._expiry.start()
 
     def close(self) -> None:
+        """Stop the expiry thread and unlink the shared-memory staging rings (the worker is exiting)."""
         self._stop.set()
+        if self.staging is not None:
+            self.staging.close()
+
+    def busy(self) -> int:
+        """Reservations waiting for KV, token streams not yet ended, and sequences in the engine."""
+        load = self.loop.snapshot
+        with self._lock:
+            return self._reserving + len(self._pending) + len(self._outputs) + load.running + load.waiting
 
     # --- RPCs ---------------------------------------------------------------------------------
     def Handshake(self, request: common_pb2.HandshakeRequest, context: grpc.ServicerContext) -> common_pb2.HandshakeReply:
@@ -81,8 +92,17 @@ class DecodeServicer:
         )
 
     def Reserve(self, request: decode_pb2.ReserveRequest, context: grpc.ServicerContext) -> decode_pb2.ReserveReply:
-        if self.draining:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "decode worker is draining")
+        with self._lock:
+            if self.draining:
+                refuse_while_draining(context, "decode worker")
+            self._reserving += 1
+        try:
+            return self._reserve(request, context)
+        finally:
+            with self._lock:
+                self._reserving -= 1
+
+    def _reserve(self, request: decode_pb2.ReserveRequest, context: grpc.ServicerContext) -> decode_pb2.ReserveReply:
         prompt = list(request.prompt_token_ids)
         try:
             params = params_from_proto(request.sampling)

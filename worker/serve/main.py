@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import logging
 import os
 import signal
 import sys
-import threading
 import uuid
 from concurrent import futures
 
@@ -24,10 +24,13 @@ from tandem.worker.engine.engine import EngineConfig
 from tandem.worker.engine.engine_loop import EngineLoop
 from tandem.worker.engine.loading import engine_for_model, load_model
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS
+from tandem.worker.serve.drain import Drainer
+from tandem.worker.serve.drain import add_to_server as add_drain_service
 from tandem.worker.serve.metrics import WorkerMetrics
 from tandem.worker.serve.wire import KV_TRANSPORTS, offered_transports, worker_info
 
 log = logging.getLogger("tandem.worker")
+EXIT_WATCHDOG_S = 20  # after the drain: time to close the server and stop the engine before a forced exit
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -65,6 +68,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--health-port", type=int, default=0,
         help="also serve only grpc.health.v1, in plaintext, here (kubelet probes cannot speak TLS; 0: off)",
     )  # fmt: skip
+    p.add_argument(
+        "--drain-timeout", type=float, default=float(os.environ.get("TANDEM_DRAIN_SECONDS", "600")),
+        help="on SIGTERM or a Drain RPC, seconds to finish held work before exiting anyway",
+    )
     return p.parse_args(argv)
 
 
@@ -108,6 +115,8 @@ def main(argv: list[str]) -> int:
     servicer = _add_servicer(server, args, loop, info, metrics, tls)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    drainer = Drainer(servicer, health_servicer, args.drain_timeout)
+    add_drain_service(server, drainer)
     port = add_port(server, f"{args.host}:{args.port}", tls)
     server.start()
     if args.health_port:  # the health service alone: no data-plane method is reachable without TLS
@@ -119,18 +128,17 @@ def main(argv: list[str]) -> int:
     log.info("%s worker %s serving %s on %s:%d (%d KV blocks)", args.role, worker_id, args.served_name, args.host, port, num_blocks)
     print(f"READY {args.role} {args.host}:{port}", flush=True)
 
-    stop = threading.Event()
-
-    def drain(signum, frame):  # SIGTERM: stop taking new work, let the running batch finish
-        servicer.draining = True
-        health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, drain)
-    signal.signal(signal.SIGINT, drain)
-    stop.wait()
-    server.stop(grace=float(os.environ.get("TANDEM_DRAIN_SECONDS", "5"))).wait()
+    # SIGTERM (Kubernetes, tandem up) or SIGINT: drain, keep serving what finishes held work, then exit.
+    signal.signal(signal.SIGTERM, lambda signum, frame: drainer.begin("SIGTERM"))
+    signal.signal(signal.SIGINT, lambda signum, frame: drainer.begin("SIGINT"))
+    drained = drainer.wait_drained()
+    log.info("drained%s; exiting", "" if drained else " (deadline passed)")
+    faulthandler.dump_traceback_later(EXIT_WATCHDOG_S, exit=True)  # a stuck thread must not keep the pod
+    server.stop(grace=2.0).wait()
     loop.stop()
+    close = getattr(servicer, "close", None)
+    if close is not None:
+        close()
     return 0
 
 

@@ -21,6 +21,7 @@ from tandem.worker.engine.scheduler import SchedulerOutput
 from tandem.worker.kv_transport.base import KvLayout, KvSender, KvTransferError
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS, StreamKvSender, staging_for
 from tandem.worker.kv_transport.handshake import check_compatible, reserve_transport
+from tandem.worker.serve.drain import refuse_while_draining
 from tandem.worker.serve.metrics import WorkerMetrics
 from tandem.worker.serve.wire import load_report
 
@@ -65,7 +66,13 @@ class PrefillServicer:
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
         self.draining = False
+        self._inflight = 0  # Prefill RPCs accepted and not yet answered
         loop.engine.layer_hook = self._after_layer
+
+    def busy(self) -> int:
+        """Prefills accepted and not yet answered (their KV may still be on its way)."""
+        with self._lock:
+            return self._inflight
 
     # --- RPCs ---------------------------------------------------------------------------------
     def Handshake(self, request: common_pb2.HandshakeRequest, context: grpc.ServicerContext) -> common_pb2.HandshakeReply:
@@ -82,8 +89,17 @@ class PrefillServicer:
         return load_report(self.loop.snapshot, self.info.worker_id, "prefill", 0, self.draining)
 
     def Prefill(self, request: prefill_pb2.PrefillRequest, context: grpc.ServicerContext) -> prefill_pb2.PrefillReply:
-        if self.draining:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "prefill worker is draining")
+        with self._lock:
+            if self.draining:
+                refuse_while_draining(context, "prefill worker")
+            self._inflight += 1
+        try:
+            return self._prefill(request, context)
+        finally:
+            with self._lock:
+                self._inflight -= 1
+
+    def _prefill(self, request: prefill_pb2.PrefillRequest, context: grpc.ServicerContext) -> prefill_pb2.PrefillReply:
         arrived = time.perf_counter()
         prompt = list(request.prompt_token_ids)
         try:

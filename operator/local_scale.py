@@ -1,0 +1,191 @@
+"""Resize a pool of `tandem up`'s worker processes: start new workers, drain chosen ones away, tell the router.
+
+Scaling down is drain-safe: the worker holding the fewest running sequences is chosen, told to drain
+(SIGTERM), and taken out of the router's workers file at once; it finishes what it holds and exits on
+its own. The router re-reads the workers file, so it picks up the new set without a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from tandem.operator.autoscale.types import Replicas
+from tandem.operator.local import LocalStack, free_port_block
+from tandem.operator.local_plan import ProcessPlan, local_tls_dir, worker_plan, workers_document
+from tandem.spec import InferenceService
+from tandem.v1 import colocated_pb2_grpc, common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+
+STUBS = {
+    "prefill": prefill_pb2_grpc.PrefillServiceStub,
+    "decode": decode_pb2_grpc.DecodeServiceStub,
+    "colocated": colocated_pb2_grpc.ColocatedServiceStub,
+}
+
+
+def pick_victims(running_sequences: Mapping[str, int | None], count: int) -> list[str]:
+    """Which workers to remove: the fewest running sequences first; a worker that does not answer (None,
+    still starting) before any that serves; among equals the newest name (highest index)."""
+
+    def key(name: str) -> tuple[int, int, int, str]:
+        running = running_sequences[name]
+        _, _, index = name.rpartition("-")
+        return (0 if running is None else 1, running or 0, -int(index) if index.isdigit() else 0, name)
+
+    return sorted(running_sequences, key=key)[: max(0, count)]
+
+
+@dataclass
+class Leaving:
+    plan: ProcessPlan
+    proc: subprocess.Popen
+    since: float
+
+
+class LocalPools:
+    """The worker pools of one running local stack, resizable one worker at a time."""
+
+    def __init__(
+        self,
+        stack: LocalStack,
+        svc: InferenceService,
+        base: Path,
+        workers_file: Path,
+        host: str = "127.0.0.1",
+        threads: int = 1,
+        load: Callable[[ProcessPlan], common_pb2.LoadReport | None] | None = None,
+    ):
+        self.stack, self.svc, self.base, self.workers_file = stack, svc, base, workers_file
+        self.host, self.threads = host, threads
+        tls_dir = local_tls_dir(svc, base)
+        server_name = svc.spec.security.tls.server_name if svc.spec.security.tls else None
+        self.load = load or (lambda p: load_report(p, tls_dir=tls_dir, server_name=server_name))
+        self.leaving: list[Leaving] = []
+        self.exited: dict[str, int] = {}  # drained workers that are gone: their exit codes
+        self._lock = threading.RLock()  # pools may be resized from several threads
+        self._next_index = {role: sum(1 for p in stack.plans if p.role == role) for role in STUBS}
+
+    def members(self, role: str) -> list[ProcessPlan]:
+        """Workers of `role` the router may use (started or starting, not draining)."""
+        with self._lock:
+            return [p for p in self.stack.plans if p.role == role and p.name in self.stack.running]
+
+    def replicas(self, role: str) -> Replicas:
+        """Ready (answers a load report and is not draining), starting, and draining workers of `role`."""
+        self.reap()
+        reports = [self.load(p) for p in self.members(role)]
+        ready = sum(1 for r in reports if r is not None and not r.draining)
+        return Replicas(ready=ready, starting=len(reports) - ready, draining=sum(1 for w in self.leaving if w.plan.role == role))
+
+    def scale(self, role: str, desired: int) -> tuple[list[str], list[str]]:
+        """Start or drain workers until `role` has `desired` members; returns (started, draining) names."""
+        members = self.members(role)
+        started: list[str] = []
+        drained: list[str] = []
+        for _ in range(desired - len(members)):
+            started.append(self._start(role).name)
+        if desired < len(members):
+            running = {p.name: _running(self.load(p)) for p in members}
+            drained = self.drain(pick_victims(running, len(members) - desired))
+        if started:
+            self.write_workers_file()
+        return started, drained
+
+    def drain(self, worker_names: list[str]) -> list[str]:
+        """Tell these workers to drain and take them out of the router's set; they exit when done."""
+        with self._lock:
+            by_name = {p.name: p for p in self.stack.plans if p.name in self.stack.running}
+            for name in worker_names:
+                self._drain(by_name[name])
+            if worker_names:
+                self.write_workers_file()
+        return list(worker_names)
+
+    def write_workers_file(self) -> None:
+        with self._lock:
+            members = [p for p in self.stack.plans if p.name in self.stack.running]
+            tmp = self.workers_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(workers_document(members)))
+            os.replace(tmp, self.workers_file)  # the router never reads half a file
+
+    def reap(self) -> list[tuple[str, int]]:
+        """Drained workers that have exited: (name, exit code); they leave the plan for good."""
+        with self._lock:
+            gone = [w for w in self.leaving if w.proc.poll() is not None]
+            self.leaving = [w for w in self.leaving if w not in gone]
+            for w in gone:
+                self.exited[w.plan.name] = w.proc.returncode
+                if w.plan in self.stack.plans:
+                    self.stack.plans.remove(w.plan)
+        return [(w.plan.name, w.proc.returncode) for w in gone]
+
+    def wait_drained(self, timeout_s: float) -> list[tuple[str, int]]:
+        """Block until every draining worker exited (or the timeout passes); their exit codes."""
+        deadline = time.monotonic() + timeout_s
+        exited: list[tuple[str, int]] = []
+        while True:
+            exited += self.reap()
+            if not self.leaving or time.monotonic() > deadline:
+                return exited
+            time.sleep(0.1)
+
+    def close(self, grace_s: float = 10.0) -> None:
+        """Stop the draining workers that are still finishing (the stack stops the rest)."""
+        for w in self.leaving:
+            try:
+                w.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(w.proc.pid, signal.SIGKILL)
+                w.proc.wait()
+        self.reap()
+
+    # --- one worker ---------------------------------------------------------------------------
+    def _start(self, role: str) -> ProcessPlan:
+        with self._lock:
+            index = self._next_index[role]
+            self._next_index[role] += 1
+            p = worker_plan(self.svc, self.base, role, index, self.host, free_port_block(2), self.threads)
+            self.stack.spawn(p)
+        return p
+
+    def _drain(self, p: ProcessPlan) -> None:
+        proc = self.stack.running.pop(p.name)  # from now on it is not the stack's to watch: it leaves
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        with self._lock:
+            self.leaving.append(Leaving(p, proc, time.monotonic()))
+
+
+def _running(report: common_pb2.LoadReport | None) -> int | None:
+    return None if report is None else report.running_sequences + report.waiting_sequences
+
+
+def load_report(
+    p: ProcessPlan, timeout_s: float = 2.0, tls_dir: str | None = None, server_name: str | None = None
+) -> common_pb2.LoadReport | None:
+    """A worker's load report over gRPC (mutual TLS with the stack's files), or None when it does not
+    answer (starting, or gone)."""
+    if tls_dir:
+        d = Path(tls_dir)
+        creds = grpc.ssl_channel_credentials(
+            (d / "ca.crt").read_bytes(), (d / "tls.key").read_bytes(), (d / "tls.crt").read_bytes()
+        )
+        options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+        channel = grpc.secure_channel(p.address, creds, options=options)
+    else:
+        channel = grpc.insecure_channel(p.address)
+    try:
+        return STUBS[p.role](channel).Load(common_pb2.LoadRequest(), timeout=timeout_s)  # type: ignore[attr-defined]
+    except grpc.RpcError:
+        return None
+    finally:
+        channel.close()
