@@ -29,6 +29,7 @@ ITL_SECONDS = "tandem_inter_token_latency_seconds"
 E2E_SECONDS = "tandem_e2e_latency_seconds"
 REQUESTS_TOTAL = "tandem_requests_total"
 ROUTER_QUEUE_DEPTH = "tandem_router_queue_depth"
+ROUTER_ROUTABLE_WORKERS = "tandem_router_routable_workers"  # by `role`: prefill | decode | colocated
 # The service's SLO as the router judges each completed request: the target (seconds) and objective (the
 # fraction of requests that must meet it, spec.slo.percentile / 100) per `slo`, and requests by `met`.
 SLO_TARGET_SECONDS = "tandem_slo_target_seconds"

@@ -56,6 +56,9 @@ class ScriptedBackend:
     def queue_depth(self) -> int:
         return self.in_flight
 
+    def routable_workers(self) -> dict[str, int]:
+        return {"prefill": 2, "decode": int(self.healthy), "colocated": 0}
+
     async def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams, timing: Timing):
         self.calls.append((request_id, prompt_ids, params))
         timing.prefill_worker, timing.decode_worker = "127.0.0.1:7001", "127.0.0.1:7002"
@@ -491,6 +494,10 @@ async def test_slo_series_judge_each_completed_request(tok):
     assert f'tandem_slo_requests_total{{met="false",{labels},slo="ttft"}} 0.0' in text
     assert f'tandem_slo_requests_total{{met="false",{labels},slo="tpot"}} 1.0' in text
     assert f'tandem_slo_requests_total{{met="true",{labels},slo="tpot"}} 0.0' in text
+    assert 'tandem_router_routable_workers{pool="router",role="prefill",service="svc"} 2.0' in text
+    backend.healthy = False
+    async with client_for(app) as c:
+        assert 'tandem_router_routable_workers{pool="router",role="decode",service="svc"} 0.0' in (await c.get("/metrics")).text
 
 
 def test_slo_outcomes():

@@ -56,3 +56,7 @@ class Backend(Protocol):
     def queue_depth(self) -> int:
         """Requests admitted by the router and not yet finished."""
         ...
+
+    def routable_workers(self) -> dict[str, int]:
+        """Workers the router can route to now, by pool (prefill, decode, colocated)."""
+        ...

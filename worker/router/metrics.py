@@ -16,6 +16,7 @@ from tandem.names import (
     POOL_ROUTER,
     REQUESTS_TOTAL,
     ROUTER_QUEUE_DEPTH,
+    ROUTER_ROUTABLE_WORKERS,
     SLO_OBJECTIVE_RATIO,
     SLO_REQUESTS_TOTAL,
     SLO_TARGET_SECONDS,
@@ -110,6 +111,7 @@ class RouterMetrics:
         queue_depth: Callable[[], float],
         registry: CollectorRegistry | None = None,
         slo: Slo | None = None,
+        routable_workers: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.slo = slo or Slo()
@@ -147,6 +149,15 @@ class RouterMetrics:
             ROUTER_QUEUE_DEPTH, "Requests admitted by the router and not yet finished", labels, registry=r
         )
         depth.labels(**self.labels).set_function(queue_depth)
+        if routable_workers is not None:
+            workers = Gauge(
+                ROUTER_ROUTABLE_WORKERS, "Workers the router can route to, by pool", (*labels, "role"), registry=r
+            )
+            def count(role: str) -> Callable[[], float]:
+                return lambda: routable_workers().get(role, 0)
+
+            for role in ("prefill", "decode", "colocated"):
+                workers.labels(**self.labels, role=role).set_function(count(role))
         target = Gauge(SLO_TARGET_SECONDS, "The SLO's latency target", (*labels, "slo"), registry=r)
         objective = Gauge(
             SLO_OBJECTIVE_RATIO, "Fraction of requests that must meet the SLO's target", (*labels, "slo"), registry=r

@@ -127,6 +127,9 @@ class GrpcBackend:
     def queue_depth(self) -> int:
         return self.inflight
 
+    def routable_workers(self) -> dict[str, int]:
+        return {role: sum(v.routable for v in self.pools.views(role)) for role in STUBS}
+
     # --- membership and health ----------------------------------------------------------------
     def _wanted(self) -> dict[str, list[str]]:
         wanted = {r: list(self.static.get(r, [])) for r in STUBS}

@@ -1,12 +1,16 @@
-"""Every panel of the chart's Grafana dashboard returns data from a real Prometheus scraping a live local
-stack under load: each query runs through the HTTP API with the template variables filled in the way
-Grafana fills them, and a query with no data fails naming its panel."""
+"""Observability against a live local stack under load, scraped by a real Prometheus: every panel of the
+chart's Grafana dashboard returns data (each query through the HTTP API with the template variables filled
+in the way Grafana fills them; a query with no data fails naming its panel), the alert rules evaluate on
+the live series, and `tandem top` run headless shows the stack."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -156,3 +160,40 @@ def test_variables_and_annotations(observed):
     assert listed == {"namespace": {NAMESPACE}, "service": {SERVICE}, "pool": {"prefill", "decode"}}
     for annotation in dash["annotations"]["list"]:
         prom.query(grafana_vars(annotation["expr"]))  # parses and evaluates (no data without the autoscaler)
+
+
+def _top(*args: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "tandem", "top", "--iterations", "2", "--interval", "1", *args],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "220"})
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def _cell(output: str, column: int) -> str:
+    """The last frame's row for the service: the text of one column."""
+    row = [line for line in output.splitlines() if SERVICE in line][-1]
+    return row.split("│")[column + 1].strip()
+
+
+def test_top_headless_from_the_routers_metrics(observed):
+    prom, load = observed
+    router_url = load.url
+    out = _top("--router", router_url)
+    assert out.count("tandem top") == 2  # one frame per poll
+    assert _cell(out, 0) == SERVICE  # a router's /metrics does not know the namespace
+    assert _cell(out, 1) == "prefill 1  decode 1"  # workers the router can route to
+    ttft, tpot = _cell(out, 2), _cell(out, 3)
+    assert re.fullmatch(r"[0-9.]+ms / 2000ms \S*", ttft), ttft  # the spec's SLO line, a sparkline
+    assert re.fullmatch(r"[0-9.]+ms / 200ms \S*", tpot), tpot
+    attainment = _cell(out, 4)
+    assert re.fullmatch(r"ttft [0-9.]+% tpot [0-9.]+% \(objective 90%\)", attainment), attainment
+    assert float(_cell(out, 5).split()[0]) > 0  # requests per second between the two polls
+
+
+def test_top_headless_from_prometheus_agrees(observed):
+    prom, _ = observed
+    out = _top("--prometheus", prom.url)
+    assert _cell(out, 0) == f"{NAMESPACE}/{SERVICE}" and _cell(out, 1) == "prefill 1  decode 1"  # up per pool
+    (objective,) = prom.query(f'max(tandem_slo_objective_ratio{{service="{SERVICE}"}})')
+    assert f"(objective {float(objective['value'][1]) * 100:.0f}%)" in _cell(out, 4)
+    assert re.match(r"[0-9.]+ms / 2000ms", _cell(out, 2)) and "(" in _cell(out, 5)  # errors: the 404s
