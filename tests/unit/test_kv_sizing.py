@@ -94,3 +94,11 @@ def test_cpu_plan_explicit_blocks_or_a_share_of_the_cpu_budget(tiny_model):
     assert plan.num_blocks == CPU_KV_BUDGET_BYTES // 2 // block and plan.max_model_len == 1024
     with pytest.raises(KvCacheTooSmall):
         plan_kv_cache(tiny_model, EngineConfig(block_size=16), memory_percent=1)  # 10 MiB: not one 4096 context
+
+
+def test_worker_refuses_to_start_when_one_full_context_does_not_fit(tiny_model_dir, capsys):
+    from tandem.worker.serve.main import main
+
+    argv = ["--role", "decode", "--model-dir", str(tiny_model_dir), "--device", "cpu", "--kv-memory-percent", "1"]
+    assert main(argv) == 2  # 1% of the CPU budget holds 163 blocks of 16 tokens; a 4096-token context needs 256
+    assert "fewer than the 256 one sequence at the model's context needs" in capsys.readouterr().err
