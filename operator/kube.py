@@ -19,6 +19,7 @@ FIELD_MANAGER = "tandem-operator"
 _KINDS = {
     "Deployment": ("/apis/apps/v1", "deployments"),
     "Service": ("/api/v1", "services"),
+    "Pod": ("/api/v1", "pods"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "InferenceService": ("/apis/serving.tandem.dev/v1alpha1", "inferenceservices"),

@@ -36,6 +36,7 @@ class ReconcileQueue:
         self._waiting: dict[Key, asyncio.TimerHandle] = {}  # objects in backoff and their retry timer
         self._generation: dict[Key, int] = {}  # newest generation seen per object
         self._failed_generation: dict[Key, int | None] = {}
+        self._rechecks: dict[Key, asyncio.TimerHandle] = {}  # a later look the last run asked for
         self.known: set[Key] = set()
 
     def trigger(self, key: Key, fresh: bool = False, delay: float = 0.0, generation: int | None = None) -> None:
@@ -61,10 +62,18 @@ class ReconcileQueue:
     def forget(self, key: Key) -> None:
         """The object is gone: drop its backoff and history."""
         self.known.discard(key)
-        if key in self._waiting:
-            self._waiting.pop(key).cancel()
+        for timers in (self._waiting, self._rechecks):
+            if key in timers:
+                timers.pop(key).cancel()
         for table in (self._failures, self._generation, self._failed_generation):
             table.pop(key, None)
+
+    def _recheck(self, key: Key, after: float | None) -> None:
+        """One pending look-again per object: the newest run's request replaces the older one."""
+        if key in self._rechecks:
+            self._rechecks.pop(key).cancel()
+        if after:
+            self._rechecks[key] = asyncio.get_running_loop().call_later(after, self.trigger, key)
 
     def _retry(self, key: Key) -> None:
         self._waiting.pop(key, None)
@@ -80,11 +89,12 @@ class ReconcileQueue:
             self._fresh.discard(key)
             started = self._generation.get(key)
             try:
-                await asyncio.to_thread(self._fn, *key, fresh)
+                result = await asyncio.to_thread(self._fn, *key, fresh)
             except Exception as e:  # retried below; the error is the operator's to report, not to crash on
                 self._failed(key, e, started)
             else:
                 self._failures.pop(key, None)
+                self._recheck(key, getattr(result, "recheck_after", None))
             finally:
                 self._running.discard(key)
         if key in self._dirty:

@@ -18,22 +18,26 @@ from tandem.operator import render
 from tandem.operator.cache import ObjectCache
 from tandem.operator.drift import is_subset, needs_apply
 from tandem.operator.kube import ApiError, Kube
+from tandem.operator.pod_health import pod_problems
 from tandem.operator.pools import desired_pool_replicas
-from tandem.operator.status import inference_pool_status, same_status, service_status
+from tandem.operator.status import inference_pool_status, rolled_out, same_status, service_status
 from tandem.spec import KIND, InferenceServiceSpec
 
 log = logging.getLogger("tandem.operator")
 
 _APPLY_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="apply")
 _CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "InferencePool")
+POD_RECHECK_SECONDS = 5.0
 
 
 @dataclass
 class Outcome:
-    """What one reconcile did; `writes` lists every API write it made."""
+    """What one reconcile did; `writes` lists every API write it made. `recheck_after` (seconds) asks for
+    another look while pods start, since the operator watches Deployments, not pods."""
 
     writes: list[str] = field(default_factory=list)
     ready: bool = False
+    recheck_after: float | None = None
 
 
 def _now() -> str:
@@ -209,14 +213,24 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
             out.writes.append(f"status InferencePool/{live_pool['metadata']['name']}")
 
     desired = {**replicas, names.POOL_ROUTER: spec.router.replicas}
-    status = service_status(generation, deployments, desired, previous, endpoint, _now())
-    out.ready = next(c for c in status["conditions"] if c["type"] == "Ready")["status"] == "True"
+    # Only a pool that is not rolled out costs a pod read: steady state reads no pods.
+    stuck = [p for p in desired if deployments.get(p) is not None and not rolled_out(deployments.get(p), desired[p])]
+    pods = _APPLY_POOL.map(lambda p: kube.list("Pod", namespace, render.selector_string(name, p)), stuck)
+    problems = {p: pod_problems(found) for p, found in zip(stuck, pods, strict=True)}
+    if stuck and not any(problems.values()):
+        out.recheck_after = POD_RECHECK_SECONDS  # pods may yet turn unschedulable or fail to pull
+    status = service_status(generation, deployments, desired, previous, endpoint, _now(), pod_problems=problems)
+    conditions = {c["type"]: c for c in status["conditions"]}
+    out.ready = conditions["Ready"]["status"] == "True"
     if not same_status(status, previous):
         reader.remember(_patch_status(kube, namespace, name, status, previous))
         out.writes.append("status")
-        was_ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in previous.get("conditions") or [])
-        if out.ready and not was_ready:
+        before = {c.get("type"): c for c in previous.get("conditions") or []}
+        if out.ready and (before.get("Ready") or {}).get("status") != "True":
             kube.event(isvc, "Ready", "all pools ready")
+        degraded, was = conditions["Degraded"], before.get("Degraded") or {}
+        if degraded["status"] == "True" and (was.get("status") != "True" or was.get("reason") != degraded["reason"]):
+            kube.event(isvc, degraded["reason"], degraded["message"], "Warning")
     changed = [w for w in out.writes if not w.startswith("status")]
     if changed:
         kube.event(isvc, "Reconciled", "; ".join(changed))

@@ -18,13 +18,14 @@ def rolled_out(dep: Body | None, desired: int) -> bool:
             and st.get("replicas", 0) == desired)
 
 
-def failure(dep: Body | None) -> str | None:
-    """A reason string when a Deployment reports it cannot progress."""
+def failure(dep: Body | None) -> tuple[str, str] | None:
+    """(reason, the Deployment's message) when a Deployment reports it cannot progress."""
+    for c in ((dep or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == "ReplicaFailure" and c.get("status") == "True":
+            return "ReplicaFailure", c.get("message") or "pods cannot be created"
     for c in ((dep or {}).get("status") or {}).get("conditions") or []:
         if c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded":
-            return "ProgressDeadlineExceeded"
-        if c.get("type") == "ReplicaFailure" and c.get("status") == "True":
-            return "ReplicaFailure"
+            return "ProgressDeadlineExceeded", c.get("message") or "the rollout made no progress"
     return None
 
 
@@ -66,12 +67,16 @@ def _condition(ctype: str, ok: bool, reason: str, message: str, generation: int,
 
 
 def service_status(generation: int, deployments: dict[str, Body | None], desired: dict[str, int],
-                   previous: Body, endpoint: str, now: str, blocked: tuple[str, str] | None = None) -> Body:
+                   previous: Body, endpoint: str, now: str, blocked: tuple[str, str] | None = None,
+                   pod_problems: dict[str, list[tuple[str, str]]] | None = None) -> Body:
     """Conditions (Ready, Progressing, Degraded), per-pool replicas and the router endpoint.
 
     `deployments` and `desired` are keyed by pool (including the router). `blocked` is (reason, message)
     when the spec cannot be rolled out: it could not be rendered (InvalidSpec) or the API server refused a
-    child (ApplyFailed). lastTransitionTime only moves when a condition's status flips.
+    child (ApplyFailed). `pod_problems` (pool -> (reason, message), see pod_health.py) are why a pool's pods
+    do not run. A pool with no replicas cannot serve, so it is not Ready. The three conditions tell one
+    story: while something is failing, Progressing is False with the same reason as Degraded.
+    lastTransitionTime only moves when a condition's status flips.
     """
     prev = {c["type"]: c for c in previous.get("conditions") or []}
     if blocked:
@@ -84,17 +89,34 @@ def service_status(generation: int, deployments: dict[str, Body | None], desired
         return {"observedGeneration": generation, "conditions": _keep_foreign(conds, prev),
                 "pools": previous.get("pools") or {}, "routerEndpoint": endpoint}
     pools = {p: pool_status(deployments.get(p), n) for p, n in desired.items()}
-    waiting = [f"{p} {s['summary']}" for p, s in pools.items() if not rolled_out(deployments.get(p), desired[p])]
-    failures = {p: r for p in desired if (r := failure(deployments.get(p)))}
-    ready = not waiting
+    waiting = [p for p in pools if not rolled_out(deployments.get(p), desired[p])]
+    failures: dict[str, list[tuple[str, str]]] = {}
+    for p in waiting:
+        found = list((pod_problems or {}).get(p) or [])
+        if (f := failure(deployments.get(p))) and not any(r == f[0] for r, _ in found):
+            found.append(f)
+        if found:
+            failures[p] = found
+    empty = [p for p, n in desired.items() if n == 0]
+    why = "; ".join(f"{p}: {m}" for p, found in failures.items() for _, m in found)
+    reason = next((found[0][0] for found in failures.values()), "")
+    summary = ", ".join(f"{p} {pools[p]['summary']}" for p in waiting)
+    if failures:
+        ready_c = (False, reason, f"waiting for {summary}: {why}")
+        progressing = (False, reason, why)
+    elif waiting:
+        ready_c = (False, "PoolsNotReady", f"waiting for {summary}")
+        progressing = (True, "RollingOut", f"rolling out {summary}")
+    elif empty:
+        ready_c = (False, "NoReplicas", f"{', '.join(empty)} scaled to 0 replicas: nothing serves requests")
+        progressing = (False, "RolloutComplete", "every pool runs the current spec")
+    else:
+        ready_c = (True, "AllPoolsReady", "all pools ready")
+        progressing = (False, "RolloutComplete", "every pool runs the current spec")
     conds = [
-        _condition("Ready", ready, "AllPoolsReady" if ready else "PoolsNotReady",
-                   "all pools ready" if ready else "waiting for " + ", ".join(waiting), generation, prev, now),
-        _condition("Progressing", not ready and not failures, "RollingOut" if not ready else "RolloutComplete",
-                   "rolling out " + ", ".join(waiting) if waiting else "every pool runs the current spec",
-                   generation, prev, now),
-        _condition("Degraded", bool(failures), next(iter(failures.values()), "AsExpected"),
-                   ", ".join(f"{p}: {r}" for p, r in failures.items()) or "no pool reports a failure",
+        _condition("Ready", *ready_c, generation, prev, now),
+        _condition("Progressing", *progressing, generation, prev, now),
+        _condition("Degraded", bool(failures), reason or "AsExpected", why or "no pool reports a failure",
                    generation, prev, now),
     ]
     return {"observedGeneration": generation, "conditions": _keep_foreign(conds, prev), "pools": pools,

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from tandem import names
-from tests.k8s.conftest import wait_for
+from tests.k8s.conftest import get_json, wait_for
 from tests.k8s.test_operator_failures import degraded, failed_reconciles, warning_events
-from tests.k8s.test_operator_lifecycle import condition
+from tests.k8s.test_operator_lifecycle import condition, ready_at_current_generation
 
 BASE = {
     "apiVersion": "serving.tandem.dev/v1alpha1",
@@ -131,3 +131,35 @@ def test_reported_as_degraded_with_an_event_and_nothing_half_built(control_plane
                              "-o", "name").stdout
     assert deployments.strip() == "", "a refused child left GPU Deployments behind"
     assert failed_reconciles(operator.log(), ns, case_id) == before[case_id], "retried without a change"
+
+
+# Accepted and applied, but the pods cannot run: (id, spec, reason, text the Degraded message must contain)
+PODS_STUCK = [
+    ("missing-pvc", {"model": {"source": {"pvc": {"claimName": "models"}}, "servedName": "m"}},
+     "Unschedulable", 'persistentvolumeclaim "models" not found'),
+    ("more-gpus-than-a-node", {"decode": pool(resources={"gpus": 64})}, "Unschedulable", "nvidia.com/gpu"),
+]
+
+
+@pytest.mark.parametrize("spec,reason,cause", [c[1:] for c in PODS_STUCK], ids=[c[0] for c in PODS_STUCK])
+def test_pods_that_cannot_run_degrade_with_the_scheduler_s_words(control_plane, operator, namespace, spec, reason,
+                                                                   cause):
+    cp, ns = control_plane, namespace
+    cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(obj("stuck", **spec)))
+    isvc = wait_for(lambda: degraded(cp, ns, "stuck", reason), 30, f"Degraded {reason}")
+    for ctype in ("Ready", "Progressing", "Degraded"):
+        c = condition(isvc, ctype)
+        assert c["reason"] == reason and cause in c["message"], c
+    (event,) = wait_for(lambda: warning_events(cp, ns, "stuck"), 30, "a Warning Event on the InferenceService")
+    assert event["reason"] == reason and cause in event["message"]
+
+
+def test_a_pool_scaled_to_zero_is_not_ready(control_plane, operator, namespace):
+    cp, ns = control_plane, namespace
+    cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(obj("zero")))
+    wait_for(lambda: ready_at_current_generation(cp, ns, "zero"), 90, "Ready")
+    cp.kubectl("scale", "inferencepool", "zero-decode", "-n", ns, "--replicas=0")
+    isvc = wait_for(lambda: (o := get_json(cp, "tsvc", "zero", namespace=ns))
+                    and condition(o, "Ready").get("reason") == "NoReplicas" and o, 30, "Ready=False NoReplicas")
+    assert condition(isvc, "Ready")["status"] == "False" and "decode" in condition(isvc, "Ready")["message"]
+    assert condition(isvc, "Degraded")["status"] == "False"

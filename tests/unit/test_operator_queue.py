@@ -123,3 +123,23 @@ def test_permanent_error_waits_for_a_new_generation(status):
 
     asyncio.run(main())
     assert generations == [1, 2]
+
+
+def test_a_run_that_asks_for_a_recheck_runs_again_once():
+    class Outcome:
+        def __init__(self, after):
+            self.recheck_after = after
+
+    calls: list[bool] = []
+
+    def fn(ns, name, fresh):
+        calls.append(fresh)
+        return Outcome(0.05 if len(calls) == 1 else None)
+
+    async def main():
+        q = ReconcileQueue(fn)
+        q.trigger(("ns", "e"))
+        await asyncio.sleep(0.4)
+
+    asyncio.run(main())
+    assert len(calls) == 2
