@@ -46,6 +46,7 @@ VALUES: dict[str, list[Any]] = {
     "decode.env": [[], [{"name": "A", "value": "1"}]],
     "prefill.affinity": [ABSENT, {"nodeAffinity": {}}],
     "decode.affinity": [ABSENT, {"nodeAffinity": {}}],
+    "security.networkPolicy.metricsFrom": [[], [{"namespaceSelector": {}}]],
 }
 
 # The rest of the spec a field needs around it to take effect (merged into the base spec).
