@@ -16,7 +16,7 @@ read it. The JSON format (all times in milliseconds):
     }
 
 Prefill time between measured prompt lengths is interpolated linearly (and extrapolated from the last
-two points); decode step time is the least-squares fit `a + b*batch + c*batch*context`, the shape of a
+two points); decode step time is the least-squares fit (in relative error) `a + b*batch + c*batch*context`, the shape of a
 step that reads the weights once and every running sequence's KV.
 """
 
@@ -92,7 +92,8 @@ class Profile(BaseModel):
     def _decode_fit(self) -> tuple[float, float, float]:
         rows = np.array([[1.0, p.batch, p.batch * p.context_tokens] for p in self.decode])
         ys = np.array([p.step_ms for p in self.decode])
-        coef, *_ = np.linalg.lstsq(rows, ys, rcond=None)
+        # Relative error: a 15 ms step and a 500 ms step count alike, so small batches are not fitted away.
+        coef, *_ = np.linalg.lstsq(rows / ys[:, None], np.ones_like(ys), rcond=None)
         a, b, c = (max(float(v), 0.0) for v in coef)  # a step never gets faster with more work
         return a, b, c
 
