@@ -14,12 +14,14 @@ from dataclasses import dataclass
 import torch
 
 from tandem.worker.api.params import InvalidRequest, SamplingParams
+from tandem.worker.engine.attention import BACKENDS
 from tandem.worker.engine.block_manager import BlockManager
 from tandem.worker.engine.kv_cache import KvCache
-from tandem.worker.engine.model import AttentionBatch, Transformer
+from tandem.worker.engine.model import Transformer
 from tandem.worker.engine.sampling import sample
 from tandem.worker.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tandem.worker.engine.sequence import Sequence
+from tandem.worker.engine.step_inputs import HostStaging, build_step_inputs
 from tandem.worker.hf.config import served_context_length
 
 
@@ -33,6 +35,11 @@ class EngineConfig:
     max_model_len: int | None = None  # defaults to the model's max positions
     enable_prefix_caching: bool = True
     prefix_cache_seed: str = ""  # the model's identity: roots every prefix hash chain
+    attention: str = "sdpa"  # sdpa (reference: gathers each context) | flex (reads the paged cache in place)
+
+    def __post_init__(self) -> None:
+        if self.attention not in BACKENDS:
+            raise ValueError(f"attention must be one of {', '.join(BACKENDS)}, got {self.attention!r}")
 
 
 @dataclass
@@ -73,6 +80,7 @@ class Engine:
         self.layer_hook: EngineLayerHook | None = None
         self.last_schedule: SchedulerOutput | None = None  # for metrics
         self._ids = itertools.count()
+        self.staging = HostStaging(self.device)
 
     # --- requests ------------------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -143,23 +151,7 @@ class Engine:
 
     @torch.inference_mode()
     def _execute(self, sched: SchedulerOutput) -> torch.Tensor | None:
-        ids, pos, slots, sample_rows = [], [], [], []
-        bs = self.config.block_size
-        for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
-            start = seq.num_computed
-            ids += seq.token_ids[start : start + n]
-            for p in range(start, start + n):
-                pos.append(p)
-                slots.append(seq.block_table[p // bs] * bs + p % bs)
-            if start + n == seq.num_tokens:
-                sample_rows.append(len(ids) - 1)
-        batch = AttentionBatch(
-            query_lens=list(sched.num_new_tokens),
-            context_lens=[s.num_computed + n for s, n in zip(sched.seqs, sched.num_new_tokens, strict=True)],
-            block_tables=[s.block_table for s in sched.seqs],
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
-            block_size=bs,
-        )
+        inputs = build_step_inputs(sched, self.config.block_size, self.config.attention, self.staging)
         hook = None
         if self.layer_hook is not None:
             layer_hook = self.layer_hook
@@ -167,17 +159,10 @@ class Engine:
             def hook(layer: int) -> None:
                 layer_hook(layer, sched)
 
-        hidden = self.model(
-            torch.tensor(ids, dtype=torch.long, device=self.device),
-            torch.tensor(pos, dtype=torch.long, device=self.device),
-            self.kv.k,
-            self.kv.v,
-            batch,
-            hook,
-        )
-        if not sample_rows:
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv.k, self.kv.v, inputs.batch, hook)
+        if not inputs.num_sampled:
             return None
-        return self.model.logits(hidden[torch.tensor(sample_rows, device=self.device)]).cpu()
+        return self.model.logits(hidden.index_select(0, inputs.sample_rows)).cpu()
 
     def _update(self, sched: SchedulerOutput, logits: torch.Tensor | None) -> list[StepOutput]:
         to_sample = []
@@ -192,8 +177,7 @@ class Engine:
         return [self._append(s, t, lp) for s, t, lp in zip(to_sample, tokens, logprobs, strict=True)]
 
     def _append(self, seq: Sequence, token: int, logprob: float) -> StepOutput:
-        seq.output_ids.append(token)
-        seq.output_logprobs.append(logprob)
+        seq.append_output(token, logprob)
         reason = self._finish_reason(seq)
         if reason is not None:
             self.scheduler.finish(seq, reason)

@@ -10,56 +10,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tandem.worker.engine.attention import AttentionBatch, attend
 from tandem.worker.hf.config import ModelConfig, ModelLoadError
 
-
-@dataclass
-class AttentionBatch:
-    """Where the tokens of one forward pass go in the paged KV cache.
-
-    Sequences are laid out back to back in the flat token dimension T. The index tensors that every
-    layer needs are derived once here, not once per layer.
-    """
-
-    query_lens: list[int]  # new tokens per sequence
-    context_lens: list[int]  # tokens in the cache after this step (cached + new), per sequence
-    block_tables: list[list[int]]  # KV block ids per sequence
-    slot_mapping: torch.Tensor  # [T] flat slot (block * block_size + offset) for each new token
-    block_size: int
-    starts: list[int] = field(init=False)  # first flat token of each sequence
-    decode_rows: list[int] = field(init=False)  # sequences with one new token, attended as one batch
-    decode_tokens: torch.Tensor = field(init=False)  # [B] their flat token index
-    decode_blocks: torch.Tensor = field(init=False)  # [B * max_blocks] their block ids, padded
-    decode_mask: torch.Tensor = field(init=False)  # [B, 1, 1, max_blocks * block_size] valid context
-    context_blocks: dict[int, torch.Tensor] = field(init=False)  # other sequences with cached context
-
-    def __post_init__(self) -> None:
-        device = self.slot_mapping.device
-        self.starts = [0]
-        for n in self.query_lens:
-            self.starts.append(self.starts[-1] + n)
-        rows = [i for i, n in enumerate(self.query_lens) if n == 1]
-        self.decode_rows = rows if len(rows) > 1 else []
-        bs = self.block_size
-        if self.decode_rows:
-            need = [-(-self.context_lens[i] // bs) for i in self.decode_rows]
-            width = max(need)
-            ids = [b for i, k in zip(self.decode_rows, need, strict=True) for b in self.block_tables[i][:k] + [0] * (width - k)]
-            lens = torch.tensor([self.context_lens[i] for i in self.decode_rows], device=device)
-            self.decode_blocks = torch.tensor(ids, dtype=torch.long, device=device)
-            self.decode_mask = (torch.arange(width * bs, device=device)[None, :] < lens[:, None])[:, None, None, :]
-            self.decode_tokens = torch.tensor([self.starts[i] for i in self.decode_rows], device=device)
-        self.context_blocks = {
-            i: torch.tensor(self.block_tables[i][: -(-ctx // bs)], dtype=torch.long, device=device)
-            for i, (n, ctx) in enumerate(zip(self.query_lens, self.context_lens, strict=True))
-            if ctx != n and i not in self.decode_rows
-        }
+__all__ = ["AttentionBatch", "Transformer"]
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -132,50 +91,8 @@ class Attention(nn.Module):
         k = k * cos[:, None] + rotate_half(k) * sin[:, None]
         k_cache.view(-1, self.num_kv_heads, self.head_dim)[batch.slot_mapping] = k
         v_cache.view(-1, self.num_kv_heads, self.head_dim)[batch.slot_mapping] = v
-        out = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale)  # [T, NH, D]
+        out = attend(q, k, v, k_cache, v_cache, batch, self.scale)  # [T, NH, D]
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
-
-
-def paged_attention(
-    q: torch.Tensor,  # [T, NH, D]
-    k_new: torch.Tensor,  # [T, KVH, D]
-    v_new: torch.Tensor,
-    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
-    v_cache: torch.Tensor,
-    batch: AttentionBatch,
-    scale: float,
-) -> torch.Tensor:
-    """Causal attention of each sequence's new queries over its whole context in the paged cache."""
-    out = torch.empty_like(q)
-    gqa = q.shape[1] != k_new.shape[1]
-    kvh, d = k_cache.shape[2], k_cache.shape[3]
-    if batch.decode_rows:  # single-token decodes as one batch over padded contexts
-        b = len(batch.decode_rows)
-        ks = k_cache.index_select(0, batch.decode_blocks).view(b, -1, kvh, d).transpose(1, 2)  # [B, KVH, L, D]
-        vs = v_cache.index_select(0, batch.decode_blocks).view(b, -1, kvh, d).transpose(1, 2)
-        qb = q.index_select(0, batch.decode_tokens)[:, :, None, :]  # [B, NH, 1, D]
-        o = F.scaled_dot_product_attention(qb, ks, vs, attn_mask=batch.decode_mask, scale=scale, enable_gqa=gqa)
-        out[batch.decode_tokens] = o[:, :, 0, :]
-    decoded = set(batch.decode_rows)
-    for i, (n, ctx) in enumerate(zip(batch.query_lens, batch.context_lens, strict=True)):
-        if i in decoded:
-            continue
-        s, e = batch.starts[i], batch.starts[i] + n
-        qi = q[s:e].transpose(0, 1)[None]  # [1, NH, n, D]
-        if ctx == n:  # nothing cached before: attend over the fresh keys directly
-            ki, vi = k_new[s:e], v_new[s:e]
-            mask, causal = None, n > 1
-        else:
-            blocks = batch.context_blocks[i]
-            ki = k_cache.index_select(0, blocks).flatten(0, 1)[:ctx]  # [ctx, KVH, D]
-            vi = v_cache.index_select(0, blocks).flatten(0, 1)[:ctx]
-            q_pos = torch.arange(ctx - n, ctx, device=q.device)
-            mask, causal = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None], False  # [n, ctx]
-        o = F.scaled_dot_product_attention(
-            qi, ki.transpose(0, 1)[None], vi.transpose(0, 1)[None], attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa
-        )
-        out[s:e] = o[0].transpose(0, 1)
-    return out
 
 
 class MLP(nn.Module):

@@ -32,14 +32,25 @@ class Sequence:
     arrival: float = field(default_factory=time.monotonic)
     generator: torch.Generator | None = None
     num_preemptions: int = 0
+    _tokens: list[int] = field(init=False, repr=False)  # prompt + output, grown in place
 
     def __post_init__(self) -> None:
         if self.params.seed is not None and self.generator is None:
             self.generator = torch.Generator().manual_seed(self.params.seed)
+        self._tokens = self.prompt_ids + self.output_ids
 
     @property
     def token_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+        """Prompt then output tokens (the sequence's own list: read it, do not change it)."""
+        return self._tokens
+
+    def tokens_between(self, start: int, end: int) -> list[int]:
+        return self._tokens[start:end]
+
+    def append_output(self, token: int, logprob: float) -> None:
+        self.output_ids.append(token)
+        self.output_logprobs.append(logprob)
+        self._tokens.append(token)
 
     @property
     def num_tokens(self) -> int:

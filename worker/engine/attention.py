@@ -1,0 +1,158 @@
+"""Attention over the paged KV cache: where one step's queries look, and the backends that compute it.
+
+`AttentionBatch` holds the step's layout once (built from tensors, not per-token Python loops); every
+layer reuses it. Two backends:
+
+- `sdpa`, the reference: decodes as one batch and prompt chunks one by one, each over its context
+  gathered from the cache with `index_select`, then `scaled_dot_product_attention`.
+- `flex`: one FlexAttention call for the whole step that reads the cache in place. The cache is one
+  long KV sequence of pages; a block mask lists, per sequence, the physical pages it owns (its page
+  table), and the mask maps each physical slot back to its logical position for causality. Nothing
+  is gathered. Compiled on CUDA; elsewhere it runs eagerly (correct, slow: for tests).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from tandem.worker.engine.flex_paged import FlexLayout
+
+BACKENDS = ("sdpa", "flex")
+
+
+@dataclass
+class AttentionBatch:
+    """Where the tokens of one forward pass go in the paged KV cache.
+
+    Sequences are laid out back to back in the flat token dimension T.
+    """
+
+    query_lens: list[int]  # new tokens per sequence
+    context_lens: list[int]  # tokens in the cache after this step (cached + new), per sequence
+    block_tables: list[list[int]]  # KV block ids per sequence
+    slot_mapping: torch.Tensor  # [T] flat slot (block * block_size + offset) for each new token
+    block_size: int
+    backend: str = "sdpa"
+    table: torch.Tensor | None = None  # [S, W] block ids covering each context, padded; derived if None
+    starts: list[int] = field(init=False)  # first flat token of each sequence
+    decode_rows: list[int] = field(init=False)  # sequences with one new token, attended as one batch
+    _flex: FlexLayout | None = field(init=False, default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown attention backend {self.backend!r}; one of {', '.join(BACKENDS)}")
+        self.starts = [0]
+        for n in self.query_lens:
+            self.starts.append(self.starts[-1] + n)
+        if self.table is None:
+            self.table = block_table_tensor(self.block_tables, self.context_lens, self.block_size).to(self.device)
+        rows = [i for i, n in enumerate(self.query_lens) if n == 1]
+        self.decode_rows = rows if len(rows) > 1 else []
+
+    @property
+    def pages(self) -> torch.Tensor:  # [S, W]
+        assert self.table is not None
+        return self.table
+
+    @property
+    def device(self) -> torch.device:
+        return self.slot_mapping.device
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    # --- what the sdpa backend needs, derived once per step -------------------------------------
+    @functools.cached_property
+    def decode_index(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(flat token index [B], their blocks [B * W], valid-context mask [B, 1, 1, W * block_size])."""
+        rows = torch.tensor(self.decode_rows, dtype=torch.long).to(self.device, non_blocking=True)
+        lens = torch.tensor([self.context_lens[i] for i in self.decode_rows]).to(self.device, non_blocking=True)
+        need = max(-(-self.context_lens[i] // self.block_size) for i in self.decode_rows)
+        blocks = self.pages.index_select(0, rows)[:, :need].flatten()
+        mask = (torch.arange(need * self.block_size, device=self.device)[None, :] < lens[:, None])[:, None, None, :]
+        tokens = torch.tensor([self.starts[i] for i in self.decode_rows]).to(self.device, non_blocking=True)
+        return tokens, blocks, mask
+
+    # --- what the flex backend needs ---------------------------------------------------------------
+    def flex_layout(self, num_pool_blocks: int) -> FlexLayout:
+        """The block mask over a pool of `num_pool_blocks` pages, built by the first layer that asks."""
+        if self._flex is None:
+            from tandem.worker.engine.flex_paged import flex_layout
+
+            self._flex = flex_layout(self, num_pool_blocks)
+        return self._flex
+
+
+def block_table_tensor(block_tables: list[list[int]], context_lens: list[int], block_size: int) -> torch.Tensor:
+    """[S, W] the blocks that cover each context, padded with block 0 to the longest (on the host)."""
+    need = [-(-ctx // block_size) for ctx in context_lens]
+    width = max(need, default=0)
+    padded = [t[:k] + [0] * (width - k) for t, k in zip(block_tables, need, strict=True)]
+    return torch.tensor(padded, dtype=torch.long).view(len(padded), width)
+
+
+def attend(
+    q: torch.Tensor,  # [T, NH, D]
+    k_new: torch.Tensor,  # [T, KVH, D]
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D], this step's keys already written
+    v_cache: torch.Tensor,
+    batch: AttentionBatch,
+    scale: float,
+) -> torch.Tensor:  # [T, NH, D]
+    """Causal attention of each sequence's new queries over its whole context, by the batch's backend."""
+    if batch.backend == "flex":
+        from tandem.worker.engine.flex_paged import flex_paged_attention
+
+        return flex_paged_attention(q, k_cache, v_cache, batch.flex_layout(k_cache.shape[0]), scale)
+    return sdpa_paged_attention(q, k_new, v_new, k_cache, v_cache, batch, scale)
+
+
+def sdpa_paged_attention(
+    q: torch.Tensor,  # [T, NH, D]
+    k_new: torch.Tensor,  # [T, KVH, D]
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
+    v_cache: torch.Tensor,
+    batch: AttentionBatch,
+    scale: float,
+) -> torch.Tensor:
+    """The reference: gather each context from the cache, then SDPA (decodes batched over padded contexts)."""
+    out = torch.empty_like(q)
+    gqa = q.shape[1] != k_new.shape[1]
+    kvh, d = k_cache.shape[2], k_cache.shape[3]
+    if batch.decode_rows:
+        b = len(batch.decode_rows)
+        tokens, blocks, valid = batch.decode_index
+        ks = k_cache.index_select(0, blocks).view(b, -1, kvh, d).transpose(1, 2)  # [B, KVH, L, D]
+        vs = v_cache.index_select(0, blocks).view(b, -1, kvh, d).transpose(1, 2)
+        qb = q.index_select(0, tokens)[:, :, None, :]  # [B, NH, 1, D]
+        o = F.scaled_dot_product_attention(qb, ks, vs, attn_mask=valid, scale=scale, enable_gqa=gqa)
+        out[tokens] = o[:, :, 0, :]
+    decoded = set(batch.decode_rows)
+    for i, (n, ctx) in enumerate(zip(batch.query_lens, batch.context_lens, strict=True)):
+        if i in decoded:
+            continue
+        s, e = batch.starts[i], batch.starts[i] + n
+        qi = q[s:e].transpose(0, 1)[None]  # [1, NH, n, D]
+        if ctx == n:  # nothing cached before: attend over the fresh keys directly
+            ki, vi = k_new[s:e], v_new[s:e]
+            mask, causal = None, n > 1
+        else:
+            blocks = batch.pages[i, : -(-ctx // batch.block_size)]
+            ki = k_cache.index_select(0, blocks).flatten(0, 1)[:ctx]  # [ctx, KVH, D]
+            vi = v_cache.index_select(0, blocks).flatten(0, 1)[:ctx]
+            q_pos = torch.arange(ctx - n, ctx, device=q.device)
+            mask, causal = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None], False  # [n, ctx]
+        o = F.scaled_dot_product_attention(
+            qi, ki.transpose(0, 1)[None], vi.transpose(0, 1)[None], attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa
+        )
+        out[s:e] = o[0].transpose(0, 1)
+    return out
