@@ -56,6 +56,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if ok else 1
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf logs in through the same file
+    from tandem.operator.security_defaults import ENV, process_defaults
+
+    try:
+        process_defaults()  # a bad chart value stops the operator here, not at the first reconcile
+    except ValueError as e:
+        print(f"tandem operator: {ENV}: {e}", file=sys.stderr)
+        return 2
 
     import kopf
 

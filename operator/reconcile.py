@@ -20,6 +20,7 @@ from tandem.operator.drift import is_subset, needs_apply
 from tandem.operator.kube import ApiError, Kube
 from tandem.operator.pod_health import pod_problems
 from tandem.operator.pools import desired_pool_replicas
+from tandem.operator.security_defaults import process_defaults, with_defaults
 from tandem.operator.status import inference_pool_status, rolled_out, same_status, service_status
 from tandem.spec import KIND, InferenceServiceSpec
 
@@ -132,7 +133,7 @@ def reconcile(kube: Kube, namespace: str, name: str, cache: ObjectCache | None =
     # creating children and writing status is covered: apply is idempotent, create falls back on 409.)
     reader.first_time = "observedGeneration" not in previous
     try:
-        spec = InferenceServiceSpec.model_validate(isvc.get("spec") or {})
+        spec = with_defaults(InferenceServiceSpec.model_validate(isvc.get("spec") or {}), process_defaults())
     except ValidationError as e:
         _report_blocked(kube, reader, isvc, previous, ("InvalidSpec", str(e).splitlines()[0]), str(e), out)
         return out

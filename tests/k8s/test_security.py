@@ -117,3 +117,20 @@ def test_operator_rbac_single_namespace_switch(control_plane, helm, namespace):
         assert not can_i(control_plane, sa, verb, resource, namespace), (verb, resource)
     for verb, resource in CLUSTER_FORBIDDEN + [("list", "deployments.apps"), ("create", "deployments.apps")]:
         assert not can_i(control_plane, sa, verb, resource, None), (verb, resource)
+
+
+def test_chart_default_security_reaches_the_operator(helm):
+    from tandem.operator.security_defaults import ENV, parse
+
+    out = subprocess.run([helm, "template", "sec", str(CHART), "--set", "defaultSecurity.tls.secretName=tandem-tls",
+                          "--set", "defaultSecurity.apiKeys.secretName=tandem-keys"],
+                         check=True, capture_output=True, text=True, timeout=60)
+    dep = next(d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "Deployment")
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    defaults = parse(env[ENV])
+    assert defaults.tls.secret_name == "tandem-tls" and defaults.api_keys.secret_name == "tandem-keys"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    bad = subprocess.run([helm, "template", "sec", str(CHART), "--set", "defaultSecurity.tls.nope=x"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0
