@@ -110,6 +110,18 @@ class LocalPools:
                 self.write_workers_file()
         return list(worker_names)
 
+    def metrics_targets(self) -> dict[str, list[str]]:
+        """Pool (or "router") -> /metrics URLs of the live processes, for the direct-scrape metric source."""
+        with self._lock:
+            out: dict[str, list[str]] = {}
+            for p in self.stack.plans:
+                if p.name not in self.stack.running:
+                    continue
+                host, _, port = p.address.rpartition(":")
+                url = f"http://{p.address}/metrics" if p.role == "router" else f"http://{host}:{p.metrics_port}/metrics"
+                out.setdefault(p.role, []).append(url)
+            return out
+
     def write_workers_file(self) -> None:
         with self._lock:
             members = [p for p in self.stack.plans if p.name in self.stack.running]

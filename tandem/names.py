@@ -30,6 +30,9 @@ E2E_SECONDS = "tandem_e2e_latency_seconds"
 REQUESTS_TOTAL = "tandem_requests_total"
 ROUTER_QUEUE_DEPTH = "tandem_router_queue_depth"
 ROUTER_ROUTABLE_WORKERS = "tandem_router_routable_workers"  # by `role`: prefill | decode | colocated
+REQUEST_ARRIVALS_TOTAL = "tandem_request_arrivals_total"  # requests reaching the router (the arrival rate)
+REQUEST_PROMPT_TOKENS = "tandem_request_prompt_tokens"  # histogram of prompt lengths (tokens)
+REQUEST_OUTPUT_TOKENS = "tandem_request_output_tokens"  # histogram of output lengths of completed requests
 # The service's SLO as the router judges each completed request: the target (seconds) and objective (the
 # fraction of requests that must meet it, spec.slo.percentile / 100) per `slo`, and requests by `met`.
 SLO_TARGET_SECONDS = "tandem_slo_target_seconds"
@@ -52,6 +55,7 @@ PREFIX_CACHE_QUERIED_TOKENS_TOTAL = "tandem_prefix_cache_queried_tokens_total"
 PREFIX_CACHE_HIT_TOKENS_TOTAL = "tandem_prefix_cache_hit_tokens_total"
 # Autoscaler: the replica count it wants per pool (exported by the autoscaler loop when autoscaling is on)
 AUTOSCALER_DESIRED_REPLICAS = "tandem_autoscaler_desired_replicas"
+AUTOSCALER_DECISIONS_TOTAL = "tandem_autoscaler_decisions_total"  # by pool and reason (CamelCase code)
 
 # Metric labels
 METRIC_LABELS = ("service", "pool")

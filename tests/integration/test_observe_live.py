@@ -28,7 +28,10 @@ DASHBOARD = CHART / "dashboards/tandem.json"
 RULES = CHART / "files/prometheus-rules.yaml"
 NAMESPACE, SERVICE = "team-a", "dash"
 # Series only another component exports, so no data here is expected (each still has to parse).
-NOT_IN_A_LOCAL_STACK = {names.AUTOSCALER_DESIRED_REPLICAS: "the autoscaler loop runs only with autoscaling on"}
+NOT_IN_A_LOCAL_STACK = {
+    names.AUTOSCALER_DESIRED_REPLICAS: "the autoscaler loop runs only with autoscaling on",
+    names.AUTOSCALER_DECISIONS_TOTAL: "the autoscaler loop runs only with autoscaling on",
+}
 
 
 def grafana_vars(expr: str, rate_interval: str = "1m", dashboard_range: str = "5m") -> str:

@@ -469,6 +469,11 @@ async def test_metrics_after_a_request(tok):
     assert f'tandem_requests_total{{{labels},status="200"}} 1.0' in text
     assert f'tandem_requests_total{{{labels},status="404"}} 1.0' in text
     assert f"tandem_router_queue_depth{{{labels}}} 0.0" in text
+    # what the autoscaler reads: arrivals (the 404 arrived too), prompt and output lengths of the served one
+    assert f"tandem_request_arrivals_total{{{labels}}} 2.0" in text
+    assert f"tandem_request_prompt_tokens_count{{{labels}}} 1.0" in text
+    assert f"tandem_request_output_tokens_count{{{labels}}} 1.0" in text
+    assert f"tandem_request_output_tokens_sum{{{labels}}} {float(n)}" in text
     tpot_sum = float(
         next(li for li in text.splitlines() if li.startswith("tandem_tpot_seconds_sum")).split()[-1]
     )

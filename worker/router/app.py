@@ -320,6 +320,7 @@ def create_app(
             params = req.sampling_params(max_tokens)
             admission.acquire()
             admitted = True
+            clock.on_prompt(len(prompt_ids))
             rid = oa.new_id(id_kind)
             gen = Generation(backend, tokenizer, rid, prompt_ids, params, clock)
             if not req.stream:

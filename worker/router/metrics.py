@@ -14,6 +14,9 @@ from tandem.names import (
     ITL_SECONDS,
     METRIC_LABELS,
     POOL_ROUTER,
+    REQUEST_ARRIVALS_TOTAL,
+    REQUEST_OUTPUT_TOKENS,
+    REQUEST_PROMPT_TOKENS,
     REQUESTS_TOTAL,
     ROUTER_QUEUE_DEPTH,
     ROUTER_ROUTABLE_WORKERS,
@@ -69,6 +72,8 @@ TOKEN_BUCKETS = (
     1,
     2.5,
 )
+# Tokens: prompt and output lengths, for the autoscaler's capacity model (powers of two up to 128k).
+LENGTH_BUCKETS = tuple(float(2**i) for i in range(2, 18))
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600)
 
 # Values of the `status` label of REQUESTS_TOTAL: the HTTP status the request ended with, as text.
@@ -145,6 +150,17 @@ class RouterMetrics:
         self.requests = Counter(
             REQUESTS_TOTAL, "Requests by final HTTP status", (*labels, "status"), registry=r
         )
+        self.arrivals = Counter(REQUEST_ARRIVALS_TOTAL, "Requests that reached the router", labels, registry=r).labels(
+            **self.labels
+        )
+        self.prompt_tokens = Histogram(
+            REQUEST_PROMPT_TOKENS, "Prompt length of admitted requests (tokens)", labels, registry=r,
+            buckets=LENGTH_BUCKETS,
+        ).labels(**self.labels)  # fmt: skip
+        self.output_tokens = Histogram(
+            REQUEST_OUTPUT_TOKENS, "Output length of completed requests (tokens)", labels, registry=r,
+            buckets=LENGTH_BUCKETS,
+        ).labels(**self.labels)  # fmt: skip
         depth = Gauge(
             ROUTER_QUEUE_DEPTH, "Requests admitted by the router and not yet finished", labels, registry=r
         )
@@ -174,6 +190,7 @@ class RouterMetrics:
                 self.slo_requests.labels(**self.labels, slo=name, met=met)
 
     def start_request(self, clock: Callable[[], float] = time.perf_counter) -> RequestClock:
+        self.arrivals.inc()
         return RequestClock(self, clock)
 
     def count(self, status: str) -> None:
@@ -194,6 +211,10 @@ class RequestClock:
         self.tokens = 0
         self.status: str | None = None
 
+    def on_prompt(self, num_tokens: int) -> None:
+        """The request was tokenized and admitted: its prompt length."""
+        self.metrics.prompt_tokens.observe(num_tokens)
+
     def on_token(self) -> None:
         now = self.clock()
         if self.last_token is None:
@@ -213,6 +234,7 @@ class RequestClock:
         if status != "200" or self.first_token is None or self.last_token is None:
             return
         self.metrics.e2e.observe(self.clock() - self.arrival)
+        self.metrics.output_tokens.observe(self.tokens)
         tpot = mean_time_per_output_token(self.first_token, self.last_token, self.tokens)
         if tpot is not None:
             self.metrics.tpot.observe(tpot)

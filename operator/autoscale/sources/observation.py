@@ -1,0 +1,26 @@
+"""Turn the values a source read (one per PoolObservation field) into a PoolObservation: units, NaN, replicas."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from tandem.operator.autoscale.sources.promql import SECONDS_FIELDS
+from tandem.operator.autoscale.types import Pool, PoolObservation, Replicas
+
+
+def clean(value: float | None) -> float | None:
+    """None for missing, NaN and infinite values (an empty histogram's quantile is NaN)."""
+    if value is None or math.isnan(value) or math.isinf(value):
+        return None
+    return value
+
+
+def observation(
+    pool: Pool, values: Mapping[str, float | None], replicas: Replicas, at_s: float, window_s: float
+) -> PoolObservation:
+    fields = {}
+    for name, value in values.items():
+        v = clean(value)
+        fields[name] = v * 1000 if v is not None and name in SECONDS_FIELDS else v
+    return PoolObservation(pool=pool, at_s=at_s, window_s=window_s, replicas=replicas, **fields)

@@ -1,0 +1,112 @@
+"""The autoscaler's metric sources, without a cluster: the PromQL is the dashboard's, Prometheus' quantile
+rule, and the direct scrape over real /metrics endpoints of the router's and workers' registries."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+from tandem import names
+from tandem.operator.autoscale.sources import promql
+from tandem.operator.autoscale.sources.base import MetricsUnavailable, Target
+from tandem.operator.autoscale.sources.prometheus import PrometheusSource
+from tandem.operator.autoscale.sources.scrape import ScrapeSource, histogram_quantile
+from tandem.operator.autoscale.types import Pool, Replicas
+from tandem.worker.router.metrics import RouterMetrics
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "charts/tandem/dashboards/tandem.json"
+
+
+def _dashboard_exprs() -> set[str]:
+    dash = json.loads(DASHBOARD.read_text())
+    panels = [q for p in dash["panels"] for q in (p.get("panels", []) if p.get("type") == "row" else [p])]
+    return {t["expr"] for p in panels for t in p.get("targets", [])}
+
+
+@pytest.mark.parametrize("pool", [Pool.prefill, Pool.decode])
+def test_every_query_the_autoscaler_runs_is_charted_on_the_dashboard(pool):
+    charted = _dashboard_exprs()
+    queries = promql.pool_queries(pool, "$namespace", "$service", "$__rate_interval", 90, op="=~", pool_value="$pool")
+    missing = {name: q for name, q in queries.items() if q not in charted}
+    assert not missing, missing
+    assert promql.attainment("$namespace", "$service", "$__rate_interval", op="=~") in charted
+
+
+@pytest.mark.parametrize(
+    "q, buckets, expected",
+    [
+        (0.5, [(1, 0), (2, 10), (math.inf, 10)], 1.5),  # halfway through the (1, 2] bucket
+        (0.9, [(0.1, 5), (0.2, 10), (math.inf, 10)], 0.18),
+        (0.5, [(0.1, 10), (math.inf, 10)], 0.05),  # first bucket: from zero
+        (0.99, [(0.1, 5), (math.inf, 10)], 0.1),  # falls in +Inf: the highest finite bound
+    ],
+)
+def test_histogram_quantile_follows_prometheus(q, buckets, expected):
+    assert histogram_quantile(q, buckets) == pytest.approx(expected)
+
+
+def test_histogram_quantile_of_nothing_is_nan():
+    assert math.isnan(histogram_quantile(0.9, [(1, 0), (math.inf, 0)]))
+
+
+def _serve(registry: CollectorRegistry) -> tuple[str, object]:
+    server, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
+    return f"http://127.0.0.1:{server.server_port}/metrics", server
+
+
+def _requests(metrics: RouterMetrics, ttfts: list[float], tpot: float, tokens: int, prompt: int) -> None:
+    """Completed requests with the given TTFTs, each `tokens` long at `tpot`, on a scripted clock."""
+    for ttft in ttfts:
+        now = [0.0]
+        clock = metrics.start_request(lambda now=now: now[0])
+        clock.on_prompt(prompt)
+        for i in range(tokens):
+            now[0] = ttft + i * tpot
+            clock.on_token()
+        clock.finish("200")
+
+
+def test_direct_scrape_reads_the_window_from_real_endpoints():
+    router = RouterMetrics("svc", lambda: 0)
+    worker_registry = CollectorRegistry()
+    labels = list(names.METRIC_LABELS)
+    queued = Gauge(names.PREFILL_QUEUED_TOKENS, "q", labels, registry=worker_registry).labels(service="svc", pool="prefill")
+    used = Gauge(names.KV_BLOCKS_USED, "u", labels, registry=worker_registry).labels(service="svc", pool="prefill")
+    total = Gauge(names.KV_BLOCKS_TOTAL, "t", labels, registry=worker_registry).labels(service="svc", pool="prefill")
+    router_url, router_server = _serve(router.registry)
+    worker_url, worker_server = _serve(worker_registry)
+    try:
+        _requests(router, [0.04] * 10, 0.01, 8, 100)  # before the window: must not count
+        source = ScrapeSource(lambda: {"router": [router_url], "prefill": [worker_url, "http://127.0.0.1:1/metrics"]})
+        target = Target("ns", "svc", (Pool.prefill, Pool.decode), window_s=60, percentile=90)
+        first = source.observe(target, {Pool.prefill: Replicas(2)}, now_s=100.0)
+        assert first[Pool.prefill].arrival_rate_rps is None  # one scrape: no rate yet
+        _requests(router, [0.15] * 9 + [0.4], 0.02, 11, 300)
+        queued.set(700)
+        used.set(30)
+        total.set(120)
+        obs = source.observe(target, {Pool.prefill: Replicas(2)}, now_s=110.0)
+    finally:
+        router_server.shutdown()  # type: ignore[attr-defined]
+        worker_server.shutdown()  # type: ignore[attr-defined]
+    prefill, decode = obs[Pool.prefill], obs[Pool.decode]
+    assert prefill.arrival_rate_rps == pytest.approx(10 / 10.0)  # 10 requests in the 10 s between scrapes
+    assert prefill.prompt_tokens_mean == pytest.approx(300)
+    assert prefill.output_tokens_mean == pytest.approx(11)
+    # p90 of nine 150 ms and one 400 ms TTFT, interpolated in the (0.1, 0.15] bucket: the rank 9 of 10
+    assert prefill.ttft_ms == pytest.approx(150.0)
+    assert decode.tpot_ms is not None and 15 < decode.tpot_ms <= 20  # 20 ms per token, in the (15, 20] bucket
+    assert prefill.queued_prompt_tokens == 700 and prefill.kv_usage == pytest.approx(0.25)
+    assert prefill.replicas == Replicas(2) and prefill.window_s == 60
+
+
+def test_sources_that_cannot_be_read_say_so():
+    target = Target("ns", "svc", (Pool.decode,))
+    with pytest.raises(MetricsUnavailable):
+        ScrapeSource(lambda: {"router": ["http://127.0.0.1:1/metrics"]}).observe(target, {}, 0.0)
+    with pytest.raises(MetricsUnavailable):
+        PrometheusSource("http://127.0.0.1:1", timeout_s=1).observe(target, {}, 0.0)
