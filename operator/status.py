@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tandem import names
+
 Body = dict[str, Any]
 
 
@@ -87,7 +89,8 @@ def service_status(generation: int, deployments: dict[str, Body | None], desired
             _condition("Degraded", True, reason, message, generation, prev, now),
         ]
         return {"observedGeneration": generation, "conditions": _keep_foreign(conds, prev),
-                "pools": previous.get("pools") or {}, "routerEndpoint": endpoint}
+                "pools": previous.get("pools") or {}, "routerEndpoint": endpoint,
+                "workers": previous.get("workers") or ""}
     pools = {p: pool_status(deployments.get(p), n) for p, n in desired.items()}
     waiting = [p for p in pools if not rolled_out(deployments.get(p), desired[p])]
     failures: dict[str, list[tuple[str, str]]] = {}
@@ -120,7 +123,12 @@ def service_status(generation: int, deployments: dict[str, Body | None], desired
                    generation, prev, now),
     ]
     return {"observedGeneration": generation, "conditions": _keep_foreign(conds, prev), "pools": pools,
-            "routerEndpoint": endpoint}
+            "routerEndpoint": endpoint, "workers": workers_summary(pools)}
+
+
+def workers_summary(pools: dict[str, Body]) -> str:
+    """One printer column for both modes: `prefill 1/1 decode 2/2`, or `colocated 2/2`."""
+    return " ".join(f"{p} {s['summary']}" for p, s in pools.items() if p != names.POOL_ROUTER)
 
 
 def _keep_foreign(ours: list[Body], previous: dict[str, Body]) -> list[Body]:

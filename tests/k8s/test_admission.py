@@ -87,3 +87,13 @@ def test_pool_identity_is_immutable(control_plane, namespace):
     out = control_plane.kubectl("patch", "inferencepool", "p", "-n", namespace, "--type=merge",
                                 "-p", '{"spec":{"pool":"prefill"}}', check=False)
     assert out.returncode != 0 and "spec.pool" in out.stderr, out.stderr
+
+
+def test_kubectl_explain_documents_every_slo_field(control_plane):
+    out = control_plane.kubectl("explain", "tsvc.spec.slo").stdout
+    assert "<no description>" not in out
+    for field in ("ttftMs", "tpotMs", "percentile"):
+        assert field in out
+    assert "Time to first token" in out
+    pool = control_plane.kubectl("explain", "tpool.spec").stdout
+    assert "<no description>" not in pool and "InferenceService" in pool

@@ -97,11 +97,13 @@ def test_apply_creates_ready_gpu_pools(control_plane, llama):
     assert isvc["status"]["routerEndpoint"] == f"http://{SERVICE}-router.{ns}.svc:{names.HTTP_PORT}"
     assert condition(isvc, "Degraded")["status"] == "False"
     assert not any(k.startswith("kopf") for k in isvc["metadata"].get("annotations") or {})
-    assert set(isvc["status"]) == {"observedGeneration", "conditions", "pools", "routerEndpoint"}
+    assert set(isvc["status"]) == {"observedGeneration", "conditions", "pools", "routerEndpoint", "workers"}
     events = cp.kubectl("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={SERVICE}").stdout
     assert "Reconciled" in events and "Ready" in events
-    table = cp.kubectl("get", "tsvc", SERVICE, "-n", ns).stdout
-    assert "True" in table.splitlines()[1] and "2/2" in table
+    header, row = cp.kubectl("get", "tsvc", SERVICE, "-n", ns).stdout.splitlines()[:2]
+    assert header.split()[:6] == ["NAME", "READY", "REASON", "MODE", "WORKERS", "ROUTER"]
+    assert row.split()[:8] == [SERVICE, "True", "AllPoolsReady", "disaggregated", "prefill", "1/1", "decode", "2/2"]
+    assert row.split()[8] == "1/1"
 
 
 def _live_pods(cp, ns: str) -> dict[str, list[dict]]:

@@ -35,6 +35,8 @@ def test_switch_to_colocated_removes_the_split_pools(control_plane, operator, na
     dep = deployment(cp, ns, "colocated", "m")
     assert dep["spec"]["template"]["spec"]["containers"][0]["args"][:3] == ["worker", "--role", "colocated"]
     assert set(get_json(cp, "tsvc", "m", namespace=ns)["status"]["pools"]) == {"colocated", "router"}
+    row = cp.kubectl("get", "tsvc", "m", "-n", ns, "--no-headers").stdout.split()
+    assert row[1:7] == ["True", "AllPoolsReady", "colocated", "colocated", "2/2", "1/1"]
 
 
 def test_autoscaler_on_means_the_operator_owns_pool_replicas(control_plane, operator, namespace):

@@ -105,3 +105,29 @@ def test_name_limit_lets_every_child_name_fit_a_dns_label():
     pools = (names.POOL_PREFILL, names.POOL_DECODE, names.POOL_COLOCATED, names.POOL_ROUTER)
     assert name["maxLength"] == 63 - max(len(child_name("", p)) for p in pools)
     assert name["pattern"] == "^[a-z]([-a-z0-9]*[a-z0-9])?$"  # DNS-1035: Services need it
+
+
+def _undescribed(schema: dict, path: str = "") -> list[str]:
+    out = []
+    for key, sub in (schema.get("properties") or {}).items():
+        here = f"{path}.{key}" if path else key
+        if "description" not in sub and here not in ("apiVersion", "kind", "metadata"):  # the API server's own
+            out.append(here)
+        out += _undescribed(sub, here)
+        if isinstance(sub.get("items"), dict):
+            out += _undescribed(sub["items"], here + "[]")
+        if isinstance(sub.get("additionalProperties"), dict):
+            out += _undescribed(sub["additionalProperties"], here + "{}")
+    return out
+
+
+@pytest.mark.parametrize("name", ["inferenceservice.yaml", "inferencepool.yaml"])
+def test_every_field_is_described_for_kubectl_explain(name):
+    schema = _crd(name)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert _undescribed(schema) == []
+
+
+def test_decode_pool_has_the_prefill_pool_schema_and_its_own_description():
+    props = _schema()["properties"]
+    assert props["decode"]["properties"] == props["prefill"]["properties"]
+    assert "decode" in props["decode"]["description"] and "prefill" in props["prefill"]["description"]
