@@ -83,3 +83,39 @@ def test_every_worker_port_refuses_a_client_without_a_valid_certificate(stack, c
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE, (role, client, err.value)
         with dial(address) as ch, pytest.raises(grpc.RpcError):
             health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+
+
+def test_the_plaintext_probe_port_serves_health_and_nothing_else(tiny_model_dir, certs, tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from tandem.operator.local import free_port_block
+
+    port = free_port_block(2)
+    argv = [sys.executable, "-m", "tandem", "worker", "--role", "decode", "--model-dir", str(tiny_model_dir),
+            "--host", "127.0.0.1", "--port", str(port), "--health-port", str(port + 1), "--num-kv-blocks", "64",
+            "--threads", "1", "--tls-dir", str(certs["stack"])]
+    log = (tmp_path / "worker.log").open("wb")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while "READY" not in (tmp_path / "worker.log").read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "worker.log").read_text()
+            time.sleep(0.3)
+        with grpc.insecure_channel(f"127.0.0.1:{port + 1}") as ch:
+            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.RpcError) as err:
+                _load("decode", ch)
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch, pytest.raises(grpc.RpcError):
+            health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
