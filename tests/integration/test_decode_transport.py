@@ -47,10 +47,8 @@ def decode_worker(tiny_model, request):
     finally:
         channel.close()
         server.stop(None)
-        servicer.close()
+        servicer.close()  # unlinks the staging rings too
         loop.stop()
-        if staging is not None:
-            staging.close()
 
 
 def _reserve(stub, transfer_id: str, transports: list[int], same_host: bool, servicer: DecodeServicer):
