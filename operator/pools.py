@@ -25,6 +25,13 @@ def clamp(value: int, low: int, high: int) -> int:
     return max(low, min(high, value))
 
 
+def clamp_message(spec: InferenceServiceSpec, pool: str, was: int, now: int) -> str:
+    """Why the operator rewrote a pool's count that someone else set (the Event a user sees)."""
+    ps = pool_spec(spec, pool)
+    return (f"{pool}: replicas {was} set to {now}: spec.autoscaling.enabled gives the count to the autoscaler, "
+            f"within minReplicas {ps.min_replicas} and maxReplicas {ps.max_replicas}")
+
+
 def desired_pool_replicas(spec: InferenceServiceSpec, pool: str, live_pool: dict[str, Any] | None) -> tuple[int, bool]:
     """(replicas the pool should have, whether the operator must write them)."""
     ps = pool_spec(spec, pool)

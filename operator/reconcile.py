@@ -19,7 +19,7 @@ from tandem.operator.cache import ObjectCache
 from tandem.operator.drift import is_subset, needs_apply
 from tandem.operator.kube import ApiError, Kube
 from tandem.operator.pod_health import pod_problems
-from tandem.operator.pools import desired_pool_replicas
+from tandem.operator.pools import clamp_message, desired_pool_replicas
 from tandem.operator.security_defaults import process_defaults, with_defaults
 from tandem.operator.status import inference_pool_status, rolled_out, same_status, service_status
 from tandem.spec import KIND, InferenceServiceSpec
@@ -39,6 +39,7 @@ class Outcome:
     writes: list[str] = field(default_factory=list)
     ready: bool = False
     recheck_after: float | None = None
+    clamped: list[str] = field(default_factory=list)  # replica counts the operator moved back into bounds
 
 
 def _now() -> str:
@@ -99,9 +100,12 @@ def _ensure_pool(kube: Kube, reader: Reader, spec: InferenceServiceSpec, name: s
         live = reader.remember(kube.apply(body))
         out.writes.append(f"apply InferencePool/{wanted['metadata']['name']}")
     if write:
+        before = (live.get("spec") or {}).get("replicas")
         live = reader.remember(kube.merge_patch("InferencePool", ns, wanted["metadata"]["name"],
                                                 {"spec": {"replicas": replicas}}))
         out.writes.append(f"scale InferencePool/{wanted['metadata']['name']}={replicas}")
+        if before is not None:
+            out.clamped.append(clamp_message(spec, pool, int(before), replicas))
     return live, replicas
 
 
@@ -232,6 +236,8 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
         degraded, was = conditions["Degraded"], before.get("Degraded") or {}
         if degraded["status"] == "True" and (was.get("status") != "True" or was.get("reason") != degraded["reason"]):
             kube.event(isvc, degraded["reason"], degraded["message"], "Warning")
+    if out.clamped:
+        kube.event(isvc, "ReplicasClamped", "; ".join(out.clamped), "Warning")
     changed = [w for w in out.writes if not w.startswith("status")]
     if changed:
         kube.event(isvc, "Reconciled", "; ".join(changed))

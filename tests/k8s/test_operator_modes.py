@@ -47,3 +47,8 @@ def test_autoscaler_on_means_the_operator_owns_pool_replicas(control_plane, oper
     wait_for(lambda: get_json(cp, "inferencepool", "a-decode", namespace=ns)["spec"]["replicas"] == 2, 30,
              "pool clamped to maxReplicas")
     wait_for(lambda: deployment(cp, ns, "decode", "a")["spec"]["replicas"] == 2, 30, "deployment follows")
+    events = get_json(cp, "events", "--field-selector", "involvedObject.name=a,reason=ReplicasClamped",
+                      namespace=ns)["items"]
+    (event,) = [e for e in events if e["involvedObject"]["kind"] == "InferenceService"]
+    assert event["type"] == "Warning"
+    assert "decode: replicas 5 set to 2" in event["message"] and "maxReplicas 2" in event["message"]

@@ -127,3 +127,11 @@ def test_api_error_carries_the_servers_reason_and_message():
     assert (e.status, e.reason, e.message) == (422, "Invalid", 'Service "a.b-prefill" is invalid')
     raw = ApiError(502, "<html>bad gateway</html>")
     assert (raw.reason, raw.message) == ("", "<html>bad gateway</html>")
+
+
+def test_clamp_message_says_who_owns_the_count_and_the_bounds():
+    from tandem.operator.pools import clamp_message
+
+    msg = clamp_message(SPEC, "decode", 7, 3)
+    assert msg.startswith("decode: replicas 7 set to 3") and "autoscaler" in msg
+    assert "minReplicas 1 and maxReplicas 3" in msg
