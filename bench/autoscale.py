@@ -12,8 +12,10 @@ to run in minutes (--time-scale is there to stress a policy with a faster trace)
 
 --validate starts a real 1 prefill + 1 decode stack of the tiny model on this machine (CPU, one torch
 thread per worker), replays a slice of the conversation trace at three rates (lengths shrunk to what a
-CPU serves), and simulates the same requests on the same fixed pools with the unscaled profile. It
-prints both TTFT and TPOT percentiles and whether they agree within 25%. The profile must be measured
+CPU serves), and simulates the same requests on the same fixed pools, twice: with the profile as it is,
+and with the profile calibrated at idle (one request at a time through the real stack, so the stack's
+own speed on this host, router and transport included), which leaves the queueing and batching under
+load to the simulator. It prints TTFT and TPOT percentiles of each and whether they agree within 25%. The profile must be measured
 on the machine that runs the stack (`tandem profile --model DIR ...`; --profile to pass it), or the
 agreement only measures how far two machines differ.
 """
@@ -165,16 +167,28 @@ def validate(args: argparse.Namespace) -> list[dict[str, Any]]:
             mean_prompt = sum(r.input_len for r in validation_trace(args.validate_requests, 1.0, args.traces)) / args.validate_requests
             service_s = profile.prefill_ms(mean_prompt) / 1000
             measure_real(url, model_dir, validation_trace(12, 1.0, args.traces))  # warm-up, not measured
+            # Calibrate at idle (one request at a time): the stack's own speed on this host, router and
+            # transport included, against the profile's; then check the queueing and batching under load.
+            idle = validation_trace(12, 0.4, args.traces)
+            idle_real, idle_sim = measure_real(url, model_dir, idle), measure_sim(profile, idle)
+            prefill_x = percentile(idle_sim[0], 50) / percentile(idle_real[0], 50)
+            decode_x = percentile(idle_sim[1], 50) / percentile(idle_real[1], 50)
+            calibrated = profile.scaled(prefill_x, decode_x, note="calibrated at idle against the real stack")
+            print(f"idle calibration: real prefill x{prefill_x:.2f}, decode x{decode_x:.2f} the profile's speed", flush=True)
             for load in (0.2, 0.4, 0.6):  # offered prefill utilisation by the profile
                 trace = validation_trace(args.validate_requests, load / service_s, args.traces)
                 real_ttft, real_tpot = measure_real(url, model_dir, trace)
-                sim_ttft, sim_tpot = measure_sim(profile, trace)
-                row: dict[str, Any] = {"load": load, "rate_rps": round(load / service_s, 3), "requests": len(trace)}
-                for name, real, sim in (("ttft", real_ttft, sim_ttft), ("tpot", real_tpot, sim_tpot)):
-                    for p in (50, 90):
-                        r_v, s_v = percentile(real, p), percentile(sim, p)
-                        row[f"{name}_p{p}_real_ms"], row[f"{name}_p{p}_sim_ms"] = round(r_v, 1), round(s_v, 1)
-                        row[f"{name}_p{p}_agrees"] = abs(s_v - r_v) <= AGREEMENT * r_v
+                row: dict[str, Any] = {
+                    "load": load, "rate_rps": round(load / service_s, 3), "requests": len(trace),
+                    "calibration": {"prefill": round(prefill_x, 3), "decode": round(decode_x, 3)},
+                }  # fmt: skip
+                for label, prof in (("sim", profile), ("cal", calibrated)):
+                    sim_ttft, sim_tpot = measure_sim(prof, trace)
+                    for name, real, sim in (("ttft", real_ttft, sim_ttft), ("tpot", real_tpot, sim_tpot)):
+                        for p in (50, 90):
+                            r_v, s_v = percentile(real, p), percentile(sim, p)
+                            row[f"{name}_p{p}_real_ms"], row[f"{name}_p{p}_{label}_ms"] = round(r_v, 1), round(s_v, 1)
+                            row[f"{name}_p{p}_{label}_agrees"] = abs(s_v - r_v) <= AGREEMENT * r_v
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     return rows
