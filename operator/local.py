@@ -1,55 +1,139 @@
 """`tandem up -f SPEC.yaml`: run an InferenceService as router and worker processes on this machine.
 
-The same YAML a user would `kubectl apply`. Ctrl-C (or SIGTERM) stops every process cleanly. With
-`--demo`, one streamed chat request is sent once the stack is up, its TTFT and TPOT printed, and the
-stack stopped again.
+The same YAML a user would `kubectl apply`. A process that crashes is restarted with backoff while the
+rest keeps serving; no process outlives `tandem up`, even killed with SIGKILL; Ctrl-C (or SIGTERM) stops
+every process within a few seconds. With `--demo`, one streamed chat request is sent once the stack is
+up, its TTFT and TPOT printed, and the stack stopped again.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
 from tandem.operator.local_plan import ProcessPlan, model_dir, plan, workers_document
+from tandem.operator.supervisor import ChildState, die_with_parent
 from tandem.spec import InferenceService, load_file
+
+STOP_GRACE_S = 5.0
 
 
 class LocalStack:
-    def __init__(self, procs: list[ProcessPlan], log_dir: Path, quiet: bool = False):
-        self.plans, self.log_dir, self.quiet = procs, log_dir, quiet
+    """The stack's processes, started and watched by one supervisor thread: the parent of every child
+    (their parent-death signal is tied to it), which restarts a child that exits once `arm()` was called."""
+
+    def __init__(self, procs: list[ProcessPlan], log_dir: Path, quiet: bool = False, poll_s: float = 0.1):
+        self.plans, self.log_dir, self.quiet, self.poll_s = procs, log_dir, quiet, poll_s
         self.running: dict[str, subprocess.Popen] = {}
+        self.children: dict[str, ChildState] = {}
+        self._lock = threading.Lock()
+        self._armed, self._stopping, self._reaped = threading.Event(), threading.Event(), threading.Event()
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._supervise, name="tandem-up-supervisor", daemon=True)
+        self._error: BaseException | None = None
+        self._asked: queue.SimpleQueue[tuple[ProcessPlan, Future[subprocess.Popen]]] = queue.SimpleQueue()
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        for p in self.plans:
-            self.spawn(p)
+        self._thread.start()
+        self._started.wait()
+        if self._error is not None:
+            raise RuntimeError(f"could not start the stack: {self._error}") from self._error
+
+    def arm(self) -> None:
+        """From now on a child that exits is restarted (before, an exit is a failed start)."""
+        self._armed.set()
 
     def spawn(self, p: ProcessPlan) -> subprocess.Popen:
-        """Start one planned process (logging to `<name>.log`); the stack stops it with the rest."""
+        """Start one planned process (logging to `<name>.log`); the stack restarts it if it crashes and
+        stops it with the rest. It is started on the supervisor thread, whatever thread asks."""
+        if threading.current_thread() is self._thread or not self._thread.is_alive():
+            with self._lock:
+                return self._spawn(p)
+        asked: Future[subprocess.Popen] = Future()
+        self._asked.put((p, asked))
+        return asked.result(timeout=60)
+
+    def _spawn(self, p: ProcessPlan) -> subprocess.Popen:
+        """Start `p` now (the caller holds the lock) and watch it as the stack's."""
         if p not in self.plans:
             self.plans.append(p)
-        log = open(self.log_dir / f"{p.name}.log", "wb")  # noqa: SIM115 - owned by the child
+        log = open(self.log_dir / f"{p.name}.log", "ab")  # noqa: SIM115 - owned by the child
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **p.env}
-        proc = self.running[p.name] = subprocess.Popen(
-            p.argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+        try:
+            proc = subprocess.Popen(
+                p.argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                preexec_fn=die_with_parent(),
+            )  # fmt: skip
+        finally:
+            log.close()
+        self.running[p.name] = proc
+        self.children.setdefault(p.name, ChildState(started_at=time.monotonic()))
         return proc
+
+    def _supervise(self) -> None:
+        try:
+            with self._lock:
+                for p in list(self.plans):
+                    self._spawn(p)
+        except BaseException as e:  # noqa: BLE001 - reported by start()
+            self._error = e
+        self._started.set()
+        while not self._stopping.wait(self.poll_s):
+            with self._lock:
+                if self._stopping.is_set():
+                    break
+                self._serve_spawn_requests()
+                self._restart_exited(time.monotonic())
+        self._reaped.wait()  # stay the children's parent until stop() has seen them exit
+
+    def _serve_spawn_requests(self) -> None:
+        while not self._asked.empty():
+            p, asked = self._asked.get_nowait()
+            try:
+                asked.set_result(self._spawn(p))
+            except BaseException as e:  # noqa: BLE001 - raised in the thread that asked
+                asked.set_exception(e)
+
+    def _restart_exited(self, now: float) -> None:
+        """Schedule a restart for each of the stack's processes that exited; start those that are due.
+        A process taken out of `running` (a drained worker) is no longer the stack's: it is let go."""
+        by_name = {p.name: p for p in self.plans}
+        for name, proc in list(self.running.items()):
+            child, p = self.children.get(name), by_name.get(name)
+            if child is None or p is None:
+                continue
+            if child.restart_at is None and self._armed.is_set() and proc.poll() is not None:
+                delay = child.exited(now)
+                self._say(f"{name} exited with code {proc.returncode}; restarting in {delay:.1f}s")
+            if child.restart_at is not None and now >= child.restart_at and self.running.get(name) is proc:
+                self._spawn(p)
+                child.restarted(now)
+                self._say(f"{name} restarted (restart {child.restarts})")
+
+    def _say(self, message: str) -> None:
+        if not self.quiet:
+            print(f"tandem up: {message}", file=sys.stderr, flush=True)
 
     def wait_ready(self, router_url: str, timeout_s: float = 180.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            for name, proc in self.running.items():
+            for name, proc in list(self.running.items()):
                 if proc.poll() is not None:
                     tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-2000:]
                     raise RuntimeError(f"{name} exited with code {proc.returncode}:\n{tail}")
@@ -61,17 +145,27 @@ class LocalStack:
             time.sleep(0.3)
         raise TimeoutError(f"the stack was not ready after {timeout_s:.0f}s; logs in {self.log_dir}")
 
-    def stop(self, grace_s: float = 10.0) -> None:
-        for proc in self.running.values():
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM every child, SIGKILL (its whole session) what is left after `grace_s`; no restarts."""
+        with self._lock:
+            self._stopping.set()
+            procs = list(self.running.values())
+            while not self._asked.empty():
+                self._asked.get_nowait()[1].set_exception(RuntimeError("the stack is stopping"))
+        for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        for proc in self.running.values():
+        for proc in procs:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+        self._reaped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
 
 
 def free_port_block(n: int) -> int:
@@ -106,6 +200,7 @@ def serving(svc: InferenceService, state: Path, host: str = "127.0.0.1", port: i
         stack.start()
         print(f"starting {svc.name}: {', '.join(p.name for p in procs)} (logs in {state})", flush=True)
         stack.wait_ready(url)
+        stack.arm()
         yield stack, url
     finally:
         stack.stop()
@@ -201,9 +296,5 @@ def _serve_until_stopped(args: argparse.Namespace, svc: InferenceService, stack:
     if args.demo:
         demo(url, name, args.prompt, args.max_tokens)
         return 0
-    while True:
+    while True:  # the supervisor thread restarts what crashes; this thread waits for Ctrl-C or SIGTERM
         time.sleep(1)
-        for proc_name, proc in stack.running.items():
-            if proc.poll() is not None:
-                print(f"{proc_name} exited with code {proc.returncode}; see {state / (proc_name + '.log')}", file=sys.stderr)
-                return 1

@@ -1,0 +1,146 @@
+"""`tandem up` as a supervisor, run as users run it: a worker killed with SIGKILL is restarted while the
+other decode worker keeps serving; SIGTERM stops everything within a few seconds; and SIGKILL of
+`tandem up` itself leaves no child behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tandem import names
+from tandem.operator.local import free_port_block
+from tests.integration.stacks import spec
+
+pytestmark = pytest.mark.slow
+
+START_TIMEOUT_S = 240.0
+STOP_WITHIN_S = 8.0  # the workers' drain grace (5 s) and then some, on a loaded machine
+
+
+def children(pid: int) -> list[int]:
+    """Live child processes of `pid` (from /proc), zombies left out."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return [c for c in out if alive(c)]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def wait_for(what: str, check, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def complete(url: str) -> int:
+    try:
+        r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 4}, timeout=60)
+    except httpx.HTTPError:
+        return 0
+    return r.status_code
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def routable(url: str, role: str) -> int:
+    """How many workers of `role` the router can route to, from its /metrics."""
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=2).text
+    except httpx.HTTPError:
+        return 0
+    lines = [li for li in text.splitlines() if li.startswith(names.ROUTER_ROUTABLE_WORKERS + "{")]
+    return int(sum(float(li.split()[-1]) for li in lines if f'role="{role}"' in li))
+
+
+def start_tandem_up(tiny_model_dir, tmp_path: Path, decode: int) -> tuple[subprocess.Popen, str]:
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec("sup", tiny_model_dir, decode=decode)))
+    base = free_port_block(24)
+    log = open(tmp_path / "tandem-up.log", "wb")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tandem", "up", "-f", str(spec_file), "--port", str(base),
+         "--worker-port", str(base + 2), "--log-dir", str(tmp_path / "logs")],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{base}"
+    try:
+        wait_for("the stack to serve", lambda: healthy(url) or proc.poll() is not None, START_TIMEOUT_S)
+    except AssertionError:
+        proc.kill()
+        raise
+    assert proc.poll() is None, (tmp_path / "tandem-up.log").read_text()
+    return proc, url
+
+
+def test_a_killed_worker_is_restarted_while_the_rest_serves_and_sigterm_stops_all(tiny_model_dir, tmp_path):
+    up, url = start_tandem_up(tiny_model_dir, tmp_path, decode=2)
+    try:
+        wait_for("both decode workers to be routable", lambda: routable(url, "decode") == 2, START_TIMEOUT_S)
+        kids = children(up.pid)
+        assert len(kids) == 4, [cmdline(k) for k in kids]  # router, prefill, two decode workers
+        victim = next(k for k in kids if "--role decode" in cmdline(k))
+        os.kill(victim, signal.SIGKILL)
+        wait_for("the victim to go", lambda: not alive(victim), 10)
+        assert complete(url) == 200  # the other decode worker serves while the victim restarts
+        replacement = wait_for(
+            "a new decode worker",
+            lambda: [k for k in children(up.pid) if "--role decode" in cmdline(k) and k not in kids],
+            30,
+        )
+        assert len(children(up.pid)) == 4 and up.poll() is None
+        log = (tmp_path / "tandem-up.log").read_text()
+        assert "exited with code -9; restarting in" in log and "restarted (restart 1)" in log
+        kids = children(up.pid)
+        assert replacement[0] in kids
+        sent = time.monotonic()
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(timeout=30) == 0
+        took = time.monotonic() - sent
+        assert took < STOP_WITHIN_S, f"SIGTERM took {took:.1f}s"
+        wait_for("every child to exit", lambda: not any(alive(k) for k in kids), 5)
+    finally:
+        if up.poll() is None:
+            up.kill()
+
+
+def test_sigkill_of_tandem_up_takes_every_child_with_it(tiny_model_dir, tmp_path):
+    up, _ = start_tandem_up(tiny_model_dir, tmp_path, decode=1)
+    kids = children(up.pid)
+    assert len(kids) == 3
+    up.kill()
+    up.wait()
+    wait_for("the orphans to die", lambda: not any(alive(k) for k in kids), 10)
