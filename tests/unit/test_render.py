@@ -191,3 +191,11 @@ def test_worker_pods_drain_before_they_stop(gpu_spec):
         assert args[args.index("--drain-timeout") + 1] == str(drain_s)
     router = _by(out, "Deployment", "llama-router")["spec"]["template"]["spec"]
     assert "lifecycle" not in router["containers"][0]
+
+
+def test_the_gpu_example_ships_the_claim_it_reads(gpu_spec):
+    import yaml
+
+    pvc = yaml.safe_load((ROOT / "examples/models-pvc.yaml").read_text())
+    assert (pvc["kind"], pvc["metadata"]["name"]) == ("PersistentVolumeClaim", gpu_spec.model.source.pvc.claim_name)
+    assert "ReadOnlyMany" in pvc["spec"]["accessModes"]  # every worker pod mounts it, read-only
