@@ -42,6 +42,18 @@ def test_rescales_an_existing_profile_for_a_what_if(tmp_path):
     assert fast.scale.note == "gpu"
 
 
+def test_scales_to_published_figures(tmp_path):
+    src, out = tmp_path / "src.json", tmp_path / "gpu.json"
+    src.write_text(shipped_profile().model_dump_json())
+    done = run_profile("--from", str(src), "--scale-to-prefill-tokens-per-s", "20000", "--scale-to-decode-step-ms", "8",
+                       "-o", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    gpu = load_profile(out)
+    chunk = gpu.prefill_chunk_tokens
+    assert chunk / gpu.prefill_ms(chunk) * 1000 == pytest.approx(20000)
+    assert gpu.decode_step_ms(1, 512) == pytest.approx(8.0, rel=1e-6)
+
+
 def test_missing_model_dir_is_a_usage_error(tmp_path):
     done = run_profile("--model", str(tmp_path / "nope"), "-o", str(tmp_path / "p.json"))
     assert done.returncode == 2 and "does not exist" in done.stderr

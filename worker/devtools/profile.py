@@ -3,7 +3,9 @@
 Prefill: one prompt of each length, run to its first token, at each chunk size. Decode: `batch` sequences
 of `context` tokens admitted as already prefilled (the decode worker's own path after a KV transfer), then
 the mean time of a few decode steps. Cold start: building the engine (weights loaded) plus a first step.
-`--from PROFILE` skips measuring and only rescales an existing profile, for what-ifs.
+`--from PROFILE` skips measuring and only rescales an existing profile, for what-ifs: by multipliers
+(`--speedup`, `--prefill-speedup`, `--decode-speedup`) or to target figures such as a GPU's published
+prefill tokens/s and decode step time (`--scale-to-prefill-tokens-per-s`, `--scale-to-decode-step-ms`).
 """
 
 from __future__ import annotations
@@ -53,6 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speedup", type=float, default=1.0, help="what-if: divide every time by this")
     p.add_argument("--prefill-speedup", type=float, default=1.0, help="what-if: divide prefill times by this")
     p.add_argument("--decode-speedup", type=float, default=1.0, help="what-if: divide decode times by this")
+    p.add_argument(
+        "--scale-to-prefill-tokens-per-s", type=float, default=None,
+        help="what-if: scale prefill so one replica does this many prompt tokens/s at the profiled chunk "
+        "(a GPU's published figure)",
+    )  # fmt: skip
+    p.add_argument(
+        "--scale-to-decode-step-ms", type=float, default=None,
+        help="what-if: scale decode so one step of a single 512-token sequence takes this long",
+    )  # fmt: skip
     p.add_argument("--note", default="", help="what the scaling stands for (kept in the profile)")
     p.add_argument("--seed", type=int, default=0)
     return p
@@ -157,6 +168,11 @@ def main(argv: list[str]) -> int:
     else:
         profile = measure(args)
     prefill_x, decode_x = args.speedup * args.prefill_speedup, args.speedup * args.decode_speedup
+    if args.scale_to_prefill_tokens_per_s:
+        chunk = profile.prefill_chunk_tokens
+        prefill_x = args.scale_to_prefill_tokens_per_s / (chunk / profile.prefill_ms(chunk) * 1000)
+    if args.scale_to_decode_step_ms:
+        decode_x = profile.decode_step_ms(1, 512) / args.scale_to_decode_step_ms
     if prefill_x != 1.0 or decode_x != 1.0:
         profile = profile.scaled(prefill=prefill_x, decode=decode_x, note=args.note)
     save_profile(profile, args.output)
