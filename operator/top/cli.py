@@ -30,6 +30,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--prometheus", help="Prometheus base URL (what the chart's PodMonitor feeds)")
     p.add_argument("--kube", action="store_true", help="InferenceServices, replicas and scaling Events from the Kubernetes API")
     p.add_argument("--kubeconfig", help="kubeconfig for --kube (default: in-cluster, then ~/.kube/config)")
+    p.add_argument("--file", "-f", action="append", default=[],
+                   help="an InferenceService spec a local `tandem up` runs: desired replicas and the SLO (repeatable)")
     p.add_argument("--namespace", "-n", help="only this namespace")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between polls")
     p.add_argument("--iterations", type=int, default=0, help="stop after this many polls (0: until Ctrl-C)")
@@ -39,6 +41,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def sources(args: argparse.Namespace) -> list[Source]:
     out: list[Source] = []
+    if args.file:
+        from tandem.operator.top.local import SpecSource
+
+        out.append(SpecSource(args.file))
     if args.kube:
         from tandem.operator.top.kube import KubeSource
 
@@ -47,7 +53,7 @@ def sources(args: argparse.Namespace) -> list[Source]:
         from tandem.operator.top.prom import PrometheusSource
 
         out.append(PrometheusSource(args.prometheus, args.namespace))
-    routers = args.router or ([] if out else [LOCAL_ROUTER])
+    routers = args.router or ([] if args.kube or args.prometheus else [LOCAL_ROUTER])
     if routers:
         from tandem.operator.top.scrape import RouterScrape
 

@@ -116,3 +116,22 @@ def test_sources_merge_into_one_row_and_render():
     text = console.export_text()
     assert "ml/llama" in text and "decode 3/3" in text and "450ms / 300ms" in text
     assert "ttft 50.0%" in text and "(objective 95%)" in text and "30s ago x" in text and "▂▄█" in text
+
+
+def test_a_local_spec_gives_desired_replicas_and_the_slo(tmp_path):
+    from tandem.operator.top.cli import parse_args, sources
+    from tandem.operator.top.local import SpecSource
+    from tandem.operator.top.scrape import RouterScrape
+
+    path = tmp_path / "svc.yaml"
+    path.write_text("apiVersion: serving.tandem.dev/v1alpha1\nkind: InferenceService\nmetadata: {name: tiny}\n"
+                    "spec:\n  model: {source: {path: m}, servedName: tiny}\n  prefill: {replicas: 2}\n  decode: {replicas: 3}\n"
+                    "  slo: {ttftMs: 400, tpotMs: 30, percentile: 95}\n")  # fmt: skip
+    (st,) = SpecSource([str(path)]).poll()
+    assert st.key == ("", "tiny") and st.pools == {"prefill": PoolState(2, None), "decode": PoolState(3, None)}
+    assert (st.slo_ttft_s, st.slo_tpot_s, st.objective) == (0.4, 0.03, 0.95)
+    (row,) = merge_sources([st], [ServiceState("tiny", None, {"prefill": PoolState(None, 1)}, ttft_s=0.2)])
+    assert row.pools["prefill"] == PoolState(2, 1) and row.ttft_s == 0.2 and row.slo_ttft_s == 0.4
+    # -f alone still scrapes the local router; --prometheus alone does not
+    assert [type(s) for s in sources(parse_args(["-f", str(path)]))] == [SpecSource, RouterScrape]
+    assert all(not isinstance(s, RouterScrape) for s in sources(parse_args(["--prometheus", "http://127.0.0.1:1"])))
