@@ -14,9 +14,35 @@ def _gen(seed: int) -> torch.Generator:
 
 def test_greedy_is_argmax_with_true_logprob():
     logits = torch.tensor([[0.1, 3.0, -1.0], [2.0, 0.0, 1.0]])
-    tokens, logprobs = sample(logits, [SamplingParams(temperature=0.0)] * 2, [None, None])
+    tokens, logprobs = sample(logits, [SamplingParams(temperature=0.0, logprobs=True)] * 2, [None, None])
     assert tokens == [1, 0]
     assert abs(logprobs[0] - float(torch.log_softmax(logits[0], -1)[1])) < 1e-6
+
+
+def test_logprobs_only_for_rows_that_ask():
+    logits = torch.tensor([[0.1, 3.0, -1.0], [2.0, 0.0, 1.0]])
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.0, logprobs=True)]
+    _, logprobs = sample(logits, params, [None, None])
+    assert logprobs[0] == 0.0
+    assert abs(logprobs[1] - float(torch.log_softmax(logits[1], -1)[0])) < 1e-6
+
+
+def test_sampled_rows_follow_the_distribution():
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]])).expand(4000, 3).contiguous()
+    tokens, _ = sample(logits, [SamplingParams(temperature=1.0)] * 4000, [None] * 4000)
+    share = torch.bincount(torch.tensor(tokens), minlength=3).float() / 4000
+    assert torch.allclose(share, torch.tensor([0.7, 0.2, 0.1]), atol=0.03)
+
+
+def test_mixed_batch_filters_each_row_by_its_own_parameters():
+    logits = torch.tensor([[5.0, 4.0, 3.0, 0.0], [0.0, 1.0, 2.0, 9.0], [3.0, 2.0, 1.0, 0.0]])
+    params = [SamplingParams(temperature=1.0, top_k=1), SamplingParams(temperature=0.0), SamplingParams(top_p=0.7)]
+    third = set()
+    for seed in range(50):
+        tokens, _ = sample(logits, params, [_gen(seed), None, _gen(seed + 100)])
+        assert tokens[0] == 0 and tokens[1] == 3
+        third.add(tokens[2])
+    assert third == {0, 1}  # probabilities 0.64, 0.24, 0.09, 0.03: top_p=0.7 keeps the first two
 
 
 def test_same_seed_same_tokens_different_seed_differs():

@@ -162,7 +162,7 @@ class Engine:
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv.k, self.kv.v, inputs.batch, hook)
         if not inputs.num_sampled:
             return None
-        return self.model.logits(hidden.index_select(0, inputs.sample_rows)).cpu()
+        return self.model.logits(hidden.index_select(0, inputs.sample_rows))  # stays on the device
 
     def _update(self, sched: SchedulerOutput, logits: torch.Tensor | None) -> list[StepOutput]:
         to_sample = []

@@ -1,9 +1,9 @@
 """The Llama-family decoder (Llama 2/3, Mistral, Qwen2, TinyLlama) as pure torch code over a paged KV cache.
 
 No scheduling and no I/O: the caller hands in a flat batch of tokens with their positions and an
-`AttentionBatch` that says where each sequence's KV lives. Parameter names equal Hugging Face's, so a
-checkpoint's state dict loads as is. `layer_hook(layer)` runs after each layer has written its KV, which
-is where the prefill worker starts pushing that layer to the decode worker.
+`AttentionBatch` that says where each sequence's KV lives. A Hugging Face checkpoint's state dict loads
+as is: the q/k/v and gate/up projections are fused as it loads. `layer_hook(layer)` runs after each layer
+has written its KV, which is where the prefill worker starts pushing that layer to the decode worker.
 """
 
 from __future__ import annotations
@@ -63,16 +63,32 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
+def fuse_on_load(module: nn.Module, fused: str, parts: tuple[str, ...]) -> None:
+    """Let `module` load Hugging Face's separate projections `parts` into its one `fused` Linear.
+
+    The checkpoint's tensors are concatenated along the output dimension as the state dict is loaded
+    (as gpt-fast does), so checkpoints keep their names and each layer runs one matmul instead of several.
+    """
+
+    def hook(state_dict: dict, prefix: str, *args: object) -> None:
+        for kind in ("weight", "bias"):
+            names = [f"{prefix}{p}.{kind}" for p in parts]
+            if all(n in state_dict for n in names):
+                state_dict[f"{prefix}{fused}.{kind}"] = torch.cat([state_dict.pop(n) for n in names])
+
+    module._register_load_state_dict_pre_hook(hook)
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         h, bias = config.hidden_size, config.attention_bias
-        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=False)
+        q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(h, q_out + 2 * kv_out, bias=bias)  # q_proj, k_proj, v_proj fused
+        self.o_proj = nn.Linear(q_out, h, bias=False)
         self.scale = self.head_dim**-0.5
+        fuse_on_load(self, "qkv_proj", ("q_proj", "k_proj", "v_proj"))
 
     def forward(
         self,
@@ -83,27 +99,28 @@ class Attention(nn.Module):
         v_cache: torch.Tensor,
         batch: AttentionBatch,
     ) -> torch.Tensor:
-        t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        q = q * cos[:, None] + rotate_half(q) * sin[:, None]
-        k = k * cos[:, None] + rotate_half(k) * sin[:, None]
-        k_cache.view(-1, self.num_kv_heads, self.head_dim)[batch.slot_mapping] = k
-        v_cache.view(-1, self.num_kv_heads, self.head_dim)[batch.slot_mapping] = v
+        t, nh, kvh = x.shape[0], self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x).view(t, nh + 2 * kvh, self.head_dim)
+        qk, v = qkv[:, : nh + kvh], qkv[:, nh + kvh :]
+        qk = qk * cos[:, None] + rotate_half(qk) * sin[:, None]  # rotary on queries and keys at once
+        q, k = qk[:, :nh], qk[:, nh:]
+        k_cache.view(-1, kvh, self.head_dim).index_copy_(0, batch.slot_mapping, k)
+        v_cache.view(-1, kvh, self.head_dim).index_copy_(0, batch.slot_mapping, v)
         out = attend(q, k, v, k_cache, v_cache, batch, self.scale)  # [T, NH, D]
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+        return self.o_proj(out.reshape(t, nh * self.head_dim))
 
 
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.intermediate = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        fuse_on_load(self, "gate_up_proj", ("gate_proj", "up_proj"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -127,7 +144,8 @@ LayerHook = Callable[[int], None]
 
 
 class Transformer(nn.Module):
-    """Causal LM whose state dict keys match Hugging Face's `*ForCausalLM` for the Llama family."""
+    """Causal LM that loads Hugging Face's `*ForCausalLM` state dicts for the Llama family (q/k/v and
+    gate/up projections fused as they load)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()

@@ -1,4 +1,10 @@
-"""The batched sampler: greedy, temperature, top-k, top-p, seeds."""
+"""The batched sampler, on the logits' device: greedy, temperature, top-k, top-p, seeds.
+
+The whole batch is filtered with one sort; a token is drawn as argmax(probs / E) with E ~ Exp(1)
+(the exponential race, equal in law to a categorical draw), so unseeded rows share one noise draw and a
+seeded row draws its own from its generator, reproducibly. Only the token ids, and the log-probabilities
+of rows that asked for them, come back to the host; log_softmax runs only for those rows.
+"""
 
 from __future__ import annotations
 
@@ -7,34 +13,54 @@ import torch
 from tandem.worker.api.params import SamplingParams
 
 
-def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Mask (to -inf) the tokens outside the top-k and the top-p nucleus of one row [V]."""
-    if top_k > 0 and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop_sorted = cum - sorted_logits.softmax(-1) >= top_p  # keep the token that crosses top_p
-        logits = logits.masked_fill(torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted), float("-inf"))
-    return logits
+def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask to -inf the tokens outside each row's top-k and top-p nucleus ([M, V]; k=0 and p=1 keep all)."""
+    vocab = logits.shape[-1]
+    ordered, order = torch.sort(logits, dim=-1, descending=True)
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
+    kth = ordered.gather(1, (k - 1)[:, None])  # [M, 1] the k-th largest logit
+    probs = ordered.softmax(-1)
+    drop_sorted = (probs.cumsum(-1) - probs) >= top_p[:, None]  # keep the token that crosses top_p
+    drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+    return logits.masked_fill(drop | (logits < kth), float("-inf"))
+
+
+def _exponential_noise(
+    shape: tuple[int, int], generators: list[torch.Generator | None], device: torch.device
+) -> torch.Tensor:
+    """Exp(1) noise [M, V]: one draw for the unseeded rows, each seeded row from its own generator."""
+    noise = torch.empty(shape, device=device).exponential_()
+    for i, g in enumerate(generators):
+        if g is not None:  # the generator lives on the host: draw there, then copy the row over
+            noise[i] = torch.empty(shape[1]).exponential_(generator=g).to(device)
+    return noise
 
 
 def sample(
-    logits: torch.Tensor,  # [N, V] float32
+    logits: torch.Tensor,  # [N, V] float32, on any device
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
 ) -> tuple[list[int], list[float]]:
-    """One token per row, and its log-probability under the unfiltered distribution."""
-    logprobs_all = torch.log_softmax(logits, dim=-1)
-    greedy_ids = logits.argmax(dim=-1).tolist()
-    tokens: list[int] = []
-    for i, p in enumerate(params):
-        if p.greedy:
-            tokens.append(greedy_ids[i])
-            continue
-        row = _filter_top_k_top_p(logits[i] / p.temperature, p.top_k, p.top_p)
-        probs = row.softmax(-1)
-        tokens.append(int(torch.multinomial(probs, 1, generator=generators[i]).item()))
-    chosen = logprobs_all[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)].tolist()
-    return tokens, chosen
+    """One token per row, and its log-probability under the unfiltered distribution (0.0 when not asked)."""
+    device = logits.device
+    tokens = logits.argmax(dim=-1)
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if rows:
+        index = torch.tensor(rows, device=device)
+        chosen = [params[i] for i in rows]
+        temps = torch.tensor([p.temperature for p in chosen], device=device)
+        scaled = logits.index_select(0, index) / temps[:, None]
+        if any(p.top_k > 0 or p.top_p < 1.0 for p in chosen):
+            top_k = torch.tensor([p.top_k for p in chosen], device=device)
+            top_p = torch.tensor([p.top_p for p in chosen], device=device)
+            scaled = filter_top_k_top_p(scaled, top_k, top_p)
+        noise = _exponential_noise(tuple(scaled.shape), [generators[i] for i in rows], device)  # type: ignore[arg-type]
+        tokens = tokens.index_copy(0, index, (scaled.softmax(-1) / noise).argmax(dim=-1))
+    want = [i for i, p in enumerate(params) if p.logprobs]
+    logprobs = [0.0] * len(params)
+    if want:
+        index = torch.tensor(want, device=device)
+        picked = torch.log_softmax(logits.index_select(0, index), dim=-1).gather(1, tokens[index][:, None])
+        for i, lp in zip(want, picked[:, 0].tolist(), strict=True):
+            logprobs[i] = lp
+    return tokens.tolist(), logprobs
