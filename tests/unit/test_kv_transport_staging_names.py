@@ -115,3 +115,25 @@ def test_no_data_plane_module_imports_pickle():
             if any(n.split(".")[0] in ("pickle", "dill", "cloudpickle") for n in names):
                 users.append(str(path.relative_to(root)))
     assert not users, users
+
+
+def test_cuda_buffer_description_is_checked_before_it_is_opened():
+    from tandem.v1 import decode_pb2
+    from tandem.worker.kv_transport.cuda_ipc import check_buffer
+
+    good = decode_pb2.CudaIpcBuffer(
+        device=0, handle=bytes(64), storage_size=1 << 20, ref_counter_name="/torch_4242_1234567_0", event_handle=bytes(64)
+    )
+    assert check_buffer(good, 1 << 20, local_device=0) == []
+    assert check_buffer(good, 1 << 20, local_device=-1)  # this worker's cache is on the CPU
+    assert check_buffer(good, 1 << 20, local_device=1)  # another device
+    assert check_buffer(good, 1 << 19, local_device=0)  # the control block disagrees on the size
+    for bad in ("/../etc/passwd", "/torch_1/../../x", "torch_1", "/psm_1", ""):
+        broken = decode_pb2.CudaIpcBuffer()
+        broken.CopyFrom(good)
+        broken.ref_counter_name = bad
+        assert check_buffer(broken, 1 << 20, local_device=0), bad
+    empty = decode_pb2.CudaIpcBuffer()
+    empty.CopyFrom(good)
+    empty.handle = b""
+    assert check_buffer(empty, 1 << 20, local_device=0)

@@ -18,7 +18,7 @@ from tandem.v1 import decode_pb2
 from .base import KvTransferError
 from .staging import StagingRing
 
-MAX_HANDLE_BYTES = 256  # cudaIpcMemHandle_t is 64 bytes; expandable segments add a little
+MAX_HANDLE_BYTES = 4096  # cudaIpcMemHandle_t is 64 bytes; expandable segments send a longer record
 # torch names its IPC reference counters "/torch_<pid>_<random>_<n>" (at::NewProcessWideShmHandle)
 _REF_COUNTER = re.compile(r"/torch_[0-9A-Za-z_]{1,64}")
 
