@@ -4,6 +4,7 @@ their status, the SLO from their spec, the last scaling decision from their Even
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -11,6 +12,7 @@ from tandem.operator.top.view import PoolState, ServiceState
 
 GROUP, VERSION, PLURAL = "serving.tandem.dev", "v1alpha1", "inferenceservices"
 POOL_KINDS = ("InferenceService", "InferencePool")
+SCALING_MESSAGE = re.compile(r"^\S+ \d+->\d+: ")
 
 
 def service_state(obj: dict[str, Any]) -> ServiceState:
@@ -38,15 +40,21 @@ def _when(e: dict[str, Any]) -> dt.datetime | None:
     return None
 
 
+def is_scaling(event: dict[str, Any]) -> bool:
+    """An autoscaler decision: its message is the decision's reason ("decode 2->3: ..."), whatever its
+    reason code (SLOBreach, Forecast, ScaleDown...); or a reason that says scaling."""
+    return bool(SCALING_MESSAGE.match(str(event.get("message", "")))) or str(event.get("reason", "")).startswith("Scal")
+
+
 def last_scaling(events: Iterable[dict[str, Any]], service: str, now: dt.datetime) -> str | None:
-    """Pure: the newest scaling Event (reason starting with "Scal") of the service or one of its pools
-    (named <service>-<pool>), as "<age>s ago <object>: <message>"."""
+    """Pure: the newest scaling Event of the service or one of its pools (named <service>-<pool>), as
+    "<age>s ago <object>: <message>"."""
     mine: list[tuple[dt.datetime, dict[str, Any]]] = []
     for e in events:
         obj = e.get("involvedObject") or {}
         name, when = obj.get("name", ""), _when(e)
         if (obj.get("kind") in POOL_KINDS and (name == service or name.startswith(service + "-"))
-                and str(e.get("reason", "")).startswith("Scal") and when is not None):
+                and is_scaling(e) and when is not None):
             mine.append((when, e))
     if not mine:
         return None

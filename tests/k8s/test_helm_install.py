@@ -133,6 +133,29 @@ def test_helm_test_hook_passes(cluster, chart_operator):
     assert f"TEST SUITE:     {RELEASE}-check" in out.stdout and "Phase:          Succeeded" in out.stdout, out.stdout
 
 
+def test_top_reads_the_kubernetes_api(cluster, chart_operator):
+    """`tandem top --kube` on the reconciled example: replicas from its status, the SLO from its spec, and
+    the newest scaling decision from an Event like the autoscaler's (reason code, message = its reason)."""
+    cp = cluster
+    event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "llama-8b-decode.scale", "namespace": "serving"},
+             "involvedObject": {"apiVersion": "serving.tandem.dev/v1alpha1", "kind": "InferencePool",
+                                "name": f"{SERVICE}-decode", "namespace": "serving"},
+             "reason": "SLOBreach", "message": "decode 2->3: TPOT p90 61 ms > 40 ms SLO", "type": "Normal",
+             "firstTimestamp": "2026-01-01T00:00:00Z", "lastTimestamp": "2026-01-01T00:00:00Z",
+             "source": {"component": "tandem-autoscaler"}}  # fmt: skip
+    cp.kubectl("apply", "-f", "-", input=json.dumps(event))
+    out = subprocess.run(
+        [sys.executable, "-m", "tandem", "top", "--kube", "--kubeconfig", str(cp.kubeconfig("admin")), "--iterations", "1"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "260"},
+    )
+    assert out.returncode == 0, out.stderr
+    (row,) = [line for line in out.stdout.splitlines() if f"serving/{SERVICE}" in line]
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    assert cells[1] == "prefill 1/1  decode 2/2  router 1/1", cells  # ready/desired from the status
+    assert cells[2].startswith("- / 400ms") and cells[3].startswith("- / 40ms")  # the spec's SLO, no traffic yet
+    assert "ago llama-8b-decode: decode 2->3: TPOT p90 61 ms > 40 ms SLO" in cells[6], cells
+
+
 def test_upgrade_applies_changed_values(cluster, installed):
     cp = cluster
     helm(cp, "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values", "--set", "replicas=1",
