@@ -122,12 +122,16 @@ class RouterScrape:
 
     def poll(self) -> list[ServiceState]:
         now = time.monotonic()
-        scraped = []
+        scraped, failed = [], []
         for url in self.urls:
             try:
-                scraped.append(parse(self.http.get(url).text, now))
-            except httpx.HTTPError:
-                continue  # a router away for a moment: show what the others say
+                resp = self.http.get(url)
+                resp.raise_for_status()
+                scraped.append(parse(resp.text, now))
+            except httpx.HTTPError as e:
+                failed.append(f"{url}: {e}")  # a router away for a moment: show what the others say
+        if failed and not scraped:
+            raise RuntimeError("; ".join(failed))
         cur = merge(scraped)
         self.samples.append((now, cur))
         while len(self.samples) > 2 and now - self.samples[1][0] >= self.window_s:

@@ -136,3 +136,16 @@ def test_a_local_spec_gives_desired_replicas_and_the_slo(tmp_path):
     # -f alone still scrapes the local router; --prometheus alone does not
     assert [type(s) for s in sources(parse_args(["-f", str(path)]))] == [SpecSource, RouterScrape]
     assert all(not isinstance(s, RouterScrape) for s in sources(parse_args(["--prometheus", "http://127.0.0.1:1"])))
+
+
+def test_an_unreachable_router_is_reported_in_the_title():
+    import socket
+
+    from tandem.operator.top.cli import poll_all
+    from tandem.operator.top.scrape import RouterScrape
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    states, problems = poll_all([RouterScrape([f"http://127.0.0.1:{port}"])])
+    assert states == [] and len(problems) == 1 and f"127.0.0.1:{port}/metrics" in problems[0]
