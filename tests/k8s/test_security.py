@@ -134,3 +134,28 @@ def test_chart_default_security_reaches_the_operator(helm):
     bad = subprocess.run([helm, "template", "sec", str(CHART), "--set", "defaultSecurity.tls.nope=x"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0
+
+
+def test_tls_and_api_keys_from_secrets_are_admitted_and_mounted(control_plane, operator, namespace):
+    from tests.tls_certs import Ca
+
+    ca = Ca()
+    cert, key = ca.issue("workers", dns=(f"{SERVICE}.{namespace}.svc",), ips=())
+    secrets = [
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tandem-tls", "namespace": namespace},
+         "type": "kubernetes.io/tls",
+         "stringData": {"tls.crt": cert.decode(), "tls.key": key.decode(), "ca.crt": ca.pem.decode()}},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tandem-keys", "namespace": namespace},
+         "stringData": {"api-keys": "sk-one\nsk-two\n"}},
+    ]
+    control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(secrets))
+    control_plane.kubectl("apply", "-f", "-", input=model_volume(namespace))
+    obj = yaml.safe_load(EXAMPLE.read_text())
+    obj["spec"]["security"] = {"tls": {"secretName": "tandem-tls", "serverName": f"{SERVICE}.{namespace}.svc"},
+                               "apiKeys": {"secretName": "tandem-keys"}}
+    control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(obj))
+    wait_for(lambda: ready_at_current_generation(control_plane, namespace), 180, "Ready with TLS and API keys")
+    for p in get_json(control_plane, "pods", namespace=namespace)["items"]:
+        secrets_mounted = {v["secret"]["secretName"] for v in p["spec"]["volumes"] if "secret" in v}
+        pool = p["metadata"]["labels"]["serving.tandem.dev/pool"]
+        assert secrets_mounted == ({"tandem-tls", "tandem-keys"} if pool == "router" else {"tandem-tls"}), pool
