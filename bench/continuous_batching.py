@@ -14,13 +14,12 @@ import json
 import random
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 from bench.engine import engine_config, load_hf
-from bench.engine_timing import random_prompts
+from bench.engine_timing import now, random_prompts
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
 from tandem.worker.engine.engine import Engine
@@ -34,7 +33,7 @@ def output_lengths(n: int, low: int, high: int, seed: int) -> list[int]:
 
 def run_ours(engine: Engine, prompts: list[list[int]], lengths: list[int]) -> float:
     """Seconds to serve every request to its own length, at most `max_running_sequences` at a time."""
-    start = time.perf_counter()
+    start = now()
     for prompt, n in zip(prompts, lengths, strict=True):
         engine.add_request(prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
     produced = 0
@@ -42,12 +41,12 @@ def run_ours(engine: Engine, prompts: list[list[int]], lengths: list[int]) -> fl
         produced += len(engine.step())
     if produced != sum(lengths):
         raise RuntimeError(f"engine produced {produced} tokens, expected {sum(lengths)}")
-    return time.perf_counter() - start
+    return now() - start
 
 
 def run_hf(model, prompts: list[list[int]], lengths: list[int], batch: int) -> float:
     """Seconds for static batches of `batch` requests, each batch generating up to its longest length."""
-    start = time.perf_counter()
+    start = now()
     for i in range(0, len(prompts), batch):
         ids = torch.tensor(prompts[i : i + batch], dtype=torch.long)
         longest = max(lengths[i : i + batch])
@@ -56,7 +55,7 @@ def run_hf(model, prompts: list[list[int]], lengths: list[int], batch: int) -> f
                 ids, attention_mask=torch.ones_like(ids), max_new_tokens=longest, min_new_tokens=longest,
                 do_sample=False, pad_token_id=0,
             )  # fmt: skip
-    return time.perf_counter() - start
+    return now() - start
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -69,6 +69,10 @@ def worker_argv(
         argv += ["--num-kv-blocks", str(engine.num_kv_blocks)]
     else:
         argv += ["--kv-memory-percent", str(engine.kv_cache_memory_percent)]
+    if engine.attention.value != "sdpa":
+        argv += ["--attention", engine.attention.value]
+    if engine.compile:
+        argv.append("--compile")
     if threads or engine.threads:
         argv += ["--threads", str(threads or engine.threads)]
     if worker_id:

@@ -146,6 +146,11 @@ class KvTransferSpec(_Spec):
     lease_ms: int = Field(default=30_000, gt=0)
 
 
+class AttentionBackend(StrEnum):
+    sdpa = "sdpa"  # the reference: each context gathered from the paged cache, then SDPA
+    flex = "flex"  # FlexAttention reading the paged cache in place (compiled on CUDA)
+
+
 class EngineSpec(_Spec):
     block_size: int = Field(default=16, gt=0)
     # KV cache share of the GPU memory left once the weights are in, less a warm-up batch's activations
@@ -156,6 +161,8 @@ class EngineSpec(_Spec):
     max_batch_tokens: int = Field(default=2048, gt=0)
     prefill_chunk_tokens: int = Field(default=512, gt=0)
     threads: int | None = Field(default=None, gt=0)
+    attention: AttentionBackend = AttentionBackend.sdpa
+    compile: bool = False
 
 
 class ApiKeysSpec(_Spec):

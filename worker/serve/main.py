@@ -56,6 +56,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--prefill-chunk", type=int, default=512)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--attention", choices=["sdpa", "flex"], default="sdpa", help="attention over the paged cache")
+    p.add_argument("--compile", action="store_true", help="torch.compile norms and MLPs; warmed up before ready")
     p.add_argument("--kv-compression", choices=["none", "int8"], default="none")
     p.add_argument(
         "--kv-transport", choices=KV_TRANSPORTS, default="auto",
@@ -88,6 +90,10 @@ def main(argv: list[str]) -> int:
     from tandem.worker.engine.memory import KvCacheTooSmall, plan_kv_cache
 
     model = load_model(args.model_dir, args.dtype, args.device)
+    if args.compile:
+        from tandem.worker.engine.compiled import compile_layers
+
+        compile_layers(model)
     engine_config = EngineConfig(
         block_size=args.block_size,
         max_running_sequences=args.max_running,
@@ -95,6 +101,7 @@ def main(argv: list[str]) -> int:
         prefill_chunk_tokens=args.prefill_chunk,
         max_model_len=args.max_model_len,
         prefix_cache_seed=f"{args.served_name}\0{args.model_dir}\0{args.dtype}",
+        attention=args.attention,
     )
     try:  # after the weights: the cache takes what they and the largest batch leave
         kv_plan = plan_kv_cache(model, engine_config, args.num_kv_blocks, args.kv_memory_percent)
@@ -104,6 +111,10 @@ def main(argv: list[str]) -> int:
     log.info("%s", kv_plan.describe())
     num_blocks = kv_plan.num_blocks
     engine, _ = engine_for_model(model, args.model_dir, dataclasses.replace(engine_config, num_kv_blocks=num_blocks))
+    if args.compile or (args.attention == "flex" and args.device.startswith("cuda")):
+        from tandem.worker.engine.compiled import warm_up
+
+        log.info("warming up compiled graphs (%d steps)", warm_up(engine))  # before the health check says ready
     metrics = WorkerMetrics(args.service, args.role).watch(engine)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
