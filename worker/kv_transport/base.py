@@ -93,7 +93,10 @@ class KvSender(ABC):
     transport: int  # a common_pb2.KvTransport value
 
     @abstractmethod
-    def send(self, layer: int, block_ids: Sequence[int], k: torch.Tensor, v: torch.Tensor) -> None: ...
+    def send(
+        self, layer: int, block_ids: Sequence[int], k: torch.Tensor, v: torch.Tensor, ready: torch.cuda.Event | None = None
+    ) -> None:
+        """Queue one layer's blocks; `ready`, when given, is the CUDA event after which `k` and `v` hold them."""
 
     @abstractmethod
     def send_chunk(self, header: decode_pb2.KvChunkHeader, payload: bytes | memoryview = b"") -> None: ...

@@ -86,15 +86,17 @@ class StreamKvSender(KvSender):
         self._future = push_kv_callable(channel).future(self._frames(), timeout=timeout_s)
 
     # -- KvSender ----------------------------------------------------------------------------------
-    def send(self, layer: int, block_ids: Sequence[int], k: torch.Tensor, v: torch.Tensor) -> None:
+    def send(
+        self, layer: int, block_ids: Sequence[int], k: torch.Tensor, v: torch.Tensor, ready: torch.cuda.Event | None = None
+    ) -> None:
         self._check_open()
         ids = list(block_ids)
         if len(ids) != k.shape[0] or k.shape != v.shape:
             raise ValueError(f"{len(ids)} block ids for keys {tuple(k.shape)} and values {tuple(v.shape)}")
         if not set(ids) <= self._allowed:
             raise InvalidChunk(f"blocks {sorted(set(ids) - self._allowed)[:8]} are not in the reservation")
-        event = None
-        if k.is_cuda:  # the copy runs on another thread: wait for the compute stream there
+        event = ready  # KV read on a copy stream (and perhaps into pinned host memory): wait for that
+        if event is None and k.is_cuda:  # the copy runs on another thread: wait for the compute stream there
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(k.device))
         per_block = chunk_nbytes(self.layout, 1, self.compression)

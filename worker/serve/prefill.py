@@ -22,6 +22,7 @@ from tandem.worker.kv_transport.base import KvLayout, KvSender, KvTransferError
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS, StreamKvSender, staging_for
 from tandem.worker.kv_transport.handshake import check_compatible, reserve_transport
 from tandem.worker.serve.drain import refuse_while_draining
+from tandem.worker.serve.kv_push import LayerKvReader
 from tandem.worker.serve.metrics import WorkerMetrics
 from tandem.worker.serve.wire import load_report
 
@@ -68,6 +69,7 @@ class PrefillServicer:
         self.draining = False
         self._inflight = 0  # Prefill RPCs accepted and not yet answered
         loop.engine.layer_hook = self._after_layer
+        self._kv_reader = LayerKvReader(loop.engine.kv)
 
     def busy(self) -> int:
         """Prefills accepted and not yet answered (their KV may still be on its way)."""
@@ -171,9 +173,10 @@ class PrefillServicer:
             lo, hi = blocks_to_push(seq.num_computed + n, len(seq.prompt_ids), bs, transfer.next_block)
             if hi > lo:
                 try:
-                    k, v = engine.kv.read_blocks(layer, seq.block_table[lo:hi])
+                    to_host = transfer.sender.transport != common_pb2.KV_TRANSPORT_CUDA_IPC
+                    k, v, ready = self._kv_reader.read(layer, seq.block_table[lo:hi], to_host)
                     first = transfer.first_block
-                    transfer.sender.send(layer, transfer.decode_blocks[lo - first : hi - first], k, v)
+                    transfer.sender.send(layer, transfer.decode_blocks[lo - first : hi - first], k, v, ready)
                     transfer.kv_bytes += 2 * k.numel() * k.element_size()
                 except Exception as e:  # the RPC thread reports it; the engine keeps going
                     transfer.errors.append(str(e))
