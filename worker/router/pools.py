@@ -316,7 +316,7 @@ class GrpcBackend:
                 ended = True
                 await _abort_decode(decode, transfer_id, request_id, "prefill failed")
                 _raise_client_error(e)
-                _note_unavailable(prefill, e)
+                _note_unavailable(decode if kv_link_failed(e) else prefill, e)
                 raise _Retry(f"prefill on {prefill.view.address}: {e.code().name} {e.details()}") from None
             prefill.view.inflight_prompt_tokens -= len(prompt_ids)
             async for token in _relay(stream, decode):
@@ -374,6 +374,15 @@ async def _relay(call, worker: Worker) -> AsyncIterator[TokenOut]:
 def is_draining(e: aio.AioRpcError) -> bool:
     """The worker refused because it drains (it says so in trailing metadata), not because it failed."""
     return any(key == names.DRAINING_METADATA_KEY and value == "1" for key, value in (e.trailing_metadata() or ()))
+
+
+KV_TRANSFER_FAILED = "KV transfer failed"  # how a prefill worker reports that its push to the decode worker broke
+
+
+def kv_link_failed(e: aio.AioRpcError) -> bool:
+    """The prefill worker ran the prompt but could not reach the decode worker: the decode side (or the
+    link to it) is what failed, and a healthy prefill worker stays in rotation."""
+    return e.code() == grpc.StatusCode.UNAVAILABLE and (e.details() or "").startswith(KV_TRANSFER_FAILED)
 
 
 def _note_unavailable(worker: Worker, e: aio.AioRpcError) -> None:

@@ -1,0 +1,87 @@
+"""A fault-injecting proxy between the workers and the decode worker: a KV push cut or reset in the
+middle of a transfer ends the request with a clear error and frees every block on both workers; a slow
+link only slows it down; once the link heals the stack serves again."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import httpx
+import pytest
+
+from tests.faultproxy import Fault, FaultProxy
+from tests.integration.stacks import load, running_stack, spec
+
+pytestmark = pytest.mark.slow
+
+PROMPT = " ".join(f"word{i}" for i in range(150))  # ~700 tokens: MiBs of KV, pushed over gRPC
+KV_CUT_AFTER = 64 * 1024
+
+
+def _complete(url: str) -> httpx.Response:
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    return httpx.post(f"{url}/v1/completions", json=body, timeout=90)
+
+
+def _routable_decode(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    return sum(float(li.split()[-1]) for li in text.splitlines()
+               if li.startswith("tandem_router_routable_workers{") and 'role="decode"' in li)  # fmt: skip
+
+
+def _idle(plan, timeout_s: float = 10.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = load(plan)
+        if r.free_kv_blocks == r.total_kv_blocks and r.reserved_kv_blocks == 0 and r.running_sequences == 0:
+            return r
+        assert time.monotonic() < deadline, f"{plan.name} still holds blocks: {r}"
+        time.sleep(0.1)
+
+
+def _serves_again(url: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (r := _complete(url)).status_code != 200:
+        assert time.monotonic() < deadline, f"the healed link does not serve: {r.status_code} {r.text}"
+        time.sleep(0.5)
+
+
+def test_kv_push_cut_or_reset_mid_transfer(tiny_model_dir, tmp_path):
+    obj = spec("kvfaults", tiny_model_dir)
+    obj["spec"]["kvTransfer"] = {"transport": "grpc"}  # KV bytes on the socket, not in shared memory
+    with running_stack(obj, tmp_path) as (stack, url):
+        decode = next(p for p in stack.plans if p.role == "decode")
+        prefill = next(p for p in stack.plans if p.role == "prefill")
+        proxy = FaultProxy(decode.address)
+        try:
+            workers_file = tmp_path / "workers.json"
+            doc = json.loads(workers_file.read_text())
+            doc["decode"] = [proxy.address]  # the router (and so the prefill worker) reach decode through it
+            workers_file.with_suffix(".tmp").write_text(json.dumps(doc))
+            os.replace(workers_file.with_suffix(".tmp"), workers_file)
+            time.sleep(1.5)  # the router re-reads the file
+            _serves_again(url)
+            for mode in ("cut", "reset"):
+                proxy.fault = Fault(mode, after_bytes=KV_CUT_AFTER)
+                injected = proxy.faults_injected
+                started = time.monotonic()
+                r = _complete(url)
+                assert r.status_code == 503, r.text
+                error = r.json()["error"]
+                assert error["type"] == "server_error" and "decode" in error["message"], error  # not the prefill
+
+                assert proxy.faults_injected > injected, "the transfer was never cut"
+                assert time.monotonic() - started < 60
+                _idle(decode)  # asked directly, not through the proxy: the reservation is gone
+                _idle(prefill)
+                proxy.fault = Fault()
+                _serves_again(url)
+            proxy.fault = Fault("delay", delay_s=0.005)
+            assert _complete(url).status_code == 200
+            proxy.fault = Fault()
+            _idle(decode)
+            assert _routable_decode(url) == 1
+        finally:
+            proxy.close()
