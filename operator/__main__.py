@@ -21,6 +21,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lease-seconds", type=int, default=15)
     p.add_argument("--renew-seconds", type=int, default=10)
     p.add_argument("--retry-seconds", type=int, default=2)
+    p.add_argument("--health-port", type=int, default=None,
+                   help="serve /healthz on this port for the pod's probes (healthy while standby, then while leading)")
+    p.add_argument("--health-host", default="0.0.0.0")
     p.add_argument("--liveness", default=None, help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     p.add_argument("--check", action="store_true",
                    help="check the CRD is served, readable, and an operator holds the lease, then exit (helm test)")
@@ -66,14 +69,20 @@ def main(argv: list[str] | None = None) -> int:
 
     import kopf
 
-    from tandem.operator import handlers  # noqa: F401  (registers the handlers)
+    from tandem.operator import (
+        handlers,  # noqa: F401  (registers the handlers)
+        health,
+    )
     from tandem.operator.leader import Leader
 
+    if args.health_port is not None:
+        health.serve(args.health_port, args.health_host)
     leader = None
     if args.leader_elect:
         leader = Leader(args.lease_name, args.lease_namespace, args.lease_seconds, args.renew_seconds,
                         args.retry_seconds)
         leader.wait()
+    health.HEARTBEAT.lead()
     try:
         kopf.run(
             standalone=True,  # the Lease, not kopf peering, decides who acts

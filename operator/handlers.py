@@ -14,6 +14,7 @@ from typing import Any
 import kopf
 
 from tandem.operator.cache import ObjectCache
+from tandem.operator.health import HEARTBEAT
 from tandem.operator.kube import Kube
 from tandem.operator.queue import ReconcileQueue
 from tandem.operator.reconcile import reconcile
@@ -26,6 +27,7 @@ CACHE = ObjectCache()
 CHILD_EVENT_DELAY = float(os.environ.get("TANDEM_CHILD_EVENT_DELAY", "0.05"))
 QUEUE: ReconcileQueue | None = None
 _RESYNC: asyncio.Task[None] | None = None
+_BEATS: list[asyncio.Task[None]] = []
 
 
 def parent_of(meta: dict[str, Any]) -> str | None:
@@ -67,12 +69,21 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
                            concurrency=int(os.environ.get("TANDEM_OPERATOR_WORKERS", "8")))
     _RESYNC = asyncio.get_running_loop().create_task(
         QUEUE.resync_forever(float(os.environ.get("TANDEM_RESYNC_SECONDS", "60"))))
+    _BEATS.append(asyncio.get_running_loop().create_task(_beat_forever()))
+
+
+async def _beat_forever() -> None:
+    """Tell /healthz the event loop still turns."""
+    while True:
+        HEARTBEAT.beat()
+        await asyncio.sleep(5)
 
 
 @kopf.on.cleanup()
 async def stop(**_: Any) -> None:
-    if _RESYNC:
-        _RESYNC.cancel()
+    for task in (_RESYNC, *_BEATS):
+        if task:
+            task.cancel()
 
 
 @kopf.on.event(API_GROUP, API_VERSION, "inferenceservices")  # type: ignore[arg-type]

@@ -329,11 +329,13 @@ class Operator:
         self.kubeconfig = kubeconfig or cp.kubeconfig("tandem-operator")
         self.proc: subprocess.Popen | None = None
         self.log_path = cp.logs / f"{name}.log"
+        self.health_port = free_port()  # /healthz on loopback, whatever port `args` name (argparse: last wins)
 
     def start(self) -> Operator:
         log = open(self.log_path, "a")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tandem.operator", "--kubeconfig", str(self.kubeconfig), *self.args],
+            [sys.executable, "-m", "tandem.operator", "--kubeconfig", str(self.kubeconfig), *self.args,
+             "--health-port", str(self.health_port), "--health-host", LOOPBACK],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}, start_new_session=True)
         return self
 

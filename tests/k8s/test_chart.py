@@ -42,6 +42,11 @@ def test_chart_objects_pass_server_validation(control_plane, helm):
     dep = next(d for d in docs if d["kind"] == "Deployment")
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[0] == "operator" and "--namespace=a" in args and "--namespace=b" in args
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    assert "--health-port=8080" in args
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert {"name": "health", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
     control_plane.kubectl("create", "namespace", "tandem-system", check=False)
     out = control_plane.kubectl("apply", "--dry-run=server", "-f", "-",
                                 input=yaml.safe_dump_all([d for d in docs if d["kind"] != "CustomResourceDefinition"]))

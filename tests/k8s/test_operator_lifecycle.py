@@ -242,11 +242,21 @@ def test_operator_restart_creates_no_duplicates_and_keeps_status(control_plane, 
     assert status_after == status_before
 
 
+def _healthz(op: Operator) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{op.health_port}/healthz", timeout=5) as resp:
+        return resp.read().decode().strip()
+
+
 def test_second_operator_waits_for_the_lease(control_plane, operator):
     standby = Operator(control_plane, name="standby").start()
     try:
         wait_for(lambda: "waiting for default/tandem-operator" in standby.log(), 30, "standby waits")
         time.sleep(3)
         assert "leads" not in standby.log()
+        # both pass their probes: a standby is healthy while it waits, the leader while its loop turns
+        assert wait_for(lambda: _healthz(standby), 10, "standby /healthz") == "standby: waiting for the lease"
+        assert _healthz(operator) == "leader"
     finally:
         standby.stop()
