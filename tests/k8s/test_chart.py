@@ -56,3 +56,19 @@ def test_chart_objects_pass_server_validation(control_plane, helm):
 def test_chart_values_schema_rejects_bad_values(helm):
     out = subprocess.run([helm, "template", "t", str(CHART), "--set", "replicas=0"], capture_output=True, text=True)
     assert out.returncode != 0 and "replicas" in out.stderr
+
+
+@pytest.mark.parametrize("setting,named", [
+    ("imag.tag=1", "imag"), ("image.tga=1", "tga"), ("monitoring.podMonitor.enable=true", "enable"),
+    ("resources.requests.cpu=lots", "cpu"), ("resources.limit.memory=1Gi", "limit"),
+])
+def test_chart_values_schema_rejects_typos_and_bad_quantities(helm, setting, named):
+    """A typo'd key or a bad quantity stops `helm install` with the key's name, before any API call."""
+    out = subprocess.run([helm, "template", "t", str(CHART), "--set", setting], capture_output=True, text=True)
+    assert out.returncode != 0 and named in out.stderr, out.stderr
+
+
+def test_chart_ci_values_pass_the_schema(helm):
+    for values in sorted((CHART / "ci").glob("*.yaml")):
+        out = subprocess.run([helm, "template", "t", str(CHART), "-f", str(values)], capture_output=True, text=True)
+        assert out.returncode == 0, f"{values.name}: {out.stderr}"
