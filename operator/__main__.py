@@ -27,6 +27,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--liveness", default=None, help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     p.add_argument("--check", action="store_true",
                    help="check the CRD is served, readable, and an operator holds the lease, then exit (helm test)")
+    p.add_argument("--prometheus-url", default=os.environ.get("TANDEM_PROMETHEUS_URL"),
+                   help="the autoscaler reads Prometheus' HTTP API here; default: it scrapes the pods' /metrics")
+    p.add_argument("--metrics-port", type=int, default=int(os.environ.get("TANDEM_OPERATOR_METRICS_PORT", "0")),
+                   help="serve the autoscaler's own metrics on this port (0: off)")
     p.add_argument("--verbose", "-v", action="store_true")
     return p.parse_args(argv)
 
@@ -59,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if ok else 1
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf logs in through the same file
+    if args.prometheus_url:
+        os.environ["TANDEM_PROMETHEUS_URL"] = args.prometheus_url  # read by the autoscaler at startup
+    if args.metrics_port:
+        os.environ["TANDEM_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
     from tandem.operator.security_defaults import ENV, process_defaults
 
     try:

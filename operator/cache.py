@@ -60,5 +60,10 @@ class ObjectCache:
         with self._lock:
             return self._items.get((kind, namespace, name))
 
+    def objects(self, kind: str) -> list[Body]:
+        """Every cached body of one kind (a snapshot)."""
+        with self._lock:
+            return [body for (k, _, _), body in self._items.items() if k == kind]
+
     def __len__(self) -> int:
         return len(self._items)

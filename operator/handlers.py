@@ -28,6 +28,7 @@ CHILD_EVENT_DELAY = float(os.environ.get("TANDEM_CHILD_EVENT_DELAY", "0.05"))
 QUEUE: ReconcileQueue | None = None
 _RESYNC: asyncio.Task[None] | None = None
 _BEATS: list[asyncio.Task[None]] = []
+_AUTOSCALE: asyncio.Task[None] | None = None
 
 
 def parent_of(meta: dict[str, Any]) -> str | None:
@@ -70,6 +71,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     _RESYNC = asyncio.get_running_loop().create_task(
         QUEUE.resync_forever(float(os.environ.get("TANDEM_RESYNC_SECONDS", "60"))))
     _BEATS.append(asyncio.get_running_loop().create_task(_beat_forever()))
+    _start_autoscaler()
 
 
 async def _beat_forever() -> None:
@@ -79,9 +81,24 @@ async def _beat_forever() -> None:
         await asyncio.sleep(5)
 
 
+def _start_autoscaler() -> None:
+    """The SLO autoscaler for InferenceServices with autoscaling on (it writes nothing for the others)."""
+    global _AUTOSCALE
+    from prometheus_client import start_http_server
+
+    from tandem.operator.autoscale.kube_loop import KubeAutoscalers, prometheus_url_from_env
+
+    autoscalers = KubeAutoscalers(KUBE, CACHE, prometheus_url_from_env())
+    port = int(os.environ.get("TANDEM_OPERATOR_METRICS_PORT", "0"))
+    if port:
+        start_http_server(port, addr=os.environ.get("TANDEM_OPERATOR_METRICS_ADDR", "0.0.0.0"),
+                          registry=autoscalers.metrics.registry)
+    _AUTOSCALE = asyncio.get_running_loop().create_task(autoscalers.run_forever())
+
+
 @kopf.on.cleanup()
 async def stop(**_: Any) -> None:
-    for task in (_RESYNC, *_BEATS):
+    for task in (_RESYNC, _AUTOSCALE, *_BEATS):
         if task:
             task.cancel()
 

@@ -296,5 +296,22 @@ def _serve_until_stopped(args: argparse.Namespace, svc: InferenceService, stack:
     if args.demo:
         demo(url, name, args.prompt, args.max_tokens)
         return 0
-    while True:  # the supervisor thread restarts what crashes; this thread waits for Ctrl-C or SIGTERM
-        time.sleep(1)
+    autoscaler = _start_autoscaler(svc, stack, state)
+    try:
+        while True:  # the supervisor thread restarts what crashes; this thread waits for Ctrl-C or SIGTERM
+            time.sleep(1)
+    finally:
+        if autoscaler is not None:
+            autoscaler.stop()
+
+
+def _start_autoscaler(svc: InferenceService, stack: LocalStack, state: Path):
+    """With spec.autoscaling.enabled, the SLO autoscaler resizes the local pools (tandem.operator.local_autoscale)."""
+    if not svc.spec.autoscaling.enabled:
+        return None
+    from tandem.operator.local_autoscale import LocalAutoscaleThread, local_autoscaler
+    from tandem.operator.local_scale import LocalPools
+
+    pools = LocalPools(stack, svc, Path.cwd(), state / "workers.json", threads=svc.spec.engine.threads or 1)
+    print(f"autoscaling {svc.name} every {svc.spec.autoscaling.interval_seconds}s on its SLO", flush=True)
+    return LocalAutoscaleThread(local_autoscaler(pools, svc, Path.cwd()), svc.spec.autoscaling.interval_seconds).start()

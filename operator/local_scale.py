@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -20,7 +22,7 @@ from pathlib import Path
 import grpc
 
 from tandem.operator.autoscale.types import Replicas
-from tandem.operator.local import LocalStack, free_port_block
+from tandem.operator.local import LocalStack
 from tandem.operator.local_plan import ProcessPlan, local_tls_dir, worker_plan, workers_document
 from tandem.spec import InferenceService
 from tandem.v1 import colocated_pb2_grpc, common_pb2, decode_pb2_grpc, prefill_pb2_grpc
@@ -80,8 +82,10 @@ class LocalPools:
             return [p for p in self.stack.plans if p.role == role and p.name in self.stack.running]
 
     def replicas(self, role: str) -> Replicas:
-        """Ready (answers a load report and is not draining), starting, and draining workers of `role`."""
+        """Ready (answers a load report and is not draining), starting, and draining workers of `role`.
+        A member that died (it did not drain) is replaced first, the way a Deployment replaces a pod."""
         self.reap()
+        self.replace_crashed(role)
         reports = [self.load(p) for p in self.members(role)]
         ready = sum(1 for r in reports if r is not None and not r.draining)
         return Replicas(ready=ready, starting=len(reports) - ready, draining=sum(1 for w in self.leaving if w.plan.role == role))
@@ -121,6 +125,19 @@ class LocalPools:
                 url = f"http://{p.address}/metrics" if p.role == "router" else f"http://{host}:{p.metrics_port}/metrics"
                 out.setdefault(p.role, []).append(url)
             return out
+
+    def replace_crashed(self, role: str) -> list[tuple[str, int]]:
+        """Members of `role` that exited without being drained: restarted as new workers (name, exit code)."""
+        with self._lock:
+            crashed = [p for p in self.members(role) if self.stack.running[p.name].poll() is not None]
+            out = []
+            for p in crashed:
+                out.append((p.name, self.stack.running.pop(p.name).returncode))
+                self.stack.plans.remove(p)
+                self._start(role)
+            if crashed:
+                self.write_workers_file()
+        return out
 
     def write_workers_file(self) -> None:
         with self._lock:
@@ -165,7 +182,7 @@ class LocalPools:
         with self._lock:
             index = self._next_index[role]
             self._next_index[role] += 1
-            p = worker_plan(self.svc, self.base, role, index, self.host, free_port_block(2), self.threads)
+            p = worker_plan(self.svc, self.base, role, index, self.host, free_port_pair(), self.threads)
             self.stack.spawn(p)
         return p
 
@@ -175,6 +192,21 @@ class LocalPools:
             proc.send_signal(signal.SIGTERM)
         with self._lock:
             self.leaving.append(Leaving(p, proc, time.monotonic()))
+
+
+def free_port_pair(low: int = 20000, high: int = 32000) -> int:
+    """A port whose neighbour is free too, below the kernel's ephemeral range (32768 and up), so no outgoing
+    connection (the router's, a client's) can take it between this check and the worker's bind."""
+    for _ in range(200):
+        base = random.randrange(low, high - 1)
+        try:
+            for port in (base, base + 1):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free port pair")
 
 
 def _running(report: common_pb2.LoadReport | None) -> int | None:

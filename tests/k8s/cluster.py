@@ -323,7 +323,10 @@ class Operator:
         """`args` replace the test defaults (lease timings) after `tandem operator`, e.g. the chart's own;
         `kubeconfig` replaces the tandem-operator user's, e.g. one with a ServiceAccount's token."""
         self.cp, self.name = cp, name
-        self.env = {"TANDEM_RESYNC_SECONDS": "10", **(extra_env or {})}
+        # kwok's pods have made-up IPs that serve nothing: the autoscaler must never dial them, so by default
+        # it reads "Prometheus" at a loopback port where none listens (metrics unavailable, pools hold).
+        no_prometheus = f"http://127.0.0.1:{free_port()}"
+        self.env = {"TANDEM_RESYNC_SECONDS": "10", "TANDEM_PROMETHEUS_URL": no_prometheus, **(extra_env or {})}
         self.args = args if args is not None else ["--lease-namespace", "default", "--lease-seconds", "6",
                                                    "--renew-seconds", "4", "--retry-seconds", "1"]
         self.kubeconfig = kubeconfig or cp.kubeconfig("tandem-operator")

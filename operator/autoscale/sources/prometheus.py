@@ -41,6 +41,11 @@ class PrometheusSource:
             out[pool] = observation(pool, values, replicas.get(pool, Replicas(0)), now_s, target.window_s)
         return out
 
+    def held_by_pod(self, target: Target, pool: Pool) -> dict[str, float]:
+        """Pod name -> work it holds now (running sequences or queued prompt tokens)."""
+        expr = promql.held_by_pod(target.namespace, target.service, pool)
+        return {labels["pod"]: value for labels, value in self.query(expr) if "pod" in labels}
+
     def attainment(self, target: Target) -> dict[str, float]:
         """SLO attainment over the window, by `slo` (ttft, tpot); absent when no request completed."""
         expr = promql.attainment(target.namespace, target.service, f"{int(target.window_s)}s")

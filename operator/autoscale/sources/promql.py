@@ -97,4 +97,11 @@ def attainment(namespace: str, service: str, window: str, op: str = "=") -> str:
     return ratio(met, f"sum by ({by}) (rate({names.SLO_REQUESTS_TOTAL}{m.render()}[{window}]))")
 
 
+def held_by_pod(namespace: str, service: str, pool: Pool) -> str:
+    """Work each pod of a pool holds now (decode: running sequences; prefill: queued prompt tokens), by
+    the `pod` label the PodMonitor adds: which pod a scale-down should remove."""
+    metric = names.PREFILL_QUEUED_TOKENS if pool == Pool.prefill else names.DECODE_RUNNING_SEQUENCES
+    return f"sum by (pod) ({metric}{Matchers(namespace, service, pool.value).render()})"
+
+
 SECONDS_FIELDS = ("ttft_ms", "tpot_ms")  # queried in seconds, observed in milliseconds

@@ -1,0 +1,70 @@
+"""`tandem up` with `autoscaling.enabled`: the same policy as the operator, in a thread, against the local
+stack: metrics scraped from the processes' /metrics, pools resized by starting workers and draining them."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+from tandem.operator.autoscale.config import policy_config
+from tandem.operator.autoscale.loop import Autoscaler, Tick
+from tandem.operator.autoscale.sources.base import Target
+from tandem.operator.autoscale.sources.scrape import ScrapeSource
+from tandem.operator.autoscale.types import Decision, Pool, Replicas
+from tandem.operator.local_scale import LocalPools
+from tandem.profile import load_profile, shipped_profile
+from tandem.spec import InferenceService, Mode
+
+log = logging.getLogger("tandem.up.autoscale")
+
+
+class LocalActuator:
+    def __init__(self, pools: LocalPools, roles: tuple[Pool, ...]):
+        self.pools, self.roles = pools, roles
+
+    def replicas(self) -> dict[Pool, Replicas]:
+        return {pool: self.pools.replicas(pool.value) for pool in self.roles}
+
+    def apply(self, decision: Decision) -> None:
+        self.pools.scale(decision.pool.value, decision.desired)
+
+
+def local_autoscaler(pools: LocalPools, svc: InferenceService, base: Path) -> Autoscaler:
+    roles = (Pool.colocated,) if svc.spec.mode == Mode.colocated else (Pool.prefill, Pool.decode)
+    a = svc.spec.autoscaling
+    path = a.profile
+    profile = load_profile(path if Path(path).is_absolute() else base / path) if path else shipped_profile()
+    target = Target("local", svc.name, roles, a.window_seconds, svc.spec.slo.percentile)
+    return Autoscaler(target, ScrapeSource(pools.metrics_targets), LocalActuator(pools, roles), policy_config(svc.spec, profile))
+
+
+class LocalAutoscaleThread:
+    """Ticks every `intervalSeconds` until stopped; `ticks` keeps what each tick saw and did."""
+
+    def __init__(self, autoscaler: Autoscaler, interval_s: float, echo: bool = True):
+        self.autoscaler, self.interval_s, self.echo = autoscaler, interval_s, echo
+        self.ticks: list[Tick] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="autoscaler", daemon=True)
+
+    def start(self) -> LocalAutoscaleThread:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                tick = self.autoscaler.tick(time.time())
+            except Exception:  # keep scaling whatever one tick did
+                log.exception("autoscaler tick failed")
+                continue
+            self.ticks.append(tick)
+            if self.echo:
+                for d in tick.applied:
+                    print(f"autoscaler: {d.reason} [{d.reason_code}]", flush=True)

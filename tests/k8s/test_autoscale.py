@@ -1,0 +1,86 @@
+"""The autoscaler's Kubernetes side on the real control plane (kwok runs the pods, so nothing serves
+metrics): the drain-safe scale-down removes the pod the actuator marked, and with no metrics to read the
+operator reports SLOMet Unknown / MetricsUnavailable, shows it in `kubectl get tsvc`, and holds the pools."""
+
+from __future__ import annotations
+
+import time
+
+import yaml
+from kubernetes import config as kube_config
+
+from tandem import names
+from tandem.launch import drain_timeout_seconds
+from tandem.operator.autoscale.kube_actuator import DELETION_COST, KubeActuator
+from tandem.operator.autoscale.types import Decision, Pool
+from tandem.operator.kube import Kube
+from tandem.spec import parse_object
+from tests.k8s.conftest import get_json, wait_for
+from tests.k8s.test_operator_lifecycle import condition
+
+
+def _svc(name: str, decode: int, autoscaling: dict | None = None) -> dict:
+    return {
+        "apiVersion": "serving.tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": name},
+        "spec": {"model": {"source": {"path": "/models/m"}, "servedName": name},
+                 "prefill": {"replicas": 1, "resources": {"gpus": 0}},
+                 "decode": {"replicas": decode, "maxReplicas": 4, "resources": {"gpus": 0}},
+                 "autoscaling": autoscaling or {"enabled": False}},
+    }  # fmt: skip
+
+
+def _pods(cp, ns: str, name: str, pool: str) -> list[dict]:
+    out = get_json(cp, "pods", "-l", f"{names.LABEL_SERVICE}={name},{names.LABEL_POOL}={pool}", namespace=ns)
+    return (out or {}).get("items") or []
+
+
+def _ready(pods: list[dict]) -> list[dict]:
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])]
+
+
+def test_scale_down_removes_the_pod_with_the_fewest_running_sequences(control_plane, operator, namespace):
+    cp, ns = control_plane, namespace
+    obj = _svc("victim", decode=3)
+    cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(obj))
+    pods = wait_for(lambda: len(r := _ready(_pods(cp, ns, "victim", "decode"))) == 3 and r, 120, "3 decode pods Ready")
+    spec = parse_object({**obj, "metadata": {"name": "victim", "namespace": ns}}).spec
+    pod_spec = pods[0]["spec"]
+    assert pod_spec["terminationGracePeriodSeconds"] > drain_timeout_seconds(spec)
+    assert pod_spec["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][:2] == ["tandem", "drain"]
+
+    names_ = sorted(p["metadata"]["name"] for p in pods)
+    load = {names_[0]: 7.0, names_[1]: 0.0, names_[2]: 3.0}  # what each pod's /metrics would say
+    kube = Kube(kube_config.new_client_from_config(str(cp.kubeconfig("admin"))))
+    owner = get_json(cp, "inferenceservice", "victim", namespace=ns)
+    actuator = KubeActuator(kube, owner, (Pool.prefill, Pool.decode), lambda ps: {p["metadata"]["name"]: load[p["metadata"]["name"]] for p in ps})
+    assert actuator.replicas()[Pool.decode].ready == 3
+    actuator.apply(Decision(Pool.decode, 3, 2, "decode 3->2: test", "ScaleDown"))
+    costs = {p["metadata"]["name"]: p["metadata"]["annotations"][DELETION_COST] for p in _pods(cp, ns, "victim", "decode")}
+    assert costs == {names_[0]: "7", names_[1]: "0", names_[2]: "3"}
+    wait_for(lambda: {p["metadata"]["name"] for p in _ready(_pods(cp, ns, "victim", "decode"))} == {names_[0], names_[2]},
+             120, f"{names_[1]} (no running sequences) removed, the busy ones kept")
+    events = get_json(cp, "events", "--field-selector", "involvedObject.name=victim", namespace=ns)["items"]
+    assert any(e["reason"] == "ScaledDown" and "decode 3->2" in e["message"] for e in events)
+
+
+def test_without_metrics_slo_met_is_unknown_and_the_pools_hold(control_plane, operator, namespace):
+    cp, ns = control_plane, namespace
+    cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(
+        _svc("blind", decode=2, autoscaling={"enabled": True, "intervalSeconds": 1})))
+
+    def unknown():
+        c = condition(get_json(cp, "inferenceservice", "blind", namespace=ns), "SLOMet")
+        return c if c.get("status") == "Unknown" and c.get("reason") == "MetricsUnavailable" else None
+
+    cond = wait_for(unknown, 120, "SLOMet Unknown/MetricsUnavailable")
+    assert "metrics" in cond["message"]
+    time.sleep(3)  # several ticks: nothing moves
+    for pool, want in (("prefill", 1), ("decode", 2)):
+        assert get_json(cp, "inferencepool", f"blind-{pool}", namespace=ns)["spec"]["replicas"] == want
+    status = get_json(cp, "inferenceservice", "blind", namespace=ns)["status"]
+    assert status["slo"]["ttft"] == "-/500ms" and status["slo"]["tpot"] == "-/50ms"
+    table = cp.kubectl("get", "tsvc", "blind", "-n", ns).stdout.splitlines()
+    header, row = table[0].split(), table[1].split()
+    assert {"TTFT", "TPOT", "SLO"} <= set(header)
+    assert row[header.index("TTFT")] == "-/500ms" and row[header.index("SLO")] == "Unknown"
