@@ -10,7 +10,8 @@ from pathlib import Path
 
 from tandem.operator.autoscale.config import policy_config
 from tandem.operator.autoscale.loop import Autoscaler, Tick
-from tandem.operator.autoscale.sources.base import Target
+from tandem.operator.autoscale.sources.base import MetricSource, Target
+from tandem.operator.autoscale.sources.prometheus import PrometheusSource
 from tandem.operator.autoscale.sources.scrape import ScrapeSource
 from tandem.operator.autoscale.types import Decision, Pool, Replicas
 from tandem.operator.local_scale import LocalPools
@@ -37,7 +38,9 @@ def local_autoscaler(pools: LocalPools, svc: InferenceService, base: Path) -> Au
     path = a.profile
     profile = load_profile(path if Path(path).is_absolute() else base / path) if path else shipped_profile()
     target = Target("local", svc.name, roles, a.window_seconds, svc.spec.slo.percentile)
-    return Autoscaler(target, ScrapeSource(pools.metrics_targets), LocalActuator(pools, roles), policy_config(svc.spec, profile))
+    url = a.prometheus_url
+    source: MetricSource = PrometheusSource(url) if url else ScrapeSource(pools.metrics_targets)
+    return Autoscaler(target, source, LocalActuator(pools, roles), policy_config(svc.spec, profile))
 
 
 class LocalAutoscaleThread:

@@ -129,6 +129,9 @@ class AutoscalingSpec(_Spec):
     gpu_budget: int | None = Field(default=None, ge=1)
     # The capacity profile (`tandem profile` JSON): a file path locally, a ConfigMap name on Kubernetes.
     profile: str | None = None
+    # Where the autoscaler reads metrics: this Prometheus; unset, the operator's --prometheus-url, else it
+    # scrapes the pods' /metrics directly.
+    prometheus_url: str | None = Field(default=None, pattern="^https?://")
 
 
 class Transport(StrEnum):

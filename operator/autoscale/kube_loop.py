@@ -32,7 +32,7 @@ from tandem.operator.autoscale.types import Pool
 from tandem.operator.cache import ObjectCache
 from tandem.operator.kube import ApiError, Kube
 from tandem.profile import Profile, shipped_profile
-from tandem.spec import KIND, InferenceService, Mode, parse_object
+from tandem.spec import KIND, InferenceService, InferenceServiceSpec, Mode, parse_object
 
 log = logging.getLogger("tandem.operator.autoscale")
 Body = dict[str, Any]
@@ -74,6 +74,19 @@ def running_by_pod(http: httpx.Client, pods: list[Body]) -> dict[str, float | No
     return out
 
 
+def autoscaler_inputs(spec: InferenceServiceSpec, operator_prometheus_url: str | None) -> dict[str, Any]:
+    """What the loop runs for a spec (pure): the policy settings, the metric source, the profile it loads."""
+    config = policy_config(spec, shipped_profile())
+    url = spec.autoscaling.prometheus_url or operator_prometheus_url
+    return {
+        "config": {k: v for k, v in vars(config).items() if k != "profile"},
+        "source": ("prometheus", url) if url else ("scrape", None),
+        "profile": spec.autoscaling.profile,
+        "window_s": spec.autoscaling.window_seconds,
+        "interval_s": spec.autoscaling.interval_seconds,
+    }
+
+
 @dataclass
 class Managed:
     autoscaler: Autoscaler
@@ -103,9 +116,10 @@ class KubeAutoscalers:
             return shipped_profile()
         return Profile.model_validate(json.loads(data))
 
-    def _source(self, namespace: str, service: str) -> MetricSource:
-        if self.prometheus_url:
-            return PrometheusSource(self.prometheus_url)
+    def _source(self, namespace: str, service: str, spec_url: str | None = None) -> MetricSource:
+        url = spec_url or self.prometheus_url
+        if url:
+            return PrometheusSource(url)
         selector = f"{names.LABEL_SERVICE}={service}"
         return ScrapeSource(lambda: metrics_targets(self.kube.list("Pod", namespace, selector)))
 
@@ -127,7 +141,7 @@ class KubeAutoscalers:
         m = self.managed.get(key)
         if m is None or m.generation != generation:
             pools = pools_of(svc)
-            source = self._source(svc.namespace, svc.name)
+            source = self._source(svc.namespace, svc.name, svc.spec.autoscaling.prometheus_url)
             target = Target(svc.namespace, svc.name, pools, svc.spec.autoscaling.window_seconds, svc.spec.slo.percentile)
             actuator = KubeActuator(self.kube, obj, pools, lambda pods: self._held(source, target, pods))
             if m is not None:
@@ -188,6 +202,8 @@ class KubeAutoscalers:
             self.tick_one(obj, now_s)
         except (ApiError, ValueError) as e:
             log.warning("%s/%s: autoscaler tick failed: %s", *key, e)
+        except Exception:  # one service's failure must not stop the loop for the others
+            log.exception("%s/%s: autoscaler tick failed", *key)
         finally:
             m = self.managed.get(key)
             interval = ((obj.get("spec") or {}).get("autoscaling") or {}).get("intervalSeconds", 15)

@@ -1,6 +1,7 @@
 """The autoscaler's Kubernetes side on the real control plane (kwok runs the pods, so nothing serves
 metrics): the drain-safe scale-down removes the pod the actuator marked, and with no metrics to read the
-operator reports SLOMet Unknown / MetricsUnavailable, shows it in `kubectl get tsvc`, and holds the pools."""
+operator (pointed at a loopback port where no Prometheus listens) reports SLOMet Unknown /
+MetricsUnavailable, shows it in `kubectl get tsvc`, and holds the pools."""
 
 from __future__ import annotations
 
@@ -55,9 +56,10 @@ def test_scale_down_removes_the_pod_with_the_fewest_running_sequences(control_pl
     owner = get_json(cp, "inferenceservice", "victim", namespace=ns)
     actuator = KubeActuator(kube, owner, (Pool.prefill, Pool.decode), lambda ps: {p["metadata"]["name"]: load[p["metadata"]["name"]] for p in ps})
     assert actuator.replicas()[Pool.decode].ready == 3
-    actuator.apply(Decision(Pool.decode, 3, 2, "decode 3->2: test", "ScaleDown"))
+    assert actuator.mark_victims(Pool.decode) == {names_[0]: 7, names_[1]: 0, names_[2]: 3}
     costs = {p["metadata"]["name"]: p["metadata"]["annotations"][DELETION_COST] for p in _pods(cp, ns, "victim", "decode")}
     assert costs == {names_[0]: "7", names_[1]: "0", names_[2]: "3"}
+    actuator.apply(Decision(Pool.decode, 3, 2, "decode 3->2: test", "ScaleDown"))
     wait_for(lambda: {p["metadata"]["name"] for p in _ready(_pods(cp, ns, "victim", "decode"))} == {names_[0], names_[2]},
              120, f"{names_[1]} (no running sequences) removed, the busy ones kept")
     events = get_json(cp, "events", "--field-selector", "involvedObject.name=victim", namespace=ns)["items"]
@@ -74,7 +76,7 @@ def test_without_metrics_slo_met_is_unknown_and_the_pools_hold(control_plane, op
         return c if c.get("status") == "Unknown" and c.get("reason") == "MetricsUnavailable" else None
 
     cond = wait_for(unknown, 120, "SLOMet Unknown/MetricsUnavailable")
-    assert "metrics" in cond["message"]
+    assert "Prometheus at http://127.0.0.1:" in cond["message"] and "refused" in cond["message"]
     time.sleep(3)  # several ticks: nothing moves
     for pool, want in (("prefill", 1), ("decode", 2)):
         assert get_json(cp, "inferencepool", f"blind-{pool}", namespace=ns)["spec"]["replicas"] == want

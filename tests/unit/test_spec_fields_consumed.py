@@ -17,6 +17,7 @@ import yaml
 
 from tandem.launch import worker_pools
 from tandem.operator import render
+from tandem.operator.autoscale.kube_loop import autoscaler_inputs
 from tandem.operator.local_plan import plan
 from tandem.operator.pools import desired_pool_replicas
 from tandem.spec import InferenceService, InferenceServiceSpec
@@ -26,16 +27,7 @@ ABSENT = object()
 
 # Read by the autoscaler loop (policy config, metric windows, actuator) that lands in parallel; whoever
 # wires a field into a consumer adds that consumer to `observe` below and removes the field here.
-PENDING = {
-    "autoscaling.intervalSeconds",
-    "autoscaling.windowSeconds",
-    "autoscaling.scaleUpCooldownSeconds",
-    "autoscaling.scaleDownCooldownSeconds",
-    "autoscaling.stabilizationSeconds",
-    "autoscaling.sloMarginPercent",
-    "autoscaling.gpuBudget",
-    "autoscaling.profile",
-}
+PENDING: set[str] = set()
 
 # Values for fields whose schema alone does not give two valid, different ones.
 VALUES: dict[str, list[Any]] = {
@@ -47,6 +39,7 @@ VALUES: dict[str, list[Any]] = {
     "prefill.affinity": [ABSENT, {"nodeAffinity": {}}],
     "decode.affinity": [ABSENT, {"nodeAffinity": {}}],
     "security.networkPolicy.metricsFrom": [[], [{"namespaceSelector": {}}]],
+    "autoscaling.prometheusUrl": [ABSENT, "http://prometheus.monitoring:9090"],
 }
 
 # The rest of the spec a field needs around it to take effect (merged into the base spec).
@@ -149,7 +142,9 @@ def observe(spec: InferenceServiceSpec) -> str:
         local = [p.argv for p in plan(InferenceService(name="s", spec=spec), Path("/"), cpus=8)]
     except ValueError as e:  # `tandem up` serves local paths only; it says so
         local = [str(e)]
-    return json.dumps({"sizes": sizes, "manifests": manifests, "local": local}, sort_keys=True, default=str)
+    autoscaler = autoscaler_inputs(spec, None)  # what the autoscaler loop runs (operator and tandem up)
+    return json.dumps({"sizes": sizes, "manifests": manifests, "local": local, "autoscaler": autoscaler},
+                      sort_keys=True, default=str)
 
 
 FIELDS = leaves(_spec_schema())
