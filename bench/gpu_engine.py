@@ -36,6 +36,8 @@ from tandem.worker.devtools.tiny import (
     random_state_dict,
     write_safetensors,
 )
+from tandem.worker.engine.compiled import compile_layers
+from tandem.worker.engine.compiled import warm_up as compiled_warm_up
 from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.engine.loading import load_model
 from tandem.worker.hf.config import ModelConfig
@@ -159,6 +161,8 @@ def median_of(repeats: int, measure, seed: int) -> tuple[float, float]:
 
 def run(args: argparse.Namespace, model_dir: Path, device: str = "cuda") -> list[Result]:
     model = load_model(model_dir, "bfloat16", device)
+    if args.compile:
+        compile_layers(model)
     per_seq = -(-(max(args.context, args.prefill_tokens) + args.new_tokens) // BLOCK_SIZE)
     config = EngineConfig(
         block_size=BLOCK_SIZE,
@@ -166,8 +170,11 @@ def run(args: argparse.Namespace, model_dir: Path, device: str = "cuda") -> list
         max_running_sequences=max(64, args.batch),
         max_batch_tokens=max(args.prefill_tokens, args.batch * args.context, 2048),
         prefill_chunk_tokens=max(args.prefill_tokens, args.context),
+        attention=args.attention,
     )
     engine = Engine(model, config, eos_token_ids=())
+    if args.compile or args.attention == "flex":
+        compiled_warm_up(engine)  # compile outside the timed runs
     vocab = model.config.vocab_size
     print(
         f"model: {sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()) / 1e9:.2f}B params"
@@ -224,6 +231,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--prefill-tokens", type=int, default=2048)
     p.add_argument("--batch", type=int, default=64, help="batch size of the decode tokens/s run")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--attention", choices=["sdpa", "flex"], default="sdpa", help="the engine's attention backend")
+    p.add_argument("--compile", action="store_true", help="torch.compile norms and MLPs (warmed up first)")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
     return p.parse_args(argv)
 
