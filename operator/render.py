@@ -217,7 +217,10 @@ def worker_probes(tls: bool = False) -> dict[str, Any]:
     return {
         "startupProbe": {**grpc, "periodSeconds": 10, "failureThreshold": 60},
         "readinessProbe": {**grpc, "periodSeconds": 5, "failureThreshold": 3},
-        "livenessProbe": {**grpc, "periodSeconds": 10, "failureThreshold": 6},
+        # A draining worker is NOT_SERVING on the empty service name; liveness asks for the one that stays up,
+        # so the kubelet never restarts a worker that is finishing its requests.
+        "livenessProbe": {"grpc": {**grpc["grpc"], "service": names.WORKER_LIVENESS_SERVICE},
+                          "periodSeconds": 10, "failureThreshold": 6},
     }
 
 

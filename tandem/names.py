@@ -20,6 +20,9 @@ HTTP_PORT = 8000
 
 # Router HTTP probes: liveness answers while the process serves HTTP; readiness only while workers can serve
 LIVENESS_PATH = "/livez"
+# The gRPC health service name a worker keeps SERVING while its process runs, draining or not (liveness);
+# the empty name turns NOT_SERVING when it drains (readiness).
+WORKER_LIVENESS_SERVICE = "liveness"
 READINESS_PATH = "/readyz"
 
 # Router metrics

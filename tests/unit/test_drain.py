@@ -10,6 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from tandem import names
 from tandem.launch import drain_timeout_seconds, termination_grace_seconds
 from tandem.operator.local_scale import pick_victims
 from tandem.spec import InferenceServiceSpec
@@ -31,6 +32,7 @@ class Held:
 def served():
     servicer, health_servicer = Held(2), health.HealthServicer()
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_servicer.set(names.WORKER_LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     drainer = Drainer(servicer, health_servicer, timeout_s=30)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     add_to_server(server, drainer)
@@ -43,8 +45,9 @@ def served():
     server.stop(0)
 
 
-def _health(channel) -> int:
-    return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+def _health(channel, service: str = "") -> int:
+    request = health_pb2.HealthCheckRequest(service=service)
+    return health_pb2_grpc.HealthStub(channel).Check(request, timeout=5).status
 
 
 def test_drain_rpc_turns_not_serving_at_once_and_waits_for_held_work(served):
@@ -54,6 +57,8 @@ def test_drain_rpc_turns_not_serving_at_once_and_waits_for_held_work(served):
     assert reply.draining and reply.busy == 2 and 0 < reply.deadline_s <= 30
     assert servicer.draining
     assert _health(channel) == health_pb2.HealthCheckResponse.NOT_SERVING
+    # liveness stays up: the kubelet must not restart a worker that is finishing its requests
+    assert _health(channel, names.WORKER_LIVENESS_SERVICE) == health_pb2.HealthCheckResponse.SERVING
     done = threading.Event()
     threading.Thread(target=lambda: drainer.wait_drained(poll_s=0.01) and done.set(), daemon=True).start()
     assert not done.wait(0.3), "exited while work was still held"

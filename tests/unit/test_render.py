@@ -48,6 +48,9 @@ def test_worker_deployment_gpu_probes_labels(gpu_spec):
     assert c["resources"]["requests"] == {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": "1"}
     assert c["readinessProbe"]["grpc"]["port"] == names.GRPC_PORT
     assert c["livenessProbe"]["grpc"]["port"] == names.GRPC_PORT
+    # liveness asks for the health service a draining worker keeps SERVING; readiness for the one it drops
+    assert c["livenessProbe"]["grpc"]["service"] == names.WORKER_LIVENESS_SERVICE
+    assert "service" not in c["readinessProbe"]["grpc"]
     assert c["args"][:3] == ["worker", "--role", "decode"]
     assert c["env"] == gpu_spec.decode.env  # only what the user asked for: pool and service are in the args
     assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}

@@ -135,6 +135,7 @@ def main(argv: list[str]) -> int:
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, probes)
         probes.add_insecure_port(f"{args.host}:{args.health_port}")
         probes.start()
+    health_servicer.set(names.WORKER_LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     log.info("%s worker %s serving %s on %s:%d (%d KV blocks)", args.role, worker_id, args.served_name, args.host, port, num_blocks)
     print(f"READY {args.role} {args.host}:{port}", flush=True)
