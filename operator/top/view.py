@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from rich.table import Table
 from rich.text import Text
 
+from tandem.operator.autoscale.sources.scrape import histogram_quantile as scrape_quantile
+
 SPARKS = "▁▂▃▄▅▆▇█"
 
 
@@ -71,22 +73,9 @@ def merge_sources(*sources: Sequence[ServiceState]) -> list[ServiceState]:
 
 
 def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
-    """Prometheus' histogram_quantile over cumulative (upper bound, count) buckets: linear interpolation in
-    the bucket holding the rank; the highest finite bound when the rank falls in +Inf; None without data."""
-    ordered = sorted(buckets)
-    if not ordered or ordered[-1][1] <= 0 or not math.isinf(ordered[-1][0]):
-        return None
-    rank = q * ordered[-1][1]
-    lower_bound, lower_count = 0.0, 0.0
-    for bound, count in ordered:
-        if count >= rank:
-            if math.isinf(bound):
-                return lower_bound
-            if count == lower_count:
-                return bound
-            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (count - lower_count)
-        lower_bound, lower_count = bound, count
-    return None
+    """The autoscaler's scrape-side histogram_quantile (Prometheus' rule), with None instead of NaN for no data."""
+    value = scrape_quantile(q, buckets)
+    return None if math.isnan(value) else value
 
 
 def sparkline(values: Sequence[float | None], width: int = 16) -> str:
