@@ -238,8 +238,22 @@ class GrpcBackend:
         finally:
             self.inflight -= 1
 
+    async def _pick_or_wait(self, role: str, tried: set[str], blocks_needed: int = 0) -> Worker:
+        """`_pick`, but with no routable worker (a scale-down's victim drains while its replacement is
+        not polled yet) poll at once and wait up to `PICK_WAIT_S` before refusing with a 503."""
+        deadline = time.monotonic() + PICK_WAIT_S
+        while True:
+            try:
+                return self._pick(role, tried, blocks_needed)
+            except BackendError:
+                if time.monotonic() >= deadline:
+                    raise
+            await self._refresh_membership()
+            await asyncio.gather(*(self._poll(w) for w in self.pools.workers[role].values()))
+            await asyncio.sleep(0.05)
+
     async def _colocated(self, request_id, prompt_ids, params, timing, tried) -> AsyncIterator[TokenOut]:
-        worker = self._pick("colocated", tried)
+        worker = await self._pick_or_wait("colocated", tried)
         tried.add(worker.view.address)
         timing.decode_worker = timing.prefill_worker = worker.view.address
         worker.in_use += 1
@@ -256,8 +270,8 @@ class GrpcBackend:
             call.cancel()
 
     async def _disaggregated(self, request_id, prompt_ids, params, timing, tried) -> AsyncIterator[TokenOut]:
-        decode = self._pick("decode", tried, self._blocks_needed(len(prompt_ids) + params.max_tokens))
-        prefill = self._pick("prefill", tried)
+        decode = await self._pick_or_wait("decode", tried, self._blocks_needed(len(prompt_ids) + params.max_tokens))
+        prefill = await self._pick_or_wait("prefill", tried)
         tried.update({decode.view.address, prefill.view.address})
         if prefill.info is not None and decode.info is not None:
             problems = check_compatible(prefill.info, decode.info)
@@ -393,6 +407,7 @@ def _note_unavailable(worker: Worker, e: aio.AioRpcError) -> None:
 
 
 DNS_PREFIX = "dns:///"
+PICK_WAIT_S = 3.0  # how long a request waits for a routable worker of a role before its 503
 
 
 def resolve(address: str) -> list[str]:
