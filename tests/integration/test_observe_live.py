@@ -95,6 +95,8 @@ def observed(tiny_model_dir, tmp_path_factory):
             # enough completed requests and scrapes that every rate has two samples with traffic between
             prom.wait_for(f'sum(tandem_slo_requests_total{{service="{SERVICE}"}}) >= 8', timeout_s=180)
             prom.wait_for(f'sum(increase(tandem_requests_total{{service="{SERVICE}", status="404"}}[1m])) > 0', timeout_s=60)
+            # each worker scraped at least twice since its first prompt (the router's counters can run ahead)
+            prom.wait_for(f'sum(rate(tandem_prefill_tokens_total{{service="{SERVICE}"}}[1m])) > 0', timeout_s=60)
             yield prom, load
             assert not load.errors, load.errors[:3]
 
