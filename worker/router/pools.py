@@ -240,13 +240,15 @@ class GrpcBackend:
 
     async def _pick_or_wait(self, role: str, tried: set[str], blocks_needed: int = 0) -> Worker:
         """`_pick`, but with no routable worker (a scale-down's victim drains while its replacement is
-        not polled yet) poll at once and wait up to `PICK_WAIT_S` before refusing with a 503."""
+        not polled yet) poll the new one at once and wait up to `PICK_WAIT_S` for it before refusing with a 503."""
         deadline = time.monotonic() + PICK_WAIT_S
         while True:
             try:
                 return self._pick(role, tried, blocks_needed)
             except BackendError:
-                if time.monotonic() >= deadline:
+                # wait only for a worker that joined and was never polled; a failed one stays out of rotation
+                fresh = any(w.info is None for w in self.pools.workers[role].values())
+                if not fresh or time.monotonic() >= deadline:
                     raise
             await self._refresh_membership()
             await asyncio.gather(*(self._poll(w) for w in self.pools.workers[role].values()))
