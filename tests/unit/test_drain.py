@@ -110,3 +110,32 @@ def test_drain_timeout_covers_the_longest_generation_the_spec_allows():
     assert termination_grace_seconds(spec) > drain_timeout_seconds(spec)
     longer = spec.model_copy(update={"model": spec.model.model_copy(update={"max_context_length": 2000})})
     assert drain_timeout_seconds(longer) > drain_timeout_seconds(spec)
+
+
+SIGNAL_ON_ANOTHER_THREAD = """
+import signal, sys, threading, time
+from grpc_health.v1 import health
+from tandem.worker.serve.drain import Drainer
+
+class Idle:
+    draining = False
+    def busy(self):
+        return 0
+
+drainer = Drainer(Idle(), health.HealthServicer(), timeout_s=5)
+signal.signal(signal.SIGTERM, lambda signum, frame: drainer.begin("SIGTERM"))
+# the kernel may hand a process-directed SIGTERM to any thread: here, on purpose, to one that is not main
+threading.Thread(target=lambda: (time.sleep(0.3), signal.pthread_kill(threading.get_ident(), signal.SIGTERM))).start()
+print("drained" if drainer.wait_drained() else "deadline", flush=True)
+"""
+
+
+def test_sigterm_taken_by_another_thread_still_starts_the_drain():
+    """A worker's main thread waits for the drain; a SIGTERM the kernel delivers to one of its gRPC or torch
+    threads must still run the handler, or the worker never drains and never exits."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", SIGNAL_ON_ANOTHER_THREAD], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "drained"

@@ -23,7 +23,6 @@ from tandem.v1 import lifecycle_pb2, lifecycle_pb2_grpc
 log = logging.getLogger(__name__)
 
 
-
 class Drainable(Protocol):
     draining: bool
 
@@ -68,7 +67,8 @@ class Drainer:
 
     def wait_drained(self, poll_s: float = 0.05) -> bool:
         """Block until a drain has begun and finished; False when the deadline cut it short."""
-        self.started.wait()
+        while not self.started.wait(timeout=0.5):  # timed: a signal the kernel hands to another thread
+            pass  # only runs its Python handler once the main thread wakes, which a bare wait() never does
         while self.servicer.busy() > 0:
             if self.clock() >= self._deadline:
                 log.warning("drain deadline passed with %d still held", self.servicer.busy())
