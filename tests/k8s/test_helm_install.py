@@ -10,11 +10,13 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.k8s.cluster import ControlPlane, Operator, find_binaries
+from tandem import names
+from tests.k8s.cluster import ControlPlane, Operator, find_binaries, free_port
 from tests.k8s.conftest import get_json, wait_for
 from tests.k8s.test_operator_lifecycle import EXAMPLE, SERVICE, model_volume, ready_at_current_generation
 
@@ -73,8 +75,13 @@ def chart_operator(cluster, installed):
     env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
     env["POD_NAMESPACE"] = NS  # the downward API's value in the pod
     sa = dep["spec"]["template"]["spec"]["serviceAccountName"]
-    op = Operator(cluster, "chart-operator", extra_env=env, args=container["args"][1:],
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert f"--metrics-port={ports['metrics']}" in container["args"]  # the autoscaler's metrics, on a named port
+    metrics_port = free_port()  # on loopback, beside other tests' processes (argparse: the last flag wins)
+    op = Operator(cluster, "chart-operator", extra_env=env,
+                  args=[*container["args"][1:], f"--metrics-port={metrics_port}"],
                   kubeconfig=service_account_kubeconfig(cluster, sa))
+    op.metrics_port = metrics_port
     op.start().wait_leading(timeout=90)
     yield op
     op.stop()
@@ -113,6 +120,11 @@ def test_operator_with_the_charts_identity_reconciles_the_example(cluster, chart
     for pool in ("prefill", "decode", "router"):
         assert get_json(cp, "deployment", f"{SERVICE}-{pool}", namespace="serving") is not None
     assert "Forbidden" not in chart_operator.log()  # the chart's RBAC was enough for every call
+
+
+def test_the_charts_operator_serves_the_autoscalers_metrics(chart_operator):
+    body = urllib.request.urlopen(f"http://127.0.0.1:{chart_operator.metrics_port}/metrics", timeout=10).read()
+    assert f"# HELP {names.AUTOSCALER_DECISIONS_TOTAL}".encode() in body
 
 
 def test_helm_test_hook_passes(cluster, chart_operator):

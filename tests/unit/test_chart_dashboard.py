@@ -150,6 +150,22 @@ def test_helm_renders_podmonitor_and_dashboard():
     assert json.loads(cm["data"]["tandem.json"]) == json.loads(DASHBOARD.read_text())
 
 
+def test_operator_pod_exports_the_autoscalers_metrics_to_its_own_podmonitor():
+    docs = _template("--set", "monitoring.podMonitor.enabled=true", "--set", "autoscaler.prometheusUrl=http://p:9090")
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert f"--metrics-port={ports['metrics']}" in container["args"]
+    assert "--prometheus-url=http://p:9090" in container["args"]
+    (own,) = [d for d in docs if d["kind"] == "PodMonitor" and d["metadata"]["name"].endswith("-operator")]
+    assert own["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert own["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    off = _template("--set", "monitoring.podMonitor.enabled=true", "--set", "autoscaler.metricsPort=0")
+    (container,) = next(d for d in off if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert not any(a.startswith(("--metrics-port", "--prometheus-url")) for a in container["args"])
+    assert [d["metadata"]["name"] for d in off if d["kind"] == "PodMonitor"] == ["t-tandem"]
+
+
 def test_helm_defaults_skip_podmonitor_keep_dashboard():
     docs = _template()
     kinds = [d["kind"] for d in docs]
