@@ -1,0 +1,61 @@
+"""`tandem up` with `autoscaling.enabled`, run as users run it: the command's own autoscaler grows both pools
+under load that breaches the SLOs, returns them to their minimum once the load stops, and no request fails."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tandem.operator.local import free_port_block
+from tests.integration.stacks import spec
+from tests.integration.test_drain_scaling import StreamingLoad
+from tests.integration.test_supervisor import START_TIMEOUT_S, healthy, routable, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def autoscaled_spec(tiny_model_dir) -> dict:
+    obj = spec("upscale", tiny_model_dir, prefillChunkTokens=32)
+    for pool in ("prefill", "decode"):
+        obj["spec"][pool].update(minReplicas=1, maxReplicas=2)
+    obj["spec"]["slo"] = {"ttftMs": 1, "tpotMs": 1, "percentile": 90}  # no CPU run meets these: load breaches both
+    obj["spec"]["autoscaling"] = {"enabled": True, "intervalSeconds": 2, "windowSeconds": 8, "stabilizationSeconds": 4,
+                                  "scaleUpCooldownSeconds": 0, "scaleDownCooldownSeconds": 2}  # fmt: skip
+    return obj
+
+
+@pytest.mark.timeout(900)
+def test_tandem_up_scales_both_pools_on_its_slo_and_back(tiny_model_dir, tmp_path: Path):
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(autoscaled_spec(tiny_model_dir)))
+    base = free_port_block(24)
+    log_path = tmp_path / "tandem-up.log"
+    with open(log_path, "wb") as log:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "tandem", "up", "-f", str(spec_file), "--port", str(base),
+             "--worker-port", str(base + 2), "--log-dir", str(tmp_path / "logs")],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{base}"
+    try:
+        wait_for("the stack to serve", lambda: healthy(url) or up.poll() is not None, START_TIMEOUT_S)
+        assert up.poll() is None, log_path.read_text()
+        wait_for("the autoscaler to start", lambda: "autoscaling upscale every 2s on its SLO" in log_path.read_text(), 30)
+        with StreamingLoad(url, clients=3) as load:
+            wait_for("two routable workers in each pool",
+                     lambda: routable(url, "prefill") == 2 and routable(url, "decode") == 2, 300)  # fmt: skip
+        wait_for("each pool back to one", lambda: routable(url, "prefill") == 1 and routable(url, "decode") == 1, 300)
+        said = [line for line in log_path.read_text().splitlines() if line.startswith("autoscaler: ")]
+        assert any("TTFT" in line for line in said) and len(said) >= 4, said  # up and down, in each pool
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(timeout=30) == 0
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert load.failures == [], f"{len(load.failures)} failed of {load.ok + len(load.failures)}: {load.failures[:5]}"
+    assert load.ok > 0
