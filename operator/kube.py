@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlencode
 
@@ -112,6 +113,25 @@ class Kube:
     def merge_patch(self, kind: str, namespace: str, name: str, patch: Body, sub: str | None = None) -> Body:
         return self._call("PATCH", path(kind, namespace, name, sub), patch,
                           query=[("fieldManager", FIELD_MANAGER)], content_type="application/merge-patch+json")
+
+    def patch_status(self, kind: str, obj: Body, build: Callable[[Body], Body], attempts: int = 4) -> Body:
+        """Merge-patch `obj`'s status with `build(the status it is built on)`, guarded by resourceVersion.
+        The reconciler and the autoscaler each write the whole conditions list (a merge patch replaces
+        lists), so a write built on a stale read would put back the other's old condition; on a conflict the
+        object is read again and the status rebuilt on what is there now."""
+        meta = obj["metadata"]
+        for attempt in range(attempts):
+            patch = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": build(obj.get("status") or {})}
+            try:
+                return self.merge_patch(kind, meta["namespace"], meta["name"], patch, sub="status")
+            except ApiError as e:
+                if e.status != 409 or attempt == attempts - 1:
+                    raise
+            fresh = self.get(kind, meta["namespace"], meta["name"])
+            if fresh is None:
+                raise ApiError(404, f"{kind} {meta['namespace']}/{meta['name']} is gone")
+            obj, meta = fresh, fresh["metadata"]
+        raise AssertionError("unreachable")
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
         try:

@@ -21,7 +21,7 @@ from tandem.operator.kube import ApiError, Kube
 from tandem.operator.pod_health import pod_problems
 from tandem.operator.pools import clamp_message, desired_pool_replicas
 from tandem.operator.security_defaults import process_defaults, with_defaults
-from tandem.operator.status import inference_pool_status, rolled_out, same_status, service_status
+from tandem.operator.status import inference_pool_status, rebase, rolled_out, same_status, service_status
 from tandem.spec import KIND, InferenceServiceSpec
 
 log = logging.getLogger("tandem.operator")
@@ -46,11 +46,15 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _patch_status(kube: Kube, namespace: str, name: str, status: dict[str, Any],
-                  previous: dict[str, Any]) -> dict[str, Any]:
-    """Merge-patch the status; pools that no longer exist are removed (null in a merge patch)."""
-    gone = {p: None for p in previous.get("pools") or {} if p not in status["pools"]}
-    return kube.merge_patch(KIND, namespace, name, {"status": {**status, "pools": {**gone, **status["pools"]}}}, sub="status")
+def _patch_status(kube: Kube, isvc: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    """Write the status built on `isvc`'s; pools that no longer exist are removed (null in a merge patch).
+    On a conflict (the autoscaler wrote in between) the other writers' conditions are taken afresh."""
+
+    def build(previous: dict[str, Any]) -> dict[str, Any]:
+        gone = {p: None for p in previous.get("pools") or {} if p not in status["pools"]}
+        return {**rebase(status, previous), "pools": {**gone, **status["pools"]}}
+
+    return kube.patch_status(KIND, isvc, build)
 
 
 class Reader:
@@ -161,7 +165,7 @@ def _report_blocked(kube: Kube, reader: Reader, isvc: dict[str, Any], previous: 
         return
     log.warning("%s/%s: %s: %s", namespace, name, *blocked)
     try:
-        reader.remember(_patch_status(kube, namespace, name, status, previous))
+        reader.remember(_patch_status(kube, isvc, status))
         out.writes.append("status")
     except ApiError as e:
         log.warning("%s/%s: could not write status: %s", namespace, name, e)
@@ -228,7 +232,7 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
     conditions = {c["type"]: c for c in status["conditions"]}
     out.ready = conditions["Ready"]["status"] == "True"
     if not same_status(status, previous):
-        reader.remember(_patch_status(kube, namespace, name, status, previous))
+        reader.remember(_patch_status(kube, isvc, status))
         out.writes.append("status")
         before = {c.get("type"): c for c in previous.get("conditions") or []}
         if out.ready and (before.get("Ready") or {}).get("status") != "True":

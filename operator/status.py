@@ -131,6 +131,16 @@ def workers_summary(pools: dict[str, Body]) -> str:
     return " ".join(f"{p} {s['summary']}" for p, s in pools.items() if p != names.POOL_ROUTER)
 
 
+OWN_CONDITIONS = ("Ready", "Progressing", "Degraded")  # the reconciler's; SLOMet is the autoscaler's
+
+
+def rebase(status: Body, previous: Body) -> Body:
+    """`status` as the reconciler built it, with the other writers' conditions taken from `previous` (a
+    fresher read) instead of the read it was built on."""
+    ours = [c for c in status.get("conditions") or [] if c["type"] in OWN_CONDITIONS]
+    return {**status, "conditions": _keep_foreign(ours, {c["type"]: c for c in previous.get("conditions") or []})}
+
+
 def _keep_foreign(ours: list[Body], previous: dict[str, Body]) -> list[Body]:
     """Conditions other writers own (for example SLOMet from the autoscaler) stay as they are."""
     mine = {c["type"] for c in ours}

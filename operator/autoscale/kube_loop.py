@@ -176,9 +176,11 @@ class KubeAutoscalers:
             labels = {"namespace": svc.namespace, "service": svc.name, "pool": pool.value}
             self.metrics.desired.labels(**labels).set(d.desired)
             self.metrics.decisions.labels(**labels, reason=d.reason_code).inc()
-        status = slo_status(tick, svc.spec.slo, svc.spec.autoscaling.window_seconds, attainment,
-                            obj.get("status") or {}, _now_iso())  # fmt: skip
-        self.kube.merge_patch(KIND, svc.namespace, svc.name, {"status": status}, sub="status")
+        at = _now_iso()
+        self.kube.patch_status(  # on a conflict the reconciler's conditions are read afresh
+            KIND, obj, lambda previous: slo_status(tick, svc.spec.slo, svc.spec.autoscaling.window_seconds,
+                                                   attainment, previous, at),
+        )  # fmt: skip
 
     def due(self, now_s: float) -> list[Body]:
         """InferenceServices whose next tick is due; forgets those that turned autoscaling off or went."""

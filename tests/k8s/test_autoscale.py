@@ -86,3 +86,30 @@ def test_without_metrics_slo_met_is_unknown_and_the_pools_hold(control_plane, op
     starts = [i for i, ch in enumerate(header) if ch != " " and (i == 0 or header[i - 1] == " ")]
     cells = {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)}
     assert cells["TTFT"] == "-/500ms" and cells["TPOT"] == "-/50ms" and cells["SLO"] == "Unknown", cells
+
+
+def test_status_writes_built_on_a_stale_read_keep_the_other_writers_condition(control_plane, namespace):
+    """The reconciler and the autoscaler both write the conditions list; one that read before the other wrote
+    gets a conflict from the API server, reads again, and keeps the other's condition."""
+    from tandem.operator.status import rebase
+    from tandem.spec import KIND
+
+    cp, ns = control_plane, namespace
+    cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(_svc("writers", decode=1)))
+    kube = Kube(kube_config.new_client_from_config(str(cp.kubeconfig("admin"))))
+    stale = kube.get(KIND, ns, "writers")
+    assert stale is not None
+    slo_met = {"type": "SLOMet", "status": "True", "reason": "WithinTarget", "message": "ok"}
+    kube.patch_status(KIND, stale, lambda prev: {"conditions": [*(prev.get("conditions") or []), slo_met]})
+
+    built_on: list[list[str]] = []
+    ready = {"type": "Ready", "status": "True", "reason": "AllPoolsReady", "message": "ok"}
+
+    def reconciler(previous: dict) -> dict:
+        built_on.append([c["type"] for c in previous.get("conditions") or []])
+        return rebase({"conditions": [ready]}, previous)
+
+    kube.patch_status(KIND, stale, reconciler)  # built on the read from before SLOMet was written
+    assert built_on == [[], ["SLOMet"]]  # refused once (409), then rebuilt on the fresh status
+    final = {c["type"]: c["status"] for c in kube.get(KIND, ns, "writers")["status"]["conditions"]}
+    assert final == {"Ready": "True", "SLOMet": "True"}
