@@ -2,7 +2,9 @@
 
 The same engine runs in every pool. A prefill worker adds requests with `max_tokens=1` and a layer hook
 that pushes each layer's KV as soon as it is written; a decode worker reserves blocks for an incoming
-transfer and admits the sequence straight into its running batch once the KV has landed.
+transfer and admits the sequence straight into its running batch once the KV has landed. With
+`speculative` set, decoding sequences also run draft tokens each step and keep the longest prefix the
+model agrees with, plus the model's own next token (greedy output is unchanged, token for token).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from tandem.worker.engine.model import Transformer
 from tandem.worker.engine.sampling import sample
 from tandem.worker.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tandem.worker.engine.sequence import Sequence
+from tandem.worker.engine.speculative.proposer import SpeculativeConfig, make_proposer
+from tandem.worker.engine.speculative.speculator import Speculator, accepted_prefix
 from tandem.worker.engine.step_inputs import HostStaging, build_step_inputs
 from tandem.worker.hf.config import served_context_length
 
@@ -36,6 +40,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     prefix_cache_seed: str = ""  # the model's identity: roots every prefix hash chain
     attention: str = "sdpa"  # sdpa (reference: gathers each context) | flex (reads the paged cache in place)
+    speculative: SpeculativeConfig | None = None  # draft tokens verified per decode step (None: off)
 
     def __post_init__(self) -> None:
         if self.attention not in BACKENDS:
@@ -81,6 +86,8 @@ class Engine:
         self.last_schedule: SchedulerOutput | None = None  # for metrics
         self._ids = itertools.count()
         self.staging = HostStaging(self.device)
+        spec = config.speculative
+        self.speculator = Speculator(spec, make_proposer(spec)) if spec is not None else None
 
     # --- requests ------------------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -143,7 +150,8 @@ class Engine:
 
     # --- one step ------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        sched = self.last_schedule = self.scheduler.schedule()
+        drafts = self.speculator.drafts(self.scheduler.running, self.max_model_len) if self.speculator else None
+        sched = self.last_schedule = self.scheduler.schedule(drafts)
         if not sched:
             return []
         logits = self._execute(sched)
@@ -165,16 +173,47 @@ class Engine:
         return self.model.logits(hidden.index_select(0, inputs.sample_rows))  # stays on the device
 
     def _update(self, sched: SchedulerOutput, logits: torch.Tensor | None) -> list[StepOutput]:
-        to_sample = []
-        for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
+        to_sample: list[tuple[Sequence, list[int]]] = []  # with each, its drafts (one logits row more)
+        for seq, n, draft in zip(sched.seqs, sched.num_new_tokens, sched.drafts, strict=True):
+            if draft:  # advanced once verified: only the accepted drafts stay in the cache
+                to_sample.append((seq, draft))
+                continue
             self.scheduler.advance(seq, n)
             if seq.num_computed == seq.num_tokens:
-                to_sample.append(seq)
+                to_sample.append((seq, draft))
         if not to_sample:
             return []
         assert logits is not None
-        tokens, logprobs = sample(logits, [s.params for s in to_sample], [s.generator for s in to_sample])
-        return [self._append(s, t, lp) for s, t, lp in zip(to_sample, tokens, logprobs, strict=True)]
+        rows = [(s, d) for s, d in to_sample for _ in range(len(d) + 1)]
+        tokens, logprobs = sample(logits, [s.params for s, _ in rows], [s.generator for s, _ in rows])
+        out, i = [], 0
+        for seq, draft in to_sample:
+            j = i + len(draft) + 1
+            out += self._verify(seq, draft, tokens[i:j], logprobs[i:j]) if draft else [self._append(seq, tokens[i], logprobs[i])]
+            i = j
+        return out
+
+    def _verify(self, seq: Sequence, draft: list[int], target: list[int], logprobs: list[float]) -> list[StepOutput]:
+        """Emit the drafts the model agrees with and its own next token, stopping where the request ends."""
+        assert self.speculator is not None
+        accepted = accepted_prefix(draft, target)
+        self.speculator.record(seq, len(draft), accepted)
+        out: list[StepOutput] = []
+        reason = None
+        for token, logprob in zip(target[: accepted + 1], logprobs[: accepted + 1], strict=True):
+            seq.append_output(token, logprob)
+            reason = self._finish_reason(seq)
+            out.append(StepOutput(seq.request_id, token, logprob, reason))
+            if reason is not None:
+                break
+        # in the cache: the token before the drafts and the accepted drafts that were emitted
+        self.scheduler.advance(seq, len(out))
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            self.seqs.pop(seq.request_id, None)
+        else:
+            self.scheduler.release_unused(seq)
+        return out
 
     def _append(self, seq: Sequence, token: int, logprob: float) -> StepOutput:
         seq.append_output(token, logprob)

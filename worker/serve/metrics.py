@@ -65,7 +65,9 @@ class WorkerMetrics:
 def prompt_tokens_computed(sched: SchedulerOutput) -> int:
     """Prompt tokens (not decode tokens) among those a finished step computed."""
     total = 0
-    for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
+    for seq, n, draft in zip(sched.seqs, sched.num_new_tokens, sched.drafts, strict=True):
+        if draft:  # a verify: a decoding sequence's last token and its drafts
+            continue
         start = max(0, seq.num_computed - n)
         total += max(0, min(n, len(seq.prompt_ids) - start))
     return total
