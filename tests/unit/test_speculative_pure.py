@@ -6,10 +6,20 @@ import pytest
 
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.engine.sequence import Sequence
-from tandem.worker.engine.speculative.backoff import AcceptanceState, BackoffPolicy, after_paused_step, after_verify
+from tandem.worker.engine.speculative.backoff import (
+    AcceptanceState,
+    BackoffPolicy,
+    after_paused_step,
+    after_verify,
+)
 from tandem.worker.engine.speculative.ngram import ngram_draft
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig
-from tandem.worker.engine.speculative.speculator import Speculator, accepted_prefix, can_speculate, draft_budget
+from tandem.worker.engine.speculative.speculator import (
+    Speculator,
+    accepted_prefix,
+    can_speculate,
+    draft_budget,
+)
 
 
 @pytest.mark.parametrize("tokens, k, expected", [

@@ -69,7 +69,8 @@ def slot_mapping(table: torch.Tensor, seq: torch.Tensor, positions: torch.Tensor
 
 def build_step_inputs(sched: SchedulerOutput, block_size: int, backend: str, staging: HostStaging) -> StepInputs:
     ids: list[int] = []
-    cached, sample_rows = [], []
+    cached: list[int] = []
+    sample_rows: list[int] = []
     for seq, n, draft in zip(sched.seqs, sched.num_new_tokens, sched.drafts, strict=True):
         start, own = seq.num_computed, n - len(draft)
         ids += seq.tokens_between(start, start + own)
