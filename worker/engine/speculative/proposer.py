@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from tandem.worker.engine.sequence import Sequence as EngineSequence
 
-METHODS = ("ngram", "draft")
+METHODS = ("ngram",)
 
 
 class Proposer(Protocol):
@@ -26,7 +26,6 @@ class SpeculativeConfig:
     num_tokens: int = 4
     ngram_min: int = 1
     ngram_max: int = 3
-    draft_model: str | None = None  # method "draft": a checkpoint directory with the target's tokenizer
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -42,4 +41,4 @@ def make_proposer(config: SpeculativeConfig) -> Proposer:
         from tandem.worker.engine.speculative.ngram import NgramProposer
 
         return NgramProposer(config.ngram_min, config.ngram_max)
-    raise ValueError(f"speculative method {config.method!r} is not available in this engine yet")
+    raise ValueError(f"speculative method {config.method!r} has no proposer")
