@@ -10,6 +10,7 @@ import torch
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.engine.loading import load_model
+from tandem.worker.engine.speculative.backoff import BackoffPolicy
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -114,6 +115,7 @@ def test_stop_token_and_max_tokens_end_exactly_inside_accepted_drafts(tiny_model
         engine = _engine(tiny_model, k=4)
         assert engine.speculator is not None
         engine.speculator.proposer = Scripted(full, right=4, vocab=tiny_model.config.vocab_size)  # all accepted
+        engine.speculator.policy = BackoffPolicy(first_pause_steps=1)  # speculate from the first decode step
         tokens, why = _run(engine, [(prompt, params)])["r0"]
         n = want_len or full[16:].index(full[16 + 8]) + 1
         assert (tokens, why) == (full[16 : 16 + n], reason)
@@ -128,7 +130,7 @@ def test_rejected_drafts_leave_the_block_pool_as_plain_decoding_would(tiny_model
     spec, plain = _engine(tiny_model, k=4), _engine(tiny_model, k=None)
     assert spec.speculator is not None
     spec.speculator.proposer = Scripted(full, right=right, vocab=tiny_model.config.vocab_size)
-    spec.speculator.policy = type(spec.speculator.policy)(min_acceptance=0.0)  # never back off here
+    spec.speculator.policy = BackoffPolicy(min_acceptance=0.0, first_pause_steps=1)  # never back off here
     params = SamplingParams(max_tokens=40, **GREEDY)
     spec.add_request(prompt, params, "r")
     plain.add_request(prompt, params, "r")

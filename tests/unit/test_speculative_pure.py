@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.engine.sequence import Sequence
-from tandem.worker.engine.speculative.backoff import (
-    AcceptanceState,
-    BackoffPolicy,
-    after_paused_step,
-    after_verify,
-)
-from tandem.worker.engine.speculative.ngram import ngram_draft
+from tandem.worker.engine.speculative.backoff import AcceptanceState, BackoffPolicy, after_verify, may_propose
+from tandem.worker.engine.speculative.ngram import NgramIndex, ngram_draft
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig
 from tandem.worker.engine.speculative.speculator import (
     Speculator,
@@ -70,21 +67,29 @@ def test_drafts_never_run_past_max_tokens_or_the_context():
     assert draft_budget(_seq(5, 1), 4, max_model_len=9) == 2  # 6 tokens, 3 more fit
 
 
-def test_backoff_pauses_after_rejections_and_doubles_the_pause():
+def test_backoff_trusts_good_probes_and_doubles_the_pause_after_bad_ones():
     policy = BackoffPolicy(min_acceptance=0.3, smoothing=0.5, first_pause_steps=2, max_pause_steps=8)
-    s = after_verify(policy, AcceptanceState(), 4, 4)
-    assert not s.paused and s.rate == 1.0
-    s = after_verify(policy, s, 4, 0)  # 0.5: still above
-    assert not s.paused
-    s = after_verify(policy, s, 4, 0)  # 0.25: pause
-    assert (s.pause_left, s.next_pause) == (2, 4)
-    s = after_paused_step(after_paused_step(s))
-    assert not s.paused
-    s = after_verify(policy, s, 4, 0)  # the probe fails: a longer pause
-    assert (s.pause_left, s.next_pause) == (4, 8)
-    s = after_verify(policy, AcceptanceState(policy.min_acceptance, 0, 8), 4, 4)  # a good probe resets
-    assert (s.paused, s.next_pause) == (False, 0)
-    assert after_verify(policy, AcceptanceState(0.31, 0, 8), 4, 0).next_pause == 8  # capped
+    new = AcceptanceState()
+    assert [may_propose(policy, new, s) for s in range(1, 5)] == [False, True, False, True]  # probes only
+    s = after_verify(policy, new, 4, 4)
+    assert s.trusted and all(may_propose(policy, s, step) for step in range(1, 6))
+    s = after_verify(policy, s, 4, 0)  # 0.5: still trusted
+    assert s.trusted
+    s = after_verify(policy, s, 4, 0)  # 0.25: back to probing every 2 steps
+    assert (s.trusted, s.pause) == (False, 2)
+    s = after_verify(policy, s, 4, 1)  # a failed probe (0.25 alone) doubles the pause
+    assert (s.trusted, s.pause) == (False, 4)
+    assert [may_propose(policy, s, step) for step in range(5, 10)] == [False, False, False, True, False]
+    s = after_verify(policy, after_verify(policy, s, 4, 0), 4, 0)
+    assert s.pause == 8  # capped
+    assert after_verify(policy, s, 4, 2).trusted  # a good probe restores trust
+
+
+def test_probes_of_different_sequences_fall_on_the_same_steps():
+    policy = BackoffPolicy(first_pause_steps=4)
+    states = [after_verify(policy, AcceptanceState(), 4, 0), AcceptanceState(), AcceptanceState(pause=16)]
+    steps = [{s for s in range(1, 33) if may_propose(policy, st, s)} for st in states]
+    assert steps[2] <= steps[0] <= steps[1] and steps[0] == {8, 16, 24, 32}
 
 
 def test_speculator_skips_paused_sequences_and_counts():
@@ -94,12 +99,13 @@ def test_speculator_skips_paused_sequences_and_counts():
 
     spec = Speculator(SpeculativeConfig(num_tokens=3), Always(), BackoffPolicy(first_pause_steps=2))
     seq = _seq(5, 1)
-    assert spec.drafts([seq], 100) == {seq: [1, 1, 1]}
+    assert spec.drafts([seq], 100) == {}  # step 1: a new sequence waits for a probe step
+    assert spec.drafts([seq], 100) == {seq: [1, 1, 1]}  # step 2
     spec.record(seq, 3, 0)
-    spec.record(seq, 3, 0)
-    assert (spec.proposed_tokens, spec.accepted_tokens, spec.verifies) == (6, 0, 2)
-    assert spec.drafts([seq], 100) == {} and spec.drafts([seq], 100) == {}  # paused two steps
-    assert spec.drafts([seq], 100) == {seq: [1, 1, 1]}
+    assert (spec.proposed_tokens, spec.accepted_tokens, spec.verifies) == (3, 0, 1)
+    assert [bool(spec.drafts([seq], 100)) for _ in range(4)] == [False, True, False, False]  # steps 3-6: every 4th
+    spec.record(seq, 3, 3)
+    assert [bool(spec.drafts([seq], 100)) for _ in range(3)] == [True, True, True]  # trusted
     assert spec.drafts([], 100) == {} and spec.states == {}  # finished sequences are forgotten
 
 
@@ -108,3 +114,15 @@ def test_config_is_checked():
         SpeculativeConfig(method="magic")
     with pytest.raises(ValueError, match="num_tokens"):
         SpeculativeConfig(num_tokens=0)
+
+
+@pytest.mark.parametrize("vocab", [3, 8, 50])
+def test_incremental_index_drafts_what_the_scan_drafts(vocab):
+    rng = random.Random(vocab)
+    for _ in range(20):
+        tokens = [rng.randrange(vocab) for _ in range(rng.randrange(1, 6))]
+        index = NgramIndex(1, 3)
+        for _ in range(40):  # the sequence grows by one or a few tokens between lookups, as verifies emit
+            k = rng.randrange(0, 6)
+            assert index.draft(tokens, k) == ngram_draft(tokens, k, 1, 3), tokens
+            tokens += [rng.randrange(vocab) for _ in range(rng.randrange(1, 4))]

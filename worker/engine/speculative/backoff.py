@@ -1,18 +1,21 @@
 """When drafts keep being rejected, stop proposing for a while: speculation must never cost much over plain decode.
 
-Pure: a policy and an immutable per-sequence state, with the two transitions the engine applies (a verify
-happened; a step went by while paused). The acceptance rate is smoothed over recent verifies; below
-`min_acceptance` the sequence pauses, for twice as long each time a probe after a pause fails again.
+Pure: a policy and an immutable per-sequence state, changed by each verify. A trusted sequence proposes
+every step while its smoothed acceptance stays at or above `min_acceptance`. An untrusted one (new, or
+whose acceptance fell) only probes, on steps that are multiples of its pause on the engine's step clock;
+a probe that fails doubles the pause, one that succeeds restores trust. Probes of different sequences so
+fall on the same steps: a step that verifies anything costs more than a plain one (a longer pass, another
+attention path), and bunching the probes keeps most steps plain.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class BackoffPolicy:
-    min_acceptance: float = 0.3  # smoothed accepted / proposed below which proposing pauses
+    min_acceptance: float = 0.3  # accepted / proposed (smoothed while trusted) below which trust is lost
     smoothing: float = 0.5  # weight of the newest verify in the smoothed rate
     first_pause_steps: int = 4
     max_pause_steps: int = 128
@@ -26,26 +29,24 @@ class BackoffPolicy:
 
 @dataclass(frozen=True)
 class AcceptanceState:
-    rate: float = 1.0  # smoothed acceptance; a new sequence starts out trusted
-    pause_left: int = 0  # steps still to go without proposing
-    next_pause: int = 0  # length of the next pause (0: the policy's first)
+    trusted: bool = False
+    rate: float = 0.0  # smoothed acceptance while trusted
+    pause: int = 0  # untrusted: probe only on steps that are multiples of this (0: the policy's first)
 
-    @property
-    def paused(self) -> bool:
-        return self.pause_left > 0
+
+def may_propose(policy: BackoffPolicy, state: AcceptanceState, step: int) -> bool:
+    return state.trusted or step % (state.pause or policy.first_pause_steps) == 0
 
 
 def after_verify(policy: BackoffPolicy, state: AcceptanceState, proposed: int, accepted: int) -> AcceptanceState:
     """The state once `accepted` of `proposed` drafts were verified."""
     if proposed <= 0:
         return state
-    rate = (1 - policy.smoothing) * state.rate + policy.smoothing * (accepted / proposed)
+    seen = accepted / proposed
+    rate = (1 - policy.smoothing) * state.rate + policy.smoothing * seen if state.trusted else seen
     if rate >= policy.min_acceptance:
-        return AcceptanceState(rate, 0, 0)
-    pause = state.next_pause or policy.first_pause_steps
-    # after the pause the rate restarts at the threshold, so the probe that follows decides on its own
-    return AcceptanceState(policy.min_acceptance, pause, min(2 * pause, policy.max_pause_steps))
-
-
-def after_paused_step(state: AcceptanceState) -> AcceptanceState:
-    return replace(state, pause_left=max(0, state.pause_left - 1))
+        return AcceptanceState(True, rate, 0)
+    if state.trusted:
+        return AcceptanceState(False, 0.0, policy.first_pause_steps)
+    pause = min(2 * (state.pause or policy.first_pause_steps), policy.max_pause_steps)
+    return AcceptanceState(False, 0.0, pause)

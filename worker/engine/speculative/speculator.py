@@ -2,7 +2,7 @@
 
 A sequence speculates when it is decoding (its prompt is in the cache, one token left to compute) with
 greedy sampling (without a rejection sampler, drafts under temperature would change the distribution), and
-its back-off state is not paused. Drafts never run past `max_tokens` or the model's context, so a step
+its back-off state lets it propose this step. Drafts never run past `max_tokens` or the model's context, so a step
 never computes a token the sequence could not emit.
 """
 
@@ -11,12 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tandem.worker.engine.sequence import Sequence
-from tandem.worker.engine.speculative.backoff import (
-    AcceptanceState,
-    BackoffPolicy,
-    after_paused_step,
-    after_verify,
-)
+from tandem.worker.engine.speculative.backoff import AcceptanceState, BackoffPolicy, after_verify, may_propose
 from tandem.worker.engine.speculative.proposer import Proposer, SpeculativeConfig
 
 
@@ -51,18 +46,19 @@ class Speculator:
     proposed_tokens: int = 0
     accepted_tokens: int = 0
     verifies: int = 0
+    step: int = 0  # the back-off's clock: one tick per engine step
 
     def drafts(self, running: list[Sequence], max_model_len: int) -> dict[Sequence, list[int]]:
         """Draft tokens for the running sequences that speculate this step (none for the others)."""
-        live = {s.request_id for s in running}
-        self.states = {rid: st for rid, st in self.states.items() if rid in live}
+        self.step += 1
+        if len(self.states) > len(running):
+            live = {s.request_id for s in running}
+            self.states = {rid: st for rid, st in self.states.items() if rid in live}
         chosen, budgets = [], []
         for seq in running:
             if not can_speculate(seq):
                 continue
-            state = self.states.get(seq.request_id)
-            if state is not None and state.paused:
-                self.states[seq.request_id] = after_paused_step(state)
+            if not may_propose(self.policy, self.states.get(seq.request_id, AcceptanceState()), self.step):
                 continue
             k = draft_budget(seq, self.config.num_tokens, max_model_len)
             if k > 0:
