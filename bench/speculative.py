@@ -163,14 +163,14 @@ def bench_point(workload: str, model: Transformer, batch: int, args: argparse.Na
 
 
 def spread(values: list[float], fmt: str = "{:.2f}") -> str:
-    return f"{fmt.format(statistics.median(values))} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
+    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
 
 def print_table(points: list[Point], caption: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="speculative (n-gram) vs plain decoding: median [min-max] over runs", caption=caption)
+    table = Table(title="speculative (n-gram) vs plain decoding: median, then (min-max) over runs", caption=caption)
     for col in ("workload", "batch", "plain TPOT ms", "spec TPOT ms", "TPOT ratio", "plain tok/s", "spec tok/s",
                 "tok/s ratio", "acceptance", "target", "met"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("workload", "met") else "right")

@@ -97,15 +97,15 @@ def test_speculator_skips_paused_sequences_and_counts():
         def propose(self, seqs, num_tokens):
             return [[1] * k for k in num_tokens]
 
-    spec = Speculator(SpeculativeConfig(num_tokens=3), Always(), BackoffPolicy(first_pause_steps=2))
+    spec = Speculator(SpeculativeConfig(num_tokens=4), Always(), BackoffPolicy(first_pause_steps=2))
     seq = _seq(5, 1)
     assert spec.drafts([seq], 100) == {}  # step 1: a new sequence waits for a probe step
-    assert spec.drafts([seq], 100) == {seq: [1, 1, 1]}  # step 2
-    spec.record(seq, 3, 0)
-    assert (spec.proposed_tokens, spec.accepted_tokens, spec.verifies) == (3, 0, 1)
+    assert spec.drafts([seq], 100) == {seq: [1, 1]}  # step 2: a probe drafts half as many
+    spec.record(seq, 2, 0)
+    assert (spec.proposed_tokens, spec.accepted_tokens, spec.verifies) == (2, 0, 1)
     assert [bool(spec.drafts([seq], 100)) for _ in range(4)] == [False, True, False, False]  # steps 3-6: every 4th
-    spec.record(seq, 3, 3)
-    assert [bool(spec.drafts([seq], 100)) for _ in range(3)] == [True, True, True]  # trusted
+    spec.record(seq, 2, 2)
+    assert [spec.drafts([seq], 100) for _ in range(2)] == [{seq: [1, 1, 1, 1]}] * 2  # trusted: every step, all 4
     assert spec.drafts([], 100) == {} and spec.states == {}  # finished sequences are forgotten
 
 

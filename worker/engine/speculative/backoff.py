@@ -17,7 +17,7 @@ from dataclasses import dataclass
 class BackoffPolicy:
     min_acceptance: float = 0.3  # accepted / proposed (smoothed while trusted) below which trust is lost
     smoothing: float = 0.5  # weight of the newest verify in the smoothed rate
-    first_pause_steps: int = 4
+    first_pause_steps: int = 8
     max_pause_steps: int = 128
 
     def __post_init__(self) -> None:

@@ -26,6 +26,11 @@ def draft_budget(seq: Sequence, num_tokens: int, max_model_len: int) -> int:
     return max(0, min(num_tokens, left_in_request, left_in_context))
 
 
+def probe_tokens(num_tokens: int) -> int:
+    """Drafts in a probe (an untrusted sequence's try): half of them, so a failed probe costs less."""
+    return -(-num_tokens // 2)
+
+
 def accepted_prefix(draft: list[int], target: list[int]) -> int:
     """How many leading drafts equal the target's own tokens at the same positions (greedy verification)."""
     n = 0
@@ -58,9 +63,10 @@ class Speculator:
         for seq in running:
             if not can_speculate(seq):
                 continue
-            if not may_propose(self.policy, self.states.get(seq.request_id, AcceptanceState()), self.step):
+            state = self.states.get(seq.request_id, AcceptanceState())
+            if not may_propose(self.policy, state, self.step):
                 continue
-            k = draft_budget(seq, self.config.num_tokens, max_model_len)
+            k = draft_budget(seq, self.config.num_tokens if state.trusted else probe_tokens(self.config.num_tokens), max_model_len)
             if k > 0:
                 chosen.append(seq)
                 budgets.append(k)
