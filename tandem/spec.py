@@ -160,8 +160,8 @@ class SpeculativeMethod(StrEnum):
 
 class SpeculativeSpec(_Spec):
     """Speculative decoding in the decode pool: `numTokens` drafts per sequence per step, verified by the
-    model in one batched pass; greedy output is unchanged, and a sequence whose drafts keep failing (or
-    that samples with temperature) decodes plainly."""
+    model in one batched pass; greedy output is unchanged, sampled output keeps its distribution (rejection
+    sampling), and a sequence whose drafts keep failing decodes plainly for a while."""
 
     method: SpeculativeMethod = SpeculativeMethod.ngram
     num_tokens: int = Field(default=4, ge=1, le=16)

@@ -82,7 +82,7 @@ def test_continuous_batch_mixing_speculating_and_plain_sequences(tiny_model):
     requests = [
         (_prompt(20, 4), SamplingParams(max_tokens=40, **GREEDY)),
         (pattern * 5, SamplingParams(max_tokens=33, **GREEDY)),  # drafts from the prompt itself
-        (_prompt(12, 5), SamplingParams(max_tokens=30, temperature=0.8, seed=7, ignore_eos=True)),  # never speculates
+        (_prompt(12, 5), SamplingParams(max_tokens=30, temperature=0.8, seed=7, ignore_eos=True)),  # other draws
         (_prompt(9, 6), SamplingParams(max_tokens=25, temperature=0.0, stop_token_ids=[17, 402, 877])),
     ]
     late = {3: [(_prompt(70, 8), SamplingParams(max_tokens=20, **GREEDY))]}  # a chunked prompt joins mid-way
@@ -100,7 +100,10 @@ def test_continuous_batch_mixing_speculating_and_plain_sequences(tiny_model):
         return outs
 
     engine.step = step  # type: ignore[method-assign]
-    assert _run(engine, requests, late) == plain
+    got = _run(engine, requests, late)
+    sampled = "r2"  # rejection sampling keeps its distribution, not its draws: only its length must agree
+    assert len(got.pop(sampled)[0]) == len(plain.pop(sampled)[0]) == 30
+    assert got == plain
     assert mixed_steps > 0, "no step batched speculating and plain sequences together"
     assert engine.speculator is not None and engine.speculator.accepted_tokens > 0
 
@@ -162,15 +165,6 @@ def test_backoff_stops_proposing_when_drafts_keep_failing(tiny_model):
     assert tokens == full[10:]
     verifies = engine.speculator.verifies
     assert engine.speculator.accepted_tokens == 0 and 0 < verifies < 59 // 3
-
-
-def test_temperature_sampling_never_speculates_and_keeps_its_seeded_tokens(tiny_model):
-    pattern = _prompt(5, 14)
-    params = SamplingParams(max_tokens=30, temperature=0.9, top_k=50, seed=123, ignore_eos=True)
-    engine = _engine(tiny_model)
-    got = _run(engine, [(pattern * 6, params)])
-    assert got == _run(_engine(tiny_model, k=None), [(pattern * 6, params)])
-    assert engine.speculator is not None and engine.speculator.proposed_tokens == 0
 
 
 def test_flex_attention_verifies_drafts_too(tiny_model):

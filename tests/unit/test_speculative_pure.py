@@ -54,10 +54,10 @@ def _seq(prompt_len: int, outputs: int, computed: int | None = None, **params) -
     return seq
 
 
-def test_only_greedy_decoding_sequences_speculate():
-    assert can_speculate(_seq(5, 1))
-    assert not can_speculate(_seq(5, 1, temperature=0.7))  # no rejection sampler: drafts would bias sampling
+def test_only_decoding_sequences_speculate():
+    assert can_speculate(_seq(5, 1)) and can_speculate(_seq(5, 1, temperature=0.7))
     assert not can_speculate(_seq(5, 0, computed=2))  # still prefilling
+    assert not can_speculate(_seq(5, 2, computed=5))  # two tokens to compute (after a preemption)
 
 
 def test_drafts_never_run_past_max_tokens_or_the_context():

@@ -4,7 +4,8 @@ The same engine runs in every pool. A prefill worker adds requests with `max_tok
 that pushes each layer's KV as soon as it is written; a decode worker reserves blocks for an incoming
 transfer and admits the sequence straight into its running batch once the KV has landed. With
 `speculative` set, decoding sequences also run draft tokens each step and keep the longest prefix the
-model agrees with, plus the model's own next token (greedy output is unchanged, token for token).
+model agrees with, plus the model's own next token (greedy output is unchanged, token for token; under
+temperature, rejection sampling keeps each token's distribution).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from tandem.worker.engine.attention import BACKENDS
 from tandem.worker.engine.block_manager import BlockManager
 from tandem.worker.engine.kv_cache import KvCache
 from tandem.worker.engine.model import Transformer
-from tandem.worker.engine.sampling import sample
+from tandem.worker.engine.sampling import sample, sampling_probs
 from tandem.worker.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tandem.worker.engine.sequence import Sequence
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig, make_proposer
+from tandem.worker.engine.speculative.rejection import verify_sampled
 from tandem.worker.engine.speculative.speculator import Speculator, accepted_prefix
 from tandem.worker.engine.step_inputs import HostStaging, build_step_inputs
 from tandem.worker.hf.config import served_context_length
@@ -184,13 +186,33 @@ class Engine:
         if not to_sample:
             return []
         assert logits is not None
-        rows = [(s, d) for s, d in to_sample for _ in range(len(d) + 1)]
-        tokens, logprobs = sample(logits, [s.params for s, _ in rows], [s.generator for s, _ in rows])
-        out, i = [], 0
-        for seq, draft in to_sample:
-            j = i + len(draft) + 1
-            out += self._verify(seq, draft, tokens[i:j], logprobs[i:j]) if draft else [self._append(seq, tokens[i], logprobs[i])]
-            i = j
+        firsts, row = [], 0  # each sequence's first logits row
+        for _, draft in to_sample:
+            firsts.append(row)
+            row += len(draft) + 1
+        drawn = [i for i, (s, d) in enumerate(to_sample) if not (d and not s.params.greedy)]
+        rows = [firsts[i] + j for i in drawn for j in range(len(to_sample[i][1]) + 1)]
+        seqs = [to_sample[i][0] for i in drawn for _ in range(len(to_sample[i][1]) + 1)]
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        if rows:
+            picked = logits.index_select(0, torch.tensor(rows, device=logits.device)) if len(rows) < row else logits
+            tokens, logprobs = sample(picked, [s.params for s in seqs], [s.generator for s in seqs])
+        results: dict[int, tuple[list[int], list[float]]] = {}
+        at = 0
+        for i in drawn:
+            n = len(to_sample[i][1]) + 1
+            results[i] = (tokens[at : at + n], logprobs[at : at + n])
+            at += n
+        out: list[StepOutput] = []
+        for i, (seq, draft) in enumerate(to_sample):
+            if i not in results:  # drafts under temperature: rejection sampling keeps the distribution
+                results[i] = self._verify_sampled(seq, draft, logits[firsts[i] : firsts[i] + len(draft) + 1])
+            target, lps = results[i]
+            if draft:
+                out += self._verify(seq, draft, target, lps)
+            else:
+                out.append(self._append(seq, target[0], lps[0]))
         return out
 
     def _verify(self, seq: Sequence, draft: list[int], target: list[int], logprobs: list[float]) -> list[StepOutput]:
@@ -214,6 +236,16 @@ class Engine:
         else:
             self.scheduler.release_unused(seq)
         return out
+
+    def _verify_sampled(self, seq: Sequence, draft: list[int], logits: torch.Tensor) -> tuple[list[int], list[float]]:
+        """The tokens a speculative-sampling verify emits, padded to one per row (only a prefix is emitted)."""
+        emitted = verify_sampled(sampling_probs(logits, [seq.params] * len(logits)), draft, seq.generator)
+        logprobs = [0.0] * len(emitted)
+        if seq.params.logprobs:
+            rows = torch.log_softmax(logits[: len(emitted)], dim=-1)
+            logprobs = rows.gather(1, torch.tensor(emitted, device=rows.device)[:, None])[:, 0].tolist()
+        pad = len(draft) + 1 - len(emitted)  # after a rejection: `_verify` stops at the first mismatch
+        return emitted + [-1] * pad, logprobs + [0.0] * pad
 
     def _append(self, seq: Sequence, token: int, logprob: float) -> StepOutput:
         seq.append_output(token, logprob)

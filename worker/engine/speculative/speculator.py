@@ -1,8 +1,8 @@
 """The engine's side of speculation: which decoding sequences get drafts this step, and what was accepted.
 
-A sequence speculates when it is decoding (its prompt is in the cache, one token left to compute) with
-greedy sampling (without a rejection sampler, drafts under temperature would change the distribution), and
-its back-off state lets it propose this step. Drafts never run past `max_tokens` or the model's context, so a step
+A sequence speculates when it is decoding (its prompt is in the cache, one token left to compute) and its
+back-off state lets it propose this step; greedy sequences verify by comparison, sampled ones by rejection
+sampling (rejection.py). Drafts never run past `max_tokens` or the model's context, so a step
 never computes a token the sequence could not emit.
 """
 
@@ -16,7 +16,7 @@ from tandem.worker.engine.speculative.proposer import Proposer, SpeculativeConfi
 
 
 def can_speculate(seq: Sequence) -> bool:
-    return seq.params.greedy and not seq.in_prefill and seq.num_uncomputed == 1
+    return not seq.in_prefill and seq.num_uncomputed == 1
 
 
 def draft_budget(seq: Sequence, num_tokens: int, max_model_len: int) -> int:
