@@ -185,3 +185,4 @@ def test_speculation_matches_transformers_greedy():
     for i, prompt in enumerate(prompts):
         assert got[f"r{i}"][0] == hf_greedy(hf, prompt, 40)
     assert engine.speculator is not None and engine.speculator.accepted_tokens > 0
+

@@ -7,6 +7,8 @@ import random
 import pytest
 
 from tandem.worker.api.params import SamplingParams
+from tandem.worker.engine.block_manager import BlockManager
+from tandem.worker.engine.scheduler import Scheduler, SchedulerConfig
 from tandem.worker.engine.sequence import Sequence
 from tandem.worker.engine.speculative.backoff import AcceptanceState, BackoffPolicy, after_verify, may_propose
 from tandem.worker.engine.speculative.ngram import NgramIndex, ngram_draft
@@ -126,3 +128,15 @@ def test_incremental_index_drafts_what_the_scan_drafts(vocab):
             k = rng.randrange(0, 6)
             assert index.draft(tokens, k) == ngram_draft(tokens, k, 1, 3), tokens
             tokens += [rng.randrange(vocab) for _ in range(rng.randrange(1, 4))]
+
+
+def test_drafts_shrink_to_the_free_blocks_instead_of_preempting():
+    blocks = BlockManager(num_blocks=5, block_size=4)
+    sched = Scheduler(SchedulerConfig(), blocks)
+    a, b = _seq(6, 2), _seq(6, 2)  # 8 tokens each, 7 in the cache: 2 blocks each
+    for seq in (a, b):
+        seq.block_table = blocks.allocate(2)
+        sched.add_running(seq)
+    out = sched.schedule({a: [1, 2, 3, 4], b: [5, 6, 7, 8]})
+    assert not out.preempted and out.drafts == [[1, 2, 3, 4], []]  # a takes the one free block, b has none
+    assert out.num_new_tokens == [5, 1] and blocks.num_free == 0

@@ -71,7 +71,7 @@ class Scheduler:
                 continue
             n = min(seq.num_uncomputed, budget, self.config.prefill_chunk_tokens)
             draft = drafts.get(seq, []) if drafts and n == seq.num_uncomputed == 1 else []
-            draft = draft[: min(budget, self.config.prefill_chunk_tokens) - 1]
+            draft = draft[: min(budget, self.config.prefill_chunk_tokens, self._room(seq)) - 1]
             n += len(draft)
             if n == 0 or not self._grow(seq, seq.num_computed + n, out):
                 continue
@@ -98,6 +98,10 @@ class Scheduler:
             out.drafts.append([])
             budget -= n
         return out
+
+    def _room(self, seq: Sequence) -> int:
+        """Tokens `seq` can compute this step in its blocks and the free ones: drafts never preempt anyone."""
+        return (len(seq.block_table) + self.blocks.num_free) * self.blocks.block_size - seq.num_computed
 
     def _grow(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
         """Make room in `seq`'s block table for `num_tokens`, preempting newer sequences if needed."""
