@@ -73,6 +73,9 @@ def worker_argv(
         argv += ["--attention", engine.attention.value]
     if engine.compile:
         argv.append("--compile")
+    if engine.speculative is not None and role != names.POOL_PREFILL:  # a prefill worker never decodes
+        argv += ["--speculative", engine.speculative.method.value]
+        argv += ["--speculative-tokens", str(engine.speculative.num_tokens)]
     if threads or engine.threads:
         argv += ["--threads", str(threads or engine.threads)]
     if worker_id:

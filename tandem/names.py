@@ -53,6 +53,11 @@ DECODE_RUNNING_SEQUENCES = "tandem_decode_running_sequences"
 KV_BLOCKS_USED = "tandem_kv_blocks_used"
 KV_BLOCKS_TOTAL = "tandem_kv_blocks_total"
 DECODE_BATCH_SIZE = "tandem_decode_batch_size"
+# Speculative decoding (decode and colocated engines): draft tokens verified, those the model accepted, and
+# the verify steps; acceptance rate = rate(accepted) / rate(proposed)
+SPEC_PROPOSED_TOKENS_TOTAL = "tandem_spec_decode_proposed_tokens_total"
+SPEC_ACCEPTED_TOKENS_TOTAL = "tandem_spec_decode_accepted_tokens_total"
+SPEC_VERIFY_STEPS_TOTAL = "tandem_spec_decode_verify_steps_total"
 # Prefix cache (prefill and decode engines): prompt tokens looked up, and those found already cached
 PREFIX_CACHE_QUERIED_TOKENS_TOTAL = "tandem_prefix_cache_queried_tokens_total"
 PREFIX_CACHE_HIT_TOKENS_TOTAL = "tandem_prefix_cache_hit_tokens_total"

@@ -154,6 +154,19 @@ class AttentionBackend(StrEnum):
     flex = "flex"  # FlexAttention reading the paged cache in place (compiled on CUDA)
 
 
+class SpeculativeMethod(StrEnum):
+    ngram = "ngram"  # prompt lookup: drafts copied from where the text's last n-gram occurred before
+
+
+class SpeculativeSpec(_Spec):
+    """Speculative decoding in the decode pool: `numTokens` drafts per sequence per step, verified by the
+    model in one batched pass; greedy output is unchanged, sampled output keeps its distribution (rejection
+    sampling), and a sequence whose drafts keep failing decodes plainly for a while."""
+
+    method: SpeculativeMethod = SpeculativeMethod.ngram
+    num_tokens: int = Field(default=4, ge=1, le=16)
+
+
 class EngineSpec(_Spec):
     block_size: int = Field(default=16, gt=0)
     # KV cache share of the GPU memory left once the weights are in, less a warm-up batch's activations
@@ -166,6 +179,7 @@ class EngineSpec(_Spec):
     threads: int | None = Field(default=None, gt=0)
     attention: AttentionBackend = AttentionBackend.sdpa
     compile: bool = False
+    speculative: SpeculativeSpec | None = None  # unset: no speculative decoding
 
 
 class ApiKeysSpec(_Spec):

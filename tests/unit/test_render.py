@@ -133,7 +133,9 @@ def test_edits_the_pods_do_not_consume_leave_every_pod_template_alone(gpu_spec, 
     ({"router": {"maxQueuedRequests": 9}}, {"s-router"}),
     # the router exports the SLO targets beside its latency metrics; no GPU pod reads them
     ({"slo": {"ttftMs": 999, "tpotMs": 7, "percentile": 99}}, {"s-router"}),
-], ids=["image", "engine", "context", "served-name", "decode-gpus", "router-queue", "slo"])
+    # a prefill worker never decodes, so only the decode pool runs with drafts
+    ({"engine": {"speculative": {"numTokens": 3}}}, {"s-decode"}),
+], ids=["image", "engine", "context", "served-name", "decode-gpus", "router-queue", "slo", "speculative"])
 def test_edits_the_pods_consume_roll_exactly_those_pods(gpu_spec, patch, rolled):
     before, after = _pod_templates(gpu_spec), _pod_templates(_edited(gpu_spec, patch))
     assert {name for name in before if before[name] != after[name]} == rolled

@@ -3,8 +3,9 @@
 `AttentionBatch` holds the step's layout once (built from tensors, not per-token Python loops); every
 layer reuses it. Two backends:
 
-- `sdpa`, the reference: decodes as one batch and prompt chunks one by one, each over its context
-  gathered from the cache with `index_select`, then `scaled_dot_product_attention`.
+- `sdpa`, the reference: decodes (and other short queries, such as a decode step's draft tokens) as one
+  padded batch and longer prompt chunks one by one, each over its context gathered from the cache with
+  `index_select`, then `scaled_dot_product_attention`.
 - `flex`: one FlexAttention call for the whole step that reads the cache in place. The cache is one
   long KV sequence of pages; a block mask lists, per sequence, the physical pages it owns (its page
   table), and the mask maps each physical slot back to its logical position for causality. Nothing
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from tandem.worker.engine.flex_paged import FlexLayout
 
 BACKENDS = ("sdpa", "flex")
+SHORT_QUERY_TOKENS = 17  # sequences with at most this many new tokens attend as one padded batch (sdpa)
 
 
 @dataclass
@@ -41,7 +43,7 @@ class AttentionBatch:
     backend: str = "sdpa"
     table: torch.Tensor | None = None  # [S, W] block ids covering each context, padded; derived if None
     starts: list[int] = field(init=False)  # first flat token of each sequence
-    decode_rows: list[int] = field(init=False)  # sequences with one new token, attended as one batch
+    decode_rows: list[int] = field(init=False)  # sequences with few new tokens, attended as one batch
     _flex: FlexLayout | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -52,7 +54,7 @@ class AttentionBatch:
             self.starts.append(self.starts[-1] + n)
         if self.table is None:
             self.table = block_table_tensor(self.block_tables, self.context_lens, self.block_size).to(self.device)
-        rows = [i for i, n in enumerate(self.query_lens) if n == 1]
+        rows = [i for i, n in enumerate(self.query_lens) if n <= SHORT_QUERY_TOKENS]
         self.decode_rows = rows if len(rows) > 1 else []
 
     @property
@@ -70,15 +72,27 @@ class AttentionBatch:
 
     # --- what the sdpa backend needs, derived once per step -------------------------------------
     @functools.cached_property
-    def decode_index(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(flat token index [B], their blocks [B * W], valid-context mask [B, 1, 1, W * block_size])."""
-        rows = torch.tensor(self.decode_rows, dtype=torch.long).to(self.device, non_blocking=True)
-        lens = torch.tensor([self.context_lens[i] for i in self.decode_rows]).to(self.device, non_blocking=True)
-        need = max(-(-self.context_lens[i] // self.block_size) for i in self.decode_rows)
-        blocks = self.pages.index_select(0, rows)[:, :need].flatten()
-        mask = (torch.arange(need * self.block_size, device=self.device)[None, :] < lens[:, None])[:, None, None, :]
-        tokens = torch.tensor([self.starts[i] for i in self.decode_rows]).to(self.device, non_blocking=True)
-        return tokens, blocks, mask
+    def decode_index(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(flat token of each query row [B, Q], the real rows of the flattened [B * Q] grid [R] and their flat
+        tokens [R], the blocks [B * W], the causal mask over each context [B, 1, Q, W * block_size]); Q is
+        the longest query, shorter ones padded. Indices come from the host: nothing waits on the device."""
+        rows = self.decode_rows
+        q_len = max(self.query_lens[i] for i in rows)
+        lens = torch.tensor([self.context_lens[i] for i in rows])
+        qlens = torch.tensor([self.query_lens[i] for i in rows])
+        starts = torch.tensor([self.starts[i] for i in rows])
+        need = max(-(-self.context_lens[i] // self.block_size) for i in rows)
+        offsets = torch.arange(q_len)
+        real = offsets[None, :] < qlens[:, None]  # [B, Q]
+        tokens = torch.where(real, starts[:, None] + offsets[None, :], starts[:, None])  # padding repeats row 0
+        q_pos = (lens - qlens)[:, None] + offsets[None, :]  # [B, Q]
+        real_rows = real.flatten().nonzero()[:, 0]
+        put = functools.partial(torch.Tensor.to, device=self.device, non_blocking=True)
+        q_pos, lens = put(q_pos), put(lens)
+        kv = torch.arange(need * self.block_size, device=self.device)
+        mask = (kv[None, None, :] <= q_pos[:, :, None]) & (kv[None, None, :] < lens[:, None, None])  # [B, Q, L]
+        blocks = self.pages.index_select(0, put(torch.tensor(rows, dtype=torch.long)))[:, :need].flatten()
+        return put(tokens), put(real_rows), put(tokens.flatten()[real_rows]), blocks, mask[:, None]
 
     # --- what the flex backend needs ---------------------------------------------------------------
     def flex_layout(self, num_pool_blocks: int) -> FlexLayout:
@@ -130,12 +144,12 @@ def sdpa_paged_attention(
     kvh, d = k_cache.shape[2], k_cache.shape[3]
     if batch.decode_rows:
         b = len(batch.decode_rows)
-        tokens, blocks, valid = batch.decode_index
+        tokens, real_rows, real_tokens, blocks, valid = batch.decode_index
         ks = k_cache.index_select(0, blocks).view(b, -1, kvh, d).transpose(1, 2)  # [B, KVH, L, D]
         vs = v_cache.index_select(0, blocks).view(b, -1, kvh, d).transpose(1, 2)
-        qb = q.index_select(0, tokens)[:, :, None, :]  # [B, NH, 1, D]
+        qb = q[tokens].transpose(1, 2)  # [B, NH, Q, D]
         o = F.scaled_dot_product_attention(qb, ks, vs, attn_mask=valid, scale=scale, enable_gqa=gqa)
-        out[tokens] = o[:, :, 0, :]
+        out[real_tokens] = o.transpose(1, 2).flatten(0, 1).index_select(0, real_rows)
     decoded = set(batch.decode_rows)
     for i, (n, ctx) in enumerate(zip(batch.query_lens, batch.context_lens, strict=True)):
         if i in decoded:

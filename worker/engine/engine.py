@@ -2,7 +2,10 @@
 
 The same engine runs in every pool. A prefill worker adds requests with `max_tokens=1` and a layer hook
 that pushes each layer's KV as soon as it is written; a decode worker reserves blocks for an incoming
-transfer and admits the sequence straight into its running batch once the KV has landed.
+transfer and admits the sequence straight into its running batch once the KV has landed. With
+`speculative` set, decoding sequences also run draft tokens each step and keep the longest prefix the
+model agrees with, plus the model's own next token (greedy output is unchanged, token for token; under
+temperature, rejection sampling keeps each token's distribution).
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ from tandem.worker.engine.attention import BACKENDS
 from tandem.worker.engine.block_manager import BlockManager
 from tandem.worker.engine.kv_cache import KvCache
 from tandem.worker.engine.model import Transformer
-from tandem.worker.engine.sampling import sample
+from tandem.worker.engine.sampling import sample, sampling_probs
 from tandem.worker.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tandem.worker.engine.sequence import Sequence
+from tandem.worker.engine.speculative.proposer import SpeculativeConfig, make_proposer
+from tandem.worker.engine.speculative.rejection import verify_sampled
+from tandem.worker.engine.speculative.speculator import Speculator, accepted_prefix
 from tandem.worker.engine.step_inputs import HostStaging, build_step_inputs
 from tandem.worker.hf.config import served_context_length
 
@@ -36,6 +42,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     prefix_cache_seed: str = ""  # the model's identity: roots every prefix hash chain
     attention: str = "sdpa"  # sdpa (reference: gathers each context) | flex (reads the paged cache in place)
+    speculative: SpeculativeConfig | None = None  # draft tokens verified per decode step (None: off)
 
     def __post_init__(self) -> None:
         if self.attention not in BACKENDS:
@@ -81,6 +88,8 @@ class Engine:
         self.last_schedule: SchedulerOutput | None = None  # for metrics
         self._ids = itertools.count()
         self.staging = HostStaging(self.device)
+        spec = config.speculative
+        self.speculator = Speculator(spec, make_proposer(spec)) if spec is not None else None
 
     # --- requests ------------------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -143,7 +152,8 @@ class Engine:
 
     # --- one step ------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        sched = self.last_schedule = self.scheduler.schedule()
+        drafts = self.speculator.drafts(self.scheduler.running, self.max_model_len) if self.speculator else None
+        sched = self.last_schedule = self.scheduler.schedule(drafts)
         if not sched:
             return []
         logits = self._execute(sched)
@@ -165,16 +175,77 @@ class Engine:
         return self.model.logits(hidden.index_select(0, inputs.sample_rows))  # stays on the device
 
     def _update(self, sched: SchedulerOutput, logits: torch.Tensor | None) -> list[StepOutput]:
-        to_sample = []
-        for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
+        to_sample: list[tuple[Sequence, list[int]]] = []  # with each, its drafts (one logits row more)
+        for seq, n, draft in zip(sched.seqs, sched.num_new_tokens, sched.drafts, strict=True):
+            if draft:  # advanced once verified: only the accepted drafts stay in the cache
+                to_sample.append((seq, draft))
+                continue
             self.scheduler.advance(seq, n)
             if seq.num_computed == seq.num_tokens:
-                to_sample.append(seq)
+                to_sample.append((seq, draft))
         if not to_sample:
             return []
         assert logits is not None
-        tokens, logprobs = sample(logits, [s.params for s in to_sample], [s.generator for s in to_sample])
-        return [self._append(s, t, lp) for s, t, lp in zip(to_sample, tokens, logprobs, strict=True)]
+        firsts, row = [], 0  # each sequence's first logits row
+        for _, draft in to_sample:
+            firsts.append(row)
+            row += len(draft) + 1
+        drawn = [i for i, (s, d) in enumerate(to_sample) if not (d and not s.params.greedy)]
+        rows = [firsts[i] + j for i in drawn for j in range(len(to_sample[i][1]) + 1)]
+        seqs = [to_sample[i][0] for i in drawn for _ in range(len(to_sample[i][1]) + 1)]
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        if rows:
+            picked = logits.index_select(0, torch.tensor(rows, device=logits.device)) if len(rows) < row else logits
+            tokens, logprobs = sample(picked, [s.params for s in seqs], [s.generator for s in seqs])
+        results: dict[int, tuple[list[int], list[float]]] = {}
+        at = 0
+        for i in drawn:
+            n = len(to_sample[i][1]) + 1
+            results[i] = (tokens[at : at + n], logprobs[at : at + n])
+            at += n
+        out: list[StepOutput] = []
+        for i, (seq, draft) in enumerate(to_sample):
+            if i not in results:  # drafts under temperature: rejection sampling keeps the distribution
+                results[i] = self._verify_sampled(seq, draft, logits[firsts[i] : firsts[i] + len(draft) + 1])
+            target, lps = results[i]
+            if draft:
+                out += self._verify(seq, draft, target, lps)
+            else:
+                out.append(self._append(seq, target[0], lps[0]))
+        return out
+
+    def _verify(self, seq: Sequence, draft: list[int], target: list[int], logprobs: list[float]) -> list[StepOutput]:
+        """Emit the drafts the model agrees with and its own next token, stopping where the request ends."""
+        assert self.speculator is not None
+        accepted = accepted_prefix(draft, target)
+        self.speculator.record(seq, len(draft), accepted)
+        out: list[StepOutput] = []
+        reason = None
+        for token, logprob in zip(target[: accepted + 1], logprobs[: accepted + 1], strict=True):
+            seq.append_output(token, logprob)
+            reason = self._finish_reason(seq)
+            out.append(StepOutput(seq.request_id, token, logprob, reason))
+            if reason is not None:
+                break
+        # in the cache: the token before the drafts and the accepted drafts that were emitted
+        self.scheduler.advance(seq, len(out))
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            self.seqs.pop(seq.request_id, None)
+        else:
+            self.scheduler.release_unused(seq)
+        return out
+
+    def _verify_sampled(self, seq: Sequence, draft: list[int], logits: torch.Tensor) -> tuple[list[int], list[float]]:
+        """The tokens a speculative-sampling verify emits, padded to one per row (only a prefix is emitted)."""
+        emitted = verify_sampled(sampling_probs(logits, [seq.params] * len(logits)), draft, seq.generator)
+        logprobs = [0.0] * len(emitted)
+        if seq.params.logprobs:
+            rows = torch.log_softmax(logits[: len(emitted)], dim=-1)
+            logprobs = rows.gather(1, torch.tensor(emitted, device=rows.device)[:, None])[:, 0].tolist()
+        pad = len(draft) + 1 - len(emitted)  # after a rejection: `_verify` stops at the first mismatch
+        return emitted + [-1] * pad, logprobs + [0.0] * pad
 
     def _append(self, seq: Sequence, token: int, logprob: float) -> StepOutput:
         seq.append_output(token, logprob)

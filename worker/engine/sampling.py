@@ -25,6 +25,18 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return logits.masked_fill(drop | (logits < kth), float("-inf"))
 
 
+def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Each row's distribution after its temperature, top-k and top-p ([M, V]; rows with temperature > 0)."""
+    device = logits.device
+    temps = torch.tensor([p.temperature for p in params], device=device)
+    scaled = logits / temps[:, None]
+    if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
+        top_k = torch.tensor([p.top_k for p in params], device=device)
+        top_p = torch.tensor([p.top_p for p in params], device=device)
+        scaled = filter_top_k_top_p(scaled, top_k, top_p)
+    return scaled.softmax(-1)
+
+
 def _exponential_noise(
     shape: tuple[int, int], generators: list[torch.Generator | None], device: torch.device
 ) -> torch.Tensor:
@@ -48,14 +60,9 @@ def sample(
     if rows:
         index = torch.tensor(rows, device=device)
         chosen = [params[i] for i in rows]
-        temps = torch.tensor([p.temperature for p in chosen], device=device)
-        scaled = logits.index_select(0, index) / temps[:, None]
-        if any(p.top_k > 0 or p.top_p < 1.0 for p in chosen):
-            top_k = torch.tensor([p.top_k for p in chosen], device=device)
-            top_p = torch.tensor([p.top_p for p in chosen], device=device)
-            scaled = filter_top_k_top_p(scaled, top_k, top_p)
-        noise = _exponential_noise(tuple(scaled.shape), [generators[i] for i in rows], device)  # type: ignore[arg-type]
-        tokens = tokens.index_copy(0, index, (scaled.softmax(-1) / noise).argmax(dim=-1))
+        probs = sampling_probs(logits.index_select(0, index), chosen)
+        noise = _exponential_noise(tuple(probs.shape), [generators[i] for i in rows], device)  # type: ignore[arg-type]
+        tokens = tokens.index_copy(0, index, (probs / noise).argmax(dim=-1))
     want = [i for i, p in enumerate(params) if p.logprobs]
     logprobs = [0.0] * len(params)
     if want:

@@ -2,13 +2,15 @@
 
 Running sequences go first (decodes and unfinished prompt chunks, oldest first), then waiting prompts
 are admitted while blocks, the token budget and the running-sequence cap allow. A prompt longer than the
-chunk size is prefilled over several steps. When a running sequence needs a block and none is free, the
+chunk size is prefilled over several steps. A decoding sequence handed draft tokens runs them with its
+last token, as a short chunk, within the same budget. When a running sequence needs a block and none is free, the
 newest running sequence is preempted: its blocks are freed and it is recomputed later.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tandem.worker.engine.block_manager import BlockManager, OutOfBlocks, block_hash
@@ -27,7 +29,8 @@ class SchedulerOutput:
     """The explicit message from scheduler to model runner for one step."""
 
     seqs: list[Sequence] = field(default_factory=list)
-    num_new_tokens: list[int] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)  # drafts included
+    drafts: list[list[int]] = field(default_factory=list)  # per sequence: draft tokens to verify (most are [])
     preempted: list[Sequence] = field(default_factory=list)
 
     @property
@@ -57,7 +60,8 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # --- one step ------------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, drafts: Mapping[Sequence, list[int]] | None = None) -> SchedulerOutput:
+        """This step's batch; a decoding sequence in `drafts` also runs its draft tokens (cut to the budget)."""
         out = SchedulerOutput()
         budget = self.config.max_batch_tokens
         for seq in list(self.running):
@@ -66,10 +70,14 @@ class Scheduler:
             if seq.status is not SeqStatus.RUNNING:  # preempted earlier in this loop
                 continue
             n = min(seq.num_uncomputed, budget, self.config.prefill_chunk_tokens)
+            draft = drafts.get(seq, []) if drafts and n == seq.num_uncomputed == 1 else []
+            draft = draft[: min(budget, self.config.prefill_chunk_tokens, self._room(seq)) - 1]
+            n += len(draft)
             if n == 0 or not self._grow(seq, seq.num_computed + n, out):
                 continue
             out.seqs.append(seq)
             out.num_new_tokens.append(n)
+            out.drafts.append(draft)
             budget -= n
         while self.waiting and budget > 0 and not out.preempted:
             if len(self.running) >= self.config.max_running_sequences:
@@ -87,8 +95,13 @@ class Scheduler:
             n = min(seq.num_uncomputed, budget, self.config.prefill_chunk_tokens)
             out.seqs.append(seq)
             out.num_new_tokens.append(n)
+            out.drafts.append([])
             budget -= n
         return out
+
+    def _room(self, seq: Sequence) -> int:
+        """Tokens `seq` can compute this step in its blocks and the free ones: drafts never preempt anyone."""
+        return (len(seq.block_table) + self.blocks.num_free) * self.blocks.block_size - seq.num_computed
 
     def _grow(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
         """Make room in `seq`'s block table for `num_tokens`, preempting newer sequences if needed."""
@@ -102,6 +115,13 @@ class Scheduler:
         if need > 0:
             seq.block_table += self.blocks.allocate(need)
         return True
+
+    def release_unused(self, seq: Sequence) -> None:
+        """Give back the blocks past the computed tokens (those a rejected draft took), as if never taken."""
+        keep = self.blocks.blocks_needed(seq.num_computed)
+        if len(seq.block_table) > keep:
+            self.blocks.release(seq.block_table[keep:])
+            del seq.block_table[keep:]
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

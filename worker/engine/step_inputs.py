@@ -21,7 +21,8 @@ class StepInputs:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     batch: AttentionBatch
-    sample_rows: torch.Tensor  # [N] flat token whose logits are sampled (a sequence's last new token)
+    sample_rows: torch.Tensor  # [N] flat tokens whose logits are sampled: a sequence's last new token, or with
+    # drafts its last token and every draft (in order)
     num_sampled: int
 
 
@@ -68,13 +69,15 @@ def slot_mapping(table: torch.Tensor, seq: torch.Tensor, positions: torch.Tensor
 
 def build_step_inputs(sched: SchedulerOutput, block_size: int, backend: str, staging: HostStaging) -> StepInputs:
     ids: list[int] = []
-    cached, sample_rows = [], []
-    for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
-        start = seq.num_computed
-        ids += seq.tokens_between(start, start + n)
+    cached: list[int] = []
+    sample_rows: list[int] = []
+    for seq, n, draft in zip(sched.seqs, sched.num_new_tokens, sched.drafts, strict=True):
+        start, own = seq.num_computed, n - len(draft)
+        ids += seq.tokens_between(start, start + own)
+        ids += draft
         cached.append(start)
-        if start + n == seq.num_tokens:
-            sample_rows.append(len(ids) - 1)
+        if start + own == seq.num_tokens:
+            sample_rows += range(len(ids) - len(draft) - 1, len(ids))
     query_lens = list(sched.num_new_tokens)
     context_lens = [c + n for c, n in zip(cached, query_lens, strict=True)]
     tables = [s.block_table for s in sched.seqs]

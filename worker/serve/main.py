@@ -23,6 +23,8 @@ from tandem.worker.api.tls import TlsConfig, add_port
 from tandem.worker.engine.engine import EngineConfig
 from tandem.worker.engine.engine_loop import EngineLoop
 from tandem.worker.engine.loading import engine_for_model, load_model
+from tandem.worker.engine.speculative.proposer import METHODS as SPECULATIVE_METHODS
+from tandem.worker.engine.speculative.proposer import SpeculativeConfig
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS
 from tandem.worker.serve.drain import Drainer
 from tandem.worker.serve.drain import add_to_server as add_drain_service
@@ -58,6 +60,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--attention", choices=["sdpa", "flex"], default="sdpa", help="attention over the paged cache")
     p.add_argument("--compile", action="store_true", help="torch.compile norms and MLPs; warmed up before ready")
+    p.add_argument(
+        "--speculative", choices=["none", *SPECULATIVE_METHODS], default="none",
+        help="speculative decoding: ngram drafts from prompt lookup, verified in one pass per step (none: off)",
+    )  # fmt: skip
+    p.add_argument("--speculative-tokens", type=int, default=4, help="draft tokens per sequence per step")
     p.add_argument("--kv-compression", choices=["none", "int8"], default="none")
     p.add_argument(
         "--kv-transport", choices=KV_TRANSPORTS, default="auto",
@@ -102,6 +109,7 @@ def main(argv: list[str]) -> int:
         max_model_len=args.max_model_len,
         prefix_cache_seed=f"{args.served_name}\0{args.model_dir}\0{args.dtype}",
         attention=args.attention,
+        speculative=speculative_config(args),
     )
     try:  # after the weights: the cache takes what they and the largest batch leave
         kv_plan = plan_kv_cache(model, engine_config, args.num_kv_blocks, args.kv_memory_percent)
@@ -162,6 +170,12 @@ def _exit_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def speculative_config(args: argparse.Namespace) -> SpeculativeConfig | None:
+    if args.speculative == "none":
+        return None
+    return SpeculativeConfig(method=args.speculative, num_tokens=args.speculative_tokens)
 
 
 def _add_servicer(server, args, loop, info, metrics, tls):

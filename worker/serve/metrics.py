@@ -35,6 +35,16 @@ class WorkerMetrics:
             Counter(names.PREFIX_CACHE_HIT_TOKENS_TOTAL, "Prompt tokens found in the prefix cache", labels, registry=r)
         )
         self._prefix_seen = (0, 0)
+        self.spec_proposed = bind(
+            Counter(names.SPEC_PROPOSED_TOKENS_TOTAL, "Draft tokens verified by speculative decoding", labels, registry=r)
+        )
+        self.spec_accepted = bind(
+            Counter(names.SPEC_ACCEPTED_TOKENS_TOTAL, "Draft tokens the model accepted", labels, registry=r)
+        )
+        self.spec_verifies = bind(
+            Counter(names.SPEC_VERIFY_STEPS_TOTAL, "Sequence steps that verified drafts", labels, registry=r)
+        )
+        self._spec_seen = (0, 0, 0)
         self.batch_size = bind(
             Histogram(names.DECODE_BATCH_SIZE, "Sequences per engine step", labels, registry=r,
                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
@@ -57,6 +67,12 @@ class WorkerMetrics:
         self.prefix_queried.inc(queried - self._prefix_seen[0])
         self.prefix_hits.inc(hits - self._prefix_seen[1])
         self._prefix_seen = (queried, hits)
+        spec = engine.speculator
+        if spec is not None:
+            seen = (spec.proposed_tokens, spec.accepted_tokens, spec.verifies)
+            for counter, now, before in zip((self.spec_proposed, self.spec_accepted, self.spec_verifies), seen, self._spec_seen, strict=True):
+                counter.inc(now - before)
+            self._spec_seen = seen
         if sched is not None and sched.seqs:
             self.batch_size.observe(len(sched.seqs))
             self.prefill_tokens.inc(prompt_tokens_computed(sched))
@@ -65,7 +81,9 @@ class WorkerMetrics:
 def prompt_tokens_computed(sched: SchedulerOutput) -> int:
     """Prompt tokens (not decode tokens) among those a finished step computed."""
     total = 0
-    for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
+    for seq, n, draft in zip(sched.seqs, sched.num_new_tokens, sched.drafts, strict=True):
+        if draft:  # a verify: a decoding sequence's last token and its drafts
+            continue
         start = max(0, seq.num_computed - n)
         total += max(0, min(n, len(seq.prompt_ids) - start))
     return total

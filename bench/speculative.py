@@ -1,0 +1,231 @@
+"""Speculative decoding against plain decoding, side by side in one run: TPOT and decode tokens/s at several
+batch sizes, with the acceptance rate beside each figure, on a workload where drafts can be right and one
+where they cannot.
+
+- `repeats`: the tiny random model's greedy text repeats itself (as quoting, code edits and summaries do
+  for real models); each prompt is a random start and the model's own greedy continuation of it, so the
+  answer goes on repeating parts of the prompt and n-gram drafts are often right.
+- `novel`: the same model with its matrices scaled up (weights ~ N(0, 0.08)), whose greedy text does not
+  repeat, fed prompts made of one pattern repeated: the proposer always finds a match in the prompt and
+  drafts it, and the model rarely follows, so the back-off has to keep speculation from costing time.
+
+Each point runs a plain and a speculative engine on the same prompts, one step of each in turn, each timed
+on its own clock (the sum of its steps), so both see the same host noise; `--repeats` times with fresh
+prompts (nothing served from the prefix cache), reporting the median with the spread. TPOT is
+per sequence, (last token - first token) / (tokens - 1), averaged over the batch.
+
+    python -m bench.speculative [--threads 1] [--batches 1,4,16] [--repeats 3] [--num-tokens 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from bench import engine_timing
+from bench.engine_timing import random_prompts
+from tandem.worker.api.params import SamplingParams
+from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
+from tandem.worker.engine.engine import Engine, EngineConfig
+from tandem.worker.engine.loading import load_model
+from tandem.worker.engine.model import Transformer
+from tandem.worker.engine.speculative.proposer import SpeculativeConfig
+
+BLOCK_SIZE = 16
+TARGETS = {"repeats": (1, 1.8), "novel": (None, 0.95)}  # workload -> (batch it applies to, least TPOT ratio)
+
+
+@dataclass(frozen=True)
+class Timed:
+    tpot_s: float  # mean over sequences
+    tok_s: float  # decode tokens / decode seconds
+    proposed: int
+    accepted: int
+
+
+@dataclass(frozen=True)
+class Point:
+    workload: str
+    batch: int
+    plain: list[Timed]
+    spec: list[Timed]
+
+    @property
+    def ratios(self) -> list[float]:
+        """Plain TPOT / speculative TPOT, run by run (> 1: speculation is faster)."""
+        return [p.tpot_s / s.tpot_s for p, s in zip(self.plain, self.spec, strict=True)]
+
+    @property
+    def acceptance(self) -> float:
+        proposed = sum(s.proposed for s in self.spec)
+        return sum(s.accepted for s in self.spec) / proposed if proposed else 0.0
+
+    def target(self) -> float | None:
+        batch, least = TARGETS[self.workload]
+        return least if batch in (None, self.batch) else None
+
+
+def scaled(model: Transformer, factor: float) -> Transformer:
+    """The model with every weight matrix multiplied by `factor` (norm weights kept): a model that does not repeat."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(factor)
+    return model
+
+
+def prompts_for(workload: str, model: Transformer, batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    if workload == "repeats":  # a random start, then what the model itself says next (untimed)
+        starts = random_prompts(batch, 16, vocab, seed)
+        ((_, continued),) = run([engine_for(model, batch, length, length, None)], starts, length - 16)
+        return [s + c for s, c in zip(starts, continued, strict=True)]
+    patterns = random_prompts(batch, 8, vocab, seed)
+    return [(p * (length // 8 + 1))[:length] for p in patterns]
+
+
+@dataclass
+class Timeline:
+    """One engine's run on its own clock: the sum of its steps' durations, so engines stepped in turn
+    are timed side by side under the same host noise."""
+
+    engine: Engine
+    clock: float = 0.0
+    stamps: dict[str, list[float]] = field(default_factory=dict)
+    tokens: dict[str, list[int]] = field(default_factory=dict)
+
+    def start(self, prompts: list[list[int]], new_tokens: int) -> list[str]:
+        params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+        ids = [self.engine.add_request(p, params) for p in prompts]
+        for i in ids:
+            self.stamps[i], self.tokens[i] = [], []
+        return ids
+
+    def step(self) -> None:
+        t = engine_timing.now()
+        outs = self.engine.step()
+        self.clock += engine_timing.now() - t
+        for o in outs:
+            self.stamps[o.request_id].append(self.clock)
+            self.tokens[o.request_id].append(o.token_id)
+
+
+def run(engines: list[Engine], prompts: list[list[int]], new_tokens: int) -> list[tuple[Timed, list[list[int]]]]:
+    """Run the same prompts on each engine, one step of each in turn; (timing, tokens) per engine."""
+    lines = [Timeline(e) for e in engines]
+    ids = [line.start(prompts, new_tokens) for line in lines]
+    seen = [(e.speculator.proposed_tokens, e.speculator.accepted_tokens) if e.speculator else (0, 0) for e in engines]
+    while any(line.engine.has_work() for line in lines):
+        for line in lines:
+            if line.engine.has_work():
+                line.step()
+    out = []
+    for line, rids, (proposed, accepted) in zip(lines, ids, seen, strict=True):
+        stamps = [line.stamps[i] for i in rids]
+        if any(len(s) != new_tokens for s in stamps):
+            raise RuntimeError("a sequence did not produce every token")
+        tpot = statistics.mean((s[-1] - s[0]) / (len(s) - 1) for s in stamps)
+        first, last = max(s[0] for s in stamps), max(s[-1] for s in stamps)
+        decoded = sum(sum(t > first for t in s) for s in stamps)
+        spec = line.engine.speculator
+        now = (spec.proposed_tokens, spec.accepted_tokens) if spec else (0, 0)
+        timed = Timed(tpot, decoded / (last - first), now[0] - proposed, now[1] - accepted)
+        out.append((timed, [line.tokens[i] for i in rids]))
+    return out
+
+
+def engine_for(model: Transformer, batch: int, prompt_len: int, new_tokens: int, spec: SpeculativeConfig | None) -> Engine:
+    blocks = batch * (-(-(prompt_len + new_tokens + 16) // BLOCK_SIZE)) + 16
+    config = EngineConfig(block_size=BLOCK_SIZE, num_kv_blocks=blocks, max_batch_tokens=max(2048, batch * prompt_len),
+                          prefill_chunk_tokens=max(512, prompt_len), speculative=spec)  # fmt: skip
+    return Engine(model, config)
+
+
+def bench_point(workload: str, model: Transformer, batch: int, args: argparse.Namespace, vocab: int) -> Point:
+    spec_config = SpeculativeConfig(num_tokens=args.num_tokens)
+    plain_runs, spec_runs = [], []
+    for rep in range(args.repeats + 1):  # the first round warms up and is dropped
+        prompts = prompts_for(workload, model, batch, args.prompt_len, vocab, seed=10_000 * batch + rep)
+        engines = [engine_for(model, batch, args.prompt_len, args.new_tokens, c) for c in (None, spec_config)]
+        (plain, want), (spec, got) = run(engines, prompts, args.new_tokens)
+        if got != want:
+            raise RuntimeError(f"{workload} batch {batch}: speculative greedy output differs from plain")
+        if rep:
+            plain_runs.append(plain)
+            spec_runs.append(spec)
+    return Point(workload, batch, plain_runs, spec_runs)
+
+
+def spread(values: list[float], fmt: str = "{:.2f}") -> str:
+    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def print_table(points: list[Point], caption: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="speculative (n-gram) vs plain decoding: median, then (min-max) over runs", caption=caption)
+    for col in ("workload", "batch", "plain TPOT ms", "spec TPOT ms", "TPOT ratio", "plain tok/s", "spec tok/s",
+                "tok/s ratio", "acceptance", "target", "met"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("workload", "met") else "right")
+    for p in points:
+        target = p.target()
+        met = "-" if target is None else ("yes" if statistics.median(p.ratios) >= target else "NO")
+        tok = [s.tok_s / q.tok_s for q, s in zip(p.plain, p.spec, strict=True)]
+        table.add_row(
+            p.workload, str(p.batch),
+            spread([r.tpot_s * 1e3 for r in p.plain]), spread([r.tpot_s * 1e3 for r in p.spec]),
+            spread(p.ratios) + "x",
+            spread([r.tok_s for r in p.plain], "{:.0f}"), spread([r.tok_s for r in p.spec], "{:.0f}"),
+            spread(tok) + "x", f"{p.acceptance:.0%}",
+            "-" if target is None else f">= {target:.2f}x", met,
+        )  # fmt: skip
+    Console(width=200).print(table)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--batches", default="1,4,16")
+    p.add_argument("--workloads", default="repeats,novel")
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--num-tokens", type=int, default=4, help="draft tokens per step")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
+                   help="cpu: this process's CPU time (steadier on a shared host; needs --threads 1)")  # fmt: skip
+    p.add_argument("--out", default=None, help="write the figures as JSON here")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.clock == "cpu":
+        engine_timing.use_cpu_clock()
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = create_tiny_model(Path(tmp) / "tiny", TinySpec(seed=0))
+        models = {"repeats": load_model(model_dir), "novel": scaled(load_model(model_dir), 4.0)}
+    vocab = models["repeats"].config.vocab_size - 64  # clear of the special tokens at the top
+    points = []
+    for workload in args.workloads.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            points.append(bench_point(workload, models[workload], batch, args, vocab))
+            print(f"  {workload} batch {batch}: TPOT ratio {spread(points[-1].ratios)}x, "
+                  f"acceptance {points[-1].acceptance:.0%}", file=sys.stderr, flush=True)  # fmt: skip
+    caption = (f"tiny Llama (4 layers, hidden 256), fp32, CPU, {args.threads} thread(s), {args.clock} clock; "
+               f"prompt {args.prompt_len}, {args.new_tokens} new tokens, k={args.num_tokens}, {args.repeats} runs")  # fmt: skip
+    print_table(points, caption)
+    if args.out:
+        Path(args.out).write_text(json.dumps([asdict(p) for p in points], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,77 @@
+"""engine.speculative from the spec to the decode worker: the rendered Deployment and `tandem up` carry the
+same flags (one builder), the worker parses them into the engine's config, and its metrics count drafts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tandem import names
+from tandem.operator import render
+from tandem.operator.local_plan import plan
+from tandem.spec import InferenceService, InferenceServiceSpec
+from tandem.worker.api.params import SamplingParams
+from tandem.worker.engine.engine import Engine, EngineConfig
+from tandem.worker.engine.loading import load_model
+from tandem.worker.engine.speculative.proposer import SpeculativeConfig
+from tandem.worker.serve.main import parse_args, speculative_config
+from tandem.worker.serve.metrics import WorkerMetrics
+
+FLAG = ["--speculative", "ngram", "--speculative-tokens", "6"]
+
+
+def _spec(mode: str = "disaggregated", **engine) -> InferenceServiceSpec:
+    return InferenceServiceSpec.model_validate({
+        "model": {"source": {"path": "/models/x"}, "servedName": "x"}, "mode": mode, "engine": engine,
+    })  # fmt: skip
+
+
+def _carries(argv: list[str]) -> bool:
+    return any(argv[i : i + len(FLAG)] == FLAG for i in range(len(argv)))
+
+
+def _worker_args(spec: InferenceServiceSpec) -> dict[str, list[str]]:
+    pools = render.worker_pools(spec)
+    out = render.children(spec, "s", "ns", "u", dict.fromkeys(pools, 1))
+    deps = {m["metadata"]["name"]: m for m in out if m["kind"] == "Deployment"}
+    return {p: deps[f"s-{p}"]["spec"]["template"]["spec"]["containers"][0]["args"] for p in pools}
+
+
+def test_rendered_decode_deployment_carries_the_flag_and_prefill_does_not():
+    args = _worker_args(_spec(speculative={"method": "ngram", "numTokens": 6}))
+    assert _carries(args["decode"]) and "--speculative" not in args["prefill"]
+    assert speculative_config(parse_args(args["decode"][1:])) == SpeculativeConfig("ngram", 6)
+    plain = _worker_args(_spec())
+    assert "--speculative" not in plain["decode"]
+    assert speculative_config(parse_args(plain["decode"][1:])) is None
+    assert _carries(_worker_args(_spec("colocated", speculative={"numTokens": 6}))["colocated"])
+
+
+def test_tandem_up_runs_the_decode_worker_with_the_flag():
+    svc = InferenceService(name="s", spec=_spec(speculative={"numTokens": 6}))
+    procs = {p.role: p.argv for p in plan(svc, Path("/"), cpus=4)}
+    assert _carries(procs["decode"]) and "--speculative" not in procs["prefill"]
+
+
+@pytest.mark.parametrize("bad", [{"numTokens": 0}, {"numTokens": 17}, {"method": "magic"}])
+def test_spec_refuses_bad_values(bad):
+    with pytest.raises(ValueError):
+        _spec(speculative=bad)
+
+
+def test_metrics_count_proposed_and_accepted_drafts(tiny_model_dir):
+    engine = Engine(load_model(tiny_model_dir), EngineConfig(block_size=4, num_kv_blocks=64, speculative=SpeculativeConfig()))
+    metrics = WorkerMetrics("svc", "decode").watch(engine)
+    labels = {"service": "svc", "pool": "decode"}
+    engine.add_request([5, 6, 7] * 6, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), "r")
+    while engine.has_work():
+        engine.step()
+        metrics.on_step(engine)
+    spec = engine.speculator
+    assert spec is not None and spec.accepted_tokens > 0
+    got = [metrics.registry.get_sample_value(n, labels) for n in (
+        names.SPEC_PROPOSED_TOKENS_TOTAL, names.SPEC_ACCEPTED_TOKENS_TOTAL, names.SPEC_VERIFY_STEPS_TOTAL)]  # fmt: skip
+    assert got == [spec.proposed_tokens, spec.accepted_tokens, spec.verifies]
+    assert 0 < got[1] <= got[0]
+    assert metrics.registry.get_sample_value(names.PREFILL_TOKENS_TOTAL, labels) == 18  # verifies are not prompt
