@@ -17,7 +17,7 @@ from tandem.worker.router.selection import WorkerView
 
 LOCAL, DISAGG = PrefillRoute.local, PrefillRoute.disaggregated
 POLICY = DisaggregationPolicy(
-    DisaggregationMode.conditional, local_prefill_max_tokens=64, prefill_queue_tokens=1000
+    mode=DisaggregationMode.conditional, local_prefill_max_tokens=64, prefill_queue_tokens=1000
 )
 ROOMY = WorkerView("d", free_kv_blocks=100, total_kv_blocks=100)
 IDLE_PREFILL = [WorkerView("p", queued_prompt_tokens=0)]
@@ -69,8 +69,8 @@ def test_unhealthy_or_draining_prefill_workers_do_not_count_as_room():
 
 
 def test_modes_always_and_never_ignore_the_rules():
-    always = DisaggregationPolicy(DisaggregationMode.always, 64, 1000)
-    never = DisaggregationPolicy(DisaggregationMode.never, 64, 1000)
+    always = POLICY.model_copy(update={"mode": DisaggregationMode.always})
+    never = POLICY.model_copy(update={"mode": DisaggregationMode.never})
     assert choose_prefill(always, 1, BUSY_PREFILL, ROOMY, 1) == PrefillDecision(DISAGG, REASON_MODE)
     assert choose_prefill(never, 10_000, IDLE_PREFILL, ROOMY, 700) == PrefillDecision(LOCAL, REASON_MODE)
     assert DisaggregationPolicy().mode is DisaggregationMode.always  # the default keeps today's behaviour

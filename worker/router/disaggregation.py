@@ -11,7 +11,7 @@ worker would cost more than the hop. Two rules pick `local` (prefill on the deco
   reported) and the chosen decode worker has room (free KV blocks for the request and no more prompt tokens
   of its own queued than that bound).
 
-Otherwise `disaggregated`. Mode `always` and `never` bypass the rules.
+Otherwise `disaggregated`. Mode `always` and `never` bypass the rules. The policy is the spec's `router.disaggregation`.
 """
 
 from __future__ import annotations
@@ -20,13 +20,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from tandem.spec import DisaggregationMode
+from tandem.spec import DisaggregationSpec as DisaggregationPolicy
 from tandem.worker.router.selection import WorkerView
 
-
-class DisaggregationMode(StrEnum):
-    always = "always"  # every prompt on the prefill pool (the disaggregated baseline)
-    conditional = "conditional"  # by the rules above
-    never = "never"  # every prompt on its decode worker (the prefill pool idles)
+__all__ = ["DisaggregationMode", "DisaggregationPolicy", "PrefillDecision", "PrefillRoute", "choose_prefill"]
 
 
 class PrefillRoute(StrEnum):
@@ -41,17 +39,6 @@ REASON_MODE = "mode"
 REASON_SHORT_PROMPT = "short-prompt"
 REASON_PREFILL_SATURATED = "prefill-saturated"
 REASON_LONG_PROMPT = "long-prompt"
-
-DEFAULT_LOCAL_PREFILL_MAX_TOKENS = 512  # one prefill chunk at the engine's default prefillChunkTokens
-DEFAULT_PREFILL_QUEUE_TOKENS = 4096
-
-
-@dataclass(frozen=True)
-class DisaggregationPolicy:
-    mode: DisaggregationMode = DisaggregationMode.always
-    local_prefill_max_tokens: int = DEFAULT_LOCAL_PREFILL_MAX_TOKENS
-    prefill_queue_tokens: int = DEFAULT_PREFILL_QUEUE_TOKENS
-
 
 @dataclass(frozen=True)
 class PrefillDecision:

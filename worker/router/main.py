@@ -7,12 +7,8 @@ import logging
 import sys
 
 from tandem.names import HTTP_PORT
+from tandem.spec import DisaggregationMode, DisaggregationSpec
 from tandem.worker.kv_transport.handshake import DEFAULT_LEASE_MS
-from tandem.worker.router.disaggregation import (
-    DEFAULT_LOCAL_PREFILL_MAX_TOKENS,
-    DEFAULT_PREFILL_QUEUE_TOKENS,
-    DisaggregationMode,
-)
 from tandem.worker.router.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, RequestLimits
 
 MODES = ("disaggregated", "colocated")
@@ -39,11 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
         "prompt length and prefill queue (conditional)",
     )  # fmt: skip
     p.add_argument(
-        "--local-prefill-max-tokens", type=int, default=DEFAULT_LOCAL_PREFILL_MAX_TOKENS,
+        "--local-prefill-max-tokens", type=int, default=DisaggregationSpec().local_prefill_max_tokens,
         help="conditional: prompts of at most this many uncached tokens are prefilled on the decode worker",
     )  # fmt: skip
     p.add_argument(
-        "--prefill-queue-tokens", type=int, default=DEFAULT_PREFILL_QUEUE_TOKENS,
+        "--prefill-queue-tokens", type=int, default=DisaggregationSpec().prefill_queue_tokens,
         help="conditional: past this many queued prompt tokens on every prefill worker, prefill on a decode "
         "worker with room",
     )  # fmt: skip

@@ -472,10 +472,11 @@ def build_backend(args) -> GrpcBackend:
 
     addresses = {"prefill": split(args.prefill), "decode": split(args.decode), "colocated": split(args.colocated)}
     tls = TlsConfig.optional(getattr(args, "tls_dir", None), getattr(args, "tls_server_name", None))
+    defaults = DisaggregationPolicy()
     policy = DisaggregationPolicy(
-        DisaggregationMode(getattr(args, "disaggregation", DisaggregationMode.always.value)),
-        getattr(args, "local_prefill_max_tokens", DisaggregationPolicy.local_prefill_max_tokens),
-        getattr(args, "prefill_queue_tokens", DisaggregationPolicy.prefill_queue_tokens),
+        mode=getattr(args, "disaggregation", defaults.mode),
+        local_prefill_max_tokens=getattr(args, "local_prefill_max_tokens", defaults.local_prefill_max_tokens),
+        prefill_queue_tokens=getattr(args, "prefill_queue_tokens", defaults.prefill_queue_tokens),
     )
     return GrpcBackend(
         args.mode, addresses, getattr(args, "workers_file", None), lease_ms=args.kv_lease_ms, tls=tls,
