@@ -24,7 +24,8 @@ TIGHT_TPOT_SCALE = 3.0  # the target's "tight TPOT": 3x idle or less
 
 def probes_of(trace: dict) -> list[Probe]:
     return [
-        Probe(p["mode"], p["repeat"], p["rate"], tuple(Latency(**r) for r in p["requests"])) for p in trace["probes"]
+        Probe(p["mode"], p["repeat"], p["rate"], tuple(Latency(**r) for r in p["requests"]))
+        for p in trace["probes"]
     ]
 
 
@@ -36,7 +37,9 @@ def sweeps(scales: list[float]) -> dict[str, list[tuple[float, float]]]:
     }
 
 
-def goodputs(probes: list[Probe], base: Slo, point: tuple[float, float], target: float) -> dict[str, list[Goodput]]:
+def goodputs(
+    probes: list[Probe], base: Slo, point: tuple[float, float], target: float
+) -> dict[str, list[Goodput]]:
     slo = scaled(base, *point)
     return {mode: goodput_per_repeat(probes, mode, slo, target) for mode in MODES}
 
@@ -57,9 +60,14 @@ def trace_tables(trace: dict, scales: list[float], target: float, threshold: int
         f"{trace['median_output_len']} output tokens)"
     )
     yield ""
-    yield "Idle (median request, one at a time): " + "; ".join(
-        f"{m} TTFT {1000 * s['ttft_s']:.0f} ms, TPOT {1000 * s['tpot_s']:.1f} ms" for m, s in trace["idle"].items()
-    ) + f". Probed rates: {', '.join(f'{r:g}' for r in trace['rates'])} req/s."
+    yield (
+        "Idle (median request, one at a time): "
+        + "; ".join(
+            f"{m} TTFT {1000 * s['ttft_s']:.0f} ms, TPOT {1000 * s['tpot_s']:.1f} ms"
+            for m, s in trace["idle"].items()
+        )
+        + f". Probed rates: {', '.join(f'{r:g}' for r in trace['rates'])} req/s."
+    )
     for title, points in sweeps(scales).items():
         yield ""
         yield f"Goodput (req/s at >= {target:.0%} joint SLO attainment), {title}:"
@@ -118,7 +126,11 @@ def report(result: dict) -> str:
         "",
     ]
     for trace in result["traces"]:
-        lines += list(trace_tables(trace, result["scales"], result["attainment_target"], cfg["local_prefill_max_tokens"]))
+        lines += list(
+            trace_tables(
+                trace, result["scales"], result["attainment_target"], cfg["local_prefill_max_tokens"]
+            )
+        )
         lines.append("")
     lines += [verdict(t, result["scales"], result["attainment_target"]) for t in result["traces"]]
     lines += [f"wall time {result['wall_s']:.0f} s", f"Trace: {result['trace_attribution']}"]

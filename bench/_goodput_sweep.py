@@ -76,7 +76,10 @@ def goodput_per_repeat(probes: Sequence[Probe], mode: str, slo: Slo, target: flo
     """One goodput per repeat of `mode`'s rate grid, in repeat order."""
     repeats = sorted({p.repeat for p in probes if p.mode == mode})
     return [
-        goodput([(p.rate, attainment(p.requests, slo)) for p in probes if p.mode == mode and p.repeat == k], target)
+        goodput(
+            [(p.rate, attainment(p.requests, slo)) for p in probes if p.mode == mode and p.repeat == k],
+            target,
+        )
         for k in repeats
     ]
 
@@ -100,7 +103,9 @@ def ratios(numerator: Sequence[Goodput], denominator: Sequence[Goodput]) -> list
     return [n.rate / d.rate for n, d in zip(numerator, denominator, strict=True) if d.rate > 0]
 
 
-def short_prompt_ttft_p90(probes: Sequence[Probe], mode: str, rate: float, max_input_len: int) -> float | None:
+def short_prompt_ttft_p90(
+    probes: Sequence[Probe], mode: str, rate: float, max_input_len: int
+) -> float | None:
     """TTFT p90 (seconds) of the completed requests of at most `max_input_len` prompt tokens, pooled over
     the repeats of `mode` at `rate`."""
     ttfts = [

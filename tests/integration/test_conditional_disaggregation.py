@@ -51,7 +51,11 @@ def _greedy(url: str, prompt: str) -> tuple[str, int, str]:
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
     r = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text
-    return r.json()["choices"][0]["text"], r.json()["usage"]["prompt_tokens"], r.headers[names.PREFILL_ROUTE_HEADER]
+    return (
+        r.json()["choices"][0]["text"],
+        r.json()["usage"]["prompt_tokens"],
+        r.headers[names.PREFILL_ROUTE_HEADER],
+    )
 
 
 def _metric(url: str, name: str, **labels: str) -> float:
@@ -88,7 +92,10 @@ def test_short_prompts_run_on_the_decode_worker_and_long_ones_disaggregated(cond
     assert _prefilled(stack, "prefill") == before, "a local prompt reached the prefill worker"
     long_text, long_len, long_route = _greedy(url, LONG)
     assert long_len > THRESHOLD and long_route == "disaggregated"
-    _until(lambda: _prefilled(stack, "prefill") >= before + long_len, "the long prompt was not prefilled remotely")
+    _until(
+        lambda: _prefilled(stack, "prefill") >= before + long_len,
+        "the long prompt was not prefilled remotely",
+    )
     for route in ("local", "disaggregated"):
         assert _metric(url, names.TTFT_SECONDS + "_count", prefill=route) == 1
         assert _metric(url, names.REQUESTS_TOTAL, prefill=route, status="200") == 1
@@ -103,7 +110,14 @@ def test_a_decode_worker_killed_under_a_local_prefill_ends_the_stream_with_an_er
     stack, url = conditional
     events: list = []
     started = threading.Event()
-    body = {"model": "tiny", "prompt": SHORT, "max_tokens": 3000, "temperature": 0, "ignore_eos": True, "stream": True}
+    body = {
+        "model": "tiny",
+        "prompt": SHORT,
+        "max_tokens": 3000,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     t = _stream_in_thread(url, body, events, started)
     assert started.wait(60)
     victim = None

@@ -32,7 +32,9 @@ def tiny_model(tiny_model_dir):
 
 @pytest.fixture
 def decode_worker(tiny_model):
-    engine = Engine(tiny_model, EngineConfig(block_size=16, num_kv_blocks=NUM_BLOCKS, prefill_chunk_tokens=16))
+    engine = Engine(
+        tiny_model, EngineConfig(block_size=16, num_kv_blocks=NUM_BLOCKS, prefill_chunk_tokens=16)
+    )
     loop = EngineLoop(engine).start()
     info = worker_info(engine, "decode-0", "decode", "tiny", offered_transports("grpc", "cpu"))
     servicer = DecodeServicer(loop, info)
@@ -52,7 +54,9 @@ def decode_worker(tiny_model):
 
 def _generate(stub, request_id: str, prompt: list[int], max_tokens: int):
     sampling = params_to_proto(SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
-    return stub.Generate(C.GenerateRequest(request_id=request_id, prompt_token_ids=prompt, sampling=sampling), timeout=60)
+    return stub.Generate(
+        C.GenerateRequest(request_id=request_id, prompt_token_ids=prompt, sampling=sampling), timeout=60
+    )
 
 
 def _used_blocks(servicer: DecodeServicer) -> int:
@@ -90,7 +94,10 @@ def test_abort_of_a_local_prefill_frees_its_blocks(decode_worker):
     assert reply.found
     events = list(call)
     assert events[-1].finish_reason == C.FINISH_REASON_ABORT
-    _until(lambda: _used_blocks(servicer) == 0 and servicer.busy() == 0, "an aborted local prefill kept its blocks")
+    _until(
+        lambda: _used_blocks(servicer) == 0 and servicer.busy() == 0,
+        "an aborted local prefill kept its blocks",
+    )
 
 
 def test_a_caller_that_goes_away_mid_prefill_frees_the_blocks(decode_worker):
@@ -98,7 +105,10 @@ def test_a_caller_that_goes_away_mid_prefill_frees_the_blocks(decode_worker):
     call = _generate(stub, "r-gone", LONG_PROMPT, 200)
     _until(lambda: _used_blocks(servicer) > 0, "the prompt never took blocks")
     call.cancel()  # what the router does when its client leaves
-    _until(lambda: _used_blocks(servicer) == 0 and servicer.busy() == 0, "a cancelled local prefill kept its blocks")
+    _until(
+        lambda: _used_blocks(servicer) == 0 and servicer.busy() == 0,
+        "a cancelled local prefill kept its blocks",
+    )
 
 
 def test_a_draining_decode_worker_refuses_local_prefills_with_the_draining_marker(decode_worker):

@@ -18,7 +18,12 @@ from bench._trace_shape import Slo
 
 
 def test_attainment_counts_failures_as_misses_and_follows_the_scaled_slo():
-    reqs = [Latency(True, 0.1, 0.01, 10), Latency(True, 0.3, 0.01, 10), Latency(False, None, None, 10), Latency(True, 0.1, 0.05, 10)]
+    reqs = [
+        Latency(True, 0.1, 0.01, 10),
+        Latency(True, 0.3, 0.01, 10),
+        Latency(False, None, None, 10),
+        Latency(True, 0.1, 0.05, 10),
+    ]
     idle = Slo(0.1, 0.01)
     assert attainment(reqs, scaled(idle, 1, 1)) == 0.25
     assert attainment(reqs, scaled(idle, 3, 1)) == 0.5

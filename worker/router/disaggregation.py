@@ -40,6 +40,7 @@ REASON_SHORT_PROMPT = "short-prompt"
 REASON_PREFILL_SATURATED = "prefill-saturated"
 REASON_LONG_PROMPT = "long-prompt"
 
+
 @dataclass(frozen=True)
 class PrefillDecision:
     route: PrefillRoute
