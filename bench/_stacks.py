@@ -70,10 +70,12 @@ def service_object(
     threads: int = 1,
     num_kv_blocks: int = 1024,
     max_context: int = 4096,
+    router: dict | None = None,
 ) -> dict:
     """An InferenceService object for the local backend: float32 on CPU, `threads` torch threads per
-    worker. In colocated mode `decode` replicas is the number of colocated workers."""
-    return {
+    worker. In colocated mode `decode` replicas is the number of colocated workers; `router` is the
+    spec's router section (e.g. its disaggregation)."""
+    obj = {
         "apiVersion": "serving.tandem.dev/v1alpha1",
         "kind": "InferenceService",
         "metadata": {"name": name},
@@ -91,6 +93,9 @@ def service_object(
             "engine": {"blockSize": 16, "numKvBlocks": num_kv_blocks, "threads": threads},
         },
     }
+    if router:
+        obj["spec"]["router"] = router
+    return obj
 
 
 @contextmanager

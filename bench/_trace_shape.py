@@ -23,14 +23,18 @@ class LengthShaping:
         return RequestSpec(spec.arrival_s, in_len, out_len)
 
 
-def thinned(trace: Sequence[RequestSpec], n: int, shaping: LengthShaping) -> list[RequestSpec]:
+def thinned(trace: Sequence[RequestSpec], n: int, shaping: LengthShaping, shift: float = 0.0) -> list[RequestSpec]:
     """`n` rows evenly spaced over the whole trace, in order, lengths shaped, arrivals re-based to 0: the
     lengths follow the whole trace's distribution (a short contiguous window need not) and the gaps are
-    those of the thinned arrival process."""
+    those of the thinned arrival process. `shift` in [0, 1) moves every row that fraction of the spacing
+    on, so repeats can sample other rows of the same trace."""
     ordered = sorted(trace, key=lambda s: s.arrival_s)
     if not 2 <= n <= len(ordered):
         raise ValueError(f"need 2 <= n <= {len(ordered)} trace rows, got {n}")
-    rows = [ordered[i * len(ordered) // n] for i in range(n)]
+    if not 0 <= shift < 1:
+        raise ValueError(f"shift must be in [0, 1), got {shift}")
+    offset = int(shift * len(ordered))
+    rows = [ordered[(i * len(ordered) + offset) // n] for i in range(n)]
     return shape_workload([shaping.apply(s) for s in rows])
 
 
@@ -70,7 +74,3 @@ def slo_from_idle(idle: Sequence[Slo], ttft_factor: float, tpot_factor: float) -
     """SLOs as multiples of the idle latencies, from the slower system on each metric so that neither
     system's own idle overhead counts against it."""
     return Slo(ttft_factor * max(s.ttft_s for s in idle), tpot_factor * max(s.tpot_s for s in idle))
-
-
-def rate_ratio(disaggregated: float, colocated: float) -> float | None:
-    return disaggregated / colocated if colocated > 0 else None

@@ -120,6 +120,12 @@ def router_argv(
         "--slo-ttft-ms", str(spec.slo.ttft_ms), "--slo-tpot-ms", str(spec.slo.tpot_ms),
         "--slo-percentile", str(spec.slo.percentile),
     ]  # fmt: skip
+    if spec.mode is Mode.disaggregated:
+        d = spec.router.disaggregation
+        argv += [
+            "--disaggregation", d.mode.value, "--local-prefill-max-tokens", str(d.local_prefill_max_tokens),
+            "--prefill-queue-tokens", str(d.prefill_queue_tokens),
+        ]  # fmt: skip
     if metrics_port:
         argv += ["--metrics-port", str(metrics_port)]
     if workers_file:

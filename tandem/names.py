@@ -67,3 +67,8 @@ AUTOSCALER_DECISIONS_TOTAL = "tandem_autoscaler_decisions_total"  # by pool and 
 
 # Metric labels
 METRIC_LABELS = ("service", "pool")
+# Where a request's prompt ran, a label of the router's TTFT histogram and request counter and the value of
+# its response header: disaggregated | local (on the decode worker) | colocated | none (never routed).
+PREFILL_ROUTE_LABEL = "prefill"
+PREFILL_ROUTE_HEADER = "X-Tandem-Prefill"
+PREFILL_ROUTE_NONE = "none"

@@ -103,10 +103,29 @@ class RouterResources(Resources):
     gpus: int = Field(default=0, ge=0)
 
 
+class DisaggregationMode(StrEnum):
+    """Where a disaggregated service prefills each prompt: always on the prefill pool, never (on its decode
+    worker), or conditionally (short prompts, or a saturated prefill pool, on the decode worker)."""
+
+    always = "always"
+    conditional = "conditional"
+    never = "never"
+
+
+class DisaggregationSpec(_Spec):
+    mode: DisaggregationMode = DisaggregationMode.always
+    # conditional: a prompt with at most this many uncached tokens is prefilled on its decode worker
+    local_prefill_max_tokens: int = Field(default=512, ge=0)
+    # conditional: once every prefill worker has more prompt tokens than this queued, prompts go to a
+    # decode worker with room
+    prefill_queue_tokens: int = Field(default=4096, ge=0)
+
+
 class RouterSpec(_Spec):
     replicas: int = Field(default=1, ge=1)
     resources: RouterResources = Field(default_factory=RouterResources)
     max_queued_requests: int = Field(default=256, gt=0)
+    disaggregation: DisaggregationSpec = Field(default_factory=DisaggregationSpec)
 
 
 class SloSpec(_Spec):

@@ -68,3 +68,41 @@ def test_offered_transports(transport, device, offered):
 def test_forced_shm_with_a_gpu_cache_is_refused():
     with pytest.raises(ValueError, match="CPU"):
         offered_transports("shm", "cuda:0")
+
+
+def test_disaggregation_reaches_the_rendered_router_and_the_local_one():
+    """router.disaggregation travels spec -> router_argv -> `tandem router`'s parser -> the backend's policy,
+    in the operator's router Deployment and in `tandem up`'s router process alike."""
+    from pathlib import Path
+
+    from tandem.operator import render
+    from tandem.operator.local_plan import plan
+    from tandem.spec import DisaggregationMode, InferenceService, Mode
+
+    spec = _spec()
+    spec.router.disaggregation = spec.router.disaggregation.model_validate(
+        {"mode": "conditional", "localPrefillMaxTokens": 96, "prefillQueueTokens": 3000}
+    )
+    (container,) = render.router_deployment(spec, "svc", "ns", "u")["spec"]["template"]["spec"]["containers"]
+    local = plan(InferenceService(name="svc", spec=spec), Path("/srv"), port=9000, first_worker_port=9100, cpus=2)
+    router = next(p for p in local if p.role == "router")
+    for argv in (container["args"][1:], router.argv[router.argv.index("router") + 1 :]):
+        args = build_parser().parse_args(argv)
+        assert check_args(args) is None
+        policy = build_backend(args).disaggregation
+        assert (policy.mode, policy.local_prefill_max_tokens, policy.prefill_queue_tokens) == (
+            DisaggregationMode.conditional, 96, 3000,
+        )  # fmt: skip
+    default = build_backend(build_parser().parse_args(launch.router_argv(_spec(), "svc", "/m")[1:]))
+    assert default.disaggregation.mode is DisaggregationMode.always
+    colocated = _spec().model_copy(update={"mode": Mode.colocated})
+    assert "--disaggregation" not in launch.router_argv(colocated, "svc", "/m")
+
+
+def test_disaggregation_never_needs_only_decode_workers():
+    args = build_parser().parse_args(["--model-dir", "/m", "--served-name", "t", "--disaggregation", "never",
+                                      "--decode", "b:2"])  # fmt: skip
+    assert check_args(args) is None
+    assert "--prefill" in check_args(build_parser().parse_args(["--model-dir", "/m", "--served-name", "t", "--decode", "b:2"]))
+    bad = build_parser().parse_args(["--model-dir", "/m", "--served-name", "t", "--local-prefill-max-tokens", "-1"])
+    assert "must be >= 0" in check_args(bad)

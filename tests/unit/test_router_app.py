@@ -43,6 +43,7 @@ class ScriptedBackend:
         self.aborted: list[str] = []  # request ids whose iterator was closed before the end
         self.in_flight = 0
         self.lifecycle: list[str] = []
+        self.route = "disaggregated"  # where it says each prompt ran
 
     async def start(self) -> None:
         self.lifecycle.append("start")
@@ -62,6 +63,7 @@ class ScriptedBackend:
     async def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams, timing: Timing):
         self.calls.append((request_id, prompt_ids, params))
         timing.prefill_worker, timing.decode_worker = "127.0.0.1:7001", "127.0.0.1:7002"
+        timing.prefill = self.route
         self.in_flight += 1
         done = False
         try:
@@ -406,7 +408,7 @@ async def test_error_mid_stream_becomes_an_error_event_then_done(tok):
     r = await post(app, "/v1/completions", {"model": SERVED, "prompt": "x"})  # not streamed: plain 503
     assert r.status_code == 503 and r.json()["error"]["message"] == "decode worker went away"
     metrics = (await client_for(app).get("/metrics")).text
-    assert 'tandem_requests_total{pool="router",service="default",status="503"} 2.0' in metrics
+    assert 'tandem_requests_total{pool="router",prefill="disaggregated",service="default",status="503"} 2.0' in metrics
 
 
 @pytest.mark.asyncio
@@ -462,12 +464,14 @@ async def test_metrics_after_a_request(tok):
     text = r.text
     labels = 'pool="router",service="svc"'
     n = len(backend.ids)
-    assert f"tandem_ttft_seconds_count{{{labels}}} 1.0" in text
+    routed = 'pool="router",prefill="disaggregated",service="svc"'
+    assert f"tandem_ttft_seconds_count{{{routed}}} 1.0" in text
     assert f"tandem_tpot_seconds_count{{{labels}}} 1.0" in text
     assert f"tandem_inter_token_latency_seconds_count{{{labels}}} {float(n - 1)}" in text
     assert f"tandem_e2e_latency_seconds_count{{{labels}}} 1.0" in text
-    assert f'tandem_requests_total{{{labels},status="200"}} 1.0' in text
-    assert f'tandem_requests_total{{{labels},status="404"}} 1.0' in text
+    assert f'tandem_requests_total{{{routed},status="200"}} 1.0' in text
+    # refused before it was routed: counted with prefill="none"
+    assert 'tandem_requests_total{pool="router",prefill="none",service="svc",status="404"} 1.0' in text
     assert f"tandem_router_queue_depth{{{labels}}} 0.0" in text
     # what the autoscaler reads: arrivals (the 404 arrived too), prompt and output lengths of the served one
     assert f"tandem_request_arrivals_total{{{labels}}} 2.0" in text
@@ -635,3 +639,18 @@ def test_router_command_line(capsys):
     assert check_args(dynamic) is None and dynamic.workers_file == "w.json"
     assert main(["--model-dir", "m", "--served-name", "t", "--decode", "c:3"]) == 2
     assert "needs --prefill and --decode" in capsys.readouterr().err
+
+
+@pytest.mark.asyncio
+async def test_where_the_prompt_ran_is_a_response_header_and_a_metric_label(tok):
+    backend = ScriptedBackend(tok)
+    app = create_app(backend, tok, SERVED)
+    for route, stream in (("local", True), ("local", False), ("disaggregated", False)):
+        backend.route = route
+        r = await post(app, "/v1/completions", {"model": SERVED, "prompt": "x", "stream": stream})
+        assert r.status_code == 200 and r.headers[names.PREFILL_ROUTE_HEADER] == route
+    text = (await client_for(app).get("/metrics")).text
+    for route, n in (("local", 2), ("disaggregated", 1)):
+        labels = f'pool="router",prefill="{route}",service="default"'
+        assert f"tandem_ttft_seconds_count{{{labels}}} {float(n)}" in text
+        assert f'tandem_requests_total{{{labels},status="200"}} {float(n)}' in text

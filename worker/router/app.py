@@ -113,6 +113,7 @@ def timing_headers(timing: Timing) -> dict[str, str]:
         "X-Tandem-Prefill-Worker": timing.prefill_worker,
         "X-Tandem-Decode-Worker": timing.decode_worker,
         "X-Tandem-Retries": str(timing.retries) if timing.retries else "",
+        names.PREFILL_ROUTE_HEADER: timing.prefill,
     }
     return {k: v for k, v in headers.items() if v}
 

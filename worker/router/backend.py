@@ -21,6 +21,7 @@ class Timing:
     """Filled in by the backend as the request moves; the HTTP layer reads it for metrics."""
 
     prefill_worker: str = ""
+    prefill: str = ""  # where the prompt ran: disaggregated | local | colocated ("" before it was routed)
     decode_worker: str = ""
     retries: int = 0
     kv_bytes: int = 0

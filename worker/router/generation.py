@@ -38,6 +38,7 @@ class Generation:
         self.prompt_tokens = len(prompt_ids)
         self.completion_tokens = 0
         self.timing = Timing()
+        clock.route_of = lambda: self.timing.prefill
         self._tokens: AsyncIterator[TokenOut] = backend.generate(
             request_id, list(prompt_ids), params, self.timing
         )

@@ -7,6 +7,7 @@ import logging
 import sys
 
 from tandem.names import HTTP_PORT
+from tandem.spec import DisaggregationMode, DisaggregationSpec
 from tandem.worker.kv_transport.handshake import DEFAULT_LEASE_MS
 from tandem.worker.router.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, RequestLimits
 
@@ -28,6 +29,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=HTTP_PORT)
     p.add_argument("--mode", choices=MODES, default="disaggregated")
+    p.add_argument(
+        "--disaggregation", choices=[m.value for m in DisaggregationMode], default=DisaggregationMode.always.value,
+        help="disaggregated mode: every prompt on the prefill pool (always), on its decode worker (never), or by "
+        "prompt length and prefill queue (conditional)",
+    )  # fmt: skip
+    p.add_argument(
+        "--local-prefill-max-tokens", type=int, default=DisaggregationSpec().local_prefill_max_tokens,
+        help="conditional: prompts of at most this many uncached tokens are prefilled on the decode worker",
+    )  # fmt: skip
+    p.add_argument(
+        "--prefill-queue-tokens", type=int, default=DisaggregationSpec().prefill_queue_tokens,
+        help="conditional: past this many queued prompt tokens on every prefill worker, prefill on a decode "
+        "worker with room",
+    )  # fmt: skip
     p.add_argument("--prefill", type=_addresses, default=[], help="prefill worker addresses, comma-separated")
     p.add_argument("--decode", type=_addresses, default=[], help="decode worker addresses, comma-separated")
     p.add_argument(
@@ -77,9 +92,15 @@ def check_args(args: argparse.Namespace) -> str | None:
         return "--kv-lease-ms must be >= 1"
     if args.max_body_bytes < 1 or args.body_timeout <= 0:
         return "--max-body-bytes and --body-timeout must be positive"
+    if args.local_prefill_max_tokens < 0 or args.prefill_queue_tokens < 0:
+        return "--local-prefill-max-tokens and --prefill-queue-tokens must be >= 0"
     if args.workers_file:
         return None  # the file names the workers, possibly later
-    if args.mode == "disaggregated" and not (args.prefill and args.decode):
+    if args.mode == "disaggregated" and args.disaggregation == DisaggregationMode.never and not args.decode:
+        return "disaggregation never needs --decode addresses (or --workers-file)"
+    if args.mode == "disaggregated" and args.disaggregation != DisaggregationMode.never and not (
+        args.prefill and args.decode
+    ):
         return "disaggregated mode needs --prefill and --decode addresses (or --workers-file)"
     if args.mode == "colocated" and not args.colocated:
         return "colocated mode needs --colocated addresses (or --workers-file)"

@@ -14,6 +14,8 @@ from tandem.names import (
     ITL_SECONDS,
     METRIC_LABELS,
     POOL_ROUTER,
+    PREFILL_ROUTE_LABEL,
+    PREFILL_ROUTE_NONE,
     REQUEST_ARRIVALS_TOTAL,
     REQUEST_OUTPUT_TOKENS,
     REQUEST_PROMPT_TOKENS,
@@ -125,11 +127,11 @@ class RouterMetrics:
         r, labels = self.registry, METRIC_LABELS
         self.ttft = Histogram(
             TTFT_SECONDS,
-            "Request arrival at the router to the first token out",
-            labels,
+            "Request arrival at the router to the first token out, by where the prompt ran",
+            (*labels, PREFILL_ROUTE_LABEL),
             registry=r,
             buckets=TTFT_BUCKETS,
-        ).labels(**self.labels)
+        )
         self.tpot = Histogram(
             TPOT_SECONDS,
             "Per-request mean time per output token after the first",
@@ -148,8 +150,9 @@ class RouterMetrics:
             buckets=E2E_BUCKETS,
         ).labels(**self.labels)
         self.requests = Counter(
-            REQUESTS_TOTAL, "Requests by final HTTP status", (*labels, "status"), registry=r
-        )
+            REQUESTS_TOTAL, "Requests by final HTTP status and where the prompt ran",
+            (*labels, "status", PREFILL_ROUTE_LABEL), registry=r,
+        )  # fmt: skip
         self.arrivals = Counter(REQUEST_ARRIVALS_TOTAL, "Requests that reached the router", labels, registry=r).labels(
             **self.labels
         )
@@ -193,8 +196,8 @@ class RouterMetrics:
         self.arrivals.inc()
         return RequestClock(self, clock)
 
-    def count(self, status: str) -> None:
-        self.requests.labels(**self.labels, status=status).inc()
+    def count(self, status: str, prefill: str = PREFILL_ROUTE_NONE) -> None:
+        self.requests.labels(**self.labels, status=status, prefill=prefill).inc()
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -210,6 +213,11 @@ class RequestClock:
         self.last_token: float | None = None
         self.tokens = 0
         self.status: str | None = None
+        self.route_of: Callable[[], str] = lambda: ""  # where the prompt ran, once the backend routed it
+
+    @property
+    def route(self) -> str:
+        return self.route_of() or PREFILL_ROUTE_NONE
 
     def on_prompt(self, num_tokens: int) -> None:
         """The request was tokenized and admitted: its prompt length."""
@@ -219,7 +227,7 @@ class RequestClock:
         now = self.clock()
         if self.last_token is None:
             self.first_token = now
-            self.metrics.ttft.observe(now - self.arrival)
+            self.metrics.ttft.labels(**self.metrics.labels, prefill=self.route).observe(now - self.arrival)
         else:
             self.metrics.itl.observe(now - self.last_token)
         self.last_token = now
@@ -230,7 +238,7 @@ class RequestClock:
         if self.status is not None:
             return
         self.status = status
-        self.metrics.count(status)
+        self.metrics.count(status, self.route)
         if status != "200" or self.first_token is None or self.last_token is None:
             return
         self.metrics.e2e.observe(self.clock() - self.arrival)

@@ -1,7 +1,8 @@
 """The router's gRPC backend: keeps the prefill, decode and colocated pools, routes each request, retries.
 
 Disaggregated: reserve blocks on a decode worker, open its token stream, ask a prefill worker to run the
-prompt and push the KV there, then relay tokens. A worker that fails before the first token is marked
+prompt and push the KV there, then relay tokens; or, when conditional disaggregation says the transfer is
+not worth it (worker/router/disaggregation.py), let the decode worker prefill the prompt itself. A worker that fails before the first token is marked
 unhealthy and the request is retried elsewhere; after the first token a failure ends the stream with an
 error. Membership comes from the command line and, if given, a JSON workers file that may change.
 
@@ -41,6 +42,12 @@ from tandem.worker.api.tls import TlsConfig, aio_channel
 from tandem.worker.api.wire import FINISH_NAMES, params_to_proto
 from tandem.worker.kv_transport.handshake import DEFAULT_LEASE_MS, check_compatible
 from tandem.worker.router.backend import BackendError, Timing, TokenOut
+from tandem.worker.router.disaggregation import (
+    DisaggregationMode,
+    DisaggregationPolicy,
+    PrefillRoute,
+    choose_prefill,
+)
 from tandem.worker.router.selection import WorkerView, pick_decode, pick_prefill
 
 log = logging.getLogger(__name__)
@@ -92,8 +99,10 @@ class GrpcBackend:
         poll_interval_s: float = 0.5,
         lease_ms: int = DEFAULT_LEASE_MS,
         tls: TlsConfig | None = None,
+        disaggregation: DisaggregationPolicy | None = None,
     ):
         self.mode, self.block_size, self.max_attempts = mode, block_size, max_attempts
+        self.disaggregation = disaggregation or DisaggregationPolicy()
         self.poll_interval_s, self.lease_ms = poll_interval_s, lease_ms
         self.static = addresses
         self.tls = tls  # mutual TLS to every worker, or plaintext
@@ -122,6 +131,8 @@ class GrpcBackend:
 
     def ready(self) -> bool:
         needed = ["colocated"] if self.mode == "colocated" else ["prefill", "decode"]
+        if self.mode != "colocated" and self.disaggregation.mode is DisaggregationMode.never:
+            needed = ["decode"]  # every prompt is prefilled where it decodes
         return all(any(v.routable for v in self.pools.views(r)) for r in needed)
 
     def queue_depth(self) -> int:
@@ -256,6 +267,12 @@ class GrpcBackend:
 
     async def _colocated(self, request_id, prompt_ids, params, timing, tried) -> AsyncIterator[TokenOut]:
         worker = await self._pick_or_wait("colocated", tried)
+        timing.prefill = "colocated"
+        async for token in self._generate_on(worker, request_id, prompt_ids, params, timing, tried):
+            yield token
+
+    async def _generate_on(self, worker, request_id, prompt_ids, params, timing, tried) -> AsyncIterator[TokenOut]:
+        """Both phases on one worker: a colocated one, or a decode worker prefilling locally."""
         tried.add(worker.view.address)
         timing.decode_worker = timing.prefill_worker = worker.view.address
         worker.in_use += 1
@@ -263,16 +280,30 @@ class GrpcBackend:
             common_pb2.GenerateRequest(request_id=request_id, prompt_token_ids=prompt_ids, sampling=params_to_proto(params))
         )
         worker.view.inflight_requests += 1
+        worker.view.inflight_prompt_tokens += len(prompt_ids)  # until its first token: a prompt ahead of others
+        queued = True
         try:
             async for token in _relay(call, worker):
+                if queued:
+                    worker.view.inflight_prompt_tokens -= len(prompt_ids)
+                    queued = False
                 yield token
         finally:
+            if queued:
+                worker.view.inflight_prompt_tokens -= len(prompt_ids)
             worker.view.inflight_requests -= 1
             worker.in_use -= 1
             call.cancel()
 
     async def _disaggregated(self, request_id, prompt_ids, params, timing, tried) -> AsyncIterator[TokenOut]:
-        decode = await self._pick_or_wait("decode", tried, self._blocks_needed(len(prompt_ids) + params.max_tokens))
+        blocks = self._blocks_needed(len(prompt_ids) + params.max_tokens)
+        decode = await self._pick_or_wait("decode", tried, blocks)
+        decision = choose_prefill(self.disaggregation, len(prompt_ids), self.pools.views("prefill"), decode.view, blocks)
+        timing.prefill = decision.route.value
+        if decision.route is PrefillRoute.local:  # no transfer: the decode worker prefills the prompt itself
+            async for token in self._generate_on(decode, request_id, prompt_ids, params, timing, tried):
+                yield token
+            return
         prefill = await self._pick_or_wait("prefill", tried)
         tried.update({decode.view.address, prefill.view.address})
         if prefill.info is not None and decode.info is not None:
@@ -441,4 +472,13 @@ def build_backend(args) -> GrpcBackend:
 
     addresses = {"prefill": split(args.prefill), "decode": split(args.decode), "colocated": split(args.colocated)}
     tls = TlsConfig.optional(getattr(args, "tls_dir", None), getattr(args, "tls_server_name", None))
-    return GrpcBackend(args.mode, addresses, getattr(args, "workers_file", None), lease_ms=args.kv_lease_ms, tls=tls)
+    defaults = DisaggregationPolicy()
+    policy = DisaggregationPolicy(
+        mode=getattr(args, "disaggregation", defaults.mode),
+        local_prefill_max_tokens=getattr(args, "local_prefill_max_tokens", defaults.local_prefill_max_tokens),
+        prefill_queue_tokens=getattr(args, "prefill_queue_tokens", defaults.prefill_queue_tokens),
+    )
+    return GrpcBackend(
+        args.mode, addresses, getattr(args, "workers_file", None), lease_ms=args.kv_lease_ms, tls=tls,
+        disaggregation=policy,
+    )  # fmt: skip

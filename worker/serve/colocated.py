@@ -41,17 +41,23 @@ class ColocatedServicer:
                 self._streams -= 1
 
     def _generate(self, request: common_pb2.GenerateRequest, context: grpc.ServicerContext):
-        try:
-            params = params_from_proto(request.sampling)
-            stream = self.loop.submit(list(request.prompt_token_ids), params, request.request_id)
-        except InvalidRequest as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        context.add_callback(lambda: self.loop.abort(request.request_id, "abort"))
-        for index, item in enumerate(EngineLoop.iterate(stream)):
-            yield token_event(request.request_id, item, index)
+        yield from generate_tokens(self.loop, request, context)
 
     def Abort(self, request: colocated_pb2.ColocatedAbortRequest, context: grpc.ServicerContext) -> colocated_pb2.ColocatedAbortReply:
         return colocated_pb2.ColocatedAbortReply(found=self.loop.abort(request.request_id, "abort"))
 
     def Load(self, request: common_pb2.LoadRequest, context: grpc.ServicerContext) -> common_pb2.LoadReport:
         return load_report(self.loop.snapshot, self.info.worker_id, "colocated", 0, self.draining)
+
+
+def generate_tokens(loop: EngineLoop, request: common_pb2.GenerateRequest, context: grpc.ServicerContext):
+    """Both phases of one prompt in `loop`'s engine, as token events (the colocated worker's Generate, and a
+    decode worker's local prefill). However the stream ends, the sequence is aborted and its blocks freed."""
+    try:
+        params = params_from_proto(request.sampling)
+        stream = loop.submit(list(request.prompt_token_ids), params, request.request_id)
+    except InvalidRequest as e:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+    context.add_callback(lambda: loop.abort(request.request_id, "abort"))
+    for index, item in enumerate(EngineLoop.iterate(stream)):
+        yield token_event(request.request_id, item, index)

@@ -1,4 +1,5 @@
-"""The decode worker's gRPC service: reserve blocks for a transfer, take the pushed KV, stream tokens.
+"""The decode worker's gRPC service: reserve blocks for a transfer, take the pushed KV, stream tokens; or
+prefill a short prompt itself (Generate) when the router decides a transfer is not worth it.
 
 Blocks are reserved under a lease. A reservation that is aborted, fails or expires gives its blocks back
 and ends the waiting token stream with an error; a committed one is admitted straight into the running
@@ -31,6 +32,7 @@ from tandem.worker.kv_transport.handshake import (
 from tandem.worker.kv_transport.receiver import Committed, KvReceiver
 from tandem.worker.kv_transport.reservations import Released
 from tandem.worker.kv_transport.staging import StagingPool, StagingRing
+from tandem.worker.serve.colocated import generate_tokens
 from tandem.worker.serve.drain import refuse_while_draining
 from tandem.worker.serve.wire import load_report, token_event
 
@@ -64,6 +66,7 @@ class DecodeServicer:
         self._outputs: dict[str, queue.Queue[StepOutput | StreamEnd]] = {}  # request_id -> token queue
         self.draining = False
         self._reserving = 0  # Reserve RPCs past the draining check, not yet pending
+        self._generating = 0  # local-prefill Generate streams accepted and not yet ended
         self._stop = threading.Event()
         self._expiry = threading.Thread(target=self._expire_loop, args=(expire_every_s,), daemon=True)
         self._expiry.start()
@@ -78,7 +81,8 @@ class DecodeServicer:
         """Reservations waiting for KV, token streams not yet ended, and sequences in the engine."""
         load = self.loop.snapshot
         with self._lock:
-            return self._reserving + len(self._pending) + len(self._outputs) + load.running + load.waiting
+            held = self._reserving + self._generating + len(self._pending) + len(self._outputs)
+            return held + load.running + load.waiting
 
     # --- RPCs ---------------------------------------------------------------------------------
     def Handshake(self, request: common_pb2.HandshakeRequest, context: grpc.ServicerContext) -> common_pb2.HandshakeReply:
@@ -167,6 +171,18 @@ class DecodeServicer:
         finally:
             with self._lock:
                 self._outputs.pop(request.request_id, None)
+
+    def Generate(self, request: common_pb2.GenerateRequest, context: grpc.ServicerContext):
+        """Prefill locally and stream the tokens; Abort by request_id (or the stream closing) frees the blocks."""
+        with self._lock:
+            if self.draining:
+                refuse_while_draining(context, "decode worker")
+            self._generating += 1
+        try:
+            yield from generate_tokens(self.loop, request, context)
+        finally:
+            with self._lock:
+                self._generating -= 1
 
     def Abort(self, request: decode_pb2.AbortRequest, context: grpc.ServicerContext) -> decode_pb2.AbortReply:
         released = self.receiver.abort(request.transfer_id, request.request_id, request.reason or "aborted")

@@ -60,6 +60,11 @@ class DecodeServiceStub:
                 request_serializer=tandem_dot_v1_dot_decode__pb2.StreamTokensRequest.SerializeToString,
                 response_deserializer=tandem_dot_v1_dot_common__pb2.TokenEvent.FromString,
                 _registered_method=True)
+        self.Generate = channel.unary_stream(
+                '/tandem.v1.DecodeService/Generate',
+                request_serializer=tandem_dot_v1_dot_common__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_common__pb2.TokenEvent.FromString,
+                _registered_method=True)
         self.Load = channel.unary_unary(
                 '/tandem.v1.DecodeService/Load',
                 request_serializer=tandem_dot_v1_dot_common__pb2.LoadRequest.SerializeToString,
@@ -106,6 +111,14 @@ class DecodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Generate(self, request, context):
+        """Prefill the prompt on this worker and stream its tokens: no reservation, no KV transfer (the router's
+        conditional disaggregation sends short prompts here). Abort by request_id drops it like any sequence.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Load(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -138,6 +151,11 @@ def add_DecodeServiceServicer_to_server(servicer, server):
             'StreamTokens': grpc.unary_stream_rpc_method_handler(
                     servicer.StreamTokens,
                     request_deserializer=tandem_dot_v1_dot_decode__pb2.StreamTokensRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_common__pb2.TokenEvent.SerializeToString,
+            ),
+            'Generate': grpc.unary_stream_rpc_method_handler(
+                    servicer.Generate,
+                    request_deserializer=tandem_dot_v1_dot_common__pb2.GenerateRequest.FromString,
                     response_serializer=tandem_dot_v1_dot_common__pb2.TokenEvent.SerializeToString,
             ),
             'Load': grpc.unary_unary_rpc_method_handler(
@@ -280,6 +298,33 @@ class DecodeService:
             target,
             '/tandem.v1.DecodeService/StreamTokens',
             tandem_dot_v1_dot_decode__pb2.StreamTokensRequest.SerializeToString,
+            tandem_dot_v1_dot_common__pb2.TokenEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Generate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tandem.v1.DecodeService/Generate',
+            tandem_dot_v1_dot_common__pb2.GenerateRequest.SerializeToString,
             tandem_dot_v1_dot_common__pb2.TokenEvent.FromString,
             options,
             channel_credentials,

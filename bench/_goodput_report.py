@@ -1,0 +1,173 @@
+"""The goodput sweep's tables (markdown) and curves (PNG) from the recorded probes of bench/goodput.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from bench._goodput_sweep import (
+    Goodput,
+    Latency,
+    Probe,
+    goodput_per_repeat,
+    ratios,
+    scaled,
+    short_prompt_ttft_p90,
+    spread,
+)
+from bench._trace_shape import Slo
+
+MODES = ("colocated", "disaggregated", "conditional")
+FIXED_TTFT_SCALE = 5.0  # the second sweep: TTFT at 5x idle, the TPOT scale moves
+TIGHT_TPOT_SCALE = 3.0  # the target's "tight TPOT": 3x idle or less
+
+
+def probes_of(trace: dict) -> list[Probe]:
+    return [
+        Probe(p["mode"], p["repeat"], p["rate"], tuple(Latency(**r) for r in p["requests"]))
+        for p in trace["probes"]
+    ]
+
+
+def sweeps(scales: list[float]) -> dict[str, list[tuple[float, float]]]:
+    """(TTFT scale, TPOT scale) pairs of each sweep."""
+    return {
+        "both SLOs at s x idle": [(s, s) for s in scales],
+        f"TTFT at {FIXED_TTFT_SCALE:g}x idle, TPOT at s x idle": [(FIXED_TTFT_SCALE, s) for s in scales],
+    }
+
+
+def goodputs(
+    probes: list[Probe], base: Slo, point: tuple[float, float], target: float
+) -> dict[str, list[Goodput]]:
+    slo = scaled(base, *point)
+    return {mode: goodput_per_repeat(probes, mode, slo, target) for mode in MODES}
+
+
+def _cell(values: list[Goodput]) -> str:
+    censored = any(g.bound for g in values)
+    return f"{spread([g.rate for g in values])}{' *' if censored else ''}"
+
+
+def _ratio_cell(values: list[float]) -> str:
+    return str(spread(values)) if values else "-"
+
+
+def trace_tables(trace: dict, scales: list[float], target: float, threshold: int) -> Iterator[str]:
+    probes, base = probes_of(trace), Slo(**trace["slo_base"])
+    yield (
+        f"#### {trace['trace']} ({trace['trace_rows']} rows; shaped median {trace['median_input_len']} prompt / "
+        f"{trace['median_output_len']} output tokens)"
+    )
+    yield ""
+    yield (
+        "Idle (median request, one at a time): "
+        + "; ".join(
+            f"{m} TTFT {1000 * s['ttft_s']:.0f} ms, TPOT {1000 * s['tpot_s']:.1f} ms"
+            for m, s in trace["idle"].items()
+        )
+        + f". Probed rates: {', '.join(f'{r:g}' for r in trace['rates'])} req/s."
+    )
+    for title, points in sweeps(scales).items():
+        yield ""
+        yield f"Goodput (req/s at >= {target:.0%} joint SLO attainment), {title}:"
+        yield ""
+        yield "| s | TTFT SLO ms | TPOT SLO ms | colocated | disaggregated | conditional | conditional / colocated | disaggregated / colocated |"
+        yield "| --- | --- | --- | --- | --- | --- | --- | --- |"
+        for (ts, ps), s in zip(points, scales, strict=True):
+            g = goodputs(probes, base, (ts, ps), target)
+            yield (
+                f"| {s:g} | {1000 * ts * base.ttft_s:.0f} | {1000 * ps * base.tpot_s:.0f} | {_cell(g['colocated'])} | "
+                f"{_cell(g['disaggregated'])} | {_cell(g['conditional'])} | "
+                f"{_ratio_cell(ratios(g['conditional'], g['colocated']))} | "
+                f"{_ratio_cell(ratios(g['disaggregated'], g['colocated']))} |"
+            )
+    yield ""
+    yield f"TTFT p90 (ms) of prompts of at most {threshold} tokens, pooled over repeats, by probed rate:"
+    yield ""
+    yield "| mode | " + " | ".join(f"{r:g} req/s" for r in trace["rates"]) + " |"
+    yield "| --- |" + " --- |" * len(trace["rates"])
+    for mode in MODES:
+        cells = [short_prompt_ttft_p90(probes, mode, r, threshold) for r in trace["rates"]]
+        yield f"| {mode} | " + " | ".join("-" if c is None else f"{1000 * c:.0f}" for c in cells) + " |"
+
+
+def verdict(trace: dict, scales: list[float], target: float) -> str:
+    """The targets: conditional never below colocated (median over repeats, every point of both sweeps),
+    and >= 1.5x colocated where the TPOT SLO is at most 3x idle."""
+    probes, base = probes_of(trace), Slo(**trace["slo_base"])
+    worst, tight = None, []
+    for points in sweeps(scales).values():
+        for point in points:
+            g = goodputs(probes, base, point, target)
+            r = ratios(g["conditional"], g["colocated"])
+            if not r:
+                continue
+            med = spread(r).median
+            worst = med if worst is None else min(worst, med)
+            if point[1] <= TIGHT_TPOT_SCALE:
+                tight.append(med)
+    never_below = "-" if worst is None else f"{worst:.2f}x ({'met' if worst >= 1 else 'MISSED'})"
+    tight_min = "-" if not tight else f"{min(tight):.2f}x ({'met' if min(tight) >= 1.5 else 'MISSED'})"
+    return (
+        f"{trace['trace']}: lowest conditional / colocated median ratio over both sweeps {never_below}; "
+        f"lowest where TPOT SLO <= {TIGHT_TPOT_SCALE:g}x idle {tight_min}"
+    )
+
+
+def report(result: dict) -> str:
+    cfg = result["config"]
+    lines = [
+        f"Goodput sweep: {cfg['repeats']} repeats of {len(result['traces'][0]['rates'])} rates x 3 modes per trace; "
+        f"lengths / {cfg['length_scale']:g}, capped at {cfg['max_input_len']} in / {cfg['max_output_len']} out; "
+        f"model hidden {cfg['hidden']}, {cfg['layers']} layers, float32, {cfg['threads']} torch thread per worker; "
+        f"conditional: localPrefillMaxTokens {cfg['local_prefill_max_tokens']}, prefillQueueTokens "
+        f"{cfg['prefill_queue_tokens']}. Cells: median [min-max] over repeats; * = some repeat outside the grid.",
+        "",
+    ]
+    for trace in result["traces"]:
+        lines += list(
+            trace_tables(
+                trace, result["scales"], result["attainment_target"], cfg["local_prefill_max_tokens"]
+            )
+        )
+        lines.append("")
+    lines += [verdict(t, result["scales"], result["attainment_target"]) for t in result["traces"]]
+    lines += [f"wall time {result['wall_s']:.0f} s", f"Trace: {result['trace_attribution']}"]
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> Path:
+    """One row per trace, one panel per sweep: goodput against the SLO scale, median and min-max per mode."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scales, target = result["scales"], result["attainment_target"]
+    rows = result["traces"]
+    fig, axes = plt.subplots(len(rows), 2, figsize=(11, 4 * len(rows)), squeeze=False)
+    for row, trace in zip(axes, rows, strict=True):
+        probes, base = probes_of(trace), Slo(**trace["slo_base"])
+        for ax, (title, points) in zip(row, sweeps(scales).items(), strict=True):
+            for mode in MODES:
+                per_point = [goodputs(probes, base, p, target)[mode] for p in points]
+                spreads = [spread([g.rate for g in gs]) for gs in per_point]
+                med = [s.median for s in spreads]
+                err = [[m - s.low for m, s in zip(med, spreads, strict=True)],
+                       [s.high - m for m, s in zip(med, spreads, strict=True)]]  # fmt: skip
+                ax.errorbar(scales, med, yerr=err, marker="o", capsize=3, label=mode)
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            ax.set_xticks(scales, [f"{s:g}" for s in scales])
+            ax.set_xlabel("s (SLO = s x idle latency)")
+            ax.set_ylabel(f"goodput, req/s at {target:.0%}")
+            ax.set_title(f"{trace['trace']}: {title}", fontsize=9)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

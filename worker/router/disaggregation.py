@@ -1,0 +1,87 @@
+"""Conditional disaggregation (pure): per request, prefill on the prefill pool and move the KV, or on the decode worker.
+
+A transfer is worth paying for only when the prompt is long enough that prefill interference on the decode
+worker would cost more than the hop. Two rules pick `local` (prefill on the decode worker, no transfer):
+
+- llm-d's: the uncached part of the prompt is at most `local_prefill_max_tokens`. The router does not see
+  the decode worker's prefix cache per prompt, so callers pass what they know (the router passes 0: the
+  whole prompt counts as uncached, a conservative estimate that sends fewer prompts local than a precise one).
+- Dynamo's: the prefill pool is saturated (even its least-loaded routable worker has more than
+  `prefill_queue_tokens` prompt tokens queued, counting those the router sent and the worker has not yet
+  reported) and the chosen decode worker has room (free KV blocks for the request and no more prompt tokens
+  of its own queued than that bound).
+
+Otherwise `disaggregated`. Mode `always` and `never` bypass the rules. The policy is the spec's `router.disaggregation`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from tandem.spec import DisaggregationMode
+from tandem.spec import DisaggregationSpec as DisaggregationPolicy
+from tandem.worker.router.selection import WorkerView
+
+__all__ = ["DisaggregationMode", "DisaggregationPolicy", "PrefillDecision", "PrefillRoute", "choose_prefill"]
+
+
+class PrefillRoute(StrEnum):
+    """Where one request's prompt runs: the value of the `prefill` metric label and the X-Tandem-Prefill header."""
+
+    disaggregated = "disaggregated"
+    local = "local"
+
+
+# Why a route was chosen (for logs and tests).
+REASON_MODE = "mode"
+REASON_SHORT_PROMPT = "short-prompt"
+REASON_PREFILL_SATURATED = "prefill-saturated"
+REASON_LONG_PROMPT = "long-prompt"
+
+
+@dataclass(frozen=True)
+class PrefillDecision:
+    route: PrefillRoute
+    reason: str
+
+
+def queued_tokens(view: WorkerView) -> int:
+    """Prompt tokens ahead of a new one on a worker: its last report plus what the router sent since."""
+    return view.queued_prompt_tokens + view.inflight_prompt_tokens
+
+
+def prefill_saturated(prefill_workers: Iterable[WorkerView], bound: int) -> bool:
+    """Every routable prefill worker has more than `bound` prompt tokens queued (true when none is routable)."""
+    queues = [queued_tokens(w) for w in prefill_workers if w.routable]
+    return not queues or min(queues) > bound
+
+
+def decode_has_room(decode: WorkerView, blocks_needed: int, queue_bound: int) -> bool:
+    """The decode worker can hold the request's blocks (unknown totals count as room) and is not itself
+    backed up with prompts."""
+    blocks_ok = decode.total_kv_blocks == 0 or decode.free_kv_blocks >= blocks_needed
+    return blocks_ok and queued_tokens(decode) <= queue_bound
+
+
+def choose_prefill(
+    policy: DisaggregationPolicy,
+    prompt_tokens: int,
+    prefill_workers: Iterable[WorkerView],
+    decode: WorkerView,
+    blocks_needed: int,
+    cached_tokens: int = 0,
+) -> PrefillDecision:
+    """Where this request's prompt runs; `cached_tokens` is the caller's estimate of the decode worker's
+    prefix-cache hit for it."""
+    if policy.mode is DisaggregationMode.always:
+        return PrefillDecision(PrefillRoute.disaggregated, REASON_MODE)
+    if policy.mode is DisaggregationMode.never:
+        return PrefillDecision(PrefillRoute.local, REASON_MODE)
+    if prompt_tokens - min(cached_tokens, prompt_tokens) <= policy.local_prefill_max_tokens:
+        return PrefillDecision(PrefillRoute.local, REASON_SHORT_PROMPT)
+    bound = policy.prefill_queue_tokens
+    if prefill_saturated(prefill_workers, bound) and decode_has_room(decode, blocks_needed, bound):
+        return PrefillDecision(PrefillRoute.local, REASON_PREFILL_SATURATED)
+    return PrefillDecision(PrefillRoute.disaggregated, REASON_LONG_PROMPT)
