@@ -71,41 +71,47 @@ class FaultLoad:
                     time.sleep(0.1)
 
     def one(self, http: httpx.Client, prompt: str) -> Answer:
-        body = {
-            "model": self.model, "prompt": prompt, "max_tokens": OUTPUT_TOKENS, "ignore_eos": True,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
-        }  # fmt: skip
-        start = time.monotonic()
-        tokens, done, error = 0, False, ""
-        deadline = start + self.deadline_s
+        return stream_one(http, self.url, self.model, prompt, OUTPUT_TOKENS, self.deadline_s)
 
-        def answer(kind: str, detail: str = "") -> Answer:
-            return Answer(start, time.monotonic() - start, kind, tokens, detail)
 
-        try:
-            with http.stream("POST", f"{self.url}/v1/completions", json=body) as resp:
-                if resp.status_code != 200:
-                    return answer("refused", f"HTTP {resp.status_code}: {resp.read().decode()[:200]}")
-                for line in resp.iter_lines():
-                    if time.monotonic() > deadline:
-                        return answer("timeout", "past the deadline while streaming")
-                    if line == "data: [DONE]":
-                        done = True
-                    elif line.startswith("data: "):
-                        chunk = json.loads(line[6:])
-                        if "error" in chunk:
-                            error = str(chunk["error"].get("message", chunk["error"]))[:200]
-                        tokens += sum(1 for c in chunk.get("choices") or [] if c.get("text") is not None)
-                        if chunk.get("usage"):
-                            tokens = chunk["usage"]["completion_tokens"]
-        except httpx.TimeoutException as e:
-            return answer("timeout", type(e).__name__)
-        except httpx.ConnectError as e:
-            return answer("refused", f"connect: {e}")
-        except httpx.HTTPError as e:
-            return answer("cut", f"{type(e).__name__}: {e}")
-        if error:
-            return answer("error_event", error)
-        if done and tokens == OUTPUT_TOKENS:
-            return answer("ok")
-        return answer("cut", f"ended without an error: done={done} tokens={tokens}")
+def stream_one(http: httpx.Client, url: str, model: str, prompt: str, max_tokens: int, deadline_s: float) -> Answer:
+    """One streamed completion, sorted: ok (every token and [DONE]), error_event, refused (an HTTP error
+    answer or no connection), cut (ended early without an error), timeout (past `deadline_s`)."""
+    body = {
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+        "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    start = time.monotonic()
+    tokens, done, error = 0, False, ""
+    deadline = start + deadline_s
+
+    def answer(kind: str, detail: str = "") -> Answer:
+        return Answer(start, time.monotonic() - start, kind, tokens, detail)
+
+    try:
+        with http.stream("POST", f"{url}/v1/completions", json=body) as resp:
+            if resp.status_code != 200:
+                return answer("refused", f"HTTP {resp.status_code}: {resp.read().decode()[:200]}")
+            for line in resp.iter_lines():
+                if time.monotonic() > deadline:
+                    return answer("timeout", "past the deadline while streaming")
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: "):
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        error = str(chunk["error"].get("message", chunk["error"]))[:200]
+                    tokens += sum(1 for c in chunk.get("choices") or [] if c.get("text") is not None)
+                    if chunk.get("usage"):
+                        tokens = chunk["usage"]["completion_tokens"]
+    except httpx.TimeoutException as e:
+        return answer("timeout", type(e).__name__)
+    except httpx.ConnectError as e:
+        return answer("refused", f"connect: {e}")
+    except httpx.HTTPError as e:
+        return answer("cut", f"{type(e).__name__}: {e}")
+    if error:
+        return answer("error_event", error)
+    if done and tokens == max_tokens:
+        return answer("ok")
+    return answer("cut", f"ended without an error: done={done} tokens={tokens}")
