@@ -4,7 +4,7 @@ sent, failed with a clear error, lost (no answer and no error: cut, truncated or
 KV blocks still held once the load stops, and the time until the stack is whole again (the killed
 process replaced and routed to: about a worker's start time).
 
-    python -m bench.faults [--clients 4] [--settle 4]
+    python -m bench.faults [--clients 4] [--settle 4] [--repeat 1]
 
 Soak mode replays the conversation trace for N minutes with a kill -9 or a decode scale step every
 cycle, and prints each process's RSS growth after its warm-up (target < 5%), the answers by outcome and
@@ -177,7 +177,7 @@ def bad_input(url: str, stats: dict) -> Callable[[], Callable[[], bool]]:
     return fault
 
 
-def run(clients: int, settle_s: float, state: Path) -> list[tuple]:
+def run(clients: int, settle_s: float, state: Path, repeat: int = 1) -> list[tuple]:
     model = make_model(state / "model", ModelShape(hidden=128, layers=2))
     obj = service_object("faults", model, mode="disaggregated", prefill=2, decode=2, num_kv_blocks=512)
     rows = []
@@ -188,15 +188,17 @@ def run(clients: int, settle_s: float, state: Path) -> list[tuple]:
             while routable(url, role) < 2 and time.monotonic() < deadline:
                 time.sleep(0.5)
         stats: dict = {}
+        kills = [(f"kill -9 {role}" + (f" #{r + 1}" if repeat > 1 else ""), kill(stack, name))
+                 for r in range(repeat)
+                 for role, name in (("prefill worker", f"prefill-{r % 2}"), ("decode worker", f"decode-{r % 2}"),
+                                    ("router", "router"))]
         faults = [
-            ("kill -9 prefill worker", kill(stack, "prefill-0")),
-            ("kill -9 decode worker", kill(stack, "decode-0")),
-            ("kill -9 router", kill(stack, "router")),
+            *kills,
             ("100 malformed requests", bad_input(url, stats)),
         ]
         names_ = [p.name for p in stack.plans]
         for label, fault in faults:
-            missing = [n for n in ("prefill-0", "decode-0", "router") if n not in names_]
+            missing = [n for n in ("prefill-0", "prefill-1", "decode-0", "decode-1", "router") if n not in names_]
             if missing:
                 raise RuntimeError(f"no process named {missing} in the plan: {names_}")
             load = Load(url, clients)
@@ -250,6 +252,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--settle", type=float, default=4.0, help="seconds of load before and after each fault")
+    p.add_argument("--repeat", type=int, default=1, help="kill each role this many times (alternating workers)")
     p.add_argument("--soak", action="store_true", help="soak mode instead of the fault table")
     p.add_argument("--soak-minutes", type=float, default=30.0, help="how long the soak runs")
     p.add_argument("--trace", type=Path, default=Path("../shared/traces/azure_llm_2023_conv.csv"))
@@ -262,7 +265,7 @@ def main() -> None:
             soak(args, Path(tmp))
         return
     with tempfile.TemporaryDirectory(prefix="tandem-faults-") as tmp:
-        rows = run(args.clients, args.settle, Path(tmp))
+        rows = run(args.clients, args.settle, Path(tmp), args.repeat)
     print(f"\n{'fault':<26} {'sent':>5} {'failed':>6} {'lost':>5} {'blocks leaked':>13} {'recovery s':>10}  note")
     for label, sent, failed, lost, leaked, recovered, note in rows:
         rec = "never" if recovered is None else f"{recovered:.1f}"

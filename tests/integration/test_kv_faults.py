@@ -136,6 +136,7 @@ def test_a_stalled_kv_link_is_given_up_at_the_lease_and_fails_over_or_fails_clea
             assert LEASE_MS / 1000 <= took_s < LEASE_MS / 1000 + 15, took_s
             _idle(stalled)
             _idle(prefill)
+            print(f"stall, lease {LEASE_MS} ms: slowest failed-over request {max(took):.1f} s, 503 after {took_s:.1f} s")
             proxy.fault = Fault()
             _serves_again(url)
         finally:
