@@ -21,6 +21,8 @@ from tests.k8s.conftest import get_json, wait_for
 from tests.k8s.test_careless import obj, pool
 from tests.k8s.test_operator_lifecycle import condition, ready_at_current_generation
 
+# Extra seconds the API stays down. 60 outlasts kopf's default request retries (about a minute), which
+# stopped a riding-out operator with a traceback before handlers.API_RETRY_BACKOFFS; 0 keeps the suite short.
 DOWN_SECONDS = float(os.environ.get("TANDEM_TEST_API_DOWN_SECONDS", "0"))
 KINDS = ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "InferencePool")
 
