@@ -4,7 +4,13 @@ sent, failed with a clear error, lost (no answer and no error: cut, truncated or
 KV blocks still held once the load stops, and the time until the stack is whole again (the killed
 process replaced and routed to: about a worker's start time).
 
-    python -m bench.faults [--clients 4] [--settle 4]
+    python -m bench.faults [--clients 4] [--settle 4] [--repeat 1]
+
+Soak mode replays the conversation trace for N minutes with a kill -9 or a decode scale step every
+cycle, and prints each process's RSS growth after its warm-up (target < 5%), the answers by outcome and
+the KV blocks still held at the end:
+
+    python -m bench.faults --soak [--soak-minutes 30] [--trace ../shared/traces/azure_llm_2023_conv.csv]
 """
 
 from __future__ import annotations
@@ -133,7 +139,8 @@ def held_blocks(stack, timeout_s: float = 30.0) -> int:
     held = -1
     while time.monotonic() < deadline:
         try:
-            reports = [worker_load(p.address, p.role) for p in stack.plans if p.role != "router"]
+            reports = [worker_load(p.address, p.role) for p in stack.plans
+                       if p.role != "router" and p.name in stack.running]  # a drained worker has left
         except Exception:  # a worker still restarting
             time.sleep(0.5)
             continue
@@ -170,7 +177,7 @@ def bad_input(url: str, stats: dict) -> Callable[[], Callable[[], bool]]:
     return fault
 
 
-def run(clients: int, settle_s: float, state: Path) -> list[tuple]:
+def run(clients: int, settle_s: float, state: Path, repeat: int = 1) -> list[tuple]:
     model = make_model(state / "model", ModelShape(hidden=128, layers=2))
     obj = service_object("faults", model, mode="disaggregated", prefill=2, decode=2, num_kv_blocks=512)
     rows = []
@@ -181,15 +188,17 @@ def run(clients: int, settle_s: float, state: Path) -> list[tuple]:
             while routable(url, role) < 2 and time.monotonic() < deadline:
                 time.sleep(0.5)
         stats: dict = {}
+        kills = [(f"kill -9 {role}" + (f" #{r + 1}" if repeat > 1 else ""), kill(stack, name))
+                 for r in range(repeat)
+                 for role, name in (("prefill worker", f"prefill-{r % 2}"), ("decode worker", f"decode-{r % 2}"),
+                                    ("router", "router"))]
         faults = [
-            ("kill -9 prefill worker", kill(stack, "prefill-0")),
-            ("kill -9 decode worker", kill(stack, "decode-0")),
-            ("kill -9 router", kill(stack, "router")),
+            *kills,
             ("100 malformed requests", bad_input(url, stats)),
         ]
         names_ = [p.name for p in stack.plans]
         for label, fault in faults:
-            missing = [n for n in ("prefill-0", "decode-0", "router") if n not in names_]
+            missing = [n for n in ("prefill-0", "prefill-1", "decode-0", "decode-1", "router") if n not in names_]
             if missing:
                 raise RuntimeError(f"no process named {missing} in the plan: {names_}")
             load = Load(url, clients)
@@ -216,13 +225,47 @@ def run(clients: int, settle_s: float, state: Path) -> list[tuple]:
     return rows
 
 
+def soak(args: argparse.Namespace, state: Path) -> None:
+    from bench._soak import Soak
+    from tandem.operator.local_scale import LocalPools
+    from tandem.spec import parse_object
+
+    model = make_model(state / "model", ModelShape(hidden=128, layers=2))
+    obj = service_object("soak", model, mode="disaggregated", prefill=2, decode=2, num_kv_blocks=512)
+    with running_stacks({"soak": obj}, state) as stacks:
+        stack, url = stacks["soak"]
+        pools = LocalPools(stack, parse_object(obj), Path.cwd(), state / "soak" / "workers.json")
+        run_ = Soak(stack, url, pools, SERVED_NAME, args.trace, args.soak_minutes, rate_rps=args.rate,
+                    cycle_s=args.cycle, warmup_s=args.warmup)
+        rows, kinds, events = run_.run()
+        time.sleep(5)
+        leaked = held_blocks(stack, timeout_s=60)
+    print("\n".join(["", "events:", *events]))
+    print(f"\nanswers: {kinds}; KV blocks held at the end: {leaked}")
+    print(f"\n{'process':<12} {'pid':>7} {'RSS after warm-up MiB':>22} {'at end MiB':>10} {'over s':>7} {'growth':>7}")
+    for g in rows:
+        print(f"{g.name:<12} {g.pid:>7} {g.baseline_kib / 1024:>22.1f} {g.end_kib / 1024:>10.1f} {g.span_s:>7.0f} "
+              f"{g.percent:>6.1f}%")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--settle", type=float, default=4.0, help="seconds of load before and after each fault")
+    p.add_argument("--repeat", type=int, default=1, help="kill each role this many times (alternating workers)")
+    p.add_argument("--soak", action="store_true", help="soak mode instead of the fault table")
+    p.add_argument("--soak-minutes", type=float, default=30.0, help="how long the soak runs")
+    p.add_argument("--trace", type=Path, default=Path("../shared/traces/azure_llm_2023_conv.csv"))
+    p.add_argument("--rate", type=float, default=1.5, help="soak: mean requests per second")
+    p.add_argument("--cycle", type=float, default=60.0, help="soak: seconds between kill or scale steps")
+    p.add_argument("--warmup", type=float, default=60.0, help="soak: seconds of each process's life before its RSS baseline")
     args = p.parse_args()
+    if args.soak:
+        with tempfile.TemporaryDirectory(prefix="tandem-soak-") as tmp:
+            soak(args, Path(tmp))
+        return
     with tempfile.TemporaryDirectory(prefix="tandem-faults-") as tmp:
-        rows = run(args.clients, args.settle, Path(tmp))
+        rows = run(args.clients, args.settle, Path(tmp), args.repeat)
     print(f"\n{'fault':<26} {'sent':>5} {'failed':>6} {'lost':>5} {'blocks leaked':>13} {'recovery s':>10}  note")
     for label, sent, failed, lost, leaked, recovered, note in rows:
         rec = "never" if recovered is None else f"{recovered:.1f}"

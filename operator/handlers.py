@@ -25,6 +25,9 @@ log = logging.getLogger("tandem.operator")
 KUBE = Kube()
 CACHE = ObjectCache()
 CHILD_EVENT_DELAY = float(os.environ.get("TANDEM_CHILD_EVENT_DELAY", "0.05"))
+# kopf retries a failed API request with these pauses, then lets the error stop the operator; its default
+# (about a minute in all) is shorter than an API server restart or upgrade can take. About ten minutes here.
+API_RETRY_BACKOFFS = (1, 1, 2, 3, 5, 8, 13, 21, *[30] * 20)
 QUEUE: ReconcileQueue | None = None
 _RESYNC: asyncio.Task[None] | None = None
 _BEATS: list[asyncio.Task[None]] = []
@@ -66,6 +69,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    settings.networking.error_backoffs = API_RETRY_BACKOFFS
     QUEUE = ReconcileQueue(lambda ns, name, fresh: reconcile(KUBE, ns, name, CACHE, fresh),
                            concurrency=int(os.environ.get("TANDEM_OPERATOR_WORKERS", "8")))
     _RESYNC = asyncio.get_running_loop().create_task(

@@ -21,6 +21,7 @@ _KINDS = {
     "Deployment": ("/apis/apps/v1", "deployments"),
     "Service": ("/api/v1", "services"),
     "Pod": ("/api/v1", "pods"),
+    "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "InferenceService": ("/apis/serving.tandem.dev/v1alpha1", "inferenceservices"),
@@ -90,6 +91,10 @@ class Kube:
             if e.status == 404:
                 return None
             raise
+
+    def list_nodes(self) -> list[Body]:
+        """Every Node (cluster-scoped); the preflight GPU check reads their allocatable resources."""
+        return self._call("GET", "/api/v1/nodes").get("items") or []
 
     def list(self, kind: str, namespace: str, label_selector: str) -> list[Body]:
         out = self._call("GET", path(kind, namespace), query=[("labelSelector", label_selector)])

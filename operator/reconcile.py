@@ -20,6 +20,7 @@ from tandem.operator.drift import is_subset, needs_apply
 from tandem.operator.kube import ApiError, Kube
 from tandem.operator.pod_health import pod_problems
 from tandem.operator.pools import clamp_message, desired_pool_replicas
+from tandem.operator.preflight import Facts, Findings, NodeGpus, check, claims_needed, node_gpus
 from tandem.operator.security_defaults import process_defaults, with_defaults
 from tandem.operator.status import inference_pool_status, rebase, rolled_out, same_status, service_status
 from tandem.spec import KIND, InferenceServiceSpec
@@ -29,6 +30,7 @@ log = logging.getLogger("tandem.operator")
 _APPLY_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="apply")
 _CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "InferencePool")
 POD_RECHECK_SECONDS = 5.0
+PREFLIGHT_RECHECK_SECONDS = 10.0  # the operator watches neither claims nor nodes: look again for the fix
 
 
 @dataclass
@@ -145,13 +147,44 @@ def reconcile(kube: Kube, namespace: str, name: str, cache: ObjectCache | None =
     except ValidationError as e:
         _report_blocked(kube, reader, isvc, previous, ("InvalidSpec", str(e).splitlines()[0]), str(e), out)
         return out
+    findings = Findings() if _settled(previous, isvc["metadata"].get("generation", 1)) else \
+        check(spec, [*render.worker_pools(spec), names.POOL_ROUTER], read_facts(kube, namespace, spec))
+    if findings.any:
+        out.recheck_after = PREFLIGHT_RECHECK_SECONDS
+    if findings.blocked:
+        _report_blocked(kube, reader, isvc, previous, findings.blocked, findings.blocked[1], out)
+        return out
     try:
-        _converge(kube, reader, isvc, spec, previous, out)
+        _converge(kube, reader, isvc, spec, previous, out, findings)
     except ApiError as e:
         detail = f"{e.message} (HTTP {e.status}{' ' + e.reason if e.reason else ''})"
         _report_blocked(kube, reader, isvc, previous, ("ApplyFailed", detail), detail, out)
         raise  # the queue retries with a backoff (no hot loop on answers that cannot change)
     return out
+
+
+def _settled(previous: dict[str, Any], generation: int) -> bool:
+    """Ready at this generation: its pods run, so there is nothing to check before they can."""
+    ready: dict[str, Any] = next((c for c in previous.get("conditions") or [] if c.get("type") == "Ready"), {})
+    return ready.get("status") == "True" and ready.get("observedGeneration") == generation
+
+
+def read_facts(kube: Kube, namespace: str, spec: InferenceServiceSpec) -> Facts:
+    """The I/O edge of the preflight check; what the API refuses (RBAC, a Role without nodes) stays unknown."""
+    claims: dict[str, str | None] = {}
+    for claim in claims_needed(spec):
+        try:
+            body = kube.get("PersistentVolumeClaim", namespace, claim)
+        except ApiError as e:
+            log.debug("%s: cannot read PersistentVolumeClaim %s: %s", namespace, claim, e)
+            continue
+        claims[claim] = None if body is None else str((body.get("status") or {}).get("phase") or "Pending")
+    try:
+        nodes: tuple[NodeGpus, ...] | None = tuple(node_gpus(n) for n in kube.list_nodes())
+    except ApiError as e:
+        log.debug("cannot list nodes (the GPU check is skipped): %s", e)
+        nodes = None
+    return Facts(claims=claims, nodes=nodes)
 
 
 def _report_blocked(kube: Kube, reader: Reader, isvc: dict[str, Any], previous: dict[str, Any],
@@ -173,7 +206,7 @@ def _report_blocked(kube: Kube, reader: Reader, isvc: dict[str, Any], previous: 
 
 
 def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceServiceSpec,
-              previous: dict[str, Any], out: Outcome) -> None:
+              previous: dict[str, Any], out: Outcome, findings: Findings) -> None:
     """Create or fix every child, then report status; raises ApiError when the API server refuses a write."""
     meta = isvc["metadata"]
     namespace, name = meta["namespace"], meta["name"]
@@ -228,6 +261,8 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
     problems = {p: pod_problems(found) for p, found in zip(stuck, pods, strict=True)}
     if stuck and not any(problems.values()):
         out.recheck_after = POD_RECHECK_SECONDS  # pods may yet turn unschedulable or fail to pull
+    for pool, found in findings.pools.items():  # the cause first, then what the scheduler says of it
+        problems[pool] = found + problems.get(pool, [])
     status = service_status(generation, deployments, desired, previous, endpoint, _now(), pod_problems=problems)
     conditions = {c["type"]: c for c in status["conditions"]}
     out.ready = conditions["Ready"]["status"] == "True"

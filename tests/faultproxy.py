@@ -1,6 +1,8 @@
 """A fault-injecting TCP proxy on loopback, for tests: forwards to one upstream address and, on demand,
-delays, cuts or resets each connection once it has carried a number of bytes upstream since the fault
-was set (gRPC keeps connections open: bytes from before do not count)."""
+delays, cuts, resets or stalls each connection once it has carried a number of bytes upstream since the
+fault was set (gRPC keeps connections open: bytes from before do not count). A stall holds the bytes
+with the connection open (no FIN, no RST), as a hung peer or a black-holed route does, until the fault
+is changed."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ from dataclasses import dataclass
 
 @dataclass
 class Fault:
-    mode: str = "pass"  # pass | delay | cut | reset
-    after_bytes: int = 0  # cut or reset a connection once this many bytes went upstream through it
+    mode: str = "pass"  # pass | delay | cut | reset | stall
+    after_bytes: int = 0  # cut, reset or stall a connection once this many bytes went upstream through it
     delay_s: float = 0.0  # per forwarded read, in `delay` mode
 
 
@@ -69,6 +71,13 @@ class FaultProxy:
                     if sent[1] is not fault:  # a new fault: count from now
                         sent[0], sent[1] = 0, fault
                     sent[0] += len(data)
+                    if fault.mode == "stall" and sent[0] > fault.after_bytes:
+                        self.faults_injected += 1
+                        keep = max(0, len(data) - (sent[0] - fault.after_bytes))
+                        dst.sendall(data[:keep])
+                        while self.fault is fault and not self._closed.is_set():
+                            time.sleep(0.02)  # hold the rest, connection open
+                        data = data[keep:]
                     if fault.mode in ("cut", "reset") and sent[0] > fault.after_bytes:
                         self.faults_injected += 1
                         keep = max(0, len(data) - (sent[0] - fault.after_bytes))

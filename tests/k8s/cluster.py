@@ -139,6 +139,7 @@ class ControlPlane:
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="tandem-k8s-"))
         self.nodes = nodes
         self.procs: dict[str, subprocess.Popen] = {}
+        self.argv: dict[str, list[str]] = {}  # each component's command line, to restart it as it was
         self.logs = self.dir / "logs"
         self.port = free_port()
         self.server = f"https://{LOOPBACK}:{self.port}"
@@ -180,7 +181,8 @@ class ControlPlane:
 
     # --- processes ---------------------------------------------------------------------------------
     def _spawn(self, name: str, args: list[str], env: dict | None = None) -> None:
-        log = open(self.logs / f"{name}.log", "w")
+        log = open(self.logs / f"{name}.log", "a")
+        self.argv[name] = args
         self.procs[name] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir,
                                             env={**os.environ, **(env or {})}, start_new_session=True)
 
@@ -277,6 +279,22 @@ class ControlPlane:
             "get", "serviceaccount", "default", check=False).returncode == 0, 120)
         return self
 
+    def restart_apiserver(self, down_seconds: float = 0.0) -> float:
+        """Stop kube-apiserver (etcd and everything else keep running), start it again with the same flags,
+        and wait for /readyz; returns the seconds the API was unreachable."""
+        p = self.procs["kube-apiserver"]
+        started = time.monotonic()
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        time.sleep(down_seconds)
+        self._spawn("kube-apiserver", self.argv["kube-apiserver"])
+        self._wait("kube-apiserver /readyz after a restart", self._ready, 180)
+        return time.monotonic() - started
+
     def _ready(self) -> bool:
         try:
             out = self.kubectl("get", "--raw", "/readyz", check=False, timeout=10)
@@ -361,6 +379,13 @@ class Operator:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL, as a node failure or the OOM killer would: no cleanup, the Lease is left to expire."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
         self.proc = None
 
     def log(self) -> str:

@@ -134,10 +134,10 @@ def test_reported_as_degraded_with_an_event_and_nothing_half_built(control_plane
 
 
 # Accepted and applied, but the pods cannot run: (id, spec, reason, text the Degraded message must contain)
+# (A missing model claim and more GPUs than any node has are caught before the pods: test_preflight.py.)
 PODS_STUCK = [
-    ("missing-pvc", {"model": {"source": {"pvc": {"claimName": "models"}}, "servedName": "m"}},
-     "Unschedulable", 'persistentvolumeclaim "models" not found'),
-    ("more-gpus-than-a-node", {"decode": pool(resources={"gpus": 64})}, "Unschedulable", "nvidia.com/gpu"),
+    ("more-cpu-than-a-node", {"decode": pool(resources={"gpus": 1, "cpu": "1000"})}, "Unschedulable",
+     "Insufficient cpu"),
 ]
 
 

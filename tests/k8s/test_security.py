@@ -1,7 +1,8 @@
 """Hardening against the real API server: the test namespaces enforce the restricted Pod Security Standard
 and the operator's pods are admitted there; the operator's service account, as the chart binds it, may
-do what reconciling needs and nothing it must not (secrets, nodes, pods/exec, cluster-wide deletes),
-cluster-wide or confined to one namespace."""
+do what reconciling needs and nothing it must not (secrets, writing nodes, pods/exec, cluster-wide
+deletes), cluster-wide or confined to one namespace. Reading nodes (the preflight GPU check) is cluster-wide
+only."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ NEEDED = [
     ("create", "deployments.apps"), ("patch", "deployments.apps"), ("delete", "deployments.apps"),
     ("create", "services"), ("create", "poddisruptionbudgets.policy"),
     ("create", "networkpolicies.networking.k8s.io"), ("create", "events"),
-    ("update", "leases.coordination.k8s.io"),
+    ("update", "leases.coordination.k8s.io"), ("get", "persistentvolumeclaims"),
 ]
 FORBIDDEN = [
     ("get", "secrets"), ("list", "secrets"), ("create", "pods/exec"), ("create", "pods"), ("delete", "pods"),
@@ -34,7 +35,7 @@ FORBIDDEN = [
     ("create", "serviceaccounts/token"), ("patch", "configmaps"),
 ]
 CLUSTER_FORBIDDEN = [
-    ("get", "nodes"), ("delete", "namespaces"), ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
+    ("get", "nodes"), ("patch", "nodes"), ("delete", "nodes"), ("delete", "namespaces"), ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
     ("delete", "customresourcedefinitions.apiextensions.k8s.io"), ("update", "customresourcedefinitions.apiextensions.k8s.io"),
 ]
 
@@ -106,6 +107,7 @@ def test_operator_rbac_cluster_wide_is_least_privilege(control_plane, helm, name
     for verb, resource in CLUSTER_FORBIDDEN:
         assert not can_i(control_plane, sa, verb, resource, None), (verb, resource)
     assert not can_i(control_plane, sa, "get", "secrets", None)
+    assert can_i(control_plane, sa, "list", "nodes", None)
 
 
 def test_operator_rbac_single_namespace_switch(control_plane, helm, namespace):
@@ -115,7 +117,8 @@ def test_operator_rbac_single_namespace_switch(control_plane, helm, namespace):
         assert not can_i(control_plane, sa, verb, resource, "default"), (verb, resource)
     for verb, resource in FORBIDDEN:
         assert not can_i(control_plane, sa, verb, resource, namespace), (verb, resource)
-    for verb, resource in CLUSTER_FORBIDDEN + [("list", "deployments.apps"), ("create", "deployments.apps")]:
+    for verb, resource in CLUSTER_FORBIDDEN + [("list", "deployments.apps"), ("create", "deployments.apps"),
+                                               ("list", "nodes")]:
         assert not can_i(control_plane, sa, verb, resource, None), (verb, resource)
 
 

@@ -51,6 +51,18 @@ def blocks_to_push(computed_after: int, prompt_len: int, block_size: int, next_b
     return next_block, max(next_block, hi)
 
 
+PUSH_GRACE_S = 1.0  # past the lease, for the decode worker's own clock and the commit's round trip
+PUSH_TIMEOUT_CAP_S = 60.0
+
+
+def push_timeout_s(lease_deadline_ms: int, now_s: float) -> float:
+    """How long a KV push may take: until the decode worker's lease on the blocks runs out (it frees them
+    then, so a push still stuck on a stalled link is pointless), plus a grace; without a lease, the cap."""
+    if not lease_deadline_ms:
+        return PUSH_TIMEOUT_CAP_S
+    return min(PUSH_TIMEOUT_CAP_S, max(PUSH_GRACE_S, lease_deadline_ms / 1000 - now_s + PUSH_GRACE_S))
+
+
 class PrefillServicer:
     def __init__(
         self,
@@ -121,6 +133,7 @@ class PrefillServicer:
             self.layout,
             ring=ring,
             compression=self.compression,
+            timeout_s=push_timeout_s(reservation.lease_deadline_ms, time.time()),
         )
         transfer = Transfer(sender, reservation.first_block_index, list(reservation.block_ids))
         with self._lock:
