@@ -20,8 +20,17 @@ def kv_block_nbytes(config: ModelConfig, block_size: int, dtype: torch.dtype) ->
 class KvCache:
     """Per layer `k[layer]`, `v[layer]`: [num_blocks, block_size, num_kv_heads, head_dim], contiguous."""
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: str | torch.device = "cpu",
+        kv_cache_dtype: str = "auto",
+    ):
         self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
+        self.kv_cache_dtype = kv_cache_dtype
         shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)
         self._k = torch.zeros(shape, dtype=dtype, device=device)
         self._v = torch.zeros(shape, dtype=dtype, device=device)
