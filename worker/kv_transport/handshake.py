@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 from tandem.v1 import common_pb2
 
+from .base import kv_cache_dtype_of
+
 T = common_pb2
 DEFAULT_LEASE_MS = 30_000  # how long a decode worker holds reserved blocks for a transfer (spec kvTransfer.leaseMs)
 
@@ -21,6 +23,7 @@ _LAYOUT_FIELDS = (
     "block_size",
     "protocol_version",
 )
+KV_CACHE_HINT = "set engine.kvCacheDtype the same for the prefill and decode pools"
 _SENDERS = (T.WORKER_ROLE_PREFILL, T.WORKER_ROLE_COLOCATED)
 _RECEIVERS = (T.WORKER_ROLE_DECODE, T.WORKER_ROLE_COLOCATED)
 
@@ -34,6 +37,12 @@ def check_compatible(sender: common_pb2.WorkerInfo, receiver: common_pb2.WorkerI
             problems.append(
                 f"{name} differs: {sender.worker_id or 'sender'} has {a!r}, {receiver.worker_id or 'receiver'} has {b!r}"
             )
+    a, b = kv_cache_dtype_of(sender), kv_cache_dtype_of(receiver)
+    if a != b:
+        problems.append(
+            f"kv_cache_dtype differs: {sender.worker_id or 'sender'} stores {a!r}, "
+            f"{receiver.worker_id or 'receiver'} stores {b!r} ({KV_CACHE_HINT})"
+        )
     for name in ("num_layers", "num_kv_heads", "head_dim", "block_size"):
         if getattr(sender, name) == 0 or getattr(receiver, name) == 0:
             problems.append(f"{name} is unset")
