@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import torch
 
-KV_CACHE_DTYPES = ("auto", "int8")  # auto: the model's dtype
+from tandem.spec import KV_INT8_NEEDS_SDPA, KvCacheDtype
+
+__all__ = ["KV_INT8_NEEDS_SDPA", "KV_CACHE_DTYPES", "SCALE_BYTES", "is_packed", "pack", "unpack"]
+
+KV_CACHE_DTYPES = tuple(d.value for d in KvCacheDtype)  # auto: the model's dtype
 SCALE_BYTES = 4  # one float32 per token and head
-KV_INT8_NEEDS_SDPA = (
-    "engine.kvCacheDtype int8 needs engine.attention sdpa: the flex backend reads the cache in place and "
-    "cannot unpack 8-bit pages"
-)
 
 
 def is_packed(kv_cache_dtype: str) -> bool:
