@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from bench.engine_timing import random_prompts, time_engine, use_cpu_clock
-from tandem.worker.devtools.accuracy import Agreement, agreement
+from tandem.worker.devtools.accuracy import Agreement, agreement, greedy_continuation
 from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
 from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.engine.loading import load_model
@@ -109,13 +109,17 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict:
                 tok_s[name][batch].append(timing.decode_tok_s)
                 log(f"repeat {r + 1} batch {batch:>2} {name:<13} {timing.decode_tok_s:8.1f} tok/s")
     acc_prompts = [random_prompts(1, 20, vocab, seed=7000 + i)[0] for i in range(args.accuracy_prompts)]
+    ref_tokens = [greedy_continuation(base, p, args.accuracy_tokens) for p in acc_prompts]
     results = []
     for name, (q, kv) in VARIANTS.items():
         plan = plan_kv_cache(models[q], dataclasses.replace(config, kv_cache_dtype=kv, max_model_len=CONTEXT))
         accuracy = (
             []
             if name == "baseline"
-            else [agreement(base, models[q], p, n=args.accuracy_tokens, kv_cache_dtype=kv) for p in acc_prompts]
+            else [
+                agreement(base, models[q], p, kv_cache_dtype=kv, continuation=t)
+                for p, t in zip(acc_prompts, ref_tokens, strict=True)
+            ]
         )
         results.append(VariantResult(name, tok_s[name], weight_nbytes(models[q]), plan.max_concurrent_sequences, accuracy))
     title = (
@@ -138,12 +142,12 @@ def print_table(results: list[VariantResult], batches: list[int], title: str) ->
     print("| figure | " + " | ".join(r.name for r in results) + " |")
     print("| --- |" + " --- |" * len(results))
     for b in batches:
-        ref = statistics.median(base.decode_tok_s[b])
         cells = []
-        for r in results:
+        for r in results:  # each repeat's ratio is measured side by side with that repeat's baseline
             med, lo, hi = median_spread(r.decode_tok_s[b])
-            cells.append(f"{med:.1f} [{lo:.1f}-{hi:.1f}] ({med / ref:.2f}x)")
-        print(f"| decode tok/s, batch {b} | " + " | ".join(cells) + " |")
+            ratio = median_spread([x / y for x, y in zip(r.decode_tok_s[b], base.decode_tok_s[b], strict=True)])
+            cells.append(f"{med:.1f} [{lo:.1f}-{hi:.1f}], {ratio[0]:.2f}x [{ratio[1]:.2f}-{ratio[2]:.2f}]")
+        print(f"| decode tok/s, batch {b}: median [min-max], ratio to baseline | " + " | ".join(cells) + " |")
     print("| weight memory (MiB) | " + " | ".join(
         f"{r.weight_bytes / 2**20:.0f} ({r.weight_bytes / base.weight_bytes:.2f}x)" for r in results) + " |")  # fmt: skip
     print(f"| KV capacity, sequences at {CONTEXT} tokens | " + " | ".join(

@@ -1,6 +1,6 @@
 """Int8 weights and the 8-bit KV cache through the local stack: processes on loopback serve requests, and
-the 8-bit blocks pushed prefill -> decode over the gRPC stream give the tokens of a colocated worker with
-the same options."""
+the 8-bit blocks pushed prefill -> decode over the gRPC stream (and through shared memory) give the tokens
+of a colocated worker with the same options."""
 
 from __future__ import annotations
 
@@ -15,16 +15,17 @@ pytestmark = pytest.mark.slow
 QUANTIZED = {"prefillChunkTokens": 32, "kvCacheDtype": "int8"}
 
 
-def _spec(name: str, model_dir, mode: str) -> dict:
+def _spec(name: str, model_dir, mode: str, transport: str = "grpc") -> dict:
     obj = spec(name, model_dir, mode=mode, **QUANTIZED)
     obj["spec"]["model"]["quantization"] = "int8"
-    obj["spec"]["kvTransfer"] = {"transport": "grpc", "compression": "int8"}
+    obj["spec"]["kvTransfer"] = {"transport": transport, "compression": "int8"}
     return obj
 
 
-@pytest.fixture(scope="module")
-def disagg(tiny_model_dir, tmp_path_factory):
-    with running_stack(_spec("q-disagg", tiny_model_dir, "disaggregated"), tmp_path_factory.mktemp("q-disagg")) as s:
+@pytest.fixture(scope="module", params=["grpc", "shm"])
+def disagg(tiny_model_dir, tmp_path_factory, request):
+    obj = _spec(f"q-{request.param}", tiny_model_dir, "disaggregated", request.param)
+    with running_stack(obj, tmp_path_factory.mktemp(f"q-{request.param}")) as s:
         yield s
 
 
