@@ -11,6 +11,8 @@ import torch
 
 from tandem.v1 import common_pb2, decode_pb2
 
+from .handshake import kv_cache_dtype_of
+
 PROTOCOL_VERSION = 2  # 2: chunk checksums are XXH3-64 (low 32 bits) instead of crc32
 
 
@@ -60,10 +62,6 @@ class KvLayout:
 
 PACKED_SCALE_BYTES = 4  # engine/kv_int8.SCALE_BYTES: the transport does not import the engine
 
-
-def kv_cache_dtype_of(info: common_pb2.WorkerInfo) -> str:
-    """A worker's KV cache storage; one that does not say stores the model's dtype."""
-    return info.kv_cache_dtype or "auto"
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -9,8 +9,6 @@ from collections.abc import Sequence
 
 from tandem.v1 import common_pb2
 
-from .base import kv_cache_dtype_of
-
 T = common_pb2
 DEFAULT_LEASE_MS = 30_000  # how long a decode worker holds reserved blocks for a transfer (spec kvTransfer.leaseMs)
 
@@ -26,6 +24,11 @@ _LAYOUT_FIELDS = (
 KV_CACHE_HINT = "set engine.kvCacheDtype the same for the prefill and decode pools"
 _SENDERS = (T.WORKER_ROLE_PREFILL, T.WORKER_ROLE_COLOCATED)
 _RECEIVERS = (T.WORKER_ROLE_DECODE, T.WORKER_ROLE_COLOCATED)
+
+
+def kv_cache_dtype_of(info: common_pb2.WorkerInfo) -> str:
+    """A worker's KV cache storage; one that does not say stores the model's dtype."""
+    return info.kv_cache_dtype or "auto"
 
 
 def check_compatible(sender: common_pb2.WorkerInfo, receiver: common_pb2.WorkerInfo) -> list[str]:
