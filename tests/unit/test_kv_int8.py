@@ -16,7 +16,7 @@ from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.engine.kv_cache import KvCache, kv_block_nbytes
 from tandem.worker.engine.kv_int8 import pack, read_pages, unpack, write_slots
 from tandem.worker.engine.loading import load_model
-from tandem.worker.engine.memory import CPU_KV_BUDGET_BYTES, plan_kv_cache
+from tandem.worker.engine.memory import CPU_KV_BUDGET_BYTES, decode_gather_bytes, plan_kv_cache
 from tandem.worker.hf.config import ModelConfig
 from tests.hf_reference import LLAMA_GQA
 
@@ -124,6 +124,14 @@ def test_the_planner_fits_about_twice_the_sequences_in_the_same_memory(tiny, tin
         seqs = plans["int8"].max_concurrent_sequences / plans["auto"].max_concurrent_sequences
         assert seqs == pytest.approx(elem * head / (head + 4), rel=0.01)
         assert all(p.total_bytes <= budget for p in plans.values())
+
+
+def test_decode_attention_room_counts_the_unpacked_copy_of_an_8_bit_cache():
+    packed, full, size, layers = 16 * 8 * 68 * 2 * 4, 16 * 8 * 64 * 2 * 4 * 2, 16, 4  # bytes per block
+    tokens = 1000 * size
+    room = decode_gather_bytes(1 << 40, packed, size, layers, tokens, gathered_block_bytes=packed + full)
+    assert room == tokens * ((packed + full) // size) // layers
+    assert room > decode_gather_bytes(1 << 40, packed, size, layers, tokens)
 
 
 def test_the_8_bit_cache_with_flex_attention_is_refused():

@@ -63,7 +63,6 @@ class KvLayout:
 PACKED_SCALE_BYTES = 4  # engine/kv_int8.SCALE_BYTES: the transport does not import the engine
 
 
-
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 

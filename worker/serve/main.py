@@ -100,27 +100,22 @@ def main(argv: list[str]) -> int:
         torch.set_num_threads(args.threads)
     from tandem.worker.engine.memory import KvCacheTooSmall, plan_kv_cache
 
+    try:
+        engine_config = _engine_config(args)
+    except ValueError as e:  # the spec refuses these combinations first; a hand-written command line may not
+        print(f"tandem worker: {e}", file=sys.stderr)
+        return 2
     model = load_model(args.model_dir, args.dtype, args.device, args.quantization)
     if args.compile:
         from tandem.worker.engine.compiled import compile_layers
 
         compile_layers(model)
-    engine_config = EngineConfig(
-        block_size=args.block_size,
-        max_running_sequences=args.max_running,
-        max_batch_tokens=args.max_batch_tokens,
-        prefill_chunk_tokens=args.prefill_chunk,
-        max_model_len=args.max_model_len,
-        prefix_cache_seed=f"{args.served_name}\0{args.model_dir}\0{args.dtype}\0{args.quantization}\0{args.kv_cache_dtype}",
-        attention=args.attention,
-        kv_cache_dtype=args.kv_cache_dtype,
-    )
     try:  # after the weights: the cache takes what they and the largest batch leave
         kv_plan = plan_kv_cache(model, engine_config, args.num_kv_blocks, args.kv_memory_percent)
     except KvCacheTooSmall as e:
         print(f"tandem worker: {e}", file=sys.stderr)
         return 2
-    log.info("%s", kv_plan.describe())
+    log.info("%s; KV stored as %s, weights quantization %s", kv_plan.describe(), args.kv_cache_dtype, args.quantization)
     num_blocks = kv_plan.num_blocks
     engine, _ = engine_for_model(model, args.model_dir, dataclasses.replace(engine_config, num_kv_blocks=num_blocks))
     if args.compile or (args.attention == "flex" and args.device.startswith("cuda")):
@@ -164,6 +159,19 @@ def main(argv: list[str]) -> int:
     if close is not None:
         close()
     return 0
+
+
+def _engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        block_size=args.block_size,
+        max_running_sequences=args.max_running,
+        max_batch_tokens=args.max_batch_tokens,
+        prefill_chunk_tokens=args.prefill_chunk,
+        max_model_len=args.max_model_len,
+        prefix_cache_seed=f"{args.served_name}\0{args.model_dir}\0{args.dtype}\0{args.quantization}\0{args.kv_cache_dtype}",
+        attention=args.attention,
+        kv_cache_dtype=args.kv_cache_dtype,
+    )
 
 
 def _add_servicer(server, args, loop, info, metrics, tls):
