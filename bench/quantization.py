@@ -160,6 +160,8 @@ def print_table(results: list[VariantResult], batches: list[int], title: str) ->
         for r in acc) + " |")  # fmt: skip
     print("| greedy tokens before the first disagreement, per prompt | - | " + " | ".join(
         ",".join(str(a.greedy_prefix) for a in r.accuracy) for r in acc) + " |")  # fmt: skip
+    margin = statistics.median(a.median_margin for a in acc[0].accuracy)
+    print(f"\nThe baseline's median gap between its top two logits: {margin:.3g} (random weights: near-ties).")
 
 
 def main(argv: list[str]) -> int:

@@ -28,6 +28,7 @@ class Agreement:
     top1_agreement: float  # share of positions whose argmax is the reference's greedy token
     greedy_prefix: int  # positions before the first disagreement
     positions: int
+    median_margin: float  # the reference's median gap between its top two logits: how near the ties are
 
 
 def _decode(
@@ -71,7 +72,9 @@ def compare(reference: torch.Tensor, got: torch.Tensor, continuation: list[int])
     picked = got.argmax(dim=-1).tolist()
     same = [a == b for a, b in zip(picked, continuation, strict=True)]
     prefix = same.index(False) if False in same else len(same)
-    return Agreement(err, err / float(reference.abs().max()), sum(same) / len(same), prefix, len(same))
+    top2 = reference.topk(2, dim=-1).values
+    margin = float((top2[:, 0] - top2[:, 1]).median())
+    return Agreement(err, err / float(reference.abs().max()), sum(same) / len(same), prefix, len(same), margin)
 
 
 def agreement(
