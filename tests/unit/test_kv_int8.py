@@ -71,8 +71,8 @@ def test_attention_over_8_bit_pages_stays_within_a_stated_bound():
     v_new = torch.cat([v[s] for v, s in zip(v_all, new, strict=True)])
     batch = AttentionBatch(query_lens, ctx, tables, torch.cat([sl[s] for sl, s in zip(slots, new, strict=True)]), BS)
     outs = []
-    for cache_k, cache_v in (_caches(kvh, d, blocks)[:1] * 2, _caches(kvh, d, blocks)[1:] * 2):
-        cache_v = cache_v.clone()
+    for packed in (False, True):
+        cache_k, cache_v = (_caches(kvh, d, blocks)[packed] for _ in range(2))
         for sl, k, v in zip(slots, k_all, v_all, strict=True):
             write_slots(cache_k, sl, k)
             write_slots(cache_v, sl, v)
