@@ -71,6 +71,10 @@ def worker_argv(
         argv += ["--kv-memory-percent", str(engine.kv_cache_memory_percent)]
     if engine.attention.value != "sdpa":
         argv += ["--attention", engine.attention.value]
+    if spec.model.quantization.value != "none":
+        argv += ["--quantization", spec.model.quantization.value]
+    if engine.kv_cache_dtype.value != "auto":
+        argv += ["--kv-cache-dtype", engine.kv_cache_dtype.value]
     if engine.compile:
         argv.append("--compile")
     if engine.speculative is not None and role != names.POOL_PREFILL:  # a prefill worker never decodes

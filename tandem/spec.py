@@ -67,11 +67,20 @@ class ModelSource(_Spec):
         return self
 
 
+class Quantization(StrEnum):
+    """Weight quantization applied as the checkpoint loads: `int8` stores every decoder projection and an
+    untied lm_head as int8 with one scale per output channel (the embeddings stay in `dtype`)."""
+
+    none = "none"
+    int8 = "int8"
+
+
 class ModelSpec(_Spec):
     source: ModelSource
     served_name: str
     dtype: Dtype = Dtype.bfloat16
     max_context_length: int = Field(default=4096, gt=0)
+    quantization: Quantization = Quantization.none
 
 
 class Resources(_Spec):
@@ -186,6 +195,21 @@ class SpeculativeSpec(_Spec):
     num_tokens: int = Field(default=4, ge=1, le=16)
 
 
+class KvCacheDtype(StrEnum):
+    """How the paged KV cache stores keys and values: `auto` in model.dtype; `int8` as int8 with one
+    float32 scale per token and head (about twice the sequences in the same memory; sdpa attention only).
+    With an int8 cache, kvTransfer.compression int8 is a no-op: the blocks travel as they are stored."""
+
+    auto = "auto"
+    int8 = "int8"
+
+
+KV_INT8_NEEDS_SDPA = (
+    "engine.kvCacheDtype int8 needs engine.attention sdpa: the flex backend reads the cache in place and "
+    "cannot unpack 8-bit pages"
+)
+
+
 class EngineSpec(_Spec):
     block_size: int = Field(default=16, gt=0)
     # KV cache share of the GPU memory left once the weights are in, less a warm-up batch's activations
@@ -199,6 +223,13 @@ class EngineSpec(_Spec):
     attention: AttentionBackend = AttentionBackend.sdpa
     compile: bool = False
     speculative: SpeculativeSpec | None = None  # unset: no speculative decoding
+    kv_cache_dtype: KvCacheDtype = KvCacheDtype.auto
+
+    @model_validator(mode="after")
+    def _kv_cache_readable(self) -> EngineSpec:
+        if self.kv_cache_dtype is KvCacheDtype.int8 and self.attention is AttentionBackend.flex:
+            raise ValueError(KV_INT8_NEEDS_SDPA)
+        return self
 
 
 class ApiKeysSpec(_Spec):

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from tandem.worker.engine.kv_int8 import read_pages
+
 if TYPE_CHECKING:
     from tandem.worker.engine.flex_paged import FlexLayout
 
@@ -123,6 +125,8 @@ def attend(
 ) -> torch.Tensor:  # [T, NH, D]
     """Causal attention of each sequence's new queries over its whole context, by the batch's backend."""
     if batch.backend == "flex":
+        if k_cache.dtype == torch.uint8:
+            raise ValueError("the flex attention backend cannot read the 8-bit KV cache; use sdpa")
         from tandem.worker.engine.flex_paged import flex_paged_attention
 
         return flex_paged_attention(q, k_cache, v_cache, batch.flex_layout(k_cache.shape[0]), scale)
@@ -138,15 +142,16 @@ def sdpa_paged_attention(
     batch: AttentionBatch,
     scale: float,
 ) -> torch.Tensor:
-    """The reference: gather each context from the cache, then SDPA (decodes batched over padded contexts)."""
+    """The reference: gather each context from the cache (unpacking an 8-bit one), then SDPA (decodes
+    batched over padded contexts)."""
     out = torch.empty_like(q)
     gqa = q.shape[1] != k_new.shape[1]
-    kvh, d = k_cache.shape[2], k_cache.shape[3]
+    kvh, d = k_new.shape[1], k_new.shape[2]
     if batch.decode_rows:
         b = len(batch.decode_rows)
         tokens, real_rows, real_tokens, blocks, valid = batch.decode_index
-        ks = k_cache.index_select(0, blocks).view(b, -1, kvh, d).transpose(1, 2)  # [B, KVH, L, D]
-        vs = v_cache.index_select(0, blocks).view(b, -1, kvh, d).transpose(1, 2)
+        ks = read_pages(k_cache, blocks, q.dtype).view(b, -1, kvh, d).transpose(1, 2)  # [B, KVH, L, D]
+        vs = read_pages(v_cache, blocks, q.dtype).view(b, -1, kvh, d).transpose(1, 2)
         qb = q[tokens].transpose(1, 2)  # [B, NH, Q, D]
         o = F.scaled_dot_product_attention(qb, ks, vs, attn_mask=valid, scale=scale, enable_gqa=gqa)
         out[real_tokens] = o.transpose(1, 2).flatten(0, 1).index_select(0, real_rows)
@@ -161,8 +166,8 @@ def sdpa_paged_attention(
             mask, causal = None, n > 1
         else:
             blocks = batch.pages[i, : -(-ctx // batch.block_size)]
-            ki = k_cache.index_select(0, blocks).flatten(0, 1)[:ctx]  # [ctx, KVH, D]
-            vi = v_cache.index_select(0, blocks).flatten(0, 1)[:ctx]
+            ki = read_pages(k_cache, blocks, q.dtype).flatten(0, 1)[:ctx]  # [ctx, KVH, D]
+            vi = read_pages(v_cache, blocks, q.dtype).flatten(0, 1)[:ctx]
             q_pos = torch.arange(ctx - n, ctx, device=q.device)
             mask, causal = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None], False  # [n, ctx]
         o = F.scaled_dot_product_attention(

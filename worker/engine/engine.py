@@ -20,6 +20,7 @@ from tandem.worker.api.params import InvalidRequest, SamplingParams
 from tandem.worker.engine.attention import BACKENDS
 from tandem.worker.engine.block_manager import BlockManager
 from tandem.worker.engine.kv_cache import KvCache
+from tandem.worker.engine.kv_int8 import KV_INT8_NEEDS_SDPA, is_packed
 from tandem.worker.engine.model import Transformer
 from tandem.worker.engine.sampling import sample, sampling_probs
 from tandem.worker.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -43,10 +44,13 @@ class EngineConfig:
     prefix_cache_seed: str = ""  # the model's identity: roots every prefix hash chain
     attention: str = "sdpa"  # sdpa (reference: gathers each context) | flex (reads the paged cache in place)
     speculative: SpeculativeConfig | None = None  # draft tokens verified per decode step (None: off)
+    kv_cache_dtype: str = "auto"  # auto: the model's dtype | int8 (values and per-token-head scales, kv_int8)
 
     def __post_init__(self) -> None:
         if self.attention not in BACKENDS:
             raise ValueError(f"attention must be one of {', '.join(BACKENDS)}, got {self.attention!r}")
+        if is_packed(self.kv_cache_dtype) and self.attention == "flex":
+            raise ValueError(KV_INT8_NEEDS_SDPA)
 
 
 @dataclass
@@ -74,7 +78,9 @@ class Engine:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.max_model_len = served_context_length(model.config.max_position_embeddings, config.max_model_len)
-        self.kv = KvCache(model.config, config.num_kv_blocks, config.block_size, self.dtype, self.device)
+        self.kv = KvCache(
+            model.config, config.num_kv_blocks, config.block_size, self.dtype, self.device, config.kv_cache_dtype
+        )
         self.blocks = BlockManager(
             config.num_kv_blocks, config.block_size, config.enable_prefix_caching, config.prefix_cache_seed.encode()
         )

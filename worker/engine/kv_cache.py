@@ -7,24 +7,39 @@ from __future__ import annotations
 
 import torch
 
+from tandem.worker.engine.kv_int8 import is_packed, row_bytes
 from tandem.worker.hf.config import ModelConfig
 from tandem.worker.kv_transport.blockcopy import write_rows
 
 
-def kv_block_nbytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block takes across all layers, keys and values."""
+def kv_block_nbytes(config: ModelConfig, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> int:
+    """Bytes one block takes across all layers, keys and values (8-bit: values and their scales)."""
+    if is_packed(kv_cache_dtype):
+        return 2 * config.num_layers * block_size * config.num_kv_heads * row_bytes(config.head_dim)
     elem = torch.tensor([], dtype=dtype).element_size()
     return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
 
 
 class KvCache:
-    """Per layer `k[layer]`, `v[layer]`: [num_blocks, block_size, num_kv_heads, head_dim], contiguous."""
+    """Per layer `k[layer]`, `v[layer]`: [num_blocks, block_size, num_kv_heads, head_dim] in `dtype`, contiguous;
+    with `kv_cache_dtype` int8, uint8 [..., head_dim + 4] (values and scale per token and head, see kv_int8)."""
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: str | torch.device = "cpu",
+        kv_cache_dtype: str = "auto",
+    ):
         self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
-        shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)
-        self._k = torch.zeros(shape, dtype=dtype, device=device)
-        self._v = torch.zeros(shape, dtype=dtype, device=device)
+        self.kv_cache_dtype = kv_cache_dtype
+        packed = is_packed(kv_cache_dtype)
+        row = row_bytes(config.head_dim) if packed else config.head_dim
+        shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, row)
+        self._k = torch.zeros(shape, dtype=torch.uint8 if packed else dtype, device=device)
+        self._v = torch.zeros(shape, dtype=torch.uint8 if packed else dtype, device=device)
         self.k = list(self._k.unbind(0))
         self.v = list(self._v.unbind(0))
 

@@ -9,11 +9,17 @@ import torch
 from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.engine.loader import load_checkpoint, parse_dtype
 from tandem.worker.engine.model import Transformer, rope_inv_freq
+from tandem.worker.engine.weight_int8 import QUANTIZATIONS, quantize_model
 from tandem.worker.hf.tokenizer import Tokenizer
 
 
-def load_model(model_dir: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu") -> Transformer:
-    """Our Transformer with the checkpoint's weights (no random init: parameters start on `meta`)."""
+def load_model(
+    model_dir: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu", quantization: str = "none"
+) -> Transformer:
+    """Our Transformer with the checkpoint's weights (no random init: parameters start on `meta`), its
+    linear layers quantized to int8 as they load when `quantization` is `int8` (see weight_int8)."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     target = parse_dtype(dtype)
     config, state = load_checkpoint(model_dir, target, device)
     with torch.device("meta"):
@@ -22,6 +28,9 @@ def load_model(model_dir: str | Path, dtype: str | torch.dtype = "float32", devi
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.inv_freq = rope_inv_freq(config).to(device)  # a non-persistent buffer, still on `meta`
+    del state
+    if quantization == "int8":
+        quantize_model(model)
     return model.eval()
 
 
@@ -30,8 +39,9 @@ def build_engine(
     engine_config: EngineConfig,
     dtype: str | torch.dtype = "float32",
     device: str = "cpu",
+    quantization: str = "none",
 ) -> tuple[Engine, Tokenizer]:
-    return engine_for_model(load_model(model_dir, dtype, device), model_dir, engine_config)
+    return engine_for_model(load_model(model_dir, dtype, device, quantization), model_dir, engine_config)
 
 
 def engine_for_model(model: Transformer, model_dir: str | Path, engine_config: EngineConfig) -> tuple[Engine, Tokenizer]:

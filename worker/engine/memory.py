@@ -46,12 +46,21 @@ def kv_budget_bytes(reading: MemoryReading, memory_percent: int) -> int:
     return reading.free_bytes * memory_percent // 100 - reading.activation_bytes
 
 
-def decode_gather_bytes(budget_bytes: int, block_bytes: int, block_size: int, num_layers: int, max_context_tokens: int) -> int:
+def decode_gather_bytes(
+    budget_bytes: int,
+    block_bytes: int,
+    block_size: int,
+    num_layers: int,
+    max_context_tokens: int,
+    gathered_block_bytes: int | None = None,
+) -> int:
     """The room a decode step over full contexts needs beyond the warm-up's: paged attention gathers one
     layer's keys and values of every decoding sequence (at most `max_context_tokens` = running x context,
-    and at most what a cache of `budget_bytes` holds), a 1/num_layers share of those tokens' KV."""
+    and at most what a cache of `budget_bytes` holds), a 1/num_layers share of those tokens' KV.
+    `gathered_block_bytes` is what one block takes once gathered when that differs from the cache's (an
+    8-bit cache: the packed copy and the one unpacked to the model's dtype)."""
     tokens = min(max_context_tokens, max(0, budget_bytes) // block_bytes * block_size)
-    return tokens * (block_bytes // block_size) // num_layers
+    return tokens * ((gathered_block_bytes or block_bytes) // block_size) // num_layers
 
 
 def blocks_for_budget(budget_bytes: int, block_bytes: int, min_blocks: int) -> int:
@@ -138,7 +147,10 @@ def plan_kv_cache(
     """The KV cache for `model` (weights already loaded): `num_kv_blocks` if given; on a GPU, `memory_percent`
     of the memory left after a warm-up pass at the largest batch; on the CPU, that share of a fixed budget."""
     param = next(model.parameters())
-    block_bytes = kv_block_nbytes(model.config, config.block_size, param.dtype)
+    block_bytes = kv_block_nbytes(model.config, config.block_size, param.dtype, config.kv_cache_dtype)
+    gathered = block_bytes
+    if config.kv_cache_dtype != "auto":
+        gathered += kv_block_nbytes(model.config, config.block_size, param.dtype)
     max_len = served_context_length(model.config.max_position_embeddings, config.max_model_len)
 
     def plan(blocks: int, source: str) -> KvCachePlan:
@@ -153,7 +165,8 @@ def plan_kv_cache(
         reading = read_cuda_memory(param.device)
         budget = kv_budget_bytes(reading, memory_percent)
         gather = decode_gather_bytes(
-            budget, block_bytes, config.block_size, model.config.num_layers, config.max_running_sequences * max_len
+            budget, block_bytes, config.block_size, model.config.num_layers, config.max_running_sequences * max_len,
+            gathered,
         )
         blocks = blocks_for_budget(budget - gather, block_bytes, need)
         return plan(

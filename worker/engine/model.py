@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem.worker.engine.attention import AttentionBatch, attend
+from tandem.worker.engine.kv_int8 import write_slots
 from tandem.worker.hf.config import ModelConfig, ModelLoadError
 
 __all__ = ["AttentionBatch", "Transformer"]
@@ -95,7 +96,7 @@ class Attention(nn.Module):
         x: torch.Tensor,  # [T, H]
         cos: torch.Tensor,  # [T, D]
         sin: torch.Tensor,  # [T, D]
-        k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D] (8-bit: uint8, D + 4 bytes; see kv_int8)
         v_cache: torch.Tensor,
         batch: AttentionBatch,
     ) -> torch.Tensor:
@@ -104,8 +105,8 @@ class Attention(nn.Module):
         qk, v = qkv[:, : nh + kvh], qkv[:, nh + kvh :]
         qk = qk * cos[:, None] + rotate_half(qk) * sin[:, None]  # rotary on queries and keys at once
         q, k = qk[:, :nh], qk[:, nh:]
-        k_cache.view(-1, kvh, self.head_dim).index_copy_(0, batch.slot_mapping, k)
-        v_cache.view(-1, kvh, self.head_dim).index_copy_(0, batch.slot_mapping, v)
+        write_slots(k_cache, batch.slot_mapping, k)  # packed to 8 bits when the cache is int8
+        write_slots(v_cache, batch.slot_mapping, v)
         out = attend(q, k, v, k_cache, v_cache, batch, self.scale)  # [T, NH, D]
         return self.o_proj(out.reshape(t, nh * self.head_dim))
 

@@ -11,37 +11,56 @@ import torch
 
 from tandem.v1 import common_pb2, decode_pb2
 
+from .handshake import kv_cache_dtype_of
+
 PROTOCOL_VERSION = 2  # 2: chunk checksums are XXH3-64 (low 32 bits) instead of crc32
 
 
 @dataclass(frozen=True)
 class KvLayout:
-    """Shape of one layer's KV block: [block_size, num_kv_heads, head_dim] in `dtype`, for `num_layers`."""
+    """Shape of one layer's KV block: [block_size, num_kv_heads, head_dim] in `dtype`, for `num_layers`.
+
+    With `kv_cache_dtype` int8 the cache stores each head's row packed (int8 values and a float32 scale,
+    `head_dim + 4` bytes; engine/kv_int8), and a block travels as those bytes, scales included."""
 
     num_layers: int
     block_size: int
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype
+    kv_cache_dtype: str = "auto"
+
+    @property
+    def packed(self) -> bool:
+        return self.kv_cache_dtype == "int8"
+
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        """The dtype of the cache's tensors: the model's, or uint8 for the packed 8-bit rows."""
+        return torch.uint8 if self.packed else self.dtype
 
     @property
     def block_shape(self) -> tuple[int, int, int]:
-        return (self.block_size, self.num_kv_heads, self.head_dim)
+        return (self.block_size, self.num_kv_heads, self.head_dim + PACKED_SCALE_BYTES if self.packed else self.head_dim)
 
     @property
     def block_elems(self) -> int:
-        return self.block_size * self.num_kv_heads * self.head_dim
+        return self.block_size * self.num_kv_heads * self.block_shape[2]
 
     @property
     def block_nbytes(self) -> int:
         """Bytes of the keys (or the values) of one block in one layer."""
-        return self.block_elems * self.dtype.itemsize
+        return self.block_elems * self.storage_dtype.itemsize
 
     @classmethod
     def from_worker_info(cls, info: common_pb2.WorkerInfo) -> KvLayout:
         return cls(
-            info.num_layers, info.block_size, info.num_kv_heads, info.head_dim, dtype_from_name(info.dtype)
-        )
+            info.num_layers, info.block_size, info.num_kv_heads, info.head_dim, dtype_from_name(info.dtype),
+            kv_cache_dtype_of(info),
+        )  # fmt: skip
+
+
+PACKED_SCALE_BYTES = 4  # engine/kv_int8.SCALE_BYTES: the transport does not import the engine
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -1,4 +1,8 @@
-"""KV blocks to chunk bytes and back: keys then values, raw in the KV dtype or int8 with per-block scales."""
+"""KV blocks to chunk bytes and back: keys then values, raw in the KV dtype or int8 with per-block scales.
+
+An 8-bit KV cache (`engine.kvCacheDtype: int8`) travels raw: its blocks are already 8 bits with their
+scales, so the wire compression (`kvTransfer.compression: int8`) is a no-op for it (`wire_compression`).
+"""
 
 from __future__ import annotations
 
@@ -23,6 +27,13 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 
+def wire_compression(requested: str, kv_cache_dtype: str) -> int:
+    """The chunk compression a prefill worker uses: `int8` on the wire only for a full-precision cache."""
+    if requested not in ("none", "int8"):
+        raise ValueError(f"unknown KV compression {requested!r}; none or int8")
+    return INT8 if requested == "int8" and kv_cache_dtype == "auto" else NONE
+
+
 def chunk_nbytes(layout: KvLayout, num_blocks: int, compression: int = NONE) -> int:
     per = layout.block_elems if compression == INT8 else layout.block_nbytes
     return 2 * num_blocks * per
@@ -38,6 +49,8 @@ def encode_blocks(
         return [as_bytes(k), as_bytes(v)], []
     if compression != INT8:
         raise ValueError(f"unknown compression {compression}")
+    if k.dtype == torch.uint8:
+        raise ValueError("an 8-bit KV cache travels raw (its blocks are already int8 with scales)")
     qk, sk = quantize_int8(k)
     qv, sv = quantize_int8(v)
     scales = torch.stack([sk, sv], dim=1).reshape(-1).tolist()
@@ -58,7 +71,10 @@ def decode_blocks(
     half = expected // 2
     shape = (num_blocks, *layout.block_shape)
     if compression == NONE:
-        return data[:half].view(layout.dtype).view(shape), data[half:].view(layout.dtype).view(shape)
+        dt = layout.storage_dtype
+        return data[:half].view(dt).view(shape), data[half:].view(dt).view(shape)
+    if layout.packed:
+        raise InvalidChunk("an 8-bit KV cache's chunks must travel uncompressed")
     if compression != INT8 or scales is None or len(scales) != 2 * num_blocks:
         raise InvalidChunk(f"compression {compression} needs {2 * num_blocks} scales")
     s = torch.tensor(scales, dtype=torch.float32, device=data.device).reshape(num_blocks, 2)

@@ -21,8 +21,14 @@ _LAYOUT_FIELDS = (
     "block_size",
     "protocol_version",
 )
+KV_CACHE_HINT = "set engine.kvCacheDtype the same for the prefill and decode pools"
 _SENDERS = (T.WORKER_ROLE_PREFILL, T.WORKER_ROLE_COLOCATED)
 _RECEIVERS = (T.WORKER_ROLE_DECODE, T.WORKER_ROLE_COLOCATED)
+
+
+def kv_cache_dtype_of(info: common_pb2.WorkerInfo) -> str:
+    """A worker's KV cache storage; one that does not say stores the model's dtype."""
+    return info.kv_cache_dtype or "auto"
 
 
 def check_compatible(sender: common_pb2.WorkerInfo, receiver: common_pb2.WorkerInfo) -> list[str]:
@@ -34,6 +40,12 @@ def check_compatible(sender: common_pb2.WorkerInfo, receiver: common_pb2.WorkerI
             problems.append(
                 f"{name} differs: {sender.worker_id or 'sender'} has {a!r}, {receiver.worker_id or 'receiver'} has {b!r}"
             )
+    a, b = kv_cache_dtype_of(sender), kv_cache_dtype_of(receiver)
+    if a != b:
+        problems.append(
+            f"kv_cache_dtype differs: {sender.worker_id or 'sender'} stores {a!r}, "
+            f"{receiver.worker_id or 'receiver'} stores {b!r} ({KV_CACHE_HINT})"
+        )
     for name in ("num_layers", "num_kv_heads", "head_dim", "block_size"):
         if getattr(sender, name) == 0 or getattr(receiver, name) == 0:
             problems.append(f"{name} is unset")

@@ -12,15 +12,18 @@ class TensorKvStore:
     def __init__(self, layout: KvLayout, num_blocks: int, device: str | torch.device = "cpu"):
         shape = (num_blocks, *layout.block_shape)
         self.layout = layout
-        self.k = [torch.zeros(shape, dtype=layout.dtype, device=device) for _ in range(layout.num_layers)]
-        self.v = [torch.zeros(shape, dtype=layout.dtype, device=device) for _ in range(layout.num_layers)]
+        self.k = [torch.zeros(shape, dtype=layout.storage_dtype, device=device) for _ in range(layout.num_layers)]
+        self.v = [torch.zeros(shape, dtype=layout.storage_dtype, device=device) for _ in range(layout.num_layers)]
 
     @classmethod
     def random(cls, layout: KvLayout, num_blocks: int, seed: int = 0) -> TensorKvStore:
         store = cls(layout, num_blocks)
         gen = torch.Generator().manual_seed(seed)
         for t in store.k + store.v:
-            t.copy_(torch.randn(t.shape, generator=gen).to(layout.dtype))
+            if layout.packed:
+                t.copy_(torch.randint(0, 256, t.shape, generator=gen, dtype=torch.uint8))
+            else:
+                t.copy_(torch.randn(t.shape, generator=gen).to(layout.dtype))
         return store
 
     def read_blocks(self, layer: int, block_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,9 +22,12 @@ from tandem.v1 import colocated_pb2_grpc, prefill_pb2_grpc
 from tandem.worker.api.tls import TlsConfig, add_port
 from tandem.worker.engine.engine import EngineConfig
 from tandem.worker.engine.engine_loop import EngineLoop
+from tandem.worker.engine.kv_int8 import KV_CACHE_DTYPES
 from tandem.worker.engine.loading import engine_for_model, load_model
 from tandem.worker.engine.speculative.proposer import METHODS as SPECULATIVE_METHODS
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig
+from tandem.worker.engine.weight_int8 import QUANTIZATIONS
+from tandem.worker.kv_transport.codec import wire_compression
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS
 from tandem.worker.serve.drain import Drainer
 from tandem.worker.serve.drain import add_to_server as add_drain_service
@@ -59,6 +62,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--attention", choices=["sdpa", "flex"], default="sdpa", help="attention over the paged cache")
+    p.add_argument(
+        "--quantization", choices=QUANTIZATIONS, default="none",
+        help="weights: int8 quantizes every decoder projection and an untied lm_head as the checkpoint loads",
+    )  # fmt: skip
+    p.add_argument(
+        "--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+        help="KV cache storage: auto (the model's dtype) or int8 (values and a scale per token and head)",
+    )  # fmt: skip
     p.add_argument("--compile", action="store_true", help="torch.compile norms and MLPs; warmed up before ready")
     p.add_argument(
         "--speculative", choices=["none", *SPECULATIVE_METHODS], default="none",
@@ -96,27 +107,22 @@ def main(argv: list[str]) -> int:
         torch.set_num_threads(args.threads)
     from tandem.worker.engine.memory import KvCacheTooSmall, plan_kv_cache
 
-    model = load_model(args.model_dir, args.dtype, args.device)
+    try:
+        engine_config = _engine_config(args)
+    except ValueError as e:  # the spec refuses these combinations first; a hand-written command line may not
+        print(f"tandem worker: {e}", file=sys.stderr)
+        return 2
+    model = load_model(args.model_dir, args.dtype, args.device, args.quantization)
     if args.compile:
         from tandem.worker.engine.compiled import compile_layers
 
         compile_layers(model)
-    engine_config = EngineConfig(
-        block_size=args.block_size,
-        max_running_sequences=args.max_running,
-        max_batch_tokens=args.max_batch_tokens,
-        prefill_chunk_tokens=args.prefill_chunk,
-        max_model_len=args.max_model_len,
-        prefix_cache_seed=f"{args.served_name}\0{args.model_dir}\0{args.dtype}",
-        attention=args.attention,
-        speculative=speculative_config(args),
-    )
     try:  # after the weights: the cache takes what they and the largest batch leave
         kv_plan = plan_kv_cache(model, engine_config, args.num_kv_blocks, args.kv_memory_percent)
     except KvCacheTooSmall as e:
         print(f"tandem worker: {e}", file=sys.stderr)
         return 2
-    log.info("%s", kv_plan.describe())
+    log.info("%s; KV stored as %s, weights quantization %s", kv_plan.describe(), args.kv_cache_dtype, args.quantization)
     num_blocks = kv_plan.num_blocks
     engine, _ = engine_for_model(model, args.model_dir, dataclasses.replace(engine_config, num_kv_blocks=num_blocks))
     if args.compile or (args.attention == "flex" and args.device.startswith("cuda")):
@@ -178,6 +184,20 @@ def speculative_config(args: argparse.Namespace) -> SpeculativeConfig | None:
     return SpeculativeConfig(method=args.speculative, num_tokens=args.speculative_tokens)
 
 
+def _engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        block_size=args.block_size,
+        max_running_sequences=args.max_running,
+        max_batch_tokens=args.max_batch_tokens,
+        prefill_chunk_tokens=args.prefill_chunk,
+        max_model_len=args.max_model_len,
+        prefix_cache_seed=f"{args.served_name}\0{args.model_dir}\0{args.dtype}\0{args.quantization}\0{args.kv_cache_dtype}",
+        attention=args.attention,
+        kv_cache_dtype=args.kv_cache_dtype,
+        speculative=speculative_config(args),
+    )
+
+
 def _add_servicer(server, args, loop, info, metrics, tls):
     if args.role == "decode":
         from tandem.worker.kv_transport.staging import StagingPool, StagingRing
@@ -192,7 +212,7 @@ def _add_servicer(server, args, loop, info, metrics, tls):
     if args.role == "prefill":
         from tandem.worker.serve.prefill import PrefillServicer
 
-        compression = 1 if args.kv_compression == "int8" else 0
+        compression = wire_compression(args.kv_compression, args.kv_cache_dtype)  # an 8-bit cache travels raw
         prefill = PrefillServicer(loop, info, compression, metrics, tls=tls)
         prefill_pb2_grpc.add_PrefillServiceServicer_to_server(prefill, server)
         return prefill

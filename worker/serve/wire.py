@@ -80,6 +80,7 @@ def worker_info(
         shm_capable=shm,
         cuda_device=engine.device.index if engine.device.type == "cuda" and engine.device.index is not None else -1,
         protocol_version=PROTOCOL_VERSION,
+        kv_cache_dtype=engine.config.kv_cache_dtype,
     )
 
 
