@@ -68,6 +68,8 @@ class Load:
                 model = "tiny" if i % 5 else "no-such-model"  # every fifth a 404: the errors panel has data
                 body = {"model": model, "prompt": f"{prefix} request {i}", "max_tokens": 8, "stream": True,
                         "ignore_eos": True, "temperature": 0}  # fmt: skip
+                if i % 10 == 1:  # the tiny model's long greedy answer to the bare prefix repeats one token:
+                    body.update(prompt=prefix, max_tokens=48)  # speculation finds drafts there to verify
                 try:
                     with client.stream("POST", "/v1/completions", json=body) as resp:
                         resp.read()
@@ -97,6 +99,8 @@ def observed(tiny_model_dir, tmp_path_factory):
             prom.wait_for(f'sum(increase(tandem_requests_total{{service="{SERVICE}", status="404"}}[1m])) > 0', timeout_s=60)
             # each worker scraped at least twice since its first prompt (the router's counters can run ahead)
             prom.wait_for(f'sum(rate(tandem_prefill_tokens_total{{service="{SERVICE}"}}[1m])) > 0', timeout_s=60)
+            # and the decode workers' speculation has verified drafts between two scrapes (its panel's ratios)
+            prom.wait_for(f'sum(rate({names.SPEC_VERIFY_STEPS_TOTAL}{{service="{SERVICE}"}}[1m])) > 0', timeout_s=60)
             yield prom, load
             assert not load.errors, load.errors[:3]
 
