@@ -86,9 +86,11 @@ def routable(url: str, role: str) -> int:
     return int(sum(float(li.split()[-1]) for li in lines if f'role="{role}"' in li))
 
 
-def start_tandem_up(tiny_model_dir, tmp_path: Path, decode: int) -> tuple[subprocess.Popen, str]:
+def start_tandem_up(tiny_model_dir, tmp_path: Path, decode: int = 1, obj: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """`tandem up -f` of `obj` (default: a stack with `decode` decode workers), once it serves; its output in
+    tmp_path/tandem-up.log."""
     spec_file = tmp_path / "spec.yaml"
-    spec_file.write_text(yaml.safe_dump(spec("sup", tiny_model_dir, decode=decode)))
+    spec_file.write_text(yaml.safe_dump(obj or spec("sup", tiny_model_dir, decode=decode)))
     base = free_port_block(24)
     log = open(tmp_path / "tandem-up.log", "wb")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(

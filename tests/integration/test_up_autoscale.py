@@ -4,17 +4,13 @@ under load that breaches the SLOs, returns them to their minimum once the load s
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tandem.operator.local import free_port_block
 from tests.integration.stacks import spec
 from tests.integration.test_drain_scaling import StreamingLoad
-from tests.integration.test_supervisor import START_TIMEOUT_S, healthy, routable, wait_for
+from tests.integration.test_supervisor import routable, start_tandem_up, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -31,20 +27,9 @@ def autoscaled_spec(tiny_model_dir) -> dict:
 
 @pytest.mark.timeout(900)
 def test_tandem_up_scales_both_pools_on_its_slo_and_back(tiny_model_dir, tmp_path: Path):
-    spec_file = tmp_path / "spec.yaml"
-    spec_file.write_text(yaml.safe_dump(autoscaled_spec(tiny_model_dir)))
-    base = free_port_block(24)
+    up, url = start_tandem_up(tiny_model_dir, tmp_path, obj=autoscaled_spec(tiny_model_dir))
     log_path = tmp_path / "tandem-up.log"
-    with open(log_path, "wb") as log:
-        up = subprocess.Popen(
-            [sys.executable, "-m", "tandem", "up", "-f", str(spec_file), "--port", str(base),
-             "--worker-port", str(base + 2), "--log-dir", str(tmp_path / "logs")],
-            stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{base}"
     try:
-        wait_for("the stack to serve", lambda: healthy(url) or up.poll() is not None, START_TIMEOUT_S)
-        assert up.poll() is None, log_path.read_text()
         wait_for("the autoscaler to start", lambda: "autoscaling upscale every 2s on its SLO" in log_path.read_text(), 30)
         with StreamingLoad(url, clients=3) as load:
             wait_for("two routable workers in each pool",
