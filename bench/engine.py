@@ -5,6 +5,10 @@ under the same torch thread count. Each run sends a batch of B random prompts of
 N tokens per prompt, greedy, never stopping early. Prefill time is from submission until every sequence
 has its first token; decode time is from then until the last token, over B * (N - 1) tokens.
 
+The ceiling column is the matmul floor's tokens/s over transformers' (bench/engine_floor.py): the best
+ratio any engine could reach at that row with these weights and matmul kernels if attention, the KV cache
+and all its bookkeeping were free. A target above the ceiling cannot be met on this host's kernels.
+
     python -m bench.engine [--threads 2] [--batches 1,8,32] [--out result.json]
 """
 
@@ -24,6 +28,7 @@ from pathlib import Path
 import torch
 from transformers.generation.streamers import BaseStreamer
 
+from bench.engine_floor import floor_tok_s
 from bench.engine_timing import RunTiming, now, random_prompts, time_engine, use_cpu_clock
 from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
 from tandem.worker.engine.engine import Engine, EngineConfig
@@ -47,10 +52,16 @@ class Row:
     ours_tok_s: float
     hf_tok_s: float
     target: float | None  # minimum ours / hf
+    floor_tok_s: float | None = None  # tokens/s if only the matmuls cost time (bench/engine_floor.py)
 
     @property
     def ratio(self) -> float:
         return self.ours_tok_s / self.hf_tok_s
+
+    @property
+    def ceiling(self) -> float | None:
+        """The best ours / hf any engine could reach here with these matmul kernels."""
+        return None if self.floor_tok_s is None else self.floor_tok_s / self.hf_tok_s
 
     @property
     def met(self) -> bool | None:
@@ -122,8 +133,11 @@ def median_timing(runs: list[RunTiming]) -> tuple[float, float]:
     )
 
 
-def rows_for(batch: int, prompt_len: int, ours: list[RunTiming], hf: list[RunTiming]) -> list[Row]:
+def rows_for(
+    batch: int, prompt_len: int, ours: list[RunTiming], hf: list[RunTiming], floors: dict[str, float] | None = None
+) -> list[Row]:
     (op, od), (hp, hd) = median_timing(ours), median_timing(hf)
+    floors = floors or {}
     return [
         Row(
             "prefill",
@@ -131,8 +145,9 @@ def rows_for(batch: int, prompt_len: int, ours: list[RunTiming], hf: list[RunTim
             batch * prompt_len / op,
             batch * prompt_len / hp,
             TARGETS.get(("prefill", batch)),
+            floors.get("prefill"),
         ),
-        Row("decode", batch, 1 / od, 1 / hd, TARGETS.get(("decode", batch))),
+        Row("decode", batch, 1 / od, 1 / hd, TARGETS.get(("decode", batch)), floors.get("decode")),
     ]
 
 
@@ -145,7 +160,8 @@ def bench_batch(
         ours.append(time_engine(engine, prompts, args.new_tokens))
         hf_runs.append(time_hf(hf, prompts, args.new_tokens))
         log(f"  batch {batch} run {rep + 1}: ours {fmt_run(ours[-1])} | transformers {fmt_run(hf_runs[-1])}")
-    return rows_for(batch, args.prompt_len, ours, hf_runs)
+    floors = {phase: floor_tok_s(engine.model, phase, batch, args.prompt_len) for phase in ("prefill", "decode")}
+    return rows_for(batch, args.prompt_len, ours, hf_runs, floors)
 
 
 def bench_mixed(args: argparse.Namespace, engine: Engine, hf, vocab: int, log: Callable[[str], None]) -> Row:
@@ -171,7 +187,7 @@ def print_table(rows: list[Row], title: str) -> None:
     from rich.table import Table
 
     table = Table(title="tandem engine vs transformers generate", caption=title)
-    for col in ("phase", "batch", "ours tok/s", "HF tok/s", "ours / HF", "target", "met"):
+    for col in ("phase", "batch", "ours tok/s", "HF tok/s", "ours / HF", "ceiling", "target", "met"):
         table.add_column(col, justify="right" if col not in ("phase", "met") else "left")
     for r in rows:
         target = f">= {r.target:.1f}x" if r.target is not None else "-"
@@ -182,6 +198,7 @@ def print_table(rows: list[Row], title: str) -> None:
             f"{r.ours_tok_s:,.0f}",
             f"{r.hf_tok_s:,.0f}",
             f"{r.ratio:.2f}x",
+            "-" if r.ceiling is None else f"{r.ceiling:.2f}x",
             target,
             met,
         )
@@ -256,7 +273,7 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict:
         "repeats": args.repeats,
         "engine_config": asdict(config),
         "torch": torch.__version__,
-        "rows": [{**asdict(r), "ratio": r.ratio, "met": r.met} for r in rows],
+        "rows": [{**asdict(r), "ratio": r.ratio, "ceiling": r.ceiling, "met": r.met} for r in rows],
     }
 
 
