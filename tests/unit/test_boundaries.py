@@ -52,10 +52,15 @@ def test_wings_do_not_import_each_other():
     assert not operator_to_worker, operator_to_worker
 
 
-def test_every_worker_folder_is_a_declared_package():
+def test_every_package_folder_is_declared_at_any_depth():
+    """A folder missing from pyproject's list is left out of a wheel (an image's `pip install .`) though an
+    editable install still finds it."""
     import tomllib
 
     declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    folders = {"tandem.worker." + p.parent.name for p in (ROOT / "worker").glob("*/__init__.py")}
-    folders |= {"tandem.operator." + p.parent.name for p in (ROOT / "operator").glob("*/__init__.py")}
+    folders = {
+        ".".join(("tandem", wing, *p.parent.relative_to(ROOT / wing).parts))
+        for wing in ("worker", "operator")
+        for p in (ROOT / wing).rglob("*/__init__.py")
+    }
     assert folders <= declared, folders - declared
