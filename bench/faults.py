@@ -227,7 +227,7 @@ def run(clients: int, settle_s: float, state: Path, repeat: int = 1) -> list[tup
 
 def soak(args: argparse.Namespace, state: Path) -> None:
     from bench._soak import Soak
-    from tandem.operator.local_scale import LocalPools
+    from tandem.operator.local.scale import LocalPools
     from tandem.spec import parse_object
 
     model = make_model(state / "model", ModelShape(hidden=128, layers=2))

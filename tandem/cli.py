@@ -12,7 +12,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("tandem.worker.serve.main", "run a prefill, decode or colocated gRPC worker"),
     "drain": ("tandem.worker.serve.drain_cli", "tell a worker to drain and wait until it holds nothing"),
     "router": ("tandem.worker.router.main", "run the OpenAI-compatible router"),
-    "up": ("tandem.operator.local", "run an InferenceService spec as local processes"),
+    "up": ("tandem.operator.local.up", "run an InferenceService spec as local processes"),
     "bench": ("tandem.worker.loadgen.cli", "load generator for any OpenAI-compatible endpoint"),
     "operator": ("tandem.operator.__main__", "run the Kubernetes operator"),
     "top": ("tandem.operator.top.cli", "live view of InferenceServices: replicas, TTFT/TPOT vs SLO, attainment"),

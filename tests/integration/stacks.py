@@ -7,8 +7,8 @@ from pathlib import Path
 
 import grpc
 
-from tandem.operator.local import free_port_block, serving
-from tandem.operator.local_plan import ProcessPlan
+from tandem.operator.local.plan import ProcessPlan
+from tandem.operator.local.up import free_port_block, serving
 from tandem.spec import parse_object
 from tandem.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 from tests.prometheus import Target

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tandem.operator.autoscale.types import Pool
-from tandem.operator.local import free_port_block, serving
-from tandem.operator.local_autoscale import LocalAutoscaleThread, local_autoscaler
-from tandem.operator.local_scale import LocalPools
+from tandem.operator.local.autoscale import LocalAutoscaleThread, local_autoscaler
+from tandem.operator.local.scale import LocalPools
+from tandem.operator.local.up import free_port_block, serving
 from tandem.spec import parse_object
 from tests.integration.stacks import spec
 from tests.integration.test_drain_scaling import StreamingLoad

@@ -15,7 +15,7 @@ from tandem.operator.autoscale.sources.base import MetricsUnavailable, Target
 from tandem.operator.autoscale.sources.prometheus import PrometheusSource
 from tandem.operator.autoscale.sources.scrape import ScrapeSource
 from tandem.operator.autoscale.types import Pool, Replicas
-from tandem.operator.local_scale import LocalPools
+from tandem.operator.local.scale import LocalPools
 from tandem.spec import parse_object
 from tests.integration.stacks import metrics_targets, running_stack, spec
 from tests.prometheus import require, running_prometheus

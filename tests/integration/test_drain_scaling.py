@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tandem.operator.local import free_port_block, serving
-from tandem.operator.local_scale import LocalPools
+from tandem.operator.local.scale import LocalPools
+from tandem.operator.local.up import free_port_block, serving
 from tandem.spec import parse_object
 from tests.integration.stacks import spec
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tandem import names
-from tandem.operator.local import free_port_block
+from tandem.operator.local.up import free_port_block
 from tests.integration.stacks import spec
 
 pytestmark = pytest.mark.slow

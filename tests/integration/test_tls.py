@@ -90,7 +90,7 @@ def test_the_plaintext_probe_port_serves_health_and_nothing_else(tiny_model_dir,
     import sys
     import time
 
-    from tandem.operator.local import free_port_block
+    from tandem.operator.local.up import free_port_block
 
     port = free_port_block(2)
     argv = [sys.executable, "-m", "tandem", "worker", "--role", "decode", "--model-dir", str(tiny_model_dir),

@@ -12,7 +12,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tandem import names
 from tandem.launch import drain_timeout_seconds, termination_grace_seconds
-from tandem.operator.local_scale import pick_victims
+from tandem.operator.local.scale import pick_victims
 from tandem.spec import InferenceServiceSpec
 from tandem.v1 import lifecycle_pb2, lifecycle_pb2_grpc
 from tandem.worker.serve.drain import Drainer, add_to_server

@@ -76,7 +76,7 @@ def test_disaggregation_reaches_the_rendered_router_and_the_local_one():
     from pathlib import Path
 
     from tandem.operator import render
-    from tandem.operator.local_plan import plan
+    from tandem.operator.local.plan import plan
     from tandem.spec import DisaggregationMode, InferenceService, Mode
 
     spec = _spec()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.operator.local_plan import plan, workers_document
+from tandem.operator.local.plan import plan, workers_document
 from tandem.spec import parse_object
 from tandem.worker.router.main import build_parser, check_args
 from tandem.worker.serve.main import parse_args as parse_worker_args

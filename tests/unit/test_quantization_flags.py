@@ -12,7 +12,7 @@ import yaml
 
 from tandem import names
 from tandem.operator import render
-from tandem.operator.local_plan import plan
+from tandem.operator.local.plan import plan
 from tandem.spec import InferenceServiceSpec, parse_object
 from tandem.worker.serve.main import parse_args
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from tandem import names
-from tandem.operator import local_plan, render
+from tandem.operator import render
+from tandem.operator.local import plan as local_plan
 from tandem.spec import InferenceService, InferenceServiceSpec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ import yaml
 from tandem.launch import worker_pools
 from tandem.operator import render
 from tandem.operator.autoscale.kube_loop import autoscaler_inputs
-from tandem.operator.local_plan import plan
+from tandem.operator.local.plan import plan
 from tandem.operator.pools import desired_pool_replicas
 from tandem.spec import InferenceService, InferenceServiceSpec
 

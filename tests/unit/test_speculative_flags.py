@@ -9,7 +9,7 @@ import pytest
 
 from tandem import names
 from tandem.operator import render
-from tandem.operator.local_plan import plan
+from tandem.operator.local.plan import plan
 from tandem.spec import InferenceService, InferenceServiceSpec
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.engine.engine import Engine, EngineConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tandem.operator.supervisor import (
+from tandem.operator.local.supervisor import (
     RESTART_BASE_S,
     RESTART_CAP_S,
     ChildState,

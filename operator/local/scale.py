@@ -22,8 +22,8 @@ from pathlib import Path
 import grpc
 
 from tandem.operator.autoscale.types import Replicas
-from tandem.operator.local import LocalStack
-from tandem.operator.local_plan import ProcessPlan, local_tls_dir, worker_plan, workers_document
+from tandem.operator.local.plan import ProcessPlan, local_tls_dir, worker_plan, workers_document
+from tandem.operator.local.up import LocalStack
 from tandem.spec import InferenceService
 from tandem.v1 import colocated_pb2_grpc, common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 

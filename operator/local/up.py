@@ -26,8 +26,8 @@ from pathlib import Path
 
 import httpx
 
-from tandem.operator.local_plan import ProcessPlan, model_dir, plan, workers_document
-from tandem.operator.supervisor import ChildState, die_with_parent
+from tandem.operator.local.plan import ProcessPlan, model_dir, plan, workers_document
+from tandem.operator.local.supervisor import ChildState, die_with_parent
 from tandem.spec import InferenceService, load_file
 
 STOP_GRACE_S = 5.0
@@ -306,11 +306,11 @@ def _serve_until_stopped(args: argparse.Namespace, svc: InferenceService, stack:
 
 
 def _start_autoscaler(svc: InferenceService, stack: LocalStack, state: Path):
-    """With spec.autoscaling.enabled, the SLO autoscaler resizes the local pools (tandem.operator.local_autoscale)."""
+    """With spec.autoscaling.enabled, the SLO autoscaler resizes the local pools (tandem.operator.local.autoscale)."""
     if not svc.spec.autoscaling.enabled:
         return None
-    from tandem.operator.local_autoscale import LocalAutoscaleThread, local_autoscaler
-    from tandem.operator.local_scale import LocalPools
+    from tandem.operator.local.autoscale import LocalAutoscaleThread, local_autoscaler
+    from tandem.operator.local.scale import LocalPools
 
     pools = LocalPools(stack, svc, Path.cwd(), state / "workers.json", threads=svc.spec.engine.threads or 1)
     print(f"autoscaling {svc.name} every {svc.spec.autoscaling.interval_seconds}s on its SLO", flush=True)

@@ -14,7 +14,7 @@ from tandem.operator.autoscale.sources.base import MetricSource, Target
 from tandem.operator.autoscale.sources.prometheus import PrometheusSource
 from tandem.operator.autoscale.sources.scrape import ScrapeSource
 from tandem.operator.autoscale.types import Decision, Pool, Replicas
-from tandem.operator.local_scale import LocalPools
+from tandem.operator.local.scale import LocalPools
 from tandem.profile import load_profile, shipped_profile
 from tandem.spec import InferenceService, Mode
 
