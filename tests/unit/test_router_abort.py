@@ -13,7 +13,7 @@ import pytest
 from tandem.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2_grpc
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.router.backend import Timing
-from tandem.worker.router.pools import GrpcBackend
+from tandem.worker.router.dispatch import GrpcBackend
 
 INFO = dict(model_name="tiny", dtype="float32", num_layers=2, num_kv_heads=2, head_dim=8, block_size=16)
 

@@ -123,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     from tandem.worker.hf.tokenizer import Tokenizer
     from tandem.worker.router.app import create_app
     from tandem.worker.router.auth import ApiKeys
+    from tandem.worker.router.dispatch import build_backend
     from tandem.worker.router.metrics import Slo
-    from tandem.worker.router.pools import build_backend
 
     try:
         api_keys = ApiKeys.from_sources(args.api_keys_file, args.api_keys_env)

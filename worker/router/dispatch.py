@@ -1,44 +1,36 @@
-"""The router's gRPC backend: keeps the prefill, decode and colocated pools, routes each request, retries.
+"""The router's gRPC backend: routes each request over the pools (membership.py), relays its tokens, retries.
 
 Disaggregated: reserve blocks on a decode worker, open its token stream, ask a prefill worker to run the
 prompt and push the KV there, then relay tokens; or, when conditional disaggregation says the transfer is
-not worth it (worker/router/disaggregation.py), let the decode worker prefill the prompt itself. A worker that fails before the first token is marked
-unhealthy and the request is retried elsewhere; after the first token a failure ends the stream with an
-error. Membership comes from the command line and, if given, a JSON workers file that may change.
+not worth it (disaggregation.py), let the decode worker prefill the prompt itself. A worker that fails
+before the first token is marked unhealthy and the request is retried elsewhere; after the first token a
+failure ends the stream with an error.
 
 Scaling down never cuts a stream: a worker that refuses work because it drains is taken out of rotation
-at once (and by its next load report), and a worker that leaves the membership stops getting requests
-but keeps its channel until the requests it holds have finished.
+at once (and by its next load report), and a worker that leaves the membership keeps its channel until
+the requests it holds have finished.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import os
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 from grpc import aio
 
 from tandem import names
 from tandem.v1 import (
-    colocated_pb2_grpc,
     common_pb2,
     decode_pb2,
-    decode_pb2_grpc,
     prefill_pb2,
-    prefill_pb2_grpc,
 )
 from tandem.worker.api.params import SamplingParams
-from tandem.worker.api.tls import TlsConfig, aio_channel
+from tandem.worker.api.tls import TlsConfig
 from tandem.worker.api.wire import FINISH_NAMES, params_to_proto
 from tandem.worker.kv_transport.handshake import DEFAULT_LEASE_MS, check_compatible
 from tandem.worker.router.backend import BackendError, Timing, TokenOut
@@ -48,44 +40,15 @@ from tandem.worker.router.disaggregation import (
     PrefillRoute,
     choose_prefill,
 )
-from tandem.worker.router.selection import WorkerView, pick_decode, pick_prefill
+from tandem.worker.router.membership import STUBS, Pools, Worker
+from tandem.worker.router.selection import pick_decode, pick_prefill
 
 log = logging.getLogger(__name__)
 
-STUBS = {
-    "prefill": prefill_pb2_grpc.PrefillServiceStub,
-    "decode": decode_pb2_grpc.DecodeServiceStub,
-    "colocated": colocated_pb2_grpc.ColocatedServiceStub,
-}
-UNHEALTHY_FOR_S = 2.0
 
 
 class _Retry(Exception):
     """This attempt failed before any token reached the client; try other workers."""
-
-
-@dataclass
-class Worker:
-    role: str
-    view: WorkerView
-    channel: aio.Channel
-    stub: object
-    info: common_pb2.WorkerInfo | None = None
-    unhealthy_until: float = 0.0
-    in_use: int = 0  # request attempts holding this worker (its channel must stay open)
-
-    def mark_failed(self) -> None:
-        self.view.healthy = False
-        self.unhealthy_until = time.monotonic() + UNHEALTHY_FOR_S
-
-
-@dataclass
-class Pools:
-    workers: dict[str, dict[str, Worker]] = field(default_factory=lambda: {r: {} for r in STUBS})
-    retiring: list[Worker] = field(default_factory=list)  # left the membership, still finishing requests
-
-    def views(self, role: str) -> list[WorkerView]:
-        return [w.view for w in self.workers[role].values()]
 
 
 class GrpcBackend:
@@ -104,30 +67,22 @@ class GrpcBackend:
         self.mode, self.block_size, self.max_attempts = mode, block_size, max_attempts
         self.disaggregation = disaggregation or DisaggregationPolicy()
         self.poll_interval_s, self.lease_ms = poll_interval_s, lease_ms
-        self.static = addresses
-        self.tls = tls  # mutual TLS to every worker, or plaintext
-        self.workers_file = workers_file
-        self._file_mtime = 0.0
-        self.pools = Pools()
+        self.pools = Pools(addresses, workers_file, tls)
         self.inflight = 0
         self._poller: asyncio.Task | None = None
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
-        await self._refresh_membership()
-        await self._poll_once()
-        self._poller = asyncio.create_task(self._poll_forever())
+        await self.pools.refresh()
+        await self.pools.poll_all()
+        self._poller = asyncio.create_task(self.pools.poll_forever(self.poll_interval_s))
 
     async def close(self) -> None:
         if self._poller:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
-        for role in self.pools.workers.values():
-            for w in role.values():
-                await w.channel.close()
-        for w in self.pools.retiring:
-            await w.channel.close()
+        await self.pools.close()
 
     def ready(self) -> bool:
         needed = ["colocated"] if self.mode == "colocated" else ["prefill", "decode"]
@@ -140,76 +95,6 @@ class GrpcBackend:
 
     def routable_workers(self) -> dict[str, int]:
         return {role: sum(v.routable for v in self.pools.views(role)) for role in STUBS}
-
-    # --- membership and health ----------------------------------------------------------------
-    def _wanted(self) -> dict[str, list[str]]:
-        wanted = {r: list(self.static.get(r, [])) for r in STUBS}
-        if self.workers_file and os.path.exists(self.workers_file):
-            data = json.loads(Path(self.workers_file).read_text() or "{}")
-            for role in STUBS:
-                wanted[role] = list(dict.fromkeys(wanted[role] + list(data.get(role, []))))
-        return {role: [a for address in addresses for a in resolve(address)] for role, addresses in wanted.items()}
-
-    async def _refresh_membership(self) -> None:
-        dynamic = any(a.startswith(DNS_PREFIX) for addresses in self.static.values() for a in addresses)
-        if not dynamic and self.workers_file and os.path.exists(self.workers_file):
-            mtime = os.path.getmtime(self.workers_file)
-            if mtime == self._file_mtime and any(self.pools.workers.values()):
-                return
-            self._file_mtime = mtime
-        try:
-            wanted = await asyncio.to_thread(self._wanted)
-        except (OSError, ValueError) as e:
-            log.warning("workers file unreadable: %s", e)
-            return
-        for role, addresses in wanted.items():
-            current = self.pools.workers[role]
-            for address in addresses:
-                if address not in current:
-                    channel = aio_channel(address, self.tls)
-                    current[address] = Worker(role, WorkerView(address, healthy=False), channel, STUBS[role](channel))
-            for address in list(current):
-                if address not in addresses:  # scaled away: no new requests, the held ones finish
-                    gone = current.pop(address)
-                    gone.view.draining = True
-                    self.pools.retiring.append(gone)
-
-    async def _close_retired(self) -> None:
-        """Close the channels of workers that left the membership once no request holds them."""
-        done = [w for w in self.pools.retiring if w.in_use == 0]
-        self.pools.retiring = [w for w in self.pools.retiring if w.in_use > 0]
-        for w in done:
-            await w.channel.close()
-
-    async def _poll_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll_interval_s)
-            try:
-                await self._refresh_membership()
-                await self._close_retired()
-                await self._poll_once()
-            except Exception:  # keep polling whatever one round did
-                log.exception("worker poll failed")
-
-    async def _poll_once(self) -> None:
-        workers = [w for role in self.pools.workers.values() for w in role.values()]
-        await asyncio.gather(*(self._poll(w) for w in workers))
-
-    async def _poll(self, w: Worker) -> None:
-        try:
-            if w.info is None:
-                w.info = (await w.stub.Handshake(common_pb2.HandshakeRequest(), timeout=2)).worker  # type: ignore[attr-defined]
-            load = await w.stub.Load(common_pb2.LoadRequest(), timeout=2)  # type: ignore[attr-defined]
-        except aio.AioRpcError as e:
-            if e.code() == grpc.StatusCode.UNAVAILABLE:
-                w.mark_failed()
-            return  # a slow answer (a busy worker) keeps the last load, it is not a failure
-        if time.monotonic() < w.unhealthy_until and not w.view.healthy:
-            return  # a recent request failure outranks one good poll
-        v = w.view
-        v.healthy, v.draining = True, load.draining
-        v.queued_prompt_tokens, v.running_sequences = load.queued_prompt_tokens, load.running_sequences
-        v.free_kv_blocks, v.total_kv_blocks = load.free_kv_blocks, load.total_kv_blocks
 
     def _blocks_needed(self, num_tokens: int) -> int:
         sizes = [w.info.block_size for w in self.pools.workers["decode"].values() if w.info and w.info.block_size]
@@ -261,8 +146,8 @@ class GrpcBackend:
                 fresh = any(w.info is None for w in self.pools.workers[role].values())
                 if not fresh or time.monotonic() >= deadline:
                     raise
-            await self._refresh_membership()
-            await asyncio.gather(*(self._poll(w) for w in self.pools.workers[role].values()))
+            await self.pools.refresh()
+            await self.pools.poll_all(role)
             await asyncio.sleep(0.05)
 
     async def _colocated(self, request_id, prompt_ids, params, timing, tried) -> AsyncIterator[TokenOut]:
@@ -439,22 +324,7 @@ def _note_unavailable(worker: Worker, e: aio.AioRpcError) -> None:
         worker.mark_failed()
 
 
-DNS_PREFIX = "dns:///"
 PICK_WAIT_S = 3.0  # how long a request waits for a routable worker of a role before its 503
-
-
-def resolve(address: str) -> list[str]:
-    """`dns:///name:port` (a headless Service) to one `ip:port` per pod behind it; others as they are."""
-    if not address.startswith(DNS_PREFIX):
-        return [address]
-    host, _, port = address[len(DNS_PREFIX) :].rpartition(":")
-    try:
-        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
-    except (OSError, ValueError) as e:
-        log.warning("cannot resolve %s: %s", address, e)
-        return []
-    ips = sorted({str(info[4][0]) for info in infos})
-    return [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips]
 
 
 def _raise_client_error(e: aio.AioRpcError) -> None:

@@ -1,0 +1,158 @@
+"""Which workers the router knows, and how each is doing: membership and polled health and load.
+
+Membership comes from the command line (an address, or `dns:///name:port` for every pod behind a headless
+Service) and, if given, a JSON workers file that may change. A worker that leaves the membership stops
+getting requests but keeps its channel until the requests it holds have finished; one that joins is
+dialled and polled (Handshake once, then Load) before it is routable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc import aio
+
+from tandem.v1 import colocated_pb2_grpc, common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+from tandem.worker.api.tls import TlsConfig, aio_channel
+from tandem.worker.router.selection import WorkerView
+
+log = logging.getLogger(__name__)
+
+STUBS = {
+    "prefill": prefill_pb2_grpc.PrefillServiceStub,
+    "decode": decode_pb2_grpc.DecodeServiceStub,
+    "colocated": colocated_pb2_grpc.ColocatedServiceStub,
+}
+UNHEALTHY_FOR_S = 2.0
+DNS_PREFIX = "dns:///"
+
+
+@dataclass
+class Worker:
+    role: str
+    view: WorkerView
+    channel: aio.Channel
+    stub: object
+    info: common_pb2.WorkerInfo | None = None
+    unhealthy_until: float = 0.0
+    in_use: int = 0  # request attempts holding this worker (its channel must stay open)
+
+    def mark_failed(self) -> None:
+        self.view.healthy = False
+        self.unhealthy_until = time.monotonic() + UNHEALTHY_FOR_S
+
+
+class Pools:
+    """The workers of each role, by address, and those that left but still finish requests."""
+
+    def __init__(self, static: dict[str, list[str]], workers_file: str | None = None, tls: TlsConfig | None = None):
+        self.static = static
+        self.workers_file = workers_file
+        self.tls = tls  # mutual TLS to every worker, or plaintext
+        self._file_mtime = 0.0
+        self.workers: dict[str, dict[str, Worker]] = {r: {} for r in STUBS}
+        self.retiring: list[Worker] = []  # left the membership, still finishing requests
+
+    def views(self, role: str) -> list[WorkerView]:
+        return [w.view for w in self.workers[role].values()]
+
+    def _wanted(self) -> dict[str, list[str]]:
+        wanted = {r: list(self.static.get(r, [])) for r in STUBS}
+        if self.workers_file and os.path.exists(self.workers_file):
+            data = json.loads(Path(self.workers_file).read_text() or "{}")
+            for role in STUBS:
+                wanted[role] = list(dict.fromkeys(wanted[role] + list(data.get(role, []))))
+        return {role: [a for address in addresses for a in resolve(address)] for role, addresses in wanted.items()}
+
+    async def refresh(self) -> None:
+        """Dial workers that joined; retire those that left."""
+        dynamic = any(a.startswith(DNS_PREFIX) for addresses in self.static.values() for a in addresses)
+        if not dynamic and self.workers_file and os.path.exists(self.workers_file):
+            mtime = os.path.getmtime(self.workers_file)
+            if mtime == self._file_mtime and any(self.workers.values()):
+                return
+            self._file_mtime = mtime
+        try:
+            wanted = await asyncio.to_thread(self._wanted)
+        except (OSError, ValueError) as e:
+            log.warning("workers file unreadable: %s", e)
+            return
+        for role, addresses in wanted.items():
+            current = self.workers[role]
+            for address in addresses:
+                if address not in current:
+                    channel = aio_channel(address, self.tls)
+                    current[address] = Worker(role, WorkerView(address, healthy=False), channel, STUBS[role](channel))
+            for address in list(current):
+                if address not in addresses:  # scaled away: no new requests, the held ones finish
+                    gone = current.pop(address)
+                    gone.view.draining = True
+                    self.retiring.append(gone)
+
+    async def close_retired(self) -> None:
+        """Close the channels of workers that left the membership once no request holds them."""
+        done = [w for w in self.retiring if w.in_use == 0]
+        self.retiring = [w for w in self.retiring if w.in_use > 0]
+        for w in done:
+            await w.channel.close()
+
+    async def close(self) -> None:
+        for role in self.workers.values():
+            for w in role.values():
+                await w.channel.close()
+        for w in self.retiring:
+            await w.channel.close()
+
+    async def poll_forever(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.refresh()
+                await self.close_retired()
+                await self.poll_all()
+            except Exception:  # keep polling whatever one round did
+                log.exception("worker poll failed")
+
+    async def poll_all(self, role: str | None = None) -> None:
+        roles = [role] if role else list(self.workers)
+        await asyncio.gather(*(poll(w) for r in roles for w in self.workers[r].values()))
+
+
+async def poll(w: Worker) -> None:
+    """One worker's health and load into its view (its Handshake first, once)."""
+    try:
+        if w.info is None:
+            w.info = (await w.stub.Handshake(common_pb2.HandshakeRequest(), timeout=2)).worker  # type: ignore[attr-defined]
+        load = await w.stub.Load(common_pb2.LoadRequest(), timeout=2)  # type: ignore[attr-defined]
+    except aio.AioRpcError as e:
+        if e.code() == grpc.StatusCode.UNAVAILABLE:
+            w.mark_failed()
+        return  # a slow answer (a busy worker) keeps the last load, it is not a failure
+    if time.monotonic() < w.unhealthy_until and not w.view.healthy:
+        return  # a recent request failure outranks one good poll
+    v = w.view
+    v.healthy, v.draining = True, load.draining
+    v.queued_prompt_tokens, v.running_sequences = load.queued_prompt_tokens, load.running_sequences
+    v.free_kv_blocks, v.total_kv_blocks = load.free_kv_blocks, load.total_kv_blocks
+
+
+def resolve(address: str) -> list[str]:
+    """`dns:///name:port` (a headless Service) to one `ip:port` per pod behind it; others as they are."""
+    if not address.startswith(DNS_PREFIX):
+        return [address]
+    host, _, port = address[len(DNS_PREFIX) :].rpartition(":")
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except (OSError, ValueError) as e:
+        log.warning("cannot resolve %s: %s", address, e)
+        return []
+    ips = sorted({str(info[4][0]) for info in infos})
+    return [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips]
