@@ -71,10 +71,11 @@ def service_object(
     num_kv_blocks: int = 1024,
     max_context: int = 4096,
     router: dict | None = None,
+    engine: dict | None = None,
 ) -> dict:
     """An InferenceService object for the local backend: float32 on CPU, `threads` torch threads per
     worker. In colocated mode `decode` replicas is the number of colocated workers; `router` is the
-    spec's router section (e.g. its disaggregation)."""
+    spec's router section (e.g. its disaggregation); `engine` adds to the engine section."""
     obj = {
         "apiVersion": "serving.tandem.dev/v1alpha1",
         "kind": "InferenceService",
@@ -90,7 +91,7 @@ def service_object(
             "prefill": {"replicas": prefill, "resources": {"gpus": 0}},
             "decode": {"replicas": decode, "resources": {"gpus": 0}},
             "kvTransfer": {"transport": transport},
-            "engine": {"blockSize": 16, "numKvBlocks": num_kv_blocks, "threads": threads},
+            "engine": {"blockSize": 16, "numKvBlocks": num_kv_blocks, "threads": threads, **(engine or {})},
         },
     }
     if router:

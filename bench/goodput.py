@@ -79,6 +79,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-output-len", type=int, default=64)
     p.add_argument("--local-prefill-max-tokens", type=int, default=32, help="conditional mode's threshold")
     p.add_argument("--prefill-queue-tokens", type=int, default=512, help="conditional mode's saturation bound")
+    p.add_argument(
+        "--stall-free-tokens", type=int, default=None,
+        help="engine.maxPrefillTokensWithDecodes of the --stall-free stacks (default: off)",
+    )  # fmt: skip
+    p.add_argument(
+        "--stall-free", default="conditional", help="comma-separated modes whose workers get --stall-free-tokens"
+    )
     p.add_argument("--rates", default="0.6,1.2,2.4,4", help="probed rates, multiples of the idle service rate")
     p.add_argument("--scales", default="1.5,2,3,5,8", help="SLO scales (multiples of the idle latencies)")
     p.add_argument("--repeats", type=int, default=3, help="runs of the whole rate grid per mode")
@@ -103,10 +110,23 @@ def stack_objects(model_dir: Path, args: argparse.Namespace) -> dict[str, dict]:
         "mode": "conditional", "localPrefillMaxTokens": args.local_prefill_max_tokens,
         "prefillQueueTokens": args.prefill_queue_tokens,
     }}  # fmt: skip
+    stall_free = set(args.stall_free.split(",")) if args.stall_free_tokens else set()
+    if stall_free - set(MODES):
+        raise SystemExit(f"--stall-free: unknown modes {sorted(stall_free - set(MODES))}")
+
+    def engine(mode: str) -> dict:
+        return {"maxPrefillTokensWithDecodes": args.stall_free_tokens} if mode in stall_free else {}
+
     return {
-        COLOCATED: service_object("goodput-colo", model_dir, mode="colocated", decode=2, **common),
-        DISAGGREGATED: service_object("goodput-disagg", model_dir, mode="disaggregated", **common),
-        CONDITIONAL: service_object("goodput-cond", model_dir, mode="disaggregated", router=conditional, **common),
+        COLOCATED: service_object(
+            "goodput-colo", model_dir, mode="colocated", decode=2, engine=engine(COLOCATED), **common
+        ),
+        DISAGGREGATED: service_object(
+            "goodput-disagg", model_dir, mode="disaggregated", engine=engine(DISAGGREGATED), **common
+        ),
+        CONDITIONAL: service_object(
+            "goodput-cond", model_dir, mode="disaggregated", router=conditional, engine=engine(CONDITIONAL), **common
+        ),
     }
 
 

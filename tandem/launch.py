@@ -65,6 +65,8 @@ def worker_argv(
         "--max-model-len", str(spec.model.max_context_length),
         "--kv-compression", spec.kv_transfer.compression, "--kv-transport", spec.kv_transfer.transport.value,
     ]  # fmt: skip
+    if engine.max_prefill_tokens_with_decodes and role != names.POOL_PREFILL:  # a prefill worker never decodes
+        argv += ["--max-prefill-tokens-with-decodes", str(engine.max_prefill_tokens_with_decodes)]
     if engine.num_kv_blocks:
         argv += ["--num-kv-blocks", str(engine.num_kv_blocks)]
     else:

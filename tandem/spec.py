@@ -219,6 +219,8 @@ class EngineSpec(_Spec):
     max_running_sequences: int = Field(default=64, gt=0)
     max_batch_tokens: int = Field(default=2048, gt=0)
     prefill_chunk_tokens: int = Field(default=512, gt=0)
+    # Stall-free batching: a step that carries decodes carries at most this many prompt tokens (unset: no cap)
+    max_prefill_tokens_with_decodes: int | None = Field(default=None, gt=0)
     threads: int | None = Field(default=None, gt=0)
     attention: AttentionBackend = AttentionBackend.sdpa
     compile: bool = False

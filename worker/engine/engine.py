@@ -39,6 +39,7 @@ class EngineConfig:
     max_running_sequences: int = 64
     max_batch_tokens: int = 2048
     prefill_chunk_tokens: int = 512
+    max_prefill_tokens_with_decodes: int | None = None  # stall-free batching cap (scheduler.py); None: off
     max_model_len: int | None = None  # defaults to the model's max positions
     enable_prefix_caching: bool = True
     prefix_cache_seed: str = ""  # the model's identity: roots every prefix hash chain
@@ -85,7 +86,12 @@ class Engine:
             config.num_kv_blocks, config.block_size, config.enable_prefix_caching, config.prefix_cache_seed.encode()
         )
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_running_sequences, config.max_batch_tokens, config.prefill_chunk_tokens),
+            SchedulerConfig(
+                config.max_running_sequences,
+                config.max_batch_tokens,
+                config.prefill_chunk_tokens,
+                config.max_prefill_tokens_with_decodes,
+            ),
             self.blocks,
         )
         self.eos_token_ids = eos_token_ids  # stop strings are the router's: it sees the text, the engine sees ids

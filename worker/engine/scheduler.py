@@ -5,6 +5,11 @@ are admitted while blocks, the token budget and the running-sequence cap allow. 
 chunk size is prefilled over several steps. A decoding sequence handed draft tokens runs them with its
 last token, as a short chunk, within the same budget. When a running sequence needs a block and none is free, the
 newest running sequence is preempted: its blocks are freed and it is recomputed later.
+
+With `max_prefill_tokens_with_decodes` set, a step that carries decodes carries at most that many prompt
+tokens beside them (stall-free batching, as Sarathi-Serve does it): a prompt that arrives at a busy decode
+or colocated worker is prefilled a slice per step, so it adds a bounded amount to every running sequence's
+TPOT instead of stalling the batch for its whole prefill. A step without decodes uses the full budget.
 """
 
 from __future__ import annotations
@@ -22,6 +27,11 @@ class SchedulerConfig:
     max_running_sequences: int = 64
     max_batch_tokens: int = 2048
     prefill_chunk_tokens: int = 512
+    max_prefill_tokens_with_decodes: int | None = None  # None: prompt tokens share the whole budget
+
+    def __post_init__(self) -> None:
+        if self.max_prefill_tokens_with_decodes is not None and self.max_prefill_tokens_with_decodes < 1:
+            raise ValueError(f"max_prefill_tokens_with_decodes must be at least 1, got {self.max_prefill_tokens_with_decodes}")
 
 
 @dataclass
@@ -64,12 +74,16 @@ class Scheduler:
         """This step's batch; a decoding sequence in `drafts` also runs its draft tokens (cut to the budget)."""
         out = SchedulerOutput()
         budget = self.config.max_batch_tokens
+        prompt_budget = self._prompt_budget()
         for seq in list(self.running):
             if budget == 0:
                 break
             if seq.status is not SeqStatus.RUNNING:  # preempted earlier in this loop
                 continue
             n = min(seq.num_uncomputed, budget, self.config.prefill_chunk_tokens)
+            if seq.in_prefill:
+                n = min(n, prompt_budget)
+                prompt_budget -= n
             draft = drafts.get(seq, []) if drafts and n == seq.num_uncomputed == 1 else []
             draft = draft[: min(budget, self.config.prefill_chunk_tokens, self._room(seq)) - 1]
             n += len(draft)
@@ -79,7 +93,7 @@ class Scheduler:
             out.num_new_tokens.append(n)
             out.drafts.append(draft)
             budget -= n
-        while self.waiting and budget > 0 and not out.preempted:
+        while self.waiting and budget > 0 and prompt_budget > 0 and not out.preempted:
             if len(self.running) >= self.config.max_running_sequences:
                 break
             seq = self.waiting[0]
@@ -92,12 +106,20 @@ class Scheduler:
             seq.block_hashes = [self.blocks.block_hashes[b] for b in seq.block_table[: cached // self.blocks.block_size]]  # type: ignore[misc]
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
-            n = min(seq.num_uncomputed, budget, self.config.prefill_chunk_tokens)
+            n = min(seq.num_uncomputed, budget, self.config.prefill_chunk_tokens, prompt_budget)
+            prompt_budget -= n
             out.seqs.append(seq)
             out.num_new_tokens.append(n)
             out.drafts.append([])
             budget -= n
         return out
+
+    def _prompt_budget(self) -> int:
+        """Prompt tokens this step may carry: capped when any running sequence decodes, else the whole budget."""
+        cap = self.config.max_prefill_tokens_with_decodes
+        if cap is not None and any(not s.in_prefill for s in self.running if s.status is SeqStatus.RUNNING):
+            return cap
+        return self.config.max_batch_tokens
 
     def _room(self, seq: Sequence) -> int:
         """Tokens `seq` can compute this step in its blocks and the free ones: drafts never preempt anyone."""

@@ -59,6 +59,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-running", type=int, default=64)
     p.add_argument("--max-batch-tokens", type=int, default=2048)
     p.add_argument("--prefill-chunk", type=int, default=512)
+    p.add_argument(
+        "--max-prefill-tokens-with-decodes", type=int, default=None,
+        help="stall-free batching: most prompt tokens in a step that carries decodes (default: no cap)",
+    )  # fmt: skip
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--attention", choices=["sdpa", "flex"], default="sdpa", help="attention over the paged cache")
@@ -190,6 +194,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         max_running_sequences=args.max_running,
         max_batch_tokens=args.max_batch_tokens,
         prefill_chunk_tokens=args.prefill_chunk,
+        max_prefill_tokens_with_decodes=args.max_prefill_tokens_with_decodes,
         max_model_len=args.max_model_len,
         prefix_cache_seed=f"{args.served_name}\0{args.model_dir}\0{args.dtype}\0{args.quantization}\0{args.kv_cache_dtype}",
         attention=args.attention,
