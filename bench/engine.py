@@ -155,12 +155,15 @@ def bench_batch(
     batch: int, args: argparse.Namespace, engine: Engine, hf, vocab: int, log: Callable[[str], None]
 ) -> list[Row]:
     ours, hf_runs = [], []
+    floor_runs: dict[str, list[float]] = {"prefill": [], "decode": []}
     for rep in range(args.repeats):
         prompts = random_prompts(batch, args.prompt_len, vocab, seed=1000 * batch + rep)
         ours.append(time_engine(engine, prompts, args.new_tokens))
         hf_runs.append(time_hf(hf, prompts, args.new_tokens))
+        for phase, runs in floor_runs.items():  # beside each run, so the same background load touches all three
+            runs.append(floor_tok_s(engine.model, phase, batch, args.prompt_len))
         log(f"  batch {batch} run {rep + 1}: ours {fmt_run(ours[-1])} | transformers {fmt_run(hf_runs[-1])}")
-    floors = {phase: floor_tok_s(engine.model, phase, batch, args.prompt_len) for phase in ("prefill", "decode")}
+    floors = {phase: statistics.median(runs) for phase, runs in floor_runs.items()}
     return rows_for(batch, args.prompt_len, ours, hf_runs, floors)
 
 
