@@ -84,12 +84,8 @@ class EarlyExitStep:
     def __init__(
         self, model: Transformer, kv: KvCache, layers: int, block_size: int, backend: str, staging: HostStaging
     ):
-        total = model.config.num_layers
-        if not 1 <= layers < total:
-            raise ValueError(
-                f"speculative draftModel.layers is {layers}, but the model has {total} layers: "
-                f"the draft runs the first N of them, so N must be between 1 and {total - 1}"
-            )
+        if not 1 <= layers < model.config.num_layers:
+            raise ValueError(f"a draft of {layers} layers is no strict prefix of {model.config.num_layers}")
         self.model, self.kv, self.layers = model, kv, layers
         self.block_size, self.backend, self.staging = block_size, backend, staging
         self.device = next(model.parameters()).device
@@ -104,6 +100,8 @@ class EarlyExitStep:
 
 def early_exit_proposer(engine: Engine, layers: int) -> DraftModelProposer:
     """The draft method's proposer for `engine`: its model's first `layers` layers over its own KV cache."""
+    assert engine.config.speculative is not None
+    engine.config.speculative.check_model(engine.model.config.num_layers)
     step = EarlyExitStep(
         engine.model, engine.kv, layers, engine.config.block_size, engine.config.attention, engine.staging
     )

@@ -40,6 +40,14 @@ class SpeculativeConfig:
         if self.draft_layers is not None and self.draft_layers < 1:
             raise ValueError(f"speculative draft_layers must be at least 1, got {self.draft_layers}")
 
+    def check_model(self, num_layers: int) -> None:
+        """Refuse a draft that is not a strict prefix of a model with `num_layers` layers."""
+        if self.draft_layers is not None and not self.draft_layers < num_layers:
+            raise ValueError(
+                f"speculative draftModel.layers is {self.draft_layers}, but the model has {num_layers} layers: "
+                f"the draft runs the first N of them, so N must be between 1 and {num_layers - 1}"
+            )
+
 
 def make_proposer(config: SpeculativeConfig) -> Proposer:
     """The proposer of a method that needs no model (the draft method's runs the target: see draft_model.py)."""
