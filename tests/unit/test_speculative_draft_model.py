@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tandem.worker.api.params import SamplingParams
+from tandem.worker.devtools.early_exit import upper_layers_scaled
 from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.engine.loading import load_model
 from tandem.worker.engine.speculative.backoff import BackoffPolicy
@@ -25,19 +26,10 @@ def tiny_model(tiny_model_dir):
     return load_model(tiny_model_dir)
 
 
-def upper_layers_silenced(model, from_layer: int, scale: float = 0.0):
-    """`model` with the attention and MLP outputs of layers >= `from_layer` scaled by `scale` (in place): at
-    0 the residual stream after `from_layer` layers is the final one, so early exit is the model itself."""
-    with torch.no_grad():
-        for layer in model.model.layers[from_layer:]:
-            layer.self_attn.o_proj.weight.mul_(scale)
-            layer.mlp.down_proj.weight.mul_(scale)
-    return model
-
-
 @pytest.fixture(scope="module")
 def early_exit_model(tiny_model_dir):
-    return upper_layers_silenced(load_model(tiny_model_dir), DRAFT_LAYERS)
+    """Layers >= DRAFT_LAYERS add nothing to the residual stream: exiting after DRAFT_LAYERS is the model."""
+    return upper_layers_scaled(load_model(tiny_model_dir), DRAFT_LAYERS, 0.0)
 
 
 def _engine(model, layers: int | None = DRAFT_LAYERS, k: int = 4, policy: BackoffPolicy | None = None, **overrides):

@@ -9,6 +9,7 @@ has written its KV, which is where the prefill worker starts pushing that layer 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -174,7 +175,7 @@ class Transformer(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         layer: DecoderLayer
-        for i, layer in enumerate(self.model.layers[:num_layers]):  # type: ignore[assignment]
+        for i, layer in enumerate(itertools.islice(self.model.layers, num_layers)):  # type: ignore[assignment]
             h = x + layer.self_attn(layer.input_layernorm(x), cos, sin, k_caches[i], v_caches[i], batch)
             x = h + layer.mlp(layer.post_attention_layernorm(h))
             if layer_hook is not None:
