@@ -106,7 +106,8 @@ class Scheduler:
     def reserve(self, seq: Sequence, num_tokens: int) -> int:
         """Blocks for the next `num_tokens` of `seq` from the free pool, as a draft's verify would take them
         (never preempting anyone); returns how many of those tokens fit. The draft model writes its KV there
-        before the step is scheduled; `release_unused` gives back what the verify did not keep."""
+        before the step is scheduled; `release_unused` gives back what the verify did not keep (a sequence
+        whose drafts the step's token budget cut keeps the blocks until it grows into them or ends)."""
         n = max(0, min(num_tokens, self._room(seq)))
         need = self.blocks.blocks_needed(seq.num_computed + n) - len(seq.block_table)
         if need > 0:
