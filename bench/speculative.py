@@ -1,6 +1,8 @@
 """Speculative decoding against plain decoding, side by side in one run: TPOT and decode tokens/s at several
-batch sizes, with the acceptance rate beside each figure, on a workload where drafts can be right and one
-where they cannot.
+batch sizes, with the acceptance rate beside each figure, for each proposer on a workload where drafts can
+be right and one where they cannot.
+
+n-gram prompt lookup:
 
 - `repeats`: the tiny random model's greedy text repeats itself (as quoting, code edits and summaries do
   for real models); each prompt is a random start and the model's own greedy continuation of it, so the
@@ -9,12 +11,23 @@ where they cannot.
   repeat, fed prompts made of one pattern repeated: the proposer always finds a match in the prompt and
   drafts it, and the model rarely follows, so the back-off has to keep speculation from costing time.
 
+The self-speculative draft (the model's first `--draft-layers` layers, its final norm and LM head):
+
+- `early-exit`: a target constructed for early exit, the tiny model with the attention and MLP outputs of
+  the layers past the draft scaled by `--early-exit-scale` (0.02), so exiting early mostly agrees with it
+  (a LayerSkip-trained model is trained for this; the random checkpoint is made to); random prompts. The
+  random model's logits are flat (its top two are often close), so at 0.05 the argmax flips about half
+  the time.
+- `random`: the tiny random model as it is, whose first layers seldom predict its last: the back-off has
+  to keep speculation from costing time.
+
 Each point runs a plain and a speculative engine on the same prompts, one step of each in turn, each timed
 on its own clock (the sum of its steps), so both see the same host noise; `--repeats` times with fresh
 prompts (nothing served from the prefix cache), reporting the median with the spread. TPOT is
 per sequence, (last token - first token) / (tokens - 1), averaged over the batch.
 
     python -m bench.speculative [--threads 1] [--batches 1,4,16] [--repeats 3] [--num-tokens 4]
+        [--workloads repeats,novel,early-exit,random] [--draft-layers 1]
 """
 
 from __future__ import annotations
@@ -32,6 +45,7 @@ import torch
 from bench import engine_timing
 from bench.engine_timing import random_prompts
 from tandem.worker.api.params import SamplingParams
+from tandem.worker.devtools.early_exit import upper_layers_scaled
 from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
 from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.engine.loading import load_model
@@ -39,7 +53,13 @@ from tandem.worker.engine.model import Transformer
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig
 
 BLOCK_SIZE = 16
-TARGETS = {"repeats": (1, 1.8), "novel": (None, 0.95)}  # workload -> (batch it applies to, least TPOT ratio)
+# workload -> (its proposer, the batch its target applies to (None: every batch), the least TPOT ratio)
+WORKLOADS: dict[str, tuple[str, int | None, float]] = {
+    "repeats": ("ngram", 1, 1.8),
+    "novel": ("ngram", None, 0.95),
+    "early-exit": ("draft", 1, 1.3),
+    "random": ("draft", None, 0.95),
+}
 
 
 @dataclass(frozen=True)
@@ -67,8 +87,12 @@ class Point:
         proposed = sum(s.proposed for s in self.spec)
         return sum(s.accepted for s in self.spec) / proposed if proposed else 0.0
 
+    @property
+    def method(self) -> str:
+        return WORKLOADS[self.workload][0]
+
     def target(self) -> float | None:
-        batch, least = TARGETS[self.workload]
+        _, batch, least = WORKLOADS[self.workload]
         return least if batch in (None, self.batch) else None
 
 
@@ -86,6 +110,8 @@ def prompts_for(workload: str, model: Transformer, batch: int, length: int, voca
         starts = random_prompts(batch, 16, vocab, seed)
         ((_, continued),) = run([engine_for(model, batch, length, length, None)], starts, length - 16)
         return [s + c for s, c in zip(starts, continued, strict=True)]
+    if WORKLOADS[workload][0] == "draft":
+        return random_prompts(batch, length, vocab, seed)
     patterns = random_prompts(batch, 8, vocab, seed)
     return [(p * (length // 8 + 1))[:length] for p in patterns]
 
@@ -148,7 +174,9 @@ def engine_for(model: Transformer, batch: int, prompt_len: int, new_tokens: int,
 
 
 def bench_point(workload: str, model: Transformer, batch: int, args: argparse.Namespace, vocab: int) -> Point:
-    spec_config = SpeculativeConfig(num_tokens=args.num_tokens)
+    method = WORKLOADS[workload][0]
+    layers = args.draft_layers if method == "draft" else None
+    spec_config = SpeculativeConfig(method, num_tokens=args.num_tokens, draft_layers=layers)
     plain_runs, spec_runs = [], []
     for rep in range(args.repeats + 1):  # the first round warms up and is dropped
         prompts = prompts_for(workload, model, batch, args.prompt_len, vocab, seed=10_000 * batch + rep)
@@ -170,16 +198,16 @@ def print_table(points: list[Point], caption: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="speculative (n-gram) vs plain decoding: median, then (min-max) over runs", caption=caption)
-    for col in ("workload", "batch", "plain TPOT ms", "spec TPOT ms", "TPOT ratio", "plain tok/s", "spec tok/s",
+    table = Table(title="speculative vs plain decoding: median, then (min-max) over runs", caption=caption)
+    for col in ("method", "workload", "batch", "plain TPOT ms", "spec TPOT ms", "TPOT ratio", "plain tok/s", "spec tok/s",
                 "tok/s ratio", "acceptance", "target", "met"):  # fmt: skip
-        table.add_column(col, justify="left" if col in ("workload", "met") else "right")
+        table.add_column(col, justify="left" if col in ("method", "workload", "met") else "right")
     for p in points:
         target = p.target()
         met = "-" if target is None else ("yes" if statistics.median(p.ratios) >= target else "NO")
         tok = [s.tok_s / q.tok_s for q, s in zip(p.plain, p.spec, strict=True)]
         table.add_row(
-            p.workload, str(p.batch),
+            p.method, p.workload, str(p.batch),
             spread([r.tpot_s * 1e3 for r in p.plain]), spread([r.tpot_s * 1e3 for r in p.spec]),
             spread(p.ratios) + "x",
             spread([r.tok_s for r in p.plain], "{:.0f}"), spread([r.tok_s for r in p.spec], "{:.0f}"),
@@ -193,10 +221,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--batches", default="1,4,16")
-    p.add_argument("--workloads", default="repeats,novel")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"of {', '.join(WORKLOADS)}")
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--num-tokens", type=int, default=4, help="draft tokens per step")
+    p.add_argument("--draft-layers", type=int, default=1, help="the draft method's layers (of the model's 4)")
+    p.add_argument("--early-exit-scale", type=float, default=0.02,
+                   help="early-exit workload: the factor on the outputs of the layers past the draft")  # fmt: skip
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                    help="cpu: this process's CPU time (steadier on a shared host; needs --threads 1)")  # fmt: skip
@@ -211,7 +242,12 @@ def main(argv: list[str]) -> int:
         engine_timing.use_cpu_clock()
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = create_tiny_model(Path(tmp) / "tiny", TinySpec(seed=0))
-        models = {"repeats": load_model(model_dir), "novel": scaled(load_model(model_dir), 4.0)}
+        models = {
+            "repeats": load_model(model_dir),
+            "novel": scaled(load_model(model_dir), 4.0),
+            "early-exit": upper_layers_scaled(load_model(model_dir), args.draft_layers, args.early_exit_scale),
+        }
+        models["random"] = models["repeats"]
     vocab = models["repeats"].config.vocab_size - 64  # clear of the special tokens at the top
     points = []
     for workload in args.workloads.split(","):
@@ -220,10 +256,11 @@ def main(argv: list[str]) -> int:
             print(f"  {workload} batch {batch}: TPOT ratio {spread(points[-1].ratios)}x, "
                   f"acceptance {points[-1].acceptance:.0%}", file=sys.stderr, flush=True)  # fmt: skip
     caption = (f"tiny Llama (4 layers, hidden 256), fp32, CPU, {args.threads} thread(s), {args.clock} clock; "
-               f"prompt {args.prompt_len}, {args.new_tokens} new tokens, k={args.num_tokens}, {args.repeats} runs")  # fmt: skip
+               f"prompt {args.prompt_len}, {args.new_tokens} new tokens, k={args.num_tokens}, "
+               f"draft {args.draft_layers} layer(s), early-exit scale {args.early_exit_scale}, {args.repeats} runs")  # fmt: skip
     print_table(points, caption)
     if args.out:
-        Path(args.out).write_text(json.dumps([asdict(p) for p in points], indent=2))
+        Path(args.out).write_text(json.dumps([{"method": p.method, **asdict(p)} for p in points], indent=2))
     return 0
 
 

@@ -82,6 +82,8 @@ def worker_argv(
     if engine.speculative is not None and role != names.POOL_PREFILL:  # a prefill worker never decodes
         argv += ["--speculative", engine.speculative.method.value]
         argv += ["--speculative-tokens", str(engine.speculative.num_tokens)]
+        if engine.speculative.draft_model is not None:
+            argv += ["--speculative-draft-layers", str(engine.speculative.draft_model.layers)]
     if threads or engine.threads:
         argv += ["--threads", str(threads or engine.threads)]
     if worker_id:

@@ -184,6 +184,18 @@ class AttentionBackend(StrEnum):
 
 class SpeculativeMethod(StrEnum):
     ngram = "ngram"  # prompt lookup: drafts copied from where the text's last n-gram occurred before
+    draft = "draft"  # self-speculative: the model's own first layers draft (early exit), see draftModel
+
+
+class DraftModelSpec(_Spec):
+    """The draft of method `draft`: the served model's first `layers` layers, then its final norm and LM
+    head. Their KV is the target's own (already in the cache the prefill worker sent), so drafting needs no
+    second checkpoint and no KV memory of its own; `layers` must be below the model's layer count."""
+
+    layers: int = Field(ge=1)
+
+
+DRAFT_MODEL_FOR_DRAFT_ONLY = "engine.speculative.draftModel is required by method draft and only by it"
 
 
 class SpeculativeSpec(_Spec):
@@ -193,6 +205,13 @@ class SpeculativeSpec(_Spec):
 
     method: SpeculativeMethod = SpeculativeMethod.ngram
     num_tokens: int = Field(default=4, ge=1, le=16)
+    draft_model: DraftModelSpec | None = None  # method draft only
+
+    @model_validator(mode="after")
+    def _draft_model_with_its_method(self) -> SpeculativeSpec:
+        if (self.method is SpeculativeMethod.draft) != (self.draft_model is not None):
+            raise ValueError(DRAFT_MODEL_FOR_DRAFT_ONLY)
+        return self
 
 
 class KvCacheDtype(StrEnum):

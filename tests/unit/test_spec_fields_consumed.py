@@ -57,7 +57,13 @@ CONTEXT: list[tuple[str, dict[str, Any]]] = [
     ("security.tls.", {"security": {"tls": {"dir": "/tls"}}}),
     # the live pool is scaled out of bounds in `observe`, so the switch shows as a clamp
     ("autoscaling.enabled", {}),
+    ("engine.speculative.draftModel.", {"engine": {"speculative": {"method": "draft"}}}),
 ]
+
+# The rest of the spec one value of a field needs (a method and the section only it takes).
+VALUE_CONTEXT: dict[str, dict[Any, dict[str, Any]]] = {
+    "engine.speculative.method": {"draft": {"engine": {"speculative": {"draftModel": {"layers": 1}}}}},
+}
 
 BASE = {"model": {"source": {"path": "/models/m"}, "servedName": "m"}}
 
@@ -117,6 +123,7 @@ def spec_with(path: str, value: Any) -> InferenceServiceSpec:
             source = context.get("model", {}).get("source")
             doc = _merge(_with_source(doc, source) if source else doc, context)
             break
+    doc = _merge(doc, VALUE_CONTEXT[path].get(value, {}) if path in VALUE_CONTEXT else {})
     *parents, leaf = path.split(".")
     if parents == ["model", "source"]:  # the field is the source itself
         doc = _with_source(doc, {})

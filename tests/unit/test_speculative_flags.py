@@ -15,7 +15,7 @@ from tandem.worker.api.params import SamplingParams
 from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.engine.loading import load_model
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig
-from tandem.worker.serve.main import parse_args, speculative_config
+from tandem.worker.serve.main import main, parse_args, speculative_config
 from tandem.worker.serve.metrics import WorkerMetrics
 
 FLAG = ["--speculative", "ngram", "--speculative-tokens", "6"]
@@ -54,10 +54,42 @@ def test_tandem_up_runs_the_decode_worker_with_the_flag():
     assert _carries(procs["decode"]) and "--speculative" not in procs["prefill"]
 
 
-@pytest.mark.parametrize("bad", [{"numTokens": 0}, {"numTokens": 17}, {"method": "magic"}])
-def test_spec_refuses_bad_values(bad):
-    with pytest.raises(ValueError):
+def test_the_draft_method_carries_its_layers_to_the_decode_worker():
+    draft = {"method": "draft", "numTokens": 3, "draftModel": {"layers": 2}}
+    want = ["--speculative", "draft", "--speculative-tokens", "3", "--speculative-draft-layers", "2"]
+    args = _worker_args(_spec(speculative=draft))
+    assert " ".join(want) in " ".join(args["decode"]) and "--speculative" not in " ".join(args["prefill"])
+    assert speculative_config(parse_args(args["decode"][1:])) == SpeculativeConfig("draft", 3, draft_layers=2)
+    procs = {p.role: p.argv for p in plan(InferenceService(name="s", spec=_spec(speculative=draft)), Path("/"), cpus=4)}
+    assert " ".join(want) in " ".join(procs["decode"])
+    assert "--speculative-draft-layers" not in _worker_args(_spec(speculative={"numTokens": 3}))["decode"]
+
+
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ({"numTokens": 0}, "numTokens"),
+        ({"numTokens": 17}, "numTokens"),
+        ({"method": "magic"}, "method"),
+        ({"method": "draft"}, "draftModel is required by method draft"),
+        ({"method": "ngram", "draftModel": {"layers": 2}}, "draftModel is required by method draft and only by it"),
+        ({"draftModel": {"layers": 2}}, "only by it"),
+        ({"method": "draft", "draftModel": {"layers": 0}}, "layers"),
+        ({"method": "draft", "draftModel": {}}, "layers"),
+    ],
+)
+def test_spec_refuses_bad_values(bad, message):
+    with pytest.raises(ValueError, match=message):
         _spec(speculative=bad)
+
+
+def test_the_worker_refuses_a_draft_with_as_many_layers_as_the_model(tiny_model_dir, capsys):
+    argv = ["--role", "decode", "--model-dir", str(tiny_model_dir), "--speculative", "draft"]
+    assert main([*argv, "--speculative-draft-layers", "4", "--num-kv-blocks", "16"]) == 2
+    assert "draftModel.layers is 4, but the model has 4 layers" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="the model has 4 layers"):
+        spec = speculative_config(parse_args([*argv, "--speculative-draft-layers", "5"]))
+        Engine(load_model(tiny_model_dir), EngineConfig(block_size=4, num_kv_blocks=16, speculative=spec))
 
 
 def test_metrics_count_proposed_and_accepted_drafts(tiny_model_dir):

@@ -111,6 +111,20 @@ def test_speculator_skips_paused_sequences_and_counts():
     assert spec.drafts([], 100) == {} and spec.states == {}  # finished sequences are forgotten
 
 
+def test_a_draft_model_probes_with_one_draft():
+    """Its every draft costs a pass through its layers, where an n-gram draft costs a lookup."""
+
+    class Always:
+        def propose(self, seqs, num_tokens):
+            return [[1] * k for k in num_tokens]
+
+    spec = Speculator(SpeculativeConfig("draft", 4, draft_layers=1), Always(), BackoffPolicy(first_pause_steps=1))
+    seq = _seq(5, 1)
+    assert spec.drafts([seq], 100) == {seq: [1]}
+    spec.record(seq, 1, 1)
+    assert spec.drafts([seq], 100) == {seq: [1, 1, 1, 1]}  # trusted: all 4
+
+
 def test_config_is_checked():
     with pytest.raises(ValueError, match="method"):
         SpeculativeConfig(method="magic")

@@ -5,7 +5,8 @@ that pushes each layer's KV as soon as it is written; a decode worker reserves b
 transfer and admits the sequence straight into its running batch once the KV has landed. With
 `speculative` set, decoding sequences also run draft tokens each step and keep the longest prefix the
 model agrees with, plus the model's own next token (greedy output is unchanged, token for token; under
-temperature, rejection sampling keeps each token's distribution).
+temperature, rejection sampling keeps each token's distribution). The draft method's proposer runs this
+engine's own model, its first layers only, over this engine's cache (speculative/draft_model.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tandem.worker.engine.model import Transformer
 from tandem.worker.engine.sampling import sample, sampling_probs
 from tandem.worker.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tandem.worker.engine.sequence import Sequence
-from tandem.worker.engine.speculative.proposer import SpeculativeConfig, make_proposer
+from tandem.worker.engine.speculative.proposer import Proposer, SpeculativeConfig, make_proposer
 from tandem.worker.engine.speculative.rejection import verify_sampled
 from tandem.worker.engine.speculative.speculator import Speculator, accepted_prefix
 from tandem.worker.engine.step_inputs import HostStaging, build_step_inputs
@@ -101,7 +102,14 @@ class Engine:
         self._ids = itertools.count()
         self.staging = HostStaging(self.device)
         spec = config.speculative
-        self.speculator = Speculator(spec, make_proposer(spec)) if spec is not None else None
+        self.speculator = Speculator(spec, self._proposer(spec)) if spec is not None else None
+
+    def _proposer(self, spec: SpeculativeConfig) -> Proposer:
+        if spec.draft_layers is None:
+            return make_proposer(spec)
+        from tandem.worker.engine.speculative.draft_model import early_exit_proposer
+
+        return early_exit_proposer(self, spec.draft_layers)  # the first layers of this engine's model
 
     # --- requests ------------------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:

@@ -4,10 +4,12 @@ No scheduling and no I/O: the caller hands in a flat batch of tokens with their 
 `AttentionBatch` that says where each sequence's KV lives. A Hugging Face checkpoint's state dict loads
 as is: the q/k/v and gate/up projections are fused as it loads. `layer_hook(layer)` runs after each layer
 has written its KV, which is where the prefill worker starts pushing that layer to the decode worker.
+`num_layers` stops after the first layers (the self-speculative draft: early exit into the final norm).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -165,6 +167,7 @@ class Transformer(nn.Module):
         v_caches: list[torch.Tensor],
         batch: AttentionBatch,
         layer_hook: LayerHook | None = None,
+        num_layers: int | None = None,  # only the first this many layers, then the final norm (early exit)
     ) -> torch.Tensor:  # [T, H] final hidden states
         x = self.model.embed_tokens(input_ids)
         inv_freq: torch.Tensor = self.inv_freq  # type: ignore[assignment]
@@ -172,7 +175,7 @@ class Transformer(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         layer: DecoderLayer
-        for i, layer in enumerate(self.model.layers):  # type: ignore[assignment]
+        for i, layer in enumerate(itertools.islice(self.model.layers, num_layers)):  # type: ignore[assignment]
             h = x + layer.self_attn(layer.input_layernorm(x), cos, sin, k_caches[i], v_caches[i], batch)
             x = h + layer.mlp(layer.post_attention_layernorm(h))
             if layer_hook is not None:

@@ -125,6 +125,17 @@ class Scheduler:
         """Tokens `seq` can compute this step in its blocks and the free ones: drafts never preempt anyone."""
         return (len(seq.block_table) + self.blocks.num_free) * self.blocks.block_size - seq.num_computed
 
+    def reserve(self, seq: Sequence, num_tokens: int) -> int:
+        """Blocks for the next `num_tokens` of `seq` from the free pool, as a draft's verify would take them
+        (never preempting anyone); returns how many of those tokens fit. The draft model writes its KV there
+        before the step is scheduled; `release_unused` gives back what the verify did not keep (a sequence
+        whose drafts the step's token budget cut keeps the blocks until it grows into them or ends)."""
+        n = max(0, min(num_tokens, self._room(seq)))
+        need = self.blocks.blocks_needed(seq.num_computed + n) - len(seq.block_table)
+        if need > 0:
+            seq.block_table += self.blocks.allocate(need)
+        return n
+
     def _grow(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
         """Make room in `seq`'s block table for `num_tokens`, preempting newer sequences if needed."""
         need = self.blocks.blocks_needed(num_tokens) - len(seq.block_table)

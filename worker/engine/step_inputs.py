@@ -14,6 +14,7 @@ import torch
 
 from tandem.worker.engine.attention import AttentionBatch, block_table_tensor
 from tandem.worker.engine.scheduler import SchedulerOutput
+from tandem.worker.engine.sequence import Sequence
 
 
 @dataclass
@@ -95,3 +96,21 @@ def build_step_inputs(sched: SchedulerOutput, block_size: int, backend: str, sta
         put("sample_rows", torch.tensor(sample_rows, dtype=torch.long)),
         len(sample_rows),
     )
+
+
+def one_token_inputs(
+    seqs: list[Sequence], positions: list[int], block_size: int, backend: str, staging: HostStaging
+) -> tuple[torch.Tensor, AttentionBatch]:
+    """(positions [B], attention batch) for one new token per sequence at `positions` (a draft model's
+    step: the token ids are already on the device); each context ends at its token."""
+    context_lens = [p + 1 for p in positions]
+    tables = [s.block_table for s in seqs]
+    table = block_table_tensor(tables, context_lens, block_size)
+    pos = torch.tensor(positions, dtype=torch.long)
+    slots = slot_mapping(table, torch.arange(len(seqs)), pos, block_size)
+    put = staging.to_device
+    batch = AttentionBatch(
+        [1] * len(seqs), context_lens, tables, put("draft_slots", slots), block_size, backend,
+        table=put("draft_table", table),
+    )  # fmt: skip
+    return put("draft_positions", pos), batch

@@ -77,9 +77,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="torch.compile norms and MLPs; warmed up before ready")
     p.add_argument(
         "--speculative", choices=["none", *SPECULATIVE_METHODS], default="none",
-        help="speculative decoding: ngram drafts from prompt lookup, verified in one pass per step (none: off)",
+        help="speculative decoding: ngram drafts from prompt lookup, draft from the model's own first layers, "
+        "verified in one pass per step (none: off)",
     )  # fmt: skip
     p.add_argument("--speculative-tokens", type=int, default=4, help="draft tokens per sequence per step")
+    p.add_argument(
+        "--speculative-draft-layers", type=int, default=None,
+        help="--speculative draft: the model's first this many layers draft (then its final norm and LM head)",
+    )  # fmt: skip
     p.add_argument("--kv-compression", choices=["none", "int8"], default="none")
     p.add_argument(
         "--kv-transport", choices=KV_TRANSPORTS, default="auto",
@@ -117,6 +122,12 @@ def main(argv: list[str]) -> int:
         print(f"tandem worker: {e}", file=sys.stderr)
         return 2
     model = load_model(args.model_dir, args.dtype, args.device, args.quantization)
+    try:
+        if engine_config.speculative is not None:
+            engine_config.speculative.check_model(model.config.num_layers)
+    except ValueError as e:  # a draft of the model's first layers needs the model to count them
+        print(f"tandem worker: {e}", file=sys.stderr)
+        return 2
     if args.compile:
         from tandem.worker.engine.compiled import compile_layers
 
@@ -185,7 +196,9 @@ def _exit_now(code: int) -> None:
 def speculative_config(args: argparse.Namespace) -> SpeculativeConfig | None:
     if args.speculative == "none":
         return None
-    return SpeculativeConfig(method=args.speculative, num_tokens=args.speculative_tokens)
+    return SpeculativeConfig(
+        method=args.speculative, num_tokens=args.speculative_tokens, draft_layers=args.speculative_draft_layers
+    )
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:

@@ -26,9 +26,10 @@ def draft_budget(seq: Sequence, num_tokens: int, max_model_len: int) -> int:
     return max(0, min(num_tokens, left_in_request, left_in_context))
 
 
-def probe_tokens(num_tokens: int) -> int:
-    """Drafts in a probe (an untrusted sequence's try): half of them, so a failed probe costs less."""
-    return -(-num_tokens // 2)
+def probe_tokens(num_tokens: int, method: str = "ngram") -> int:
+    """Drafts in a probe (an untrusted sequence's try): half of them, so a failed probe costs less; one for
+    the draft model, each of whose drafts costs a pass through its layers."""
+    return 1 if method == "draft" else -(-num_tokens // 2)
 
 
 def accepted_prefix(draft: list[int], target: list[int]) -> int:
@@ -66,7 +67,8 @@ class Speculator:
             state = self.states.get(seq.request_id, AcceptanceState())
             if not may_propose(self.policy, state, self.step):
                 continue
-            k = draft_budget(seq, self.config.num_tokens if state.trusted else probe_tokens(self.config.num_tokens), max_model_len)
+            wanted = self.config.num_tokens if state.trusted else probe_tokens(self.config.num_tokens, self.config.method)
+            k = draft_budget(seq, wanted, max_model_len)
             if k > 0:
                 chosen.append(seq)
                 budgets.append(k)
