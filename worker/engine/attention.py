@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 import torch.nn.functional as F
 
 from tandem.worker.engine.kv_int8 import read_pages
+from tandem.worker.engine.static_decode import StaticDecodeBatch, static_decode_attention
 
 if TYPE_CHECKING:
     from tandem.worker.engine.flex_paged import FlexLayout
@@ -106,6 +107,9 @@ class AttentionBatch:
         return self._flex
 
 
+StepBatch: TypeAlias = AttentionBatch | StaticDecodeBatch  # a step's layout: any step, or a padded pure-decode batch
+
+
 def block_table_tensor(block_tables: list[list[int]], context_lens: list[int], block_size: int) -> torch.Tensor:
     """[S, W] the blocks that cover each context, padded with block 0 to the longest (on the host)."""
     need = [-(-ctx // block_size) for ctx in context_lens]
@@ -120,10 +124,12 @@ def attend(
     v_new: torch.Tensor,
     k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D], this step's keys already written
     v_cache: torch.Tensor,
-    batch: AttentionBatch,
+    batch: StepBatch,
     scale: float,
 ) -> torch.Tensor:  # [T, NH, D]
     """Causal attention of each sequence's new queries over its whole context, by the batch's backend."""
+    if isinstance(batch, StaticDecodeBatch):  # the static-shape decode step (decode_graphs)
+        return static_decode_attention(q, k_cache, v_cache, batch, scale)
     if batch.backend == "flex":
         if k_cache.dtype == torch.uint8:
             raise ValueError("the flex attention backend cannot read the 8-bit KV cache; use sdpa")

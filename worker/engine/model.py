@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tandem.worker.engine.attention import AttentionBatch, attend
+from tandem.worker.engine.attention import AttentionBatch, StepBatch, attend
 from tandem.worker.engine.kv_int8 import write_slots
 from tandem.worker.hf.config import ModelConfig, ModelLoadError
 
@@ -98,7 +98,7 @@ class Attention(nn.Module):
         sin: torch.Tensor,  # [T, D]
         k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D] (8-bit: uint8, D + 4 bytes; see kv_int8)
         v_cache: torch.Tensor,
-        batch: AttentionBatch,
+        batch: StepBatch,
     ) -> torch.Tensor:
         t, nh, kvh = x.shape[0], self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(t, nh + 2 * kvh, self.head_dim)
@@ -163,7 +163,7 @@ class Transformer(nn.Module):
         positions: torch.Tensor,  # [T]
         k_caches: list[torch.Tensor],  # per layer [num_blocks, block_size, KVH, D]
         v_caches: list[torch.Tensor],
-        batch: AttentionBatch,
+        batch: StepBatch,
         layer_hook: LayerHook | None = None,
     ) -> torch.Tensor:  # [T, H] final hidden states
         x = self.model.embed_tokens(input_ids)
