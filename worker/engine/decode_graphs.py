@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
+from tandem.spec import DecodeStep
 from tandem.worker.engine.decode_plan import (
     DecodeInputs,
     blocks_for,
@@ -34,7 +35,7 @@ from tandem.worker.engine.scheduler import SchedulerOutput
 from tandem.worker.engine.static_decode import StaticDecodeBatch
 from tandem.worker.engine.step_inputs import HostStaging
 
-DECODE_STEPS = ("eager", "compiled", "cudaGraphs")
+DECODE_STEPS = tuple(d.value for d in DecodeStep)  # eager (off), compiled, cudaGraphs
 CUDA_GRAPHS_NEED_CUDA = "engine.decodeStep cudaGraphs needs a CUDA device; use compiled (or eager) elsewhere"
 
 
