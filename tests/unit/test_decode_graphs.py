@@ -58,6 +58,16 @@ def test_padding_rows_write_and_read_only_the_scratch_block():
         padded_decode_inputs([1] * 5, [0] * 5, [[0]] * 5, (4, 4), 4, 99)
 
 
+def test_kv_planner_leaves_room_for_full_padded_buckets():
+    from tandem.worker.engine.memory import decode_gather_bytes
+
+    # a cache that holds 64 tokens: the general path never gathers more; the static step gathers every
+    # padded row's whole bucket (8 rows x 256 tokens here), whatever the cache holds
+    capped = decode_gather_bytes(4 * 1024, 1024, 16, num_layers=2, max_context_tokens=8 * 256)
+    padded = decode_gather_bytes(4 * 1024, 1024, 16, num_layers=2, max_context_tokens=8 * 256, padded=True)
+    assert (capped, padded) == (64 * 64 // 2, 8 * 256 * 64 // 2)
+
+
 # --- the step on the engine ------------------------------------------------------------------------
 def test_static_step_matches_the_general_path_across_buckets(tiny_model):
     general = Engine(tiny_model, EngineConfig(**SMALL))
