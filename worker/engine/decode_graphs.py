@@ -16,6 +16,7 @@ captures, every bucket before the worker reports ready.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 
@@ -34,6 +35,8 @@ from tandem.worker.engine.model import Transformer
 from tandem.worker.engine.scheduler import SchedulerOutput
 from tandem.worker.engine.static_decode import StaticDecodeBatch
 from tandem.worker.engine.step_inputs import HostStaging
+
+log = logging.getLogger(__name__)
 
 DECODE_STEPS = tuple(d.value for d in DecodeStep)  # eager (off), compiled, cudaGraphs
 CUDA_GRAPHS_NEED_CUDA = "engine.decodeStep cudaGraphs needs a CUDA device; use compiled (or eager) elsewhere"
@@ -132,8 +135,10 @@ class DecodeStepRunner:
             ]
         shape = inputs.shape
         graph = self._graphs.get(shape)
-        if graph is None:
-            raise RuntimeError(f"no CUDA graph for decode bucket {shape}: warm_up captures every bucket first")
+        if graph is None:  # warm_up captures every bucket; without it, each is captured when first needed
+            log.warning("capturing decode bucket %s while serving: warm_up was not run", shape)
+            self._capture(padded_decode_inputs([], [], [], shape, self.block_size, self.scratch_block))
+            graph = self._graphs[shape]
         for static, name, t in zip(self._static[shape], names, host, strict=True):
             static.copy_(put(name, t), non_blocking=True)
         graph.replay()

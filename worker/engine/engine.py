@@ -85,7 +85,7 @@ class Engine:
         check_decode_step(config.decode_step, self.device)
         static_decode = config.decode_step != "eager"  # its padding rows write to one more page, past the pool
         self.kv = KvCache(
-            model.config, config.num_kv_blocks + static_decode, config.block_size, self.dtype, self.device,
+            model.config, config.num_kv_blocks + int(static_decode), config.block_size, self.dtype, self.device,
             config.kv_cache_dtype,
         )  # fmt: skip
         self.blocks = BlockManager(
