@@ -156,6 +156,21 @@ def test_cuda_graphs_without_cuda_is_refused(tiny_model):
         EngineConfig(decode_step="graphs")
 
 
+def test_worker_without_cuda_refuses_cuda_graphs_before_loading(capsys):
+    from tandem.worker.serve.main import main
+
+    argv = ["--role", "decode", "--model-dir", "/nonexistent", "--device", "cpu", "--decode-step", "cudaGraphs"]
+    assert main(argv) == 2
+    assert CUDA_GRAPHS_NEED_CUDA in capsys.readouterr().err
+
+
+def test_layers_kv_pools_do_not_alias(tiny_model):
+    # aliased pools would make the compiled step copy the whole cache on every write
+    engine = static_engine(tiny_model, compile=True, **SMALL)
+    pools = [*engine.kv.k, *engine.kv.v]
+    assert len({p.untyped_storage().data_ptr() for p in pools}) == len(pools)
+
+
 # --- torch.compile, once and small ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def two_layers(tmp_path_factory):
