@@ -31,6 +31,7 @@ from tandem.worker.engine.decode_plan import (
     is_pure_decode,
     padded_decode_inputs,
 )
+from tandem.worker.engine.kv_int8 import write_slots
 from tandem.worker.engine.model import Transformer
 from tandem.worker.engine.scheduler import SchedulerOutput
 from tandem.worker.engine.static_decode import StaticDecodeBatch
@@ -98,10 +99,20 @@ class DecodeStepRunner:
         slot_mapping: torch.Tensor,
         context_lens: torch.Tensor,
         table: torch.Tensor,
-    ) -> torch.Tensor:  # [B, V] float32
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """(logits [B, V] float32, each layer's new keys and values): the pass reads the cache, never writes it."""
         batch = StaticDecodeBatch(slot_mapping, table, context_lens, self.block_size)
         hidden = self.model(input_ids, positions, self.k, self.v, batch)
-        return self.model.logits(hidden)
+        return self.model.logits(hidden), batch.new_kv
+
+    def _step(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """The compiled pass, then each layer's new keys and values written to their slots (eager: in place)."""
+        logits, new_kv = self._fn(*inputs)
+        slots = inputs[2]
+        for (k, v), k_cache, v_cache in zip(new_kv, self.k, self.v, strict=True):
+            write_slots(k_cache, slots, k)
+            write_slots(v_cache, slots, v)
+        return logits
 
     def inputs(self, sched: SchedulerOutput) -> DecodeInputs | None:
         """The step's padded inputs, or None when it is not a pure-decode step this runner takes."""
@@ -130,7 +141,7 @@ class DecodeStepRunner:
         host = (inputs.input_ids, inputs.positions, inputs.slot_mapping, inputs.context_lens, inputs.table)
         names = ("decode_ids", "decode_positions", "decode_slots", "decode_context", "decode_table")
         if not self.cuda_graphs:
-            return self._fn(*self._dynamic([put(name, t) for name, t in zip(names, host, strict=True)]))[
+            return self._step(*self._dynamic([put(name, t) for name, t in zip(names, host, strict=True)]))[
                 : inputs.num_seqs
             ]
         shape = inputs.shape
@@ -183,9 +194,9 @@ class DecodeStepRunner:
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):  # compile, then one clean run (library workspaces) before capture
-                self._fn(*static)
+                self._step(*static)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            self._logits[: shape[0]].copy_(self._fn(*static))
+            self._logits[: shape[0]].copy_(self._step(*static))
         self._graphs[shape] = graph

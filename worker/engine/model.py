@@ -15,8 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tandem.worker.engine.attention import AttentionBatch, StepBatch, attend
-from tandem.worker.engine.kv_int8 import write_slots
+from tandem.worker.engine.attention import AttentionBatch, StepBatch, attend, store_kv
 from tandem.worker.hf.config import ModelConfig, ModelLoadError
 
 __all__ = ["AttentionBatch", "Transformer"]
@@ -105,8 +104,7 @@ class Attention(nn.Module):
         qk, v = qkv[:, : nh + kvh], qkv[:, nh + kvh :]
         qk = qk * cos[:, None] + rotate_half(qk) * sin[:, None]  # rotary on queries and keys at once
         q, k = qk[:, :nh], qk[:, nh:]
-        write_slots(k_cache, batch.slot_mapping, k)  # packed to 8 bits when the cache is int8
-        write_slots(v_cache, batch.slot_mapping, v)
+        store_kv(k_cache, v_cache, k, v, batch)  # packed to 8 bits when the cache is int8
         out = attend(q, k, v, k_cache, v_cache, batch, self.scale)  # [T, NH, D]
         return self.o_proj(out.reshape(t, nh * self.head_dim))
 
