@@ -24,8 +24,8 @@ class KvCache:
     """Per layer `k[layer]`, `v[layer]`: [num_blocks, block_size, num_kv_heads, head_dim] in `dtype`, contiguous;
     with `kv_cache_dtype` int8, uint8 [..., head_dim + 4] (values and scale per token and head, see kv_int8).
 
-    Each layer's pool is its own tensor, not a view of one: torch.compile writes a step's slots into separate
-    inputs in place, but inputs that alias one storage make it copy the whole storage on every write."""
+    Each layer's pool is its own tensor, not a view of one: a compiled graph given views of one storage as
+    inputs handles them through one base, and writing one of them copied the whole storage."""
 
     def __init__(
         self,
