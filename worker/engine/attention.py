@@ -132,7 +132,7 @@ def attend(
     q: torch.Tensor,  # [T, NH, D]
     k_new: torch.Tensor,  # [T, KVH, D]
     v_new: torch.Tensor,
-    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D], this step's keys already written
+    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D], this step's keys already written (static step: not)
     v_cache: torch.Tensor,
     batch: StepBatch,
     scale: float,
