@@ -9,7 +9,10 @@ The ceiling column is the matmul floor's tokens/s over transformers' (bench/engi
 ratio any engine could reach at that row with these weights and matmul kernels if attention, the KV cache
 and all its bookkeeping were free. A target above the ceiling cannot be met on this host's kernels.
 
-    python -m bench.engine [--threads 2] [--batches 1,8,32] [--out result.json]
+    python -m bench.engine [--threads 2] [--batches 1,8,32] [--decode-step compiled] [--out result.json]
+
+`--decode-step compiled` runs pure-decode steps through the static-shape compiled step (warmed up, every
+bucket, before the timed runs).
 """
 
 from __future__ import annotations
@@ -123,6 +126,7 @@ def engine_config(max_batch: int, prompt_len: int, new_tokens: int) -> EngineCon
         max_running_sequences=max(64, max_batch),
         max_batch_tokens=max(2048, max_batch * prompt_len),
         prefill_chunk_tokens=max(512, prompt_len),
+        max_model_len=prompt_len + new_tokens,  # bounds the static decode step's page-table buckets
     )
 
 
@@ -231,6 +235,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--clock", choices=["wall", "cpu"], default="wall", help="cpu: this process's CPU time (shared hosts)"
     )
     p.add_argument("--attention", default="sdpa", help="our engine's attention backend (sdpa | flex)")
+    p.add_argument(
+        "--decode-step", choices=["eager", "compiled"], default="eager",
+        help="our engine's pure-decode steps: the general path, or the static-shape torch.compiled step",
+    )  # fmt: skip
     p.add_argument("--no-mixed", action="store_true", help="skip the mixed-length row")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
     args = p.parse_args(argv)
@@ -246,8 +254,13 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict:
         use_cpu_clock()
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     config = engine_config(max(args.batch_sizes + [MIXED_BATCH]), 2 * args.prompt_len, 2 * args.new_tokens)
-    config = dataclasses.replace(config, attention=args.attention)
+    config = dataclasses.replace(config, attention=args.attention, decode_step=args.decode_step)
     engine, _ = build_engine(model_dir, config, "float32", "cpu")
+    if engine.decode_step is not None:
+        from tandem.worker.engine.compiled import warm_up
+
+        warm_up(engine)
+        log(f"decode step: {len(engine.decode_step.shapes)} buckets compiled in {engine.decode_step.warm_up_seconds:.1f} s")
     hf = load_hf(model_dir, torch.float32)
     vocab = engine.model.config.vocab_size
     params = sum(p.numel() for p in engine.model.parameters())
@@ -262,7 +275,7 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict:
     if not args.no_mixed:
         rows.append(bench_mixed(args, engine, hf, vocab, log))
     title = (
-        f"{params / 1e6:.1f}M params fp32, {args.threads} threads, {args.clock} clock, "
+        f"{params / 1e6:.1f}M params fp32, {args.threads} threads, {args.clock} clock, {args.decode_step} decode step, "
         f"prompt {args.prompt_len}, {args.new_tokens} new tokens (mixed: 8-{2 * args.new_tokens}), "
         f"median of {args.repeats}"
     )

@@ -7,14 +7,18 @@ through the real loading path. Reported:
 - decode memory-bandwidth utilisation at batch 1: (weight bytes + KV bytes read per step) / step time
   / 4.8 TB/s, target >= 70%;
 - prefill FLOP utilisation for one 2048-token prompt: model FLOPs / time / 790 TFLOP/s, target >= 50%;
-- decode tokens/s at batch 64.
+- decode tokens/s at batch 64;
+- decode tokens/s at batch 1 and 64 for each `--decode-steps` mode (default: eager, then the static step
+  captured as CUDA graphs), with the decode step's warm-up time; a fresh engine per mode, same weights.
 
-    python -m bench.gpu_engine [--out result.json]
+    python -m bench.gpu_engine [--decode-steps eager,cudaGraphs] [--out result.json]
+    python -m bench.gpu_engine --dry-run    # the same code on the CPU at a tiny size (cudaGraphs: compiled)
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -32,12 +36,14 @@ from tandem.worker.devtools.tiny import (
     EOS,
     TinySpec,
     build_tokenizer,
+    create_tiny_model,
     hf_config,
     random_state_dict,
     write_safetensors,
 )
 from tandem.worker.engine.compiled import compile_layers
 from tandem.worker.engine.compiled import warm_up as compiled_warm_up
+from tandem.worker.engine.decode_graphs import DECODE_STEPS
 from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.engine.loading import load_model
 from tandem.worker.hf.config import ModelConfig
@@ -159,26 +165,73 @@ def median_of(repeats: int, measure, seed: int) -> tuple[float, float]:
     return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
 
 
-def run(args: argparse.Namespace, model_dir: Path, device: str = "cuda") -> list[Result]:
-    model = load_model(model_dir, "bfloat16", device)
-    if args.compile:
-        compile_layers(model)
-    per_seq = -(-(max(args.context, args.prefill_tokens) + args.new_tokens) // BLOCK_SIZE)
-    config = EngineConfig(
+def engine_config(args: argparse.Namespace, decode_step: str = "eager") -> EngineConfig:
+    longest = max(args.context, args.prefill_tokens) + args.new_tokens
+    return EngineConfig(
         block_size=BLOCK_SIZE,
-        num_kv_blocks=args.batch * per_seq + 64,
+        num_kv_blocks=args.batch * -(-longest // BLOCK_SIZE) + 64,
         max_running_sequences=max(64, args.batch),
         max_batch_tokens=max(args.prefill_tokens, args.batch * args.context, 2048),
         prefill_chunk_tokens=max(args.prefill_tokens, args.context),
+        max_model_len=longest,  # bounds the static decode step's page-table buckets
         attention=args.attention,
+        decode_step=decode_step,
     )
-    engine = Engine(model, config, eos_token_ids=())
+
+
+def decode_tok_s(engine: Engine, batch: int, args: argparse.Namespace, seed: int) -> float:
+    """Median decode tokens/s of `batch` sequences after `args.context`-token prompts."""
+    vocab = engine.model.config.vocab_size
+    time_engine(engine, random_prompts(batch, args.context, vocab, seed=seed), 4)  # this batch's shapes, once
+    runs = [
+        time_engine(engine, random_prompts(batch, args.context, vocab, seed=seed + 1 + i), args.new_tokens)
+        for i in range(args.repeats)
+    ]
+    return statistics.median(r.decode_tok_s for r in runs)
+
+
+def compare_decode_steps(model: torch.nn.Module, args: argparse.Namespace, device: str) -> list[Result]:
+    """Decode tokens/s at batch 1 and `args.batch` for each decode-step mode, a fresh engine (and cache) each."""
+    results = []
+    for mode in args.decode_step_modes:
+        if mode == "cudaGraphs" and device != "cuda":
+            mode = "compiled"  # the dry run: the same step without capture
+        engine = Engine(model, engine_config(args, mode), eos_token_ids=())
+        warm_s = 0.0
+        if engine.decode_step is not None:
+            start = time.perf_counter()
+            compiled_warm_up(engine)  # every bucket compiled (and captured) before timing
+            warm_s = time.perf_counter() - start
+            print(f"{mode}: {len(engine.decode_step.shapes)} decode buckets warmed up in {warm_s:.1f} s", flush=True)
+        for batch in (1, args.batch):
+            results.append(Result(f"decode batch {batch}, {mode} decode step: tokens/s", decode_tok_s(engine, batch, args, 400 + batch), "tok/s"))
+        if engine.decode_step is not None:
+            results.append(Result(f"{mode} decode step: warm-up", warm_s, "s"))
+        del engine
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return results
+
+
+def run(args: argparse.Namespace, model_dir: Path, device: str = "cuda") -> list[Result]:
+    model = load_model(model_dir, args.dtype, device)
+    if args.compile:
+        compile_layers(model)
+    print(f"model: {sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()) / 1e9:.2f}B params")
+    results = utilisation(model, args)  # its engine and cache are freed before the next ones
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return results + compare_decode_steps(model, args, device)
+
+
+def utilisation(model: torch.nn.Module, args: argparse.Namespace) -> list[Result]:
+    """Bandwidth and FLOP utilisation and batch decode tokens/s on the general path (`--attention`, `--compile`)."""
+    engine = Engine(model, engine_config(args), eos_token_ids=())
     if args.compile or args.attention == "flex":
         compiled_warm_up(engine)  # compile outside the timed runs
     vocab = model.config.vocab_size
-    print(
-        f"model: {sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()) / 1e9:.2f}B params"
-    )
     time_engine(engine, random_prompts(4, args.context, vocab, seed=1), 8)  # warm up kernels and allocator
     mbu, step_s = median_of(
         args.repeats, lambda s: decode_bandwidth(engine, args.context, args.new_tokens, s), 100
@@ -233,12 +286,31 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--attention", choices=["sdpa", "flex"], default="sdpa", help="the engine's attention backend")
     p.add_argument("--compile", action="store_true", help="torch.compile norms and MLPs (warmed up first)")
+    p.add_argument(
+        "--decode-steps", default="eager,cudaGraphs",
+        help="decode-step modes to compare at batch 1 and --batch (eager, compiled, cudaGraphs; empty: none)",
+    )  # fmt: skip
+    p.add_argument("--dry-run", action="store_true", help="run on the CPU at a tiny size: checks the code, not the GPU")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.decode_step_modes = [m for m in args.decode_steps.split(",") if m]
+    unknown = set(args.decode_step_modes) - set(DECODE_STEPS)
+    if unknown:
+        p.error(f"unknown decode steps {sorted(unknown)}; choose from {', '.join(DECODE_STEPS)}")
+    args.dtype = "bfloat16"
+    if args.dry_run:  # small enough for a CPU in a minute or two
+        args.context, args.new_tokens, args.prefill_tokens, args.batch, args.repeats = 24, 6, 48, 4, 1
+        args.dtype = "float32"
+    return args
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.dry_run:
+        with tempfile.TemporaryDirectory(prefix="tandem-gpu-bench-dry-") as tmp:
+            model_dir = args.model or create_tiny_model(Path(tmp) / "model", TinySpec(layers=2))
+            print_results(run(args, model_dir, "cpu"), "dry run on the CPU, tiny model: not a measurement")
+        return 0
     if not torch.cuda.is_available():
         print(
             "bench/gpu_engine.py needs a CUDA GPU and torch with CUDA; none is available here",

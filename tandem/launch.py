@@ -79,6 +79,8 @@ def worker_argv(
         argv += ["--kv-cache-dtype", engine.kv_cache_dtype.value]
     if engine.compile:
         argv.append("--compile")
+    if engine.decode_step.value != "eager" and role != names.POOL_PREFILL:  # a prefill worker never decodes
+        argv += ["--decode-step", engine.decode_step.value]
     if engine.speculative is not None and role != names.POOL_PREFILL:  # a prefill worker never decodes
         argv += ["--speculative", engine.speculative.method.value]
         argv += ["--speculative-tokens", str(engine.speculative.num_tokens)]

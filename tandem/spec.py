@@ -223,6 +223,18 @@ class KvCacheDtype(StrEnum):
     int8 = "int8"
 
 
+class DecodeStep(StrEnum):
+    """How the decode pool runs a pure-decode step (every sequence one new token): `eager` the general path;
+    `compiled` one static-shape step padded to batch and page-table buckets, torch.compiled whole (CPU or
+    CUDA); `cudaGraphs` that step captured as a CUDA graph per bucket (CUDA only: a worker without CUDA
+    refuses to start). Other steps (prompts, verifying drafts) take the general path either way; the worker
+    warms every bucket up before it reports ready."""
+
+    eager = "eager"
+    compiled = "compiled"
+    cudaGraphs = "cudaGraphs"  # noqa: N815 (the value as YAML spells it)
+
+
 KV_INT8_NEEDS_SDPA = (
     "engine.kvCacheDtype int8 needs engine.attention sdpa: the flex backend reads the cache in place and "
     "cannot unpack 8-bit pages"
@@ -243,6 +255,7 @@ class EngineSpec(_Spec):
     threads: int | None = Field(default=None, gt=0)
     attention: AttentionBackend = AttentionBackend.sdpa
     compile: bool = False
+    decode_step: DecodeStep = DecodeStep.eager
     speculative: SpeculativeSpec | None = None  # unset: no speculative decoding
     kv_cache_dtype: KvCacheDtype = KvCacheDtype.auto
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 import torch.nn.functional as F
 
-from tandem.worker.engine.kv_int8 import read_pages
+from tandem.worker.engine.kv_int8 import read_pages, write_slots
+from tandem.worker.engine.static_decode import StaticDecodeBatch, static_decode_attention
 
 if TYPE_CHECKING:
     from tandem.worker.engine.flex_paged import FlexLayout
@@ -106,6 +107,19 @@ class AttentionBatch:
         return self._flex
 
 
+StepBatch: TypeAlias = AttentionBatch | StaticDecodeBatch  # a step's layout: any step, or a padded pure-decode batch
+
+
+def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: StepBatch) -> None:
+    """Write this step's keys and values to their slots; the static decode step keeps them instead, and its
+    runner writes them after the pass (a compiled graph may copy a whole cache it writes in place)."""
+    if isinstance(batch, StaticDecodeBatch):
+        batch.new_kv.append((k, v))
+        return
+    write_slots(k_cache, batch.slot_mapping, k)
+    write_slots(v_cache, batch.slot_mapping, v)
+
+
 def block_table_tensor(block_tables: list[list[int]], context_lens: list[int], block_size: int) -> torch.Tensor:
     """[S, W] the blocks that cover each context, padded with block 0 to the longest (on the host)."""
     need = [-(-ctx // block_size) for ctx in context_lens]
@@ -118,12 +132,14 @@ def attend(
     q: torch.Tensor,  # [T, NH, D]
     k_new: torch.Tensor,  # [T, KVH, D]
     v_new: torch.Tensor,
-    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D], this step's keys already written
+    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D], this step's keys already written (static step: not)
     v_cache: torch.Tensor,
-    batch: AttentionBatch,
+    batch: StepBatch,
     scale: float,
 ) -> torch.Tensor:  # [T, NH, D]
     """Causal attention of each sequence's new queries over its whole context, by the batch's backend."""
+    if isinstance(batch, StaticDecodeBatch):  # the static-shape decode step (decode_graphs)
+        return static_decode_attention(q, k_new, v_new, k_cache, v_cache, batch, scale)
     if batch.backend == "flex":
         if k_cache.dtype == torch.uint8:
             raise ValueError("the flex attention backend cannot read the 8-bit KV cache; use sdpa")

@@ -3,16 +3,21 @@
 Norms and MLPs are tensor-in, tensor-out, so they compile whole with dynamic token counts (one graph
 for prefill chunks, one for decode batches; sizes 1 and 2+ specialise). Attention stays eager: its
 inputs are the step's page tables. Compiling is slow (tens of seconds), so the worker runs `warm_up`
-before it reports ready: a short prompt, a single decode and a batched decode hit every graph.
+before it reports ready: the static decode step's buckets first (`engine.decodeStep`: each compiled, and
+on CUDA captured), then a short prompt, a single decode and a batched decode hit every graph.
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.engine.engine import Engine
 from tandem.worker.engine.model import DecoderLayer, Transformer
+
+log = logging.getLogger(__name__)
 
 
 def compile_layers(model: Transformer) -> Transformer:
@@ -26,7 +31,13 @@ def compile_layers(model: Transformer) -> Transformer:
 
 
 def warm_up(engine: Engine) -> int:
-    """Run a few tiny requests to completion (prefill, single and batched decode); returns the steps run."""
+    """Warm up the static decode step's buckets, then run a few tiny requests to completion (prefill, single and
+    batched decode); returns the steps run."""
+    runner = engine.decode_step
+    if runner is not None:
+        kind = "captured as CUDA graphs" if runner.cuda_graphs else "compiled"
+        seconds = runner.warm_up()
+        log.info("decode step: %d buckets %s in %.1f s", len(runner.shapes), kind, seconds)
     greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
     engine.add_request([1] * 5, greedy, request_id="warm-up-0")
     steps = 0

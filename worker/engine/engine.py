@@ -20,6 +20,7 @@ import torch
 from tandem.worker.api.params import InvalidRequest, SamplingParams
 from tandem.worker.engine.attention import BACKENDS
 from tandem.worker.engine.block_manager import BlockManager
+from tandem.worker.engine.decode_graphs import DECODE_STEPS, DecodeStepRunner, check_decode_step
 from tandem.worker.engine.kv_cache import KvCache
 from tandem.worker.engine.kv_int8 import KV_INT8_NEEDS_SDPA, is_packed
 from tandem.worker.engine.model import Transformer
@@ -47,12 +48,15 @@ class EngineConfig:
     attention: str = "sdpa"  # sdpa (reference: gathers each context) | flex (reads the paged cache in place)
     speculative: SpeculativeConfig | None = None  # draft tokens verified per decode step (None: off)
     kv_cache_dtype: str = "auto"  # auto: the model's dtype | int8 (values and per-token-head scales, kv_int8)
+    decode_step: str = "eager"  # eager | compiled | cudaGraphs: pure-decode steps padded and compiled (decode_graphs)
 
     def __post_init__(self) -> None:
         if self.attention not in BACKENDS:
             raise ValueError(f"attention must be one of {', '.join(BACKENDS)}, got {self.attention!r}")
         if is_packed(self.kv_cache_dtype) and self.attention == "flex":
             raise ValueError(KV_INT8_NEEDS_SDPA)
+        if self.decode_step not in DECODE_STEPS:
+            raise ValueError(f"decode_step must be one of {', '.join(DECODE_STEPS)}, got {self.decode_step!r}")
 
 
 @dataclass
@@ -80,9 +84,12 @@ class Engine:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.max_model_len = served_context_length(model.config.max_position_embeddings, config.max_model_len)
+        check_decode_step(config.decode_step, self.device)
+        static_decode = config.decode_step != "eager"  # its padding rows write to one more page, past the pool
         self.kv = KvCache(
-            model.config, config.num_kv_blocks, config.block_size, self.dtype, self.device, config.kv_cache_dtype
-        )
+            model.config, config.num_kv_blocks + int(static_decode), config.block_size, self.dtype, self.device,
+            config.kv_cache_dtype,
+        )  # fmt: skip
         self.blocks = BlockManager(
             config.num_kv_blocks, config.block_size, config.enable_prefix_caching, config.prefix_cache_seed.encode()
         )
@@ -103,6 +110,12 @@ class Engine:
         self.staging = HostStaging(self.device)
         spec = config.speculative
         self.speculator = Speculator(spec, self._proposer(spec)) if spec is not None else None
+        self.decode_step: DecodeStepRunner | None = None
+        if static_decode:
+            self.decode_step = DecodeStepRunner(
+                model, self.kv.k, self.kv.v, config.block_size, config.max_running_sequences, self.max_model_len,
+                scratch_block=config.num_kv_blocks, staging=self.staging, cuda_graphs=config.decode_step == "cudaGraphs",
+            )  # fmt: skip
 
     def _proposer(self, spec: SpeculativeConfig) -> Proposer:
         if spec.draft_layers is None:
@@ -181,6 +194,10 @@ class Engine:
 
     @torch.inference_mode()
     def _execute(self, sched: SchedulerOutput) -> torch.Tensor | None:
+        if self.decode_step is not None and self.layer_hook is None:
+            logits = self.decode_step.run(sched)  # None unless the step is pure decode
+            if logits is not None:
+                return logits
         inputs = build_step_inputs(sched, self.config.block_size, self.config.attention, self.staging)
         hook = None
         if self.layer_hook is not None:

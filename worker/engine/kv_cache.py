@@ -22,7 +22,10 @@ def kv_block_nbytes(config: ModelConfig, block_size: int, dtype: torch.dtype, kv
 
 class KvCache:
     """Per layer `k[layer]`, `v[layer]`: [num_blocks, block_size, num_kv_heads, head_dim] in `dtype`, contiguous;
-    with `kv_cache_dtype` int8, uint8 [..., head_dim + 4] (values and scale per token and head, see kv_int8)."""
+    with `kv_cache_dtype` int8, uint8 [..., head_dim + 4] (values and scale per token and head, see kv_int8).
+
+    Each layer's pool is its own tensor, not a view of one: a compiled graph given views of one storage as
+    inputs handles them through one base, and writing one of them copied the whole storage."""
 
     def __init__(
         self,
@@ -37,11 +40,10 @@ class KvCache:
         self.kv_cache_dtype = kv_cache_dtype
         packed = is_packed(kv_cache_dtype)
         row = row_bytes(config.head_dim) if packed else config.head_dim
-        shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, row)
-        self._k = torch.zeros(shape, dtype=torch.uint8 if packed else dtype, device=device)
-        self._v = torch.zeros(shape, dtype=torch.uint8 if packed else dtype, device=device)
-        self.k = list(self._k.unbind(0))
-        self.v = list(self._v.unbind(0))
+        shape = (num_blocks, block_size, config.num_kv_heads, row)
+        store = torch.uint8 if packed else dtype
+        self.k = [torch.zeros(shape, dtype=store, device=device) for _ in range(config.num_layers)]
+        self.v = [torch.zeros(shape, dtype=store, device=device) for _ in range(config.num_layers)]
 
     @property
     def num_layers(self) -> int:

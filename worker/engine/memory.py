@@ -53,13 +53,15 @@ def decode_gather_bytes(
     num_layers: int,
     max_context_tokens: int,
     gathered_block_bytes: int | None = None,
+    padded: bool = False,
 ) -> int:
     """The room a decode step over full contexts needs beyond the warm-up's: paged attention gathers one
     layer's keys and values of every decoding sequence (at most `max_context_tokens` = running x context,
     and at most what a cache of `budget_bytes` holds), a 1/num_layers share of those tokens' KV.
     `gathered_block_bytes` is what one block takes once gathered when that differs from the cache's (an
-    8-bit cache: the packed copy and the one unpacked to the model's dtype)."""
-    tokens = min(max_context_tokens, max(0, budget_bytes) // block_bytes * block_size)
+    8-bit cache: the packed copy and the one unpacked to the model's dtype). `padded`: the static decode step
+    (`engine.decodeStep`) gathers every padded row's whole page-table bucket, whatever the cache holds."""
+    tokens = max_context_tokens if padded else min(max_context_tokens, max(0, budget_bytes) // block_bytes * block_size)
     return tokens * ((gathered_block_bytes or block_bytes) // block_size) // num_layers
 
 
@@ -166,7 +168,7 @@ def plan_kv_cache(
         budget = kv_budget_bytes(reading, memory_percent)
         gather = decode_gather_bytes(
             budget, block_bytes, config.block_size, model.config.num_layers, config.max_running_sequences * max_len,
-            gathered,
+            gathered, padded=config.decode_step != "eager",
         )
         blocks = blocks_for_budget(budget - gather, block_bytes, need)
         return plan(

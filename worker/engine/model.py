@@ -17,8 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tandem.worker.engine.attention import AttentionBatch, attend
-from tandem.worker.engine.kv_int8 import write_slots
+from tandem.worker.engine.attention import AttentionBatch, StepBatch, attend, store_kv
 from tandem.worker.hf.config import ModelConfig, ModelLoadError
 
 __all__ = ["AttentionBatch", "Transformer"]
@@ -100,15 +99,14 @@ class Attention(nn.Module):
         sin: torch.Tensor,  # [T, D]
         k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D] (8-bit: uint8, D + 4 bytes; see kv_int8)
         v_cache: torch.Tensor,
-        batch: AttentionBatch,
+        batch: StepBatch,
     ) -> torch.Tensor:
         t, nh, kvh = x.shape[0], self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(t, nh + 2 * kvh, self.head_dim)
         qk, v = qkv[:, : nh + kvh], qkv[:, nh + kvh :]
         qk = qk * cos[:, None] + rotate_half(qk) * sin[:, None]  # rotary on queries and keys at once
         q, k = qk[:, :nh], qk[:, nh:]
-        write_slots(k_cache, batch.slot_mapping, k)  # packed to 8 bits when the cache is int8
-        write_slots(v_cache, batch.slot_mapping, v)
+        store_kv(k_cache, v_cache, k, v, batch)  # packed to 8 bits when the cache is int8
         out = attend(q, k, v, k_cache, v_cache, batch, self.scale)  # [T, NH, D]
         return self.o_proj(out.reshape(t, nh * self.head_dim))
 
@@ -165,7 +163,7 @@ class Transformer(nn.Module):
         positions: torch.Tensor,  # [T]
         k_caches: list[torch.Tensor],  # per layer [num_blocks, block_size, KVH, D]
         v_caches: list[torch.Tensor],
-        batch: AttentionBatch,
+        batch: StepBatch,
         layer_hook: LayerHook | None = None,
         num_layers: int | None = None,  # only the first this many layers, then the final norm (early exit)
     ) -> torch.Tensor:  # [T, H] final hidden states

@@ -20,6 +20,7 @@ from prometheus_client import start_http_server
 from tandem import names
 from tandem.v1 import colocated_pb2_grpc, prefill_pb2_grpc
 from tandem.worker.api.tls import TlsConfig, add_port
+from tandem.worker.engine.decode_graphs import DECODE_STEPS, check_decode_step
 from tandem.worker.engine.engine import EngineConfig
 from tandem.worker.engine.engine_loop import EngineLoop
 from tandem.worker.engine.kv_int8 import KV_CACHE_DTYPES
@@ -76,6 +77,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--compile", action="store_true", help="torch.compile norms and MLPs; warmed up before ready")
     p.add_argument(
+        "--decode-step", choices=DECODE_STEPS, default="eager",
+        help="pure-decode steps: eager, compiled (static shapes, torch.compile), cudaGraphs (captured per bucket)",
+    )  # fmt: skip
+    p.add_argument(
         "--speculative", choices=["none", *SPECULATIVE_METHODS], default="none",
         help="speculative decoding: ngram drafts from prompt lookup, draft from the model's own first layers, "
         "verified in one pass per step (none: off)",
@@ -118,6 +123,7 @@ def main(argv: list[str]) -> int:
 
     try:
         engine_config = _engine_config(args)
+        check_decode_step(args.decode_step, torch.device(args.device))
     except ValueError as e:  # the spec refuses these combinations first; a hand-written command line may not
         print(f"tandem worker: {e}", file=sys.stderr)
         return 2
@@ -140,7 +146,7 @@ def main(argv: list[str]) -> int:
     log.info("%s; KV stored as %s, weights quantization %s", kv_plan.describe(), args.kv_cache_dtype, args.quantization)
     num_blocks = kv_plan.num_blocks
     engine, _ = engine_for_model(model, args.model_dir, dataclasses.replace(engine_config, num_kv_blocks=num_blocks))
-    if args.compile or (args.attention == "flex" and args.device.startswith("cuda")):
+    if args.compile or args.decode_step != "eager" or (args.attention == "flex" and args.device.startswith("cuda")):
         from tandem.worker.engine.compiled import warm_up
 
         log.info("warming up compiled graphs (%d steps)", warm_up(engine))  # before the health check says ready
@@ -213,6 +219,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         attention=args.attention,
         kv_cache_dtype=args.kv_cache_dtype,
         speculative=speculative_config(args),
+        decode_step=args.decode_step,
     )
 
 
