@@ -15,6 +15,7 @@ from tandem.worker.engine.loading import load_model
 from tandem.worker.engine.speculative.backoff import BackoffPolicy
 from tandem.worker.engine.speculative.draft_model import DraftModelProposer, drafts_that_fit, still_drafting
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig
+from tests.engine_runs import run_to_completion, seeded_prompt
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 ALWAYS = BackoffPolicy(min_acceptance=0.0, first_pause_steps=1)  # speculate every step, whatever happens
@@ -39,30 +40,6 @@ def _engine(model, layers: int | None = DRAFT_LAYERS, k: int = 4, policy: Backof
         assert engine.speculator is not None
         engine.speculator.policy = policy
     return engine
-
-
-def _prompt(n: int, seed: int, vocab: int = 1000) -> list[int]:
-    return torch.randint(1, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def _run(engine: Engine, requests: list[tuple[list[int], SamplingParams]], late: dict[int, list] | None = None):
-    """Run to completion (requests in `late[step]` join at that step); returns request id -> (tokens, reason)."""
-    out: dict[str, list[int]] = {}
-    reasons: dict[str, str] = {}
-    for prompt, params in requests:
-        out[engine.add_request(prompt, params, request_id=f"r{len(out)}")] = []
-    step = 0
-    while engine.has_work() or (late and any(s >= step for s in late)):
-        for prompt, params in (late or {}).get(step, []):
-            out[engine.add_request(prompt, params, request_id=f"r{len(out)}")] = []
-        for o in engine.step():
-            assert o.request_id not in reasons, "a token after the finishing one"
-            out[o.request_id].append(o.token_id)
-            if o.finish_reason:
-                reasons[o.request_id] = o.finish_reason
-        step += 1
-    assert engine.blocks.num_used == 0, "KV blocks leaked"
-    return {rid: (toks, reasons[rid]) for rid, toks in out.items()}
 
 
 def _acceptance(engine: Engine) -> float:
@@ -105,11 +82,11 @@ def test_no_room_no_drafts_and_no_step():
 
 @pytest.mark.parametrize("layers,seed", [(1, 1), (2, 2), (3, 3)])
 def test_greedy_output_is_unchanged_when_every_step_drafts(tiny_model, layers, seed):
-    prompt = _prompt(21, seed)
+    prompt = seeded_prompt(21, seed)
     params = SamplingParams(max_tokens=40, **GREEDY)
-    want = _run(_engine(tiny_model, layers=None), [(prompt, params)])
+    want = run_to_completion(_engine(tiny_model, layers=None), [(prompt, params)])
     engine = _engine(tiny_model, layers=layers, policy=ALWAYS)
-    assert _run(engine, [(prompt, params)]) == want
+    assert run_to_completion(engine, [(prompt, params)]) == want
     assert engine.speculator is not None and engine.speculator.verifies > 10
 
 
@@ -117,14 +94,14 @@ def test_greedy_output_is_unchanged_when_every_step_drafts(tiny_model, layers, s
 def test_continuous_batch_mixing_drafting_and_plain_sequences(request, which):
     model = request.getfixturevalue("tiny_model" if which == "random" else "early_exit_model")
     requests = [
-        (_prompt(20, 4), SamplingParams(max_tokens=40, **GREEDY)),
-        (_prompt(7, 5), SamplingParams(max_tokens=3, **GREEDY)),  # too short to draft much
-        (_prompt(12, 6), SamplingParams(max_tokens=30, temperature=0.8, seed=7, ignore_eos=True)),
-        (_prompt(9, 7), SamplingParams(max_tokens=25, temperature=0.0, stop_token_ids=[17, 402, 877])),
-        (_prompt(15, 8), SamplingParams(max_tokens=1, **GREEDY)),  # never drafts
+        (seeded_prompt(20, 4), SamplingParams(max_tokens=40, **GREEDY)),
+        (seeded_prompt(7, 5), SamplingParams(max_tokens=3, **GREEDY)),  # too short to draft much
+        (seeded_prompt(12, 6), SamplingParams(max_tokens=30, temperature=0.8, seed=7, ignore_eos=True)),
+        (seeded_prompt(9, 7), SamplingParams(max_tokens=25, temperature=0.0, stop_token_ids=[17, 402, 877])),
+        (seeded_prompt(15, 8), SamplingParams(max_tokens=1, **GREEDY)),  # never drafts
     ]
-    late = {3: [(_prompt(70, 9), SamplingParams(max_tokens=20, **GREEDY))]}  # a chunked prompt joins mid-way
-    plain = _run(_engine(model, layers=None, prefill_chunk_tokens=16), requests, late)
+    late = {3: [(seeded_prompt(70, 9), SamplingParams(max_tokens=20, **GREEDY))]}  # a chunked prompt joins mid-way
+    plain = run_to_completion(_engine(model, layers=None, prefill_chunk_tokens=16), requests, late)
     engine = _engine(model, policy=ALWAYS, prefill_chunk_tokens=16)
     mixed = 0
     real_step = engine.step
@@ -137,7 +114,7 @@ def test_continuous_batch_mixing_drafting_and_plain_sequences(request, which):
         return outs
 
     engine.step = step  # type: ignore[method-assign]
-    got = _run(engine, requests, late)
+    got = run_to_completion(engine, requests, late)
     sampled = "r2"  # rejection sampling keeps its distribution, not its draws: only its length must agree
     assert len(got.pop(sampled)[0]) == len(plain.pop(sampled)[0]) == 30
     assert got == plain
@@ -147,10 +124,10 @@ def test_continuous_batch_mixing_drafting_and_plain_sequences(request, which):
 
 
 def test_a_model_whose_upper_layers_add_nothing_accepts_nearly_every_draft(early_exit_model):
-    prompts = [_prompt(n, n) for n in (9, 17, 26)]
+    prompts = [seeded_prompt(n, n) for n in (9, 17, 26)]
     engine = _engine(early_exit_model, k=5)
-    got = _run(engine, [(p, SamplingParams(max_tokens=48, **GREEDY)) for p in prompts])
-    want = _run(_engine(early_exit_model, layers=None), [(p, SamplingParams(max_tokens=48, **GREEDY)) for p in prompts])
+    got = run_to_completion(engine, [(p, SamplingParams(max_tokens=48, **GREEDY)) for p in prompts])
+    want = run_to_completion(_engine(early_exit_model, layers=None), [(p, SamplingParams(max_tokens=48, **GREEDY)) for p in prompts])
     assert got == want
     assert _acceptance(engine) >= 0.95
     assert engine.speculator is not None and engine.speculator.accepted_tokens > 3 * 48 // 2  # most were drafts
@@ -159,12 +136,12 @@ def test_a_model_whose_upper_layers_add_nothing_accepts_nearly_every_draft(early
 def test_early_exit_below_the_silenced_layers_is_not_the_model(early_exit_model):
     """The acceptance above comes from exiting where the model is already done: one layer earlier, drafts fail."""
     engine = _engine(early_exit_model, layers=1, policy=ALWAYS)
-    _run(engine, [(_prompt(17, 17), SamplingParams(max_tokens=40, **GREEDY))])
+    run_to_completion(engine, [(seeded_prompt(17, 17), SamplingParams(max_tokens=40, **GREEDY))])
     assert _acceptance(engine) < 0.5
 
 
 def test_a_random_model_accepts_little_and_backs_off(tiny_model):
-    prompt = _prompt(14, 21)
+    prompt = seeded_prompt(14, 21)
     engine = _engine(tiny_model, layers=1)
     steps = 0
     real_step = engine.step
@@ -175,14 +152,14 @@ def test_a_random_model_accepts_little_and_backs_off(tiny_model):
         return real_step()
 
     engine.step = step  # type: ignore[method-assign]
-    _run(engine, [(prompt, SamplingParams(max_tokens=80, **GREEDY))])
+    run_to_completion(engine, [(prompt, SamplingParams(max_tokens=80, **GREEDY))])
     assert engine.speculator is not None
     assert _acceptance(engine) < 0.3
     assert 0 < engine.speculator.verifies < steps // 4, "back-off did not stop the drafting"
 
 
 def test_after_each_verify_the_block_pool_is_as_plain_decoding_leaves_it(tiny_model):
-    prompt = _prompt(13, 12)
+    prompt = seeded_prompt(13, 12)
     spec, plain = _engine(tiny_model, policy=ALWAYS), _engine(tiny_model, layers=None)
     params = SamplingParams(max_tokens=40, **GREEDY)
     spec.add_request(prompt, params, "r")
@@ -205,10 +182,10 @@ def test_after_each_verify_the_block_pool_is_as_plain_decoding_leaves_it(tiny_mo
 
 def test_drafting_with_a_nearly_full_pool_takes_only_free_blocks_and_preempts_no_one(early_exit_model):
     """Ten blocks of four tokens for two sequences: drafts shrink to the room left, output stays exact."""
-    requests = [(_prompt(10, s), SamplingParams(max_tokens=14, **GREEDY)) for s in (31, 32)]
-    want = _run(_engine(early_exit_model, layers=None, num_kv_blocks=14), requests)
+    requests = [(seeded_prompt(10, s), SamplingParams(max_tokens=14, **GREEDY)) for s in (31, 32)]
+    want = run_to_completion(_engine(early_exit_model, layers=None, num_kv_blocks=14), requests)
     engine = _engine(early_exit_model, policy=ALWAYS, num_kv_blocks=14)
-    assert _run(engine, requests) == want
+    assert run_to_completion(engine, requests) == want
     assert engine.speculator is not None and engine.speculator.accepted_tokens > 0
 
 
@@ -217,7 +194,7 @@ def test_sampled_sequences_draft_reproducibly_under_a_seed(early_exit_model):
     runs = []
     for _ in range(2):
         engine = _engine(early_exit_model, policy=BackoffPolicy(first_pause_steps=1))
-        runs.append(_run(engine, [(_prompt(16, 40), params)])["r0"][0])
+        runs.append(run_to_completion(engine, [(seeded_prompt(16, 40), params)])["r0"][0])
         assert _acceptance(engine) > 0.5  # the argmax draft is the likeliest token at a low temperature
     assert runs[0] == runs[1] and len(runs[0]) == 40
 
@@ -231,13 +208,13 @@ def test_sampled_tokens_after_drafts_are_distributed_as_without_them(early_exit_
     """Many seeded copies of one prompt, 3 tokens each: the second and third tokens (a verify of one draft
     emits them) have the same distribution with drafts as without. Accepting every draft would give the
     argmax far more often than the target samples it."""
-    n, prompt = 600, _prompt(12, 60)
+    n, prompt = 600, seeded_prompt(12, 60)
     runs = []
     for layers in (None, DRAFT_LAYERS):
         policy = ALWAYS if layers else None
         engine = _engine(early_exit_model, layers=layers, policy=policy, num_kv_blocks=n * 4, max_running_sequences=n)
         reqs = [(prompt, SamplingParams(max_tokens=3, temperature=0.05, seed=s, ignore_eos=True)) for s in range(n)]
-        runs.append([toks for toks, _ in _run(engine, reqs).values()])
+        runs.append([toks for toks, _ in run_to_completion(engine, reqs).values()])
     assert engine.speculator is not None and engine.speculator.verifies == n  # each verified its one draft
     assert 0.2 < _acceptance(engine) < 0.95
     # bounds: above the total variation between two plain runs of other seeds (0.06, 0.15); accepting
@@ -249,21 +226,21 @@ def test_sampled_tokens_after_drafts_are_distributed_as_without_them(early_exit_
 
 @pytest.mark.parametrize("overrides", [{"attention": "flex"}, {"kv_cache_dtype": "int8"}])
 def test_other_attention_backends_and_caches_draft_too(early_exit_model, overrides):
-    prompt = _prompt(12, 15)
+    prompt = seeded_prompt(12, 15)
     params = SamplingParams(max_tokens=16, **GREEDY)
-    want = _run(_engine(early_exit_model, layers=None, **overrides), [(prompt, params)])
+    want = run_to_completion(_engine(early_exit_model, layers=None, **overrides), [(prompt, params)])
     engine = _engine(early_exit_model, policy=ALWAYS, **overrides)
-    assert _run(engine, [(prompt, params)]) == want
+    assert run_to_completion(engine, [(prompt, params)]) == want
     assert _acceptance(engine) > 0.8
 
 
 def test_a_prefilled_sequence_drafts_over_the_transferred_cache(early_exit_model):
     """The decode side of a transfer: the prompt's KV arrives from another engine (every layer's, so the
     draft's first layers find theirs there) and the decode engine drafts over it from its first step."""
-    prompt = _prompt(18, 50)
+    prompt = seeded_prompt(18, 50)
     prefill = _engine(early_exit_model, layers=None)
     decode = _engine(early_exit_model, policy=ALWAYS)
-    first = _run(prefill, [(prompt, SamplingParams(max_tokens=1, **GREEDY))])["r0"][0][0]
+    first = run_to_completion(prefill, [(prompt, SamplingParams(max_tokens=1, **GREEDY))])["r0"][0][0]
     prefill_cached = _engine(early_exit_model, layers=None, enable_prefix_caching=False)
     prefill_cached.add_request(prompt, SamplingParams(max_tokens=2, **GREEDY), "p")
     prefill_cached.step()  # the prompt's KV is in its cache now
@@ -276,7 +253,7 @@ def test_a_prefilled_sequence_drafts_over_the_transferred_cache(early_exit_model
     tokens = [o.token_id for o in out]
     while decode.has_work():
         tokens += [o.token_id for o in decode.step()]
-    want = _run(_engine(early_exit_model, layers=None), [(prompt, SamplingParams(max_tokens=30, **GREEDY))])
+    want = run_to_completion(_engine(early_exit_model, layers=None), [(prompt, SamplingParams(max_tokens=30, **GREEDY))])
     assert tokens == want["r0"][0]
     assert _acceptance(decode) > 0.9 and decode.blocks.num_used == 0
 

@@ -5,13 +5,13 @@ KV blocks returned so the pool looks exactly as it would have without them."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.engine.loading import load_model
 from tandem.worker.engine.speculative.backoff import BackoffPolicy
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig
+from tests.engine_runs import run_to_completion, seeded_prompt
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -26,32 +26,8 @@ def _engine(model, k: int | None = 4, **overrides) -> Engine:
     return Engine(model, EngineConfig(**{"block_size": 4, "num_kv_blocks": 256, "speculative": spec, **overrides}))
 
 
-def _prompt(n: int, seed: int, vocab: int = 1000) -> list[int]:
-    return torch.randint(1, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def _run(engine: Engine, requests: list[tuple[list[int], SamplingParams]], late: dict[int, list] | None = None):
-    """Run to completion (requests in `late[step]` join at that step); returns request id -> (tokens, reason)."""
-    out: dict[str, list[int]] = {}
-    reasons: dict[str, str] = {}
-    for prompt, params in requests:
-        out[engine.add_request(prompt, params, request_id=f"r{len(out)}")] = []
-    step = 0
-    while engine.has_work() or (late and any(s >= step for s in late)):
-        for prompt, params in (late or {}).get(step, []):
-            out[engine.add_request(prompt, params, request_id=f"r{len(out)}")] = []
-        for o in engine.step():
-            assert o.request_id not in reasons, "a token after the finishing one"
-            out[o.request_id].append(o.token_id)
-            if o.finish_reason:
-                reasons[o.request_id] = o.finish_reason
-        step += 1
-    assert engine.blocks.num_used == 0
-    return {rid: (toks, reasons[rid]) for rid, toks in out.items()}
-
-
 def _reference(model, prompt: list[int], n: int) -> list[int]:
-    return _run(_engine(model, k=None), [(prompt, SamplingParams(max_tokens=n, **GREEDY))])["r0"][0]
+    return run_to_completion(_engine(model, k=None), [(prompt, SamplingParams(max_tokens=n, **GREEDY))])["r0"][0]
 
 
 class Scripted:
@@ -70,23 +46,23 @@ class Scripted:
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_single_sequence_greedy_output_is_unchanged(tiny_model, seed):
-    prompt = _prompt(24, seed)
+    prompt = seeded_prompt(24, seed)
     engine = _engine(tiny_model)
-    got = _run(engine, [(prompt, SamplingParams(max_tokens=48, **GREEDY))])["r0"]
+    got = run_to_completion(engine, [(prompt, SamplingParams(max_tokens=48, **GREEDY))])["r0"]
     assert got == (_reference(tiny_model, prompt, 48), "length")
     assert engine.speculator is not None and engine.speculator.accepted_tokens > 0, "nothing was speculated"
 
 
 def test_continuous_batch_mixing_speculating_and_plain_sequences(tiny_model):
-    pattern = _prompt(6, 9)
+    pattern = seeded_prompt(6, 9)
     requests = [
-        (_prompt(20, 4), SamplingParams(max_tokens=40, **GREEDY)),
+        (seeded_prompt(20, 4), SamplingParams(max_tokens=40, **GREEDY)),
         (pattern * 5, SamplingParams(max_tokens=33, **GREEDY)),  # drafts from the prompt itself
-        (_prompt(12, 5), SamplingParams(max_tokens=30, temperature=0.8, seed=7, ignore_eos=True)),  # other draws
-        (_prompt(9, 6), SamplingParams(max_tokens=25, temperature=0.0, stop_token_ids=[17, 402, 877])),
+        (seeded_prompt(12, 5), SamplingParams(max_tokens=30, temperature=0.8, seed=7, ignore_eos=True)),  # other draws
+        (seeded_prompt(9, 6), SamplingParams(max_tokens=25, temperature=0.0, stop_token_ids=[17, 402, 877])),
     ]
-    late = {3: [(_prompt(70, 8), SamplingParams(max_tokens=20, **GREEDY))]}  # a chunked prompt joins mid-way
-    plain = _run(_engine(tiny_model, k=None, prefill_chunk_tokens=16), requests, late)
+    late = {3: [(seeded_prompt(70, 8), SamplingParams(max_tokens=20, **GREEDY))]}  # a chunked prompt joins mid-way
+    plain = run_to_completion(_engine(tiny_model, k=None, prefill_chunk_tokens=16), requests, late)
     engine = _engine(tiny_model, prefill_chunk_tokens=16)
     mixed_steps = 0
     real_step = engine.step
@@ -100,7 +76,7 @@ def test_continuous_batch_mixing_speculating_and_plain_sequences(tiny_model):
         return outs
 
     engine.step = step  # type: ignore[method-assign]
-    got = _run(engine, requests, late)
+    got = run_to_completion(engine, requests, late)
     sampled = "r2"  # rejection sampling keeps its distribution, not its draws: only its length must agree
     assert len(got.pop(sampled)[0]) == len(plain.pop(sampled)[0]) == 30
     assert got == plain
@@ -109,7 +85,7 @@ def test_continuous_batch_mixing_speculating_and_plain_sequences(tiny_model):
 
 
 def test_stop_token_and_max_tokens_end_exactly_inside_accepted_drafts(tiny_model):
-    prompt = _prompt(16, 11)
+    prompt = seeded_prompt(16, 11)
     full = prompt + _reference(tiny_model, prompt, 30)
     for params, want_len, reason in [
         (SamplingParams(max_tokens=7, **GREEDY), 7, "length"),
@@ -119,7 +95,7 @@ def test_stop_token_and_max_tokens_end_exactly_inside_accepted_drafts(tiny_model
         assert engine.speculator is not None
         engine.speculator.proposer = Scripted(full, right=4, vocab=tiny_model.config.vocab_size)  # all accepted
         engine.speculator.policy = BackoffPolicy(first_pause_steps=1)  # speculate from the first decode step
-        tokens, why = _run(engine, [(prompt, params)])["r0"]
+        tokens, why = run_to_completion(engine, [(prompt, params)])["r0"]
         n = want_len or full[16:].index(full[16 + 8]) + 1
         assert (tokens, why) == (full[16 : 16 + n], reason)
         assert engine.speculator.accepted_tokens > 0
@@ -128,7 +104,7 @@ def test_stop_token_and_max_tokens_end_exactly_inside_accepted_drafts(tiny_model
 @pytest.mark.parametrize("right", [0, 1, 2])
 def test_rejected_drafts_leave_the_block_pool_as_plain_decoding_would(tiny_model, right):
     """Each verify emits `right + 1` tokens; after it the pool must equal a plain engine's `right + 1` steps later."""
-    prompt = _prompt(13, 12)
+    prompt = seeded_prompt(13, 12)
     full = prompt + _reference(tiny_model, prompt, 40)
     spec, plain = _engine(tiny_model, k=4), _engine(tiny_model, k=None)
     assert spec.speculator is not None
@@ -156,21 +132,21 @@ def test_rejected_drafts_leave_the_block_pool_as_plain_decoding_would(tiny_model
 
 
 def test_backoff_stops_proposing_when_drafts_keep_failing(tiny_model):
-    prompt = _prompt(10, 13)
+    prompt = seeded_prompt(10, 13)
     full = prompt + _reference(tiny_model, prompt, 60)
     engine = _engine(tiny_model, k=4)
     assert engine.speculator is not None
     engine.speculator.proposer = Scripted(full, right=0, vocab=tiny_model.config.vocab_size)
-    tokens, _ = _run(engine, [(prompt, SamplingParams(max_tokens=60, **GREEDY))])["r0"]
+    tokens, _ = run_to_completion(engine, [(prompt, SamplingParams(max_tokens=60, **GREEDY))])["r0"]
     assert tokens == full[10:]
     verifies = engine.speculator.verifies
     assert engine.speculator.accepted_tokens == 0 and 0 < verifies < 59 // 3
 
 
 def test_flex_attention_verifies_drafts_too(tiny_model):
-    prompt = _prompt(12, 15)
+    prompt = seeded_prompt(12, 15)
     engine = _engine(tiny_model, attention="flex")
-    got = _run(engine, [(prompt, SamplingParams(max_tokens=16, **GREEDY))])["r0"][0]
+    got = run_to_completion(engine, [(prompt, SamplingParams(max_tokens=16, **GREEDY))])["r0"][0]
     assert got == _reference(tiny_model, prompt, 16)
     assert engine.speculator is not None and engine.speculator.accepted_tokens > 0
 
@@ -180,8 +156,8 @@ def test_speculation_matches_transformers_greedy():
 
     hf = hf_model({**LLAMA_GQA, "initializer_range": 0.02})  # small weights: a text that repeats itself
     engine = engine_for(ours_from(hf), speculative=SpeculativeConfig(num_tokens=5))
-    prompts = [_prompt(n, n, vocab=500) for n in (7, 19, 30)]
-    got = _run(engine, [(p, SamplingParams(max_tokens=40, **GREEDY)) for p in prompts])
+    prompts = [seeded_prompt(n, n, vocab=500) for n in (7, 19, 30)]
+    got = run_to_completion(engine, [(p, SamplingParams(max_tokens=40, **GREEDY)) for p in prompts])
     for i, prompt in enumerate(prompts):
         assert got[f"r{i}"][0] == hf_greedy(hf, prompt, 40)
     assert engine.speculator is not None and engine.speculator.accepted_tokens > 0
