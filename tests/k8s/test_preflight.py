@@ -42,7 +42,9 @@ def test_missing_model_claim_blocks_the_pools_until_it_exists(control_plane, ope
     cp.kubectl("apply", "-f", "-", input=model_volume(ns))  # the fix: nothing watches claims, the recheck sees it
     isvc = wait_for(lambda: ready_at_current_generation(cp, ns, "nopvc"), 90, "Ready once the claim exists")
     assert condition(isvc, "Degraded")["status"] == "False"
-    assert len(warning_events(cp, ns, "nopvc")) == 1
+    # One Warning for the missing claim, however many rechecks ran; new pods may add their own passing causes
+    # (an unbound claim for a moment, on a slow host), which are not this test's subject.
+    assert [e["reason"] for e in warning_events(cp, ns, "nopvc")].count("ModelSourceNotFound") == 1
 
 
 def test_more_gpus_than_any_node_is_degraded_but_applied_and_clears_on_a_smaller_ask(control_plane, operator,
