@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -23,9 +21,11 @@ import grpc
 
 from tandem.operator.autoscale.types import Replicas
 from tandem.operator.local.plan import ProcessPlan, local_tls_dir, worker_plan, workers_document
-from tandem.operator.local.up import LocalStack
+from tandem.operator.local.up import LocalStack, free_port_block
 from tandem.spec import InferenceService
 from tandem.v1 import colocated_pb2_grpc, common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+from tandem.worker.api.tls import TlsConfig
+from tandem.worker.api.tls import channel as tls_channel
 
 STUBS = {
     "prefill": prefill_pb2_grpc.PrefillServiceStub,
@@ -182,7 +182,7 @@ class LocalPools:
         with self._lock:
             index = self._next_index[role]
             self._next_index[role] += 1
-            p = worker_plan(self.svc, self.base, role, index, self.host, free_port_pair(), self.threads)
+            p = worker_plan(self.svc, self.base, role, index, self.host, free_port_block(2), self.threads)
             self.stack.spawn(p)
         return p
 
@@ -194,21 +194,6 @@ class LocalPools:
             self.leaving.append(Leaving(p, proc, time.monotonic()))
 
 
-def free_port_pair(low: int = 20000, high: int = 32000) -> int:
-    """A port whose neighbour is free too, below the kernel's ephemeral range (32768 and up), so no outgoing
-    connection (the router's, a client's) can take it between this check and the worker's bind."""
-    for _ in range(200):
-        base = random.randrange(low, high - 1)
-        try:
-            for port in (base, base + 1):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free port pair")
-
-
 def _running(report: common_pb2.LoadReport | None) -> int | None:
     return None if report is None else report.running_sequences + report.waiting_sequences
 
@@ -218,15 +203,7 @@ def load_report(
 ) -> common_pb2.LoadReport | None:
     """A worker's load report over gRPC (mutual TLS with the stack's files), or None when it does not
     answer (starting, or gone)."""
-    if tls_dir:
-        d = Path(tls_dir)
-        creds = grpc.ssl_channel_credentials(
-            (d / "ca.crt").read_bytes(), (d / "tls.key").read_bytes(), (d / "tls.crt").read_bytes()
-        )
-        options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
-        channel = grpc.secure_channel(p.address, creds, options=options)
-    else:
-        channel = grpc.insecure_channel(p.address)
+    channel = tls_channel(p.address, TlsConfig.optional(tls_dir, server_name))
     try:
         return STUBS[p.role](channel).Load(common_pb2.LoadRequest(), timeout=timeout_s)  # type: ignore[attr-defined]
     except grpc.RpcError:

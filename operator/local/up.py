@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import queue
+import random
 import signal
 import socket
 import subprocess
@@ -168,15 +169,12 @@ class LocalStack:
             self._thread.join(timeout=5)
 
 
-def free_port_block(n: int) -> int:
-    """A base port with `n` consecutive free loopback ports above it (best effort), for a stack's
-    router and workers."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n >= 65000:
-            continue
+def free_port_block(n: int, low: int = 20000, high: int = 32000) -> int:
+    """A base port with `n` consecutive free loopback ports above it, for a stack's router and workers;
+    below the kernel's ephemeral range (32768 and up), so no outgoing connection (the router's, a client's)
+    can take one of them while a worker that died is restarted on its ports."""
+    for _ in range(200):
+        base = random.randrange(low, high - n)
         try:
             for p in range(base, base + n):
                 with socket.socket() as s:

@@ -134,7 +134,7 @@ async def poll(w: Worker) -> None:
         load = await w.stub.Load(common_pb2.LoadRequest(), timeout=2)  # type: ignore[attr-defined]
     except aio.AioRpcError as e:
         if e.code() == grpc.StatusCode.UNAVAILABLE:
-            w.mark_failed()
+            w.view.healthy = False  # out of rotation until it answers (a request failure also waits out a window)
         return  # a slow answer (a busy worker) keeps the last load, it is not a failure
     if time.monotonic() < w.unhealthy_until and not w.view.healthy:
         return  # a recent request failure outranks one good poll
