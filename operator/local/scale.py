@@ -24,8 +24,6 @@ from tandem.operator.local.plan import ProcessPlan, local_tls_dir, worker_plan, 
 from tandem.operator.local.up import LocalStack, free_port_block
 from tandem.spec import InferenceService
 from tandem.v1 import colocated_pb2_grpc, common_pb2, decode_pb2_grpc, prefill_pb2_grpc
-from tandem.worker.api.tls import TlsConfig
-from tandem.worker.api.tls import channel as tls_channel
 
 STUBS = {
     "prefill": prefill_pb2_grpc.PrefillServiceStub,
@@ -203,7 +201,15 @@ def load_report(
 ) -> common_pb2.LoadReport | None:
     """A worker's load report over gRPC (mutual TLS with the stack's files), or None when it does not
     answer (starting, or gone)."""
-    channel = tls_channel(p.address, TlsConfig.optional(tls_dir, server_name))
+    if tls_dir:
+        d = Path(tls_dir)
+        creds = grpc.ssl_channel_credentials(
+            (d / "ca.crt").read_bytes(), (d / "tls.key").read_bytes(), (d / "tls.crt").read_bytes()
+        )
+        options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+        channel = grpc.secure_channel(p.address, creds, options=options)
+    else:
+        channel = grpc.insecure_channel(p.address)
     try:
         return STUBS[p.role](channel).Load(common_pb2.LoadRequest(), timeout=timeout_s)  # type: ignore[attr-defined]
     except grpc.RpcError:
