@@ -135,6 +135,7 @@ def router_argv(
         argv += [
             "--disaggregation", d.mode.value, "--local-prefill-max-tokens", str(d.local_prefill_max_tokens),
             "--prefill-queue-tokens", str(d.prefill_queue_tokens),
+            "--local-prefill-max-tpot-fraction", str(d.local_prefill_max_tpot_fraction),
         ]  # fmt: skip
     if metrics_port:
         argv += ["--metrics-port", str(metrics_port)]

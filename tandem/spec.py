@@ -128,6 +128,9 @@ class DisaggregationSpec(_Spec):
     # conditional: once every prefill worker has more prompt tokens than this queued, prompts go to a
     # decode worker with room
     prefill_queue_tokens: int = Field(default=4096, ge=0)
+    # conditional: a decode worker takes no local prefill while its streams' recent TPOT is above this
+    # fraction of slo.tpotMs (a local prefill stalls every running sequence); 0 turns the check off
+    local_prefill_max_tpot_fraction: float = Field(default=0.0, ge=0, le=1)
 
 
 class RouterSpec(_Spec):

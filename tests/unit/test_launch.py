@@ -81,18 +81,22 @@ def test_disaggregation_reaches_the_rendered_router_and_the_local_one():
 
     spec = _spec()
     spec.router.disaggregation = spec.router.disaggregation.model_validate(
-        {"mode": "conditional", "localPrefillMaxTokens": 96, "prefillQueueTokens": 3000}
-    )
+        {"mode": "conditional", "localPrefillMaxTokens": 96, "prefillQueueTokens": 3000,
+         "localPrefillMaxTpotFraction": 0.75}
+    )  # fmt: skip
     (container,) = render.router_deployment(spec, "svc", "ns", "u")["spec"]["template"]["spec"]["containers"]
     local = plan(InferenceService(name="svc", spec=spec), Path("/srv"), port=9000, first_worker_port=9100, cpus=2)
     router = next(p for p in local if p.role == "router")
     for argv in (container["args"][1:], router.argv[router.argv.index("router") + 1 :]):
         args = build_parser().parse_args(argv)
         assert check_args(args) is None
-        policy = build_backend(args).disaggregation
+        backend = build_backend(args)
+        policy = backend.disaggregation
         assert (policy.mode, policy.local_prefill_max_tokens, policy.prefill_queue_tokens) == (
             DisaggregationMode.conditional, 96, 3000,
         )  # fmt: skip
+        assert policy.local_prefill_max_tpot_fraction == 0.75
+        assert backend.tpot_slo_s == spec.slo.tpot_ms / 1000  # the SLO the TPOT check measures against
     default = build_backend(build_parser().parse_args(launch.router_argv(_spec(), "svc", "/m")[1:]))
     assert default.disaggregation.mode is DisaggregationMode.always
     colocated = _spec().model_copy(update={"mode": Mode.colocated})

@@ -1,6 +1,8 @@
-"""Conditional disaggregation: short prompts and a saturated prefill pool go local, long prompts to the prefill pool."""
+"""Conditional disaggregation: short prompts and a saturated prefill pool go local, long prompts to the prefill
+pool, and no prompt goes local onto a decode worker whose streams are near the TPOT SLO."""
 
 from tandem.worker.router.disaggregation import (
+    REASON_DECODE_TPOT,
     REASON_LONG_PROMPT,
     REASON_MODE,
     REASON_PREFILL_SATURATED,
@@ -11,6 +13,8 @@ from tandem.worker.router.disaggregation import (
     PrefillRoute,
     choose_prefill,
     decode_has_room,
+    decode_tpot_has_headroom,
+    observe_tpot,
     prefill_saturated,
 )
 from tandem.worker.router.selection import WorkerView
@@ -74,3 +78,46 @@ def test_modes_always_and_never_ignore_the_rules():
     assert choose_prefill(always, 1, BUSY_PREFILL, ROOMY, 1) == PrefillDecision(DISAGG, REASON_MODE)
     assert choose_prefill(never, 10_000, IDLE_PREFILL, ROOMY, 700) == PrefillDecision(LOCAL, REASON_MODE)
     assert DisaggregationPolicy().mode is DisaggregationMode.always  # the default keeps today's behaviour
+
+
+SLO_AWARE = POLICY.model_copy(update={"local_prefill_max_tpot_fraction": 0.8})
+TPOT_SLO_S = 0.050
+
+
+def _decode(recent_tpot_s: float, streams: int = 3) -> WorkerView:
+    return WorkerView("d", free_kv_blocks=100, total_kv_blocks=100, recent_tpot_s=recent_tpot_s,
+                      inflight_requests=streams)  # fmt: skip
+
+
+def test_a_decode_worker_near_the_tpot_slo_takes_no_local_prefill():
+    """Both local rules yield: a short prompt and a saturated pool's long one go to the prefill pool."""
+    near = _decode(0.041)  # above 0.8 x 50 ms
+    assert choose_prefill(SLO_AWARE, 10, IDLE_PREFILL, near, 1, tpot_slo_s=TPOT_SLO_S) == PrefillDecision(
+        DISAGG, REASON_DECODE_TPOT
+    )
+    assert choose_prefill(SLO_AWARE, 500, BUSY_PREFILL, near, 40, tpot_slo_s=TPOT_SLO_S).route is DISAGG
+    within = _decode(0.039)
+    assert choose_prefill(SLO_AWARE, 10, IDLE_PREFILL, within, 1, tpot_slo_s=TPOT_SLO_S).route is LOCAL
+    assert choose_prefill(SLO_AWARE, 500, BUSY_PREFILL, within, 40, tpot_slo_s=TPOT_SLO_S) == PrefillDecision(
+        LOCAL, REASON_PREFILL_SATURATED
+    )
+
+
+def test_the_tpot_check_needs_streams_to_protect_a_fraction_and_an_slo():
+    assert decode_tpot_has_headroom(_decode(0.5, streams=0), TPOT_SLO_S, 0.8)  # nobody to stall
+    assert decode_tpot_has_headroom(_decode(0.5), TPOT_SLO_S, 0.0)  # the check is off (the default)
+    assert decode_tpot_has_headroom(_decode(0.5), 0.0, 0.8)  # no SLO known
+    assert not decode_tpot_has_headroom(_decode(0.5), TPOT_SLO_S, 1.0)
+    assert choose_prefill(POLICY, 10, IDLE_PREFILL, _decode(0.5), 1, tpot_slo_s=TPOT_SLO_S).route is LOCAL
+    never = SLO_AWARE.model_copy(update={"mode": DisaggregationMode.never})
+    assert choose_prefill(never, 10, IDLE_PREFILL, _decode(0.5), 1, tpot_slo_s=TPOT_SLO_S).route is LOCAL
+
+
+def test_recent_tpot_follows_the_gaps_and_forgets_an_old_stall():
+    assert observe_tpot(0.0, 0.030) == 0.030  # the first gap is the estimate
+    recent = 0.030
+    recent = observe_tpot(recent, 0.330)  # one step stalled by a 300 ms prefill
+    assert 0.030 < recent < 0.330
+    for _ in range(30):
+        recent = observe_tpot(recent, 0.030)
+    assert abs(recent - 0.030) < 0.001

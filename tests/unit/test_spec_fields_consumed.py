@@ -40,6 +40,7 @@ VALUES: dict[str, list[Any]] = {
     "decode.affinity": [ABSENT, {"nodeAffinity": {}}],
     "security.networkPolicy.metricsFrom": [[], [{"namespaceSelector": {}}]],
     "autoscaling.prometheusUrl": [ABSENT, "http://prometheus.monitoring:9090"],
+    "router.disaggregation.localPrefillMaxTpotFraction": [0.0, 0.8],
 }
 
 # The rest of the spec a field needs around it to take effect (merged into the base spec).

@@ -11,6 +11,11 @@ worker would cost more than the hop. Two rules pick `local` (prefill on the deco
   reported) and the chosen decode worker has room (free KV blocks for the request and no more prompt tokens
   of its own queued than that bound).
 
+Both rules yield to the TPOT SLO when `local_prefill_max_tpot_fraction` is set: a local prefill stalls every
+sequence the decode worker is running, so a worker whose streams' recent TPOT is above that fraction of
+the SLO prefills nothing locally (the prompt goes to the prefill pool). Under a tight TPOT SLO conditional
+then behaves like `always`; under a loose one the rules above run as they are.
+
 Otherwise `disaggregated`. Mode `always` and `never` bypass the rules. The policy is the spec's `router.disaggregation`.
 """
 
@@ -39,6 +44,9 @@ REASON_MODE = "mode"
 REASON_SHORT_PROMPT = "short-prompt"
 REASON_PREFILL_SATURATED = "prefill-saturated"
 REASON_LONG_PROMPT = "long-prompt"
+REASON_DECODE_TPOT = "decode-tpot"
+
+TPOT_SMOOTHING = 0.2  # weight of the newest inter-token gap in a worker's recent TPOT
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,19 @@ def decode_has_room(decode: WorkerView, blocks_needed: int, queue_bound: int) ->
     return blocks_ok and queued_tokens(decode) <= queue_bound
 
 
+def observe_tpot(recent_s: float, gap_s: float) -> float:
+    """A worker's recent TPOT after one more inter-token gap (exponentially smoothed; 0 is no history)."""
+    return gap_s if recent_s <= 0 else recent_s + TPOT_SMOOTHING * (gap_s - recent_s)
+
+
+def decode_tpot_has_headroom(decode: WorkerView, tpot_slo_s: float, fraction: float) -> bool:
+    """A local prefill would not push the decode worker's running streams past the TPOT SLO: no check
+    (fraction or SLO 0), no stream of the router's on it, or their recent TPOT within the fraction."""
+    if fraction <= 0 or tpot_slo_s <= 0 or decode.inflight_requests == 0:
+        return True
+    return decode.recent_tpot_s <= fraction * tpot_slo_s
+
+
 def choose_prefill(
     policy: DisaggregationPolicy,
     prompt_tokens: int,
@@ -72,13 +93,16 @@ def choose_prefill(
     decode: WorkerView,
     blocks_needed: int,
     cached_tokens: int = 0,
+    tpot_slo_s: float = 0.0,
 ) -> PrefillDecision:
     """Where this request's prompt runs; `cached_tokens` is the caller's estimate of the decode worker's
-    prefix-cache hit for it."""
+    prefix-cache hit for it, `tpot_slo_s` the service's TPOT target."""
     if policy.mode is DisaggregationMode.always:
         return PrefillDecision(PrefillRoute.disaggregated, REASON_MODE)
     if policy.mode is DisaggregationMode.never:
         return PrefillDecision(PrefillRoute.local, REASON_MODE)
+    if not decode_tpot_has_headroom(decode, tpot_slo_s, policy.local_prefill_max_tpot_fraction):
+        return PrefillDecision(PrefillRoute.disaggregated, REASON_DECODE_TPOT)
     if prompt_tokens - min(cached_tokens, prompt_tokens) <= policy.local_prefill_max_tokens:
         return PrefillDecision(PrefillRoute.local, REASON_SHORT_PROMPT)
     bound = policy.prefill_queue_tokens

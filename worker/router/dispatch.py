@@ -39,6 +39,7 @@ from tandem.worker.router.disaggregation import (
     DisaggregationPolicy,
     PrefillRoute,
     choose_prefill,
+    observe_tpot,
 )
 from tandem.worker.router.membership import STUBS, Pools, Worker
 from tandem.worker.router.selection import pick_decode, pick_prefill
@@ -63,9 +64,11 @@ class GrpcBackend:
         lease_ms: int = DEFAULT_LEASE_MS,
         tls: TlsConfig | None = None,
         disaggregation: DisaggregationPolicy | None = None,
+        tpot_slo_s: float = 0.0,
     ):
         self.mode, self.block_size, self.max_attempts = mode, block_size, max_attempts
         self.disaggregation = disaggregation or DisaggregationPolicy()
+        self.tpot_slo_s = tpot_slo_s  # what conditional disaggregation keeps local prefills from breaking
         self.poll_interval_s, self.lease_ms = poll_interval_s, lease_ms
         self.pools = Pools(addresses, workers_file, tls)
         self.inflight = 0
@@ -183,7 +186,10 @@ class GrpcBackend:
     async def _disaggregated(self, request_id, prompt_ids, params, timing, tried) -> AsyncIterator[TokenOut]:
         blocks = self._blocks_needed(len(prompt_ids) + params.max_tokens)
         decode = await self._pick_or_wait("decode", tried, blocks)
-        decision = choose_prefill(self.disaggregation, len(prompt_ids), self.pools.views("prefill"), decode.view, blocks)
+        decision = choose_prefill(
+            self.disaggregation, len(prompt_ids), self.pools.views("prefill"), decode.view, blocks,
+            tpot_slo_s=self.tpot_slo_s,
+        )  # fmt: skip
         timing.prefill = decision.route.value
         if decision.route is PrefillRoute.local:  # no transfer: the decode worker prefills the prompt itself
             async for token in self._generate_on(decode, request_id, prompt_ids, params, timing, tried):
@@ -282,10 +288,16 @@ async def _abort_decode(decode: Worker, transfer_id: str, request_id: str, reaso
 
 
 async def _relay(call, worker: Worker) -> AsyncIterator[TokenOut]:
-    """Token events of one worker stream as TokenOut; worker failures become _Retry."""
+    """Token events of one worker stream as TokenOut; worker failures become _Retry. The gaps between a
+    stream's tokens feed the worker's recent TPOT."""
+    last_token_at = None
     try:
         async for event in call:
             if event.has_token:
+                now = time.monotonic()
+                if last_token_at is not None:
+                    worker.view.recent_tpot_s = observe_tpot(worker.view.recent_tpot_s, now - last_token_at)
+                last_token_at = now
                 reason = FINISH_NAMES.get(event.finish_reason) if event.finish_reason else None
                 yield TokenOut(event.token_id, event.logprob, reason)
                 if reason:
@@ -347,8 +359,11 @@ def build_backend(args) -> GrpcBackend:
         mode=getattr(args, "disaggregation", defaults.mode),
         local_prefill_max_tokens=getattr(args, "local_prefill_max_tokens", defaults.local_prefill_max_tokens),
         prefill_queue_tokens=getattr(args, "prefill_queue_tokens", defaults.prefill_queue_tokens),
+        local_prefill_max_tpot_fraction=getattr(
+            args, "local_prefill_max_tpot_fraction", defaults.local_prefill_max_tpot_fraction
+        ),
     )
     return GrpcBackend(
         args.mode, addresses, getattr(args, "workers_file", None), lease_ms=args.kv_lease_ms, tls=tls,
-        disaggregation=policy,
+        disaggregation=policy, tpot_slo_s=getattr(args, "slo_tpot_ms", 0.0) / 1000,
     )  # fmt: skip

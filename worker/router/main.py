@@ -43,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="conditional: past this many queued prompt tokens on every prefill worker, prefill on a decode "
         "worker with room",
     )  # fmt: skip
+    p.add_argument(
+        "--local-prefill-max-tpot-fraction", type=float,
+        default=DisaggregationSpec().local_prefill_max_tpot_fraction,
+        help="conditional: no local prefill on a decode worker whose streams' recent TPOT is above this "
+        "fraction of --slo-tpot-ms (0: no check)",
+    )  # fmt: skip
     p.add_argument("--prefill", type=_addresses, default=[], help="prefill worker addresses, comma-separated")
     p.add_argument("--decode", type=_addresses, default=[], help="decode worker addresses, comma-separated")
     p.add_argument(
@@ -94,6 +100,8 @@ def check_args(args: argparse.Namespace) -> str | None:
         return "--max-body-bytes and --body-timeout must be positive"
     if args.local_prefill_max_tokens < 0 or args.prefill_queue_tokens < 0:
         return "--local-prefill-max-tokens and --prefill-queue-tokens must be >= 0"
+    if not 0 <= args.local_prefill_max_tpot_fraction <= 1:
+        return "--local-prefill-max-tpot-fraction must be in [0, 1]"
     if args.workers_file:
         return None  # the file names the workers, possibly later
     if args.mode == "disaggregated" and args.disaggregation == DisaggregationMode.never and not args.decode:

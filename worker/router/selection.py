@@ -19,6 +19,7 @@ class WorkerView:
     total_kv_blocks: int = 0
     inflight_requests: int = 0
     inflight_prompt_tokens: int = 0
+    recent_tpot_s: float = 0.0  # smoothed gap between tokens of the router's streams on this worker
 
     @property
     def routable(self) -> bool:
