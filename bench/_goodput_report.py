@@ -17,7 +17,8 @@ from bench._goodput_sweep import (
 )
 from bench._trace_shape import Slo
 
-MODES = ("colocated", "disaggregated", "conditional")
+MODES = ("colocated", "disaggregated", "conditional", "conditional-slo")  # table order; a run may omit the last
+CONDITIONAL_MODES = ("conditional", "conditional-slo")
 FIXED_TTFT_SCALE = 5.0  # the second sweep: TTFT at 5x idle, the TPOT scale moves
 TIGHT_TPOT_SCALE = 3.0  # the target's "tight TPOT": 3x idle or less
 
@@ -27,6 +28,12 @@ def probes_of(trace: dict) -> list[Probe]:
         Probe(p["mode"], p["repeat"], p["rate"], tuple(Latency(**r) for r in p["requests"]))
         for p in trace["probes"]
     ]
+
+
+def modes_of(trace: dict) -> list[str]:
+    """The modes this trace's probes ran, in table order."""
+    ran = {p["mode"] for p in trace["probes"]}
+    return [m for m in MODES if m in ran]
 
 
 def sweeps(scales: list[float]) -> dict[str, list[tuple[float, float]]]:
@@ -41,7 +48,7 @@ def goodputs(
     probes: list[Probe], base: Slo, point: tuple[float, float], target: float
 ) -> dict[str, list[Goodput]]:
     slo = scaled(base, *point)
-    return {mode: goodput_per_repeat(probes, mode, slo, target) for mode in MODES}
+    return {mode: goodput_per_repeat(probes, mode, slo, target) for mode in {p.mode for p in probes}}
 
 
 def _cell(values: list[Goodput]) -> str:
@@ -54,7 +61,8 @@ def _ratio_cell(values: list[float]) -> str:
 
 
 def trace_tables(trace: dict, scales: list[float], target: float, threshold: int) -> Iterator[str]:
-    probes, base = probes_of(trace), Slo(**trace["slo_base"])
+    probes, base, modes = probes_of(trace), Slo(**trace["slo_base"]), modes_of(trace)
+    others = [m for m in modes if m != "colocated"]
     yield (
         f"#### {trace['trace']} ({trace['trace_rows']} rows; shaped median {trace['median_input_len']} prompt / "
         f"{trace['median_output_len']} output tokens)"
@@ -72,35 +80,33 @@ def trace_tables(trace: dict, scales: list[float], target: float, threshold: int
         yield ""
         yield f"Goodput (req/s at >= {target:.0%} joint SLO attainment), {title}:"
         yield ""
-        yield "| s | TTFT SLO ms | TPOT SLO ms | colocated | disaggregated | conditional | conditional / colocated | disaggregated / colocated |"
-        yield "| --- | --- | --- | --- | --- | --- | --- | --- |"
+        columns = ["s", "TTFT SLO ms", "TPOT SLO ms", *modes, *(f"{m} / colocated" for m in others)]
+        yield "| " + " | ".join(columns) + " |"
+        yield "|" + " --- |" * len(columns)
         for (ts, ps), s in zip(points, scales, strict=True):
             g = goodputs(probes, base, (ts, ps), target)
-            yield (
-                f"| {s:g} | {1000 * ts * base.ttft_s:.0f} | {1000 * ps * base.tpot_s:.0f} | {_cell(g['colocated'])} | "
-                f"{_cell(g['disaggregated'])} | {_cell(g['conditional'])} | "
-                f"{_ratio_cell(ratios(g['conditional'], g['colocated']))} | "
-                f"{_ratio_cell(ratios(g['disaggregated'], g['colocated']))} |"
-            )
+            cells = [f"{s:g}", f"{1000 * ts * base.ttft_s:.0f}", f"{1000 * ps * base.tpot_s:.0f}"]
+            cells += [_cell(g[m]) for m in modes] + [_ratio_cell(ratios(g[m], g["colocated"])) for m in others]
+            yield "| " + " | ".join(cells) + " |"
     yield ""
     yield f"TTFT p90 (ms) of prompts of at most {threshold} tokens, pooled over repeats, by probed rate:"
     yield ""
     yield "| mode | " + " | ".join(f"{r:g} req/s" for r in trace["rates"]) + " |"
     yield "| --- |" + " --- |" * len(trace["rates"])
-    for mode in MODES:
+    for mode in modes:
         cells = [short_prompt_ttft_p90(probes, mode, r, threshold) for r in trace["rates"]]
         yield f"| {mode} | " + " | ".join("-" if c is None else f"{1000 * c:.0f}" for c in cells) + " |"
 
 
-def verdict(trace: dict, scales: list[float], target: float) -> str:
-    """The targets: conditional never below colocated (median over repeats, every point of both sweeps),
-    and >= 1.5x colocated where the TPOT SLO is at most 3x idle."""
+def verdict(trace: dict, scales: list[float], target: float, mode: str = "conditional") -> str:
+    """The targets: a conditional mode never below colocated (median over repeats, every point of both
+    sweeps), and >= 1.5x colocated where the TPOT SLO is at most 3x idle."""
     probes, base = probes_of(trace), Slo(**trace["slo_base"])
     worst, tight = None, []
     for points in sweeps(scales).values():
         for point in points:
             g = goodputs(probes, base, point, target)
-            r = ratios(g["conditional"], g["colocated"])
+            r = ratios(g[mode], g["colocated"])
             if not r:
                 continue
             med = spread(r).median
@@ -110,7 +116,7 @@ def verdict(trace: dict, scales: list[float], target: float) -> str:
     never_below = "-" if worst is None else f"{worst:.2f}x ({'met' if worst >= 1 else 'MISSED'})"
     tight_min = "-" if not tight else f"{min(tight):.2f}x ({'met' if min(tight) >= 1.5 else 'MISSED'})"
     return (
-        f"{trace['trace']}: lowest conditional / colocated median ratio over both sweeps {never_below}; "
+        f"{trace['trace']}: lowest {mode} / colocated median ratio over both sweeps {never_below}; "
         f"lowest where TPOT SLO <= {TIGHT_TPOT_SCALE:g}x idle {tight_min}"
     )
 
@@ -118,11 +124,19 @@ def verdict(trace: dict, scales: list[float], target: float) -> str:
 def report(result: dict) -> str:
     cfg = result["config"]
     lines = [
-        f"Goodput sweep: {cfg['repeats']} repeats of {len(result['traces'][0]['rates'])} rates x 3 modes per trace; "
+        f"Goodput sweep: {cfg['repeats']} repeats of {len(result['traces'][0]['rates'])} rates x "
+        f"{len(modes_of(result['traces'][0]))} modes per trace; "
         f"lengths / {cfg['length_scale']:g}, capped at {cfg['max_input_len']} in / {cfg['max_output_len']} out; "
         f"model hidden {cfg['hidden']}, {cfg['layers']} layers, float32, {cfg['threads']} torch thread per worker; "
         f"conditional: localPrefillMaxTokens {cfg['local_prefill_max_tokens']}, prefillQueueTokens "
-        f"{cfg['prefill_queue_tokens']}. Cells: median [min-max] over repeats; * = some repeat outside the grid.",
+        f"{cfg['prefill_queue_tokens']}"
+        + (
+            f"; conditional-slo: the same, its router told a TPOT SLO of {cfg['slo_aware_tpot_ms']:g} ms with "
+            f"localPrefillMaxTpotFraction {cfg['slo_aware_fraction']:g}"
+            if cfg.get("slo_aware_tpot_ms")
+            else ""
+        )
+        + ". Cells: median [min-max] over repeats; * = some repeat outside the grid.",
         "",
     ]
     for trace in result["traces"]:
@@ -132,7 +146,12 @@ def report(result: dict) -> str:
             )
         )
         lines.append("")
-    lines += [verdict(t, result["scales"], result["attainment_target"]) for t in result["traces"]]
+    lines += [
+        verdict(t, result["scales"], result["attainment_target"], mode)
+        for t in result["traces"]
+        for mode in CONDITIONAL_MODES
+        if mode in modes_of(t)
+    ]
     lines += [f"wall time {result['wall_s']:.0f} s", f"Trace: {result['trace_attribution']}"]
     return "\n".join(lines)
 
@@ -151,7 +170,7 @@ def plot(result: dict, path: Path) -> Path:
     for row, trace in zip(axes, rows, strict=True):
         probes, base = probes_of(trace), Slo(**trace["slo_base"])
         for ax, (title, points) in zip(row, sweeps(scales).items(), strict=True):
-            for mode in MODES:
+            for mode in modes_of(trace):
                 per_point = [goodputs(probes, base, p, target)[mode] for p in points]
                 spreads = [spread([g.rate for g in gs]) for gs in per_point]
                 med = [s.median for s in spreads]

@@ -50,7 +50,8 @@ from tandem.worker.loadgen.workload import RequestSpec
 
 ATTAINMENT = 0.9
 COLOCATED, DISAGGREGATED, CONDITIONAL = "colocated", "disaggregated", "conditional"
-MODES = (COLOCATED, DISAGGREGATED, CONDITIONAL)
+SLO_AWARE = "conditional-slo"  # conditional whose router keeps local prefills off decode workers near its TPOT SLO
+MODES = (COLOCATED, DISAGGREGATED, CONDITIONAL, SLO_AWARE)
 TRACES = ("../shared/traces/azure_llm_2023_conv.csv", "../shared/traces/azure_llm_2023_code.csv")
 
 
@@ -86,6 +87,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--stall-free", default="conditional", help="comma-separated modes whose workers get --stall-free-tokens"
     )
+    p.add_argument(
+        "--slo-aware-tpot-ms", type=float, default=None,
+        help="add the conditional-slo stack: conditional, its router told this TPOT SLO and "
+        "localPrefillMaxTpotFraction --slo-aware-fraction (default: not run)",
+    )  # fmt: skip
+    p.add_argument("--slo-aware-fraction", type=float, default=0.8)
     p.add_argument("--rates", default="0.6,1.2,2.4,4", help="probed rates, multiples of the idle service rate")
     p.add_argument("--scales", default="1.5,2,3,5,8", help="SLO scales (multiples of the idle latencies)")
     p.add_argument("--repeats", type=int, default=3, help="runs of the whole rate grid per mode")
@@ -117,7 +124,7 @@ def stack_objects(model_dir: Path, args: argparse.Namespace) -> dict[str, dict]:
     def engine(mode: str) -> dict:
         return {"maxPrefillTokensWithDecodes": args.stall_free_tokens} if mode in stall_free else {}
 
-    return {
+    stacks = {
         COLOCATED: service_object(
             "goodput-colo", model_dir, mode="colocated", decode=2, engine=engine(COLOCATED), **common
         ),
@@ -128,6 +135,13 @@ def stack_objects(model_dir: Path, args: argparse.Namespace) -> dict[str, dict]:
             "goodput-cond", model_dir, mode="disaggregated", router=conditional, engine=engine(CONDITIONAL), **common
         ),
     }
+    if args.slo_aware_tpot_ms:
+        aware = {"disaggregation": {**conditional["disaggregation"], "localPrefillMaxTpotFraction": args.slo_aware_fraction}}
+        stacks[SLO_AWARE] = service_object(
+            "goodput-cond-slo", model_dir, mode="disaggregated", router=aware, engine=engine(SLO_AWARE), **common
+        )
+        stacks[SLO_AWARE]["spec"]["slo"] = {"tpotMs": max(1, round(args.slo_aware_tpot_ms))}
+    return stacks
 
 
 def main(argv: list[str]) -> int:
@@ -188,7 +202,8 @@ def sweep_trace(path: Path, trace: list[RequestSpec], running: dict, shaping: Le
         for rate in rates:
             n = requests_for_rate(rate, args.probe_seconds, args.min_requests, args.max_requests)
             specs = at_rate(thinned(trace, n, shaping, shift), rate)
-            order = MODES[repeat % len(MODES) :] + MODES[: repeat % len(MODES)]
+            modes = [m for m in MODES if m in running]
+            order = modes[repeat % len(modes) :] + modes[: repeat % len(modes)]
             for mode in order:
                 stack, url = running[mode]
                 wait_idle(stack)

@@ -1,0 +1,47 @@
+"""The goodput report's tables carry every mode a run had (the SLO-aware conditional stack is optional) and
+judge each conditional mode against colocated."""
+
+from bench._goodput_report import modes_of, report
+
+RATES = [1.0, 2.0, 4.0]
+
+
+def _requests(tpot_s: float, n: int = 10) -> list[dict]:
+    return [{"ok": True, "ttft_s": 0.1, "tpot_s": tpot_s, "input_len": 100} for _ in range(n)]
+
+
+def _result(modes: dict[str, list[float]]) -> dict:
+    """mode -> TPOT at each probed rate (TTFT always at idle): goodput follows where TPOT crosses the SLO."""
+    probes = [
+        {"mode": mode, "repeat": 0, "rate": rate, "requests": _requests(tpot)}
+        for mode, tpots in modes.items()
+        for rate, tpot in zip(RATES, tpots, strict=True)
+    ]
+    trace = {
+        "trace": "t.csv", "trace_rows": 10, "median_input_len": 100, "median_output_len": 10,
+        "idle": {m: {"ttft_s": 0.1, "tpot_s": 0.01} for m in modes}, "rates": RATES,
+        "slo_base": {"ttft_s": 0.1, "tpot_s": 0.01}, "probes": probes,
+    }  # fmt: skip
+    config = {
+        "repeats": 1, "length_scale": 4, "max_input_len": 512, "max_output_len": 64, "hidden": 64, "layers": 2,
+        "threads": 1, "local_prefill_max_tokens": 32, "prefill_queue_tokens": 512,
+        "slo_aware_tpot_ms": 30.0 if "conditional-slo" in modes else None, "slo_aware_fraction": 0.8,
+    }  # fmt: skip
+    return {"attainment_target": 0.9, "scales": [3.0], "traces": [trace], "config": config, "wall_s": 1.0,
+            "trace_attribution": "test"}  # fmt: skip
+
+
+def test_three_mode_runs_report_as_before_and_a_fourth_mode_gets_its_columns_and_verdict():
+    three = {"colocated": [0.02, 0.05, 0.09], "disaggregated": [0.02, 0.02, 0.05], "conditional": [0.02, 0.05, 0.09]}
+    text = report(_result(three))
+    assert "conditional-slo" not in text
+    assert "| s | TTFT SLO ms | TPOT SLO ms | colocated | disaggregated | conditional | disaggregated / colocated" in text
+    four = {**three, "conditional-slo": [0.02, 0.02, 0.05]}
+    assert modes_of(_result(four)["traces"][0]) == list(four)
+    text = report(_result(four))
+    assert "| conditional-slo / colocated |" in text
+    assert "TPOT SLO of 30 ms" in text
+    verdicts = [line for line in text.splitlines() if "lowest where TPOT SLO" in line]
+    assert len(verdicts) == 2
+    # at 3x idle TPOT (30 ms) colocated holds to rate 1 only, the SLO-aware stack like disaggregated to 2
+    assert "MISSED" in verdicts[0] and "met" in verdicts[1].split("lowest where")[1]
