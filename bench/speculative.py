@@ -27,7 +27,7 @@ prompts (nothing served from the prefix cache), reporting the median with the sp
 per sequence, (last token - first token) / (tokens - 1), averaged over the batch.
 
     python -m bench.speculative [--threads 1] [--batches 1,4,16] [--repeats 3] [--num-tokens 4]
-        [--workloads repeats,novel,early-exit,random] [--draft-layers 1]
+        [--workloads repeats,novel,early-exit,random] [--layers 4] [--draft-layers 1]
 """
 
 from __future__ import annotations
@@ -225,7 +225,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--num-tokens", type=int, default=4, help="draft tokens per step")
-    p.add_argument("--draft-layers", type=int, default=1, help="the draft method's layers (of the model's 4)")
+    p.add_argument("--layers", type=int, default=4, help="the tiny model's layers")
+    p.add_argument("--draft-layers", type=int, default=1, help="the draft method's layers (of --layers)")
     p.add_argument("--early-exit-scale", type=float, default=0.02,
                    help="early-exit workload: the factor on the outputs of the layers past the draft")  # fmt: skip
     p.add_argument("--repeats", type=int, default=3)
@@ -241,7 +242,7 @@ def main(argv: list[str]) -> int:
     if args.clock == "cpu":
         engine_timing.use_cpu_clock()
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = create_tiny_model(Path(tmp) / "tiny", TinySpec(seed=0))
+        model_dir = create_tiny_model(Path(tmp) / "tiny", TinySpec(layers=args.layers, seed=0))
         models = {
             "repeats": load_model(model_dir),
             "novel": scaled(load_model(model_dir), 4.0),
@@ -255,7 +256,7 @@ def main(argv: list[str]) -> int:
             points.append(bench_point(workload, models[workload], batch, args, vocab))
             print(f"  {workload} batch {batch}: TPOT ratio {spread(points[-1].ratios)}x, "
                   f"acceptance {points[-1].acceptance:.0%}", file=sys.stderr, flush=True)  # fmt: skip
-    caption = (f"tiny Llama (4 layers, hidden 256), fp32, CPU, {args.threads} thread(s), {args.clock} clock; "
+    caption = (f"tiny Llama ({args.layers} layers, hidden 256), fp32, CPU, {args.threads} thread(s), {args.clock} clock; "
                f"prompt {args.prompt_len}, {args.new_tokens} new tokens, k={args.num_tokens}, "
                f"draft {args.draft_layers} layer(s), early-exit scale {args.early_exit_scale}, {args.repeats} runs")  # fmt: skip
     print_table(points, caption)
