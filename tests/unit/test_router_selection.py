@@ -28,6 +28,21 @@ def test_decode_needs_room_then_prefers_fewer_running():
     assert pick_decode([WorkerView("x", draining=True)], 1) is None
 
 
+def test_equally_loaded_workers_take_turns_not_the_lowest_address_every_time():
+    """One request at a time never loads a worker, so the tie-break decides: the one picked longest ago."""
+    decode = [WorkerView(a, free_kv_blocks=50, total_kv_blocks=50) for a in ("a", "b")]
+    prefill = [WorkerView(a) for a in ("a", "b")]
+    for pick, views in ((lambda: pick_decode(decode, 1), decode), (lambda: pick_prefill(prefill), prefill)):
+        chosen = []
+        for now in range(1, 5):
+            view = pick()
+            view.last_picked = float(now)  # what the router stamps on the worker it chose
+            chosen.append(view.address)
+        assert chosen == ["a", "b", "a", "b"]
+        views[0].running_sequences = views[0].queued_prompt_tokens = 3  # load still outranks the turn
+        assert pick().address == "b" and pick().address == "b"
+
+
 def test_headless_service_names_resolve_to_one_address_per_pod():
     from tandem.worker.router.membership import resolve
 

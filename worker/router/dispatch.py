@@ -110,6 +110,7 @@ class GrpcBackend:
             view = pick_decode(views, blocks_needed) if role == "decode" else pick_prefill(views)  # retry a tried one
         if view is None:
             raise BackendError(f"no healthy {role} worker", status=503, retry_after_s=1)
+        view.last_picked = time.monotonic()
         return self.pools.workers[role][view.address]
 
     # --- requests -----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ class WorkerView:
     inflight_requests: int = 0
     inflight_prompt_tokens: int = 0
     recent_tpot_s: float = 0.0  # smoothed gap between tokens of the router's streams on this worker
+    last_picked: float = 0.0  # when the router last chose it: equally loaded workers take turns
 
     @property
     def routable(self) -> bool:
@@ -27,21 +28,22 @@ class WorkerView:
 
 
 def pick_prefill(workers: Iterable[WorkerView], exclude: Set[str] = frozenset()) -> WorkerView | None:
-    """The prefill worker with the fewest prompt tokens ahead of this one."""
+    """The prefill worker with the fewest prompt tokens ahead of this one; ties go to the one picked
+    longest ago."""
     candidates = [w for w in workers if w.routable and w.address not in exclude]
     if not candidates:
         return None
-    return min(candidates, key=lambda w: (w.queued_prompt_tokens + w.inflight_prompt_tokens, w.address))
+    return min(candidates, key=lambda w: (w.queued_prompt_tokens + w.inflight_prompt_tokens, w.last_picked, w.address))
 
 
 def pick_decode(
     workers: Iterable[WorkerView], blocks_needed: int, exclude: Set[str] = frozenset()
 ) -> WorkerView | None:
     """The decode worker with room for the prompt's blocks and the fewest running sequences; ties go to
-    the one with more free blocks."""
+    the one with more free blocks, then to the one picked longest ago."""
     candidates = [w for w in workers if w.routable and w.address not in exclude]
     roomy = [w for w in candidates if w.free_kv_blocks >= blocks_needed or w.total_kv_blocks == 0]
     pool = roomy or candidates
     if not pool:
         return None
-    return min(pool, key=lambda w: (w.running_sequences + w.inflight_requests, -w.free_kv_blocks, w.address))
+    return min(pool, key=lambda w: (w.running_sequences + w.inflight_requests, -w.free_kv_blocks, w.last_picked, w.address))
