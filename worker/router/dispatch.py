@@ -288,9 +288,13 @@ async def _abort_decode(decode: Worker, transfer_id: str, request_id: str, reaso
     await asyncio.shield(task)
 
 
+NORMAL_ENDS = ("stop", "length")  # the only ends a client may see as a finished answer
+
+
 async def _relay(call, worker: Worker) -> AsyncIterator[TokenOut]:
     """Token events of one worker stream as TokenOut; worker failures become _Retry. The gaps between a
-    stream's tokens feed the worker's recent TPOT."""
+    stream's tokens feed the worker's recent TPOT. A stream that ends without a token for any reason but
+    stop or length (a worker-side abort, an error) is a failure, never a finished answer."""
     last_token_at = None
     try:
         async for event in call:
@@ -304,9 +308,10 @@ async def _relay(call, worker: Worker) -> AsyncIterator[TokenOut]:
                 if reason:
                     return
             elif event.finish_reason:
-                if event.error:
-                    raise _Retry(f"{worker.view.address}: {event.error}")
-                return
+                reason = FINISH_NAMES.get(event.finish_reason, "error")
+                if reason in NORMAL_ENDS and not event.error:
+                    return
+                raise _Retry(f"{worker.view.address}: the stream ended with {reason}: {event.error or 'no token'}")
     except aio.AioRpcError as e:
         _raise_client_error(e)
         if is_draining(e):

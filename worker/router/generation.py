@@ -13,8 +13,6 @@ from tandem.worker.router.backend import Backend, BackendError, Timing, TokenOut
 from tandem.worker.router.metrics import RequestClock
 from tandem.worker.router.streaming import StopStringFilter, TextDelta, TokenLogprob
 
-FINISH_ABORT = "abort"
-
 
 def default_finish_reason(completion_tokens: int, max_tokens: int) -> str:
     """Why a token stream that ended without saying so ended."""
@@ -73,8 +71,8 @@ class Generation:
             if self.params.logprobs:
                 held.append(self._logprob(token))
             piece = self._decoder.push(token.token_id)
-            if token.finish_reason == FINISH_ABORT:
-                raise BackendError("the request was aborted by the worker", status=503)
+            if token.finish_reason not in (None, "stop", "length"):  # an abort or error is never an answer
+                raise BackendError(f"the request ended on the worker with {token.finish_reason}", status=503)
             if token.finish_reason is not None:
                 text = self._stops.finish(piece + self._decoder.flush())
                 reason = "stop" if self._stops.stopped else token.finish_reason
