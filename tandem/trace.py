@@ -113,3 +113,31 @@ def attribution_for(path: str | Path | None) -> str | None:
     if path is None:
         return None
     return AZURE_ATTRIBUTION if "azure" in Path(path).name.lower() else None
+
+
+def scale_rate(requests: list[TraceRequest], factor: float, spread_s: float = 10.0) -> list[TraceRequest]:
+    """The trace at `factor` x its arrival rate, with its rate curve kept above `spread_s`: whole copies
+    shifted by fractions of `spread_s`, plus every n-th request once more for a fractional part."""
+    if factor <= 0:
+        raise ValueError(f"rate factor must be positive, got {factor}")
+    whole, part = int(factor), factor - int(factor)
+    copies = [(i * spread_s / factor, requests) for i in range(whole)]
+    if part > 1e-9:
+        step = 1 / part
+        extra = [r for i, r in enumerate(requests) if int(i / step) != int((i + 1) / step)]
+        copies.append((whole * spread_s / factor, extra))
+    merged = [TraceRequest(r.arrival_s + shift, r.input_len, r.output_len) for shift, rs in copies for r in rs]
+    return sorted(merged, key=lambda r: r.arrival_s)
+
+
+def to_mooncake_jsonl(requests: Iterable[TraceRequest], block_tokens: int = 512) -> Iterable[str]:
+    """Mooncake JSONL lines (Dynamo's replay format): timestamp in ms, lengths, and hash ids of the prompt's
+    `block_tokens`-token blocks. The Azure traces carry no prompt text, so no two requests share a block."""
+    next_id = 0
+    for r in requests:
+        blocks = max(1, -(-r.input_len // block_tokens))
+        ids = list(range(next_id, next_id + blocks))
+        next_id += blocks
+        line = {"timestamp": round(r.arrival_s * 1000, 3), "input_length": r.input_len,
+                "output_length": max(r.output_len, 1), "hash_ids": ids}  # fmt: skip
+        yield json.dumps(line)

@@ -158,7 +158,36 @@ def measure(args: argparse.Namespace) -> Profile:
     )
 
 
+def import_dynamo(argv: list[str]) -> int:
+    """`tandem profile import-dynamo DIR -o OUT`: a tandem profile from Dynamo's profiler output."""
+    from tandem.profile_dynamo import from_dynamo
+
+    p = argparse.ArgumentParser(prog=f"{PROG} import-dynamo", description=import_dynamo.__doc__)
+    p.add_argument("directory", help="a Dynamo profiler result: selected_{prefill,decode}_interpolation/raw_data.npz")
+    p.add_argument("-o", "--output", required=True, help="where to write the profile JSON")
+    p.add_argument("--model", required=True, help="the model the profile measured (kept in the profile)")
+    p.add_argument("--device", required=True, help="the accelerator it ran on, e.g. H200")
+    p.add_argument("--dtype", default="fp8")
+    p.add_argument("--cold-start-s", type=float, default=60.0, help="pod created to Ready (not in Dynamo's data)")
+    p.add_argument("--max-running-sequences", type=int, default=256, help="the engine's max_num_seqs")
+    p.add_argument("--note", default="", help="where the data came from and under which licence")
+    args = p.parse_args(argv)
+    try:
+        profile = from_dynamo(
+            args.directory, model=args.model, device=args.device, dtype=args.dtype,
+            cold_start_ms=args.cold_start_s * 1000, max_running_sequences=args.max_running_sequences, note=args.note,
+        )  # fmt: skip
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        print(f"{PROG} import-dynamo: error: {e}", file=sys.stderr)
+        return 2
+    save_profile(profile, args.output)
+    print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["import-dynamo"]:
+        return import_dynamo(argv[1:])
     args = build_parser().parse_args(argv)
     if args.source:
         profile = load_profile(args.source)
