@@ -53,6 +53,8 @@ DECODE_RUNNING_SEQUENCES = "tandem_decode_running_sequences"
 KV_BLOCKS_USED = "tandem_kv_blocks_used"
 KV_BLOCKS_TOTAL = "tandem_kv_blocks_total"
 DECODE_BATCH_SIZE = "tandem_decode_batch_size"
+# Every worker: requests it holds (reservations, token queues, prefills, sequences); zero once idle
+WORKER_HELD_REQUESTS = "tandem_worker_held_requests"
 # Speculative decoding (decode and colocated engines): draft tokens verified, those the model accepted, and
 # the verify steps; acceptance rate = rate(accepted) / rate(proposed)
 SPEC_PROPOSED_TOKENS_TOTAL = "tandem_spec_decode_proposed_tokens_total"

@@ -232,6 +232,9 @@ class GrpcBackend:
             _raise_client_error(e)
             _note_unavailable(decode, e)
             raise _Retry(f"reserve on {decode.view.address}: {e.code().name} {e.details()}") from None
+        except asyncio.CancelledError:  # the client left while the blocks were being reserved: free them now
+            await _abort_decode(decode, transfer_id, request_id, "the request ended during its reservation")
+            raise
         stream = decode.stub.StreamTokens(decode_pb2.StreamTokensRequest(request_id=request_id))  # type: ignore[attr-defined]
         decode.view.inflight_requests += 1
         prefill.view.inflight_prompt_tokens += len(prompt_ids)

@@ -3,7 +3,9 @@ prefill a short prompt itself (Generate) when the router decides a transfer is n
 
 Blocks are reserved under a lease. A reservation that is aborted, fails or expires gives its blocks back
 and ends the waiting token stream with an error; a committed one is admitted straight into the running
-batch, its first token (computed by the prefill worker) first in its stream.
+batch, its first token (computed by the prefill worker) first in its stream. A token queue whose
+StreamTokens never opens (the router crashed or gave up between Reserve and the stream) is dropped, with
+its reservation or sequence, when the lease runs out, so it never holds blocks or a drain.
 """
 
 from __future__ import annotations
@@ -40,6 +42,19 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class Output:
+    """A request's token queue, and until a StreamTokens reads it, the monotonic time it is dropped at."""
+
+    queue: queue.Queue[StepOutput | StreamEnd]
+    unclaimed_until: float | None = None
+
+
+def unclaimed_expired(outputs: dict[str, Output], now: float) -> list[str]:
+    """Requests whose token queue no stream has opened within its lease (pure)."""
+    return [rid for rid, o in outputs.items() if o.unclaimed_until is not None and now >= o.unclaimed_until]
+
+
+@dataclass
 class Pending:
     """A reservation waiting for its KV: what to admit once it commits."""
 
@@ -63,7 +78,7 @@ class DecodeServicer:
         self.receiver = KvReceiver(loop.engine.kv, self.layout, on_release=self._released, on_commit=self._committed)
         self._lock = threading.Lock()
         self._pending: dict[str, Pending] = {}  # transfer_id -> what to admit
-        self._outputs: dict[str, queue.Queue[StepOutput | StreamEnd]] = {}  # request_id -> token queue
+        self._outputs: dict[str, Output] = {}  # request_id -> token queue
         self.draining = False
         self._reserving = 0  # Reserve RPCs past the draining check, not yet pending
         self._generating = 0  # local-prefill Generate streams accepted and not yet ended
@@ -126,9 +141,9 @@ class DecodeServicer:
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"no KV transport in common: the prefill worker offers {offered}, this decode worker {mine}",
             )
-        with self._lock:
-            self._outputs[request.request_id] = queue.Queue()
         lease_s = (request.lease_ms or DEFAULT_LEASE_MS) / 1000
+        with self._lock:
+            self._outputs[request.request_id] = Output(queue.Queue(), time.monotonic() + lease_s)
         res = self.receiver.reserve(request.transfer_id, request.request_id, to_fill, lease_s)
         ring = None
         if transport == common_pb2.KV_TRANSPORT_SHM:
@@ -148,6 +163,8 @@ class DecodeServicer:
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "every shared-memory staging ring is in use")
         with self._lock:
             self._pending[request.transfer_id] = Pending(request.request_id, prompt, params, block_table, ring)
+        if not context.is_active():  # the router gave up while this ran: it may never send the Abort
+            self._drop(request.request_id, request.transfer_id, "reserve cancelled")
         return decode_pb2.ReserveReply(
             block_ids=to_fill,
             num_cached_tokens=cached,
@@ -161,9 +178,12 @@ class DecodeServicer:
 
     def StreamTokens(self, request: decode_pb2.StreamTokensRequest, context: grpc.ServicerContext):
         with self._lock:
-            stream = self._outputs.get(request.request_id)
-        if stream is None:
+            output = self._outputs.get(request.request_id)
+            if output is not None:
+                output.unclaimed_until = None  # read from now on: the stream's end drops it
+        if output is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no reservation or sequence for {request.request_id}")
+        stream = output.queue
         context.add_callback(lambda: self._client_gone(request.request_id))
         try:
             for index, item in enumerate(EngineLoop.iterate(stream)):
@@ -185,9 +205,8 @@ class DecodeServicer:
                 self._generating -= 1
 
     def Abort(self, request: decode_pb2.AbortRequest, context: grpc.ServicerContext) -> decode_pb2.AbortReply:
-        released = self.receiver.abort(request.transfer_id, request.request_id, request.reason or "aborted")
+        released, running = self._drop(request.request_id, request.transfer_id, request.reason or "aborted")
         freed = sum(len(r.block_ids) for r in released)
-        running = bool(request.request_id) and self.loop.abort(request.request_id, "abort")
         return decode_pb2.AbortReply(found=bool(released) or running, blocks_freed=freed)
 
     def Load(self, request: common_pb2.LoadRequest, context: grpc.ServicerContext) -> common_pb2.LoadReport:
@@ -198,7 +217,8 @@ class DecodeServicer:
     def _committed(self, done: Committed) -> None:
         with self._lock:
             pending = self._pending.pop(done.reservation.transfer_id, None)
-            stream = self._outputs.get(done.reservation.request_id)
+            output = self._outputs.get(done.reservation.request_id)
+        stream = output.queue if output is not None else None
         if pending is None:
             return
         self._give_back_ring(pending)
@@ -215,20 +235,33 @@ class DecodeServicer:
         )
 
     def _released(self, released: Released) -> None:
+        request_id = released.reservation.request_id
         with self._lock:
             pending = self._pending.pop(released.reservation.transfer_id, None)
-            stream = self._outputs.get(released.reservation.request_id)
+            output = self._outputs.get(request_id)
+            if output is not None and output.unclaimed_until is not None:
+                del self._outputs[request_id]  # no stream reads it: nobody to tell
         if pending is None:
             return
         self._give_back_ring(pending)
         self.loop.call(lambda e: e.release(pending.block_table))
-        if stream is not None:
-            stream.put(StreamEnd("error", f"KV transfer did not complete: {released.reason}"))
+        if output is not None:
+            output.queue.put(StreamEnd("error", f"KV transfer did not complete: {released.reason}"))
         log.info("released reservation %s: %s", released.reservation.transfer_id, released.reason)
 
     def _give_back_ring(self, pending: Pending) -> None:
         if pending.ring is not None and self.staging is not None:
             self.staging.give_back(pending.ring)
+
+    def _drop(self, request_id: str, transfer_id: str = "", reason: str = "aborted") -> tuple[list[Released], bool]:
+        """End a request wherever it is (reservation, engine, unread token queue) and free what it holds."""
+        released = self.receiver.abort(transfer_id, request_id, reason)
+        running = bool(request_id) and self.loop.abort(request_id, "abort")
+        with self._lock:
+            output = self._outputs.get(request_id)
+            if output is not None and output.unclaimed_until is not None:
+                del self._outputs[request_id]
+        return released, running
 
     def _client_gone(self, request_id: str) -> None:
         """The token stream ended (finished, or the router went away): stop the work and free its blocks."""
@@ -238,6 +271,11 @@ class DecodeServicer:
     def _expire_loop(self, every_s: float) -> None:
         while not self._stop.wait(every_s):
             self.receiver.expire()
+            with self._lock:
+                stale = unclaimed_expired(self._outputs, time.monotonic())
+            for request_id in stale:
+                log.info("no token stream opened for %s within its lease: dropped", request_id)
+                self._drop(request_id, reason="no token stream within the lease")
 
     @property
     def num_pending(self) -> int:

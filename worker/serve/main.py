@@ -159,6 +159,7 @@ def main(argv: list[str]) -> int:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=BULK_CHANNEL_OPTIONS)
     tls = TlsConfig.optional(args.tls_dir, args.tls_server_name)
     servicer = _add_servicer(server, args, loop, info, metrics, tls)
+    metrics.watch_held(servicer.busy)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     drainer = Drainer(servicer, health_servicer, args.drain_timeout)

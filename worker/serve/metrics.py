@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tandem import names
@@ -45,6 +47,7 @@ class WorkerMetrics:
             Counter(names.SPEC_VERIFY_STEPS_TOTAL, "Sequence steps that verified drafts", labels, registry=r)
         )
         self._spec_seen = (0, 0, 0)
+        self.held = bind(Gauge(names.WORKER_HELD_REQUESTS, "Requests this worker holds in any state", labels, registry=r))
         self.batch_size = bind(
             Histogram(names.DECODE_BATCH_SIZE, "Sequences per engine step", labels, registry=r,
                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
@@ -57,6 +60,11 @@ class WorkerMetrics:
         self.kv_used.set_function(lambda: engine.blocks.num_used)
         self.kv_total.set_function(lambda: engine.blocks.num_blocks)
         self.running.set_function(lambda: engine.num_running)
+        return self
+
+    def watch_held(self, busy: Callable[[], int]) -> WorkerMetrics:
+        """Read the held-requests gauge from the servicer's `busy()` at scrape time."""
+        self.held.set_function(busy)
         return self
 
     def on_step(self, engine: Engine) -> None:
