@@ -33,6 +33,7 @@ E2E_SECONDS = "tandem_e2e_latency_seconds"
 REQUESTS_TOTAL = "tandem_requests_total"
 ROUTER_QUEUE_DEPTH = "tandem_router_queue_depth"
 ROUTER_ROUTABLE_WORKERS = "tandem_router_routable_workers"  # by `role`: prefill | decode | colocated
+ROUTER_DISCOVERY_STALE = "tandem_router_discovery_stale"  # worker names kept at their last good addresses
 REQUEST_ARRIVALS_TOTAL = "tandem_request_arrivals_total"  # requests reaching the router (the arrival rate)
 REQUEST_PROMPT_TOKENS = "tandem_request_prompt_tokens"  # histogram of prompt lengths (tokens)
 REQUEST_OUTPUT_TOKENS = "tandem_request_output_tokens"  # histogram of output lengths of completed requests

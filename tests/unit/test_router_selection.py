@@ -1,5 +1,7 @@
 """Worker selection: prefill by queued prompt tokens, decode by room and running sequences, never an unhealthy or draining one."""
 
+import pytest
+
 from tandem.worker.router.selection import WorkerView, pick_decode, pick_prefill
 
 
@@ -44,8 +46,9 @@ def test_equally_loaded_workers_take_turns_not_the_lowest_address_every_time():
 
 
 def test_headless_service_names_resolve_to_one_address_per_pod():
-    from tandem.worker.router.membership import resolve
+    from tandem.worker.router.membership import DiscoveryError, resolve
 
     assert resolve("10.0.0.7:50051") == ["10.0.0.7:50051"]
     assert resolve("dns:///localhost:50051") in (["127.0.0.1:50051"], ["127.0.0.1:50051", "[::1]:50051"], ["[::1]:50051"])
-    assert resolve("dns:///no-such-host.invalid:50051") == []
+    with pytest.raises(DiscoveryError):
+        resolve("dns:///no-such-host.invalid:50051")

@@ -261,7 +261,10 @@ def create_app(
     """The router's ASGI app. `max_model_len` (the context the workers serve) turns overlong prompts
     into 400s here; `limits` bound what a request body may cost before it is parsed; `slo` is what
     each completed request is judged against."""
-    metrics = RouterMetrics(service_name, backend.queue_depth, slo=slo, routable_workers=backend.routable_workers)
+    metrics = RouterMetrics(
+        service_name, backend.queue_depth, slo=slo, routable_workers=backend.routable_workers,
+        discovery_stale=getattr(backend, "discovery_stale", None),
+    )  # fmt: skip
     admission = Admission(max_queued_requests)
     limits = limits or RequestLimits()
 

@@ -96,6 +96,10 @@ class GrpcBackend:
     def queue_depth(self) -> int:
         return self.inflight
 
+    def discovery_stale(self) -> int:
+        """Worker names whose last lookup failed, served from their last good addresses."""
+        return len(self.pools.stale_names)
+
     def routable_workers(self) -> dict[str, int]:
         return {role: sum(v.routable for v in self.pools.views(role)) for role in STUBS}
 

@@ -3,7 +3,9 @@
 Membership comes from the command line (an address, or `dns:///name:port` for every pod behind a headless
 Service) and, if given, a JSON workers file that may change. A worker that leaves the membership stops
 getting requests but keeps its channel until the requests it holds have finished; one that joins is
-dialled and polled (Handshake once, then Load) before it is routable.
+dialled and polled (Handshake once, then Load) before it is routable. A name that fails to resolve keeps
+the addresses it last resolved to (one DNS failure must not retire a whole pool), and says so in a log line
+and in `stale_names`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,13 +56,22 @@ class Worker:
 class Pools:
     """The workers of each role, by address, and those that left but still finish requests."""
 
-    def __init__(self, static: dict[str, list[str]], workers_file: str | None = None, tls: TlsConfig | None = None):
+    def __init__(
+        self,
+        static: dict[str, list[str]],
+        workers_file: str | None = None,
+        tls: TlsConfig | None = None,
+        resolver: Callable[[str], list[str]] | None = None,
+    ):
         self.static = static
+        self.resolver = resolver or resolve  # address -> addresses; raises DiscoveryError
         self.workers_file = workers_file
         self.tls = tls  # mutual TLS to every worker, or plaintext
         self._file_mtime = 0.0
         self.workers: dict[str, dict[str, Worker]] = {r: {} for r in STUBS}
         self.retiring: list[Worker] = []  # left the membership, still finishing requests
+        self._resolved: dict[str, list[str]] = {}  # dns:/// name -> the addresses it last resolved to
+        self.stale_names: set[str] = set()  # names whose last lookup failed (their last good set is kept)
 
     def views(self, role: str) -> list[WorkerView]:
         return [w.view for w in self.workers[role].values()]
@@ -70,7 +82,25 @@ class Pools:
             data = json.loads(Path(self.workers_file).read_text() or "{}")
             for role in STUBS:
                 wanted[role] = list(dict.fromkeys(wanted[role] + list(data.get(role, []))))
-        return {role: [a for address in addresses for a in resolve(address)] for role, addresses in wanted.items()}
+        return {role: [a for address in addresses for a in self._resolve(address)] for role, addresses in wanted.items()}
+
+    def _resolve(self, address: str) -> list[str]:
+        fresh: list[str] | None = None
+        try:
+            fresh = self.resolver(address)
+        except DiscoveryError as e:
+            if address not in self.stale_names:
+                log.warning("%s; keeping its last %d addresses", e, len(self._resolved.get(address, [])))
+        if fresh is not None and address in self.stale_names:
+            log.info("%s resolves again (%d addresses)", address, len(fresh))
+        kept = keep_last_good(self._resolved.get(address), fresh)
+        if fresh is None:
+            self.stale_names.add(address)
+        else:
+            self.stale_names.discard(address)
+        if address.startswith(DNS_PREFIX):
+            self._resolved[address] = kept
+        return kept
 
     async def refresh(self) -> None:
         """Dial workers that joined; retire those that left."""
@@ -144,15 +174,26 @@ async def poll(w: Worker) -> None:
     v.free_kv_blocks, v.total_kv_blocks = load.free_kv_blocks, load.total_kv_blocks
 
 
+class DiscoveryError(Exception):
+    """A worker name could not be resolved now."""
+
+
+def keep_last_good(previous: list[str] | None, fresh: list[str] | None) -> list[str]:
+    """A name's addresses after a lookup (pure): the fresh answer, or the last good one when it failed."""
+    if fresh is None:
+        return list(previous or [])
+    return fresh
+
+
 def resolve(address: str) -> list[str]:
-    """`dns:///name:port` (a headless Service) to one `ip:port` per pod behind it; others as they are."""
+    """`dns:///name:port` (a headless Service) to one `ip:port` per pod behind it; others as they are.
+    Raises DiscoveryError when the lookup fails."""
     if not address.startswith(DNS_PREFIX):
         return [address]
     host, _, port = address[len(DNS_PREFIX) :].rpartition(":")
     try:
         infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
     except (OSError, ValueError) as e:
-        log.warning("cannot resolve %s: %s", address, e)
-        return []
+        raise DiscoveryError(f"cannot resolve {address}: {e}") from None
     ips = sorted({str(info[4][0]) for info in infos})
     return [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips]

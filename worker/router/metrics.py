@@ -20,6 +20,7 @@ from tandem.names import (
     REQUEST_OUTPUT_TOKENS,
     REQUEST_PROMPT_TOKENS,
     REQUESTS_TOTAL,
+    ROUTER_DISCOVERY_STALE,
     ROUTER_QUEUE_DEPTH,
     ROUTER_ROUTABLE_WORKERS,
     SLO_OBJECTIVE_RATIO,
@@ -119,6 +120,7 @@ class RouterMetrics:
         registry: CollectorRegistry | None = None,
         slo: Slo | None = None,
         routable_workers: Callable[[], dict[str, int]] | None = None,
+        discovery_stale: Callable[[], float] | None = None,
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.slo = slo or Slo()
@@ -177,6 +179,12 @@ class RouterMetrics:
 
             for role in ("prefill", "decode", "colocated"):
                 workers.labels(**self.labels, role=role).set_function(count(role))
+        if discovery_stale is not None:
+            stale = Gauge(
+                ROUTER_DISCOVERY_STALE, "Worker names whose last lookup failed, served from their last good addresses",
+                labels, registry=r,
+            )  # fmt: skip
+            stale.labels(**self.labels).set_function(discovery_stale)
         target = Gauge(SLO_TARGET_SECONDS, "The SLO's latency target", (*labels, "slo"), registry=r)
         objective = Gauge(
             SLO_OBJECTIVE_RATIO, "Fraction of requests that must meet the SLO's target", (*labels, "slo"), registry=r

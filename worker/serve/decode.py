@@ -183,6 +183,7 @@ class DecodeServicer:
                 output.unclaimed_until = None  # read from now on: the stream's end drops it
         if output is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no reservation or sequence for {request.request_id}")
+            return
         stream = output.queue
         context.add_callback(lambda: self._client_gone(request.request_id))
         try:
