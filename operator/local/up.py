@@ -2,7 +2,8 @@
 
 The same YAML a user would `kubectl apply`. A process that crashes is restarted with backoff while the
 rest keeps serving; no process outlives `tandem up`, even killed with SIGKILL; Ctrl-C (or SIGTERM) stops
-every process within a few seconds. With `--demo`, one streamed chat request is sent once the stack is
+every process within a few seconds; shared-memory segments a killed run left behind are removed at the
+next start. With `--demo`, one streamed chat request is sent once the stack is
 up, its TTFT and TPOT printed, and the stack stopped again.
 """
 
@@ -29,6 +30,7 @@ import httpx
 
 from tandem.operator.local.plan import ProcessPlan, model_dir, plan, workers_document
 from tandem.operator.local.supervisor import ChildState, die_with_parent
+from tandem.shm_segments import sweep_dead_segments
 from tandem.spec import InferenceService, load_file
 
 STOP_GRACE_S = 5.0
@@ -189,6 +191,7 @@ def free_port_block(n: int, low: int = 20000, high: int = 32000) -> int:
 def serving(svc: InferenceService, state: Path, host: str = "127.0.0.1", port: int = 8000, worker_port: int = 50100):
     """Start the stack for `svc`, wait until the router is healthy, yield (stack, router URL), stop it."""
     state.mkdir(parents=True, exist_ok=True)
+    sweep_dead_segments()  # staging rings a run killed with SIGKILL could not remove
     workers_file = state / "workers.json"
     procs = plan(svc, Path.cwd(), host, port, worker_port, workers_file)
     workers_file.write_text(json.dumps(workers_document(procs)))

@@ -17,6 +17,7 @@ import yaml
 
 from tandem import names
 from tandem.operator.local.up import free_port_block
+from tandem.shm_segments import SHM_DIR, creator_of
 from tests.integration.stacks import spec
 
 pytestmark = pytest.mark.slow
@@ -86,9 +87,11 @@ def routable(url: str, role: str) -> int:
     return int(sum(float(li.split()[-1]) for li in lines if f'role="{role}"' in li))
 
 
-def start_tandem_up(tiny_model_dir, tmp_path: Path, decode: int = 1, obj: dict | None = None) -> tuple[subprocess.Popen, str]:
+def start_tandem_up(
+    tiny_model_dir, tmp_path: Path, decode: int = 1, obj: dict | None = None, new_session: bool = False
+) -> tuple[subprocess.Popen, str]:
     """`tandem up -f` of `obj` (default: a stack with `decode` decode workers), once it serves; its output in
-    tmp_path/tandem-up.log."""
+    tmp_path/tandem-up.log. `new_session`: in a process group of its own, to be killed as one."""
     spec_file = tmp_path / "spec.yaml"
     spec_file.write_text(yaml.safe_dump(obj or spec("sup", tiny_model_dir, decode=decode)))
     base = free_port_block(24)
@@ -96,7 +99,7 @@ def start_tandem_up(tiny_model_dir, tmp_path: Path, decode: int = 1, obj: dict |
     proc = subprocess.Popen(
         [sys.executable, "-m", "tandem", "up", "-f", str(spec_file), "--port", str(base),
          "--worker-port", str(base + 2), "--log-dir", str(tmp_path / "logs")],
-        stdout=log, stderr=subprocess.STDOUT,
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=new_session,
     )  # fmt: skip
     url = f"http://127.0.0.1:{base}"
     try:
@@ -146,3 +149,24 @@ def test_sigkill_of_tandem_up_takes_every_child_with_it(tiny_model_dir, tmp_path
     up.kill()
     up.wait()
     wait_for("the orphans to die", lambda: not any(alive(k) for k in kids), 10)
+
+
+def test_shared_memory_of_a_killed_run_is_removed_by_the_next_tandem_up(tiny_model_dir, tmp_path):
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    first, _ = start_tandem_up(tiny_model_dir, tmp_path / "first", decode=1, new_session=True)
+    kids = children(first.pid)
+    decode = next(k for k in kids if "--role decode" in cmdline(k))
+    segments = [n for n in os.listdir(SHM_DIR) if creator_of(n) == decode]
+    assert segments, "the decode worker lends no shared-memory staging rings"
+    os.killpg(first.pid, signal.SIGKILL)  # the whole run at once, resource trackers included
+    first.wait()
+    wait_for("the run to die", lambda: not any(alive(k) for k in kids), 10)
+    assert all(os.path.exists(os.path.join(SHM_DIR, n)) for n in segments), "nothing was left to remove"
+    second, _ = start_tandem_up(tiny_model_dir, tmp_path / "second", decode=1)
+    try:
+        left = [n for n in segments if os.path.exists(os.path.join(SHM_DIR, n))]
+        assert left == [], f"the dead run's segments survived the next tandem up: {left}"
+    finally:
+        second.kill()
+        second.wait()

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import re
-import secrets
 import stat
 import threading
 import time
@@ -21,12 +19,12 @@ from multiprocessing import shared_memory
 import numpy as np
 import torch
 
+from tandem.shm_segments import SEGMENT_NAME, SEGMENT_PREFIX, SHM_DIR, new_segment_name
 from tandem.v1 import decode_pb2
 
 from .base import KvTransferError
 
 CONTROL_BYTES = 64  # u64 slots: read_pos, epoch, capacity
-SHM_DIR = "/dev/shm"  # where POSIX shared memory lives on Linux
 _READ, _EPOCH, _CAPACITY = 0, 1, 2
 
 
@@ -39,19 +37,10 @@ def ring_start(write_pos: int, length: int, capacity: int) -> int:
     return (write_pos // capacity + 1) * capacity
 
 
-SEGMENT_PREFIX = "tandem-kv-"
-_SEGMENT_NAME = re.compile(re.escape(SEGMENT_PREFIX) + r"[0-9a-f]{24}")
-
-
-def new_segment_name() -> str:
-    """A fresh segment name: the fixed prefix and 96 random bits, the only form a peer may send back."""
-    return SEGMENT_PREFIX + secrets.token_hex(12)
-
-
 def check_segment_name(name: str) -> None:
     """Refuse any name this worker's kind could not have minted (a path, `..`, another process's segment)."""
-    if not _SEGMENT_NAME.fullmatch(name):
-        raise KvTransferError(f"staging segment name {name[:80]!r} is not a minted {SEGMENT_PREFIX}<hex> token")
+    if not SEGMENT_NAME.fullmatch(name):
+        raise KvTransferError(f"staging segment name {name[:80]!r} is not a minted {SEGMENT_PREFIX}<pid>-<hex> token")
 
 
 def segment_problems(st: os.stat_result, expected_size: int | None, uid: int) -> list[str]:

@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
 from tandem import names
+from tandem.shm_segments import sweep_dead_segments
 from tandem.v1 import colocated_pb2_grpc, prefill_pb2_grpc
 from tandem.worker.api.tls import TlsConfig, add_port
 from tandem.worker.engine.decode_graphs import DECODE_STEPS, check_decode_step
@@ -231,6 +232,7 @@ def _add_servicer(server, args, loop, info, metrics, tls):
 
         staging = None
         if info.shm_capable:
+            sweep_dead_segments()  # a restart: the rings of the worker it replaces, if that one was killed
             staging = StagingPool([StagingRing.create_shm(64 << 20) for _ in range(4)])
         decode = DecodeServicer(loop, info, staging)
         add_to_server(server, decode)
