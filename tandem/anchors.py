@@ -59,7 +59,10 @@ def anchor_config(ctx: dict[str, Any], options: dict[str, Any] | None = None) ->
         gpu_budget=budget,
         cold_start_s=float(ctx.get("startup_s") or 0.0),
     )
-    return replace(config, **options)
+    config = replace(config, **options)
+    if "up_confirm_s" not in options:  # as the operator sets it: a forecast alone must hold for one interval
+        config = replace(config, up_confirm_s=config.interval_s)
+    return config
 
 
 class DynamoPolicy:

@@ -85,8 +85,11 @@ def _field(record: dict[str, Any], names: tuple[str, ...], what: str) -> Any:
 
 
 def parse_jsonl(lines: Iterable[str], time_unit: str = "auto") -> list[TraceRequest]:
-    """Lines of {"timestamp": s, "input_length": n, "output_length": m} (or the other recognised names)."""
+    """Lines of {"timestamp": s, "input_length": n, "output_length": m} (or the other recognised names).
+    Mooncake traces (records with `hash_ids`, Dynamo's replay format) count time in milliseconds."""
     records = [json.loads(line) for line in lines if line.strip()]
+    if time_unit == "auto" and records and "hash_ids" in records[0]:
+        time_unit = "ms"
     return _relative(
         [
             (

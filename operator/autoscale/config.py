@@ -28,6 +28,8 @@ class PolicyConfig:
     scale_up_cooldown_s: float = 0.0  # between two steps up (the in-flight hold already spaces them)
     margin: float = 0.8  # size for this share of the SLO
     up_tolerance: float = 0.1  # a forecast alone adds replicas only once N would run past (1 + this) x margin
+    up_confirm_s: float = 0.0  # a forecast alone moves up only after asking this long (reactive terms act at once)
+    down_step_fraction: float = 0.25  # a step down removes up to this share of the pool (at least one replica)
     hysteresis: float = 0.85  # step down only if N-1 replicas run at <= hysteresis x margin of the SLO
     stale_after_s: float = 60.0  # an observation older than this is not acted on
     in_flight_timeout_s: float = 600.0  # give up waiting for a change that never lands (pods unschedulable)
@@ -65,6 +67,7 @@ def policy_config(spec: InferenceServiceSpec, profile: Profile, cold_start_s: fl
         stabilization_s=a.stabilization_seconds,
         scale_down_cooldown_s=a.scale_down_cooldown_seconds,
         scale_up_cooldown_s=a.scale_up_cooldown_seconds,
+        up_confirm_s=a.interval_seconds,
         margin=a.slo_margin_percent / 100,
         stale_after_s=max(a.window_seconds, 3 * a.interval_seconds),
         gpu_budget=a.gpu_budget,

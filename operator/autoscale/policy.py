@@ -1,14 +1,19 @@
 """The SLO policy: one pure call per interval turns per-pool observations into replica decisions with reasons.
 
 Rules, in the order they apply to each pool:
-1. stale, missing or NaN metrics: hold and say which;
-2. a change still in flight (replicas starting, draining, or not yet at the last target): hold;
+1. stale, missing or NaN metrics: hold and say which; but a pool with work waiting and no completion in
+   the window is stalled, which is a breach (its latency is what its backlog implies, at least 2x the SLO);
+2. capacity still arriving (replicas starting, or the last target not yet created): hold, unless the
+   need already exceeds what is coming; replicas that are draining never hold a scale-up, only the next
+   step down;
 3. zero traffic for a stabilisation window: straight down to the minimum;
 4. otherwise the target is the larger of a predictive floor (the capacity model at the rate forecast one
-   cold start plus one interval ahead) and a reactive term (SLO breached now, or the prefill queue
-   growing faster than the pool drains it); up at once, down one replica at a time, only after the
-   need stayed below the current count for the stabilisation window and only if N-1 replicas still
-   meet the SLO with margin;
+   cold start plus one interval ahead) and a reactive term (SLO breached now, the running batch, or the
+   prefill queue growing faster than the pool drains it). Reactive terms go up at once; a forecast alone
+   goes up once it held for `up_confirm_s`. Down only after the need stayed below the current count for
+   the stabilisation window, only if the fewer replicas still meet the SLO with margin, not while the
+   pool's past quiet spells were shorter than the wait plus a cold start (a removal that must be undone
+   within a cold start costs more than it saves), by up to `down_step_fraction` of the pool per step;
 5. min/max per pool, then an optional GPU budget shared by the pools, given to the pool whose
    predicted latency (as a share of its SLO) drops most per replica.
 """
@@ -33,6 +38,8 @@ from tandem.operator.autoscale.capacity import (
 from tandem.operator.autoscale.config import PolicyConfig
 from tandem.operator.autoscale.types import Decision, Pool, PoolObservation
 
+QUIET_SPELLS = 5  # how many past quiet spells the break-even rule weighs (their median)
+
 
 @dataclass(frozen=True)
 class PoolState:
@@ -47,6 +54,8 @@ class PoolState:
     idle_since_s: float | None = None  # since when the pool saw no traffic
     last_queue_tokens: float | None = None
     last_queue_at_s: float | None = None
+    up_since_s: float | None = None  # since when a forecast alone has asked for more replicas
+    quiet_spells_s: tuple[float, ...] = ()  # lengths of the last spells with the need below the count
 
 
 @dataclass(frozen=True)
@@ -120,12 +129,11 @@ def _decide_pool(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: 
     forecaster = fc.start(rate, obs.at_s) if forecaster is None else fc.observe(forecaster, rate, obs.at_s)
     ps = replace(ps, forecaster=forecaster)
 
+    arriving = False  # capacity asked for is still on its way: only a larger need moves the pool now
     if ps.target is not None:
-        landed = r.ready == ps.target and r.starting == 0 and r.draining == 0
-        if not landed and now_s - ps.target_since_s < cfg.in_flight_timeout_s:
-            why = f"waiting for {ps.target} (ready {r.ready}, starting {r.starting}, draining {r.draining})"
-            return _Outcome(_hold(obs, current, "InFlight", why), ps)
-        ps = replace(ps, target=None)
+        arriving = r.starting > 0 or r.ready + r.starting < ps.target
+        if now_s - ps.target_since_s >= cfg.in_flight_timeout_s or not (arriving or r.draining):
+            ps, arriving = replace(ps, target=None), False
 
     if current < limits.min_replicas or current > limits.max_replicas:
         desired = min(max(current, limits.min_replicas), limits.max_replicas)
@@ -137,6 +145,7 @@ def _decide_pool(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: 
         return _idle(obs, replace(ps, low_since_s=None), cfg, now_s, current)
     ps = replace(ps, idle_since_s=None)
 
+    obs, stalled = _stalled(obs, cfg, current)
     absent = [name for name in _required(obs) if _missing(getattr(obs, name))]
     if absent:
         return _Outcome(_hold(obs, current, "MetricsUnavailable", "missing " + ", ".join(absent)), ps)
@@ -191,23 +200,42 @@ def _decide_pool(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: 
     if predictive > current:  # a forecast alone moves up only past a tolerance band (the SLO breach does not wait)
         loose = min(cfg.margin * (1 + cfg.up_tolerance), 0.95)
         predictive = max(current, _sizing(obs, cfg, floor_rate, loose).need.replicas)
+    if stalled and reactive <= current:
+        reactive, reactive_why, reactive_code = current + 1, stalled, "Stalled"
+    elif stalled:
+        reactive_why = f"{stalled}: {reactive_why}"
     target = min(max(predictive, reactive, limits.min_replicas), limits.max_replicas)
     share = sizing.latency_share
+    if arriving and target > current and max(need.replicas, sizing.now_need) <= current:
+        why = f"waiting for {ps.target} (ready {r.ready}, starting {r.starting}, draining {r.draining})"
+        return _Outcome(_hold(obs, current, "InFlight", why), ps, share)
 
     if target > current:
-        ps = replace(ps, low_since_s=None)
+        ps = _end_quiet_spell(ps, now_s)
         if ps.last_direction > 0 and now_s - ps.last_change_s < cfg.scale_up_cooldown_s:
             return _Outcome(_hold(obs, current, "Cooldown", f"scaled up {now_s - ps.last_change_s:.0f} s ago; " + plan), ps, share)
+        forecast_only = not (reactive > current and reactive_code)
+        if forecast_only:
+            up_since = now_s if ps.up_since_s is None else ps.up_since_s
+            ps = replace(ps, up_since_s=up_since)
+            if now_s - up_since < cfg.up_confirm_s:
+                why = f"{plan}; confirming for {cfg.up_confirm_s:.0f} s before going up"
+                return _Outcome(_hold(obs, current, "Confirming", why, **details), ps, share)
+        ps = replace(ps, up_since_s=None)
         code = reactive_code if reactive >= need.replicas and reactive_code else "Forecast"
         why = f"{reactive_why}; {plan}" if reactive_why else plan
         return _Outcome(Decision(obs.pool, current, target, f"{obs.pool} {current}->{target}: {why}", code, details), ps, share)
 
+    ps = replace(ps, up_since_s=None)
     if target == current or current <= limits.min_replicas:
-        return _Outcome(_hold(obs, current, "Steady", plan, **details), replace(ps, low_since_s=None), share)
+        return _Outcome(_hold(obs, current, "Steady", plan, **details), _end_quiet_spell(ps, now_s), share)
 
     low_since = now_s if ps.low_since_s is None else ps.low_since_s
     ps = replace(ps, low_since_s=low_since)
     waited = now_s - low_since
+    if arriving or r.draining:
+        why = f"{plan}; waiting for the last change (starting {r.starting}, draining {r.draining}) before going down"
+        return _Outcome(_hold(obs, current, "InFlight", why, **details), ps, share)
     if waited < cfg.stabilization_s:
         why = f"{plan}; stabilizing {waited:.0f}/{cfg.stabilization_s:.0f} s before going down"
         return _Outcome(_hold(obs, current, "Stabilizing", why, **details), ps, share)
@@ -217,13 +245,45 @@ def _decide_pool(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: 
     if observed > cfg.margin * slo_ms:
         why = f"{label} {observed:.0f} ms is above {cfg.margin:.0%} of the {slo_ms:.0f} ms SLO; {plan}"
         return _Outcome(_hold(obs, current, "NoMargin", why, **details), ps, share)
-    fewer = share(current - 1)
-    if fewer > cfg.margin * cfg.hysteresis:
-        why = f"{current - 1} replicas would run at {fewer:.0%} of the {label} SLO; {plan}"
+    # Break-even: of the past quiet spells that outlasted this one so far, the typical one ends too soon
+    # for a removed replica to stay away longer than the cold start it costs to bring it back.
+    longer = sorted(s for s in ps.quiet_spells_s if s > waited)
+    if longer and longer[len(longer) // 2] - waited < cfg.cold_start:
+        left = longer[len(longer) // 2] - waited
+        why = (f"{plan}; quiet spells this long ended about {left:.0f} s later, within a {cfg.cold_start:.0f} s "
+               "cold start: a replica removed now would be wanted back before it paid off")  # fmt: skip
+        return _Outcome(_hold(obs, current, "BreakEven", why, **details), ps, share)
+    bound = max(target, limits.min_replicas, current - max(1, math.floor(current * cfg.down_step_fraction)))
+    desired = next((n for n in range(bound, current) if share(n) <= cfg.margin * cfg.hysteresis), current)
+    if desired == current:
+        why = f"{current - 1} replicas would run at {share(current - 1):.0%} of the {label} SLO; {plan}"
         return _Outcome(_hold(obs, current, "NoMargin", why, **details), ps, share)
-    desired = current - 1
-    why = f"{plan}; {desired} replicas keep {label} at {fewer:.0%} of the SLO"
+    why = f"{plan}; {desired} replicas keep {label} at {share(desired):.0%} of the SLO"
     return _Outcome(Decision(obs.pool, current, desired, f"{obs.pool} {current}->{desired}: {why}", "ScaleDown", details), ps, share)
+
+
+def _end_quiet_spell(ps: PoolState, now_s: float) -> PoolState:
+    """The need reached the count again: remember how long it stayed below (the last few spells)."""
+    if ps.low_since_s is None:
+        return ps
+    return replace(ps, low_since_s=None, quiet_spells_s=(*ps.quiet_spells_s, now_s - ps.low_since_s)[-QUIET_SPELLS:])
+
+
+def _stalled(obs: PoolObservation, cfg: PolicyConfig, current: int) -> tuple[PoolObservation, str]:
+    """A pool with work waiting and no completion in the window is stalled: a breach, not missing data."""
+    slo = cfg.slo
+    prompt = obs.prompt_tokens_mean
+    if obs.pool in (Pool.prefill, Pool.colocated) and _missing(obs.ttft_ms) and (obs.queued_prompt_tokens or 0) > 0:
+        backlog = float(obs.queued_prompt_tokens)  # type: ignore[arg-type]
+        implied = 0.0
+        if not _missing(prompt) and prompt:
+            per_ms = max(obs.replicas.ready, 1) * prompt / cfg.profile.prefill_ms(prompt)
+            implied = backlog / per_ms
+        ttft = max(implied, 2 * slo.ttft_ms)
+        return replace(obs, ttft_ms=ttft), f"{backlog:.0f} prompt tokens wait and none finished in the window"
+    if obs.pool in (Pool.decode, Pool.colocated) and _missing(obs.tpot_ms) and (obs.running_sequences or 0) > 0:
+        return replace(obs, tpot_ms=2 * slo.tpot_ms), f"{obs.running_sequences:.0f} sequences run and no token came in the window"
+    return obs, ""
 
 
 def _idle(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: float, current: int) -> _Outcome:

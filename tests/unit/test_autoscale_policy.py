@@ -234,3 +234,84 @@ def test_bursts_inside_the_window_size_prefill_above_the_mean():
     burst, _ = once(bursty)
     assert burst.desired > calm.desired
     assert "bursts of 30 req/s" in burst.reason
+
+
+# --- rules a real cluster needs: stalls, drains, break-even, big pools, confirmed forecasts ---------------
+
+
+def test_a_stalled_prefill_pool_is_a_breach_not_missing_data():
+    # no prompt finished in the window (no TTFT sample) while 30k prompt tokens wait: 1.5 s of backlog
+    d, _ = once(prefill(ttft_ms=None, queued_prompt_tokens=30_000.0))
+    assert d.desired > 2 and d.reason_code in ("SLOBreach", "Stalled"), d.reason
+    assert "none finished" in d.reason
+
+
+def test_a_stalled_decode_pool_is_a_breach_not_missing_data():
+    d, _ = once(decode(tpot_ms=None, running_sequences=40.0))
+    assert d.desired > 2, d.reason
+    assert "no token came" in d.reason
+
+
+def test_no_sample_and_no_work_waiting_still_holds_as_missing():
+    d, _ = once(prefill(ttft_ms=None, queued_prompt_tokens=0.0))
+    assert (d.desired, d.reason_code) == (2, "MetricsUnavailable")
+
+
+def test_a_draining_replica_never_blocks_a_scale_up():
+    _, state = once(decode(ready=3, tpot_ms=10.0, arrival_rate_rps=1.0))
+    state = PolicyState({Pool.decode: replace(state.pools[Pool.decode], target=2, target_since_s=NOW)})
+    # 2 ready and 1 still draining its sequences, and the SLO breaks: the breach acts at once
+    d, _ = once(decode(ready=2, draining=1, tpot_ms=60.0, at_s=NOW + 15), state, now=NOW + 15)
+    assert d.desired > 2 and d.reason_code == "SLOBreach", d.reason
+
+
+def test_a_draining_replica_holds_the_next_step_down():
+    state = PolicyState({Pool.decode: PoolState(target=4, target_since_s=NOW, low_since_s=NOW - 600)})
+    d, _ = once(decode(ready=4, draining=1, arrival_rate_rps=0.5, tpot_ms=11.0, at_s=NOW + 15), state, now=NOW + 15)
+    assert (d.desired, d.reason_code) == (4, "InFlight")
+
+
+def test_capacity_on_its_way_holds_unless_the_need_outgrows_it():
+    _, state = once(prefill(ttft_ms=900.0))  # 2 -> 4
+    assert state.pools[Pool.prefill].target == 4
+    held, _ = once(prefill(ready=2, starting=2, ttft_ms=900.0, at_s=NOW + 15), state, now=NOW + 15)
+    assert (held.desired, held.reason_code) == (4, "InFlight")
+    # a surge the coming replicas cannot serve: 60 req/s x 1000 tokens needs >= 7 by the model
+    surge, _ = once(prefill(ready=2, starting=2, arrival_rate_rps=60.0, ttft_ms=900.0, at_s=NOW + 15), state, now=NOW + 15)
+    assert surge.desired >= 7
+
+
+def test_break_even_keeps_a_replica_whose_quiet_spell_ends_within_a_cold_start():
+    light = decode(ready=4, arrival_rate_rps=2.0, tpot_ms=12.0)
+    # past quiet spells lasted 190-205 s; after the 180 s window, one is due back within the 30 s cold start
+    state = PolicyState({Pool.decode: PoolState(quiet_spells_s=(190.0, 200.0, 205.0))})
+    decisions = _low_load_run(light, ticks=14, state=state)
+    assert not any(d.changes for d in decisions)
+    assert decisions[-1].reason_code == "BreakEven", decisions[-1].reason
+    # spells that long but this one outlasts them all: it is not one of them, the pool steps down
+    longer = _low_load_run(light, ticks=20, state=state)
+    assert any(d.changes for d in longer)
+
+
+def test_a_large_pool_steps_down_by_a_share_of_itself():
+    cfg = replace(CONFIG, limits={Pool.decode: PoolLimits(1, 64)})
+    decisions = []
+    state, current = PolicyState(), 32
+    for i in range(13):
+        t = NOW + i * CONFIG.interval_s
+        d, state = once(decode(ready=current, arrival_rate_rps=2.0, tpot_ms=12.0, at_s=t), state, cfg, now=t)
+        decisions.append(d)
+        current = d.desired
+    first = next(d for d in decisions if d.changes)
+    assert (first.current, first.desired) == (32, 24)
+
+
+def test_a_forecast_alone_goes_up_only_once_confirmed():
+    cfg = replace(CONFIG, up_confirm_s=15)
+    first, state = once(prefill(arrival_rate_rps=60.0, ttft_ms=300.0), config=cfg)
+    assert (first.desired, first.reason_code) == (2, "Confirming")
+    second, _ = once(prefill(arrival_rate_rps=60.0, ttft_ms=300.0, at_s=NOW + 15), state, cfg, now=NOW + 15)
+    assert second.desired >= 7 and second.reason_code == "Forecast"
+    # a breach does not wait
+    breach, _ = once(prefill(ttft_ms=900.0), config=cfg)
+    assert breach.desired == 4

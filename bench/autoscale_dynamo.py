@@ -1,0 +1,318 @@
+"""tandem's autoscaler judged inside Dynamo's own replay, against Dynamo's planner and the cheapest fixed pool.
+
+    python -m bench.autoscale_dynamo --json out.json        # run with the Python that has ai-dynamo installed
+
+The referee is NVIDIA Dynamo 1.6.1's offline replay (its mocker engine model in its Rust loop) with NVIDIA's
+measured H200 profile of Llama-3.1-8B-Instruct-FP8, driven through the harness in `--replay-dir` (set-up in
+its README: `pip install --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1` and the planner's imports,
+then `pip install --no-deps -e .` of tandem). tandem runs as `module:tandem.anchors.dynamo_policy`, the
+same `decide` the operator runs, fed only what the loop's per-tick metrics hold.
+
+For each trace, rate scale, TTFT SLO and cold start, every policy is swept over its knob:
+- static (P, D): the cheapest pool reaching the attainment target, found by a staircase search over the
+  (P, D) grid in hindsight (attainment only grows with either count);
+- Dynamo's planner: its load-based modes (throughput, latency) and the load mode at two threshold pairs
+  (its SLA mode needs a package that is not installable here);
+- tandem: SLO margin x scale-down stabilisation.
+A family's cost at the target is its cheapest setting that reaches it, or the GPU-hours interpolated on
+its Pareto front between the settings on either side, or "unreachable". Dynamo's replay is
+deterministic, so one run per setting is the figure.
+
+Traces are the Azure LLM inference traces (conversation and code, one hour each) at their own rate and at
+`--rate-scales` times it (whole copies shifted by fractions of 10 s, so the rate curve above 10 s keeps
+its shape), converted to Mooncake JSONL with no shared prefixes (the traces carry no prompt text).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import itertools
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from tandem.trace import AZURE_ATTRIBUTION, load_trace, scale_rate, to_mooncake_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ("azure_llm_2023_conv.csv", "azure_llm_2023_code.csv")
+TANDEM_SETTINGS = [
+    {"margin": m, "stabilization_s": s} for m, s in itertools.product((0.5, 0.8), (180.0, 600.0))
+]
+DYNAMO_SETTINGS: list[tuple[str, dict[str, Any]]] = [
+    ("dynamo:throughput", {}),
+    ("dynamo:latency", {}),
+    ("dynamo:load", {"prefill_scale_up_queue_tokens": 16384, "prefill_scale_down_queue_tokens": 1024,
+                     "decode_scale_up_kv_rate": 0.7, "decode_scale_down_kv_rate": 0.3}),
+    ("dynamo:load", {"prefill_scale_up_queue_tokens": 4096, "prefill_scale_down_queue_tokens": 256,
+                     "decode_scale_up_kv_rate": 0.5, "decode_scale_down_kv_rate": 0.2}),
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Case:
+    trace: str  # Mooncake JSONL path
+    label: str  # e.g. conv x8
+    slo_ttft_ms: float
+    slo_tpot_ms: float
+    startup_s: float
+    max_gpus: int
+    init: str = "1,1"  # the pools a scaling policy starts from
+
+
+@dataclass(frozen=True)
+class Point:
+    family: str  # static | dynamo | tandem
+    setting: str
+    gpu_hours: float
+    attainment: float
+    reversals_per_hour: float = 0.0
+    ttft_p90_ms: float = 0.0
+    tpot_p90_ms: float = 0.0
+
+
+# --- pure: the frontier and the search ----------------------------------------------------------------------
+
+
+def pareto(points: Iterable[Point]) -> list[Point]:
+    """Points no other point beats on both cost and attainment, cheapest first."""
+    front: list[Point] = []
+    for p in sorted(points, key=lambda p: (p.gpu_hours, -p.attainment)):
+        if not front or p.attainment > front[-1].attainment:
+            front.append(p)
+    return front
+
+
+def cost_at(points: Iterable[Point], target: float) -> tuple[float | None, str]:
+    """GPU-hours a family needs for `target` attainment: its cheapest setting that reaches it, or linear
+    interpolation on its Pareto front between the settings on either side; (None, why) if unreachable."""
+    front = pareto(points)
+    above = [p for p in front if p.attainment >= target]
+    if not above:
+        best = max((p.attainment for p in front), default=0.0)
+        return None, f"unreachable (best {best:.1%})"
+    first = above[0]
+    below = [p for p in front if p.attainment < target and p.gpu_hours < first.gpu_hours]
+    if not below:
+        return first.gpu_hours, first.setting
+    lo = below[-1]
+    share = (target - lo.attainment) / (first.attainment - lo.attainment)
+    return lo.gpu_hours + share * (first.gpu_hours - lo.gpu_hours), f"between {lo.setting} and {first.setting}"
+
+
+def staircase(evaluate: Callable[[int, int], float], target: float, max_gpus: int) -> list[tuple[int, int, float]]:
+    """Every (P, D, attainment) evaluated while walking the boundary of the pools that reach `target`:
+    for P = 1, 2, ... the fewest D that reaches it (which never grows with P). Attainment grows with P and D."""
+    seen: list[tuple[int, int, float]] = []
+    d = max_gpus - 1
+    for p in range(1, max_gpus):
+        d = min(d, max_gpus - p)
+        if d < 1:
+            break
+        att = evaluate(p, d)
+        seen.append((p, d, att))
+        if att < target:
+            continue  # more prefill needed at this many decode workers
+        while d > 1:
+            lower = evaluate(p, d - 1)
+            seen.append((p, d - 1, lower))
+            if lower < target:
+                break
+            d -= 1
+    return seen
+
+
+# --- I/O: the replay ---------------------------------------------------------------------------------------
+
+_replay: Any = None
+
+
+def _load_replay(replay_dir: str) -> Any:
+    global _replay
+    if _replay is None:
+        sys.path.insert(0, replay_dir)
+        # the harness (a script, not a distribution): Dynamo's mocker + Rust loop, fixed pools, its planner,
+        # external policies
+        _replay = importlib.import_module("replay")
+    return _replay
+
+
+def replay_once(replay_dir: str, case: Case, policy: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One replay through the harness, in this process (its Rust loop runs single-threaded)."""
+    replay = _load_replay(replay_dir)
+    argv = ["--trace", case.trace, "--policy", policy, "--slo-ttft-ms", str(case.slo_ttft_ms),
+            "--slo-tpot-ms", str(case.slo_tpot_ms), "--startup-s", str(case.startup_s),
+            "--max-gpus", str(case.max_gpus), "--init", case.init]  # fmt: skip
+    if policy.startswith("dynamo") and options:
+        argv += ["--planner-json", json.dumps(options)]
+    if policy.startswith("module:"):
+        os.environ["TANDEM_ANCHOR_OPTIONS"] = json.dumps(options or {})
+    return dict(replay.run(_harness_args(replay, argv)))
+
+
+def _harness_args(replay: Any, argv: list[str]) -> argparse.Namespace:
+    """The harness's argparse Namespace for `argv`, built by its own parser (captured from its main)."""
+    captured: dict[str, argparse.Namespace] = {}
+
+    def grab(a: argparse.Namespace) -> dict[str, Any]:
+        captured["ns"] = a
+        return {}
+
+    real_run, replay.run = replay.run, grab
+    try:
+        replay.main(argv)
+    finally:
+        replay.run = real_run
+    return captured["ns"]
+
+
+def _job(args: tuple[str, Case, str, str, dict[str, Any]]) -> tuple[Case, Point]:
+    replay_dir, case, family, policy, options = args
+    out = replay_once(replay_dir, case, policy, options)
+    setting = policy if not options else f"{policy} {json.dumps(options, separators=(',', ':'))}"
+    return case, Point(
+        family, setting, float(out["gpu_hours"]), float(out["slo_attainment"]),
+        float(out["reversals_per_hour"]), float(out["ttft_p90_ms"]), float(out["tpot_p90_ms"]),
+    )  # fmt: skip
+
+
+def traces(folder: Path, scales: list[float], out_dir: Path) -> list[tuple[str, str]]:
+    """(label, Mooncake JSONL path) of each Azure trace at each rate scale."""
+    made = []
+    for name in TRACES:
+        requests = load_trace(folder / name)
+        short = name.removeprefix("azure_llm_2023_").removesuffix(".csv")
+        for k in scales:
+            path = out_dir / f"{short}x{k:g}.jsonl"
+            path.write_text("\n".join(to_mooncake_jsonl(scale_rate(requests, k))) + "\n")
+            made.append((f"{short} x{k:g}", str(path)))
+    return made
+
+
+def static_search(replay_dir: str, case: Case, target: float) -> list[Point]:
+    memo: dict[tuple[int, int], Point] = {}
+
+    def evaluate(p: int, d: int) -> float:
+        if (p, d) not in memo:
+            memo[(p, d)] = _job((replay_dir, case, "static", f"static:{p},{d}", {}))[1]
+        return memo[(p, d)].attainment
+
+    staircase(evaluate, target, case.max_gpus)
+    return list(memo.values())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.autoscale_dynamo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--replay-dir", default=str(ROOT.parent / "shared" / "tools" / "dynamo-replay"))
+    p.add_argument("--traces", default=str(ROOT.parent / "shared" / "traces"), help="folder with the Azure CSVs")
+    p.add_argument("--rate-scales", default="1,8", help="arrival-rate multiples of each trace")
+    p.add_argument("--slo-ttft-ms", default="2000,1000")
+    p.add_argument("--slo-tpot-ms", type=float, default=50.0)
+    p.add_argument("--startup-s", default="60", help="cold starts to replay (the static search ignores them)")
+    p.add_argument("--max-gpus", type=int, default=16)
+    p.add_argument("--target", type=float, default=0.95, help="joint SLO attainment to compare at")
+    p.add_argument("--families", default="static,dynamo,tandem")
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--json", help="write every point and the summary rows here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    families = set(a.families.split(","))
+    scales = [float(x) for x in a.rate_scales.split(",")]
+    with tempfile.TemporaryDirectory(prefix="tandem-anchor-") as tmp:
+        made = traces(Path(a.traces), scales, Path(tmp))
+        cases = [
+            Case(path, label, float(ttft), a.slo_tpot_ms, float(startup), a.max_gpus)
+            for (label, path), ttft, startup in itertools.product(made, a.slo_ttft_ms.split(","), a.startup_s.split(","))
+        ]
+        points: dict[Case, list[Point]] = {}
+        with ProcessPoolExecutor(a.jobs) as pool:
+            statics: dict[tuple[str, float], list[Point]] = {}
+            if "static" in families:  # one search per trace and SLO: a fixed pool has no cold start
+                futures = {(c.trace, c.slo_ttft_ms): c for c in cases}
+                done = {k: pool.submit(static_search, a.replay_dir, c, a.target) for k, c in futures.items()}
+                statics = {k: f.result() for k, f in done.items()}
+            # every scaling policy starts warm, from the cheapest fixed pool of its case (1,1 if none)
+            cases = [replace(c, init=_cheapest(statics.get((c.trace, c.slo_ttft_ms), []), a.target)) for c in cases]
+            points = {c: list(statics.get((c.trace, c.slo_ttft_ms), [])) for c in cases}
+            jobs = _jobs(a.replay_dir, cases, families)
+            for case, point in pool.map(_job, jobs):
+                points[case].append(point)
+                print(f"{case.label} ttft {case.slo_ttft_ms:g} cold {case.startup_s:g}: {point}", file=sys.stderr)
+    rows = summarise(points, a.target)
+    print(render(rows, a.target))
+    print(f"\nTraces: {AZURE_ATTRIBUTION}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({
+            "rows": rows,
+            "points": [{"case": asdict(c), **asdict(p)} for c, ps in points.items() for p in ps],
+        }, indent=1))  # fmt: skip
+    return 0
+
+
+def _cheapest(points: list[Point], target: float) -> str:
+    reaching = [p for p in points if p.attainment >= target]
+    if not reaching:
+        return "1,1"
+    return min(reaching, key=lambda p: p.gpu_hours).setting.removeprefix("static:")
+
+
+def _jobs(replay_dir: str, cases: list[Case], families: set[str]) -> list[tuple[str, Case, str, str, dict[str, Any]]]:
+    return [
+            (replay_dir, c, fam, pol, opt)
+            for c in cases
+            for fam, pol, opt in (
+                [("dynamo", pol, opt) for pol, opt in DYNAMO_SETTINGS] * ("dynamo" in families)
+                + [("tandem", "module:tandem.anchors.dynamo_policy", opt) for opt in TANDEM_SETTINGS] * ("tandem" in families)
+            )
+    ]  # fmt: skip
+
+
+def summarise(points: dict[Case, list[Point]], target: float) -> list[dict[str, Any]]:
+    rows = []
+    for case, ps in points.items():
+        row: dict[str, Any] = {"trace": case.label, "slo_ttft_ms": case.slo_ttft_ms, "startup_s": case.startup_s}
+        for family in ("static", "dynamo", "tandem"):
+            mine = [p for p in ps if p.family == family]
+            if not mine:
+                continue
+            cost, why = cost_at(mine, target)
+            row[family] = cost
+            row[f"{family}_how"] = why
+            reaching = [p for p in mine if p.attainment >= target]
+            cheapest = min(reaching, key=lambda p: p.gpu_hours) if reaching else None
+            row[f"{family}_reversals_per_hour"] = cheapest.reversals_per_hour if cheapest else None
+        if row.get("tandem") and row.get("static"):
+            row["tandem_vs_static"] = row["tandem"] / row["static"]
+        if row.get("tandem") and row.get("dynamo"):
+            row["tandem_vs_dynamo"] = row["tandem"] / row["dynamo"]
+        rows.append(row)
+    return rows
+
+
+def render(rows: list[dict[str, Any]], target: float) -> str:
+    def fmt(v: Any) -> str:
+        return "unreachable" if v is None else f"{v:.2f}"
+
+    head = (f"| trace | TTFT SLO ms | cold start s | cheapest fixed pool GPU-h at {target:.0%} | Dynamo planner | tandem "
+            "| tandem / fixed | tandem / Dynamo | tandem reversals/h |")  # fmt: skip
+    lines = [head, "| " + " | ".join(["---"] * 9) + " |"]
+    for r in rows:
+        lines.append(
+            f"| {r['trace']} | {r['slo_ttft_ms']:g} | {r['startup_s']:g} | {fmt(r.get('static'))} ({r.get('static_how', '')}) "
+            f"| {fmt(r.get('dynamo'))} ({r.get('dynamo_how', '')}) | {fmt(r.get('tandem'))} ({r.get('tandem_how', '')}) "
+            f"| {fmt(r.get('tandem_vs_static'))} | {fmt(r.get('tandem_vs_dynamo'))} | {fmt(r.get('tandem_reversals_per_hour'))} |"
+        )  # fmt: skip
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
