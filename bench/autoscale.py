@@ -4,9 +4,8 @@
     python -m bench.autoscale --validate           # + simulator vs a real `tandem up` 1P+1D, three loads
 
 The replay: each trace's full hour through the discrete-event simulator (`tandem simulate`), every policy
-from the same warm start. Capacity comes from the shipped tiny-model profile scaled as a what-if
-(--prefill-speedup, --decode-speedup: a CPU profile made about as fast as a GPU replica serving a
-small model), replicas cold-start in --cold-start-s, SLOs are TTFT / TPOT at p90. The simulator is
+from the same warm start. Capacity comes from Dynamo's measured H200 profile of Llama-3.1-8B-FP8, converted
+(`tandem/profiles/h200-llama-3.1-8b-fp8.json`; --prefill-speedup and --decode-speedup rescale it as a what-if), replicas cold-start in --cold-start-s, SLOs are TTFT / TPOT at p90. The simulator is
 deterministic, so one run per policy is the figure (no spread to report); it needs no time compression
 to run in minutes (--time-scale is there to stress a policy with a faster trace).
 
@@ -36,7 +35,7 @@ from tandem.operator.autoscale.replay import POLICIES, Scenario, run
 from tandem.operator.autoscale.sim_metrics import percentile
 from tandem.operator.autoscale.simulator import SimConfig, scale_trace, simulate
 from tandem.operator.autoscale.types import Pool
-from tandem.profile import Profile, load_profile, shipped_profile
+from tandem.profile import Profile, profile_named
 from tandem.trace import AZURE_ATTRIBUTION, TraceRequest, load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,9 +46,9 @@ AGREEMENT = 0.25
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.autoscale", description=__doc__.split("\n\n")[0])
     p.add_argument("--traces", default=str(ROOT.parent / "shared" / "traces"), help="folder with the Azure CSVs")
-    p.add_argument("--profile", help="a `tandem profile` JSON (default: the shipped tiny-model profile)")
-    p.add_argument("--prefill-speedup", type=float, default=20.0)
-    p.add_argument("--decode-speedup", type=float, default=10.0)
+    p.add_argument("--profile", help="a `tandem profile` JSON or shipped name (default: Dynamo's H200 data, converted)")
+    p.add_argument("--prefill-speedup", type=float, default=1.0)
+    p.add_argument("--decode-speedup", type=float, default=1.0)
     p.add_argument("--slo-ttft-ms", type=float, default=1000.0)
     p.add_argument("--slo-tpot-ms", type=float, default=50.0)
     p.add_argument("--cold-start-s", type=float, default=60.0)
@@ -64,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def base_profile(args: argparse.Namespace) -> Profile:
-    return load_profile(args.profile) if args.profile else shipped_profile()
+    return profile_named(args.profile)
 
 
 def replay(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -138,6 +138,18 @@ def save_profile(profile: Profile, path: str | Path) -> None:
 SHIPPED_DIR = Path(__file__).resolve().parent / "profiles"
 
 
+DEFAULT_GPU_PROFILE = "h200-llama-3.1-8b-fp8"  # Dynamo's measured H200 profile, converted (profiles/README.md)
+
+
 def shipped_profile(name: str = "tiny-cpu") -> Profile:
     """A profile that ships with tandem (`tandem/profiles/NAME.json`)."""
     return load_profile(SHIPPED_DIR / f"{name}.json")
+
+
+def profile_named(name_or_path: str | None) -> Profile:
+    """A profile file, or a shipped profile's name; None: the shipped GPU profile."""
+    if not name_or_path:
+        return shipped_profile(DEFAULT_GPU_PROFILE)
+    if (SHIPPED_DIR / f"{name_or_path}.json").is_file():
+        return shipped_profile(name_or_path)
+    return load_profile(name_or_path)

@@ -13,7 +13,7 @@ from tandem.operator.autoscale.config import PoolLimits
 from tandem.operator.autoscale.replay import POLICIES, Scenario, run
 from tandem.operator.autoscale.simulator import SimResult, scale_trace
 from tandem.operator.autoscale.types import Pool
-from tandem.profile import load_profile, shipped_profile
+from tandem.profile import profile_named
 from tandem.trace import attribution_for, load_trace
 
 PROG = "tandem simulate"
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__)
     p.add_argument("--trace", required=True, help="Azure-style CSV or JSONL (timestamp, input and output lengths)")
     p.add_argument("--policy", type=_policies, default=["tandem"], help=f"{', '.join(POLICIES)}, a comma list, or all")
-    p.add_argument("--profile", help="a `tandem profile` JSON (default: the shipped tiny-model profile)")
+    p.add_argument("--profile", help="a `tandem profile` JSON or a shipped profile name (default: h200-llama-3.1-8b-fp8, Dynamo's H200 data)")
     p.add_argument("--profile-speedup", type=float, default=1.0, help="what-if: prefill and decode this much faster")
     p.add_argument("--prefill-speedup", type=float, default=1.0, help="what-if: prefill this much faster (again)")
     p.add_argument("--decode-speedup", type=float, default=1.0, help="what-if: decode this much faster (again)")
@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def scenario(args: argparse.Namespace) -> Scenario:
-    profile = load_profile(args.profile) if args.profile else shipped_profile()
+    profile = profile_named(args.profile)
     prefill_x, decode_x = args.profile_speedup * args.prefill_speedup, args.profile_speedup * args.decode_speedup
     if (prefill_x, decode_x) != (1.0, 1.0):
         profile = profile.scaled(prefill_x, decode_x)
