@@ -166,8 +166,9 @@ def tls_volumes(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], list[
 
 def worker_args(spec: InferenceServiceSpec, service: str, pool: str) -> list[str]:
     """`tandem worker` arguments for a pool's pods (the same builder `tandem up` uses)."""
-    health = names.HEALTH_PORT if spec.security.tls is not None else None
-    return worker_argv(spec, service, pool, model_path(spec), worker_id=None, tls_dir=tls_dir(spec), health_port=health)
+    return worker_argv(
+        spec, service, pool, model_path(spec), worker_id=None, tls_dir=tls_dir(spec), health_port=names.HEALTH_PORT
+    )  # fmt: skip
 
 
 def router_args(spec: InferenceServiceSpec, service: str, namespace: str) -> list[str]:
@@ -211,17 +212,23 @@ def _ports(main_name: str, main_port: int) -> list[dict[str, Any]]:
     ]
 
 
-def worker_probes(tls: bool = False) -> dict[str, Any]:
-    """gRPC health probes; with mutual TLS on the gRPC port, against the plaintext health-only port."""
-    grpc = {"grpc": {"port": names.HEALTH_PORT if tls else names.GRPC_PORT}}
+PROBE_TIMEOUT_S = {"startup": 5, "readiness": 3, "liveness": 5}  # the health server answers in milliseconds
+
+
+def worker_probes() -> dict[str, Any]:
+    """gRPC health probes against the plaintext health-only port, served by its own server and threads, so
+    that no load on the gRPC port (token streams, KV pushes) can delay them past their timeouts."""
+    grpc = {"grpc": {"port": names.HEALTH_PORT}}
+    t = PROBE_TIMEOUT_S
     return {
-        "startupProbe": {**grpc, "periodSeconds": 10, "failureThreshold": 60},
-        "readinessProbe": {**grpc, "periodSeconds": 5, "failureThreshold": 3},
+        "startupProbe": {**grpc, "periodSeconds": 10, "failureThreshold": 60, "timeoutSeconds": t["startup"]},
+        "readinessProbe": {**grpc, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": t["readiness"]},
         # A draining worker is NOT_SERVING on the empty service name; liveness asks for the one that stays up,
-        # so the kubelet never restarts a worker that is finishing its requests.
+        # so the kubelet never restarts a worker that is finishing its requests. It fails when the engine
+        # loop itself is broken or stuck (serve/health.py).
         "livenessProbe": {"grpc": {**grpc["grpc"], "service": names.WORKER_LIVENESS_SERVICE},
-                          "periodSeconds": 10, "failureThreshold": 6},
-    }
+                          "periodSeconds": 10, "failureThreshold": 6, "timeoutSeconds": t["liveness"]},
+    }  # fmt: skip
 
 
 def worker_lifecycle(spec: InferenceServiceSpec) -> dict[str, Any]:
@@ -339,7 +346,7 @@ def worker_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
         "resources": resources(ps.resources.gpus, ps.resources.cpu, ps.resources.memory),
         **({"volumeMounts": mounts} if mounts else {}),
         "lifecycle": worker_lifecycle(spec),
-        **worker_probes(spec.security.tls is not None),
+        **worker_probes(),
     }
     template = _pod_template(service, pool, container, volumes, model_init_containers(spec),
                              ps.node_selector, ps.tolerations, ps.affinity)

@@ -21,7 +21,7 @@ def _live(manifest):
     live["metadata"]["resourceVersion"] = "7"
     live["spec"]["progressDeadlineSeconds"] = 600
     live["spec"]["template"]["spec"]["containers"][0]["terminationMessagePath"] = "/dev/termination-log"
-    live["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["timeoutSeconds"] = 1
+    live["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["successThreshold"] = 1
     return live
 
 

@@ -46,8 +46,8 @@ def test_worker_deployment_gpu_probes_labels(gpu_spec):
     (c,) = pod["spec"]["containers"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert c["resources"]["requests"] == {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": "1"}
-    assert c["readinessProbe"]["grpc"]["port"] == names.GRPC_PORT
-    assert c["livenessProbe"]["grpc"]["port"] == names.GRPC_PORT
+    assert c["readinessProbe"]["grpc"]["port"] == names.HEALTH_PORT  # its own server: no load on the gRPC port delays it
+    assert c["livenessProbe"]["grpc"]["port"] == names.HEALTH_PORT
     # liveness asks for the health service a draining worker keeps SERVING; readiness for the one it drops
     assert c["livenessProbe"]["grpc"]["service"] == names.WORKER_LIVENESS_SERVICE
     assert "service" not in c["readinessProbe"]["grpc"]

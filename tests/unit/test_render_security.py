@@ -76,13 +76,14 @@ def test_tls_secret_is_mounted_in_every_pod_and_named_to_every_process():
         assert vol["secret"]["secretName"] == "llama-tls"
 
 
-def test_with_tls_the_kubelet_probes_a_plaintext_health_only_port():
-    plain = _worker(_spec())["spec"]["containers"][0]
-    assert plain["readinessProbe"]["grpc"]["port"] == names.GRPC_PORT and "--health-port" not in plain["args"]
-    tls = _worker(_spec(tls={"secretName": "t"}))["spec"]["containers"][0]
-    assert _flag(tls["args"], "--health-port") == str(names.HEALTH_PORT)
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert tls[probe]["grpc"]["port"] == names.HEALTH_PORT
+def test_the_kubelet_probes_a_plaintext_health_only_port_with_timeouts_tls_or_not():
+    for spec in (_spec(), _spec(tls={"secretName": "t"})):
+        container = _worker(spec)["spec"]["containers"][0]
+        assert _flag(container["args"], "--health-port") == str(names.HEALTH_PORT)
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["grpc"]["port"] == names.HEALTH_PORT
+            assert 1 <= container[probe]["timeoutSeconds"] <= container[probe]["periodSeconds"]
+        assert container["livenessProbe"]["grpc"]["service"] == names.WORKER_LIVENESS_SERVICE
 
 
 def test_local_backend_passes_the_tls_dir_to_every_process(tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -52,12 +53,19 @@ class EngineLoop:
         self._stopped = threading.Event()
         self._streams: dict[str, TokenQueue] = {}
         self.snapshot = LoadSnapshot()
+        self.beat = time.monotonic()  # when the loop last came round (a step or an idle wait ended)
+        self.failed_steps = 0  # steps that failed in a row (a broken device fails every one)
         self._refresh()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     def start(self) -> EngineLoop:
         self._thread.start()
         return self
+
+    @property
+    def running(self) -> bool:
+        """The engine thread is alive (started and not ended)."""
+        return self._thread.is_alive()
 
     def stop(self) -> None:
         self._stopped.set()
@@ -120,13 +128,16 @@ class EngineLoop:
     # --- the loop ----------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stopped.is_set():
+            self.beat = time.monotonic()
             busy = self.engine.has_work()
             self._run_commands(block=not busy)
             if not self.engine.has_work():
                 continue
             try:
                 self._deliver(self.engine.step())
+                self.failed_steps = 0
             except Exception as exc:  # fail what was running, keep serving
+                self.failed_steps += 1
                 log.exception("engine step failed")
                 self._fail_all(f"engine step failed: {exc}")
             if self.on_step is not None:

@@ -36,6 +36,7 @@ from tandem.worker.kv_transport.reservations import Released
 from tandem.worker.kv_transport.staging import StagingPool, StagingRing
 from tandem.worker.serve.colocated import generate_tokens
 from tandem.worker.serve.drain import refuse_while_draining
+from tandem.worker.serve.rpc_limits import Slots
 from tandem.worker.serve.wire import load_report, token_event
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ class DecodeServicer:
         self.draining = False
         self._reserving = 0  # Reserve RPCs past the draining check, not yet pending
         self._generating = 0  # local-prefill Generate streams accepted and not yet ended
+        self.stream_slots: Slots | None = None  # the server's bound on token streams, when it has one
         self._stop = threading.Event()
         self._expiry = threading.Thread(target=self._expire_loop, args=(expire_every_s,), daemon=True)
         self._expiry.start()
@@ -114,6 +116,13 @@ class DecodeServicer:
         with self._lock:
             if self.draining:
                 refuse_while_draining(context, "decode worker")
+            if self.stream_slots is not None:  # its StreamTokens would be refused: say so before any prefill
+                waiting = sum(o.unclaimed_until is not None for o in self._outputs.values()) + self._reserving
+                if waiting >= self.stream_slots.room:
+                    context.abort(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"decode worker at its limit of {self.stream_slots.limit} token streams; try another worker",
+                    )
             self._reserving += 1
         try:
             return self._reserve(request, context)

@@ -14,7 +14,7 @@ from concurrent import futures
 
 import grpc
 import torch
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import start_http_server
 
 from tandem import names
@@ -33,7 +33,9 @@ from tandem.worker.kv_transport.codec import wire_compression
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS
 from tandem.worker.serve.drain import Drainer
 from tandem.worker.serve.drain import add_to_server as add_drain_service
+from tandem.worker.serve.health import STALL_S, HealthWatch
 from tandem.worker.serve.metrics import WorkerMetrics
+from tandem.worker.serve.rpc_limits import RpcLimiter, rpc_limits
 from tandem.worker.serve.wire import KV_TRANSPORTS, offered_transports, worker_info
 
 log = logging.getLogger("tandem.worker")
@@ -101,7 +103,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tls-server-name", default=None, help="name in the peers' certificates (dialled by IP)")
     p.add_argument(
         "--health-port", type=int, default=0,
-        help="also serve only grpc.health.v1, in plaintext, here (kubelet probes cannot speak TLS; 0: off)",
+        help="also serve grpc.health.v1 alone, in plaintext, on its own server and threads (the kubelet's probes; 0: off)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-streams", type=int, default=None,
+        help="token streams (StreamTokens, Generate) served at once; past it RESOURCE_EXHAUSTED (default: 2 x --max-running)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-transfers", type=int, default=None,
+        help="Reserve, Prefill and PushKv RPCs served at once; past it RESOURCE_EXHAUSTED (default: --max-running)",
+    )  # fmt: skip
+    p.add_argument(
+        "--engine-stall-seconds", type=float, default=STALL_S,
+        help="liveness fails when the engine loop has not come round for this long",
     )  # fmt: skip
     p.add_argument(
         "--drain-timeout", type=float, default=float(os.environ.get("TANDEM_DRAIN_SECONDS", "600")),
@@ -157,9 +171,18 @@ def main(argv: list[str]) -> int:
     loop = EngineLoop(engine, on_step=metrics.on_step).start()
     worker_id = args.worker_id or f"{args.role}-{uuid.uuid4().hex[:8]}"
     info = worker_info(engine, worker_id, args.role, args.served_name, transports)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=BULK_CHANNEL_OPTIONS)
+    # Work RPCs are bounded (past the bound: RESOURCE_EXHAUSTED at once) and the pool keeps threads for
+    # control RPCs, so Load, Abort, Drain and health never queue behind token streams.
+    limits = rpc_limits(args.max_running, args.max_streams, args.max_transfers)
+    limiter = RpcLimiter(limits)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=limits.threads, thread_name_prefix="grpc"),
+        interceptors=[limiter], options=BULK_CHANNEL_OPTIONS,
+    )  # fmt: skip
     tls = TlsConfig.optional(args.tls_dir, args.tls_server_name)
     servicer = _add_servicer(server, args, loop, info, metrics, tls)
+    if hasattr(servicer, "stream_slots"):
+        servicer.stream_slots = limiter.slots["streams"]  # a Reserve needs a stream to follow it
     metrics.watch_held(servicer.busy)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -167,13 +190,13 @@ def main(argv: list[str]) -> int:
     add_drain_service(server, drainer)
     port = add_port(server, f"{args.host}:{args.port}", tls)
     server.start()
-    if args.health_port:  # the health service alone: no data-plane method is reachable without TLS
-        probes = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    if args.health_port:  # the health service alone, on its own server and threads (and in plaintext)
+        probes = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="health"))
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, probes)
         probes.add_insecure_port(f"{args.host}:{args.health_port}")
         probes.start()
-    health_servicer.set(names.WORKER_LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
-    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    HealthWatch(loop, health_servicer, drainer.started.is_set, stall_s=args.engine_stall_seconds).start()
+    log.info("gRPC: %d token streams, %d transfers at once, %d control threads", limits.streams, limits.transfers, limits.control)
     log.info("%s worker %s serving %s on %s:%d (%d KV blocks)", args.role, worker_id, args.served_name, args.host, port, num_blocks)
     print(f"READY {args.role} {args.host}:{port}", flush=True)
 

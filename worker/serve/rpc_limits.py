@@ -1,0 +1,175 @@
+"""How many RPCs of each kind a worker's gRPC server runs at once, sized from the engine's limits.
+
+A synchronous gRPC server gives every running RPC a thread, and a token stream holds its thread until it
+ends. Work RPCs are bounded in two classes (token streams; reservations, prefills and KV pushes), and an RPC
+past its class's bound is refused at once with RESOURCE_EXHAUSTED (the router tries another worker) instead
+of queueing for a thread. The thread pool is the two bounds plus threads kept for control RPCs (Load,
+Handshake, Abort, Drain, health), so those are never queued behind work.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+# RPC method names (the last part of the full method) per bounded class; every other method is control
+STREAM_METHODS = frozenset({"StreamTokens", "Generate"})
+TRANSFER_METHODS = frozenset({"Reserve", "Prefill", "PushKv"})
+CONTROL_THREADS = 8
+
+
+@dataclass(frozen=True)
+class RpcLimits:
+    streams: int  # token streams at once (running sequences and those queued or in transfer)
+    transfers: int  # reservations, prefills and KV pushes at once
+    control: int = CONTROL_THREADS
+
+    @property
+    def threads(self) -> int:
+        return self.streams + self.transfers + self.control
+
+
+def rpc_limits(max_running_sequences: int, streams: int | None = None, transfers: int | None = None) -> RpcLimits:
+    """Bounds from the engine's batch (pure): streams for twice the running batch (as many again queued or in
+    transfer), transfers for one batch; either may be given explicitly."""
+    return RpcLimits(
+        streams=streams if streams is not None else 2 * max_running_sequences,
+        transfers=transfers if transfers is not None else max(4, max_running_sequences),
+    )
+
+
+def rpc_class(method: str) -> str | None:
+    """`streams`, `transfers` or None (control) for a full method name like /tandem.v1.DecodeService/Reserve."""
+    name = method.rsplit("/", 1)[-1]
+    if name in STREAM_METHODS:
+        return "streams"
+    if name in TRANSFER_METHODS:
+        return "transfers"
+    return None
+
+
+class Slots:
+    """A counter with a bound that never blocks: take() says whether there was room."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.in_use = limit, 0
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.in_use >= self.limit:
+                return False
+            self.in_use += 1
+            return True
+
+    def give(self) -> None:
+        with self._lock:
+            self.in_use -= 1
+
+    @property
+    def room(self) -> int:
+        return self.limit - self.in_use
+
+
+class RpcLimiter(grpc.ServerInterceptor):
+    """Refuses a work RPC past its class's bound with RESOURCE_EXHAUSTED; frees the slot when the RPC ends."""
+
+    def __init__(self, limits: RpcLimits) -> None:
+        self.limits = limits
+        self.slots = {"streams": Slots(limits.streams), "transfers": Slots(limits.transfers)}
+
+    def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails) -> Any:
+        handler = continuation(handler_call_details)
+        kind = rpc_class(handler_call_details.method)
+        if handler is None or kind is None:
+            return handler
+        slots = self.slots[kind]
+        if not slots.take():
+            return _refusal(handler, f"worker at its limit of {slots.limit} concurrent {kind}; try another worker")
+        return _releasing(handler, slots)
+
+
+def _releasing(handler: Any, slots: Slots) -> Any:
+    """The handler with its behaviour wrapped so that the slot is given back however the RPC ends. A slot is
+    given back once, whether the behaviour returns or the RPC's termination callback runs first."""
+
+    def guard(context: grpc.ServicerContext) -> Callable[[], None]:
+        given = threading.Event()
+        lock = threading.Lock()
+
+        def give() -> None:
+            with lock:
+                if given.is_set():
+                    return
+                given.set()
+            slots.give()
+
+        context.add_callback(give)
+        return give
+
+    if handler.unary_unary is not None:
+        inner_uu = handler.unary_unary
+
+        def unary_unary(request: Any, context: grpc.ServicerContext) -> Any:
+            give = guard(context)
+            try:
+                return inner_uu(request, context)
+            finally:
+                give()
+
+        return handler._replace(unary_unary=unary_unary)
+    if handler.unary_stream is not None:
+        inner_us = handler.unary_stream
+
+        def unary_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            give = guard(context)
+            try:
+                yield from inner_us(request, context)
+            finally:
+                give()
+
+        return handler._replace(unary_stream=unary_stream)
+    if handler.stream_unary is not None:
+        inner_su = handler.stream_unary
+
+        def stream_unary(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+            give = guard(context)
+            try:
+                return inner_su(requests, context)
+            finally:
+                give()
+
+        return handler._replace(stream_unary=stream_unary)
+    inner_ss = handler.stream_stream
+
+    def stream_stream(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        give = guard(context)
+        try:
+            yield from inner_ss(requests, context)
+        finally:
+            give()
+
+    return handler._replace(stream_stream=stream_stream)
+
+
+def _refusal(handler: Any, message: str) -> Any:
+    """A handler of the same shape that answers RESOURCE_EXHAUSTED without running the method."""
+
+    def refuse(request_or_requests: Any, context: grpc.ServicerContext) -> Any:
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+
+    def refuse_stream(request_or_requests: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+        yield from ()
+
+    if handler.unary_unary is not None:
+        return handler._replace(unary_unary=refuse)
+    if handler.unary_stream is not None:
+        return handler._replace(unary_stream=refuse_stream)
+    if handler.stream_unary is not None:
+        return handler._replace(stream_unary=refuse)
+    return handler._replace(stream_stream=refuse_stream)
