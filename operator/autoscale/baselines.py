@@ -7,8 +7,8 @@
   isl + osl/2. Load mode every 5 s: +1 if any engine's estimated TTFT / ITL exceeds the SLO, -1 only
   if every engine is below 80% of it, never below the throughput bound; no decision while scaling.
   An interval without requests leaves the bound where it was; scale-down does not drain.
-- `hpa`: the HorizontalPodAutoscaler's ratio rule `ceil(current x metric / target)` with its 10%
-  tolerance, scale-up limit (double or +4 per 15 s) and 300 s scale-down stabilisation (the largest
+- `hpa`: the HorizontalPodAutoscaler's ratio rule `ceil(ready x metric / target)` with its 10%
+  tolerance and its missing-pods rule (pods not ready count at 0% of the target going up, 100% going down), scale-up limit (double or +4 per 15 s) and 300 s scale-down stabilisation (the largest
   recommendation of the window). Metrics: prefill busy share (target 70%), decode batch per replica
   over the largest batch that meets the TPOT SLO (target 70%).
 - `static-peak` / `static-mean`: fixed pools sized by tandem's capacity model for the trace's peak
@@ -140,10 +140,8 @@ class Hpa:
         current = r.ready + r.starting
         metric = self._metric(pool, snap)
         recommendation = current
-        if metric is not None:
-            ratio = metric / self.target
-            if abs(ratio - 1) > self.tolerance:
-                recommendation = math.ceil(current * ratio)
+        if metric is not None and r.ready > 0:
+            recommendation = hpa_recommendation(r.ready, r.starting, metric, self.target, self.tolerance)
         recommendation = min(recommendation, max(2 * current, current + 4))
         history = self._history.setdefault(pool, deque())
         history.append((snap.at_s, recommendation))
@@ -152,6 +150,23 @@ class Hpa:
         # Up at once; down only to the largest recommendation of the stabilisation window.
         desired = recommendation if recommendation > current else min(current, max(v for _, v in history))
         return _clamp(desired, self.limits[pool])
+
+
+def hpa_recommendation(ready: int, missing: int, metric: float, target: float, tolerance: float) -> int:
+    """The HPA's replica count from the mean metric of its ready pods, with its missing-pods rule: pods not
+    ready yet count as using 0% of the target on the way up and 100% on the way down, and a change that
+    they reverse or bring within the tolerance does not happen."""
+    current = ready + missing
+    ratio = metric / target
+    if abs(ratio - 1) <= tolerance:
+        return current
+    if not missing:
+        return math.ceil(ready * ratio)
+    assumed = 0.0 if ratio > 1 else target
+    ratio_all = (metric * ready + assumed * missing) / (target * current)
+    if abs(ratio_all - 1) <= tolerance or (ratio_all > 1) != (ratio > 1):
+        return current
+    return math.ceil(current * ratio_all)
 
 
 def static_sizes(

@@ -80,3 +80,16 @@ def test_static_peak_is_at_least_static_mean():
     peak = static_sizes(trace, PROFILE, SLO, LIMITS, 0.8, peak=True)
     mean = static_sizes(trace, PROFILE, SLO, LIMITS, 0.8, peak=False)
     assert peak[Pool.prefill] > mean[Pool.prefill] and peak[Pool.decode] >= mean[Pool.decode]
+
+
+def test_hpa_does_not_multiply_over_pods_that_are_not_ready():
+    from tandem.operator.autoscale.baselines import hpa_recommendation
+
+    # 4 ready pods at 140% of the target: 8; two more still starting change nothing (not 6 x 2 = 12)
+    assert hpa_recommendation(4, 0, 0.98, 0.7, 0.1) == 6
+    assert hpa_recommendation(4, 2, 0.98, 0.7, 0.1) == 6
+    # the missing pods at 0% bring the ratio within the tolerance: no change
+    assert hpa_recommendation(4, 4, 1.4 * 0.7 * 1.05, 0.7, 0.1) == 8
+    # going down, missing pods count at 100%: 4 ready at 50% and 2 starting use 2 + 2 pods' worth -> 4, not 3
+    assert hpa_recommendation(4, 2, 0.35, 0.7, 0.1) == 4
+    assert hpa_recommendation(4, 0, 0.35, 0.7, 0.1) == 2
