@@ -367,11 +367,8 @@ class Simulation:
         p = self.cfg.percentile
         ttft = self.completed.ttft(self.now, p)
         tpot = self.completed.tpot(self.now, p)
-        waiting_since = [
-            r.arrival_s for rep in self.replicas[Pool.prefill] for r in rep.queue
-        ] + [r.arrival_s for r in self._pending_prefill]
-        if waiting_since:  # requests still waiting bound TTFT from below: the window must not look healthy
-            ttft = max(ttft or 0.0, (self.now - min(waiting_since)) * 1000)
+        # Only what the router and workers export: no age of the oldest waiting request (a stalled pool shows
+        # as queued prompt tokens with no TTFT sample, which the policy reads as a breach).
         pre = [r for r in self.replicas[Pool.prefill] if r.ready(self.now)]
         dec = [r for r in self.replicas[Pool.decode] if r.ready(self.now)]
         for rep in dec:
@@ -384,14 +381,17 @@ class Simulation:
             prompt_tokens_p90=percentile(prompts, 90) if prompts else None,
             output_tokens_mean=sum(outputs) / len(outputs) if outputs else None,
             prefix_hit_rate=0.0,
-            arrival_rate_slices_rps=self._slices(lo),
         )
         obs = {
             Pool.prefill: PoolObservation(
                 Pool.prefill,
                 replicas=self._replica_counts(Pool.prefill),
                 ttft_ms=ttft,
-                queued_prompt_tokens=float(sum(r.queued_tokens for r in self._billed(Pool.prefill))),
+                # the workers' queues plus what the router holds while no prefill worker is ready
+                queued_prompt_tokens=float(
+                    sum(r.queued_tokens for r in self._billed(Pool.prefill))
+                    + sum(r.input_len for r in self._pending_prefill)
+                ),
                 **common,  # type: ignore[arg-type]
             ),
             Pool.decode: PoolObservation(
@@ -413,13 +413,6 @@ class Simulation:
             sum(busy) / len(busy) if busy else 0.0,
             sum(contexts) / len(contexts) if contexts else (sum(prompts) / len(prompts) if prompts else 1.0),
         )
-
-    def _slices(self, since_s: float, count: int = 6) -> tuple[float, ...]:
-        width = (self.now - max(since_s, 0.0)) / count
-        if width <= 0:
-            return ()
-        edges = [max(since_s, 0.0) + i * width for i in range(count + 1)]
-        return tuple(len(self._arrivals_between(a, b)) / width for a, b in zip(edges, edges[1:], strict=False))
 
     def _arrivals_between(self, lo: float, hi: float) -> list[Request]:
         i, j = bisect.bisect_right(self._arrival_times, lo), bisect.bisect_right(self._arrival_times, hi)
