@@ -18,9 +18,14 @@ A family's cost at the target is its cheapest setting that reaches it, or the GP
 its Pareto front between the settings on either side, or "unreachable". Dynamo's replay is
 deterministic, so one run per setting is the figure.
 
+`--crosscheck` instead replays fixed pools through both `tandem simulate` (the H200 profile converted) and
+Dynamo's replay, and prints TTFT and TPOT p50 / p90 of each side by side with their ratio (target: within 25%).
+
 Traces are the Azure LLM inference traces (conversation and code, one hour each) at their own rate and at
 `--rate-scales` times it (whole copies shifted by fractions of 10 s, so the rate curve above 10 s keeps
-its shape), converted to Mooncake JSONL with no shared prefixes (the traces carry no prompt text).
+its shape), and with `--day-hour-s` as a diurnal day (`tandem.trace.diurnal`: hour h of the curve replays
+the next stretch of the trace at a rate factor on a cosine from x1 at 04:00 to x8 at 16:00), converted to
+Mooncake JSONL with no shared prefixes (the traces carry no prompt text).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tandem.trace import AZURE_ATTRIBUTION, load_trace, scale_rate, to_mooncake_jsonl
+from tandem.trace import AZURE_ATTRIBUTION, diurnal, load_trace, scale_rate, to_mooncake_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ("azure_llm_2023_conv.csv", "azure_llm_2023_code.csv")
@@ -182,16 +187,19 @@ def _job(args: tuple[str, Case, str, str, dict[str, Any]]) -> tuple[Case, Point]
     )  # fmt: skip
 
 
-def traces(folder: Path, scales: list[float], out_dir: Path) -> list[tuple[str, str]]:
-    """(label, Mooncake JSONL path) of each Azure trace at each rate scale."""
+def traces(folder: Path, scales: list[float], out_dir: Path, day_hour_s: float = 0.0) -> list[tuple[str, str]]:
+    """(label, Mooncake JSONL path) of each Azure trace at each rate scale, and as a diurnal day if asked."""
     made = []
     for name in TRACES:
         requests = load_trace(folder / name)
         short = name.removeprefix("azure_llm_2023_").removesuffix(".csv")
-        for k in scales:
-            path = out_dir / f"{short}x{k:g}.jsonl"
-            path.write_text("\n".join(to_mooncake_jsonl(scale_rate(requests, k))) + "\n")
-            made.append((f"{short} x{k:g}", str(path)))
+        variants = [(f"{short} x{k:g}", scale_rate(requests, k)) for k in scales]
+        if day_hour_s:
+            variants.append((f"{short} day ({24 * day_hour_s / 3600:g} h)", diurnal(requests, 24, 1.0, 8.0, day_hour_s)))
+        for label, reqs in variants:
+            path = out_dir / (label.replace(" ", "_").replace("(", "").replace(")", "") + ".jsonl")
+            path.write_text("\n".join(to_mooncake_jsonl(reqs)) + "\n")
+            made.append((label, str(path)))
     return made
 
 
@@ -207,11 +215,71 @@ def static_search(replay_dir: str, case: Case, target: float) -> list[Point]:
     return list(memo.values())
 
 
+CROSSCHECK_SHAPES = ((1, 1), (1, 2), (2, 1), (2, 2))
+
+
+def crosscheck(replay_dir: str, case: Case, shapes: Iterable[tuple[int, int]]) -> list[dict[str, Any]]:
+    """Fixed pools through tandem's simulator and Dynamo's replay: latency percentiles of each."""
+    from tandem.operator.autoscale.baselines import static_controller
+    from tandem.operator.autoscale.capacity import Slo
+    from tandem.operator.autoscale.replay import summarise as sim_summary
+    from tandem.operator.autoscale.simulator import SimConfig, simulate
+    from tandem.operator.autoscale.types import Pool
+    from tandem.profile import profile_named
+    from tandem.trace import load_trace as read
+
+    profile, trace = profile_named(None), read(case.trace)
+    rows = []
+    for p, d in shapes:
+        replay = _load_replay(replay_dir)
+        with tempfile.NamedTemporaryFile(suffix=".json") as dump:
+            argv = ["--trace", case.trace, "--policy", f"static:{p},{d}", "--dump", dump.name,
+                    "--slo-ttft-ms", str(case.slo_ttft_ms), "--slo-tpot-ms", str(case.slo_tpot_ms)]  # fmt: skip
+            replay.run(_harness_args(replay, argv))
+            theirs = json.loads(Path(dump.name).read_text())["summary"]
+        sizes = {Pool.prefill: p, Pool.decode: d}
+        config = SimConfig(profile=profile, cold_start_s=0.0, initial=sizes)
+        result = simulate(trace, config, static_controller(sizes))
+        ours = _percentiles(result)
+        row: dict[str, Any] = {"trace": case.label, "pools": f"{p}P+{d}D",
+                               "sim_attainment": sim_summary("static", result, Slo(case.slo_ttft_ms, case.slo_tpot_ms, 90))["slo_attainment"]}  # fmt: skip
+        for metric, key in (("ttft_p50", "median_ttft_ms"), ("ttft_p90", "p90_ttft_ms"),
+                            ("tpot_p50", "median_tpot_ms"), ("tpot_p90", "p90_tpot_ms")):  # fmt: skip
+            row[f"{metric}_dynamo"], row[f"{metric}_tandem"] = float(theirs[key]), ours[metric]
+            row[f"{metric}_ratio"] = ours[metric] / float(theirs[key]) if theirs[key] else None
+        rows.append(row)
+        print(row, file=sys.stderr)
+    return rows
+
+
+def _percentiles(result: Any) -> dict[str, float]:
+    from tandem.operator.autoscale.sim_metrics import percentile
+
+    done = [r for r in result.requests if r.first_token_s is not None and r.finish_s is not None and not r.failed]
+    ttft = [(r.first_token_s - r.arrival_s) * 1000 for r in done]
+    tpot = [(r.finish_s - r.first_token_s) / (r.output_len - 1) * 1000 for r in done if r.output_len > 1]
+    return {"ttft_p50": percentile(ttft, 50), "ttft_p90": percentile(ttft, 90),
+            "tpot_p50": percentile(tpot, 50), "tpot_p90": percentile(tpot, 90)}  # fmt: skip
+
+
+def render_crosscheck(rows: list[dict[str, Any]]) -> str:
+    lines = ["| trace | pools | TTFT p50 ms (tandem / Dynamo) | TTFT p90 ms | TPOT p50 ms | TPOT p90 ms |",
+             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for r in rows:
+        cells = [f"{r[m + '_tandem']:.1f} / {r[m + '_dynamo']:.1f} ({r[m + '_ratio']:.2f}x)"
+                 for m in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")]  # fmt: skip
+        lines.append(f"| {r['trace']} | {r['pools']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.autoscale_dynamo", description=__doc__.split("\n\n")[0])
     p.add_argument("--replay-dir", default=str(ROOT.parent / "shared" / "tools" / "dynamo-replay"))
     p.add_argument("--traces", default=str(ROOT.parent / "shared" / "traces"), help="folder with the Azure CSVs")
-    p.add_argument("--rate-scales", default="1,8", help="arrival-rate multiples of each trace")
+    p.add_argument("--rate-scales", default="1,8", help="arrival-rate multiples of each trace ('' for none)")
+    p.add_argument("--day-hour-s", type=float, default=0.0,
+                   help="also a diurnal day of each trace (rate x1 at 04:00 to x8 at 16:00), each hour of the curve "
+                        "this long (900: the day's curve in 6 h; 3600: a real day); 0: none")  # fmt: skip
     p.add_argument("--slo-ttft-ms", default="2000,1000")
     p.add_argument("--slo-tpot-ms", type=float, default=50.0)
     p.add_argument("--startup-s", default="60", help="cold starts to replay (the static search ignores them)")
@@ -220,15 +288,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--families", default="static,dynamo,tandem")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--json", help="write every point and the summary rows here")
+    p.add_argument("--crosscheck", action="store_true", help="tandem simulate vs Dynamo's replay on fixed pools")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     families = set(a.families.split(","))
-    scales = [float(x) for x in a.rate_scales.split(",")]
+    scales = [float(x) for x in a.rate_scales.split(",") if x]
     with tempfile.TemporaryDirectory(prefix="tandem-anchor-") as tmp:
-        made = traces(Path(a.traces), scales, Path(tmp))
+        made = traces(Path(a.traces), scales, Path(tmp), a.day_hour_s)
+        if a.crosscheck:
+            slo = float(a.slo_ttft_ms.split(",")[0])
+            checks = [Case(path, label, slo, a.slo_tpot_ms, 0.0, a.max_gpus) for label, path in made]
+            with ProcessPoolExecutor(a.jobs) as pool:
+                found = pool.map(crosscheck, [a.replay_dir] * len(checks), checks, [CROSSCHECK_SHAPES] * len(checks))
+                rows = [row for rs in found for row in rs]
+            print(render_crosscheck(rows))
+            if a.json:
+                Path(a.json).write_text(json.dumps({"crosscheck": rows}, indent=1))
+            return 0
         cases = [
             Case(path, label, float(ttft), a.slo_tpot_ms, float(startup), a.max_gpus)
             for (label, path), ttft, startup in itertools.product(made, a.slo_ttft_ms.split(","), a.startup_s.split(","))

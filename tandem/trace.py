@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -144,3 +145,24 @@ def to_mooncake_jsonl(requests: Iterable[TraceRequest], block_tokens: int = 512)
         line = {"timestamp": round(r.arrival_s * 1000, 3), "input_length": r.input_len,
                 "output_length": max(r.output_len, 1), "hash_ids": ids}  # fmt: skip
         yield json.dumps(line)
+
+
+def diurnal(
+    requests: list[TraceRequest], hours: int = 24, low: float = 1.0, high: float = 8.0, hour_s: float = 3600.0
+) -> list[TraceRequest]:
+    """A day from a shorter trace: hour h replays the next `hour_s` of the trace (wrapping) at a rate factor on
+    a cosine from `low` at 04:00 to `high` at 16:00. `hour_s` below 3600 compresses the day's curve (not the
+    requests' own timing): 900 makes the 24 hours of the curve last 6."""
+    if not requests:
+        return []
+    span = max(r.arrival_s for r in requests) + 1e-9
+    day: list[TraceRequest] = []
+    for h in range(hours):
+        factor = low + (high - low) * (1 - math.cos(2 * math.pi * (h - 4) / 24)) / 2
+        start = (h * hour_s) % span
+        window = [r for r in requests if start <= r.arrival_s < start + hour_s]
+        if start + hour_s > span:  # wrap around the end of the trace
+            window += [TraceRequest(r.arrival_s + span, r.input_len, r.output_len) for r in requests if r.arrival_s < start + hour_s - span]
+        shifted = [TraceRequest(r.arrival_s - start + h * hour_s, r.input_len, r.output_len) for r in window]
+        day += scale_rate(shifted, factor)
+    return sorted(day, key=lambda r: r.arrival_s)

@@ -179,3 +179,16 @@ def test_staircase_finds_the_cheapest_fixed_pool():
     reaching = [(p, d) for p, d, a in seen if a >= 0.95]
     assert min(reaching, key=lambda pd: pd[0] + pd[1]) == (3, 2)
     assert len(seen) < 40  # far fewer than the 66 pools of the grid
+
+
+def test_a_diurnal_day_follows_its_rate_curve():
+    from tandem.trace import diurnal
+
+    hour = [TraceRequest(t * 0.5, 100, 10) for t in range(200)]  # 2 req/s for 100 s
+    day = diurnal(hour, hours=24, low=1.0, high=8.0, hour_s=50.0)
+    per_hour = [sum(1 for r in day if h * 50 <= r.arrival_s < (h + 1) * 50) for h in range(24)]
+    # x1 at 04:00, x8 at 16:00 (50 s of 2 req/s each); copies shift by up to 10 s into the next hour
+    assert per_hour[4] == pytest.approx(100, rel=0.1) and per_hour[16] == pytest.approx(800, rel=0.1)
+    assert len(day) == pytest.approx(100 * 24 * 4.5, rel=0.01)  # the cosine's mean factor is 4.5
+    assert min(range(24), key=lambda h: per_hour[h]) == 4 and max(range(24), key=lambda h: per_hour[h]) == 16
+    assert all(a.arrival_s <= b.arrival_s for a, b in zip(day, day[1:], strict=False))
