@@ -20,6 +20,7 @@ from tandem import names
 from tandem.worker.api.params import InvalidRequest
 from tandem.worker.hf.tokenizer import ChatTemplateError, Tokenizer
 from tandem.worker.router import openai_schema as oa
+from tandem.worker.router.admission import Admission, check_prompt_fits, max_token_bytes
 from tandem.worker.router.auth import ApiKeys, RequireApiKey
 from tandem.worker.router.backend import Backend, BackendError, Timing
 from tandem.worker.router.generation import Generation
@@ -32,7 +33,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Req = TypeVar("Req", bound=oa.SamplingRequest)
-QUEUE_FULL_RETRY_AFTER_S = 1
 DEFAULT_CHAT_MAX_TOKENS = 1024  # when neither the request nor the model's context length bounds it
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -76,26 +76,6 @@ class StreamEnd:
         self.clock.finish(status)
 
 
-class Admission:
-    """Counts requests in flight and refuses new ones past the limit."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit, self.in_flight = limit, 0
-
-    def acquire(self) -> None:
-        if self.in_flight >= self.limit:
-            raise oa.ApiError(
-                429,
-                f"too many requests in flight ({self.in_flight} of {self.limit}); retry later",
-                code="queue_full",
-                retry_after_s=QUEUE_FULL_RETRY_AFTER_S,
-            )
-        self.in_flight += 1
-
-    def release(self) -> None:
-        self.in_flight -= 1
-
-
 def error_of(exc: BaseException) -> oa.ApiError:
     """The HTTP error a failure maps to."""
     if isinstance(exc, oa.ApiError):
@@ -118,8 +98,14 @@ def timing_headers(timing: Timing) -> dict[str, str]:
     return {k: v for k, v in headers.items() if v}
 
 
+BUSY_RETRY_AFTER_S = 1  # a 429 or 503 that names no delay of its own
+
+
 def error_response(err: oa.ApiError) -> JSONResponse:
-    headers = {"Retry-After": str(err.retry_after_s)} if err.retry_after_s is not None else None
+    retry_after = err.retry_after_s
+    if retry_after is None and err.status in (429, 503):  # every "not now" answer says when to come back
+        retry_after = BUSY_RETRY_AFTER_S
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
     return JSONResponse(
         oa.error_body(err.status, err.message, err.param, err.code), err.status, headers=headers
     )
@@ -267,6 +253,7 @@ def create_app(
     )  # fmt: skip
     admission = Admission(max_queued_requests)
     limits = limits or RequestLimits()
+    token_bytes = max_token_bytes(tokenizer.backend.get_vocab(with_added_tokens=True))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -316,14 +303,15 @@ def create_app(
             check_model(req)
             req.check_supported()
             req.check_token_ids(tokenizer.vocab_size)
+            check_prompt_fits(req, token_bytes, max_model_len)  # by its bytes: no tokeniser run for a hopeless one
+            admission.acquire()  # before the costly part: a full router refuses without templating or tokenising
+            admitted = True
             # templates and tokenizers take time on long prompts: off the event loop, other requests go on
             prompt_ids = await anyio.to_thread.run_sync(prompt_ids_of, req, tokenizer)
             max_tokens = resolve_max_tokens(
                 req.requested_max_tokens(), default_max_tokens, len(prompt_ids), max_model_len
             )
             params = req.sampling_params(max_tokens)
-            admission.acquire()
-            admitted = True
             clock.on_prompt(len(prompt_ids))
             rid = oa.new_id(id_kind)
             gen = Generation(backend, tokenizer, rid, prompt_ids, params, clock)

@@ -9,6 +9,11 @@ import sys
 from tandem.names import HTTP_PORT
 from tandem.spec import DisaggregationMode, DisaggregationSpec
 from tandem.worker.kv_transport.handshake import DEFAULT_LEASE_MS
+from tandem.worker.router.http_server import (
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_KEEP_ALIVE_S,
+    DEFAULT_MAX_CONNECTIONS,
+)
 from tandem.worker.router.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, RequestLimits
 
 MODES = ("disaggregated", "colocated")
@@ -76,6 +81,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT_S,
         help="seconds a client may take to send its request body before 408",
     )  # fmt: skip
+    p.add_argument(
+        "--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+        help="open HTTP connections; past it a request gets 503 with Retry-After",
+    )  # fmt: skip
+    p.add_argument(
+        "--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT_S,
+        help="seconds a connection may take to send a request's headers before it is closed",
+    )  # fmt: skip
+    p.add_argument(
+        "--keep-alive-timeout", type=float, default=DEFAULT_KEEP_ALIVE_S,
+        help="seconds an idle kept-alive connection stays open",
+    )  # fmt: skip
     p.add_argument("--slo-ttft-ms", type=float, default=500, help="TTFT target each request is judged against")
     p.add_argument("--slo-tpot-ms", type=float, default=50, help="TPOT target each request is judged against")
     p.add_argument("--slo-percentile", type=float, default=90, help="percent of requests that must meet the targets")
@@ -98,6 +115,8 @@ def check_args(args: argparse.Namespace) -> str | None:
         return "--kv-lease-ms must be >= 1"
     if args.max_body_bytes < 1 or args.body_timeout <= 0:
         return "--max-body-bytes and --body-timeout must be positive"
+    if args.max_connections < 1 or args.header_timeout <= 0 or args.keep_alive_timeout <= 0:
+        return "--max-connections, --header-timeout and --keep-alive-timeout must be positive"
     if args.local_prefill_max_tokens < 0 or args.prefill_queue_tokens < 0:
         return "--local-prefill-max-tokens and --prefill-queue-tokens must be >= 0"
     if not 0 <= args.local_prefill_max_tpot_fraction <= 1:
@@ -132,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     from tandem.worker.router.app import create_app
     from tandem.worker.router.auth import ApiKeys
     from tandem.worker.router.dispatch import build_backend
+    from tandem.worker.router.http_server import ServerLimits, uvicorn_config
     from tandem.worker.router.metrics import Slo
 
     try:
@@ -163,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
 
         start_http_server(args.metrics_port, addr=args.host, registry=app.state.metrics.registry)
     print(f"tandem router: serving {args.served_name!r} on http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    limits = ServerLimits(args.max_connections, args.header_timeout, args.keep_alive_timeout)
+    uvicorn.Server(uvicorn_config(app, args.host, args.port, limits, args.log_level)).run()
     return 0
 
 
