@@ -96,7 +96,8 @@ def prompt_of(rng: random.Random) -> str:
 
 
 async def ramp(port: int, clients: int, ramp_s: float, hold_s: float, max_tokens: int, seed: int) -> Counter:
-    """`clients` closed-loop streaming clients, started evenly over `ramp_s`, all stopping at ramp + hold."""
+    """`clients` closed-loop streaming clients, started evenly over `ramp_s`, all stopping at ramp + hold; a
+    refused client waits about the Retry-After it was given before its next request."""
     rng = random.Random(seed)
     counts: Counter = Counter()
     stop_at = time.monotonic() + ramp_s + hold_s
@@ -104,7 +105,10 @@ async def ramp(port: int, clients: int, ramp_s: float, hold_s: float, max_tokens
     async def client(i: int) -> None:
         await asyncio.sleep(i * ramp_s / clients)
         while time.monotonic() < stop_at:
-            counts[await one_request(port, prompt_of(rng), max_tokens)] += 1
+            result = await one_request(port, prompt_of(rng), max_tokens)
+            counts[result] += 1
+            if result in ("429", "503"):  # as a well-behaved client does: wait out Retry-After (1 s), jittered
+                await asyncio.sleep(rng.uniform(0.5, 1.5))
 
     await asyncio.gather(*(client(i) for i in range(clients)))
     return counts
