@@ -1,6 +1,6 @@
 """Autoscaling policies on the Azure traces in the simulator, and the simulator checked against a real stack.
 
-    python -m bench.autoscale                      # every policy on both traces: the README table
+    python -m bench.autoscale                      # every policy on both traces in tandem's own simulator
     python -m bench.autoscale --validate           # + simulator vs a real `tandem up` 1P+1D, three loads
 
 The replay: each trace's full hour through the discrete-event simulator (`tandem simulate`), every policy
@@ -11,7 +11,7 @@ to run in minutes (--time-scale is there to stress a policy with a faster trace)
 
 --validate starts a real 1 prefill + 1 decode stack of the tiny model on this machine (CPU, one torch
 thread per worker), replays a slice of the conversation trace at three rates (lengths shrunk to what a
-CPU serves), and simulates the same requests on the same fixed pools, twice: with the profile as it is,
+CPU serves; 200 requests per rate, 3 runs with the rates interleaved, the real stack's own spread beside the error), and simulates the same requests on the same fixed pools, twice: with the profile as it is,
 and with the profile calibrated at idle (one request at a time through the real stack, so the stack's
 own speed on this host, router and transport included), which leaves the queueing and batching under
 load to the simulator. It prints TTFT and TPOT percentiles of each and whether they agree within 25%. The profile must be measured
@@ -35,7 +35,7 @@ from tandem.operator.autoscale.replay import POLICIES, Scenario, run
 from tandem.operator.autoscale.sim_metrics import percentile
 from tandem.operator.autoscale.simulator import SimConfig, scale_trace, simulate
 from tandem.operator.autoscale.types import Pool
-from tandem.profile import Profile, profile_named
+from tandem.profile import Profile, profile_named, shipped_profile
 from tandem.trace import AZURE_ATTRIBUTION, TraceRequest, load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--json", help="also write every row to this file")
     p.add_argument("--validate", action="store_true", help="check the simulator against a real tandem up stack")
-    p.add_argument("--validate-requests", type=int, default=40, help="requests per load level")
+    p.add_argument("--validate-requests", type=int, default=200, help="requests per load level")
+    p.add_argument("--validate-runs", type=int, default=3, help="runs of every load (the real stack's own spread)")
     return p
 
 
@@ -156,7 +157,8 @@ def validate(args: argparse.Namespace) -> list[dict[str, Any]]:
     from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
 
     kv_blocks = 1024
-    profile = base_profile(args).model_copy(update={"kv_capacity_tokens": kv_blocks * 16})
+    measured = profile_named(args.profile) if args.profile else shipped_profile("tiny-cpu")  # the stack's model
+    profile = measured.model_copy(update={"kv_capacity_tokens": kv_blocks * 16})
     rows = []
     with tempfile.TemporaryDirectory(prefix="tandem-autoscale-") as tmp:
         model_dir = create_tiny_model(Path(tmp) / "model", TinySpec())  # the shipped profile's model
@@ -174,23 +176,39 @@ def validate(args: argparse.Namespace) -> list[dict[str, Any]]:
             decode_x = percentile(idle_sim[1], 50) / percentile(idle_real[1], 50)
             calibrated = profile.scaled(prefill_x, decode_x, note="calibrated at idle against the real stack")
             print(f"idle calibration: real prefill x{prefill_x:.2f}, decode x{decode_x:.2f} the profile's speed", flush=True)
-            for load in (0.2, 0.4, 0.6):  # offered prefill utilisation by the profile
-                trace = validation_trace(args.validate_requests, load / service_s, args.traces)
-                real_ttft, real_tpot = measure_real(url, model_dir, trace)
-                row: dict[str, Any] = {
-                    "load": load, "rate_rps": round(load / service_s, 3), "requests": len(trace),
-                    "calibration": {"prefill": round(prefill_x, 3), "decode": round(decode_x, 3)},
-                }  # fmt: skip
-                for label, prof in (("sim", profile), ("cal", calibrated)):
-                    sim_ttft, sim_tpot = measure_sim(prof, trace)
-                    for name, real, sim in (("ttft", real_ttft, sim_ttft), ("tpot", real_tpot, sim_tpot)):
-                        for p in (50, 90):
-                            r_v, s_v = percentile(real, p), percentile(sim, p)
-                            row[f"{name}_p{p}_real_ms"], row[f"{name}_p{p}_{label}_ms"] = round(r_v, 1), round(s_v, 1)
-                            row[f"{name}_p{p}_{label}_agrees"] = abs(s_v - r_v) <= AGREEMENT * r_v
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+            loads = (0.2, 0.4, 0.6)  # offered prefill utilisation by the profile
+            traces = {load: validation_trace(args.validate_requests, load / service_s, args.traces) for load in loads}
+            real: dict[float, list[tuple[list[float], list[float]]]] = {load: [] for load in loads}
+            for _ in range(args.validate_runs):  # loads interleaved, so host noise spreads over all of them
+                for load in loads:
+                    real[load].append(measure_real(url, model_dir, traces[load]))
+            for load in loads:
+                rows.append(agreement_row(load, traces[load], real[load], {"sim": profile, "cal": calibrated}))
+                rows[-1]["calibration"] = {"prefill": round(prefill_x, 3), "decode": round(decode_x, 3)}
+                print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def agreement_row(
+    load: float, trace: list[TraceRequest], runs: list[tuple[list[float], list[float]]], profiles: dict[str, Profile]
+) -> dict[str, Any]:
+    """The real stack's percentiles over its runs (median and spread) beside each simulated profile's, and
+    whether the simulation lands within 25% of the real median."""
+    row: dict[str, Any] = {"load": load, "requests": len(trace), "runs": len(runs)}
+    sims = {label: measure_sim(prof, trace) for label, prof in profiles.items()}
+    for i, name in enumerate(("ttft", "tpot")):
+        for p in (50, 90):
+            values = sorted(percentile(run[i], p) for run in runs if run[i])
+            if not values:
+                continue
+            median = values[len(values) // 2]
+            row[f"{name}_p{p}_real_ms"] = round(median, 1)
+            row[f"{name}_p{p}_real_spread_ms"] = [round(values[0], 1), round(values[-1], 1)]
+            for label, sim in sims.items():
+                s_v = percentile(sim[i], p)
+                row[f"{name}_p{p}_{label}_ms"] = round(s_v, 1)
+                row[f"{name}_p{p}_{label}_agrees"] = abs(s_v - median) <= AGREEMENT * median
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = replay(args)
     if rows:
         print(markdown(rows))
-        source = args.profile or "shipped tiny-model profile"
+        source = args.profile or "Dynamo's H200 profile of Llama-3.1-8B-FP8 (converted)"
         print(f"\nprofile: {source}, prefill x{args.prefill_speedup:g}, decode x{args.decode_speedup:g}; "
               f"SLO TTFT {args.slo_ttft_ms:g} ms, TPOT {args.slo_tpot_ms:g} ms at p90; cold start {args.cold_start_s:g} s")
         print(f"traces: {AZURE_ATTRIBUTION}")
