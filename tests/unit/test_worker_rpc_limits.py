@@ -18,10 +18,10 @@ from tandem.worker.serve.rpc_limits import RpcLimiter, RpcLimits, rpc_class, rpc
 def test_bounds_follow_the_engine_batch():
     assert rpc_limits(64) == RpcLimits(streams=128, transfers=64)
     assert rpc_limits(1) == RpcLimits(streams=2, transfers=4)
-    assert rpc_limits(64, streams=10, transfers=3).threads == 10 + 3 + RpcLimits(1, 1).control
+    assert rpc_limits(64, streams=10, transfers=3).threads == 10 + 10 + 3 + RpcLimits(1, 1).control
     assert rpc_class("/tandem.v1.DecodeService/StreamTokens") == "streams"
     assert rpc_class("/tandem.v1.ColocatedService/Generate") == "streams"
-    assert rpc_class("/tandem.v1.DecodeService/PushKv") == "transfers"
+    assert rpc_class("/tandem.v1.DecodeService/PushKv") == "pushes"  # after a Reserve, never refused for a Reserve
     assert rpc_class("/tandem.v1.PrefillService/Prefill") == "transfers"
     for control in ("Load", "Abort", "Handshake", "Drain", "Check"):
         assert rpc_class(f"/x.S/{control}") is None

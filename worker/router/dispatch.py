@@ -339,7 +339,9 @@ KV_TRANSFER_FAILED = "KV transfer failed"  # how a prefill worker reports that i
 def kv_link_failed(e: aio.AioRpcError) -> bool:
     """The prefill worker ran the prompt but could not reach the decode worker: the decode side (or the
     link to it) is what failed, and a healthy prefill worker stays in rotation."""
-    return e.code() == grpc.StatusCode.UNAVAILABLE and (e.details() or "").startswith(KV_TRANSFER_FAILED)
+    details = e.details() or ""
+    full = "RESOURCE_EXHAUSTED" in details  # the decode worker was at its limit: full, not failed
+    return e.code() == grpc.StatusCode.UNAVAILABLE and details.startswith(KV_TRANSFER_FAILED) and not full
 
 
 def _note_unavailable(worker: Worker, e: aio.AioRpcError) -> None:

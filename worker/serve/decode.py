@@ -249,8 +249,8 @@ class DecodeServicer:
         with self._lock:
             pending = self._pending.pop(released.reservation.transfer_id, None)
             output = self._outputs.get(request_id)
-            if output is not None and output.unclaimed_until is not None:
-                del self._outputs[request_id]  # no stream reads it: nobody to tell
+            if output is not None and output.unclaimed_until is not None and released.reason != "superseded":
+                del self._outputs[request_id]  # no stream reads it: nobody to tell (a superseding Reserve's is new)
         if pending is None:
             return
         self._give_back_ring(pending)

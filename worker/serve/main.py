@@ -111,7 +111,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument(
         "--max-transfers", type=int, default=None,
-        help="Reserve, Prefill and PushKv RPCs served at once; past it RESOURCE_EXHAUSTED (default: --max-running)",
+        help="Reserve and Prefill RPCs served at once (KV pushes: as many as streams); past it RESOURCE_EXHAUSTED (default: --max-running)",
     )  # fmt: skip
     p.add_argument(
         "--engine-stall-seconds", type=float, default=STALL_S,
@@ -196,7 +196,8 @@ def main(argv: list[str]) -> int:
         probes.add_insecure_port(f"{args.host}:{args.health_port}")
         probes.start()
     HealthWatch(loop, health_servicer, drainer.started.is_set, stall_s=args.engine_stall_seconds).start()
-    log.info("gRPC: %d token streams, %d transfers at once, %d control threads", limits.streams, limits.transfers, limits.control)
+    log.info("gRPC: %d token streams, %d KV pushes, %d transfers at once, %d control threads",
+             limits.streams, limits.pushes, limits.transfers, limits.control)  # fmt: skip
     log.info("%s worker %s serving %s on %s:%d (%d KV blocks)", args.role, worker_id, args.served_name, args.host, port, num_blocks)
     print(f"READY {args.role} {args.host}:{port}", flush=True)
 

@@ -1,10 +1,11 @@
 """How many RPCs of each kind a worker's gRPC server runs at once, sized from the engine's limits.
 
 A synchronous gRPC server gives every running RPC a thread, and a token stream holds its thread until it
-ends. Work RPCs are bounded in two classes (token streams; reservations, prefills and KV pushes), and an RPC
-past its class's bound is refused at once with RESOURCE_EXHAUSTED (the router tries another worker) instead
-of queueing for a thread. The thread pool is the two bounds plus threads kept for control RPCs (Load,
-Handshake, Abort, Drain, health), so those are never queued behind work.
+ends. Work RPCs are bounded by class (token streams; reservations and prefills; KV pushes, one per
+reservation a decode worker granted, so as many as streams), and an RPC past its class's bound is refused at
+once with RESOURCE_EXHAUSTED (the router tries another worker) instead of queueing for a thread. The thread
+pool is the bounds plus threads kept for control RPCs (Load, Handshake, Abort, Drain, health), so those are
+never queued behind work.
 """
 
 from __future__ import annotations
@@ -18,19 +19,25 @@ import grpc
 
 # RPC method names (the last part of the full method) per bounded class; every other method is control
 STREAM_METHODS = frozenset({"StreamTokens", "Generate"})
-TRANSFER_METHODS = frozenset({"Reserve", "Prefill", "PushKv"})
+TRANSFER_METHODS = frozenset({"Reserve", "Prefill"})
+PUSH_METHODS = frozenset({"PushKv"})
 CONTROL_THREADS = 8
 
 
 @dataclass(frozen=True)
 class RpcLimits:
     streams: int  # token streams at once (running sequences and those queued or in transfer)
-    transfers: int  # reservations, prefills and KV pushes at once
+    transfers: int  # reservations and prefills at once
     control: int = CONTROL_THREADS
 
     @property
+    def pushes(self) -> int:
+        """KV pushes at once: one per granted reservation, which a decode worker grants only with a stream free."""
+        return self.streams
+
+    @property
     def threads(self) -> int:
-        return self.streams + self.transfers + self.control
+        return self.streams + self.pushes + self.transfers + self.control
 
 
 def rpc_limits(max_running_sequences: int, streams: int | None = None, transfers: int | None = None) -> RpcLimits:
@@ -43,12 +50,14 @@ def rpc_limits(max_running_sequences: int, streams: int | None = None, transfers
 
 
 def rpc_class(method: str) -> str | None:
-    """`streams`, `transfers` or None (control) for a full method name like /tandem.v1.DecodeService/Reserve."""
+    """`streams`, `transfers`, `pushes` or None (control) for a full method name like /tandem.v1.DecodeService/Reserve."""
     name = method.rsplit("/", 1)[-1]
     if name in STREAM_METHODS:
         return "streams"
     if name in TRANSFER_METHODS:
         return "transfers"
+    if name in PUSH_METHODS:
+        return "pushes"
     return None
 
 
@@ -80,7 +89,7 @@ class RpcLimiter(grpc.ServerInterceptor):
 
     def __init__(self, limits: RpcLimits) -> None:
         self.limits = limits
-        self.slots = {"streams": Slots(limits.streams), "transfers": Slots(limits.transfers)}
+        self.slots = {name: Slots(getattr(limits, name)) for name in ("streams", "transfers", "pushes")}
 
     def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(handler_call_details)
