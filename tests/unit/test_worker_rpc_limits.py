@@ -45,6 +45,10 @@ class Streaming(decode_pb2_grpc.DecodeServiceServicer):
     def Load(self, request, context):
         return common_pb2.LoadReport(worker_id="w")
 
+    def Handshake(self, request, context):  # a slow control call, to keep every pool thread busy
+        self.release.wait(30)
+        return common_pb2.HandshakeReply()
+
 
 @pytest.fixture
 def served():
@@ -98,3 +102,26 @@ def test_a_failing_rpc_gives_its_slot_back(served):
             stub.Reserve(decode_pb2.ReserveRequest(request_id="bad"), timeout=5)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     _wait(lambda: limiter.slots["transfers"].in_use == 0)
+
+
+def test_streams_cancelled_while_waiting_for_a_thread_hold_no_slot(served):
+    stub, limiter, servicer = served
+    threads = limiter.limits.threads
+    busy = [stub.Handshake.future(common_pb2.HandshakeRequest(), timeout=30) for _ in range(threads)]
+    time.sleep(0.5)  # every pool thread is taken
+    queued = [stub.StreamTokens(decode_pb2.StreamTokensRequest(request_id=f"q{i}"), timeout=30) for i in range(5)]
+    time.sleep(0.5)  # they arrived and wait for a thread
+    for call in queued:
+        call.cancel()
+    time.sleep(0.3)
+    servicer.release.set()
+    for f in busy:
+        f.result(timeout=30)
+    servicer.release.clear()
+    _wait(lambda: limiter.slots["streams"].in_use == 0)
+    calls = [stub.StreamTokens(decode_pb2.StreamTokensRequest(request_id=f"r{i}"), timeout=30) for i in range(3)]
+    for call in calls:  # the whole bound is free again
+        next(call)
+    servicer.release.set()
+    for call in calls:
+        list(call)

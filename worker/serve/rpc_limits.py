@@ -3,9 +3,9 @@
 A synchronous gRPC server gives every running RPC a thread, and a token stream holds its thread until it
 ends. Work RPCs are bounded by class (token streams; reservations and prefills; KV pushes, one per
 reservation a decode worker granted, so as many as streams), and an RPC past its class's bound is refused at
-once with RESOURCE_EXHAUSTED (the router tries another worker) instead of queueing for a thread. The thread
-pool is the bounds plus threads kept for control RPCs (Load, Handshake, Abort, Drain, health), so those are
-never queued behind work.
+once with RESOURCE_EXHAUSTED (the router tries another worker) instead of holding a thread. The thread pool
+is the bounds plus threads kept for control RPCs (Load, Handshake, Abort, Drain, health), so those are never
+queued behind work.
 """
 
 from __future__ import annotations
@@ -85,7 +85,11 @@ class Slots:
 
 
 class RpcLimiter(grpc.ServerInterceptor):
-    """Refuses a work RPC past its class's bound with RESOURCE_EXHAUSTED; frees the slot when the RPC ends."""
+    """Refuses a work RPC past its class's bound with RESOURCE_EXHAUSTED; frees the slot when the RPC ends.
+
+    The slot is taken when the RPC's behaviour starts on a pool thread, not when the RPC arrives: gRPC skips
+    the behaviour of an RPC cancelled while it waited for a thread, and a slot taken for it would never come
+    back. A refusal costs a pool thread for microseconds."""
 
     def __init__(self, limits: RpcLimits) -> None:
         self.limits = limits
@@ -97,24 +101,24 @@ class RpcLimiter(grpc.ServerInterceptor):
         if handler is None or kind is None:
             return handler
         slots = self.slots[kind]
+        return _bounded(handler, slots, f"worker at its limit of {slots.limit} concurrent {kind}; try another worker")
+
+
+def _bounded(handler: Any, slots: Slots, refusal: str) -> Any:
+    """The handler with its behaviour run only with a slot taken (else RESOURCE_EXHAUSTED), the slot given back
+    once, whether the behaviour ends or the RPC's termination callback runs first."""
+
+    def take(context: grpc.ServicerContext) -> Callable[[], None]:
         if not slots.take():
-            return _refusal(handler, f"worker at its limit of {slots.limit} concurrent {kind}; try another worker")
-        return _releasing(handler, slots)
-
-
-def _releasing(handler: Any, slots: Slots) -> Any:
-    """The handler with its behaviour wrapped so that the slot is given back however the RPC ends. A slot is
-    given back once, whether the behaviour returns or the RPC's termination callback runs first."""
-
-    def guard(context: grpc.ServicerContext) -> Callable[[], None]:
-        given = threading.Event()
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
         lock = threading.Lock()
+        given = [False]
 
         def give() -> None:
             with lock:
-                if given.is_set():
+                if given[0]:
                     return
-                given.set()
+                given[0] = True
             slots.give()
 
         context.add_callback(give)
@@ -124,7 +128,7 @@ def _releasing(handler: Any, slots: Slots) -> Any:
         inner_uu = handler.unary_unary
 
         def unary_unary(request: Any, context: grpc.ServicerContext) -> Any:
-            give = guard(context)
+            give = take(context)
             try:
                 return inner_uu(request, context)
             finally:
@@ -135,7 +139,7 @@ def _releasing(handler: Any, slots: Slots) -> Any:
         inner_us = handler.unary_stream
 
         def unary_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-            give = guard(context)
+            give = take(context)
             try:
                 yield from inner_us(request, context)
             finally:
@@ -146,7 +150,7 @@ def _releasing(handler: Any, slots: Slots) -> Any:
         inner_su = handler.stream_unary
 
         def stream_unary(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
-            give = guard(context)
+            give = take(context)
             try:
                 return inner_su(requests, context)
             finally:
@@ -156,29 +160,10 @@ def _releasing(handler: Any, slots: Slots) -> Any:
     inner_ss = handler.stream_stream
 
     def stream_stream(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
-        give = guard(context)
+        give = take(context)
         try:
             yield from inner_ss(requests, context)
         finally:
             give()
 
     return handler._replace(stream_stream=stream_stream)
-
-
-def _refusal(handler: Any, message: str) -> Any:
-    """A handler of the same shape that answers RESOURCE_EXHAUSTED without running the method."""
-
-    def refuse(request_or_requests: Any, context: grpc.ServicerContext) -> Any:
-        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
-
-    def refuse_stream(request_or_requests: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
-        yield from ()
-
-    if handler.unary_unary is not None:
-        return handler._replace(unary_unary=refuse)
-    if handler.unary_stream is not None:
-        return handler._replace(unary_stream=refuse_stream)
-    if handler.stream_unary is not None:
-        return handler._replace(stream_unary=refuse)
-    return handler._replace(stream_stream=refuse_stream)
