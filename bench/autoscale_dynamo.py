@@ -209,6 +209,7 @@ def static_search(replay_dir: str, case: Case, target: float) -> list[Point]:
     def evaluate(p: int, d: int) -> float:
         if (p, d) not in memo:
             memo[(p, d)] = _job((replay_dir, case, "static", f"static:{p},{d}", {}))[1]
+            print(f"{case.label} ttft {case.slo_ttft_ms:g}: {memo[(p, d)]}", file=sys.stderr, flush=True)
         return memo[(p, d)].attainment
 
     staircase(evaluate, target, case.max_gpus)
