@@ -1,8 +1,8 @@
 """A discrete-event replay of a trace through both pools, with an autoscaling policy in the loop.
 
 Per request: the router sends it to the prefill replica with the fewest prompt tokens ahead; the
-replica serves its queue first come, first served, each prompt taking the profile's prefill time (the
-profile was measured at the engine's chunk size); the first token ends TTFT; the KV then travels to the
+replica serves its queue first come, first served, in steps that batch queued prompts while their tokens
+fit the profile's chunk, each step taking the profile's prefill time for its tokens; the first token ends TTFT; the KV then travels to the
 decode replica with the fewest sequences for `kv_transfer_ms_per_token x prompt`; decode runs
 continuous batches, each step taking the profile's step time at the current batch and mean context,
 admitting waiting sequences at step boundaries up to the batch and KV caps. Replicas start after a
@@ -51,7 +51,7 @@ class Replica:
     gone_s: float | None = None
     # prefill
     queue: deque[Request] = field(default_factory=deque)
-    serving: Request | None = None
+    serving: list[Request] = field(default_factory=list)  # the prompts of the prefill step in progress
     busy_until_s: float = 0.0
     busy_s: float = 0.0  # time spent serving, for utilisation metrics
     queued_tokens: int = 0
@@ -66,7 +66,7 @@ class Replica:
         return self.gone_s is None and not self.draining and self.ready_at_s <= now_s
 
     def idle(self) -> bool:
-        return self.serving is None and not self.queue and not self.running and not self.waiting
+        return not self.serving and not self.queue and not self.running and not self.waiting
 
 
 @dataclass(frozen=True)
@@ -202,14 +202,13 @@ class Simulation:
 
     def _kill(self, rep: Replica) -> None:
         lost = list(rep.queue) + list(rep.running) + list(rep.waiting)
-        if rep.serving is not None:
-            lost.append(rep.serving)
+        lost += rep.serving
         for req in lost:
             req.failed = True
         rep.queue.clear()
         rep.running.clear()
         rep.waiting.clear()
-        rep.serving, rep.queued_tokens, rep.gone_s = None, 0, self.now
+        rep.serving, rep.queued_tokens, rep.gone_s = [], 0, self.now
         rep.version += 1
 
     def _retire_if_drained(self, rep: Replica) -> None:
@@ -228,7 +227,7 @@ class Simulation:
         rep = min(ready, key=lambda r: (r.queued_tokens, r.id))
         rep.queue.append(req)
         rep.queued_tokens += req.input_len
-        if rep.serving is None:
+        if not rep.serving:
             self._start_prefill(rep)
 
     def _dispatch_waiting(self, pool: Pool) -> None:
@@ -238,28 +237,34 @@ class Simulation:
             (self._to_prefill if pool == Pool.prefill else self._to_decode)(req)
 
     def _start_prefill(self, rep: Replica) -> None:
-        req = rep.queue.popleft()
-        rep.serving = req
-        service = self.profile.prefill_ms(req.input_len) / 1000
+        """One prefill step: the queue's head, with the prompts behind it while the step's tokens fit the
+        profile's chunk (an engine batches prompts into a step); its time is the profile's for the sum."""
+        batch = [rep.queue.popleft()]
+        tokens = batch[0].input_len
+        while rep.queue and tokens + rep.queue[0].input_len <= self.profile.prefill_chunk_tokens:
+            tokens += rep.queue[0].input_len
+            batch.append(rep.queue.popleft())
+        rep.serving = batch
+        service = self.profile.prefill_ms(tokens) / 1000
         rep.busy_until_s = self.now + service
         rep.busy_s += service
         self._push(rep.busy_until_s, "prefilled", (rep, rep.version))
 
     def _on_prefilled(self, payload: object) -> None:
         rep, version = cast(tuple[Replica, int], payload)
-        if version != rep.version or rep.serving is None:
+        if version != rep.version or not rep.serving:
             return
-        req = rep.serving
-        rep.serving = None
-        rep.queued_tokens -= req.input_len
-        req.first_token_s = self.now
-        self.completed.first_token(self.now, req.first_token_s - req.arrival_s)
-        transfer = self.profile.kv_transfer_ms_per_token * req.input_len / 1000
-        if req.output_len <= 1:
-            req.finish_s = self.now
-            self.completed.finished(self.now, None, req.output_len)
-        else:
-            self._push(self.now + transfer, "kv_landed", req)
+        batch, rep.serving = rep.serving, []
+        for req in batch:
+            rep.queued_tokens -= req.input_len
+            req.first_token_s = self.now
+            self.completed.first_token(self.now, req.first_token_s - req.arrival_s)
+            transfer = self.profile.kv_transfer_ms_per_token * req.input_len / 1000
+            if req.output_len <= 1:
+                req.finish_s = self.now
+                self.completed.finished(self.now, None, req.output_len)
+            else:
+                self._push(self.now + transfer, "kv_landed", req)
         if rep.queue:
             self._start_prefill(rep)
         else:

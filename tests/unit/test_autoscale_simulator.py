@@ -116,3 +116,24 @@ def test_scale_trace_compresses_time_and_multiplies_requests():
     assert len(scale_trace(trace, rate_scale=2.0)) == 200
     assert len(scale_trace(trace, rate_scale=0.5)) == 50
     assert len(scale_trace(trace, rate_scale=1.5)) == 150
+
+
+def test_a_prefill_step_batches_queued_prompts_that_fit_the_chunk():
+    from tandem.profile import DecodePoint, PrefillPoint, Profile
+
+    # a step has a fixed cost, as on a GPU: 20 ms + 0.01 ms per token; chunk 2048 tokens
+    profile = Profile(
+        model="hand", device="none", dtype="fp8", prefill_chunk_tokens=2048, max_running_sequences=64,
+        kv_capacity_tokens=1_000_000, cold_start_ms=0,
+        prefill=[PrefillPoint(prompt_tokens=n, chunk_tokens=2048, ms=20 + 0.01 * n) for n in (100, 1000, 4000)],
+        decode=[DecodePoint(batch=b, context_tokens=c, step_ms=10.0) for b in (1, 8) for c in (256, 1024)],
+    )  # fmt: skip
+    # one long prompt occupies the replica; four of 500 tokens queue behind it, then one of 3000
+    trace = [TraceRequest(0.0, 4000, 2)] + [TraceRequest(0.001, 500, 2) for _ in range(4)] + [TraceRequest(0.002, 3000, 2)]
+    result = simulate(trace, SimConfig(profile, cold_start_s=0.0), fixed({Pool.prefill: 1, Pool.decode: 1}))
+    first = [r.first_token_s for r in result.requests]
+    long_done = (20 + 40) / 1000
+    assert first[0] == pytest.approx(long_done)
+    # the four short prompts share one step of 2000 tokens, not four steps of 25 ms each
+    assert first[1:5] == [pytest.approx(long_done + (20 + 20) / 1000)] * 4
+    assert first[5] == pytest.approx(long_done + 0.040 + 0.050)  # 3000 tokens do not fit the chunk: alone
