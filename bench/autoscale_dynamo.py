@@ -112,24 +112,28 @@ def cost_at(points: Iterable[Point], target: float) -> tuple[float | None, str]:
 
 
 def staircase(evaluate: Callable[[int, int], float], target: float, max_gpus: int) -> list[tuple[int, int, float]]:
-    """Every (P, D, attainment) evaluated while walking the boundary of the pools that reach `target`:
-    for P = 1, 2, ... the fewest D that reaches it (which never grows with P). Attainment grows with P and D."""
+    """Every (P, D, attainment) evaluated while walking the boundary of the pools that reach `target`: for
+    P = 1, 2, ... the fewest D that reaches it (a binary search below the last P's, since it never grows
+    with P), until no larger P can be cheaper than the best pool found. Attainment grows with P and D."""
     seen: list[tuple[int, int, float]] = []
-    d = max_gpus - 1
-    for p in range(1, max_gpus):
-        d = min(d, max_gpus - p)
-        if d < 1:
-            break
+
+    def reaches(p: int, d: int) -> bool:
         att = evaluate(p, d)
         seen.append((p, d, att))
-        if att < target:
+        return att >= target
+
+    best, d_hi = max_gpus + 1, max_gpus - 1
+    for p in range(1, max_gpus):
+        if p + 1 >= best or min(d_hi, max_gpus - p) < 1:
+            break  # every pool from here on costs at least the best one
+        d_hi = min(d_hi, max_gpus - p)
+        if not reaches(p, d_hi):
             continue  # more prefill needed at this many decode workers
-        while d > 1:
-            lower = evaluate(p, d - 1)
-            seen.append((p, d - 1, lower))
-            if lower < target:
-                break
-            d -= 1
+        lo, hi = 1, d_hi  # the fewest D in [lo, hi] that reaches the target is hi or below
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if reaches(p, mid) else (mid + 1, hi)
+        d_hi, best = hi, min(best, p + hi)
     return seen
 
 
@@ -177,6 +181,12 @@ def _harness_args(replay: Any, argv: list[str]) -> argparse.Namespace:
     return captured["ns"]
 
 
+def cache_key(case: Case, policy: str, options: dict[str, Any]) -> str:
+    """What makes a replay's result: the trace (by label), SLO, cold start, budget, start and the policy."""
+    return json.dumps([case.label, case.slo_ttft_ms, case.slo_tpot_ms, case.startup_s, case.max_gpus,
+                       "" if policy.startswith("static") else case.init, policy, options], sort_keys=True)  # fmt: skip
+
+
 def _job(args: tuple[str, Case, str, str, dict[str, Any]]) -> tuple[Case, Point]:
     replay_dir, case, family, policy, options = args
     out = replay_once(replay_dir, case, policy, options)
@@ -203,12 +213,13 @@ def traces(folder: Path, scales: list[float], out_dir: Path, day_hour_s: float =
     return made
 
 
-def static_search(replay_dir: str, case: Case, target: float) -> list[Point]:
+def static_search(replay_dir: str, case: Case, target: float, cache: dict[str, dict[str, Any]]) -> list[Point]:
     memo: dict[tuple[int, int], Point] = {}
 
     def evaluate(p: int, d: int) -> float:
         if (p, d) not in memo:
-            memo[(p, d)] = _job((replay_dir, case, "static", f"static:{p},{d}", {}))[1]
+            key = cache_key(case, f"static:{p},{d}", {})
+            memo[(p, d)] = Point(**cache[key]) if key in cache else _job((replay_dir, case, "static", f"static:{p},{d}", {}))[1]
             print(f"{case.label} ttft {case.slo_ttft_ms:g}: {memo[(p, d)]}", file=sys.stderr, flush=True)
         return memo[(p, d)].attainment
 
@@ -289,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--families", default="static,dynamo,tandem")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--json", help="write every point and the summary rows here")
+    p.add_argument("--cache", help="a JSON file of replays already run (read, then extended): reruns reuse them")
     p.add_argument("--crosscheck", action="store_true", help="tandem simulate vs Dynamo's replay on fixed pools")
     return p
 
@@ -313,19 +325,32 @@ def main(argv: list[str] | None = None) -> int:
             Case(path, label, float(ttft), a.slo_tpot_ms, float(startup), a.max_gpus)
             for (label, path), ttft, startup in itertools.product(made, a.slo_ttft_ms.split(","), a.startup_s.split(","))
         ]
+        cache: dict[str, dict[str, Any]] = json.loads(Path(a.cache).read_text()) if a.cache and Path(a.cache).exists() else {}
         points: dict[Case, list[Point]] = {}
         with ProcessPoolExecutor(a.jobs) as pool:
             statics: dict[tuple[str, float], list[Point]] = {}
             if "static" in families:  # one search per trace and SLO: a fixed pool has no cold start
                 futures = {(c.trace, c.slo_ttft_ms): c for c in cases}
-                done = {k: pool.submit(static_search, a.replay_dir, c, a.target) for k, c in futures.items()}
+                done = {k: pool.submit(static_search, a.replay_dir, c, a.target, cache) for k, c in futures.items()}
                 statics = {k: f.result() for k, f in done.items()}
+                for k, c in futures.items():
+                    for pt in statics[k]:
+                        cache[cache_key(c, pt.setting, {})] = asdict(pt)
+                _save(a.cache, cache)
             # every scaling policy starts warm, from the cheapest fixed pool of its case (1,1 if none)
             cases = [replace(c, init=_cheapest(statics.get((c.trace, c.slo_ttft_ms), []), a.target)) for c in cases]
             points = {c: list(statics.get((c.trace, c.slo_ttft_ms), [])) for c in cases}
-            jobs = _jobs(a.replay_dir, cases, families)
-            for case, point in pool.map(_job, jobs):
+            jobs = []
+            for job in _jobs(a.replay_dir, cases, families):
+                key = cache_key(job[1], job[3], job[4])
+                if key in cache:
+                    points[job[1]].append(Point(**cache[key]))
+                else:
+                    jobs.append(job)
+            for (case, point), job in zip(pool.map(_job, jobs), jobs, strict=True):
                 points[case].append(point)
+                cache[cache_key(case, job[3], job[4])] = asdict(point)
+                _save(a.cache, cache)
                 print(f"{case.label} ttft {case.slo_ttft_ms:g} cold {case.startup_s:g}: {point}", file=sys.stderr)
     rows = summarise(points, a.target)
     print(render(rows, a.target))
@@ -336,6 +361,11 @@ def main(argv: list[str] | None = None) -> int:
             "points": [{"case": asdict(c), **asdict(p)} for c, ps in points.items() for p in ps],
         }, indent=1))  # fmt: skip
     return 0
+
+
+def _save(path: str | None, cache: dict[str, dict[str, Any]]) -> None:
+    if path:
+        Path(path).write_text(json.dumps(cache))
 
 
 def _cheapest(points: list[Point], target: float) -> str:
