@@ -30,9 +30,9 @@ if [[ ! -f "$cache/base-$base_key.oci.tar" ]]; then
     --include=python3,python3-venv,python3-pip,ca-certificates,passwd,procps \
     --customize-hook='chroot "$1" python3 -m venv /usr/local/python' \
     --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
-    bookworm "$tmp/rootfs.tar" http://deb.debian.org/debian
+    bookworm "$tmp/rootfs.tar" < /dev/null
   c="$(B from scratch)"
-  B add "$c" "$tmp/rootfs.tar" /
+  B add "$c" "$tmp/rootfs.tar" / >/dev/null
   B config --env PATH=/usr/local/python/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     --env LANG=C.UTF-8 --cmd python3 "$c"
   B commit --quiet "$c" "$BASE" >/dev/null
@@ -62,24 +62,39 @@ fi
 echo "BASE=$BASE $cache/base-$base_key.oci.tar"
 echo "PAUSE=$PAUSE $cache/pause-$pause_key.oci.tar"
 
-# --- the project's images from its own Dockerfiles, keyed by the Dockerfile, the sources and the base ---
+# --- the project's images from its own Dockerfiles, keyed by the Dockerfile, the base and every file the
+# Dockerfiles COPY (tracked or not). Layers are cached in buildah's store, so a source change rebuilds from
+# the COPY on, never the torch layer. TANDEM_REALNODE_REUSE_IMAGES=1 takes the newest cached build of an
+# image when the exact one is missing (for iterating by hand; the image then lags the working tree).
 src_key() {
-  (cd "$root" && { cat "$1"; echo "$base_key"; git ls-files -s pyproject.toml README.md tandem operator worker protos;
-                   git diff HEAD -- pyproject.toml README.md tandem operator worker protos; } | sha)
+  (cd "$root" && { cat "$1"; echo "$base_key";
+    find pyproject.toml README.md tandem operator worker protos -type f ! -name '*.pyc' ! -path '*/__pycache__/*' \
+      -print0 | sort -z | xargs -0 sha256sum; } | sha)
 }
+# pip's own index (whatever this machine's pip is configured with), for the worker's torch on CPU
+index="${PIP_INDEX_URL:-$(python3 -m pip config get global.index-url 2>/dev/null || true)}"
+index="${index:-$(python3 -c 'from pip._internal.models.index import PyPI; print(PyPI.simple_url)')}"
 for name in "$@"; do
   df="images/$name.Dockerfile"
   key="$(src_key "$df")"
   ref="localhost/tandem/$name:$key"
-  if [[ ! -f "$cache/$name-$key.oci.tar" ]]; then
+  archive="$cache/$name-$key.oci.tar"
+  if [[ ! -f "$archive" && "${TANDEM_REALNODE_REUSE_IMAGES:-0}" == 1 ]]; then
+    newest="$(ls -t "$cache/$name"-*.oci.tar 2>/dev/null | head -1 || true)"
+    if [[ -n "$newest" ]]; then
+      key="$(basename "$newest" .oci.tar)"; key="${key#"$name"-}"
+      ref="localhost/tandem/$name:$key"; archive="$newest"
+      echo "images: reusing $ref (built from an older tree)" >&2
+    fi
+  fi
+  if [[ ! -f "$archive" ]]; then
     echo "images: building $ref from $df" >&2
     args=(--build-arg "CUDA_IMAGE=$BASE")
-    # the worker on CPU: torch from PyPI (no other index is reachable here)
-    [[ $name == worker ]] && args+=(--build-arg "TORCH_INDEX=https://pypi.org/simple")
-    (cd "$root" && B bud --quiet -v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro --isolation chroot --network host --pull-never --layers=false \
-       "${args[@]}" -f "$df" -t "$ref" . >/dev/null)
-    B push --quiet --disable-compression "$ref" "oci-archive:$cache/$name-$key.oci.tar.tmp:$ref"
-    mv "$cache/$name-$key.oci.tar.tmp" "$cache/$name-$key.oci.tar"
+    [[ $name == worker ]] && args+=(--build-arg "TORCH_INDEX=$index")
+    (cd "$root" && B bud --quiet -v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro \
+       --isolation chroot --network host --pull-never --layers=true "${args[@]}" -f "$df" -t "$ref" . >/dev/null)
+    B push --quiet --disable-compression "$ref" "oci-archive:$archive.tmp:$ref"
+    mv "$archive.tmp" "$archive"
   fi
-  echo "${name^^}=$ref $cache/$name-$key.oci.tar"
+  echo "${name^^}=$ref $archive"
 done
