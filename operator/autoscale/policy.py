@@ -263,9 +263,12 @@ def _decide_pool(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: 
 
 
 def _end_quiet_spell(ps: PoolState, now_s: float) -> PoolState:
-    """The need reached the count again: remember how long it stayed below (the last few spells)."""
+    """The need reached the count again: remember how long it stayed below (the last few spells). A spell
+    that ended in our own step down is not one: the need never came back."""
     if ps.low_since_s is None:
         return ps
+    if ps.last_direction < 0 and ps.last_change_s >= ps.low_since_s:
+        return replace(ps, low_since_s=None)
     return replace(ps, low_since_s=None, quiet_spells_s=(*ps.quiet_spells_s, now_s - ps.low_since_s)[-QUIET_SPELLS:])
 
 

@@ -315,3 +315,15 @@ def test_a_forecast_alone_goes_up_only_once_confirmed():
     # a breach does not wait
     breach, _ = once(prefill(ttft_ms=900.0), config=cfg)
     assert breach.desired == 4
+
+
+def test_a_step_down_is_not_remembered_as_a_quiet_spell():
+    light = decode(ready=3, arrival_rate_rps=2.0, tpot_ms=12.0)
+    decisions, state, current = [], PolicyState(), 3
+    for i in range(24):
+        t = NOW + i * CONFIG.interval_s
+        d, state = once(replace(light, at_s=t, replicas=Replicas(current)), state, now=t)
+        decisions.append(d)
+        current = d.desired
+    assert [d.desired for d in decisions if d.changes] == [2, 1]  # down to the minimum, then steady there
+    assert state.pools[Pool.decode].quiet_spells_s == ()  # the need never came back
