@@ -15,6 +15,11 @@ mkdir -p "$cache"
 # buildah's own storage lives in the cache too, so nothing is left in the system's /var/lib/containers.
 store=(--root "$cache/buildah-root" --runroot "$cache/buildah-run" --storage-driver overlay)
 B() { buildah "${store[@]}" "$@"; }
+# buildah leaves /etc/cni/net.d/cni.lock behind even with --network host: remove it if this run made it
+cleanup_cni() {
+  if [[ -f /etc/cni/net.d/cni.lock && "$(find /etc/cni | wc -l)" == 3 ]]; then rm -rf /etc/cni; fi
+}
+[[ -e /etc/cni ]] || trap cleanup_cni EXIT
 
 sha() { sha256sum | cut -c1-16; }
 

@@ -73,6 +73,7 @@ class RealNode:
         self.sock = self.run_dir / "containerd.sock"
         self.kubelet_port = free_port()
         self.netns_before = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
+        self.netns_dir_existed = os.path.isdir("/run/netns")
 
     # --- files -------------------------------------------------------------------------------------
     def _containerd_config(self) -> Path:
@@ -294,6 +295,13 @@ state = "{self.run_dir / 'state'}"
             for f in [*ours, *(results / f"cni-loopback-{i}-lo" for i in ids)]:
                 f.unlink(missing_ok=True)
         Path("/var/lib/kubelet/device-plugins/kubelet.sock").unlink(missing_ok=True)
+        # containerd makes /run/netns and bind-mounts it onto itself; undo that when it was not there before
+        if not self.netns_dir_existed and os.path.isdir("/run/netns") and not os.listdir("/run/netns"):
+            subprocess.run(["umount", "/run/netns"], capture_output=True)
+            try:
+                os.rmdir("/run/netns")
+            except OSError:
+                pass
         for d in ("/var/lib/kubelet/device-plugins", "/var/lib/kubelet", "/var/lib/cni/results", "/var/lib/cni",
                   "/run/containerd/fifo", "/run/containerd/s", "/run/containerd/runc/k8s.io",
                   "/run/containerd/runc", "/run/containerd", "/var/log/pods", "/var/log/containers"):
