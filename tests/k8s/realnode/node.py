@@ -102,7 +102,7 @@ state = "{self.run_dir / 'state'}"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{self.images['PAUSE'][0]}"
   enable_selinux = false
-  # This sandbox drops CAP_SYS_RESOURCE, so runc cannot lower oom_score_adj below ours (the pause
+  # On a host that drops CAP_SYS_RESOURCE runc cannot lower oom_score_adj below ours (the pause
   # container's -998 fails with "failed to update /proc/self/oom_score_adj: Permission denied").
   restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
