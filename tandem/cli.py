@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from tandem.lifecycle import honour_parent_death
+
 # subcommand -> (module, one-line help). Each module exposes `main(argv: list[str]) -> int | None`.
 COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("tandem.worker.devtools.model_cli", "model tools (create-tiny)"),
@@ -28,6 +30,7 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    honour_parent_death()
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage())

@@ -1,17 +1,12 @@
 """`tandem up` as a supervisor: when to restart a crashed child, and children that die with their parent.
 
 A child that exits is started again after an exponential backoff (as a Deployment's pod would be), its
-crash count forgotten once it has stayed up a while. Each child is started with PR_SET_PDEATHSIG on
-Linux, so that even a `kill -9` of the supervisor takes every child with it.
+crash count forgotten once it has stayed up a while. Each child asks for PR_SET_PDEATHSIG on Linux as it
+starts (`tandem.lifecycle`), so that even a `kill -9` of the supervisor takes every child with it.
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
-import signal
-import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 
 RESTART_BASE_S = 0.5
@@ -44,19 +39,3 @@ class ChildState:
     def restarted(self, now: float) -> None:
         self.started_at, self.restart_at = now, None
         self.restarts += 1
-
-
-def die_with_parent() -> Callable[[], None] | None:
-    """A `preexec_fn` that asks the kernel to SIGKILL the child when the thread that started it ends
-    (with the whole process on `kill -9`); None where the platform has no such request."""
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the parent died before the request was in place
-            os._exit(1)
-
-    return preexec

@@ -28,8 +28,9 @@ from pathlib import Path
 
 import httpx
 
+from tandem.lifecycle import die_with_parent_env
 from tandem.operator.local.plan import ProcessPlan, model_dir, plan, workers_document
-from tandem.operator.local.supervisor import ChildState, die_with_parent
+from tandem.operator.local.supervisor import ChildState
 from tandem.shm_segments import sweep_dead_segments
 from tandem.spec import InferenceService, load_file
 
@@ -77,12 +78,11 @@ class LocalStack:
         if p not in self.plans:
             self.plans.append(p)
         log = open(self.log_dir / f"{p.name}.log", "ab")  # noqa: SIM115 - owned by the child
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **p.env}
+        # No preexec_fn (Python code between fork and exec deadlocks a threaded parent now and then): the
+        # child asks to die with this thread itself (tandem.lifecycle).
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **die_with_parent_env(), **p.env}
         try:
-            proc = subprocess.Popen(
-                p.argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                preexec_fn=die_with_parent(),
-            )  # fmt: skip
+            proc = subprocess.Popen(p.argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         finally:
             log.close()
         self.running[p.name] = proc

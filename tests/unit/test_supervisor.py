@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -9,7 +10,6 @@ from tandem.operator.local.supervisor import (
     RESTART_BASE_S,
     RESTART_CAP_S,
     ChildState,
-    die_with_parent,
     restart_delay,
 )
 
@@ -33,9 +33,20 @@ def test_a_crash_loop_backs_off_and_a_stable_run_starts_afresh():
     assert child.exited(now + 120, stable_after_s=60) == RESTART_BASE_S  # ran two minutes: a fresh crash
 
 
-def test_children_started_with_die_with_parent_run_normally():
-    out = subprocess.run(
-        [sys.executable, "-c", "print('ok')"], preexec_fn=die_with_parent(), capture_output=True, text=True,
-        timeout=30,
-    )  # fmt: skip
+CHILD = "from tandem.lifecycle import honour_parent_death; honour_parent_death(); print('ok')"
+
+
+def test_a_child_that_asks_to_die_with_its_parent_runs_normally():
+    from tandem.lifecycle import die_with_parent_env
+
+    env = {**os.environ, **die_with_parent_env()}
+    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and out.stdout == "ok\n"
+
+
+def test_a_child_whose_parent_is_already_gone_exits_at_once():
+    from tandem.lifecycle import PARENT_ENV
+
+    env = {**os.environ, PARENT_ENV: "1"}  # not this child's parent: that one is gone
+    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1 and out.stdout == ""
