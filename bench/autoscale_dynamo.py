@@ -420,15 +420,19 @@ def summarise(points: dict[Case, list[Point]], target: float) -> list[dict[str, 
 
 def render(rows: list[dict[str, Any]], target: float) -> str:
     def fmt(v: Any) -> str:
-        return "unreachable" if v is None else f"{v:.2f}"
+        return "-" if v is None else f"{v:.2f}"
+
+    def cost(r: dict[str, Any], family: str) -> str:
+        how = r.get(f"{family}_how", "")
+        return how if r.get(family) is None else f"{r[family]:.2f} ({how})"
 
     head = (f"| trace | TTFT SLO ms | cold start s | cheapest fixed pool GPU-h at {target:.0%} | Dynamo planner | tandem "
             "| tandem / fixed | tandem / Dynamo | tandem reversals/h |")  # fmt: skip
     lines = [head, "| " + " | ".join(["---"] * 9) + " |"]
     for r in rows:
         lines.append(
-            f"| {r['trace']} | {r['slo_ttft_ms']:g} | {r['startup_s']:g} | {fmt(r.get('static'))} ({r.get('static_how', '')}) "
-            f"| {fmt(r.get('dynamo'))} ({r.get('dynamo_how', '')}) | {fmt(r.get('tandem'))} ({r.get('tandem_how', '')}) "
+            f"| {r['trace']} | {r['slo_ttft_ms']:g} | {r['startup_s']:g} | {cost(r, 'static')} "
+            f"| {cost(r, 'dynamo')} | {cost(r, 'tandem')} "
             f"| {fmt(r.get('tandem_vs_static'))} | {fmt(r.get('tandem_vs_dynamo'))} | {fmt(r.get('tandem_reversals_per_hour'))} |"
         )  # fmt: skip
     return "\n".join(lines)
