@@ -77,8 +77,9 @@ def test_apply_creates_ready_gpu_pools(control_plane, llama):
             assert "nvidia.com/gpu" not in json.dumps(c["resources"])
         else:
             assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
-            assert c["readinessProbe"]["grpc"]["port"] == names.GRPC_PORT
-            assert c["livenessProbe"]["grpc"]["port"] == names.GRPC_PORT
+            # probes reach the health-only port, which no work RPC can starve
+            assert c["readinessProbe"]["grpc"]["port"] == names.HEALTH_PORT
+            assert c["livenessProbe"]["grpc"]["port"] == names.HEALTH_PORT
             assert c["args"][:3] == ["worker", "--role", pool]
         svc = get_json(cp, "service", f"{SERVICE}-{pool}", namespace=ns)
         assert svc["metadata"]["ownerReferences"][0]["uid"] == uid
