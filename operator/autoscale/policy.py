@@ -145,7 +145,7 @@ def _decide_pool(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: 
         return _idle(obs, replace(ps, low_since_s=None), cfg, now_s, current)
     ps = replace(ps, idle_since_s=None)
 
-    obs, stalled = _stalled(obs, cfg, current)
+    obs, stalled = _stalled(obs, cfg)
     absent = [name for name in _required(obs) if _missing(getattr(obs, name))]
     if absent:
         return _Outcome(_hold(obs, current, "MetricsUnavailable", "missing " + ", ".join(absent)), ps)
@@ -272,7 +272,7 @@ def _end_quiet_spell(ps: PoolState, now_s: float) -> PoolState:
     return replace(ps, low_since_s=None, quiet_spells_s=(*ps.quiet_spells_s, now_s - ps.low_since_s)[-QUIET_SPELLS:])
 
 
-def _stalled(obs: PoolObservation, cfg: PolicyConfig, current: int) -> tuple[PoolObservation, str]:
+def _stalled(obs: PoolObservation, cfg: PolicyConfig) -> tuple[PoolObservation, str]:
     """A pool with work waiting and no completion in the window is stalled: a breach, not missing data."""
     slo = cfg.slo
     prompt = obs.prompt_tokens_mean
