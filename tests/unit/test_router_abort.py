@@ -14,23 +14,15 @@ from tandem.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2_grpc
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.router.backend import Timing
 from tandem.worker.router.dispatch import GrpcBackend
+from tests.scripted_workers import INFO, ScriptedDecode
 
-INFO = dict(model_name="tiny", dtype="float32", num_layers=2, num_kv_heads=2, head_dim=8, block_size=16)
 
-
-class StuckDecode(decode_pb2_grpc.DecodeServiceServicer):
+class StuckDecode(ScriptedDecode):
     """Reserves, then streams nothing until its stream is cancelled; records aborts."""
 
     def __init__(self) -> None:
         self.aborts: list[decode_pb2.AbortRequest] = []
         self.aborted = threading.Event()
-
-    def Handshake(self, request, context):
-        info = common_pb2.WorkerInfo(worker_id="d", role=common_pb2.WORKER_ROLE_DECODE, **INFO)
-        return common_pb2.HandshakeReply(worker=info)
-
-    def Load(self, request, context):
-        return common_pb2.LoadReport(worker_id="d", free_kv_blocks=100, total_kv_blocks=100)
 
     def Reserve(self, request, context):
         return decode_pb2.ReserveReply(block_ids=[1, 2], epoch=1)

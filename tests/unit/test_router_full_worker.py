@@ -3,8 +3,6 @@ for the same request and keeps the full one in rotation. Real gRPC on loopback t
 
 from __future__ import annotations
 
-from concurrent import futures
-
 import grpc
 import pytest
 
@@ -12,6 +10,7 @@ from tandem.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.router.backend import Timing
 from tandem.worker.router.dispatch import GrpcBackend
+from tests.scripted_workers import serve_on_loopback
 from tests.unit.test_router_stream_ends import EndingDecode, QuickPrefill
 
 
@@ -28,17 +27,11 @@ class FullDecode(EndingDecode):
 @pytest.mark.asyncio
 async def test_a_full_worker_sends_the_request_to_another_and_stays_in_rotation():
     full, free = FullDecode(), EndingDecode(tokens=3, finish=common_pb2.FINISH_REASON_STOP)
-    servers, addresses = [], []
-    for add, servicer in (
+    servers, addresses = serve_on_loopback([
         (decode_pb2_grpc.add_DecodeServiceServicer_to_server, full),
         (decode_pb2_grpc.add_DecodeServiceServicer_to_server, free),
         (prefill_pb2_grpc.add_PrefillServiceServicer_to_server, QuickPrefill()),
-    ):
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        add(servicer, server)
-        addresses.append(f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}")
-        server.start()
-        servers.append(server)
+    ])  # fmt: skip
     backend = GrpcBackend("disaggregated", {"decode": addresses[:2], "prefill": addresses[2:]}, poll_interval_s=60)
     await backend.start()
     try:

@@ -4,9 +4,7 @@ error, never as a finished answer: the router's real gRPC backend against script
 from __future__ import annotations
 
 import json
-from concurrent import futures
 
-import grpc
 import httpx
 import pytest
 
@@ -14,23 +12,15 @@ from tandem.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, pref
 from tandem.worker.hf.tokenizer import Tokenizer
 from tandem.worker.router.app import create_app
 from tandem.worker.router.dispatch import GrpcBackend
+from tests.scripted_workers import INFO, ScriptedDecode, serve_on_loopback
 
-INFO = dict(model_name="tiny", dtype="float32", num_layers=2, num_kv_heads=2, head_dim=8, block_size=16)
 
-
-class EndingDecode(decode_pb2_grpc.DecodeServiceServicer):
+class EndingDecode(ScriptedDecode):
     """Streams `tokens` tokens, then ends the stream with `finish` and no token (as a worker-side Abort does)."""
 
     def __init__(self, tokens: int, finish: int, error: str = "") -> None:
         self.tokens, self.finish, self.error = tokens, finish, error
         self.streams = 0
-
-    def Handshake(self, request, context):
-        info = common_pb2.WorkerInfo(worker_id="d", role=common_pb2.WORKER_ROLE_DECODE, **INFO)
-        return common_pb2.HandshakeReply(worker=info)
-
-    def Load(self, request, context):
-        return common_pb2.LoadReport(worker_id="d", free_kv_blocks=100, total_kv_blocks=100)
 
     def Reserve(self, request, context):
         return decode_pb2.ReserveReply(block_ids=[1], epoch=1)
@@ -65,17 +55,10 @@ def tok(tiny_model_dir) -> Tokenizer:
 
 
 async def _serve(decode: EndingDecode, tok: Tokenizer):
-    servers = []
-    addresses = []
-    for add, servicer in (
+    servers, addresses = serve_on_loopback([
         (decode_pb2_grpc.add_DecodeServiceServicer_to_server, decode),
         (prefill_pb2_grpc.add_PrefillServiceServicer_to_server, QuickPrefill()),
-    ):
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        add(servicer, server)
-        addresses.append(f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}")
-        server.start()
-        servers.append(server)
+    ])  # fmt: skip
     backend = GrpcBackend("disaggregated", {"decode": [addresses[0]], "prefill": [addresses[1]]}, poll_interval_s=60)
     await backend.start()
     return servers, backend, create_app(backend, tok, "tiny")
