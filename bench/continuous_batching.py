@@ -22,8 +22,8 @@ from bench.engine import engine_config, load_hf
 from bench.engine_timing import now, random_prompts
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
-from tandem.worker.engine.engine import Engine
 from tandem.worker.engine.loading import build_engine
+from tandem.worker.engine.runner.engine import Engine
 
 
 def output_lengths(n: int, low: int, high: int, seed: int) -> list[int]:

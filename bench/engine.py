@@ -34,8 +34,8 @@ from transformers.generation.streamers import BaseStreamer
 from bench.engine_floor import floor_tok_s
 from bench.engine_timing import RunTiming, now, random_prompts, time_engine, use_cpu_clock
 from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
-from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.engine.loading import build_engine
+from tandem.worker.engine.runner.engine import Engine, EngineConfig
 
 BLOCK_SIZE = 16
 TARGETS = {
@@ -257,7 +257,7 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict:
     config = dataclasses.replace(config, attention=args.attention, decode_step=args.decode_step)
     engine, _ = build_engine(model_dir, config, "float32", "cpu")
     if engine.decode_step is not None:
-        from tandem.worker.engine.compiled import warm_up
+        from tandem.worker.engine.runner.compiled import warm_up
 
         warm_up(engine)
         log(f"decode step: {len(engine.decode_step.shapes)} buckets compiled in {engine.decode_step.warm_up_seconds:.1f} s")

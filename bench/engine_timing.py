@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from tandem.worker.api.params import SamplingParams
-from tandem.worker.engine.engine import Engine
+from tandem.worker.engine.runner.engine import Engine
 
 clock = time.perf_counter
 

@@ -41,11 +41,11 @@ from tandem.worker.devtools.tiny import (
     random_state_dict,
     write_safetensors,
 )
-from tandem.worker.engine.compiled import compile_layers
-from tandem.worker.engine.compiled import warm_up as compiled_warm_up
-from tandem.worker.engine.decode_graphs import DECODE_STEPS
-from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.engine.loading import load_model
+from tandem.worker.engine.runner.compiled import compile_layers
+from tandem.worker.engine.runner.compiled import warm_up as compiled_warm_up
+from tandem.worker.engine.runner.decode_graphs import DECODE_STEPS
+from tandem.worker.engine.runner.engine import Engine, EngineConfig
 from tandem.worker.hf.config import ModelConfig
 
 PEAK_BANDWIDTH = 4.8e12  # H200 HBM3e, bytes/s

@@ -27,10 +27,10 @@ import torch
 from bench.engine_timing import random_prompts, time_engine, use_cpu_clock
 from tandem.worker.devtools.accuracy import Agreement, agreement, greedy_continuation
 from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
-from tandem.worker.engine.engine import Engine, EngineConfig
+from tandem.worker.engine.layers.weight_int8 import weight_nbytes
 from tandem.worker.engine.loading import load_model
 from tandem.worker.engine.memory import plan_kv_cache
-from tandem.worker.engine.weight_int8 import weight_nbytes
+from tandem.worker.engine.runner.engine import Engine, EngineConfig
 
 BLOCK_SIZE = 16
 CONTEXT = 4096  # the context the KV capacity is counted at

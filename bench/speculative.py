@@ -47,9 +47,9 @@ from bench.engine_timing import random_prompts
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.devtools.early_exit import upper_layers_scaled
 from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
-from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.engine.loading import load_model
-from tandem.worker.engine.model import Transformer
+from tandem.worker.engine.models.llama import Transformer
+from tandem.worker.engine.runner.engine import Engine, EngineConfig
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig
 
 BLOCK_SIZE = 16

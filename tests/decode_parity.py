@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 import torch
 
 from tandem.worker.api.params import SamplingParams
-from tandem.worker.engine.decode_graphs import DecodeStepRunner
-from tandem.worker.engine.engine import Engine, EngineConfig
-from tandem.worker.engine.model import Transformer
+from tandem.worker.engine.models.llama import Transformer
+from tandem.worker.engine.runner.decode_graphs import DecodeStepRunner
+from tandem.worker.engine.runner.engine import Engine, EngineConfig
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 

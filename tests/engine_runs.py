@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from tandem.worker.api.params import SamplingParams
-from tandem.worker.engine.engine import Engine
+from tandem.worker.engine.runner.engine import Engine
 
 
 def seeded_prompt(n: int, seed: int, vocab: int = 1000) -> list[int]:

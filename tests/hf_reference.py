@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import transformers
 
-from tandem.worker.engine.engine import Engine, EngineConfig
-from tandem.worker.engine.model import Transformer
+from tandem.worker.engine.models.llama import Transformer
+from tandem.worker.engine.runner.engine import Engine, EngineConfig
 from tandem.worker.hf.config import ModelConfig
 
 LLAMA_GQA = dict(

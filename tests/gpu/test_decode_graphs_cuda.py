@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tandem.worker.engine.compiled import warm_up
-from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.engine.loading import load_model
+from tandem.worker.engine.runner.compiled import warm_up
+from tandem.worker.engine.runner.engine import Engine, EngineConfig
 from tests.decode_parity import requests, run_lockstep
 
 pytestmark = [

@@ -10,9 +10,9 @@ import torch
 
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
-from tandem.worker.engine.engine import EngineConfig
 from tandem.worker.engine.loading import engine_for_model, load_model
 from tandem.worker.engine.memory import plan_kv_cache
+from tandem.worker.engine.runner.engine import EngineConfig
 
 pytestmark = [
     pytest.mark.gpu,

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tandem.worker.devtools.accuracy import agreement, greedy_continuation
+from tandem.worker.engine.layers.weight_int8 import Int8Linear, dequantize_weight
 from tandem.worker.engine.loading import load_model
-from tandem.worker.engine.weight_int8 import Int8Linear, dequantize_weight
 
 pytestmark = [
     pytest.mark.gpu,

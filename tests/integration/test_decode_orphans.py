@@ -16,9 +16,9 @@ from tandem.v1 import common_pb2 as C
 from tandem.v1 import decode_pb2, decode_pb2_grpc
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.api.wire import params_to_proto
-from tandem.worker.engine.engine import Engine, EngineConfig
-from tandem.worker.engine.engine_loop import EngineLoop
 from tandem.worker.engine.loading import load_model
+from tandem.worker.engine.runner.engine import Engine, EngineConfig
+from tandem.worker.engine.runner.engine_loop import EngineLoop
 from tandem.worker.serve.decode import DecodeServicer, add_to_server
 from tandem.worker.serve.drain import Drainer
 from tandem.worker.serve.wire import worker_info

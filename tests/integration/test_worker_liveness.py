@@ -12,9 +12,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tandem import names
 from tandem.worker.api.params import SamplingParams
-from tandem.worker.engine.engine import Engine, EngineConfig
-from tandem.worker.engine.engine_loop import EngineLoop
 from tandem.worker.engine.loading import load_model
+from tandem.worker.engine.runner.engine import Engine, EngineConfig
+from tandem.worker.engine.runner.engine_loop import EngineLoop
 from tandem.worker.serve.health import FAILED_STEPS_LIMIT, HealthWatch, engine_problem
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tandem.worker.api.params import SamplingParams
-from tandem.worker.engine.attention import AttentionBatch
+from tandem.worker.engine.layers.attention import AttentionBatch
 from tests.hf_reference import LLAMA_GQA, engine_for, hf_greedy, hf_model, ours_from
 
 BS = 8

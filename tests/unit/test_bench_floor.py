@@ -5,8 +5,8 @@ from __future__ import annotations
 from torch import nn
 
 from bench.engine_floor import floor_seconds, linears
-from tandem.worker.engine.engine import EngineConfig
 from tandem.worker.engine.loading import build_engine
+from tandem.worker.engine.runner.engine import EngineConfig
 
 
 def test_linears_are_every_decoder_projection_and_the_head_apart(tiny_model_dir):

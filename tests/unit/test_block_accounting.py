@@ -7,9 +7,9 @@ import random
 import pytest
 
 from tandem.worker.api.params import InvalidRequest, SamplingParams
-from tandem.worker.engine.block_manager import BlockManager, OutOfBlocks, prefix_hashes
-from tandem.worker.engine.engine import Engine, EngineConfig
+from tandem.worker.engine.core.block_manager import BlockManager, OutOfBlocks, prefix_hashes
 from tandem.worker.engine.loading import load_model
+from tandem.worker.engine.runner.engine import Engine, EngineConfig
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ def run_generate(*args: str) -> subprocess.CompletedProcess[str]:
 
 def engine_greedy(model_dir, prompt_ids: list[int], max_tokens: int) -> list[int]:
     from tandem.worker.api.params import SamplingParams
-    from tandem.worker.engine.engine import EngineConfig
     from tandem.worker.engine.loading import build_engine
+    from tandem.worker.engine.runner.engine import EngineConfig
 
     engine, _ = build_engine(model_dir, EngineConfig(block_size=16, num_kv_blocks=64), "float32", "cpu")
     request_id = engine.add_request(

@@ -12,11 +12,11 @@ import torch
 from tandem.launch import worker_argv
 from tandem.spec import InferenceServiceSpec
 from tandem.worker.api.params import SamplingParams
-from tandem.worker.engine.compiled import warm_up
-from tandem.worker.engine.decode_graphs import CUDA_GRAPHS_NEED_CUDA, check_decode_step
-from tandem.worker.engine.decode_plan import bucket_for, buckets, is_pure_decode, padded_decode_inputs
-from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.engine.loading import load_model
+from tandem.worker.engine.runner.compiled import warm_up
+from tandem.worker.engine.runner.decode_graphs import CUDA_GRAPHS_NEED_CUDA, check_decode_step
+from tandem.worker.engine.runner.decode_plan import bucket_for, buckets, is_pure_decode, padded_decode_inputs
+from tandem.worker.engine.runner.engine import Engine, EngineConfig
 from tandem.worker.serve.main import parse_args
 from tests.decode_parity import GREEDY, requests, run_lockstep, static_engine
 

@@ -9,7 +9,7 @@ import torch
 from tandem.launch import worker_argv
 from tandem.spec import InferenceServiceSpec
 from tandem.worker.api.params import SamplingParams
-from tandem.worker.engine.engine import EngineConfig
+from tandem.worker.engine.runner.engine import EngineConfig
 from tandem.worker.serve.main import parse_args
 
 
@@ -32,7 +32,7 @@ def test_unknown_attention_backend_is_refused():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiling on this CPU takes minutes; CUDA only")
 def test_compiled_layers_keep_greedy_tokens():
-    from tandem.worker.engine.compiled import compile_layers, warm_up
+    from tandem.worker.engine.runner.compiled import compile_layers, warm_up
     from tests.hf_reference import LLAMA_GQA, engine_for, hf_greedy, hf_model, ours_from
 
     hf = hf_model(LLAMA_GQA)

@@ -11,12 +11,12 @@ import torch
 
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.devtools.accuracy import agreement, greedy_continuation
-from tandem.worker.engine.attention import AttentionBatch, sdpa_paged_attention
-from tandem.worker.engine.engine import Engine, EngineConfig
-from tandem.worker.engine.kv_cache import KvCache, kv_block_nbytes
-from tandem.worker.engine.kv_int8 import pack, read_pages, unpack, write_slots
+from tandem.worker.engine.layers.attention import AttentionBatch, sdpa_paged_attention
+from tandem.worker.engine.layers.kv_cache import KvCache, kv_block_nbytes
+from tandem.worker.engine.layers.kv_int8 import pack, read_pages, unpack, write_slots
 from tandem.worker.engine.loading import load_model
 from tandem.worker.engine.memory import CPU_KV_BUDGET_BYTES, decode_gather_bytes, plan_kv_cache
+from tandem.worker.engine.runner.engine import Engine, EngineConfig
 from tandem.worker.hf.config import ModelConfig
 from tests.hf_reference import LLAMA_GQA
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tandem.worker.engine.kv_cache import KvCache
+from tandem.worker.engine.layers.kv_cache import KvCache
 from tandem.worker.hf.config import ModelConfig
 from tandem.worker.serve.kv_push import LayerKvReader
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.worker.engine.engine import EngineConfig
-from tandem.worker.engine.kv_cache import kv_block_nbytes
+from tandem.worker.engine.layers.kv_cache import kv_block_nbytes
 from tandem.worker.engine.loading import load_model
 from tandem.worker.engine.memory import (
     CPU_KV_BUDGET_BYTES,
@@ -20,6 +19,7 @@ from tandem.worker.engine.memory import (
     plan_kv_cache,
     warm_up,
 )
+from tandem.worker.engine.runner.engine import EngineConfig
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from tandem.v1 import common_pb2 as C
-from tandem.worker.engine.engine import Engine, EngineConfig
-from tandem.worker.engine.kv_int8 import pack
+from tandem.worker.engine.layers.kv_int8 import pack
 from tandem.worker.engine.loading import load_model
+from tandem.worker.engine.runner.engine import Engine, EngineConfig
 from tandem.worker.kv_transport.base import InvalidChunk, KvLayout
 from tandem.worker.kv_transport.codec import (
     INT8,

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tandem.worker.api.params import SamplingParams
-from tandem.worker.engine.engine import StepOutput
-from tandem.worker.engine.model import AttentionBatch
+from tandem.worker.engine.models.llama import AttentionBatch
+from tandem.worker.engine.runner.engine import StepOutput
 from tests.hf_reference import LLAMA_GQA, QWEN2_BIAS, engine_for, hf_greedy, hf_model, ours_from
 
 CONFIGS = {"llama-gqa-rope3": LLAMA_GQA, "qwen2-qkv-bias": QWEN2_BIAS}

@@ -8,8 +8,8 @@ import pytest
 
 from tandem.worker.api.params import InvalidRequest, SamplingParams
 from tandem.worker.api.wire import params_from_proto, params_to_proto
-from tandem.worker.engine import block_manager
-from tandem.worker.engine.block_manager import BlockManager, prefix_hashes, root_hash
+from tandem.worker.engine.core import block_manager
+from tandem.worker.engine.core.block_manager import BlockManager, prefix_hashes, root_hash
 
 BS = 4
 
@@ -63,8 +63,8 @@ def test_different_salts_never_share(first, second):
 
 
 def test_engine_reserve_respects_the_salt(tiny_model_dir):
-    from tandem.worker.engine.engine import Engine, EngineConfig
     from tandem.worker.engine.loading import load_model
+    from tandem.worker.engine.runner.engine import Engine, EngineConfig
 
     engine = Engine(load_model(tiny_model_dir), EngineConfig(block_size=BS, num_kv_blocks=64, prefix_cache_seed="tiny"))
     prompt = list(range(3, 40))

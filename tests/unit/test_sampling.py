@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from tandem.worker.api.params import SamplingParams
-from tandem.worker.engine.sampling import sample
+from tandem.worker.engine.core.sampling import sample
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from tandem.worker.api.params import SamplingParams
-from tandem.worker.engine.block_manager import BlockManager
-from tandem.worker.engine.engine import EngineConfig
+from tandem.worker.engine.core.block_manager import BlockManager
+from tandem.worker.engine.core.scheduler import Scheduler, SchedulerConfig
+from tandem.worker.engine.core.sequence import Sequence
 from tandem.worker.engine.loading import build_engine
-from tandem.worker.engine.scheduler import Scheduler, SchedulerConfig
-from tandem.worker.engine.sequence import Sequence
+from tandem.worker.engine.runner.engine import EngineConfig
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 

@@ -10,8 +10,8 @@ import torch
 
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.devtools.early_exit import upper_layers_scaled
-from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.engine.loading import load_model
+from tandem.worker.engine.runner.engine import Engine, EngineConfig
 from tandem.worker.engine.speculative.backoff import BackoffPolicy
 from tandem.worker.engine.speculative.draft_model import DraftModelProposer, drafts_that_fit, still_drafting
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig

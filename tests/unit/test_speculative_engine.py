@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from tandem.worker.api.params import SamplingParams
-from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.engine.loading import load_model
+from tandem.worker.engine.runner.engine import Engine, EngineConfig
 from tandem.worker.engine.speculative.backoff import BackoffPolicy
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig
 from tests.engine_runs import run_to_completion, seeded_prompt

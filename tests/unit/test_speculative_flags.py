@@ -12,8 +12,8 @@ from tandem.operator import render
 from tandem.operator.local.plan import plan
 from tandem.spec import InferenceService, InferenceServiceSpec
 from tandem.worker.api.params import SamplingParams
-from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.engine.loading import load_model
+from tandem.worker.engine.runner.engine import Engine, EngineConfig
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig
 from tandem.worker.serve.main import main, parse_args, speculative_config
 from tandem.worker.serve.metrics import WorkerMetrics

@@ -7,9 +7,9 @@ import random
 import pytest
 
 from tandem.worker.api.params import SamplingParams
-from tandem.worker.engine.block_manager import BlockManager
-from tandem.worker.engine.scheduler import Scheduler, SchedulerConfig
-from tandem.worker.engine.sequence import Sequence
+from tandem.worker.engine.core.block_manager import BlockManager
+from tandem.worker.engine.core.scheduler import Scheduler, SchedulerConfig
+from tandem.worker.engine.core.sequence import Sequence
 from tandem.worker.engine.speculative.backoff import AcceptanceState, BackoffPolicy, after_verify, may_propose
 from tandem.worker.engine.speculative.ngram import NgramIndex, ngram_draft
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tandem.worker.api.params import SamplingParams
-from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.engine.loading import load_model
+from tandem.worker.engine.runner.engine import Engine, EngineConfig
 from tandem.worker.engine.speculative.backoff import BackoffPolicy
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig
 from tandem.worker.engine.speculative.rejection import verify_sampled

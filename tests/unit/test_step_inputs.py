@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from tandem.worker.engine.attention import block_table_tensor
-from tandem.worker.engine.step_inputs import slot_mapping, token_positions
+from tandem.worker.engine.layers.attention import block_table_tensor
+from tandem.worker.engine.runner.step_inputs import slot_mapping, token_positions
 
 
 def test_positions_and_slots_equal_the_per_token_loop():

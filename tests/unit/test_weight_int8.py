@@ -8,8 +8,7 @@ import torch
 from torch import nn
 
 from tandem.worker.devtools.accuracy import agreement
-from tandem.worker.engine.loading import load_model
-from tandem.worker.engine.weight_int8 import (
+from tandem.worker.engine.layers.weight_int8 import (
     Int8Linear,
     dequantize_weight,
     kernel_ok,
@@ -17,6 +16,7 @@ from tandem.worker.engine.weight_int8 import (
     quantize_weight,
     weight_nbytes,
 )
+from tandem.worker.engine.loading import load_model
 
 PROMPT_SEEDS = (0, 1, 2)
 

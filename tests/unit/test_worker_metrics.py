@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from tandem import names
 from tandem.worker.api.params import SamplingParams
-from tandem.worker.engine.engine import Engine, EngineConfig
 from tandem.worker.engine.loading import load_model
+from tandem.worker.engine.runner.engine import Engine, EngineConfig
 from tandem.worker.serve.metrics import WorkerMetrics
 
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem.worker.engine.attention import AttentionBatch
-from tandem.worker.engine.kv_cache import KvCache
-from tandem.worker.engine.model import Transformer
+from tandem.worker.engine.layers.attention import AttentionBatch
+from tandem.worker.engine.layers.kv_cache import KvCache
+from tandem.worker.engine.models.llama import Transformer
 
 BLOCK_SIZE = 16
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from tandem.worker.engine.model import Transformer
+from tandem.worker.engine.models.llama import Transformer
 
 
 def upper_layers_scaled(model: Transformer, from_layer: int, factor: float) -> Transformer:

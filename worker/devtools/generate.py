@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import NoReturn, TextIO
 
 from tandem.worker.api.params import InvalidRequest, SamplingParams
-from tandem.worker.engine.engine import Engine, EngineConfig
+from tandem.worker.engine.runner.engine import Engine, EngineConfig
 from tandem.worker.hf.config import ModelLoadError
 from tandem.worker.hf.tokenizer import ChatTemplateError, StreamDecoder, Tokenizer
 

@@ -73,8 +73,8 @@ def measure(args: argparse.Namespace) -> Profile:
     import torch
 
     from tandem.worker.api.params import SamplingParams
-    from tandem.worker.engine.engine import EngineConfig
     from tandem.worker.engine.loading import build_engine
+    from tandem.worker.engine.runner.engine import EngineConfig
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.threads:

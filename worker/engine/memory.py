@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from tandem.worker.api.params import SamplingParams
-from tandem.worker.engine.engine import Engine, EngineConfig
-from tandem.worker.engine.kv_cache import kv_block_nbytes
-from tandem.worker.engine.model import Transformer
+from tandem.worker.engine.layers.kv_cache import kv_block_nbytes
+from tandem.worker.engine.models.llama import Transformer
+from tandem.worker.engine.runner.engine import Engine, EngineConfig
 from tandem.worker.hf.config import served_context_length
 
 CPU_KV_BUDGET_BYTES = 1 << 30  # a KV cache on the CPU shares host memory with everything else: a fixed budget

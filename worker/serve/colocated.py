@@ -9,7 +9,7 @@ import grpc
 from tandem.v1 import colocated_pb2, common_pb2
 from tandem.worker.api.params import InvalidRequest
 from tandem.worker.api.wire import params_from_proto
-from tandem.worker.engine.engine_loop import EngineLoop
+from tandem.worker.engine.runner.engine_loop import EngineLoop
 from tandem.worker.serve.drain import refuse_while_draining
 from tandem.worker.serve.wire import load_report, token_event
 

@@ -21,9 +21,9 @@ import grpc
 from tandem.v1 import common_pb2, decode_pb2
 from tandem.worker.api.params import InvalidRequest, SamplingParams
 from tandem.worker.api.wire import params_from_proto
-from tandem.worker.engine.block_manager import OutOfBlocks
-from tandem.worker.engine.engine import StepOutput
-from tandem.worker.engine.engine_loop import EngineLoop, StreamEnd
+from tandem.worker.engine.core.block_manager import OutOfBlocks
+from tandem.worker.engine.runner.engine import StepOutput
+from tandem.worker.engine.runner.engine_loop import EngineLoop, StreamEnd
 from tandem.worker.kv_transport.base import KvLayout
 from tandem.worker.kv_transport.grpc_stream import add_decode_service
 from tandem.worker.kv_transport.handshake import (

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from grpc_health.v1 import health, health_pb2
 
 from tandem import names
-from tandem.worker.engine.engine_loop import EngineLoop
+from tandem.worker.engine.runner.engine_loop import EngineLoop
 
 log = logging.getLogger(__name__)
 

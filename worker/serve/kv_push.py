@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from tandem.worker.engine.kv_cache import KvCache
+from tandem.worker.engine.layers.kv_cache import KvCache
 
 
 class LayerKvReader:

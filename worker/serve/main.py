@@ -21,14 +21,14 @@ from tandem import names
 from tandem.shm_segments import sweep_dead_segments
 from tandem.v1 import colocated_pb2_grpc, prefill_pb2_grpc
 from tandem.worker.api.tls import TlsConfig, add_port
-from tandem.worker.engine.decode_graphs import DECODE_STEPS, check_decode_step
-from tandem.worker.engine.engine import EngineConfig
-from tandem.worker.engine.engine_loop import EngineLoop
-from tandem.worker.engine.kv_int8 import KV_CACHE_DTYPES
+from tandem.worker.engine.layers.kv_int8 import KV_CACHE_DTYPES
+from tandem.worker.engine.layers.weight_int8 import QUANTIZATIONS
 from tandem.worker.engine.loading import engine_for_model, load_model
+from tandem.worker.engine.runner.decode_graphs import DECODE_STEPS, check_decode_step
+from tandem.worker.engine.runner.engine import EngineConfig
+from tandem.worker.engine.runner.engine_loop import EngineLoop
 from tandem.worker.engine.speculative.proposer import METHODS as SPECULATIVE_METHODS
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig
-from tandem.worker.engine.weight_int8 import QUANTIZATIONS
 from tandem.worker.kv_transport.codec import wire_compression
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS
 from tandem.worker.serve.drain import Drainer
@@ -150,7 +150,7 @@ def main(argv: list[str]) -> int:
         print(f"tandem worker: {e}", file=sys.stderr)
         return 2
     if args.compile:
-        from tandem.worker.engine.compiled import compile_layers
+        from tandem.worker.engine.runner.compiled import compile_layers
 
         compile_layers(model)
     try:  # after the weights: the cache takes what they and the largest batch leave
@@ -162,7 +162,7 @@ def main(argv: list[str]) -> int:
     num_blocks = kv_plan.num_blocks
     engine, _ = engine_for_model(model, args.model_dir, dataclasses.replace(engine_config, num_kv_blocks=num_blocks))
     if args.compile or args.decode_step != "eager" or (args.attention == "flex" and args.device.startswith("cuda")):
-        from tandem.worker.engine.compiled import warm_up
+        from tandem.worker.engine.runner.compiled import warm_up
 
         log.info("warming up compiled graphs (%d steps)", warm_up(engine))  # before the health check says ready
     metrics = WorkerMetrics(args.service, args.role).watch(engine)

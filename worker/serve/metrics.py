@@ -7,8 +7,8 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tandem import names
-from tandem.worker.engine.engine import Engine
-from tandem.worker.engine.scheduler import SchedulerOutput
+from tandem.worker.engine.core.scheduler import SchedulerOutput
+from tandem.worker.engine.runner.engine import Engine
 
 
 class WorkerMetrics:

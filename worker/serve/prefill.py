@@ -15,9 +15,9 @@ from tandem.worker.api.params import InvalidRequest
 from tandem.worker.api.tls import TlsConfig
 from tandem.worker.api.tls import channel as tls_channel
 from tandem.worker.api.wire import params_from_proto
-from tandem.worker.engine.engine import Engine
-from tandem.worker.engine.engine_loop import EngineLoop, StreamEnd
-from tandem.worker.engine.scheduler import SchedulerOutput
+from tandem.worker.engine.core.scheduler import SchedulerOutput
+from tandem.worker.engine.runner.engine import Engine
+from tandem.worker.engine.runner.engine_loop import EngineLoop, StreamEnd
 from tandem.worker.kv_transport.base import KvLayout, KvSender, KvTransferError
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS, StreamKvSender, staging_for
 from tandem.worker.kv_transport.handshake import check_compatible, reserve_transport

@@ -6,8 +6,8 @@ import socket
 
 from tandem.v1 import common_pb2
 from tandem.worker.api.wire import FINISH_REASONS
-from tandem.worker.engine.engine import Engine, StepOutput
-from tandem.worker.engine.engine_loop import LoadSnapshot, StreamEnd
+from tandem.worker.engine.runner.engine import Engine, StepOutput
+from tandem.worker.engine.runner.engine_loop import LoadSnapshot, StreamEnd
 from tandem.worker.kv_transport.base import PROTOCOL_VERSION, dtype_name
 
 ROLES = {

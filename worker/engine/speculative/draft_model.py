@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tandem.worker.engine.step_inputs import HostStaging, one_token_inputs
+from tandem.worker.engine.runner.step_inputs import HostStaging, one_token_inputs
 
 if TYPE_CHECKING:
-    from tandem.worker.engine.engine import Engine
-    from tandem.worker.engine.kv_cache import KvCache
-    from tandem.worker.engine.model import Transformer
-    from tandem.worker.engine.sequence import Sequence as EngineSequence
+    from tandem.worker.engine.core.sequence import Sequence as EngineSequence
+    from tandem.worker.engine.layers.kv_cache import KvCache
+    from tandem.worker.engine.models.llama import Transformer
+    from tandem.worker.engine.runner.engine import Engine
 
 # (token ids [B], their sequences, their positions) -> the draft's next token of each, [B] on the device
 DraftStep = Callable[[torch.Tensor, list["EngineSequence"], list[int]], torch.Tensor]

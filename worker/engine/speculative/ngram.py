@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tandem.worker.engine.sequence import Sequence as EngineSequence
+    from tandem.worker.engine.core.sequence import Sequence as EngineSequence
 
 
 def latest_occurrence(tokens: list[int], ngram: list[int], end: int) -> int:

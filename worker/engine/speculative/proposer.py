@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from tandem.worker.engine.sequence import Sequence as EngineSequence
+    from tandem.worker.engine.core.sequence import Sequence as EngineSequence
 
 METHODS = ("ngram", "draft")
 

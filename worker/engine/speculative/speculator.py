@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tandem.worker.engine.sequence import Sequence
+from tandem.worker.engine.core.sequence import Sequence
 from tandem.worker.engine.speculative.backoff import AcceptanceState, BackoffPolicy, after_verify, may_propose
 from tandem.worker.engine.speculative.proposer import Proposer, SpeculativeConfig
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from tandem.worker.engine.kv_int8 import is_packed, row_bytes
+from tandem.worker.engine.layers.kv_int8 import is_packed, row_bytes
 from tandem.worker.hf.config import ModelConfig
 from tandem.worker.kv_transport.blockcopy import write_rows
 

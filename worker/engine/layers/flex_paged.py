@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from tandem.worker.engine.attention import AttentionBatch
+from tandem.worker.engine.layers.attention import AttentionBatch
 
 Q_BLOCK = 128  # query rows per block-mask row
 

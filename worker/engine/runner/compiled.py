@@ -14,8 +14,8 @@ import logging
 import torch
 
 from tandem.worker.api.params import SamplingParams
-from tandem.worker.engine.engine import Engine
-from tandem.worker.engine.model import DecoderLayer, Transformer
+from tandem.worker.engine.models.llama import DecoderLayer, Transformer
+from tandem.worker.engine.runner.engine import Engine
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tandem.worker.api.params import SamplingParams
-from tandem.worker.engine.engine import Engine, StepOutput
+from tandem.worker.engine.runner.engine import Engine, StepOutput
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

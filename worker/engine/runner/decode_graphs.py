@@ -23,7 +23,11 @@ from collections.abc import Sequence
 import torch
 
 from tandem.spec import DecodeStep
-from tandem.worker.engine.decode_plan import (
+from tandem.worker.engine.core.scheduler import SchedulerOutput
+from tandem.worker.engine.layers.kv_int8 import write_slots
+from tandem.worker.engine.layers.static_decode import StaticDecodeBatch
+from tandem.worker.engine.models.llama import Transformer
+from tandem.worker.engine.runner.decode_plan import (
     DecodeInputs,
     blocks_for,
     bucket_for,
@@ -31,11 +35,7 @@ from tandem.worker.engine.decode_plan import (
     is_pure_decode,
     padded_decode_inputs,
 )
-from tandem.worker.engine.kv_int8 import write_slots
-from tandem.worker.engine.model import Transformer
-from tandem.worker.engine.scheduler import SchedulerOutput
-from tandem.worker.engine.static_decode import StaticDecodeBatch
-from tandem.worker.engine.step_inputs import HostStaging
+from tandem.worker.engine.runner.step_inputs import HostStaging
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem.worker.engine.attention import AttentionBatch, block_table_tensor
-from tandem.worker.engine.scheduler import SchedulerOutput
-from tandem.worker.engine.sequence import Sequence
+from tandem.worker.engine.core.scheduler import SchedulerOutput
+from tandem.worker.engine.core.sequence import Sequence
+from tandem.worker.engine.layers.attention import AttentionBatch, block_table_tensor
 
 
 @dataclass

@@ -18,8 +18,8 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tandem.worker.engine.block_manager import BlockManager, OutOfBlocks, block_hash
-from tandem.worker.engine.sequence import SeqStatus, Sequence
+from tandem.worker.engine.core.block_manager import BlockManager, OutOfBlocks, block_hash
+from tandem.worker.engine.core.sequence import SeqStatus, Sequence
 
 
 @dataclass

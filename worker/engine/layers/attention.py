@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, TypeAlias
 import torch
 import torch.nn.functional as F
 
-from tandem.worker.engine.kv_int8 import read_pages, write_slots
-from tandem.worker.engine.static_decode import StaticDecodeBatch, static_decode_attention
+from tandem.worker.engine.layers.kv_int8 import read_pages, write_slots
+from tandem.worker.engine.layers.static_decode import StaticDecodeBatch, static_decode_attention
 
 if TYPE_CHECKING:
-    from tandem.worker.engine.flex_paged import FlexLayout
+    from tandem.worker.engine.layers.flex_paged import FlexLayout
 
 BACKENDS = ("sdpa", "flex")
 SHORT_QUERY_TOKENS = 17  # sequences with at most this many new tokens attend as one padded batch (sdpa)
@@ -101,7 +101,7 @@ class AttentionBatch:
     def flex_layout(self, num_pool_blocks: int) -> FlexLayout:
         """The block mask over a pool of `num_pool_blocks` pages, built by the first layer that asks."""
         if self._flex is None:
-            from tandem.worker.engine.flex_paged import flex_layout
+            from tandem.worker.engine.layers.flex_paged import flex_layout
 
             self._flex = flex_layout(self, num_pool_blocks)
         return self._flex
@@ -143,7 +143,7 @@ def attend(
     if batch.backend == "flex":
         if k_cache.dtype == torch.uint8:
             raise ValueError("the flex attention backend cannot read the 8-bit KV cache; use sdpa")
-        from tandem.worker.engine.flex_paged import flex_paged_attention
+        from tandem.worker.engine.layers.flex_paged import flex_paged_attention
 
         return flex_paged_attention(q, k_cache, v_cache, batch.flex_layout(k_cache.shape[0]), scale)
     return sdpa_paged_attention(q, k_new, v_new, k_cache, v_cache, batch, scale)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from tandem.worker.engine.kv_int8 import pack, read_pages, unpack
+from tandem.worker.engine.layers.kv_int8 import pack, read_pages, unpack
 
 
 @dataclass

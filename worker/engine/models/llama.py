@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tandem.worker.engine.attention import AttentionBatch, StepBatch, attend, store_kv
+from tandem.worker.engine.layers.attention import AttentionBatch, StepBatch, attend, store_kv
 from tandem.worker.hf.config import ModelConfig, ModelLoadError
 
 __all__ = ["AttentionBatch", "Transformer"]
