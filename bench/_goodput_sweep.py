@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bench._trace_shape import Slo
-from tandem.worker.loadgen.report import meets_slo, percentile
+from tandem.loadgen.report import meets_slo, percentile
 
 
 @dataclass(frozen=True)

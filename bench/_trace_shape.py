@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tandem.worker.loadgen.report import percentile
-from tandem.worker.loadgen.workload import RequestSpec, shape_workload
+from tandem.loadgen.report import percentile
+from tandem.loadgen.workload import RequestSpec, shape_workload
 
 
 @dataclass(frozen=True)

@@ -42,11 +42,11 @@ from bench._trace_shape import (
     slo_from_idle,
     thinned,
 )
-from tandem.worker.loadgen.prompts import Vocabulary, load_vocabulary
-from tandem.worker.loadgen.report import percentile
-from tandem.worker.loadgen.runner import run_workload
-from tandem.worker.loadgen.trace import AZURE_ATTRIBUTION, attribution_for, load_trace
-from tandem.worker.loadgen.workload import RequestSpec
+from tandem.loadgen.prompts import Vocabulary, load_vocabulary
+from tandem.loadgen.report import percentile
+from tandem.loadgen.runner import run_workload
+from tandem.loadgen.trace import AZURE_ATTRIBUTION, attribution_for, load_trace
+from tandem.loadgen.workload import RequestSpec
 
 ATTAINMENT = 0.9
 COLOCATED, DISAGGREGATED, CONDITIONAL = "colocated", "disaggregated", "conditional"

@@ -31,7 +31,7 @@ from tandem.operator.autoscale.capacity import (
 )
 from tandem.operator.autoscale.config import PolicyConfig, PoolLimits
 from tandem.operator.autoscale.policy import PolicyState, decide
-from tandem.operator.autoscale.simulator import Controller, Snapshot
+from tandem.operator.autoscale.sim.simulator import Controller, Snapshot
 from tandem.operator.autoscale.types import Pool
 from tandem.profile import Profile
 from tandem.trace import TraceRequest

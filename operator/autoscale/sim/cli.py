@@ -10,8 +10,8 @@ from typing import Any
 
 from tandem.operator.autoscale.capacity import Slo
 from tandem.operator.autoscale.config import PoolLimits
-from tandem.operator.autoscale.replay import POLICIES, Scenario, run
-from tandem.operator.autoscale.simulator import SimResult, scale_trace
+from tandem.operator.autoscale.sim.replay import POLICIES, Scenario, run
+from tandem.operator.autoscale.sim.simulator import SimResult, scale_trace
 from tandem.operator.autoscale.types import Pool
 from tandem.profile import profile_named
 from tandem.trace import attribution_for, load_trace
