@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from tandem.operator.autoscale.capacity import (
     DecodeLoad,
     PrefillLoad,
-    Slo,
     decode_max_batch,
     decode_need,
     prefill_need,
@@ -34,6 +33,7 @@ from tandem.operator.autoscale.policy import PolicyState, decide
 from tandem.operator.autoscale.sim.simulator import Controller, Snapshot
 from tandem.operator.autoscale.types import Pool
 from tandem.profile import Profile
+from tandem.slo import Slo
 from tandem.trace import TraceRequest
 
 POOLS = (Pool.prefill, Pool.decode)
