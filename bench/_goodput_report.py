@@ -11,11 +11,10 @@ from bench._goodput_sweep import (
     Probe,
     goodput_per_repeat,
     ratios,
-    scaled,
     short_prompt_ttft_p90,
     spread,
 )
-from bench._trace_shape import Slo
+from tandem.slo import Slo
 
 MODES = ("colocated", "disaggregated", "conditional", "conditional-slo")  # table order; a run may omit the last
 CONDITIONAL_MODES = ("conditional", "conditional-slo")
@@ -47,7 +46,7 @@ def sweeps(scales: list[float]) -> dict[str, list[tuple[float, float]]]:
 def goodputs(
     probes: list[Probe], base: Slo, point: tuple[float, float], target: float
 ) -> dict[str, list[Goodput]]:
-    slo = scaled(base, *point)
+    slo = base.scaled(*point)
     return {mode: goodput_per_repeat(probes, mode, slo, target) for mode in {p.mode for p in probes}}
 
 
@@ -61,7 +60,7 @@ def _ratio_cell(values: list[float]) -> str:
 
 
 def trace_tables(trace: dict, scales: list[float], target: float, threshold: int) -> Iterator[str]:
-    probes, base, modes = probes_of(trace), Slo(**trace["slo_base"]), modes_of(trace)
+    probes, base, modes = probes_of(trace), Slo.from_seconds(**trace["slo_base"]), modes_of(trace)
     others = [m for m in modes if m != "colocated"]
     yield (
         f"#### {trace['trace']} ({trace['trace_rows']} rows; shaped median {trace['median_input_len']} prompt / "
@@ -101,7 +100,7 @@ def trace_tables(trace: dict, scales: list[float], target: float, threshold: int
 def verdict(trace: dict, scales: list[float], target: float, mode: str = "conditional") -> str:
     """The targets: a conditional mode never below colocated (median over repeats, every point of both
     sweeps), and >= 1.5x colocated where the TPOT SLO is at most 3x idle."""
-    probes, base = probes_of(trace), Slo(**trace["slo_base"])
+    probes, base = probes_of(trace), Slo.from_seconds(**trace["slo_base"])
     worst, tight = None, []
     for points in sweeps(scales).values():
         for point in points:
@@ -168,7 +167,7 @@ def plot(result: dict, path: Path) -> Path:
     rows = result["traces"]
     fig, axes = plt.subplots(len(rows), 2, figsize=(11, 4 * len(rows)), squeeze=False)
     for row, trace in zip(axes, rows, strict=True):
-        probes, base = probes_of(trace), Slo(**trace["slo_base"])
+        probes, base = probes_of(trace), Slo.from_seconds(**trace["slo_base"])
         for ax, (title, points) in zip(row, sweeps(scales).items(), strict=True):
             for mode in modes_of(trace):
                 per_point = [goodputs(probes, base, p, target)[mode] for p in points]

@@ -14,8 +14,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bench._trace_shape import Slo
-from tandem.worker.loadgen.report import meets_slo, percentile
+from tandem.loadgen.report import meets_slo, percentile
+from tandem.slo import Slo
 
 
 @dataclass(frozen=True)
@@ -45,10 +45,6 @@ class Goodput:
 
     def __str__(self) -> str:
         return f"{self.bound}{self.rate:.2f}"
-
-
-def scaled(idle: Slo, ttft_scale: float, tpot_scale: float) -> Slo:
-    return Slo(ttft_scale * idle.ttft_s, tpot_scale * idle.tpot_s)
 
 
 def attainment(requests: Sequence[Latency], slo: Slo) -> float:

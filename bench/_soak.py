@@ -17,8 +17,8 @@ from pathlib import Path
 
 import httpx
 
+from tandem.testing.fault_load import stream_one
 from tandem.trace import TraceRequest, load_trace
-from tests.integration.fault_load import stream_one
 
 WORDS = ("alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "ember", "north", "quiet")
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tandem.worker.loadgen.report import percentile
-from tandem.worker.loadgen.workload import RequestSpec, shape_workload
+from tandem.loadgen.report import percentile
+from tandem.loadgen.workload import RequestSpec, shape_workload
+from tandem.slo import Slo
 
 
 @dataclass(frozen=True)
@@ -64,13 +65,7 @@ def median_lengths(specs: Sequence[RequestSpec]) -> tuple[int, int]:
     )
 
 
-@dataclass(frozen=True)
-class Slo:
-    ttft_s: float
-    tpot_s: float
-
-
 def slo_from_idle(idle: Sequence[Slo], ttft_factor: float, tpot_factor: float) -> Slo:
-    """SLOs as multiples of the idle latencies, from the slower system on each metric so that neither
-    system's own idle overhead counts against it."""
-    return Slo(ttft_factor * max(s.ttft_s for s in idle), tpot_factor * max(s.tpot_s for s in idle))
+    """SLOs as multiples of the idle latencies (each system's median TTFT and TPOT, as an Slo), from the
+    slower system on each metric so that neither system's own idle overhead counts against it."""
+    return Slo(ttft_factor * max(s.ttft_ms for s in idle), tpot_factor * max(s.tpot_ms for s in idle))

@@ -29,13 +29,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tandem.operator.autoscale.capacity import Slo
 from tandem.operator.autoscale.config import PoolLimits
-from tandem.operator.autoscale.replay import POLICIES, Scenario, run
-from tandem.operator.autoscale.sim_metrics import percentile
-from tandem.operator.autoscale.simulator import SimConfig, scale_trace, simulate
+from tandem.operator.autoscale.sim.metrics import percentile
+from tandem.operator.autoscale.sim.replay import POLICIES, Scenario, run
+from tandem.operator.autoscale.sim.simulator import SimConfig, scale_trace, simulate
 from tandem.operator.autoscale.types import Pool
 from tandem.profile import Profile, profile_named, shipped_profile
+from tandem.slo import Slo
 from tandem.trace import AZURE_ATTRIBUTION, TraceRequest, load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,9 +128,9 @@ def validation_trace(n: int, rate_rps: float, traces: str) -> list[TraceRequest]
 
 
 def measure_real(url: str, model_dir: Path, trace: list[TraceRequest]) -> tuple[list[float], list[float]]:
-    from tandem.worker.loadgen.prompts import load_vocabulary
-    from tandem.worker.loadgen.runner import run_workload
-    from tandem.worker.loadgen.workload import RequestSpec
+    from tandem.loadgen.prompts import load_vocabulary
+    from tandem.loadgen.runner import run_workload
+    from tandem.loadgen.workload import RequestSpec
 
     specs = [RequestSpec(r.arrival_s, r.input_len, r.output_len) for r in trace]
     outcome = asyncio.run(

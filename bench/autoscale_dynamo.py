@@ -232,12 +232,12 @@ CROSSCHECK_SHAPES = ((1, 1), (1, 2), (2, 1), (2, 2))
 
 def crosscheck(replay_dir: str, case: Case, shapes: Iterable[tuple[int, int]]) -> list[dict[str, Any]]:
     """Fixed pools through tandem's simulator and Dynamo's replay: latency percentiles of each."""
-    from tandem.operator.autoscale.baselines import static_controller
-    from tandem.operator.autoscale.capacity import Slo
-    from tandem.operator.autoscale.replay import summarise as sim_summary
-    from tandem.operator.autoscale.simulator import SimConfig, simulate
+    from tandem.operator.autoscale.sim.baselines import static_controller
+    from tandem.operator.autoscale.sim.replay import summarise as sim_summary
+    from tandem.operator.autoscale.sim.simulator import SimConfig, simulate
     from tandem.operator.autoscale.types import Pool
     from tandem.profile import profile_named
+    from tandem.slo import Slo
     from tandem.trace import load_trace as read
 
     profile, trace = profile_named(None), read(case.trace)
@@ -265,7 +265,7 @@ def crosscheck(replay_dir: str, case: Case, shapes: Iterable[tuple[int, int]]) -
 
 
 def _percentiles(result: Any) -> dict[str, float]:
-    from tandem.operator.autoscale.sim_metrics import percentile
+    from tandem.operator.autoscale.sim.metrics import percentile
 
     done = [r for r in result.requests if r.first_token_s is not None and r.finish_s is not None and not r.failed]
     ttft = [(r.first_token_s - r.arrival_s) * 1000 for r in done]

@@ -35,18 +35,18 @@ from bench._goodput_sweep import Latency, Probe
 from bench._stacks import SERVED_NAME, ModelShape, make_model, running_stacks, service_object, wait_idle
 from bench._trace_shape import (
     LengthShaping,
-    Slo,
     at_rate,
     median_lengths,
     requests_for_rate,
     slo_from_idle,
     thinned,
 )
-from tandem.worker.loadgen.prompts import Vocabulary, load_vocabulary
-from tandem.worker.loadgen.report import percentile
-from tandem.worker.loadgen.runner import run_workload
-from tandem.worker.loadgen.trace import AZURE_ATTRIBUTION, attribution_for, load_trace
-from tandem.worker.loadgen.workload import RequestSpec
+from tandem.loadgen.prompts import Vocabulary, load_vocabulary
+from tandem.loadgen.report import percentile
+from tandem.loadgen.runner import run_workload
+from tandem.loadgen.trace import AZURE_ATTRIBUTION, attribution_for, load_trace
+from tandem.loadgen.workload import RequestSpec
+from tandem.slo import Slo
 
 ATTAINMENT = 0.9
 COLOCATED, DISAGGREGATED, CONDITIONAL = "colocated", "disaggregated", "conditional"
@@ -69,7 +69,7 @@ def idle_latency(url: str, input_len: int, output_len: int, repeat: int, vocab: 
     if len(ok) != repeat:
         raise RuntimeError(f"idle requests failed at {url}: {[r.error for r in outcome.results if not r.ok]}")
     tpots = [r.tpot_s for r in ok if r.tpot_s is not None]
-    return Slo(percentile([r.ttft_s for r in ok if r.ttft_s is not None], 50) or 0.0, percentile(tpots, 50) or 0.0)
+    return Slo.from_seconds(percentile([r.ttft_s for r in ok if r.ttft_s is not None], 50) or 0.0, percentile(tpots, 50) or 0.0)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -2,7 +2,7 @@
 
     python bench/operator.py [--objects 100] [--rss-objects 200]
 
-Starts its own loopback cluster (tests/k8s/cluster.py; builds the binaries on first use). Bench objects
+Starts its own loopback cluster (tandem/testing/cluster.py; builds the binaries on first use). Bench objects
 keep prefill and decode at 0 replicas (router 1) so the 2-core test machine measures the operator, not
 kwok. Prints one line per figure.
 """
@@ -18,13 +18,10 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from kubernetes import client, config, watch
 
-from kubernetes import client, config, watch  # noqa: E402
-
-from tandem import names  # noqa: E402
-from tests.k8s.cluster import ControlPlane, Operator, find_binaries  # noqa: E402
+from tandem import names
+from tandem.testing.cluster import ControlPlane, Operator, find_binaries
 
 GROUP, VERSION = "serving.tandem.dev", "v1alpha1"
 CHILD_KINDS = ("deployments", "services", "poddisruptionbudgets", "inferencepools")

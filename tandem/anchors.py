@@ -19,13 +19,13 @@ import os
 from dataclasses import asdict, replace
 from typing import Any
 
-from tandem.operator.autoscale.capacity import Slo
 from tandem.operator.autoscale.config import PolicyConfig, PoolLimits
 from tandem.operator.autoscale.loop import Autoscaler
 from tandem.operator.autoscale.sources.base import Target
 from tandem.operator.autoscale.sources.replay_tick import ReplayTickSource
 from tandem.operator.autoscale.types import Decision, Pool, Replicas
 from tandem.profile import load_profile, shipped_profile
+from tandem.slo import Slo
 
 DEFAULT_PROFILE = "h200-llama-3.1-8b-fp8"
 POOLS = (Pool.prefill, Pool.decode)

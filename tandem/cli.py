@@ -15,11 +15,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "drain": ("tandem.worker.serve.drain_cli", "tell a worker to drain and wait until it holds nothing"),
     "router": ("tandem.worker.router.main", "run the OpenAI-compatible router"),
     "up": ("tandem.operator.local.up", "run an InferenceService spec as local processes"),
-    "bench": ("tandem.worker.loadgen.cli", "load generator for any OpenAI-compatible endpoint"),
+    "bench": ("tandem.loadgen.cli", "load generator for any OpenAI-compatible endpoint"),
     "operator": ("tandem.operator.__main__", "run the Kubernetes operator"),
     "top": ("tandem.operator.top.cli", "live view of InferenceServices: replicas, TTFT/TPOT vs SLO, attainment"),
     "profile": ("tandem.worker.devtools.profile", "measure a worker's capacity profile for the autoscaler"),
-    "simulate": ("tandem.operator.autoscale.simulate_cli", "replay a trace against autoscaling policies"),
+    "simulate": ("tandem.operator.autoscale.sim.cli", "replay a trace against autoscaling policies"),
 }
 
 

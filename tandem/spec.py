@@ -14,6 +14,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from tandem.slo import DEFAULT as DEFAULT_SLO
+from tandem.slo import Slo
+
 API_GROUP = "serving.tandem.dev"
 API_VERSION = "v1alpha1"
 KIND = "InferenceService"
@@ -141,9 +144,12 @@ class RouterSpec(_Spec):
 
 
 class SloSpec(_Spec):
-    ttft_ms: int = Field(default=500, gt=0)
-    tpot_ms: int = Field(default=50, gt=0)
-    percentile: int = Field(default=90, gt=0, le=100)
+    ttft_ms: int = Field(default=int(DEFAULT_SLO.ttft_ms), gt=0)
+    tpot_ms: int = Field(default=int(DEFAULT_SLO.tpot_ms), gt=0)
+    percentile: int = Field(default=int(DEFAULT_SLO.percentile), gt=0, le=100)
+
+    def to_slo(self) -> Slo:
+        return Slo(self.ttft_ms, self.tpot_ms, self.percentile)
 
 
 class AutoscalingSpec(_Spec):

@@ -1,1 +1,1 @@
-"""The data plane: the torch engine, the gRPC worker servers, KV transports, the router and the load generator."""
+"""The data plane: the torch engine, the gRPC worker servers, the KV transports and the router."""

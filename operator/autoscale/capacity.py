@@ -13,15 +13,9 @@ import math
 from dataclasses import dataclass
 
 from tandem.profile import Profile
+from tandem.slo import Slo
 
 MAX_REPLICAS_SEARCHED = 4096
-
-
-@dataclass(frozen=True)
-class Slo:
-    ttft_ms: float
-    tpot_ms: float
-    percentile: float  # 0..100
 
 
 @dataclass(frozen=True)

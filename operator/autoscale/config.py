@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tandem.operator.autoscale.capacity import Slo
 from tandem.operator.autoscale.types import Pool
 from tandem.profile import Profile
+from tandem.slo import Slo
 from tandem.spec import InferenceServiceSpec, Mode
 
 
@@ -60,7 +60,7 @@ def policy_config(spec: InferenceServiceSpec, profile: Profile, cold_start_s: fl
             Pool.decode: _limits(spec.decode.min_replicas, spec.decode.max_replicas, spec.decode.resources.gpus),
         }
     return PolicyConfig(
-        slo=Slo(spec.slo.ttft_ms, spec.slo.tpot_ms, spec.slo.percentile),
+        slo=spec.slo.to_slo(),
         profile=profile,
         limits=limits,
         interval_s=a.interval_seconds,

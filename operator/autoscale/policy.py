@@ -16,6 +16,9 @@ Rules, in the order they apply to each pool:
    within a cold start costs more than it saves), by up to `down_step_fraction` of the pool per step;
 5. min/max per pool, then an optional GPU budget shared by the pools, given to the pool whose
    predicted latency (as a share of its SLO) drops most per replica.
+
+Each rule is a function of the pool's tick (`_stale`, `_out_of_bounds`, ..., `_step_down`) that returns a
+Decision with its reason, or None; `_decide_pool` runs them in order and carries the state between them.
 """
 
 from __future__ import annotations
@@ -23,19 +26,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from tandem.operator.autoscale import forecast as fc
-from tandem.operator.autoscale.capacity import (
-    DecodeLoad,
-    Need,
-    PrefillLoad,
-    burst_rate,
-    decode_need,
-    decode_tpot_ms,
-    prefill_need,
-    prefill_ttft_ms,
-)
-from tandem.operator.autoscale.config import PolicyConfig
+from tandem.operator.autoscale.config import PolicyConfig, PoolLimits
+from tandem.operator.autoscale.sizing import Sizing, missing, size_pool
 from tandem.operator.autoscale.types import Decision, Pool, PoolObservation
 
 QUIET_SPELLS = 5  # how many past quiet spells the break-even rule weighs (their median)
@@ -94,11 +89,55 @@ def _record(ps: PoolState, d: Decision, now_s: float) -> PoolState:
     return replace(ps, target=d.desired, target_since_s=now_s, last_change_s=now_s, last_direction=direction)
 
 
-# --- one pool ------------------------------------------------------------------------------------------
+# --- one pool: the rules ---------------------------------------------------------------------------------
+# A rule reads one pool's tick (and, past the guards, its plan) and returns a Decision with its reason, or
+# None to let the next rule speak. What the policy remembers changes only in `_decide_pool`, between rules.
 
 
-def _missing(value: float | None) -> bool:
-    return value is None or math.isnan(value)
+@dataclass(frozen=True)
+class _Tick:
+    """One pool at one call: its observation, the settings, the clock and what the policy remembers."""
+
+    obs: PoolObservation
+    cfg: PolicyConfig
+    now_s: float
+    ps: PoolState
+    arriving: bool = False  # capacity asked for is still on its way: only a larger need moves the pool now
+
+    @property
+    def current(self) -> int:
+        return self.obs.replicas.ready + self.obs.replicas.starting  # starting replicas are capacity on its way
+
+    @property
+    def limits(self) -> PoolLimits:
+        return self.cfg.limits_for(self.obs.pool)
+
+    def hold(self, code: str, why: str, **details: float) -> Decision:
+        return _hold(self.obs, self.current, code, why, **details)
+
+    def move(self, desired: int, code: str, why: str, details: dict[str, float] | None = None) -> Decision:
+        pool, current = self.obs.pool, self.current
+        return Decision(pool, current, desired, f"{pool} {current}->{desired}: {why}", code, details or {})
+
+
+class _Push(NamedTuple):
+    """A reactive term: the replicas the present calls for, why, and its reason code ('' when none)."""
+
+    replicas: int
+    why: str
+    code: str
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the pool needs this tick: the capacity model's sizing, the reactive and predictive terms, the target."""
+
+    sizing: Sizing
+    text: str  # "predicted 12 req/s (holt) needs 2.4 replicas at batch 24": the tail of most reasons
+    details: dict[str, float]
+    push: _Push
+    predictive: int
+    target: int
 
 
 def _hold(obs: PoolObservation, current: int, code: str, why: str, **details: float) -> Decision:
@@ -113,50 +152,208 @@ def _required(obs: PoolObservation) -> tuple[str, ...]:
     return ("prompt_tokens_mean", "output_tokens_mean", "ttft_ms", "tpot_ms")
 
 
+# Guards: before any sizing.
+
+
+def _stale(t: _Tick) -> Decision | None:
+    age = t.now_s - t.obs.at_s
+    return t.hold("MetricsStale", f"metrics are {age:.0f} s old") if age > t.cfg.stale_after_s else None
+
+
+def _no_rate(t: _Tick) -> Decision | None:
+    return t.hold("MetricsUnavailable", "arrival rate missing") if missing(t.obs.arrival_rate_rps) else None
+
+
+def _out_of_bounds(t: _Tick) -> Decision | None:
+    lo, hi = t.limits.min_replicas, t.limits.max_replicas
+    if lo <= t.current <= hi:
+        return None
+    return t.move(min(max(t.current, lo), hi), "Bounds", f"bounds are {lo}..{hi}")
+
+
+def _metrics_absent(t: _Tick) -> Decision | None:
+    absent = [name for name in _required(t.obs) if missing(getattr(t.obs, name))]
+    return t.hold("MetricsUnavailable", "missing " + ", ".join(absent)) if absent else None
+
+
+def _is_idle(obs: PoolObservation) -> bool:
+    return obs.arrival_rate_rps <= 0 and not (obs.queued_prompt_tokens or 0) > 0 and not (obs.running_sequences or 0) > 0  # type: ignore[operator]
+
+
+# Up: the target is above the current count.
+
+
+def _arriving_covers(t: _Tick, p: _Plan) -> Decision | None:
+    if not t.arriving or max(p.sizing.need.replicas, p.sizing.now_need) > t.current:
+        return None
+    r = t.obs.replicas
+    return t.hold("InFlight", f"waiting for {t.ps.target} (ready {r.ready}, starting {r.starting}, draining {r.draining})")
+
+
+def _up_cooldown(t: _Tick, p: _Plan) -> Decision | None:
+    since = t.now_s - t.ps.last_change_s
+    if t.ps.last_direction > 0 and since < t.cfg.scale_up_cooldown_s:
+        return t.hold("Cooldown", f"scaled up {since:.0f} s ago; " + p.text)
+    return None
+
+
+def _forecast_only(t: _Tick, p: _Plan) -> bool:
+    return not (p.push.replicas > t.current and p.push.code)
+
+
+def _confirming(t: _Tick, p: _Plan) -> Decision | None:
+    """A forecast alone goes up once it held for `up_confirm_s` (the tick's state says since when it asks)."""
+    since = t.ps.up_since_s
+    if since is None or t.now_s - since >= t.cfg.up_confirm_s:
+        return None
+    return t.hold("Confirming", f"{p.text}; confirming for {t.cfg.up_confirm_s:.0f} s before going up", **p.details)
+
+
+def _scale_up(t: _Tick, p: _Plan) -> Decision:
+    push = p.push
+    code = push.code if push.replicas >= p.sizing.need.replicas and push.code else "Forecast"
+    why = f"{push.why}; {p.text}" if push.why else p.text
+    return t.move(p.target, code, why, p.details)
+
+
+# Down: the target is at or below the current count.
+
+
+def _steady(t: _Tick, p: _Plan) -> Decision | None:
+    if p.target == t.current or t.current <= t.limits.min_replicas:
+        return t.hold("Steady", p.text, **p.details)
+    return None
+
+
+def _last_change_in_flight(t: _Tick, p: _Plan) -> Decision | None:
+    r = t.obs.replicas
+    if not (t.arriving or r.draining):
+        return None
+    why = f"{p.text}; waiting for the last change (starting {r.starting}, draining {r.draining}) before going down"
+    return t.hold("InFlight", why, **p.details)
+
+
+def _low_for(t: _Tick) -> float:
+    """How long the need has stayed below the count (the tick's state holds since when)."""
+    return t.now_s - t.ps.low_since_s if t.ps.low_since_s is not None else 0.0
+
+
+def _stabilizing(t: _Tick, p: _Plan) -> Decision | None:
+    waited, window = _low_for(t), t.cfg.stabilization_s
+    if waited >= window:
+        return None
+    return t.hold("Stabilizing", f"{p.text}; stabilizing {waited:.0f}/{window:.0f} s before going down", **p.details)
+
+
+def _down_cooldown(t: _Tick, p: _Plan) -> Decision | None:
+    since = t.now_s - t.ps.last_change_s
+    if t.ps.last_direction < 0 and since < t.cfg.scale_down_cooldown_s:
+        return t.hold("Cooldown", f"{p.text}; stepped down {since:.0f} s ago", **p.details)
+    return None
+
+
+def _above_margin(t: _Tick, p: _Plan) -> Decision | None:
+    s, margin = p.sizing, t.cfg.margin
+    if s.observed_ms <= margin * s.slo_ms:
+        return None
+    why = f"{s.label} {s.observed_ms:.0f} ms is above {margin:.0%} of the {s.slo_ms:.0f} ms SLO; {p.text}"
+    return t.hold("NoMargin", why, **p.details)
+
+
+def _break_even(t: _Tick, p: _Plan) -> Decision | None:
+    """Of the past quiet spells that outlasted this one so far, the typical one ends too soon for a removed
+    replica to stay away longer than the cold start it costs to bring it back."""
+    waited, cold = _low_for(t), t.cfg.cold_start
+    longer = sorted(s for s in t.ps.quiet_spells_s if s > waited)
+    if not longer or longer[len(longer) // 2] - waited >= cold:
+        return None
+    left = longer[len(longer) // 2] - waited
+    why = (f"{p.text}; quiet spells this long ended about {left:.0f} s later, within a {cold:.0f} s "
+           "cold start: a replica removed now would be wanted back before it paid off")  # fmt: skip
+    return t.hold("BreakEven", why, **p.details)
+
+
+def _step_down(t: _Tick, p: _Plan) -> Decision:
+    """Down by up to `down_step_fraction` of the pool, to the fewest replicas that keep the SLO with margin."""
+    current, share, label = t.current, p.sizing.latency_share, p.sizing.label
+    bound = max(p.target, t.limits.min_replicas, current - max(1, math.floor(current * t.cfg.down_step_fraction)))
+    desired = next((n for n in range(bound, current) if share(n) <= t.cfg.margin * t.cfg.hysteresis), current)
+    if desired == current:
+        why = f"{current - 1} replicas would run at {share(current - 1):.0%} of the {label} SLO; {p.text}"
+        return t.hold("NoMargin", why, **p.details)
+    return t.move(desired, "ScaleDown", f"{p.text}; {desired} replicas keep {label} at {share(desired):.0%} of the SLO", p.details)
+
+
+_DOWN_RULES = (_last_change_in_flight, _stabilizing, _down_cooldown, _above_margin, _break_even)
+
+
+def _first(rules: tuple[Callable[[_Tick, _Plan], Decision | None], ...], t: _Tick, p: _Plan) -> Decision | None:
+    return next((d for rule in rules if (d := rule(t, p)) is not None), None)
+
+
 def _decide_pool(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: float) -> _Outcome:
-    r = obs.replicas
-    current = r.ready + r.starting  # starting replicas are capacity on its way
-    limits = cfg.limits_for(obs.pool)
+    t = _Tick(obs, cfg, now_s, ps)
+    if d := _stale(t) or _no_rate(t):
+        return _Outcome(d, ps)
+    t = _track(t)
+    if d := _out_of_bounds(t):
+        return _Outcome(d, t.ps)
+    if _is_idle(obs):
+        return _idle(obs, replace(t.ps, low_since_s=None), cfg, now_s, t.current)
+    obs, stalled = _stalled(obs, cfg)
+    t = replace(t, obs=obs, ps=replace(t.ps, idle_since_s=None))
+    if d := _metrics_absent(t):
+        return _Outcome(d, t.ps)
 
-    age = now_s - obs.at_s
-    if age > cfg.stale_after_s:
-        return _Outcome(_hold(obs, current, "MetricsStale", f"metrics are {age:.0f} s old"), ps)
-    if _missing(obs.arrival_rate_rps):
-        return _Outcome(_hold(obs, current, "MetricsUnavailable", "arrival rate missing"), ps)
-    rate = float(obs.arrival_rate_rps)  # type: ignore[arg-type]
+    p = _plan(t, stalled)
+    t = replace(t, ps=replace(t.ps, last_queue_tokens=obs.queued_prompt_tokens, last_queue_at_s=obs.at_s))
+    share = p.sizing.latency_share
 
-    forecaster = ps.forecaster
-    forecaster = fc.start(rate, obs.at_s) if forecaster is None else fc.observe(forecaster, rate, obs.at_s)
+    if p.target > t.current:
+        if d := _arriving_covers(t, p):
+            return _Outcome(d, t.ps, share)
+        t = replace(t, ps=_end_quiet_spell(t.ps, now_s))
+        if d := _up_cooldown(t, p):
+            return _Outcome(d, t.ps, share)
+        up_since = (now_s if t.ps.up_since_s is None else t.ps.up_since_s) if _forecast_only(t, p) else None
+        t = replace(t, ps=replace(t.ps, up_since_s=up_since))
+        if d := _confirming(t, p):
+            return _Outcome(d, t.ps, share)
+        return _Outcome(_scale_up(t, p), replace(t.ps, up_since_s=None), share)
+
+    t = replace(t, ps=replace(t.ps, up_since_s=None))
+    if d := _steady(t, p):
+        return _Outcome(d, _end_quiet_spell(t.ps, now_s), share)
+    t = replace(t, ps=replace(t.ps, low_since_s=now_s if t.ps.low_since_s is None else t.ps.low_since_s))
+    return _Outcome(_first(_DOWN_RULES, t, p) or _step_down(t, p), t.ps, share)
+
+
+def _track(t: _Tick) -> _Tick:
+    """The forecaster sees the rate; a target is forgotten once reached, given up on, or nothing moves."""
+    rate, ps, r = float(t.obs.arrival_rate_rps), t.ps, t.obs.replicas  # type: ignore[arg-type]
+    forecaster = fc.start(rate, t.obs.at_s) if ps.forecaster is None else fc.observe(ps.forecaster, rate, t.obs.at_s)
     ps = replace(ps, forecaster=forecaster)
-
-    arriving = False  # capacity asked for is still on its way: only a larger need moves the pool now
+    arriving = False
     if ps.target is not None:
         arriving = r.starting > 0 or r.ready + r.starting < ps.target
-        if now_s - ps.target_since_s >= cfg.in_flight_timeout_s or not (arriving or r.draining):
+        if t.now_s - ps.target_since_s >= t.cfg.in_flight_timeout_s or not (arriving or r.draining):
             ps, arriving = replace(ps, target=None), False
+    return replace(t, ps=ps, arriving=arriving)
 
-    if current < limits.min_replicas or current > limits.max_replicas:
-        desired = min(max(current, limits.min_replicas), limits.max_replicas)
-        why = f"bounds are {limits.min_replicas}..{limits.max_replicas}"
-        return _Outcome(Decision(obs.pool, current, desired, f"{obs.pool} {current}->{desired}: {why}", "Bounds"), ps)
 
-    idle = rate <= 0 and not (obs.queued_prompt_tokens or 0) > 0 and not (obs.running_sequences or 0) > 0
-    if idle:
-        return _idle(obs, replace(ps, low_since_s=None), cfg, now_s, current)
-    ps = replace(ps, idle_since_s=None)
-
-    obs, stalled = _stalled(obs, cfg)
-    absent = [name for name in _required(obs) if _missing(getattr(obs, name))]
-    if absent:
-        return _Outcome(_hold(obs, current, "MetricsUnavailable", "missing " + ", ".join(absent)), ps)
-
-    predicted = fc.forecast(forecaster, cfg.horizon_s)
+def _plan(t: _Tick, stalled: str) -> _Plan:
+    """Size the pool for the larger of the rate now and the rate forecast one cold start ahead; add what the
+    present calls for (`_push`); a forecast alone moves up only past a tolerance band."""
+    obs, cfg, current = t.obs, t.cfg, t.current
+    rate = float(obs.arrival_rate_rps)  # type: ignore[arg-type]
+    assert t.ps.forecaster is not None
+    predicted = fc.forecast(t.ps.forecaster, cfg.horizon_s)
     floor_rate = max(rate, predicted.rate_rps)
-    sizing = _sizing(obs, cfg, floor_rate)
-    need, observed, slo_ms, label = sizing.need, sizing.observed_ms, sizing.slo_ms, sizing.label
-    plan = (
+    s = size_pool(obs, cfg, floor_rate)
+    need = s.need
+    text = (
         f"predicted {floor_rate:.3g} req/s ({predicted.model})"
-        + (f", bursts of {sizing.rate_rps:.3g} req/s," if sizing.rate_rps > floor_rate * 1.05 else "")
+        + (f", bursts of {s.rate_rps:.3g} req/s," if s.rate_rps > floor_rate * 1.05 else "")
         + f" needs {need.load_replicas:.2g} replicas"
         + (f" at batch {need.batch:.0f}" if need.batch else "")
     )
@@ -165,101 +362,59 @@ def _decide_pool(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: 
         "predicted_rate_rps": floor_rate,
         "needed_replicas": float(need.replicas),
         "load_replicas": need.load_replicas,
-        "observed_ms": observed,
-        "slo_ms": slo_ms,
+        "observed_ms": s.observed_ms,
+        "slo_ms": s.slo_ms,
     }
-
-    # Latency percentiles lag (a TPOT sample is a whole generation old): a breach acts only while the
-    # pool's present backlog or batch still implies a latency above the margin.
-    reactive, reactive_why, reactive_code = 0, "", ""
-    breach = f"{label} p{cfg.slo.percentile:g} {observed:.0f} ms > {slo_ms:.0f} ms SLO"
-    # Replicas shorten only the wait, never a prompt's own service time: prefill acts on the wait part,
-    # in proportion (a queue drains faster with more servers). Decode: running sequences stay where they
-    # are, so new replicas relieve only new arrivals: one more at a time, the running batch sizes the rest.
-    allowed_wait = max(cfg.margin * slo_ms - sizing.service_ms, 0.1 * slo_ms)
-    if observed > slo_ms and sizing.now_ms - sizing.service_ms > allowed_wait:
-        if obs.pool == Pool.decode:
-            ratio_step = current + 1
-        else:
-            ratio_step = math.ceil(current * (observed - sizing.service_ms) / allowed_wait)
-        reactive = min(2 * current, max(current + 1, ratio_step))
-        reactive_why, reactive_code = breach, "SLOBreach"
-    elif observed > slo_ms:
-        plan += f"; {breach} but the present {sizing.now_source} implies {sizing.now_ms:.0f} ms"
-    if sizing.now_need > max(reactive, need.replicas, current):
-        reactive = sizing.now_need
-        reactive_why = f"{obs.running_sequences:.0f} running sequences need {sizing.now_need} replicas"
-        reactive_code = "RunningBatch"
-    growing = _queue_growing(obs, ps, cfg, current)
-    ps = replace(ps, last_queue_tokens=obs.queued_prompt_tokens, last_queue_at_s=obs.at_s)
-    if growing and reactive <= current:
-        reactive = current + 1
-        reactive_why, reactive_code = growing, "QueueGrowing"
-
+    push, lagging = _push(t, s, stalled)
     predictive = need.replicas
     if predictive > current:  # a forecast alone moves up only past a tolerance band (the SLO breach does not wait)
         loose = min(cfg.margin * (1 + cfg.up_tolerance), 0.95)
-        predictive = max(current, _sizing(obs, cfg, floor_rate, loose).need.replicas)
-    if stalled and reactive <= current:
-        reactive, reactive_why, reactive_code = current + 1, stalled, "Stalled"
+        predictive = max(current, size_pool(obs, cfg, floor_rate, loose).need.replicas)
+    target = min(max(predictive, push.replicas, t.limits.min_replicas), t.limits.max_replicas)
+    return _Plan(s, text + lagging, details, push, predictive, target)
+
+
+def _push(t: _Tick, s: Sizing, stalled: str) -> tuple[_Push, str]:
+    """The reactive term, strongest last: an SLO breach the present load still implies, the running batch,
+    a growing prefill queue, a stall. Also a note for a breach the present load no longer implies."""
+    current, lagging = t.current, ""
+    push = _Push(0, "", "")
+    breach = _breach(t, s)
+    if breach:
+        push = breach
+    elif s.observed_ms > s.slo_ms:
+        lagging = f"; {_breach_text(t, s)} but the present {s.now_source} implies {s.now_ms:.0f} ms"
+    if s.now_need > max(push.replicas, s.need.replicas, current):
+        push = _Push(s.now_need, f"{t.obs.running_sequences:.0f} running sequences need {s.now_need} replicas", "RunningBatch")
+    growing = _queue_growing(t.obs, t.ps, t.cfg, current)
+    if growing and push.replicas <= current:
+        push = _Push(current + 1, growing, "QueueGrowing")
+    if stalled and push.replicas <= current:
+        push = _Push(current + 1, stalled, "Stalled")
     elif stalled:
-        reactive_why = f"{stalled}: {reactive_why}"
-    target = min(max(predictive, reactive, limits.min_replicas), limits.max_replicas)
-    share = sizing.latency_share
-    if arriving and target > current and max(need.replicas, sizing.now_need) <= current:
-        why = f"waiting for {ps.target} (ready {r.ready}, starting {r.starting}, draining {r.draining})"
-        return _Outcome(_hold(obs, current, "InFlight", why), ps, share)
+        push = push._replace(why=f"{stalled}: {push.why}")
+    return push, lagging
 
-    if target > current:
-        ps = _end_quiet_spell(ps, now_s)
-        if ps.last_direction > 0 and now_s - ps.last_change_s < cfg.scale_up_cooldown_s:
-            return _Outcome(_hold(obs, current, "Cooldown", f"scaled up {now_s - ps.last_change_s:.0f} s ago; " + plan), ps, share)
-        forecast_only = not (reactive > current and reactive_code)
-        if forecast_only:
-            up_since = now_s if ps.up_since_s is None else ps.up_since_s
-            ps = replace(ps, up_since_s=up_since)
-            if now_s - up_since < cfg.up_confirm_s:
-                why = f"{plan}; confirming for {cfg.up_confirm_s:.0f} s before going up"
-                return _Outcome(_hold(obs, current, "Confirming", why, **details), ps, share)
-        ps = replace(ps, up_since_s=None)
-        code = reactive_code if reactive >= need.replicas and reactive_code else "Forecast"
-        why = f"{reactive_why}; {plan}" if reactive_why else plan
-        return _Outcome(Decision(obs.pool, current, target, f"{obs.pool} {current}->{target}: {why}", code, details), ps, share)
 
-    ps = replace(ps, up_since_s=None)
-    if target == current or current <= limits.min_replicas:
-        return _Outcome(_hold(obs, current, "Steady", plan, **details), _end_quiet_spell(ps, now_s), share)
+def _breach_text(t: _Tick, s: Sizing) -> str:
+    return f"{s.label} p{t.cfg.slo.percentile:g} {s.observed_ms:.0f} ms > {s.slo_ms:.0f} ms SLO"
 
-    low_since = now_s if ps.low_since_s is None else ps.low_since_s
-    ps = replace(ps, low_since_s=low_since)
-    waited = now_s - low_since
-    if arriving or r.draining:
-        why = f"{plan}; waiting for the last change (starting {r.starting}, draining {r.draining}) before going down"
-        return _Outcome(_hold(obs, current, "InFlight", why, **details), ps, share)
-    if waited < cfg.stabilization_s:
-        why = f"{plan}; stabilizing {waited:.0f}/{cfg.stabilization_s:.0f} s before going down"
-        return _Outcome(_hold(obs, current, "Stabilizing", why, **details), ps, share)
-    if ps.last_direction < 0 and now_s - ps.last_change_s < cfg.scale_down_cooldown_s:
-        why = f"{plan}; stepped down {now_s - ps.last_change_s:.0f} s ago"
-        return _Outcome(_hold(obs, current, "Cooldown", why, **details), ps, share)
-    if observed > cfg.margin * slo_ms:
-        why = f"{label} {observed:.0f} ms is above {cfg.margin:.0%} of the {slo_ms:.0f} ms SLO; {plan}"
-        return _Outcome(_hold(obs, current, "NoMargin", why, **details), ps, share)
-    # Break-even: of the past quiet spells that outlasted this one so far, the typical one ends too soon
-    # for a removed replica to stay away longer than the cold start it costs to bring it back.
-    longer = sorted(s for s in ps.quiet_spells_s if s > waited)
-    if longer and longer[len(longer) // 2] - waited < cfg.cold_start:
-        left = longer[len(longer) // 2] - waited
-        why = (f"{plan}; quiet spells this long ended about {left:.0f} s later, within a {cfg.cold_start:.0f} s "
-               "cold start: a replica removed now would be wanted back before it paid off")  # fmt: skip
-        return _Outcome(_hold(obs, current, "BreakEven", why, **details), ps, share)
-    bound = max(target, limits.min_replicas, current - max(1, math.floor(current * cfg.down_step_fraction)))
-    desired = next((n for n in range(bound, current) if share(n) <= cfg.margin * cfg.hysteresis), current)
-    if desired == current:
-        why = f"{current - 1} replicas would run at {share(current - 1):.0%} of the {label} SLO; {plan}"
-        return _Outcome(_hold(obs, current, "NoMargin", why, **details), ps, share)
-    why = f"{plan}; {desired} replicas keep {label} at {share(desired):.0%} of the SLO"
-    return _Outcome(Decision(obs.pool, current, desired, f"{obs.pool} {current}->{desired}: {why}", "ScaleDown", details), ps, share)
+
+def _breach(t: _Tick, s: Sizing) -> _Push | None:
+    """Latency percentiles lag (a TPOT sample is a whole generation old): a breach acts only while the pool's
+    present backlog or batch still implies a latency above the margin. Replicas shorten only the wait, never
+    a prompt's own service time: prefill acts on the wait part, in proportion (a queue drains faster with
+    more servers). Decode: running sequences stay where they are, so new replicas relieve only new
+    arrivals: one more at a time, the running batch sizes the rest."""
+    current = t.current
+    allowed_wait = max(t.cfg.margin * s.slo_ms - s.service_ms, 0.1 * s.slo_ms)
+    if not (s.observed_ms > s.slo_ms and s.now_ms - s.service_ms > allowed_wait):
+        return None
+    if t.obs.pool == Pool.decode:
+        ratio_step = current + 1
+    else:
+        ratio_step = math.ceil(current * (s.observed_ms - s.service_ms) / allowed_wait)
+    return _Push(min(2 * current, max(current + 1, ratio_step)), _breach_text(t, s), "SLOBreach")
 
 
 def _end_quiet_spell(ps: PoolState, now_s: float) -> PoolState:
@@ -276,15 +431,15 @@ def _stalled(obs: PoolObservation, cfg: PolicyConfig) -> tuple[PoolObservation, 
     """A pool with work waiting and no completion in the window is stalled: a breach, not missing data."""
     slo = cfg.slo
     prompt = obs.prompt_tokens_mean
-    if obs.pool in (Pool.prefill, Pool.colocated) and _missing(obs.ttft_ms) and (obs.queued_prompt_tokens or 0) > 0:
+    if obs.pool in (Pool.prefill, Pool.colocated) and missing(obs.ttft_ms) and (obs.queued_prompt_tokens or 0) > 0:
         backlog = float(obs.queued_prompt_tokens)  # type: ignore[arg-type]
         implied = 0.0
-        if not _missing(prompt) and prompt:
+        if not missing(prompt) and prompt:
             per_ms = max(obs.replicas.ready, 1) * prompt / cfg.profile.prefill_ms(prompt)
             implied = backlog / per_ms
         ttft = max(implied, 2 * slo.ttft_ms)
         return replace(obs, ttft_ms=ttft), f"{backlog:.0f} prompt tokens wait and none finished in the window"
-    if obs.pool in (Pool.decode, Pool.colocated) and _missing(obs.tpot_ms) and (obs.running_sequences or 0) > 0:
+    if obs.pool in (Pool.decode, Pool.colocated) and missing(obs.tpot_ms) and (obs.running_sequences or 0) > 0:
         return replace(obs, tpot_ms=2 * slo.tpot_ms), f"{obs.running_sequences:.0f} sequences run and no token came in the window"
     return obs, ""
 
@@ -304,86 +459,10 @@ def _idle(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: float, 
     return _Outcome(decision, ps, lambda n: 0.0)
 
 
-@dataclass(frozen=True)
-class _Sizing:
-    need: Need
-    observed_ms: float  # the binding latency now
-    slo_ms: float
-    label: str
-    latency_share: Callable[[int], float]  # worst predicted latency / SLO at N replicas
-    now_ms: float  # the latency the present backlog (prefill) or batch (decode) implies on the ready replicas
-    now_source: str = "load"
-    now_need: int = 0  # decode: replicas the running sequences need at the target batch
-    service_ms: float = 0.0  # prefill: the service time of a prompt at the SLO percentile (no replica helps)
-    rate_rps: float = 0.0  # the rate the pool was sized for
-
-
-def _sizing(obs: PoolObservation, cfg: PolicyConfig, rate: float, share: float | None = None) -> _Sizing:
-    slo, profile = cfg.slo, cfg.profile
-    margin = cfg.margin if share is None else share
-    prompt = float(obs.prompt_tokens_mean or 0.0)
-    prefill_load = PrefillLoad(
-        rate_rps=rate,
-        prompt_tokens_mean=prompt,
-        prompt_tokens_p=float(obs.prompt_tokens_p90 if not _missing(obs.prompt_tokens_p90) else prompt),
-        prefix_hit_rate=float(obs.prefix_hit_rate if not _missing(obs.prefix_hit_rate) else 0.0),
-    )
-    decode_load = DecodeLoad(rate, prompt, float(obs.output_tokens_mean or 0.0))
-    if obs.arrival_rate_slices_rps:  # size for the bursts a request meets, not the window's mean
-        burst = max(rate, burst_rate(obs.arrival_rate_slices_rps, slo.percentile))
-        prefill_load = replace(prefill_load, rate_rps=burst)
-        decode_load = replace(decode_load, rate_rps=burst)
-
-    def ttft_share(n: int) -> float:
-        return prefill_ttft_ms(profile, n, prefill_load, slo.percentile) / slo.ttft_ms
-
-    def tpot_share(n: int) -> float:
-        return decode_tpot_ms(profile, n, decode_load) / slo.tpot_ms
-
-    ready = max(obs.replicas.ready, 1)
-    if obs.pool == Pool.prefill:
-        need = prefill_need(profile, prefill_load, slo, margin)
-        observed = float(obs.ttft_ms)  # type: ignore[arg-type]
-        now_ms = observed
-        if not _missing(obs.queued_prompt_tokens) and prompt > 0:
-            tokens_per_ms = ready * prompt / profile.prefill_ms(prompt)
-            now_ms = float(obs.queued_prompt_tokens) / tokens_per_ms + profile.prefill_ms(prefill_load.prompt_tokens_p)  # type: ignore[arg-type]
-        service = profile.prefill_ms(prefill_load.prompt_tokens_p * (1 - prefill_load.prefix_hit_rate))
-        return _Sizing(
-            need, observed, slo.ttft_ms, "TTFT", ttft_share, now_ms, "backlog", service_ms=service,
-            rate_rps=prefill_load.rate_rps,
-        )  # fmt: skip
-    if obs.pool == Pool.decode:
-        need = decode_need(profile, decode_load, slo, margin)
-        observed = float(obs.tpot_ms)  # type: ignore[arg-type]
-        now_ms, now_need = observed, 0
-        if not _missing(obs.running_sequences):
-            running = float(obs.running_sequences)  # type: ignore[arg-type]
-            now_ms = profile.decode_step_ms(running / ready, decode_load.context_tokens)
-            now_need = math.ceil(running / max(need.batch, 1.0) - 1e-9)
-        return _Sizing(
-            need, observed, slo.tpot_ms, "TPOT", tpot_share, now_ms, "batch", now_need, rate_rps=decode_load.rate_rps
-        )  # fmt: skip
-    p_need = prefill_need(profile, prefill_load, slo, margin)
-    d_need = decode_need(profile, decode_load, slo, margin)
-    ttft_ratio = float(obs.ttft_ms) / slo.ttft_ms  # type: ignore[arg-type]
-    tpot_ratio = float(obs.tpot_ms) / slo.tpot_ms  # type: ignore[arg-type]
-    need = p_need if p_need.replicas >= d_need.replicas else d_need
-    observed, slo_ms, label = (
-        (float(obs.ttft_ms), slo.ttft_ms, "TTFT")  # type: ignore[arg-type]
-        if ttft_ratio >= tpot_ratio
-        else (float(obs.tpot_ms), slo.tpot_ms, "TPOT")  # type: ignore[arg-type]
-    )
-    return _Sizing(
-        need, observed, slo_ms, label, lambda n: max(ttft_share(n), tpot_share(n)), observed,
-        rate_rps=prefill_load.rate_rps,
-    )  # fmt: skip
-
-
 def _queue_growing(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, current: int) -> str:
     """Why the prefill backlog calls for a replica now ('' if it does not)."""
     q = obs.queued_prompt_tokens
-    if obs.pool == Pool.decode or _missing(q) or ps.last_queue_tokens is None or ps.last_queue_at_s is None:
+    if obs.pool == Pool.decode or missing(q) or ps.last_queue_tokens is None or ps.last_queue_at_s is None:
         return ""
     dt = obs.at_s - ps.last_queue_at_s
     if dt <= 0 or q <= ps.last_queue_tokens:  # type: ignore[operator]

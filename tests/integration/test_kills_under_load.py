@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from tests.integration.fault_load import FaultLoad
+from tandem.testing.fault_load import FaultLoad
 from tests.integration.stacks import load, running_stack, spec
 
 pytestmark = pytest.mark.slow

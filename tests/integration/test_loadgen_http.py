@@ -16,7 +16,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from tandem.worker.loadgen.cli import main
+from tandem.loadgen.cli import main
 
 TTFT_S = 0.12  # the double waits this long before the first token
 ITL_S = 0.04  # and this long between tokens

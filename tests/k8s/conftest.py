@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.k8s.cluster import ControlPlane, Operator, find_binaries
+from tandem.testing.cluster import ControlPlane, Operator, find_binaries
 
 HERE = Path(__file__).resolve().parent
 PSS_ENFORCE = "pod-security.kubernetes.io/enforce"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tandem import names
-from tests.k8s.cluster import ControlPlane, Operator, find_binaries, free_port
+from tandem.testing.cluster import ControlPlane, Operator, find_binaries, free_port
 from tests.k8s.conftest import get_json, wait_for
 from tests.k8s.test_operator_lifecycle import EXAMPLE, SERVICE, model_volume, ready_at_current_generation
 

@@ -4,11 +4,11 @@ import math
 
 import pytest
 
-from tandem.operator.autoscale.baselines import DynamoPlanner, Hpa, static_sizes
-from tandem.operator.autoscale.capacity import Slo
 from tandem.operator.autoscale.config import PoolLimits
-from tandem.operator.autoscale.simulator import Snapshot
+from tandem.operator.autoscale.sim.baselines import DynamoPlanner, Hpa, static_sizes
+from tandem.operator.autoscale.sim.simulator import Snapshot
 from tandem.operator.autoscale.types import Pool, PoolObservation, Replicas
+from tandem.slo import Slo
 from tandem.trace import TraceRequest
 from tests.unit.autoscale_fixtures import linear_profile
 
@@ -83,7 +83,7 @@ def test_static_peak_is_at_least_static_mean():
 
 
 def test_hpa_does_not_multiply_over_pods_that_are_not_ready():
-    from tandem.operator.autoscale.baselines import hpa_recommendation
+    from tandem.operator.autoscale.sim.baselines import hpa_recommendation
 
     # 4 ready pods at 140% of the target: 8; two more still starting change nothing (not 6 x 2 = 12)
     assert hpa_recommendation(4, 0, 0.98, 0.7, 0.1) == 6

@@ -7,7 +7,6 @@ import pytest
 from tandem.operator.autoscale.capacity import (
     DecodeLoad,
     PrefillLoad,
-    Slo,
     burst_rate,
     decode_max_batch,
     decode_need,
@@ -16,6 +15,7 @@ from tandem.operator.autoscale.capacity import (
     prefill_need,
     prefill_ttft_ms,
 )
+from tandem.slo import Slo
 from tests.unit.autoscale_fixtures import linear_profile
 
 SLO = Slo(ttft_ms=500, tpot_ms=30, percentile=90)

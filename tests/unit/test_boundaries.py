@@ -20,7 +20,7 @@ def _modules(package: str, folder: Path) -> list[str]:
 
 TORCH_FREE = (
     _modules("tandem.worker.router", ROOT / "worker" / "router")
-    + _modules("tandem.worker.loadgen", ROOT / "worker" / "loadgen")
+    + _modules("tandem.loadgen", ROOT / "tandem" / "loadgen")
     + _modules("tandem.worker.api", ROOT / "worker" / "api")
     + _modules("tandem.worker.hf", ROOT / "worker" / "hf")
 )
@@ -62,5 +62,11 @@ def test_every_package_folder_is_declared_at_any_depth():
         ".".join(("tandem", wing, *p.parent.relative_to(ROOT / wing).parts))
         for wing in ("worker", "operator")
         for p in (ROOT / wing).rglob("*/__init__.py")
-    }
+    } | {".".join(("tandem", *p.parent.relative_to(ROOT / "tandem").parts)) for p in (ROOT / "tandem").rglob("*/__init__.py")}
     assert folders <= declared, folders - declared
+
+
+def test_benchmarks_do_not_import_the_tests():
+    """Shared harnesses live in `tandem.testing`; a benchmark that imports `tests` breaks when tests move."""
+    into_tests = {(f, m) for f, m in _imports(ROOT / "bench") if m == "tests" or m.startswith("tests.")}
+    assert not into_tests, into_tests

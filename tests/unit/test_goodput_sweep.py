@@ -10,11 +10,10 @@ from bench._goodput_sweep import (
     goodput,
     goodput_per_repeat,
     ratios,
-    scaled,
     short_prompt_ttft_p90,
     spread,
 )
-from bench._trace_shape import Slo
+from tandem.slo import Slo
 
 
 def test_attainment_counts_failures_as_misses_and_follows_the_scaled_slo():
@@ -24,10 +23,10 @@ def test_attainment_counts_failures_as_misses_and_follows_the_scaled_slo():
         Latency(False, None, None, 10),
         Latency(True, 0.1, 0.05, 10),
     ]
-    idle = Slo(0.1, 0.01)
-    assert attainment(reqs, scaled(idle, 1, 1)) == 0.25
-    assert attainment(reqs, scaled(idle, 3, 1)) == 0.5
-    assert attainment(reqs, scaled(idle, 3, 5)) == 0.75
+    idle = Slo(ttft_ms=100, tpot_ms=10)
+    assert attainment(reqs, idle.scaled(1, 1)) == 0.25
+    assert attainment(reqs, idle.scaled(3, 1)) == 0.5
+    assert attainment(reqs, idle.scaled(3, 5)) == 0.75
     assert attainment([], idle) == 0.0
 
 
@@ -48,7 +47,7 @@ def test_goodput_per_repeat_and_side_by_side_ratios():
         Probe("b", 0, 1.0, (ok, slow)), Probe("b", 0, 2.0, (slow, slow)),
         Probe("b", 1, 1.0, (ok, ok)), Probe("b", 1, 2.0, (slow, slow)),
     ]  # fmt: skip
-    slo = Slo(1.0, 1.0)
+    slo = Slo(ttft_ms=1000, tpot_ms=1000)
     a, b = goodput_per_repeat(probes, "a", slo, 0.9), goodput_per_repeat(probes, "b", slo, 0.9)
     assert [g.rate for g in a] == [pytest.approx(1.2), 2.0] and a[1].bound == ">="
     assert b[0] == Goodput(0.0, "<") and b[1].rate == pytest.approx(1.1)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tandem.worker.loadgen.client import build_payload, chunk_text, sse_data
+from tandem.loadgen.client import build_payload, chunk_text, sse_data
 
 
 def test_payloads_stream_and_pin_the_output_length() -> None:
@@ -40,7 +40,7 @@ def test_chunk_text_for_both_endpoints() -> None:
 
 def test_loadgen_does_not_import_torch() -> None:
     code = (
-        "import sys, tandem.worker.loadgen.cli, tandem.worker.loadgen.runner, tandem.worker.loadgen.plots;"
+        "import sys, tandem.loadgen.cli, tandem.loadgen.runner, tandem.loadgen.plots;"
         "sys.exit(1 if 'torch' in sys.modules else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

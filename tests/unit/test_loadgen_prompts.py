@@ -9,7 +9,7 @@ import pytest
 import tokenizers
 from tokenizers import models, pre_tokenizers, trainers
 
-from tandem.worker.loadgen.prompts import (
+from tandem.loadgen.prompts import (
     DEFAULT_VOCABULARY,
     WORDS,
     Vocabulary,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.worker.loadgen.report import (
+from tandem.loadgen.report import (
     format_table,
     latency_stats_ms,
     meets_slo,
@@ -14,7 +14,7 @@ from tandem.worker.loadgen.report import (
     throughput_timeseries,
     timeseries_bin_s,
 )
-from tandem.worker.loadgen.result import RequestResult
+from tandem.loadgen.result import RequestResult
 
 
 def done(start: float, ttft: float, gaps: list[float], usage_tokens: int | None = None) -> RequestResult:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.worker.loadgen.search import search_max_rate
+from tandem.loadgen.search import search_max_rate
 
 
 def cliff(capacity: float):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.worker.loadgen.trace import attribution_for, load_trace, parse_azure_csv, parse_jsonl
+from tandem.loadgen.trace import attribution_for, load_trace, parse_azure_csv, parse_jsonl
 
 SHARED_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 

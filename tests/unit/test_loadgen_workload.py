@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from tandem.worker.loadgen.workload import (
+from tandem.loadgen.workload import (
     LengthRange,
     RequestSpec,
     parse_length,

@@ -12,11 +12,12 @@ import httpx
 import pytest
 
 from tandem import names
+from tandem.slo import Slo
 from tandem.worker.api.params import InvalidRequest, SamplingParams
 from tandem.worker.hf.tokenizer import Tokenizer
 from tandem.worker.router.app import create_app
 from tandem.worker.router.backend import BackendError, Timing, TokenOut
-from tandem.worker.router.metrics import Slo, slo_outcomes
+from tandem.worker.router.metrics import slo_outcomes
 from tandem.worker.router.streaming import StopStringFilter, find_stop, holdback_length
 
 SERVED = "tiny"
@@ -490,7 +491,7 @@ async def test_metrics_after_a_request(tok):
 async def test_slo_series_judge_each_completed_request(tok):
     backend = ScriptedBackend(tok)
     backend.delay_s = 0.02  # 20 ms per token: meets a 1 s TTFT target, misses a 5 ms TPOT target
-    app = create_app(backend, tok, SERVED, service_name="svc", slo=Slo(ttft_s=1.0, tpot_s=0.005, objective=0.95))
+    app = create_app(backend, tok, SERVED, service_name="svc", slo=Slo(ttft_ms=1000, tpot_ms=5, percentile=95))
     await post(app, "/v1/completions", {"model": SERVED, "prompt": "x", "stream": True})
     await post(app, "/v1/completions", {"model": "nope", "prompt": "x"})  # a 404 is not judged
     async with client_for(app) as c:
@@ -510,7 +511,7 @@ async def test_slo_series_judge_each_completed_request(tok):
 
 
 def test_slo_outcomes():
-    slo = Slo(ttft_s=0.5, tpot_s=0.05)
+    slo = Slo(ttft_ms=500, tpot_ms=50)
     assert slo_outcomes(slo, 0.5, 0.051) == {"ttft": True, "tpot": False}
     assert slo_outcomes(slo, 0.6, None) == {"ttft": False}  # one token: no TPOT to judge
 

@@ -20,7 +20,8 @@ from tandem.operator.top.view import (
     sparkline,
     table,
 )
-from tandem.worker.router.metrics import RouterMetrics, Slo
+from tandem.slo import Slo
+from tandem.worker.router.metrics import RouterMetrics
 
 
 def test_histogram_quantile_follows_prometheus():
@@ -48,7 +49,7 @@ class Clock:
 
 def _router_text(fast: int, slow: int) -> str:
     """A real router registry after `fast` requests meeting a 100 ms TTFT target and `slow` missing it."""
-    m = RouterMetrics("llama", lambda: 0, slo=Slo(ttft_s=0.1, tpot_s=0.01, objective=0.9),
+    m = RouterMetrics("llama", lambda: 0, slo=Slo(ttft_ms=100, tpot_ms=10, percentile=90),
                       routable_workers=lambda: {"prefill": 1, "decode": 2, "colocated": 0})
     clock = Clock()
     for ttft in [0.05] * fast + [0.4] * slow:

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from tandem import names
+from tandem.slo import Slo
 from tandem.worker.api.params import InvalidRequest
 from tandem.worker.hf.tokenizer import ChatTemplateError, Tokenizer
 from tandem.worker.router import openai_schema as oa
@@ -25,7 +26,7 @@ from tandem.worker.router.auth import ApiKeys, RequireApiKey
 from tandem.worker.router.backend import Backend, BackendError, Timing
 from tandem.worker.router.generation import Generation
 from tandem.worker.router.limits import BodyGone, RequestLimits, read_body
-from tandem.worker.router.metrics import STATUS_CLIENT_GONE, RequestClock, RouterMetrics, Slo
+from tandem.worker.router.metrics import STATUS_CLIENT_GONE, RequestClock, RouterMetrics
 from tandem.worker.router.openapi import document_request_bodies
 from tandem.worker.router.streaming import SSE_DONE, TextDelta, sse_event
 

@@ -146,13 +146,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
+    from tandem.slo import Slo
     from tandem.worker.hf.config import ModelConfig, ModelLoadError, served_context_length
     from tandem.worker.hf.tokenizer import Tokenizer
     from tandem.worker.router.app import create_app
     from tandem.worker.router.auth import ApiKeys
     from tandem.worker.router.dispatch import build_backend
     from tandem.worker.router.http_server import ServerLimits, uvicorn_config
-    from tandem.worker.router.metrics import Slo
 
     try:
         api_keys = ApiKeys.from_sources(args.api_keys_file, args.api_keys_env)
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         max_queued_requests=args.max_queued,
         max_model_len=max_model_len,
         limits=RequestLimits(args.max_body_bytes, args.body_timeout),
-        slo=Slo(args.slo_ttft_ms / 1000, args.slo_tpot_ms / 1000, args.slo_percentile / 100),
+        slo=Slo(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_percentile),
         api_keys=api_keys,
         protect_metrics=args.protect_metrics,
     )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -31,6 +30,7 @@ from tandem.names import (
     TPOT_SECONDS,
     TTFT_SECONDS,
 )
+from tandem.slo import Slo
 
 # Seconds. TTFT spans queueing plus prefill; TPOT/ITL one decode step; E2E a whole answer.
 TTFT_BUCKETS = (
@@ -89,15 +89,6 @@ def mean_time_per_output_token(first_token_s: float, last_token_s: float, tokens
     if tokens < 2:
         return None
     return (last_token_s - first_token_s) / (tokens - 1)
-
-
-@dataclass(frozen=True)
-class Slo:
-    """The service's latency SLO: TTFT and TPOT targets (seconds) that `objective` of requests must meet."""
-
-    ttft_s: float = 0.5
-    tpot_s: float = 0.05
-    objective: float = 0.9
 
 
 def slo_outcomes(slo: Slo, ttft_s: float | None, tpot_s: float | None) -> dict[str, bool]:

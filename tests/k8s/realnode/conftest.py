@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.k8s.cluster import ControlPlane, Operator, find_binaries
+from tandem.testing.cluster import ControlPlane, Operator, find_binaries
 from tests.k8s.conftest import PSS_ENFORCE, wait_for
 
 HERE = Path(__file__).resolve().parent

@@ -10,7 +10,7 @@ import socket
 import struct
 import threading
 
-from tests.k8s.cluster import ControlPlane
+from tandem.testing.cluster import ControlPlane
 
 DOMAIN = "svc.cluster.local"
 TTL = 1

@@ -12,7 +12,7 @@ import urllib.request
 
 import yaml
 
-from tests.k8s.cluster import ControlPlane, find_binaries
+from tandem.testing.cluster import ControlPlane, find_binaries
 from tests.k8s.realnode.node import NODE_LABEL, NODE_NAME, RealNode, build, start_control_plane
 
 

@@ -1,5 +1,5 @@
 """One real Kubernetes node (containerd + runc + a kubelet built from Go modules, CPU only) joined to the
-test control plane of tests/k8s/cluster.py, so pods really start. Pods get addresses on a bridge inside this
+test control plane of tandem/testing/cluster.py, so pods really start. Pods get addresses on a bridge inside this
 machine with no default route: they reach each other and the host, nothing else. stop() removes every trace
 (containers, shims, mounts, network namespaces, the bridge, cgroups)."""
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.k8s.cluster import ControlPlane, free_port
+from tandem.testing.cluster import ControlPlane, free_port
 
 HERE = Path(__file__).resolve().parent
 BRIDGE = "tandem-rn0"

@@ -24,16 +24,16 @@ from dataclasses import dataclass, field
 from tandem.operator.autoscale.capacity import (
     DecodeLoad,
     PrefillLoad,
-    Slo,
     decode_max_batch,
     decode_need,
     prefill_need,
 )
 from tandem.operator.autoscale.config import PolicyConfig, PoolLimits
 from tandem.operator.autoscale.policy import PolicyState, decide
-from tandem.operator.autoscale.simulator import Controller, Snapshot
+from tandem.operator.autoscale.sim.simulator import Controller, Snapshot
 from tandem.operator.autoscale.types import Pool
 from tandem.profile import Profile
+from tandem.slo import Slo
 from tandem.trace import TraceRequest
 
 POOLS = (Pool.prefill, Pool.decode)

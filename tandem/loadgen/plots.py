@@ -10,8 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from tandem.worker.loadgen.report import throughput_timeseries  # noqa: E402
-from tandem.worker.loadgen.result import RequestResult  # noqa: E402
+from tandem.loadgen.report import throughput_timeseries  # noqa: E402
+from tandem.loadgen.result import RequestResult  # noqa: E402
 
 
 def _cdf(ax, values_s: Sequence[float], title: str, slo_ms: float | None) -> None:

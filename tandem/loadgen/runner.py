@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import httpx
 from tqdm import tqdm
 
-from tandem.worker.loadgen.client import ENDPOINT_PATHS, build_payload, discover_model, send_request
-from tandem.worker.loadgen.prompts import DEFAULT_VOCABULARY, Vocabulary, prompt_for_tokens
-from tandem.worker.loadgen.result import RequestResult
-from tandem.worker.loadgen.workload import RequestSpec
+from tandem.loadgen.client import ENDPOINT_PATHS, build_payload, discover_model, send_request
+from tandem.loadgen.prompts import DEFAULT_VOCABULARY, Vocabulary, prompt_for_tokens
+from tandem.loadgen.result import RequestResult
+from tandem.loadgen.workload import RequestSpec
 
 
 @dataclass

@@ -6,19 +6,19 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tandem.operator.autoscale.baselines import (
+from tandem.operator.autoscale.config import PolicyConfig, PoolLimits
+from tandem.operator.autoscale.sim.baselines import (
     DynamoPlanner,
     Hpa,
     static_controller,
     static_sizes,
     tandem_controller,
 )
-from tandem.operator.autoscale.capacity import Slo
-from tandem.operator.autoscale.config import PolicyConfig, PoolLimits
-from tandem.operator.autoscale.sim_metrics import percentile
-from tandem.operator.autoscale.simulator import Controller, SimConfig, SimResult, simulate
+from tandem.operator.autoscale.sim.metrics import percentile
+from tandem.operator.autoscale.sim.simulator import Controller, SimConfig, SimResult, simulate
 from tandem.operator.autoscale.types import Pool
 from tandem.profile import Profile
+from tandem.slo import Slo
 from tandem.trace import TraceRequest
 
 POLICIES = ("tandem", "dynamo", "hpa", "static-peak", "static-mean")

@@ -11,16 +11,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from tandem.worker.loadgen.report import (
+from tandem.loadgen.report import (
     format_table,
     summarize,
     summary_rows,
     throughput_timeseries,
     timeseries_bin_s,
 )
-from tandem.worker.loadgen.result import RequestResult
-from tandem.worker.loadgen.trace import attribution_for, load_trace
-from tandem.worker.loadgen.workload import RequestSpec, parse_length, poisson_workload, shape_workload
+from tandem.loadgen.result import RequestResult
+from tandem.loadgen.trace import attribution_for, load_trace
+from tandem.loadgen.workload import RequestSpec, parse_length, poisson_workload, shape_workload
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,7 +124,7 @@ def print_summary(summary: dict[str, Any], title: str) -> None:
 def write_outputs(
     out: Path, args: argparse.Namespace, model: str, results: list[RequestResult], summary: dict[str, Any]
 ) -> list[Path]:
-    from tandem.worker.loadgen.plots import plot_latency_cdfs, plot_throughput
+    from tandem.loadgen.plots import plot_latency_cdfs, plot_throughput
 
     out.mkdir(parents=True, exist_ok=True)
     bin_s = timeseries_bin_s(summary["duration_s"])
@@ -151,8 +151,8 @@ def write_outputs(
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    from tandem.worker.loadgen.prompts import DEFAULT_VOCABULARY, load_vocabulary
-    from tandem.worker.loadgen.runner import run_workload
+    from tandem.loadgen.prompts import DEFAULT_VOCABULARY, load_vocabulary
+    from tandem.loadgen.runner import run_workload
 
     specs = build_workload(args)
     if not specs:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from tandem.operator.autoscale.sim_metrics import Completed, percentile
+from tandem.operator.autoscale.sim.metrics import Completed, percentile
 from tandem.operator.autoscale.types import Pool, PoolObservation, Replicas
 from tandem.profile import Profile
 from tandem.trace import TraceRequest

@@ -1,6 +1,6 @@
 """Start and stop a real Kubernetes control plane on loopback (etcd, apiserver, controller-manager,
-scheduler, kwok fake GPU nodes) from binaries built by build-controlplane.sh. Used by the k8s tests
-and bench/operator.py."""
+scheduler, kwok fake GPU nodes) from binaries built by tests/k8s/build-controlplane.sh. Used by the k8s
+tests and bench/operator.py (a source checkout: it applies the repository's CRDs and RBAC)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import yaml
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = ROOT / "tests" / "k8s" / "build-controlplane.sh"
 LOOPBACK = "127.0.0.1"
 SERVICE_CIDR = "10.96.0.0/16"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
@@ -40,7 +40,7 @@ def find_binaries(build: bool = True) -> Path:
         raise RuntimeError("control-plane binaries not built")
     if shutil.which("go") is None:
         raise RuntimeError("go is not installed; cannot build the control plane (tests/k8s/build-controlplane.sh)")
-    out = subprocess.run(["bash", str(HERE / "build-controlplane.sh")], check=True, text=True,
+    out = subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, text=True,
                          stdout=subprocess.PIPE)
     return Path(out.stdout.strip().splitlines()[-1])
 
@@ -79,7 +79,9 @@ def _write_certs(d: Path) -> None:
           .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
           .sign(ca_key, hashes.SHA256()))
     srv_key = key()
-    sans = [x509.DNSName(n) for n in ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc")]
+    sans: list[x509.GeneralName] = [
+        x509.DNSName(n) for n in ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc")
+    ]
     sans += [x509.IPAddress(ipaddress.ip_address(LOOPBACK)), x509.IPAddress(ipaddress.ip_address("10.96.0.1"))]
     srv = (x509.CertificateBuilder()
            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from tandem.worker.loadgen.result import RequestResult
+from tandem.loadgen.result import RequestResult
 
 ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from tandem.worker.loadgen.result import RequestResult
+from tandem.loadgen.result import RequestResult
 
 PERCENTILES = (50, 90, 99)
 
@@ -103,7 +103,7 @@ def throughput_timeseries(
     than there were chunks, each chunk carries an equal share of the request's tokens."""
     if bin_s <= 0:
         raise ValueError("bin_s must be > 0")
-    tokens: Counter[int] = Counter()
+    tokens: defaultdict[int, float] = defaultdict(float)
     done: Counter[int] = Counter()
     for r in results:
         if not r.ok or not r.token_times_s:

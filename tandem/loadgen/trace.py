@@ -6,8 +6,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from tandem import trace
+from tandem.loadgen.workload import RequestSpec
 from tandem.trace import AZURE_ATTRIBUTION, attribution_for
-from tandem.worker.loadgen.workload import RequestSpec
 
 __all__ = ["AZURE_ATTRIBUTION", "attribution_for", "load_trace", "parse_azure_csv", "parse_jsonl"]
 
