@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from tandem import names
+from tandem.options import RouterOptions, WorkerOptions
 from tandem.spec import InferenceServiceSpec, Mode
 
 
@@ -54,47 +55,12 @@ def worker_argv(
 ) -> list[str]:
     """Arguments of `tandem worker` (without the program name); `tls_dir` holds the mutual-TLS files
     (spec.security.tls: a local directory or the mounted Secret), `health_port` a plaintext probe port."""
-    engine = spec.engine
-    argv = [
-        "worker", "--role", role, "--model-dir", model_dir,
-        "--served-name", spec.model.served_name, "--service", service,
-        "--host", host, "--port", str(port), "--metrics-port", str(metrics_port),
-        "--dtype", spec.model.dtype.value, "--block-size", str(engine.block_size),
-        "--max-running", str(engine.max_running_sequences),
-        "--max-batch-tokens", str(engine.max_batch_tokens), "--prefill-chunk", str(engine.prefill_chunk_tokens),
-        "--max-model-len", str(spec.model.max_context_length),
-        "--kv-compression", spec.kv_transfer.compression, "--kv-transport", spec.kv_transfer.transport.value,
-    ]  # fmt: skip
-    if engine.max_prefill_tokens_with_decodes and role != names.POOL_PREFILL:  # a prefill worker never decodes
-        argv += ["--max-prefill-tokens-with-decodes", str(engine.max_prefill_tokens_with_decodes)]
-    if engine.num_kv_blocks:
-        argv += ["--num-kv-blocks", str(engine.num_kv_blocks)]
-    else:
-        argv += ["--kv-memory-percent", str(engine.kv_cache_memory_percent)]
-    if engine.attention.value != "sdpa":
-        argv += ["--attention", engine.attention.value]
-    if spec.model.quantization.value != "none":
-        argv += ["--quantization", spec.model.quantization.value]
-    if engine.kv_cache_dtype.value != "auto":
-        argv += ["--kv-cache-dtype", engine.kv_cache_dtype.value]
-    if engine.compile:
-        argv.append("--compile")
-    if engine.decode_step.value != "eager" and role != names.POOL_PREFILL:  # a prefill worker never decodes
-        argv += ["--decode-step", engine.decode_step.value]
-    if engine.speculative is not None and role != names.POOL_PREFILL:  # a prefill worker never decodes
-        argv += ["--speculative", engine.speculative.method.value]
-        argv += ["--speculative-tokens", str(engine.speculative.num_tokens)]
-        if engine.speculative.draft_model is not None:
-            argv += ["--speculative-draft-layers", str(engine.speculative.draft_model.layers)]
-    if threads or engine.threads:
-        argv += ["--threads", str(threads or engine.threads)]
-    if worker_id:
-        argv += ["--worker-id", worker_id]
-    argv += ["--drain-timeout", str(drain_timeout_s or drain_timeout_seconds(spec))]
-    argv += tls_argv(spec, tls_dir)
-    if health_port:
-        argv += ["--health-port", str(health_port)]
-    return argv
+    opts = WorkerOptions.from_spec(
+        spec, role, service=service, model_dir=model_dir, host=host, port=port, metrics_port=metrics_port,
+        threads=threads, worker_id=worker_id, health_port=health_port or 0,
+        drain_timeout=drain_timeout_s or drain_timeout_seconds(spec),
+    )  # fmt: skip
+    return ["worker", *opts.to_argv(), *tls_argv(spec, tls_dir)]
 
 
 def tls_argv(spec: InferenceServiceSpec, tls_dir: str | None) -> list[str]:
@@ -122,31 +88,11 @@ def router_argv(
     """Arguments of `tandem router`: worker addresses by pool (`host:port` or `dns:///name:port`,
     resolved again as pods come and go), or a workers file; `api_keys_file` where the keys are
     (spec.security.apiKeys: a local file, or the mounted Secret's key)."""
-    argv = [
-        "router", "--model-dir", model_dir, "--served-name", spec.model.served_name,
-        "--service", service, "--host", host, "--port", str(port), "--mode", spec.mode.value,
-        "--max-queued", str(spec.router.max_queued_requests), "--kv-lease-ms", str(spec.kv_transfer.lease_ms),
-        "--max-model-len", str(spec.model.max_context_length),
-        "--slo-ttft-ms", str(spec.slo.ttft_ms), "--slo-tpot-ms", str(spec.slo.tpot_ms),
-        "--slo-percentile", str(spec.slo.percentile),
-    ]  # fmt: skip
-    if spec.mode is Mode.disaggregated:
-        d = spec.router.disaggregation
-        argv += [
-            "--disaggregation", d.mode.value, "--local-prefill-max-tokens", str(d.local_prefill_max_tokens),
-            "--prefill-queue-tokens", str(d.prefill_queue_tokens),
-            "--local-prefill-max-tpot-fraction", str(d.local_prefill_max_tpot_fraction),
-        ]  # fmt: skip
-    if metrics_port:
-        argv += ["--metrics-port", str(metrics_port)]
-    if workers_file:
-        argv += ["--workers-file", workers_file]
-    if api_keys_file:
-        argv += ["--api-keys-file", api_keys_file]
-        if spec.security.api_keys is not None and spec.security.api_keys.protect_metrics:
-            argv.append("--protect-metrics")
-    argv += tls_argv(spec, tls_dir)
-    for pool, addresses in (workers or {}).items():
-        if addresses:
-            argv += [f"--{pool}", ",".join(addresses)]
-    return argv
+    keys = spec.security.api_keys
+    opts = RouterOptions.from_spec(
+        spec, service=service, model_dir=model_dir, host=host, port=port, metrics_port=metrics_port or 0,
+        workers_file=workers_file, api_keys_file=api_keys_file,
+        protect_metrics=bool(api_keys_file and keys is not None and keys.protect_metrics),
+        **{pool: list(addresses) for pool, addresses in (workers or {}).items()},
+    )  # fmt: skip
+    return ["router", *opts.to_argv(), *tls_argv(spec, tls_dir)]

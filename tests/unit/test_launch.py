@@ -32,8 +32,8 @@ def _spec(engine: dict | None = None, kv: dict | None = None) -> InferenceServic
 
 def test_engine_and_kv_transfer_fields_reach_the_worker():
     args = parse_args(launch.worker_argv(_spec(), "svc", "decode", "/m")[1:])
-    got = (args.block_size, args.kv_memory_percent, args.num_kv_blocks, args.max_running, args.max_batch_tokens,
-           args.prefill_chunk, args.threads, args.max_model_len, args.kv_compression, args.kv_transport)  # fmt: skip
+    got = (args.block_size, args.kv_cache_memory_percent, args.num_kv_blocks, args.max_running_sequences,
+           args.max_batch_tokens, args.prefill_chunk_tokens, args.threads, args.max_model_len, args.kv_compression, args.kv_transport)  # fmt: skip
     assert got == (32, 70, None, 12, 1024, 256, 3, 1500, "int8", "shm")
 
 
@@ -100,7 +100,8 @@ def test_disaggregation_reaches_the_rendered_router_and_the_local_one():
     default = build_backend(build_parser().parse_args(launch.router_argv(_spec(), "svc", "/m")[1:]))
     assert default.disaggregation.mode is DisaggregationMode.always
     colocated = _spec().model_copy(update={"mode": Mode.colocated})
-    assert "--disaggregation" not in launch.router_argv(colocated, "svc", "/m")
+    colocated_args = build_parser().parse_args(launch.router_argv(colocated, "svc", "/m")[1:])
+    assert colocated_args.disaggregation == DisaggregationMode.always  # the spec's disaggregation is not its business
 
 
 def test_disaggregation_never_needs_only_decode_workers():

@@ -13,9 +13,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_MAX_CONNECTIONS = 2048
-DEFAULT_HEADER_TIMEOUT_S = 10.0
-DEFAULT_KEEP_ALIVE_S = 5.0
+from tandem.options import HEADER_TIMEOUT_S as DEFAULT_HEADER_TIMEOUT_S
+from tandem.options import KEEP_ALIVE_S as DEFAULT_KEEP_ALIVE_S
+from tandem.options import MAX_CONNECTIONS as DEFAULT_MAX_CONNECTIONS
+
 MAX_HEADER_BYTES = 64 * 1024
 OVER_CAPACITY_RETRY_AFTER_S = 1
 

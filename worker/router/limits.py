@@ -7,10 +7,9 @@ from dataclasses import dataclass
 
 from starlette.requests import ClientDisconnect, Request
 
+from tandem.options import BODY_TIMEOUT_S as DEFAULT_BODY_TIMEOUT_S
+from tandem.options import MAX_BODY_BYTES as DEFAULT_MAX_BODY_BYTES
 from tandem.worker.router.openai_schema import ApiError
-
-DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024  # a 128k-token prompt as token ids is about 1 MiB of JSON
-DEFAULT_BODY_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,12 @@ from collections.abc import Callable
 from grpc_health.v1 import health, health_pb2
 
 from tandem import names
+from tandem.options import ENGINE_STALL_S
 from tandem.worker.engine.runner.engine_loop import EngineLoop
 
 log = logging.getLogger(__name__)
 
-STALL_S = 120.0  # an engine loop that has not come round for this long is stuck (the longest step is far shorter)
+STALL_S = ENGINE_STALL_S  # an engine loop that has not come round for this long is stuck
 FAILED_STEPS_LIMIT = 3  # steps failing in a row: a broken device or CUDA context, not one bad request
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

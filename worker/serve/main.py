@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import faulthandler
 import logging
@@ -11,124 +10,46 @@ import signal
 import sys
 import uuid
 from concurrent import futures
+from dataclasses import replace
 
 import grpc
 import torch
 from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import start_http_server
 
-from tandem import names
+from tandem.options import WorkerOptions
 from tandem.shm_segments import sweep_dead_segments
 from tandem.v1 import colocated_pb2_grpc, prefill_pb2_grpc
 from tandem.worker.api.tls import TlsConfig, add_port
-from tandem.worker.engine.layers.kv_int8 import KV_CACHE_DTYPES
-from tandem.worker.engine.layers.weight_int8 import QUANTIZATIONS
 from tandem.worker.engine.loading import engine_for_model, load_model
-from tandem.worker.engine.runner.decode_graphs import DECODE_STEPS, check_decode_step
+from tandem.worker.engine.runner.decode_graphs import check_decode_step
 from tandem.worker.engine.runner.engine import EngineConfig
 from tandem.worker.engine.runner.engine_loop import EngineLoop
-from tandem.worker.engine.speculative.proposer import METHODS as SPECULATIVE_METHODS
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig
 from tandem.worker.kv_transport.codec import wire_compression
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS
 from tandem.worker.serve.drain import Drainer
 from tandem.worker.serve.drain import add_to_server as add_drain_service
-from tandem.worker.serve.health import STALL_S, HealthWatch
+from tandem.worker.serve.health import HealthWatch
 from tandem.worker.serve.metrics import WorkerMetrics
 from tandem.worker.serve.rpc_limits import RpcLimiter, rpc_limits
-from tandem.worker.serve.wire import KV_TRANSPORTS, offered_transports, worker_info
+from tandem.worker.serve.wire import offered_transports, worker_info
 
 log = logging.getLogger("tandem.worker")
 EXIT_WATCHDOG_S = 20  # after the drain: time to close the server and stop the engine before a forced exit
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="tandem worker", description=__doc__)
-    p.add_argument("--role", choices=["prefill", "decode", "colocated"], required=True)
-    p.add_argument("--model-dir", required=True)
-    p.add_argument("--served-name", default="model")
-    p.add_argument("--service", default="default", help="InferenceService name, for metric labels")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=names.GRPC_PORT)
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: off)")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-kv-blocks", type=int, default=None, help="default: from --kv-memory-percent")
-    p.add_argument(
-        "--kv-memory-percent", type=int, default=90,
-        help="KV cache share of the GPU memory free after the weights load, less the warm-up batch's activations "
-        "(CPU: of a 1 GiB budget)",
-    )  # fmt: skip
-    p.add_argument("--max-running", type=int, default=64)
-    p.add_argument("--max-batch-tokens", type=int, default=2048)
-    p.add_argument("--prefill-chunk", type=int, default=512)
-    p.add_argument(
-        "--max-prefill-tokens-with-decodes", type=int, default=None,
-        help="stall-free batching: most prompt tokens in a step that carries decodes (default: no cap)",
-    )  # fmt: skip
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--attention", choices=["sdpa", "flex"], default="sdpa", help="attention over the paged cache")
-    p.add_argument(
-        "--quantization", choices=QUANTIZATIONS, default="none",
-        help="weights: int8 quantizes every decoder projection and an untied lm_head as the checkpoint loads",
-    )  # fmt: skip
-    p.add_argument(
-        "--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
-        help="KV cache storage: auto (the model's dtype) or int8 (values and a scale per token and head)",
-    )  # fmt: skip
-    p.add_argument("--compile", action="store_true", help="torch.compile norms and MLPs; warmed up before ready")
-    p.add_argument(
-        "--decode-step", choices=DECODE_STEPS, default="eager",
-        help="pure-decode steps: eager, compiled (static shapes, torch.compile), cudaGraphs (captured per bucket)",
-    )  # fmt: skip
-    p.add_argument(
-        "--speculative", choices=["none", *SPECULATIVE_METHODS], default="none",
-        help="speculative decoding: ngram drafts from prompt lookup, draft from the model's own first layers, "
-        "verified in one pass per step (none: off)",
-    )  # fmt: skip
-    p.add_argument("--speculative-tokens", type=int, default=4, help="draft tokens per sequence per step")
-    p.add_argument(
-        "--speculative-draft-layers", type=int, default=None,
-        help="--speculative draft: the model's first this many layers draft (then its final norm and LM head)",
-    )  # fmt: skip
-    p.add_argument("--kv-compression", choices=["none", "int8"], default="none")
-    p.add_argument(
-        "--kv-transport", choices=KV_TRANSPORTS, default="auto",
-        help="KV transfer: auto (shared memory on one host when the cache is on the CPU, else gRPC), grpc, shm",
-    )  # fmt: skip
-    p.add_argument("--worker-id", default=None)
-    p.add_argument("--tls-dir", default=None, help="mutual TLS: tls.crt, tls.key, ca.crt (default: plaintext)")
-    p.add_argument("--tls-server-name", default=None, help="name in the peers' certificates (dialled by IP)")
-    p.add_argument(
-        "--health-port", type=int, default=0,
-        help="also serve grpc.health.v1 alone, in plaintext, on its own server and threads (the kubelet's probes; 0: off)",
-    )  # fmt: skip
-    p.add_argument(
-        "--max-streams", type=int, default=None,
-        help="token streams (StreamTokens, Generate) served at once; past it RESOURCE_EXHAUSTED (default: 2 x --max-running)",
-    )  # fmt: skip
-    p.add_argument(
-        "--max-transfers", type=int, default=None,
-        help="Reserve and Prefill RPCs served at once (KV pushes: as many as streams); past it RESOURCE_EXHAUSTED (default: --max-running)",
-    )  # fmt: skip
-    p.add_argument(
-        "--engine-stall-seconds", type=float, default=STALL_S,
-        help="liveness fails when the engine loop has not come round for this long",
-    )  # fmt: skip
-    p.add_argument(
-        "--drain-timeout", type=float, default=float(os.environ.get("TANDEM_DRAIN_SECONDS", "600")),
-        help="on SIGTERM or a Drain RPC, seconds to finish held work before exiting anyway",
-    )
-    return p.parse_args(argv)
+def parse_args(argv: list[str]) -> WorkerOptions:
+    opts = WorkerOptions.from_argv(argv)
+    return opts if opts.device else replace(opts, device="cuda" if torch.cuda.is_available() else "cpu")
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    device = args.device or "cpu"  # parse_args chose one
     logging.basicConfig(level=os.environ.get("TANDEM_LOG_LEVEL", "INFO").upper(), format=f"%(asctime)s {args.role} %(levelname)s %(message)s")
     try:
-        transports = offered_transports(args.kv_transport, args.device)
+        transports = offered_transports(args.kv_transport, device)
     except ValueError as e:
         print(f"tandem worker: {e}", file=sys.stderr)
         return 2
@@ -138,11 +59,11 @@ def main(argv: list[str]) -> int:
 
     try:
         engine_config = _engine_config(args)
-        check_decode_step(args.decode_step, torch.device(args.device))
+        check_decode_step(args.decode_step, torch.device(device))
     except ValueError as e:  # the spec refuses these combinations first; a hand-written command line may not
         print(f"tandem worker: {e}", file=sys.stderr)
         return 2
-    model = load_model(args.model_dir, args.dtype, args.device, args.quantization)
+    model = load_model(args.model_dir, args.dtype, device, args.quantization)
     try:
         if engine_config.speculative is not None:
             engine_config.speculative.check_model(model.config.num_layers)
@@ -154,14 +75,14 @@ def main(argv: list[str]) -> int:
 
         compile_layers(model)
     try:  # after the weights: the cache takes what they and the largest batch leave
-        kv_plan = plan_kv_cache(model, engine_config, args.num_kv_blocks, args.kv_memory_percent)
+        kv_plan = plan_kv_cache(model, engine_config, args.num_kv_blocks, args.kv_cache_memory_percent)
     except KvCacheTooSmall as e:
         print(f"tandem worker: {e}", file=sys.stderr)
         return 2
     log.info("%s; KV stored as %s, weights quantization %s", kv_plan.describe(), args.kv_cache_dtype, args.quantization)
     num_blocks = kv_plan.num_blocks
     engine, _ = engine_for_model(model, args.model_dir, dataclasses.replace(engine_config, num_kv_blocks=num_blocks))
-    if args.compile or args.decode_step != "eager" or (args.attention == "flex" and args.device.startswith("cuda")):
+    if args.compile or args.decode_step != "eager" or (args.attention == "flex" and device.startswith("cuda")):
         from tandem.worker.engine.runner.compiled import warm_up
 
         log.info("warming up compiled graphs (%d steps)", warm_up(engine))  # before the health check says ready
@@ -173,7 +94,7 @@ def main(argv: list[str]) -> int:
     info = worker_info(engine, worker_id, args.role, args.served_name, transports)
     # Work RPCs are bounded (past the bound: RESOURCE_EXHAUSTED at once) and the pool keeps threads for
     # control RPCs, so Load, Abort, Drain and health never queue behind token streams.
-    limits = rpc_limits(args.max_running, args.max_streams, args.max_transfers)
+    limits = rpc_limits(args.max_running_sequences, args.max_streams, args.max_transfers)
     limiter = RpcLimiter(limits)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=limits.threads, thread_name_prefix="grpc"),
@@ -225,27 +146,24 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def speculative_config(args: argparse.Namespace) -> SpeculativeConfig | None:
-    if args.speculative == "none":
+def speculative_config(args: WorkerOptions) -> SpeculativeConfig | None:
+    if args.speculative is None:
         return None
     return SpeculativeConfig(
         method=args.speculative, num_tokens=args.speculative_tokens, draft_layers=args.speculative_draft_layers
     )
 
 
-def _engine_config(args: argparse.Namespace) -> EngineConfig:
+# Engine knobs WorkerOptions and EngineConfig name alike reach the engine by name; these two differ in kind.
+_NOT_BY_NAME = {"num_kv_blocks", "speculative"}  # sized by plan_kv_cache; a method -> a SpeculativeConfig
+
+
+def _engine_config(args: WorkerOptions) -> EngineConfig:
+    by_name = {f.name for f in dataclasses.fields(EngineConfig)} & {f.name for f in dataclasses.fields(args)}
     return EngineConfig(
-        block_size=args.block_size,
-        max_running_sequences=args.max_running,
-        max_batch_tokens=args.max_batch_tokens,
-        prefill_chunk_tokens=args.prefill_chunk,
-        max_prefill_tokens_with_decodes=args.max_prefill_tokens_with_decodes,
-        max_model_len=args.max_model_len,
+        **{name: getattr(args, name) for name in by_name - _NOT_BY_NAME},
         prefix_cache_seed=f"{args.served_name}\0{args.model_dir}\0{args.dtype}\0{args.quantization}\0{args.kv_cache_dtype}",
-        attention=args.attention,
-        kv_cache_dtype=args.kv_cache_dtype,
         speculative=speculative_config(args),
-        decode_step=args.decode_step,
     )
 
 

@@ -1,0 +1,271 @@
+"""The command lines of `tandem worker` and `tandem router` as typed options: one dataclass per process whose
+fields are its flags (the spec's enums inside, the defaults here or in the spec), written by `launch.py`
+(`to_argv`) and read by the process (`from_argv`), so both ends agree by construction.
+
+An engine knob the spec (`EngineSpec`), these options and the engine (`EngineConfig`) name alike flows through
+by name: `WorkerOptions.from_spec` copies it from the spec, the worker copies it into the engine's config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
+from enum import Enum, StrEnum
+from typing import Any, Self, Union, get_args, get_origin, get_type_hints
+
+from tandem import names
+from tandem.slo import DEFAULT as DEFAULT_SLO
+from tandem.spec import (
+    AttentionBackend,
+    DecodeStep,
+    DisaggregationMode,
+    DisaggregationSpec,
+    Dtype,
+    EngineSpec,
+    InferenceServiceSpec,
+    KvCacheDtype,
+    KvTransferSpec,
+    Mode,
+    Quantization,
+    RouterSpec,
+    SpeculativeMethod,
+    Transport,
+)
+
+ENGINE_STALL_S = 120.0  # an engine loop that has not come round for this long is stuck (the longest step is far shorter)
+MAX_BODY_BYTES = 4 * 1024 * 1024  # a 128k-token prompt as token ids is about 1 MiB of JSON
+BODY_TIMEOUT_S = 30.0
+MAX_CONNECTIONS = 2048
+HEADER_TIMEOUT_S = 10.0
+KEEP_ALIVE_S = 5.0
+
+_ENGINE, _KV, _DISAGGREGATION, _ROUTER = EngineSpec(), KvTransferSpec(), DisaggregationSpec(), RouterSpec()
+
+
+class Role(StrEnum):
+    prefill = names.POOL_PREFILL
+    decode = names.POOL_DECODE
+    colocated = names.POOL_COLOCATED
+
+
+def opt(default: Any = MISSING, help: str = "", flag: str | None = None, choices: tuple[str, ...] | None = None,
+        factory: Any = MISSING) -> Any:  # fmt: skip
+    """A field that is also a flag: `--field-name` unless `flag` names it (a flag older than the field)."""
+    meta = {"help": help, "flag": flag, "choices": choices}
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _addresses(value: str) -> list[str]:
+    """`host:port[,host:port...]` -> a list, empty entries dropped."""
+    return [a.strip() for a in value.split(",") if a.strip()]
+
+
+def _kind(annotation: Any) -> type:
+    """`int | None` -> int; `list[str]` -> list."""
+    if get_origin(annotation) in (Union, type(int | None)):
+        annotation = next(a for a in get_args(annotation) if a is not type(None))
+    return get_origin(annotation) or annotation
+
+
+def _flag(f: Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+class _Options:
+    """Flags from fields, both ways."""
+
+    @classmethod
+    def _fields(cls) -> list[tuple[Field, type]]:
+        hints = get_type_hints(cls)
+        return [(f, _kind(hints[f.name])) for f in fields(cls)]  # type: ignore[arg-type]
+
+    @classmethod
+    def parser(cls, prog: str, description: str | None = None) -> argparse.ArgumentParser:
+        p = argparse.ArgumentParser(prog=prog, description=description)
+        for f, kind in cls._fields():
+            required = f.default is MISSING and f.default_factory is MISSING
+            default = None if required else (f.default if f.default is not MISSING else f.default_factory())  # type: ignore[misc]
+            help_ = f.metadata.get("help", "") + ("" if required or default in (None, False, []) else f" (default: {default})")
+            kw: dict[str, Any] = {"dest": f.name, "help": help_.strip() or None}
+            if kind is bool:
+                kw["action"] = "store_true"
+            elif kind is list:
+                kw.update(type=_addresses, default=default)
+            elif issubclass(kind, Enum):
+                kw.update(choices=[m.value for m in kind], default=None if default is None else default.value)
+            else:
+                kw.update(type=kind, default=default, choices=f.metadata.get("choices"))
+            p.add_argument(_flag(f), required=required, **kw)
+        return p
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> Self:
+        values = {}
+        for f, kind in cls._fields():
+            v = getattr(ns, f.name)
+            values[f.name] = kind(v) if v is not None and issubclass(kind, Enum) else v
+        return cls(**values)
+
+    def to_argv(self) -> list[str]:
+        """The flags whose values differ from the defaults (which the reading side shares), and the required."""
+        argv: list[str] = []
+        for f, _ in self._fields():
+            v = getattr(self, f.name)
+            default = f.default if f.default is not MISSING else f.default_factory() if f.default_factory is not MISSING else MISSING  # type: ignore[misc]
+            if v is None or v is False or v == [] or v == default:
+                continue
+            if v is True:
+                argv.append(_flag(f))
+            else:
+                argv += [_flag(f), ",".join(v) if isinstance(v, list) else str(v)]
+        return argv
+
+
+@dataclass(frozen=True)
+class WorkerOptions(_Options):
+    """`tandem worker`: one engine served over gRPC in one role."""
+
+    role: Role = opt()
+    model_dir: str = opt()
+    served_name: str = opt("model")
+    service: str = opt("default", "InferenceService name, for metric labels")
+    host: str = opt("127.0.0.1")
+    port: int = opt(names.GRPC_PORT)
+    metrics_port: int = opt(0, "Prometheus /metrics port (0: off)")
+    health_port: int = opt(0, "also serve grpc.health.v1 alone, in plaintext, on its own server and threads (the kubelet's probes; 0: off)")
+    worker_id: str | None = opt(None)
+    dtype: Dtype = opt(Dtype.float32)
+    device: str | None = opt(None, "torch device (default: cuda when available, else cpu)")
+    quantization: Quantization = opt(Quantization.none, "weights: int8 quantizes every decoder projection and an untied lm_head as the checkpoint loads")
+    max_model_len: int | None = opt(None)
+    # Engine knobs: named as in EngineSpec and EngineConfig, so that they flow through by name.
+    block_size: int = opt(_ENGINE.block_size)
+    num_kv_blocks: int | None = opt(None, "default: from --kv-memory-percent")
+    kv_cache_memory_percent: int = opt(
+        _ENGINE.kv_cache_memory_percent, "KV cache share of the GPU memory free after the weights load, less the "
+        "warm-up batch's activations (CPU: of a 1 GiB budget)", flag="--kv-memory-percent",
+    )  # fmt: skip
+    max_running_sequences: int = opt(_ENGINE.max_running_sequences, flag="--max-running")
+    max_batch_tokens: int = opt(_ENGINE.max_batch_tokens)
+    prefill_chunk_tokens: int = opt(_ENGINE.prefill_chunk_tokens, flag="--prefill-chunk")
+    max_prefill_tokens_with_decodes: int | None = opt(None, "stall-free batching: most prompt tokens in a step that carries decodes (default: no cap)")
+    threads: int | None = opt(None, "torch CPU threads")
+    attention: AttentionBackend = opt(_ENGINE.attention, "attention over the paged cache")
+    kv_cache_dtype: KvCacheDtype = opt(_ENGINE.kv_cache_dtype, "KV cache storage: auto (the model's dtype) or int8 (values and a scale per token and head)")
+    compile: bool = opt(_ENGINE.compile, "torch.compile norms and MLPs; warmed up before ready")
+    decode_step: DecodeStep = opt(_ENGINE.decode_step, "pure-decode steps: eager, compiled (static shapes, torch.compile), cudaGraphs (captured per bucket)")
+    speculative: SpeculativeMethod | None = opt(None, "speculative decoding: ngram drafts from prompt lookup, draft from the model's own first layers, verified in one pass per step (default: off)")
+    speculative_tokens: int = opt(4, "draft tokens per sequence per step")
+    speculative_draft_layers: int | None = opt(None, "--speculative draft: the model's first this many layers draft (then its final norm and LM head)")
+    # KV transfer.
+    kv_compression: str = opt(_KV.compression, choices=("none", "int8"))
+    kv_transport: Transport = opt(_KV.transport, "KV transfer: auto (shared memory on one host when the cache is on the CPU, else gRPC), grpc, shm")
+    # The process.
+    tls_dir: str | None = opt(None, "mutual TLS: tls.crt, tls.key, ca.crt (default: plaintext)")
+    tls_server_name: str | None = opt(None, "name in the peers' certificates (dialled by IP)")
+    max_streams: int | None = opt(None, "token streams (StreamTokens, Generate) served at once; past it RESOURCE_EXHAUSTED (default: 2 x --max-running)")
+    max_transfers: int | None = opt(None, "Reserve and Prefill RPCs served at once (KV pushes: as many as streams); past it RESOURCE_EXHAUSTED (default: --max-running)")
+    engine_stall_seconds: float = opt(ENGINE_STALL_S, "liveness fails when the engine loop has not come round for this long")
+    drain_timeout: float = opt(
+        help="on SIGTERM or a Drain RPC, seconds to finish held work before exiting anyway",
+        factory=lambda: float(os.environ.get("TANDEM_DRAIN_SECONDS", "600")),
+    )  # fmt: skip
+
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> WorkerOptions:
+        return cls.from_namespace(cls.parser("tandem worker", "serve one engine over gRPC").parse_args(argv))
+
+    @classmethod
+    def from_spec(cls, spec: InferenceServiceSpec, role: str, **process: Any) -> WorkerOptions:
+        """A spec's worker of `role`; `process` sets the rest (service, model_dir, host, port, ...)."""
+        engine = spec.engine
+        if role == Role.prefill:  # a prefill worker never decodes
+            engine = engine.model_copy(update={"decode_step": DecodeStep.eager, "speculative": None,
+                                               "max_prefill_tokens_with_decodes": None})  # fmt: skip
+        knobs = {f.name: getattr(engine, f.name) for f in fields(cls) if f.name in EngineSpec.model_fields}
+        speculative = engine.speculative
+        if speculative is not None:
+            knobs.update(speculative=speculative.method, speculative_tokens=speculative.num_tokens,
+                         speculative_draft_layers=speculative.draft_model.layers if speculative.draft_model else None)  # fmt: skip
+        model = spec.model
+        base = dict(role=Role(role), served_name=model.served_name, dtype=model.dtype, quantization=model.quantization,
+                    max_model_len=model.max_context_length, kv_compression=spec.kv_transfer.compression,
+                    kv_transport=spec.kv_transfer.transport)  # fmt: skip
+        opts = cls(**{**base, **knobs, **process})
+        return opts if opts.threads or not engine.threads else replace(opts, threads=engine.threads)
+
+
+@dataclass(frozen=True)
+class RouterOptions(_Options):
+    """`tandem router`: the OpenAI API in front of the worker pools."""
+
+    model_dir: str = opt(help="Hugging Face model directory (tokenizer, config)")
+    served_name: str = opt(help="the model name clients send")
+    service: str = opt("default", "InferenceService name (metric label)")
+    host: str = opt("127.0.0.1")
+    port: int = opt(names.HTTP_PORT)
+    metrics_port: int = opt(0, "also serve /metrics on this port (0: off)")
+    mode: Mode = opt(Mode.disaggregated)
+    disaggregation: DisaggregationMode = opt(
+        _DISAGGREGATION.mode, "disaggregated mode: every prompt on the prefill pool (always), on its decode worker "
+        "(never), or by prompt length and prefill queue (conditional)",
+    )  # fmt: skip
+    local_prefill_max_tokens: int = opt(
+        _DISAGGREGATION.local_prefill_max_tokens,
+        "conditional: prompts of at most this many uncached tokens are prefilled on the decode worker",
+    )  # fmt: skip
+    prefill_queue_tokens: int = opt(
+        _DISAGGREGATION.prefill_queue_tokens,
+        "conditional: past this many queued prompt tokens on every prefill worker, prefill on a decode worker with room",
+    )  # fmt: skip
+    local_prefill_max_tpot_fraction: float = opt(
+        _DISAGGREGATION.local_prefill_max_tpot_fraction,
+        "conditional: no local prefill on a decode worker whose streams' recent TPOT is above this fraction of "
+        "--slo-tpot-ms (0: no check)",
+    )  # fmt: skip
+    prefill: list[str] = opt(help="prefill worker addresses, comma-separated", factory=list)
+    decode: list[str] = opt(help="decode worker addresses, comma-separated", factory=list)
+    colocated: list[str] = opt(help="colocated worker addresses, comma-separated", factory=list)
+    workers_file: str | None = opt(None, 'JSON {"prefill": [...], "decode": [...], "colocated": [...]}, re-read as it changes')
+    max_queued: int = opt(_ROUTER.max_queued_requests, "requests in flight before answering 429")
+    kv_lease_ms: int = opt(_KV.lease_ms, "how long a decode worker keeps blocks reserved for a KV transfer that has not completed")
+    max_model_len: int | None = opt(None, "context length the workers serve (their --max-model-len); default: the model's positions")
+    max_body_bytes: int = opt(MAX_BODY_BYTES, "larger request bodies get 413")
+    body_timeout: float = opt(BODY_TIMEOUT_S, "seconds a client may take to send its request body before 408")
+    max_connections: int = opt(MAX_CONNECTIONS, "open HTTP connections; past it a request gets 503 with Retry-After")
+    header_timeout: float = opt(HEADER_TIMEOUT_S, "seconds a connection may take to send a request's headers before it is closed")
+    keep_alive_timeout: float = opt(KEEP_ALIVE_S, "seconds an idle kept-alive connection stays open")
+    slo_ttft_ms: float = opt(DEFAULT_SLO.ttft_ms, "TTFT target each request is judged against")
+    slo_tpot_ms: float = opt(DEFAULT_SLO.tpot_ms, "TPOT target each request is judged against")
+    slo_percentile: float = opt(DEFAULT_SLO.percentile, "percent of requests that must meet the targets")
+    api_keys_file: str | None = opt(None, "require Authorization: Bearer <key>; keys one per line")
+    api_keys_env: str | None = opt(None, "require Authorization: Bearer <key>; keys in this environment variable")
+    protect_metrics: bool = opt(False, "/metrics also needs an API key")
+    tls_dir: str | None = opt(None, "mutual TLS to the workers: tls.crt, tls.key, ca.crt")
+    tls_server_name: str | None = opt(None, "name in the workers' certificates (dialled by IP)")
+    log_level: str = opt("info", choices=("debug", "info", "warning", "error"))
+
+    @classmethod
+    def parser_for_router(cls) -> argparse.ArgumentParser:
+        return cls.parser("tandem router", "OpenAI-compatible router for tandem workers")
+
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> RouterOptions:
+        return cls.from_namespace(cls.parser_for_router().parse_args(argv))
+
+    @classmethod
+    def from_spec(cls, spec: InferenceServiceSpec, **process: Any) -> RouterOptions:
+        """A spec's router; `process` sets the rest (service, model_dir, host, port, workers, ...)."""
+        slo = spec.slo.to_slo()
+        opts = cls(served_name=spec.model.served_name, mode=spec.mode, max_queued=spec.router.max_queued_requests,
+                   kv_lease_ms=spec.kv_transfer.lease_ms, max_model_len=spec.model.max_context_length,
+                   slo_ttft_ms=slo.ttft_ms, slo_tpot_ms=slo.tpot_ms, slo_percentile=slo.percentile, **process)  # fmt: skip
+        if spec.mode is not Mode.disaggregated:
+            return opts
+        d = spec.router.disaggregation
+        return replace(opts, disaggregation=d.mode, local_prefill_max_tokens=d.local_prefill_max_tokens,
+                       prefill_queue_tokens=d.prefill_queue_tokens,
+                       local_prefill_max_tpot_fraction=d.local_prefill_max_tpot_fraction)  # fmt: skip

@@ -1,0 +1,76 @@
+"""The process options: every field survives to_argv -> from_argv, the spec's engine knobs reach the worker's
+options by name, and the parsers take their defaults from the options (and so from the spec)."""
+
+import dataclasses
+from enum import Enum
+from typing import get_type_hints
+
+import pytest
+
+from tandem.options import RouterOptions, WorkerOptions, _kind
+from tandem.slo import DEFAULT as DEFAULT_SLO
+from tandem.spec import EngineSpec, InferenceServiceSpec
+
+
+def _other_than_default(cls, f: dataclasses.Field):
+    """A value of the field's type that differs from its default."""
+    kind = _kind(get_type_hints(cls)[f.name])
+    default = f.default if f.default is not dataclasses.MISSING else None
+    if kind is bool:
+        return not default
+    if kind is list:
+        return ["a:1", "b:2"]
+    if issubclass(kind, Enum):
+        return next(m for m in kind if m != default)
+    if f.metadata.get("choices"):
+        return next(c for c in f.metadata["choices"] if c != default)
+    if kind is int:
+        return (default or 0) + 7
+    if kind is float:
+        return (default or 0.0) + 0.25
+    return f"value-of-{f.name}"
+
+
+@pytest.mark.parametrize("cls", [WorkerOptions, RouterOptions])
+def test_every_field_round_trips(cls):
+    required = {f.name: _other_than_default(cls, f) for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}  # fmt: skip
+    plain = cls(**required)
+    assert cls.from_argv(plain.to_argv()) == plain  # all defaults: only the required flags travel
+    for f in dataclasses.fields(cls):
+        changed = dataclasses.replace(plain, **{f.name: _other_than_default(cls, f)})
+        back = cls.from_argv(changed.to_argv())
+        assert back == changed, f.name
+        assert type(getattr(back, f.name)) is type(getattr(changed, f.name)), f.name  # enums come back as enums
+
+
+def test_spec_engine_knobs_reach_the_worker_options_by_name():
+    spec = InferenceServiceSpec.model_validate({
+        "model": {"source": {"path": "/m"}, "servedName": "tiny"},
+        "engine": {"blockSize": 32, "maxRunningSequences": 9, "prefillChunkTokens": 128, "kvCacheMemoryPercent": 40,
+                   "maxPrefillTokensWithDecodes": 64, "decodeStep": "compiled", "threads": 2,
+                   "speculative": {"method": "draft", "numTokens": 3, "draftModel": {"layers": 2}}},
+    })  # fmt: skip
+    decode = WorkerOptions.from_spec(spec, "decode", model_dir="/m")
+    shared = [n for n in EngineSpec.model_fields if n in {f.name for f in dataclasses.fields(WorkerOptions)} - {"speculative"}]
+    assert {"block_size", "max_running_sequences", "prefill_chunk_tokens", "decode_step"} <= set(shared)
+    assert all(getattr(decode, n) == getattr(spec.engine, n) for n in shared)
+    assert (decode.speculative, decode.speculative_tokens, decode.speculative_draft_layers) == ("draft", 3, 2)
+    prefill = WorkerOptions.from_spec(spec, "prefill", model_dir="/m")  # a prefill worker never decodes
+    assert (prefill.decode_step, prefill.speculative, prefill.max_prefill_tokens_with_decodes) == ("eager", None, None)
+    assert WorkerOptions.from_argv(decode.to_argv()) == decode
+
+
+def test_defaults_live_once():
+    worker = WorkerOptions.parser("w").parse_args(["--role", "decode", "--model-dir", "/m"])
+    assert (worker.block_size, worker.max_running_sequences) == (EngineSpec().block_size, EngineSpec().max_running_sequences)
+    router = RouterOptions.parser_for_router().parse_args(["--model-dir", "/m", "--served-name", "t"])
+    assert (router.slo_ttft_ms, router.slo_tpot_ms, router.slo_percentile) == (
+        DEFAULT_SLO.ttft_ms, DEFAULT_SLO.tpot_ms, DEFAULT_SLO.percentile,
+    )  # fmt: skip
+
+
+def test_a_bad_value_is_refused_with_the_flag_named(capsys):
+    with pytest.raises(SystemExit):
+        WorkerOptions.from_argv(["--role", "decode", "--model-dir", "/m", "--attention", "fast"])
+    assert "--attention" in capsys.readouterr().err
