@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+pytest_plugins = ["tests.slow_guard", "pytester"]
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
