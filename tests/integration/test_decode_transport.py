@@ -35,7 +35,7 @@ def decode_worker(tiny_model, request):
     loop = EngineLoop(engine).start()
     transports = offered_transports(request.param, "cpu")
     info = worker_info(engine, "decode-0", "decode", "tiny", transports)
-    staging = StagingPool([StagingRing.create_shm(1 << 20)]) if C.KV_TRANSPORT_SHM in transports else None
+    staging = {C.KV_TRANSPORT_SHM: StagingPool([StagingRing.create_shm(1 << 20)])} if C.KV_TRANSPORT_SHM in transports else None
     servicer = DecodeServicer(loop, info, staging)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=BULK_CHANNEL_OPTIONS)
     add_to_server(server, servicer)

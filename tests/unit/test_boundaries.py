@@ -23,6 +23,9 @@ TORCH_FREE = (
     + _modules("tandem.loadgen", ROOT / "tandem" / "loadgen")
     + _modules("tandem.worker.api", ROOT / "worker" / "api")
     + _modules("tandem.worker.hf", ROOT / "worker" / "hf")
+    # the router's handshake reads the KV transport registry
+    + ["tandem.worker.kv_transport.handshake", "tandem.worker.kv_transport.transports"]
+    + _modules("tandem.worker.kv_transport.transports", ROOT / "worker" / "kv_transport" / "transports")
 )
 
 

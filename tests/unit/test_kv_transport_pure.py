@@ -10,7 +10,12 @@ from tandem.worker.kv_transport.base import InvalidChunk, KvLayout, dtype_from_n
 from tandem.worker.kv_transport.chunking import plan_chunks
 from tandem.worker.kv_transport.codec import INT8, NONE, chunk_nbytes, decode_blocks, encode_blocks
 from tandem.worker.kv_transport.compression import dequantize_int8, quantize_int8
-from tandem.worker.kv_transport.handshake import check_compatible, choose_transport, reserve_transport
+from tandem.worker.kv_transport.handshake import (
+    check_compatible,
+    choose_transport,
+    reserve_transport,
+    reserve_transports,
+)
 from tandem.worker.kv_transport.staging import ring_start
 
 LAYOUT = KvLayout(num_layers=2, block_size=16, num_kv_heads=4, head_dim=64, dtype=torch.bfloat16)
@@ -122,10 +127,12 @@ def test_choose_transport():
     assert choose_transport(_info(), _info(host_id="h2")) == C.KV_TRANSPORT_GRPC
     assert choose_transport(_info(host_id=""), _info(host_id="")) == C.KV_TRANSPORT_GRPC
     assert choose_transport(_info(), _info(shm_capable=False)) == C.KV_TRANSPORT_GRPC
-    gpu = dict(cuda_device=0, transports=[C.KV_TRANSPORT_GRPC, C.KV_TRANSPORT_SHM, C.KV_TRANSPORT_CUDA_IPC])
-    assert choose_transport(_info(**gpu), _info(**gpu)) == C.KV_TRANSPORT_CUDA_IPC
-    assert choose_transport(_info(**gpu), _info(**gpu), allow_cuda_ipc=False) == C.KV_TRANSPORT_SHM
-    assert choose_transport(_info(**gpu), _info(**{**gpu, "cuda_device": -1})) == C.KV_TRANSPORT_SHM
+    gpu = dict(cuda_device=0, cuda_device_uuid="GPU-a", transports=[C.KV_TRANSPORT_GRPC, C.KV_TRANSPORT_SHM, C.KV_TRANSPORT_CUDA_IPC])
+    assert choose_transport(_info(**gpu), _info(**gpu)) == C.KV_TRANSPORT_CUDA_IPC  # one host, one GPU
+    # another GPU (a pod sees only its own: cuda:0 in both, another UUID) cannot be opened by the sender
+    assert choose_transport(_info(**gpu), _info(**{**gpu, "cuda_device_uuid": "GPU-b"})) == C.KV_TRANSPORT_SHM
+    assert choose_transport(_info(**gpu), _info(**{**gpu, "cuda_device": -1, "cuda_device_uuid": ""})) == C.KV_TRANSPORT_SHM
+    assert choose_transport(_info(**gpu), _info(**{**gpu, "host_id": "h2"})) == C.KV_TRANSPORT_GRPC
 
 
 GRPC, SHM, NONE_IN_COMMON = C.KV_TRANSPORT_GRPC, C.KV_TRANSPORT_SHM, C.KV_TRANSPORT_UNSPECIFIED
@@ -157,6 +164,16 @@ def test_forced_transports_are_honoured_or_refused():
 )
 def test_reserve_transport_is_choose_transport_over_what_the_reservation_offers(offered, host, receiver, granted):
     assert reserve_transport(offered, host, _info(**receiver)) == granted
+
+
+def test_a_reservation_from_a_prefill_worker_on_the_same_gpu_gets_cuda_ipc():
+    cuda = C.KV_TRANSPORT_CUDA_IPC
+    receiver = _info(cuda_device=0, cuda_device_uuid="GPU-a", transports=[cuda, GRPC], shm_capable=False)
+    assert reserve_transport([cuda, GRPC], "h1", receiver, "GPU-a") == cuda
+    assert reserve_transports([cuda, GRPC], "h1", receiver, "GPU-a") == [cuda, GRPC]  # the stream when every buffer is lent
+    assert reserve_transport([cuda, GRPC], "h1", receiver, "GPU-b") == GRPC  # a GPU the sender cannot open
+    assert reserve_transport([cuda, GRPC], "h2", receiver, "GPU-a") == GRPC  # another host
+    assert reserve_transport([cuda, GRPC], "h1", receiver) == GRPC  # a sender that does not name its GPU
 
 
 def test_ring_start_never_wraps_a_chunk():

@@ -56,7 +56,7 @@ def test_lease_reaches_the_router_backend():
     "transport, device, offered",
     [
         ("auto", "cpu", [C.KV_TRANSPORT_SHM, C.KV_TRANSPORT_GRPC]),
-        ("auto", "cuda:0", [C.KV_TRANSPORT_GRPC]),  # the staging rings are host memory
+        ("auto", "cuda:0", [C.KV_TRANSPORT_CUDA_IPC, C.KV_TRANSPORT_GRPC]),  # shared memory rings are host memory
         ("grpc", "cpu", [C.KV_TRANSPORT_GRPC]),
         ("shm", "cpu", [C.KV_TRANSPORT_SHM]),
     ],

@@ -12,6 +12,7 @@ import torch
 
 from tandem.v1 import common_pb2, decode_pb2
 
+from . import transports
 from .base import ChecksumMismatch, IncompleteTransfer, InvalidChunk, KvLayout, KvSender, KvTransferError
 from .chunking import DEFAULT_CHUNK_BYTES, plan_chunks
 from .codec import NONE, chunk_nbytes, encode_blocks
@@ -297,10 +298,5 @@ def add_decode_service(server: grpc.Server, servicer: object, receiver: KvReceiv
 def staging_for(reservation: decode_pb2.ReserveReply, cuda_device: int = -1) -> StagingRing | None:
     """The ring a reservation's transport writes into, or None for inline gRPC payloads. `cuda_device` is
     where this (sending) worker's KV cache lives, -1 for the CPU: a CUDA buffer elsewhere is refused."""
-    if reservation.transport == common_pb2.KV_TRANSPORT_SHM and reservation.shm_name:
-        return StagingRing.attach_shm(reservation.shm_name)
-    if reservation.transport == common_pb2.KV_TRANSPORT_CUDA_IPC and reservation.HasField("cuda_ipc"):
-        from .cuda_ipc import attach_cuda_ring
-
-        return attach_cuda_ring(reservation.shm_name, reservation.cuda_ipc, cuda_device)
-    return None
+    kind = reservation.transport
+    return transports.by_kind(kind).attach(reservation, cuda_device) if transports.known(kind) else None

@@ -1,6 +1,7 @@
 """Handshake decisions (pure): are two workers' KV layouts compatible, and which transport to use.
 
-The one place that decides the KV transport: the decode worker grants what `reserve_transport` says.
+The transports themselves, and the order they are tried in, are the registry's (`transports/`); the decode
+worker grants what `reserve_transports` lists.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tandem.v1 import common_pb2
+from tandem.worker.kv_transport import transports
 
 T = common_pb2
 DEFAULT_LEASE_MS = 30_000  # how long a decode worker holds reserved blocks for a transfer (spec kvTransfer.leaseMs)
@@ -59,35 +61,22 @@ def check_compatible(sender: common_pb2.WorkerInfo, receiver: common_pb2.WorkerI
     return problems
 
 
-def same_host(a: common_pb2.WorkerInfo, b: common_pb2.WorkerInfo) -> bool:
-    return bool(a.host_id) and a.host_id == b.host_id
+def choose_transport(sender: common_pb2.WorkerInfo, receiver: common_pb2.WorkerInfo) -> int:
+    """The best transport both offer and may pair on (the registry, best first); KV_TRANSPORT_UNSPECIFIED
+    when they share none (a worker told to use only shared memory, paired with one on another host)."""
+    return transports.choose_transport(sender, receiver)
 
 
-def _offers(worker: common_pb2.WorkerInfo) -> set[int]:
-    """The transports a worker offers; one that lists none speaks the gRPC stream, the protocol's baseline."""
-    return set(worker.transports) or {T.KV_TRANSPORT_GRPC}
+def reserve_transports(
+    offered: Sequence[int], sender_host_id: str, receiver: common_pb2.WorkerInfo, sender_cuda_device_uuid: str = ""
+) -> list[int]:
+    """What a decode worker may grant a reservation, best first, from what the prefill worker says of itself
+    in it (an empty list of transports: the gRPC stream only)."""
+    return transports.candidates(transports.sender_from_reserve(offered, sender_host_id, sender_cuda_device_uuid), receiver)
 
 
-def choose_transport(
-    sender: common_pb2.WorkerInfo, receiver: common_pb2.WorkerInfo, allow_cuda_ipc: bool = True
+def reserve_transport(
+    offered: Sequence[int], sender_host_id: str, receiver: common_pb2.WorkerInfo, sender_cuda_device_uuid: str = ""
 ) -> int:
-    """The fastest transport both sides offer: CUDA IPC (same host, both caches on GPUs), then shared
-    memory (same host, both shm-capable), else the gRPC stream; KV_TRANSPORT_UNSPECIFIED when they share
-    none (a worker told to use only shared memory, paired with one on another host)."""
-    both = _offers(sender) & _offers(receiver)
-    if same_host(sender, receiver):
-        gpus = sender.cuda_device >= 0 and receiver.cuda_device >= 0
-        if allow_cuda_ipc and gpus and T.KV_TRANSPORT_CUDA_IPC in both:
-            return T.KV_TRANSPORT_CUDA_IPC
-        if sender.shm_capable and receiver.shm_capable and T.KV_TRANSPORT_SHM in both:
-            return T.KV_TRANSPORT_SHM
-    return T.KV_TRANSPORT_GRPC if T.KV_TRANSPORT_GRPC in both else T.KV_TRANSPORT_UNSPECIFIED
-
-
-def reserve_transport(offered: Sequence[int], sender_host_id: str, receiver: common_pb2.WorkerInfo) -> int:
-    """The transport a decode worker grants a reservation, from what the prefill worker offers in it (an
-    empty list: the gRPC stream only). The decode server stages no CUDA IPC buffers, so never that."""
-    sender = common_pb2.WorkerInfo(
-        host_id=sender_host_id, transports=offered, shm_capable=T.KV_TRANSPORT_SHM in offered, cuda_device=-1
-    )
-    return choose_transport(sender, receiver, allow_cuda_ipc=False)
+    """The transport a decode worker grants a reservation when its staging has room."""
+    return next(iter(reserve_transports(offered, sender_host_id, receiver, sender_cuda_device_uuid)), T.KV_TRANSPORT_UNSPECIFIED)

@@ -229,6 +229,7 @@ class GrpcBackend:
                 decode_pb2.ReserveRequest(
                     transfer_id=transfer_id, request_id=request_id, prompt_token_ids=prompt_ids, sampling=sampling,
                     lease_ms=self.lease_ms, transports=prefill_info.transports, prefill_host_id=prefill_info.host_id,
+                    prefill_cuda_device_uuid=prefill_info.cuda_device_uuid,
                 ),
                 timeout=10,
             )

@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import grpc
@@ -24,12 +25,14 @@ from tandem.worker.api.wire import params_from_proto
 from tandem.worker.engine.core.block_manager import OutOfBlocks
 from tandem.worker.engine.runner.engine import StepOutput
 from tandem.worker.engine.runner.engine_loop import EngineLoop, StreamEnd
+from tandem.worker.kv_transport import transports
 from tandem.worker.kv_transport.base import KvLayout
 from tandem.worker.kv_transport.grpc_stream import add_decode_service
 from tandem.worker.kv_transport.handshake import (
     DEFAULT_LEASE_MS,
     check_compatible,
     reserve_transport,
+    reserve_transports,
 )
 from tandem.worker.kv_transport.receiver import Committed, KvReceiver
 from tandem.worker.kv_transport.reservations import Released
@@ -64,6 +67,7 @@ class Pending:
     params: SamplingParams
     block_table: list[int]
     ring: StagingRing | None = None
+    transport: int = common_pb2.KV_TRANSPORT_GRPC  # the pool `ring` goes back to
 
 
 class DecodeServicer:
@@ -71,10 +75,11 @@ class DecodeServicer:
         self,
         loop: EngineLoop,
         info: common_pb2.WorkerInfo,
-        staging: StagingPool | None = None,
+        staging: Mapping[int, StagingPool] | None = None,
         expire_every_s: float = 0.25,
     ):
-        self.loop, self.info, self.staging = loop, info, staging
+        self.loop, self.info = loop, info
+        self.staging = dict(staging or {})  # by transport: the rings it lends one reservation at a time
         self.layout = KvLayout.from_worker_info(info)
         self.receiver = KvReceiver(loop.engine.kv, self.layout, on_release=self._released, on_commit=self._committed)
         self._lock = threading.Lock()
@@ -91,8 +96,8 @@ class DecodeServicer:
     def close(self) -> None:
         """Stop the expiry thread and unlink the shared-memory staging rings (the worker is exiting)."""
         self._stop.set()
-        if self.staging is not None:
-            self.staging.close()
+        for pool in self.staging.values():
+            pool.close()
 
     def busy(self) -> int:
         """Reservations waiting for KV, token streams not yet ended, and sequences in the engine."""
@@ -109,7 +114,7 @@ class DecodeServicer:
         return common_pb2.HandshakeReply(  # the transport a Reserve from this peer would be granted
             worker=self.info,
             problems=check_compatible(peer, self.info),
-            transport=reserve_transport(peer.transports, peer.host_id, self.info),
+            transport=reserve_transport(peer.transports, peer.host_id, self.info, peer.cuda_device_uuid),
         )
 
     def Reserve(self, request: decode_pb2.ReserveRequest, context: grpc.ServicerContext) -> decode_pb2.ReserveReply:
@@ -141,8 +146,10 @@ class DecodeServicer:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         first = cached // self.layout.block_size
         to_fill = block_table[first:]
-        transport = reserve_transport(request.transports, request.prefill_host_id, self.info)
-        if transport == common_pb2.KV_TRANSPORT_UNSPECIFIED:
+        choices = reserve_transports(
+            request.transports, request.prefill_host_id, self.info, request.prefill_cuda_device_uuid
+        )
+        if not choices:
             self.loop.call(lambda e: e.release(block_table))
             offered = [common_pb2.KvTransport.Name(t) for t in request.transports]
             mine = [common_pb2.KvTransport.Name(t) for t in self.info.transports]
@@ -154,24 +161,17 @@ class DecodeServicer:
         with self._lock:
             self._outputs[request.request_id] = Output(queue.Queue(), time.monotonic() + lease_s)
         res = self.receiver.reserve(request.transfer_id, request.request_id, to_fill, lease_s)
-        ring = None
-        if transport == common_pb2.KV_TRANSPORT_SHM:
-            assert self.staging is not None, "a decode worker that offers shared memory has staging rings"
-            ring = self.staging.lend(res.epoch)
-            if ring is not None:
-                res.staging = ring
-            elif common_pb2.KV_TRANSPORT_GRPC in self.info.transports and (
-                not request.transports or common_pb2.KV_TRANSPORT_GRPC in request.transports
-            ):
-                transport = common_pb2.KV_TRANSPORT_GRPC  # every ring is lent: the stream instead
-            else:  # shared memory only, and none free now: the router retries elsewhere
-                self.receiver.abort(request.transfer_id, request.request_id, "no staging ring free")
-                with self._lock:
-                    self._outputs.pop(request.request_id, None)
-                self.loop.call(lambda e: e.release(block_table))
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "every shared-memory staging ring is in use")
+        transport, ring = self._lend(choices, res.epoch)
+        if transport is None:  # staged transports only, every ring lent: the router retries elsewhere
+            self.receiver.abort(request.transfer_id, request.request_id, "no staging ring free")
+            with self._lock:
+                self._outputs.pop(request.request_id, None)
+            self.loop.call(lambda e: e.release(block_table))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "every staging ring is in use")
+        assert transport is not None  # context.abort raised otherwise
+        res.staging = ring
         with self._lock:
-            self._pending[request.transfer_id] = Pending(request.request_id, prompt, params, block_table, ring)
+            self._pending[request.transfer_id] = Pending(request.request_id, prompt, params, block_table, ring, transport)
         if not context.is_active():  # the router gave up while this ran: it may never send the Abort
             self._drop(request.request_id, request.transfer_id, "reserve cancelled")
         return decode_pb2.ReserveReply(
@@ -180,10 +180,21 @@ class DecodeServicer:
             epoch=res.epoch,
             lease_deadline_ms=int((time.time() + lease_s) * 1000),
             transport=transport,
-            shm_name=ring.name if ring is not None else "",
-            shm_capacity=ring.capacity if ring is not None else 0,
             first_block_index=first,
+            **(transports.by_kind(transport).describe(ring) if ring is not None else {}),
         )
+
+    def _lend(self, choices: list[int], epoch: int) -> tuple[int | None, StagingRing | None]:
+        """The first transport, best first, that can carry this transfer now: an inline one, or a staged one
+        with a ring free (every ring lent: the next one instead)."""
+        for kind in choices:
+            if not transports.by_kind(kind).staged:
+                return kind, None
+            pool = self.staging.get(kind)
+            ring = pool.lend(epoch) if pool is not None else None
+            if ring is not None:
+                return kind, ring
+        return None, None
 
     def StreamTokens(self, request: decode_pb2.StreamTokensRequest, context: grpc.ServicerContext):
         with self._lock:
@@ -260,8 +271,8 @@ class DecodeServicer:
         log.info("released reservation %s: %s", released.reservation.transfer_id, released.reason)
 
     def _give_back_ring(self, pending: Pending) -> None:
-        if pending.ring is not None and self.staging is not None:
-            self.staging.give_back(pending.ring)
+        if pending.ring is not None:
+            self.staging[pending.transport].give_back(pending.ring)
 
     def _drop(self, request_id: str, transfer_id: str = "", reason: str = "aborted") -> tuple[list[Released], bool]:
         """End a request wherever it is (reservation, engine, unread token queue) and free what it holds."""

@@ -18,7 +18,6 @@ from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import start_http_server
 
 from tandem.options import WorkerOptions
-from tandem.shm_segments import sweep_dead_segments
 from tandem.v1 import colocated_pb2_grpc, prefill_pb2_grpc
 from tandem.worker.api.tls import TlsConfig, add_port
 from tandem.worker.engine.loading import engine_for_model, load_model
@@ -169,13 +168,11 @@ def _engine_config(args: WorkerOptions) -> EngineConfig:
 
 def _add_servicer(server, args, loop, info, metrics, tls):
     if args.role == "decode":
-        from tandem.worker.kv_transport.staging import StagingPool, StagingRing
+        from tandem.worker.kv_transport import transports
         from tandem.worker.serve.decode import DecodeServicer, add_to_server
 
-        staging = None
-        if info.shm_capable:
-            sweep_dead_segments()  # a restart: the rings of the worker it replaces, if that one was killed
-            staging = StagingPool([StagingRing.create_shm(64 << 20) for _ in range(4)])
+        # the staging each offered transport lends per reservation (shared-memory rings, CUDA buffers)
+        staging = {t.kind: t.staging(args.device) for t in transports.REGISTRY if t.staged and t.kind in info.transports}
         decode = DecodeServicer(loop, info, staging)
         add_to_server(server, decode)
         return decode

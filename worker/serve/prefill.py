@@ -96,7 +96,7 @@ class PrefillServicer:
         return common_pb2.HandshakeReply(
             worker=self.info,
             problems=check_compatible(self.info, peer),
-            transport=reserve_transport(self.info.transports, self.info.host_id, peer),
+            transport=reserve_transport(self.info.transports, self.info.host_id, peer, self.info.cuda_device_uuid),
         )
 
     def Load(self, request: common_pb2.LoadRequest, context: grpc.ServicerContext) -> common_pb2.LoadReport:

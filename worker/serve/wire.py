@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import socket
 
+import torch
+
 from tandem.v1 import common_pb2
 from tandem.worker.api.wire import FINISH_REASONS
 from tandem.worker.engine.runner.engine import Engine, StepOutput
 from tandem.worker.engine.runner.engine_loop import LoadSnapshot, StreamEnd
+from tandem.worker.kv_transport import transports
 from tandem.worker.kv_transport.base import PROTOCOL_VERSION, dtype_name
 
 ROLES = {
@@ -42,22 +45,16 @@ def host_id() -> str:
     return f"{socket.gethostname()}:{boot}"
 
 
-KV_TRANSPORTS = ("auto", "grpc", "shm")  # spec kvTransfer.transport
-
-
 def offered_transports(kv_transport: str, device: str) -> list[int]:
-    """What a worker offers for KV, best first: `grpc` the stream only, `shm` shared memory only, `auto`
-    shared memory too when the cache lives on the CPU. Raises ValueError for `shm` with a GPU cache."""
-    shm_ok = device == "cpu"
-    if kv_transport == "grpc":
-        return [common_pb2.KV_TRANSPORT_GRPC]
-    if kv_transport == "shm":
-        if not shm_ok:
-            raise ValueError(f"kvTransfer.transport shm needs the KV cache on the CPU, not on {device}")
-        return [common_pb2.KV_TRANSPORT_SHM]
-    if kv_transport == "auto":
-        return [common_pb2.KV_TRANSPORT_SHM, common_pb2.KV_TRANSPORT_GRPC] if shm_ok else [common_pb2.KV_TRANSPORT_GRPC]
-    raise ValueError(f"unknown KV transport {kv_transport!r}; one of {', '.join(KV_TRANSPORTS)}")
+    """What a worker offers for KV, best first (the registry's; ValueError for a setting the device refuses)."""
+    return transports.offered_transports(kv_transport, device)
+
+
+def cuda_device_uuid(device: torch.device) -> str:
+    """The GPU's UUID ("" on the CPU): two workers whose caches share one may use CUDA IPC."""
+    if device.type != "cuda":
+        return ""
+    return str(torch.cuda.get_device_properties(device).uuid)
 
 
 def worker_info(
@@ -81,6 +78,7 @@ def worker_info(
         cuda_device=engine.device.index if engine.device.type == "cuda" and engine.device.index is not None else -1,
         protocol_version=PROTOCOL_VERSION,
         kv_cache_dtype=engine.config.kv_cache_dtype,
+        cuda_device_uuid=cuda_device_uuid(engine.device),
     )
 
 

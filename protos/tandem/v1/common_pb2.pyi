@@ -43,7 +43,7 @@ FINISH_REASON_ABORT: FinishReason
 FINISH_REASON_ERROR: FinishReason
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "role", "model_name", "dtype", "num_layers", "num_kv_heads", "head_dim", "block_size", "host_id", "transports", "shm_capable", "cuda_device", "protocol_version", "version", "kv_cache_dtype")
+    __slots__ = ("worker_id", "role", "model_name", "dtype", "num_layers", "num_kv_heads", "head_dim", "block_size", "host_id", "transports", "shm_capable", "cuda_device", "protocol_version", "version", "kv_cache_dtype", "cuda_device_uuid")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,7 @@ class WorkerInfo(_message.Message):
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    CUDA_DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: WorkerRole
     model_name: str
@@ -74,7 +75,8 @@ class WorkerInfo(_message.Message):
     protocol_version: int
     version: str
     kv_cache_dtype: str
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., model_name: _Optional[str] = ..., dtype: _Optional[str] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., block_size: _Optional[int] = ..., host_id: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[KvTransport, str]]] = ..., shm_capable: _Optional[bool] = ..., cuda_device: _Optional[int] = ..., protocol_version: _Optional[int] = ..., version: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ...) -> None: ...
+    cuda_device_uuid: str
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., model_name: _Optional[str] = ..., dtype: _Optional[str] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., block_size: _Optional[int] = ..., host_id: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[KvTransport, str]]] = ..., shm_capable: _Optional[bool] = ..., cuda_device: _Optional[int] = ..., protocol_version: _Optional[int] = ..., version: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., cuda_device_uuid: _Optional[str] = ...) -> None: ...
 
 class HandshakeRequest(_message.Message):
     __slots__ = ("peer",)

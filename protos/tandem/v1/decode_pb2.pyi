@@ -36,7 +36,7 @@ PUSH_KV_STATUS_REJECTED: PushKvStatus
 PUSH_KV_STATUS_INCOMPLETE: PushKvStatus
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("transfer_id", "request_id", "prompt_token_ids", "sampling", "lease_ms", "transports", "prefill_host_id")
+    __slots__ = ("transfer_id", "request_id", "prompt_token_ids", "sampling", "lease_ms", "transports", "prefill_host_id", "prefill_cuda_device_uuid")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class ReserveRequest(_message.Message):
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_CUDA_DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -51,7 +52,8 @@ class ReserveRequest(_message.Message):
     lease_ms: int
     transports: _containers.RepeatedScalarFieldContainer[_common_pb2.KvTransport]
     prefill_host_id: str
-    def __init__(self, transfer_id: _Optional[str] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., lease_ms: _Optional[int] = ..., transports: _Optional[_Iterable[_Union[_common_pb2.KvTransport, str]]] = ..., prefill_host_id: _Optional[str] = ...) -> None: ...
+    prefill_cuda_device_uuid: str
+    def __init__(self, transfer_id: _Optional[str] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., lease_ms: _Optional[int] = ..., transports: _Optional[_Iterable[_Union[_common_pb2.KvTransport, str]]] = ..., prefill_host_id: _Optional[str] = ..., prefill_cuda_device_uuid: _Optional[str] = ...) -> None: ...
 
 class ReserveReply(_message.Message):
     __slots__ = ("block_ids", "num_cached_tokens", "epoch", "lease_deadline_ms", "transport", "shm_name", "shm_capacity", "first_block_index", "cuda_ipc")
