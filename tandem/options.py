@@ -30,6 +30,7 @@ from tandem.spec import (
     Quantization,
     RouterSpec,
     SpeculativeMethod,
+    SpeculativeSpec,
     Transport,
 )
 
@@ -41,6 +42,7 @@ HEADER_TIMEOUT_S = 10.0
 KEEP_ALIVE_S = 5.0
 
 _ENGINE, _KV, _DISAGGREGATION, _ROUTER = EngineSpec(), KvTransferSpec(), DisaggregationSpec(), RouterSpec()
+SPECULATIVE_TOKENS = SpeculativeSpec().num_tokens
 
 
 class Role(StrEnum):
@@ -110,12 +112,12 @@ class _Options:
         return cls(**values)
 
     def to_argv(self) -> list[str]:
-        """The flags whose values differ from the defaults (which the reading side shares), and the required."""
+        """Every flag that is set, defaults included (what a pod runs reads the same whatever the image's
+        defaults); a None, False or empty value is the flag left out."""
         argv: list[str] = []
         for f, _ in self._fields():
             v = getattr(self, f.name)
-            default = f.default if f.default is not MISSING else f.default_factory() if f.default_factory is not MISSING else MISSING  # type: ignore[misc]
-            if v is None or v is False or v == [] or v == default:
+            if v is None or v is False or v == []:
                 continue
             if v is True:
                 argv.append(_flag(f))
@@ -158,7 +160,7 @@ class WorkerOptions(_Options):
     compile: bool = opt(_ENGINE.compile, "torch.compile norms and MLPs; warmed up before ready")
     decode_step: DecodeStep = opt(_ENGINE.decode_step, "pure-decode steps: eager, compiled (static shapes, torch.compile), cudaGraphs (captured per bucket)")
     speculative: SpeculativeMethod | None = opt(None, "speculative decoding: ngram drafts from prompt lookup, draft from the model's own first layers, verified in one pass per step (default: off)")
-    speculative_tokens: int = opt(4, "draft tokens per sequence per step")
+    speculative_tokens: int | None = opt(None, f"draft tokens per sequence per step (default: {SPECULATIVE_TOKENS})")
     speculative_draft_layers: int | None = opt(None, "--speculative draft: the model's first this many layers draft (then its final norm and LM head)")
     # KV transfer.
     kv_compression: str = opt(_KV.compression, choices=("none", "int8"))

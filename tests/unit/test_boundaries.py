@@ -73,3 +73,9 @@ def test_benchmarks_do_not_import_the_tests():
     """Shared harnesses live in `tandem.testing`; a benchmark that imports `tests` breaks when tests move."""
     into_tests = {(f, m) for f, m in _imports(ROOT / "bench") if m == "tests" or m.startswith("tests.")}
     assert not into_tests, into_tests
+
+
+def test_the_engine_does_not_import_the_transports():
+    """What both need of a KV block is in worker/kv/layout.py; the engine knows nothing of how KV travels."""
+    into_transport = {(f, m) for f, m in _imports(ROOT / "worker" / "engine") if m.startswith("tandem.worker.kv_transport")}
+    assert not into_transport, into_transport

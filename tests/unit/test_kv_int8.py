@@ -82,6 +82,7 @@ def test_attention_over_8_bit_pages_stays_within_a_stated_bound():
     assert 0 < rel < 0.01, rel
 
 
+@pytest.mark.slow  # a whole greedy generation twice: over a minute on a busy 2-core machine
 def test_greedy_tokens_with_the_8_bit_cache_agree_with_the_full_cache(tiny):
     results = []
     for seed in (0, 1, 2):

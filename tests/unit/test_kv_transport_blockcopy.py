@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tandem.worker.kv_transport.blockcopy import MAX_RUNS, id_runs, write_rows
+from tandem.worker.kv.layout import MAX_RUNS, id_runs, write_rows
 
 
 def test_runs_of_consecutive_ids():

@@ -53,8 +53,9 @@ def test_tandem_up_command_lines_carry_both_options():
 def test_defaults_leave_the_weights_and_the_cache_as_the_checkpoint_has_them():
     spec = parse_object(_obj()).spec
     (container,) = render.worker_deployment(spec, "q", "ml", "u", names.POOL_DECODE, 1)["spec"]["template"]["spec"]["containers"]
-    assert "--quantization" not in container["args"] and "--kv-cache-dtype" not in container["args"]
-    args = parse_args(container["args"][1:])
+    argv = container["args"]
+    assert argv[argv.index("--quantization") + 1] == "none" and argv[argv.index("--kv-cache-dtype") + 1] == "auto"
+    args = parse_args(argv[1:])
     assert (args.quantization, args.kv_cache_dtype) == ("none", "auto")
 
 

@@ -10,6 +10,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from tandem.v1 import common_pb2, decode_pb2
+from tandem.worker.kv import layout
 
 from .handshake import kv_cache_dtype_of
 
@@ -21,7 +22,7 @@ class KvLayout:
     """Shape of one layer's KV block: [block_size, num_kv_heads, head_dim] in `dtype`, for `num_layers`.
 
     With `kv_cache_dtype` int8 the cache stores each head's row packed (int8 values and a float32 scale,
-    `head_dim + 4` bytes; engine/kv_int8), and a block travels as those bytes, scales included."""
+    `head_dim + 4` bytes; kv/layout), and a block travels as those bytes, scales included."""
 
     num_layers: int
     block_size: int
@@ -32,16 +33,16 @@ class KvLayout:
 
     @property
     def packed(self) -> bool:
-        return self.kv_cache_dtype == "int8"
+        return layout.is_packed(self.kv_cache_dtype)
 
     @property
     def storage_dtype(self) -> torch.dtype:
         """The dtype of the cache's tensors: the model's, or uint8 for the packed 8-bit rows."""
-        return torch.uint8 if self.packed else self.dtype
+        return layout.storage_dtype(self.dtype, self.kv_cache_dtype)
 
     @property
     def block_shape(self) -> tuple[int, int, int]:
-        return (self.block_size, self.num_kv_heads, self.head_dim + PACKED_SCALE_BYTES if self.packed else self.head_dim)
+        return layout.block_shape(self.block_size, self.num_kv_heads, self.head_dim, self.kv_cache_dtype)
 
     @property
     def block_elems(self) -> int:
@@ -58,9 +59,6 @@ class KvLayout:
             info.num_layers, info.block_size, info.num_kv_heads, info.head_dim, dtype_from_name(info.dtype),
             kv_cache_dtype_of(info),
         )  # fmt: skip
-
-
-PACKED_SCALE_BYTES = 4  # engine/kv_int8.SCALE_BYTES: the transport does not import the engine
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from tandem.worker.kv.layout import write_rows
+
 from .base import KvLayout
-from .blockcopy import write_rows
 
 
 class TensorKvStore:

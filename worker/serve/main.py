@@ -17,7 +17,7 @@ import torch
 from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import start_http_server
 
-from tandem.options import WorkerOptions
+from tandem.options import SPECULATIVE_TOKENS, WorkerOptions
 from tandem.v1 import colocated_pb2_grpc, prefill_pb2_grpc
 from tandem.worker.api.tls import TlsConfig, add_port
 from tandem.worker.engine.loading import engine_for_model, load_model
@@ -149,7 +149,8 @@ def speculative_config(args: WorkerOptions) -> SpeculativeConfig | None:
     if args.speculative is None:
         return None
     return SpeculativeConfig(
-        method=args.speculative, num_tokens=args.speculative_tokens, draft_layers=args.speculative_draft_layers
+        method=args.speculative, num_tokens=args.speculative_tokens or SPECULATIVE_TOKENS,
+        draft_layers=args.speculative_draft_layers,
     )
 
 

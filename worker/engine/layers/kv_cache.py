@@ -5,19 +5,19 @@ This is the small interface the KV transfer uses; which block belongs to whom is
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from tandem.worker.engine.layers.kv_int8 import is_packed, row_bytes
 from tandem.worker.hf.config import ModelConfig
-from tandem.worker.kv_transport.blockcopy import write_rows
+from tandem.worker.kv.layout import block_shape, storage_dtype, write_rows
 
 
 def kv_block_nbytes(config: ModelConfig, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> int:
     """Bytes one block takes across all layers, keys and values (8-bit: values and their scales)."""
-    if is_packed(kv_cache_dtype):
-        return 2 * config.num_layers * block_size * config.num_kv_heads * row_bytes(config.head_dim)
-    elem = torch.tensor([], dtype=dtype).element_size()
-    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
+    shape = block_shape(block_size, config.num_kv_heads, config.head_dim, kv_cache_dtype)
+    elem = torch.tensor([], dtype=storage_dtype(dtype, kv_cache_dtype)).element_size()
+    return 2 * config.num_layers * math.prod(shape) * elem
 
 
 class KvCache:
@@ -38,10 +38,8 @@ class KvCache:
     ):
         self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
         self.kv_cache_dtype = kv_cache_dtype
-        packed = is_packed(kv_cache_dtype)
-        row = row_bytes(config.head_dim) if packed else config.head_dim
-        shape = (num_blocks, block_size, config.num_kv_heads, row)
-        store = torch.uint8 if packed else dtype
+        shape = (num_blocks, *block_shape(block_size, config.num_kv_heads, config.head_dim, kv_cache_dtype))
+        store = storage_dtype(dtype, kv_cache_dtype)
         self.k = [torch.zeros(shape, dtype=store, device=device) for _ in range(config.num_layers)]
         self.v = [torch.zeros(shape, dtype=store, device=device) for _ in range(config.num_layers)]
 

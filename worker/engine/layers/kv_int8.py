@@ -12,23 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from tandem.spec import KV_INT8_NEEDS_SDPA, KvCacheDtype
+from tandem.spec import KV_INT8_NEEDS_SDPA
+from tandem.worker.kv.layout import KV_CACHE_DTYPES, SCALE_BYTES, is_packed, row_bytes
 
-__all__ = ["KV_INT8_NEEDS_SDPA", "KV_CACHE_DTYPES", "SCALE_BYTES", "is_packed", "pack", "unpack"]
-
-KV_CACHE_DTYPES = tuple(d.value for d in KvCacheDtype)  # auto: the model's dtype
-SCALE_BYTES = 4  # one float32 per token and head
-
-
-def is_packed(kv_cache_dtype: str) -> bool:
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise ValueError(f"kvCacheDtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
-    return kv_cache_dtype == "int8"
-
-
-def row_bytes(head_dim: int) -> int:
-    """Bytes of one token's one head in the 8-bit cache."""
-    return head_dim + SCALE_BYTES
+__all__ = ["KV_INT8_NEEDS_SDPA", "KV_CACHE_DTYPES", "SCALE_BYTES", "is_packed", "pack", "row_bytes", "unpack"]
 
 
 def pack(x: torch.Tensor) -> torch.Tensor:
