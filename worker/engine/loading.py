@@ -11,6 +11,7 @@ from safetensors import safe_open
 
 from tandem.worker.engine.layers.weight_int8 import QUANTIZATIONS, quantize_model
 from tandem.worker.engine.models.llama import Transformer, rope_inv_freq
+from tandem.worker.engine.models.registry import model_module
 from tandem.worker.engine.runner.engine import Engine, EngineConfig
 from tandem.worker.hf.config import ModelConfig, ModelLoadError
 from tandem.worker.hf.tokenizer import Tokenizer
@@ -42,30 +43,8 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every parameter the model needs, by its Hugging Face Llama name, in checkpoint order."""
-    hidden, inter, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
-    q_out = config.num_heads * config.head_dim
-    kv_out = config.num_kv_heads * config.head_dim
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden)}
-    for i in range(config.num_layers):
-        p = f"model.layers.{i}."
-        shapes[p + "input_layernorm.weight"] = (hidden,)
-        shapes[p + "self_attn.q_proj.weight"] = (q_out, hidden)
-        shapes[p + "self_attn.k_proj.weight"] = (kv_out, hidden)
-        shapes[p + "self_attn.v_proj.weight"] = (kv_out, hidden)
-        if config.attention_bias:
-            shapes[p + "self_attn.q_proj.bias"] = (q_out,)
-            shapes[p + "self_attn.k_proj.bias"] = (kv_out,)
-            shapes[p + "self_attn.v_proj.bias"] = (kv_out,)
-        shapes[p + "self_attn.o_proj.weight"] = (hidden, q_out)
-        shapes[p + "post_attention_layernorm.weight"] = (hidden,)
-        shapes[p + "mlp.gate_proj.weight"] = (inter, hidden)
-        shapes[p + "mlp.up_proj.weight"] = (inter, hidden)
-        shapes[p + "mlp.down_proj.weight"] = (hidden, inter)
-    shapes["model.norm.weight"] = (hidden,)
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (vocab, hidden)
-    return shapes
+    """Every tensor the model reads from a checkpoint, by its Hugging Face name, in checkpoint order."""
+    return model_module(config.architecture).expected_shapes(config)
 
 
 def weight_files(model_dir: str | Path) -> dict[str, Path]:
@@ -157,7 +136,7 @@ def load_model(
     target = parse_dtype(dtype)
     config, state = load_checkpoint(model_dir, target, device)
     with torch.device("meta"):
-        model = Transformer(config)
+        model: Transformer = model_module(config.architecture).Model(config)
     model.load_state_dict(state, strict=True, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
