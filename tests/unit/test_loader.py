@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tandem.worker.devtools.tiny import TinySpec, create_tiny_model, random_state_dict
-from tandem.worker.engine.loader import expected_shapes, load_checkpoint, load_state_dict, parse_dtype
+from tandem.worker.engine.loading import expected_shapes, load_checkpoint, load_state_dict, parse_dtype
 from tandem.worker.hf.config import ModelConfig, ModelLoadError
 
 SMALL = TinySpec(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=96, seed=3)

@@ -8,7 +8,7 @@ import pytest
 
 from tandem.cli import main as tandem_main
 from tandem.worker.devtools.model_cli import parse_size
-from tandem.worker.engine.loader import load_checkpoint
+from tandem.worker.engine.loading import load_checkpoint
 
 ARGS = ["--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--intermediate", "96"]
 

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
-from tandem.worker.engine.loader import INDEX_FILE, SINGLE_FILE, expected_shapes, parse_dtype
+from tandem.worker.engine.loading import INDEX_FILE, SINGLE_FILE, expected_shapes, parse_dtype
 from tandem.worker.hf.config import ModelConfig
 
 BOS, EOS = "<s>", "</s>"

@@ -1,16 +1,129 @@
-"""Builds a ready-to-serve model from a Hugging Face directory: config, weights, tokenizer, engine."""
+"""Loads a Hugging Face model directory: validated, dtype-cast safetensors weights into our model, its
+tokenizer, and an engine around them."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from tandem.worker.engine.layers.weight_int8 import QUANTIZATIONS, quantize_model
-from tandem.worker.engine.loader import load_checkpoint, parse_dtype
 from tandem.worker.engine.models.llama import Transformer, rope_inv_freq
+from tandem.worker.engine.models.registry import model_module
 from tandem.worker.engine.runner.engine import Engine, EngineConfig
+from tandem.worker.hf.config import ModelConfig, ModelLoadError
 from tandem.worker.hf.tokenizer import Tokenizer
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    """`fp32` / `fp16` / `bf16` (or their long names) to a torch dtype."""
+    if isinstance(name, torch.dtype):
+        if name not in DTYPES.values():
+            raise ValueError(f"unsupported dtype {name}; use fp32, fp16 or bf16")
+        return name
+    try:
+        return DTYPES[name.lower()]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {name!r}; use fp32, fp16 or bf16") from None
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the model reads from a checkpoint, by its Hugging Face name, in checkpoint order."""
+    return model_module(config.architecture).expected_shapes(config)
+
+
+def weight_files(model_dir: str | Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file that holds it, from the index file or the single file."""
+    root = Path(model_dir)
+    if not root.is_dir():
+        raise ModelLoadError(f"{root}: model directory does not exist")
+    index_path = root / INDEX_FILE
+    if index_path.is_file():
+        return _files_from_index(index_path)
+    single = root / SINGLE_FILE
+    if single.is_file():
+        with safe_open(str(single), framework="pt") as f:
+            return dict.fromkeys(f.keys(), single)
+    hint = (
+        " (pytorch_model.bin checkpoints are not supported; convert to safetensors)"
+        if any(root.glob("*.bin"))
+        else ""
+    )
+    raise ModelLoadError(f"{root}: missing {SINGLE_FILE} or {INDEX_FILE}{hint}")
+
+
+def _files_from_index(index_path: Path) -> dict[str, Path]:
+    try:
+        weight_map = json.loads(index_path.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ModelLoadError(f"{index_path}: not a valid safetensors index ({e})") from None
+    files = {name: index_path.parent / shard for name, shard in weight_map.items()}
+    for shard in sorted(set(files.values())):
+        if not shard.is_file():
+            raise ModelLoadError(f"{index_path}: shard {shard.name} is missing")
+    return files
+
+
+def load_state_dict(
+    model_dir: str | Path,
+    config: ModelConfig,
+    dtype: str | torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors named in `expected_shapes(config)`, cast to `dtype` on `device`.
+
+    Missing tensors and shape mismatches raise ModelLoadError naming the tensor; extra tensors (such as
+    `rotary_emb.inv_freq`) are ignored. With tied embeddings `lm_head.weight` is not read from the
+    checkpoint but is the very tensor `model.embed_tokens.weight`, like the state dict of a tied model.
+    """
+    target = parse_dtype(dtype)
+    shapes = expected_shapes(config)
+    files = weight_files(model_dir)
+    missing = [name for name in shapes if name not in files]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ModelLoadError(f"{model_dir}: checkpoint is missing tensor {missing[0]}{more}")
+    by_file: dict[Path, list[str]] = {}
+    for name in shapes:
+        by_file.setdefault(files[name], []).append(name)
+    state: dict[str, torch.Tensor] = {}
+    for path, names in by_file.items():
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            for name in names:
+                want = shapes[name]
+                got = tuple(f.get_slice(name).get_shape())
+                if got != want:
+                    raise ModelLoadError(
+                        f"{path.name}: tensor {name} has shape {list(got)}, expected {list(want)}"
+                    )
+                state[name] = f.get_tensor(name).to(target)
+    ordered = {name: state[name] for name in shapes}
+    if config.tie_word_embeddings:
+        ordered["lm_head.weight"] = ordered["model.embed_tokens.weight"]
+    return ordered
+
+
+def load_checkpoint(
+    model_dir: str | Path, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """Config and validated weights of a Hugging Face model directory, in one call."""
+    config = ModelConfig.from_dir(model_dir)
+    return config, load_state_dict(model_dir, config, dtype, device)
 
 
 def load_model(
@@ -23,7 +136,7 @@ def load_model(
     target = parse_dtype(dtype)
     config, state = load_checkpoint(model_dir, target, device)
     with torch.device("meta"):
-        model = Transformer(config)
+        model: Transformer = model_module(config.architecture).Model(config)
     model.load_state_dict(state, strict=True, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight

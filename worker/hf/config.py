@@ -1,4 +1,4 @@
-"""Model configuration read from a Hugging Face `config.json`, reduced to what the Llama family needs."""
+"""Model configuration read from a Hugging Face `config.json`, reduced to what our model files need."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+from tandem.worker.engine.models.registry import ARCHITECTURES
 
 
 class ModelLoadError(ValueError):
@@ -37,19 +37,19 @@ class ModelConfig:
     def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
         archs = hf.get("architectures") or ["LlamaForCausalLM"]
         arch = archs[0]
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ModelLoadError(f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        if arch not in ARCHITECTURES:
+            raise ModelLoadError(f"unsupported architecture {arch!r}; supported: {', '.join(ARCHITECTURES)}")
+        family = ARCHITECTURES[arch]
         heads = hf["num_attention_heads"]
         eos = hf.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-        is_qwen2 = arch == "Qwen2ForCausalLM"
         # transformers >= 5 writes `rope_parameters`; older configs have `rope_theta` + `rope_scaling`
         rope = hf.get("rope_parameters") or {}
         rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
         rope_scaling = hf.get("rope_scaling")
         if rope and rope.get("rope_type", "default") != "default":
             rope_scaling = rope
-        return cls(
+        fields: dict[str, Any] = dict(
             vocab_size=hf["vocab_size"],
             hidden_size=hf["hidden_size"],
             intermediate_size=hf["intermediate_size"],
@@ -61,12 +61,16 @@ class ModelConfig:
             rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            attention_bias=is_qwen2 or bool(hf.get("attention_bias", False)),
+            attention_bias=bool(hf.get("attention_bias", False)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             architecture=arch,
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
         )
+        for name, key in family.renamed.items():
+            if key in hf:
+                fields[name] = hf[key]
+        return cls(**{**fields, **family.fixed})
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:

@@ -20,7 +20,7 @@ from torch import nn
 from tandem.worker.engine.layers.attention import AttentionBatch, StepBatch, attend, store_kv
 from tandem.worker.hf.config import ModelConfig, ModelLoadError
 
-__all__ = ["AttentionBatch", "Transformer"]
+__all__ = ["AttentionBatch", "Model", "Transformer", "expected_shapes"]
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -182,3 +182,33 @@ class Transformer(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V] float32
         return self.lm_head(hidden).float()
+
+
+Model = Transformer
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The checkpoint's tensors by their Hugging Face Llama names, in checkpoint order (the registry's tensor-name mapping)."""
+    hidden, inter, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
+    q_out = config.num_heads * config.head_dim
+    kv_out = config.num_kv_heads * config.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden)}
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (hidden,)
+        shapes[p + "self_attn.q_proj.weight"] = (q_out, hidden)
+        shapes[p + "self_attn.k_proj.weight"] = (kv_out, hidden)
+        shapes[p + "self_attn.v_proj.weight"] = (kv_out, hidden)
+        if config.attention_bias:
+            shapes[p + "self_attn.q_proj.bias"] = (q_out,)
+            shapes[p + "self_attn.k_proj.bias"] = (kv_out,)
+            shapes[p + "self_attn.v_proj.bias"] = (kv_out,)
+        shapes[p + "self_attn.o_proj.weight"] = (hidden, q_out)
+        shapes[p + "post_attention_layernorm.weight"] = (hidden,)
+        shapes[p + "mlp.gate_proj.weight"] = (inter, hidden)
+        shapes[p + "mlp.up_proj.weight"] = (inter, hidden)
+        shapes[p + "mlp.down_proj.weight"] = (hidden, inter)
+    shapes["model.norm.weight"] = (hidden,)
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (vocab, hidden)
+    return shapes
