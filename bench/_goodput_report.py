@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -120,6 +121,11 @@ def verdict(trace: dict, scales: list[float], target: float, mode: str = "condit
     )
 
 
+def busy_host(loads: list[float], quiet: float | None) -> bool:
+    """The run saw a load average above `quiet` (an older result without samples or threshold: not known busy)."""
+    return bool(loads) and quiet is not None and max(loads) > quiet
+
+
 def report(result: dict) -> str:
     cfg = result["config"]
     lines = [
@@ -145,12 +151,25 @@ def report(result: dict) -> str:
             )
         )
         lines.append("")
-    lines += [
-        verdict(t, result["scales"], result["attainment_target"], mode)
-        for t in result["traces"]
-        for mode in CONDITIONAL_MODES
-        if mode in modes_of(t)
-    ]
+    loads = result.get("load_average") or []
+    quiet = cfg.get("quiet_load")
+    if loads:
+        quiet_note = f" (a verdict needs <= {quiet:g})" if quiet is not None else ""
+        lines.append(
+            f"Load average (1 min), sampled before every probe: median {statistics.median(loads):.2f}, "
+            f"max {max(loads):.2f}{quiet_note}"
+        )
+    if busy_host(loads, quiet):
+        lines.append(
+            f"No verdict: the host was busy (load average up to {max(loads):.2f}, above {quiet:g}); rerun on a quiet host."
+        )
+    else:
+        lines += [
+            verdict(t, result["scales"], result["attainment_target"], mode)
+            for t in result["traces"]
+            for mode in CONDITIONAL_MODES
+            if mode in modes_of(t)
+        ]
     lines += [f"wall time {result['wall_s']:.0f} s", f"Trace: {result['trace_attribution']}"]
     return "\n".join(lines)
 

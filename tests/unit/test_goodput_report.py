@@ -45,3 +45,16 @@ def test_three_mode_runs_report_as_before_and_a_fourth_mode_gets_its_columns_and
     assert len(verdicts) == 2
     # at 3x idle TPOT (30 ms) colocated holds to rate 1 only, the SLO-aware stack like disaggregated to 2
     assert "MISSED" in verdicts[0] and "met" in verdicts[1].split("lowest where")[1]
+
+
+def test_a_busy_host_gets_its_load_printed_and_no_verdict():
+    modes = {"colocated": [0.02, 0.05, 0.09], "disaggregated": [0.02, 0.02, 0.05], "conditional": [0.02, 0.05, 0.09]}
+    quiet = {**_result(modes), "load_average": [0.3, 0.8, 0.5]}
+    quiet["config"]["quiet_load"] = 1.0
+    text = report(quiet)
+    assert "median 0.50, max 0.80 (a verdict needs <= 1)" in text
+    assert "lowest where TPOT SLO" in text and "No verdict" not in text
+    busy = {**quiet, "load_average": [0.3, 4.2, 0.5]}
+    text = report(busy)
+    assert "No verdict: the host was busy (load average up to 4.20, above 1)" in text
+    assert "lowest where TPOT SLO" not in text
