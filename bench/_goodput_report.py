@@ -98,6 +98,20 @@ def trace_tables(trace: dict, scales: list[float], target: float, threshold: int
         yield f"| {mode} | " + " | ".join("-" if c is None else f"{1000 * c:.0f}" for c in cells) + " |"
 
 
+def short_prompt_verdict(trace: dict, threshold: int, mode: str = "conditional") -> str:
+    """The short-prompt target: `mode`'s TTFT p90 of prompts of at most `threshold` tokens, at the top probed
+    rate, no worse than colocated's."""
+    probes, top = probes_of(trace), max(trace["rates"])
+    ours = short_prompt_ttft_p90(probes, mode, top, threshold)
+    colocated = short_prompt_ttft_p90(probes, "colocated", top, threshold)
+    if ours is None or colocated is None:
+        return f"{trace['trace']}: no completed prompt of <= {threshold} tokens at {top:g} req/s to compare"
+    return (
+        f"{trace['trace']}: TTFT p90 of prompts of <= {threshold} tokens at {top:g} req/s, {mode} "
+        f"{1000 * ours:.0f} ms vs colocated {1000 * colocated:.0f} ms ({'met' if ours <= colocated else 'MISSED'})"
+    )
+
+
 def verdict(trace: dict, scales: list[float], target: float, mode: str = "conditional") -> str:
     """The targets: a conditional mode never below colocated (median over repeats, every point of both
     sweeps), and >= 1.5x colocated where the TPOT SLO is at most 3x idle."""
@@ -166,6 +180,12 @@ def report(result: dict) -> str:
     else:
         lines += [
             verdict(t, result["scales"], result["attainment_target"], mode)
+            for t in result["traces"]
+            for mode in CONDITIONAL_MODES
+            if mode in modes_of(t)
+        ]
+        lines += [
+            short_prompt_verdict(t, cfg["local_prefill_max_tokens"], mode)
             for t in result["traces"]
             for mode in CONDITIONAL_MODES
             if mode in modes_of(t)

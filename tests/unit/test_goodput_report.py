@@ -54,7 +54,21 @@ def test_a_busy_host_gets_its_load_printed_and_no_verdict():
     text = report(quiet)
     assert "median 0.50, max 0.80 (a verdict needs <= 1)" in text
     assert "lowest where TPOT SLO" in text and "No verdict" not in text
+    # every request has a 100-token prompt and TTFT 0.1 s: none is short at the threshold of 32
+    assert "t.csv: no completed prompt of <= 32 tokens at 4 req/s to compare" in text
     busy = {**quiet, "load_average": [0.3, 4.2, 0.5]}
     text = report(busy)
     assert "No verdict: the host was busy (load average up to 4.20, above 1)" in text
     assert "lowest where TPOT SLO" not in text
+
+
+def test_the_short_prompt_verdict_compares_ttft_p90_at_the_top_rate():
+    from bench._goodput_report import short_prompt_verdict
+
+    result = _result({"colocated": [0.02, 0.05, 0.09], "conditional": [0.02, 0.05, 0.09]})
+    trace = result["traces"][0]
+    for probe in trace["probes"]:
+        ttft = 0.05 if probe["mode"] == "colocated" else 0.07
+        probe["requests"] = [{"ok": True, "ttft_s": ttft, "tpot_s": 0.02, "input_len": 20} for _ in range(10)]
+    assert short_prompt_verdict(trace, 32).endswith("conditional 70 ms vs colocated 50 ms (MISSED)")
+    assert short_prompt_verdict(trace, 10).startswith("t.csv: no completed prompt")
