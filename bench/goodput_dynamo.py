@@ -32,8 +32,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench._goodput_sweep import Goodput, Latency, attainment, goodput, scaled
-from bench._trace_shape import Slo, slo_from_idle
+from bench._goodput_sweep import Goodput, Latency, attainment, goodput
+from bench._trace_shape import slo_from_idle
+from tandem.slo import Slo
 from tandem.trace import TraceRequest, load_trace, to_mooncake_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,10 +149,10 @@ def run_trace(replayer: Replayer, path: Path, args: argparse.Namespace, tmp: Pat
     idle = {}
     for label, pool in ((AGGREGATED, {"agg": 1}), ("disaggregated", {"prefill": 1, "decode": 1})):
         (r,) = replayer.run(one, 1.0, pool)
-        idle[label] = Slo(r.ttft_s or 0.0, r.tpot_s or 0.0)
+        idle[label] = Slo.from_seconds(r.ttft_s or 0.0, r.tpot_s or 0.0)
     base = slo_from_idle(list(idle.values()), 1.0, 1.0)
     scales = [float(s) for s in args.scales.split(",")]
-    loosest = scaled(base, max(scales + [FIXED_TTFT_SCALE]), max(scales))
+    loosest = base.scaled(max(scales + [FIXED_TTFT_SCALE]), max(scales))
     grid = [float(r) for r in args.rates.split(",")]
     jsonl = write_jsonl(trace, tmp / f"{path.stem}.jsonl")
     probes: dict[str, list[tuple[float, list[Latency]]]] = {}
@@ -162,7 +163,7 @@ def run_trace(replayer: Replayer, path: Path, args: argparse.Namespace, tmp: Pat
     for title, points in sweep_points(scales).items():
         rows = []
         for point in points:
-            slo = scaled(base, *point)
+            slo = base.scaled(*point)
             per_pool = {label: goodput([(r, attainment(q, slo)) for r, q in ps], ATTAINMENT) for label, ps in probes.items()}
             split, best = best_split(per_pool)
             agg = per_pool[AGGREGATED]
