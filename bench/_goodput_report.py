@@ -15,6 +15,7 @@ from bench._goodput_sweep import (
     short_prompt_ttft_p90,
     spread,
 )
+from bench._host import QUIET_FOREIGN_SHARE, busy_reason
 from tandem.slo import Slo
 
 MODES = ("colocated", "disaggregated", "conditional", "conditional-slo")  # table order; a run may omit the last
@@ -135,11 +136,6 @@ def verdict(trace: dict, scales: list[float], target: float, mode: str = "condit
     )
 
 
-def busy_host(loads: list[float], quiet: float | None) -> bool:
-    """The run saw a load average above `quiet` (an older result without samples or threshold: not known busy)."""
-    return bool(loads) and quiet is not None and max(loads) > quiet
-
-
 def report(result: dict) -> str:
     cfg = result["config"]
     lines = [
@@ -166,17 +162,19 @@ def report(result: dict) -> str:
         )
         lines.append("")
     loads = result.get("load_average") or []
-    quiet = cfg.get("quiet_load")
+    foreign = [f for f in result.get("foreign_cpu_share") or [] if f is not None]
     if loads:
-        quiet_note = f" (a verdict needs <= {quiet:g})" if quiet is not None else ""
         lines.append(
-            f"Load average (1 min), sampled before every probe: median {statistics.median(loads):.2f}, "
-            f"max {max(loads):.2f}{quiet_note}"
+            f"Load average (1 min), sampled before every probe: median {statistics.median(loads):.2f}, max {max(loads):.2f}"
         )
-    if busy_host(loads, quiet):
+    if foreign:
         lines.append(
-            f"No verdict: the host was busy (load average up to {max(loads):.2f}, above {quiet:g}); rerun on a quiet host."
+            f"CPU share other processes used during each probe: median {statistics.median(foreign):.0%}, "
+            f"max {max(foreign):.0%} (a verdict needs <= {QUIET_FOREIGN_SHARE:.0%})"
         )
+    busy = busy_reason(loads, foreign, cfg.get("quiet_load", float("inf"))) if loads or foreign else None
+    if busy:
+        lines.append(f"No verdict: the host was busy ({busy}); rerun on a quiet host.")
     else:
         lines += [
             verdict(t, result["scales"], result["attainment_target"], mode)

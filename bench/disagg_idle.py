@@ -12,8 +12,10 @@ ratio, target <= 1.05).
 
 Beside the wall clock, each run counts the CPU time every process of both stacks spent per output token
 (from /proc): a per-token cost on the disaggregated path shows there even when a busy host blurs the clock.
-The host's load average is printed beside every run: on a shared host the ratio is what counts, and the
-verdict is withheld when the 1-minute load average exceeded --quiet-load (default: the CPU count / 2).
+The host's load average, and the share of its CPUs that other processes used during the run, are printed
+beside every run: on a shared host the ratio is what counts, and the verdict is withheld when other
+processes used more than 10% of the CPUs in any run (where /proc cannot tell, when the 1-minute load
+average exceeded --quiet-load, default the CPU count: the benchmark's own processes count there too).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench._host import CpuMeter, busy_reason, load_average
 from bench._stacks import (
     ModelShape,
     make_model,
@@ -41,11 +44,6 @@ from bench._stacks import (
 
 COLOCATED, DISAGGREGATED = "colocated", "disaggregated"
 TPOT_TARGET = 1.05
-
-
-def load_average() -> float:
-    """The host's 1-minute load average."""
-    return os.getloadavg()[0]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -87,11 +85,17 @@ def run_summary(ttft: dict[str, list[float]], tpot: dict[str, list[float]], load
 
 def verdict(runs: list[dict], quiet_load: float, target: float = TPOT_TARGET) -> str:
     """Met / missed on the worst run's TPOT ratio, or no verdict when any run saw a busy host (pure)."""
-    busiest = max(max(r["load_average"]) for r in runs)
-    if busiest > quiet_load:
-        return f"no verdict: load average reached {busiest:.2f} (> {quiet_load:g}); rerun on a quiet host"
+    busy = busy_reason(
+        [x for r in runs for x in r["load_average"]], [r.get("foreign_cpu_share") for r in runs], quiet_load
+    )
+    if busy:
+        return f"no verdict: {busy}; rerun on a quiet host"
     worst = max(r["tpot_ratio"] for r in runs)
     return f"TPOT disaggregated / colocated <= {target:.2f} in every run: {'met' if worst <= target else 'MISSED'} (worst {worst:.3f})"
+
+
+def _share(share: float | None) -> str:
+    return "unknown" if share is None else f"{share:.0%}"
 
 
 def spread(values: list[float], fmt: str = "{:.3f}") -> str:
@@ -110,8 +114,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--threads", type=int, default=1, help="torch threads of every worker")
-    p.add_argument("--quiet-load", type=float, default=(os.cpu_count() or 2) / 2,
-                   help="the highest 1-minute load average a verdict is called at")  # fmt: skip
+    p.add_argument("--quiet-load", type=float, default=float(os.cpu_count() or 2),
+                   help="where other processes' CPU time cannot be read: the highest 1-minute load average "
+                   "a verdict is called at")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     return p.parse_args(argv)
@@ -145,6 +150,7 @@ def main(argv: list[str]) -> int:
                 loads = [load_average()]
                 tokens = dict.fromkeys(modes, 0)
                 cpu_before = stack_cpu(running)
+                meter = CpuMeter(lambda: [os.getpid(), *(p.pid for s, _ in running.values() for p in s.running.values())]).start()
                 for i in range(args.requests):
                     for mode in modes if (i + run) % 2 == 0 else modes[::-1]:
                         stack, url = running[mode]
@@ -160,10 +166,12 @@ def main(argv: list[str]) -> int:
                 runs.append(run_summary(ttft, tpot, loads))
                 r = runs[-1]
                 r["cpu_ms_per_token"] = cpu_per_token(cpu_before, stack_cpu(running), tokens)
+                r["foreign_cpu_share"] = meter.share()
                 print(
                     f"  run {run}: TTFT colocated {r['ttft_ms'][COLOCATED]:.1f} ms, disaggregated "
                     f"{r['ttft_ms'][DISAGGREGATED]:.1f} ms; TPOT {r['tpot_ms'][COLOCATED]:.2f} / "
-                    f"{r['tpot_ms'][DISAGGREGATED]:.2f} ms = {r['tpot_ratio']:.3f}; load {r['load_average']}; "
+                    f"{r['tpot_ms'][DISAGGREGATED]:.2f} ms = {r['tpot_ratio']:.3f}; load {r['load_average']}, other "
+                    f"processes {_share(r['foreign_cpu_share'])} of the CPUs; "
                     f"CPU ms per token {r['cpu_ms_per_token']}",
                     flush=True,
                 )
@@ -203,7 +211,8 @@ def report(result: dict) -> str:
             f"{mode} {name} {spread([r['cpu_ms_per_token'][mode][name] for r in runs], '{:.2f}')}"
             for mode in runs[0]["cpu_ms_per_token"] for name in runs[0]["cpu_ms_per_token"][mode]
         ),
-        "load average (1 min) at the start and end of each run: " + "; ".join(str(r["load_average"]) for r in runs),
+        "load average (1 min) at the start and end of each run: " + "; ".join(str(r["load_average"]) for r in runs)
+        + "; CPU share other processes used, per run: " + ", ".join(_share(r.get("foreign_cpu_share")) for r in runs),
         result["verdict"],
     ]
     return "\n".join(lines)

@@ -5,6 +5,7 @@ import importlib.util
 from pathlib import Path
 
 from bench._goodput_sweep import Goodput
+from bench._host import busy_reason, busy_ticks, foreign_share, process_ticks
 from bench.disagg_idle import COLOCATED, DISAGGREGATED, cpu_per_token, run_summary, verdict
 from bench.goodput_dynamo import AGGREGATED, best_split, cell, latencies, pools, share_local
 from tandem.trace import TraceRequest
@@ -38,8 +39,22 @@ def test_the_verdict_uses_the_worst_run_and_is_withheld_when_the_host_was_busy()
     assert verdict(quiet, quiet_load=1.0).endswith("met (worst 1.040)")
     slow = [*quiet, _run(0.010, 0.0112, [0.3, 0.3])]
     assert "MISSED (worst 1.120)" in verdict(slow, quiet_load=1.0)
-    busy = [*quiet, _run(0.010, 0.0100, [0.3, 2.5])]
+    busy = [*quiet, _run(0.010, 0.0100, [0.3, 2.5])]  # no CPU shares measured: the load average decides
     assert verdict(busy, quiet_load=1.0).startswith("no verdict: load average reached 2.50")
+    measured = [{**r, "foreign_cpu_share": 0.02} for r in busy]  # the load was the bench's own
+    assert verdict(measured, quiet_load=1.0).startswith("TPOT disaggregated / colocated <= 1.05")
+    measured[1]["foreign_cpu_share"] = 0.4
+    assert verdict(measured, quiet_load=1.0) == "no verdict: other processes used 40% of the CPUs (> 10%); rerun on a quiet host"
+
+
+def test_host_cpu_accounting():
+    assert busy_ticks("cpu  100 5 50 1000 20 3 2 7 0 0") == 100 + 5 + 50 + 3 + 2 + 7
+    line = "4242 (python -m tandem) S 1 2 3 4 5 6 7 8 9 10 250 40 0 0 20 0 9"
+    assert process_ticks(line) == 290
+    assert foreign_share(busy_ticks=500, our_ticks=300, capacity_ticks=2000) == 0.1
+    assert foreign_share(busy_ticks=200, our_ticks=300, capacity_ticks=2000) == 0.0
+    assert busy_reason([9.0], [0.05], quiet_load=2.0) is None
+    assert busy_reason([9.0], [None], quiet_load=2.0) == "load average reached 9.00 (> 2)"
 
 
 def test_cpu_per_token_is_the_difference_over_the_tokens_of_each_stack():
