@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from bench._goodput_sweep import (
     short_prompt_ttft_p90,
     spread,
 )
+from bench._host import QUIET_FOREIGN_SHARE, busy_reason
 from tandem.slo import Slo
 
 MODES = ("colocated", "disaggregated", "conditional", "conditional-slo")  # table order; a run may omit the last
@@ -97,6 +99,20 @@ def trace_tables(trace: dict, scales: list[float], target: float, threshold: int
         yield f"| {mode} | " + " | ".join("-" if c is None else f"{1000 * c:.0f}" for c in cells) + " |"
 
 
+def short_prompt_verdict(trace: dict, threshold: int, mode: str = "conditional") -> str:
+    """The short-prompt target: `mode`'s TTFT p90 of prompts of at most `threshold` tokens, at the top probed
+    rate, no worse than colocated's."""
+    probes, top = probes_of(trace), max(trace["rates"])
+    ours = short_prompt_ttft_p90(probes, mode, top, threshold)
+    colocated = short_prompt_ttft_p90(probes, "colocated", top, threshold)
+    if ours is None or colocated is None:
+        return f"{trace['trace']}: no completed prompt of <= {threshold} tokens at {top:g} req/s to compare"
+    return (
+        f"{trace['trace']}: TTFT p90 of prompts of <= {threshold} tokens at {top:g} req/s, {mode} "
+        f"{1000 * ours:.0f} ms vs colocated {1000 * colocated:.0f} ms ({'met' if ours <= colocated else 'MISSED'})"
+    )
+
+
 def verdict(trace: dict, scales: list[float], target: float, mode: str = "conditional") -> str:
     """The targets: a conditional mode never below colocated (median over repeats, every point of both
     sweeps), and >= 1.5x colocated where the TPOT SLO is at most 3x idle."""
@@ -145,12 +161,33 @@ def report(result: dict) -> str:
             )
         )
         lines.append("")
-    lines += [
-        verdict(t, result["scales"], result["attainment_target"], mode)
-        for t in result["traces"]
-        for mode in CONDITIONAL_MODES
-        if mode in modes_of(t)
-    ]
+    loads = result.get("load_average") or []
+    foreign = [f for f in result.get("foreign_cpu_share") or [] if f is not None]
+    if loads:
+        lines.append(
+            f"Load average (1 min), sampled before every probe: median {statistics.median(loads):.2f}, max {max(loads):.2f}"
+        )
+    if foreign:
+        lines.append(
+            f"CPU share other processes used during each probe: median {statistics.median(foreign):.0%}, "
+            f"max {max(foreign):.0%} (a verdict needs <= {QUIET_FOREIGN_SHARE:.0%})"
+        )
+    busy = busy_reason(loads, foreign, cfg.get("quiet_load", float("inf"))) if loads or foreign else None
+    if busy:
+        lines.append(f"No verdict: the host was busy ({busy}); rerun on a quiet host.")
+    else:
+        lines += [
+            verdict(t, result["scales"], result["attainment_target"], mode)
+            for t in result["traces"]
+            for mode in CONDITIONAL_MODES
+            if mode in modes_of(t)
+        ]
+        lines += [
+            short_prompt_verdict(t, cfg["local_prefill_max_tokens"], mode)
+            for t in result["traces"]
+            for mode in CONDITIONAL_MODES
+            if mode in modes_of(t)
+        ]
     lines += [f"wall time {result['wall_s']:.0f} s", f"Trace: {result['trace_attribution']}"]
     return "\n".join(lines)
 

@@ -16,6 +16,13 @@ s x the slower idle TTFT and TPOT SLO = s x the slower idle TPOT (idle: the medi
 time), and goodput is the rate where >= 90% of the requests sent stop meeting both, interpolated on the
 grid (bench/_goodput_sweep.py). Two sweeps: one scale for both SLOs, and TTFT fixed at 5x while the TPOT
 scale moves (where disaggregation pays). The spread is the min-max over repeats.
+
+The host's 1-minute load average is sampled before every probe and the share of its CPUs that processes
+other than the benchmark's used is measured over every probe (Linux /proc); both are printed beside the
+tables. When other processes used more than 10% of the CPUs during any probe (where that cannot be read:
+when the load average went above --quiet-load, default the CPU count), the verdict lines are withheld: on a
+busy host the stacks compete with other work for the cores, and the ratios say more about that than about
+the modes.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import sys
 import tempfile
 import time
@@ -32,6 +40,7 @@ from pathlib import Path
 
 from bench._goodput_report import plot, report
 from bench._goodput_sweep import Latency, Probe
+from bench._host import CpuMeter
 from bench._stacks import SERVED_NAME, ModelShape, make_model, running_stacks, service_object, wait_idle
 from bench._trace_shape import (
     LengthShaping,
@@ -105,6 +114,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--threads", type=int, default=1, help="torch threads of every worker")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet-load", type=float, default=float(os.cpu_count() or 2),
+                   help="where other processes' CPU time cannot be read: the highest 1-minute load average "
+                   "the verdict is called at")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("bench/out/goodput.json"), help="results as JSON")
     p.add_argument("--from-json", type=Path, help="print the tables and draw the curves of an earlier --out")
     p.add_argument("--png", type=Path, default=Path("bench/out/goodput.png"), help="the goodput curves")
@@ -158,12 +170,14 @@ def main(argv: list[str]) -> int:
     seeds = itertools.count(args.seed * 1000)
     loaded = [(path, load_trace(path)) for path in traces]  # a missing trace fails before any stack starts
     per_trace = []
+    loads: list[float] = [os.getloadavg()[0]]
+    foreign: list[float | None] = []
     with tempfile.TemporaryDirectory(prefix="tandem-goodput-") as tmp:
         model_dir = make_model(Path(tmp) / "model", ModelShape(args.hidden, args.layers))
         vocab = load_vocabulary(model_dir)
         with running_stacks(stack_objects(model_dir, args), Path(tmp) / "logs") as running:
             for path, trace in loaded:
-                per_trace.append(sweep_trace(path, trace, running, shaping, multipliers, vocab, seeds, args))
+                per_trace.append(sweep_trace(path, trace, running, shaping, multipliers, vocab, seeds, args, loads, foreign))
     result = {
         "attainment_target": ATTAINMENT,
         "scales": [float(s) for s in args.scales.split(",")],
@@ -175,6 +189,8 @@ def main(argv: list[str]) -> int:
         },
         "trace_attribution": attribution_for(traces[0]) or AZURE_ATTRIBUTION,
         "wall_s": time.monotonic() - started,
+        "load_average": loads,
+        "foreign_cpu_share": foreign,
     }
     print(report(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -184,7 +200,7 @@ def main(argv: list[str]) -> int:
 
 
 def sweep_trace(path: Path, trace: list[RequestSpec], running: dict, shaping: LengthShaping, multipliers: list[float], vocab: Vocabulary,
-                seeds, args: argparse.Namespace) -> dict:  # fmt: skip
+                seeds, args: argparse.Namespace, loads: list[float], foreign: list[float | None]) -> dict:  # fmt: skip
     """Idle latencies, then every repeat of the rate grid, mode after mode, on one trace."""
     med_in, med_out = median_lengths(thinned(trace, min(len(trace), 1000), shaping))
     for _, url in running.values():  # warm up at this trace's lengths: first calls pay for lazy init
@@ -207,7 +223,10 @@ def sweep_trace(path: Path, trace: list[RequestSpec], running: dict, shaping: Le
             for mode in order:
                 stack, url = running[mode]
                 wait_idle(stack)
+                loads.append(os.getloadavg()[0])
+                meter = CpuMeter(lambda: [os.getpid(), *(p.pid for s, _ in running.values() for p in s.running.values())]).start()
                 outcome = run(url, specs, vocab, next(seeds), args.request_timeout)
+                foreign.append(meter.share())
                 probe = Probe(mode, repeat, rate, tuple(
                     Latency(r.ok, r.ttft_s, r.tpot_s, r.input_len) for r in outcome.results
                 ))  # fmt: skip

@@ -45,3 +45,33 @@ def test_three_mode_runs_report_as_before_and_a_fourth_mode_gets_its_columns_and
     assert len(verdicts) == 2
     # at 3x idle TPOT (30 ms) colocated holds to rate 1 only, the SLO-aware stack like disaggregated to 2
     assert "MISSED" in verdicts[0] and "met" in verdicts[1].split("lowest where")[1]
+
+
+def test_a_busy_host_gets_its_load_printed_and_no_verdict():
+    modes = {"colocated": [0.02, 0.05, 0.09], "disaggregated": [0.02, 0.02, 0.05], "conditional": [0.02, 0.05, 0.09]}
+    quiet = {**_result(modes), "load_average": [1.3, 2.8, 1.5], "foreign_cpu_share": [0.01, 0.04, None]}
+    quiet["config"]["quiet_load"] = 2.0
+    text = report(quiet)
+    assert "median 1.50, max 2.80" in text
+    assert "CPU share other processes used during each probe: median 2%, max 4% (a verdict needs <= 10%)" in text
+    assert "lowest where TPOT SLO" in text and "No verdict" not in text  # the load is the bench's own
+    # every request has a 100-token prompt and TTFT 0.1 s: none is short at the threshold of 32
+    assert "t.csv: no completed prompt of <= 32 tokens at 4 req/s to compare" in text
+    busy = {**quiet, "foreign_cpu_share": [0.01, 0.35]}
+    text = report(busy)
+    assert "No verdict: the host was busy (other processes used 35% of the CPUs (> 10%))" in text
+    assert "lowest where TPOT SLO" not in text
+    unmeasured = {**quiet, "foreign_cpu_share": [None], "load_average": [1.0, 4.2]}
+    assert "No verdict: the host was busy (load average reached 4.20 (> 2))" in report(unmeasured)
+
+
+def test_the_short_prompt_verdict_compares_ttft_p90_at_the_top_rate():
+    from bench._goodput_report import short_prompt_verdict
+
+    result = _result({"colocated": [0.02, 0.05, 0.09], "conditional": [0.02, 0.05, 0.09]})
+    trace = result["traces"][0]
+    for probe in trace["probes"]:
+        ttft = 0.05 if probe["mode"] == "colocated" else 0.07
+        probe["requests"] = [{"ok": True, "ttft_s": ttft, "tpot_s": 0.02, "input_len": 20} for _ in range(10)]
+    assert short_prompt_verdict(trace, 32).endswith("conditional 70 ms vs colocated 50 ms (MISSED)")
+    assert short_prompt_verdict(trace, 10).startswith("t.csv: no completed prompt")

@@ -1,0 +1,256 @@
+"""Where the split wins on a GPU: goodput of aggregated against disaggregated pools at equal GPU count in
+Dynamo's own replay, with NVIDIA's H200 profile, on both Azure traces, over bench.goodput's SLO scales.
+
+    python -m bench.goodput_dynamo [--gpus 4] [--rows 6000] [--out bench/out/goodput_dynamo.json]
+
+The referee is NVIDIA Dynamo 1.6.1's offline replay (its mocker engine model in its Rust loop) on its
+measured H200 profile of Llama-3.1-8B-Instruct-FP8, through the harness in `--replay-dir` (its README sets
+up the Python that has ai-dynamo; pass it as `--dynamo-python`; tandem need not be installed there: the
+replays run in a child process, bench/_dynamo_goodput_replay.py). KV moves between the pools for free in
+that model, so the split's cost here is only the prefill pool's GPUs and the extra decode step before the
+first token; what it buys is decode steps no prefill lands in.
+
+For each trace (its first `--rows` rows, as Mooncake JSONL) and pool of `--gpus` GPUs (aggregated: that
+many workers running both phases; disaggregated: every split into P prefill + D decode workers), the trace
+is replayed at a grid of arrival rates (req/s per GPU, the trace's own arrival pattern sped up) until even
+the loosest SLO misses. As in bench.goodput, the SLOs are multiples of the idle latencies (the median
+request alone, the slower of the two modes on each metric), goodput is the rate where fewer than 90% of
+the requests meet both TTFT and TPOT, interpolated on the grid, and two sweeps are reported: both SLOs at
+s x idle, and TTFT at 5x idle while the TPOT scale moves. Disaggregated is its best split at each point.
+Conditional disaggregation is not expressible in this replay (a pool is either kind); the table instead
+shows where tandem's conditional rule sends the trace's prompts. The replay is deterministic: one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from bench._goodput_sweep import Goodput, Latency, attainment, goodput
+from bench._trace_shape import slo_from_idle
+from tandem.slo import Slo
+from tandem.trace import TraceRequest, load_trace, to_mooncake_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ("azure_llm_2023_conv.csv", "azure_llm_2023_code.csv")
+ATTAINMENT = 0.9
+FIXED_TTFT_SCALE = 5.0
+AGGREGATED = "aggregated"
+Pool = dict[str, int]
+
+
+# --- pure ------------------------------------------------------------------------------------------------
+
+
+def pools(gpus: int) -> dict[str, Pool]:
+    """The aggregated pool and every disaggregated split of `gpus` GPUs, by label."""
+    if gpus < 2:
+        raise ValueError("a disaggregated pool needs at least 2 GPUs")
+    out: dict[str, Pool] = {AGGREGATED: {"agg": gpus}}
+    for p in range(1, gpus):
+        out[f"{p}P+{gpus - p}D"] = {"prefill": p, "decode": gpus - p}
+    return out
+
+
+def sweep_points(scales: list[float]) -> dict[str, list[tuple[float, float]]]:
+    """(TTFT scale, TPOT scale) of each sweep, as bench.goodput reports them."""
+    return {
+        "both SLOs at s x idle": [(s, s) for s in scales],
+        f"TTFT at {FIXED_TTFT_SCALE:g}x idle, TPOT at s x idle": [(FIXED_TTFT_SCALE, s) for s in scales],
+    }
+
+
+def latencies(rows: list[list[float | None]]) -> list[Latency]:
+    """The replay's [input, TTFT ms, TPOT ms] rows as the sweep's latencies (unfinished: failed)."""
+    return [
+        Latency(ttft is not None, None if ttft is None else ttft / 1000, None if ttft is None else (tpot or 0) / 1000, int(n or 0))
+        for n, ttft, tpot in rows
+    ]
+
+
+def cell(g: Goodput, grid: list[float]) -> str:
+    """A goodput as the table prints it: below the grid as '< lowest rate'."""
+    return f"< {grid[0]:g}" if g.bound == "<" else f"{g.bound}{g.rate:.2f}"
+
+
+def best_split(per_pool: dict[str, Goodput]) -> tuple[str, Goodput]:
+    """The disaggregated split with the highest goodput (ties: fewer prefill workers)."""
+    splits = [(label, g) for label, g in per_pool.items() if label != AGGREGATED]
+    return max(splits, key=lambda kv: kv[1].rate)
+
+
+def share_local(trace: list[TraceRequest], local_prefill_max_tokens: int) -> float:
+    """Share of the trace's prompts tandem's conditional rule prefills on the decode worker while the prefill
+    pool is not saturated: those of at most `local_prefill_max_tokens` tokens."""
+    return sum(r.input_len <= local_prefill_max_tokens for r in trace) / len(trace)
+
+
+def median_request(trace: list[TraceRequest]) -> TraceRequest:
+    ins = sorted(r.input_len for r in trace)
+    outs = sorted(r.output_len for r in trace)
+    return TraceRequest(0.0, ins[len(ins) // 2], outs[len(outs) // 2])
+
+
+# --- I/O --------------------------------------------------------------------------------------------------
+
+
+class Replayer:
+    """A child process of the Python that has ai-dynamo, replaying one job at a time."""
+
+    def __init__(self, python: str, replay_dir: str):
+        script = Path(__file__).with_name("_dynamo_goodput_replay.py")
+        self.proc = subprocess.Popen(
+            [python, str(script), "--harness", replay_dir], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        self.replays = 0
+
+    def run(self, trace: Path, speedup: float, pool: Pool) -> list[Latency]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"trace": str(trace), "speedup": speedup, "pool": pool}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the replay process ended (exit {self.proc.wait()}); see its stderr above")
+        self.replays += 1
+        return latencies(json.loads(line)["requests"])
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def write_jsonl(requests: list[TraceRequest], path: Path) -> Path:
+    path.write_text("\n".join(to_mooncake_jsonl(requests)) + "\n")
+    return path
+
+
+def sweep_pool(replayer: Replayer, trace: Path, native_rate: float, gpus: int, pool: Pool, grid: list[float],
+               loosest: Slo) -> Iterator[tuple[float, list[Latency]]]:  # fmt: skip
+    """(rate per GPU, latencies) up the grid, until even the loosest SLO misses the target."""
+    for rate in grid:
+        reqs = replayer.run(trace, rate * gpus / native_rate, pool)
+        yield rate, reqs
+        if attainment(reqs, loosest) < ATTAINMENT:
+            return
+
+
+def run_trace(replayer: Replayer, path: Path, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    trace = load_trace(path)[: args.rows or None]
+    native_rate = (len(trace) - 1) / (trace[-1].arrival_s - trace[0].arrival_s)
+    med = median_request(trace)
+    one = write_jsonl([med], tmp / f"{path.stem}-idle.jsonl")
+    idle = {}
+    for label, pool in ((AGGREGATED, {"agg": 1}), ("disaggregated", {"prefill": 1, "decode": 1})):
+        (r,) = replayer.run(one, 1.0, pool)
+        idle[label] = Slo.from_seconds(r.ttft_s or 0.0, r.tpot_s or 0.0)
+    base = slo_from_idle(list(idle.values()), 1.0, 1.0)
+    scales = [float(s) for s in args.scales.split(",")]
+    loosest = base.scaled(max(scales + [FIXED_TTFT_SCALE]), max(scales))
+    grid = [float(r) for r in args.rates.split(",")]
+    jsonl = write_jsonl(trace, tmp / f"{path.stem}.jsonl")
+    probes: dict[str, list[tuple[float, list[Latency]]]] = {}
+    for label, pool in pools(args.gpus).items():
+        probes[label] = list(sweep_pool(replayer, jsonl, native_rate, args.gpus, pool, grid, loosest))
+        print(f"{path.name} {label}: {len(probes[label])} rates replayed", file=sys.stderr, flush=True)
+    table = {}
+    for title, points in sweep_points(scales).items():
+        rows = []
+        for point in points:
+            slo = base.scaled(*point)
+            per_pool = {label: goodput([(r, attainment(q, slo)) for r, q in ps], ATTAINMENT) for label, ps in probes.items()}
+            split, best = best_split(per_pool)
+            agg = per_pool[AGGREGATED]
+            rows.append({
+                "ttft_scale": point[0], "tpot_scale": point[1], "slo_ttft_ms": 1000 * slo.ttft_s,
+                "slo_tpot_ms": 1000 * slo.tpot_s, "aggregated": cell(agg, grid), "disaggregated": cell(best, grid),
+                "split": split, "ratio": best.rate / agg.rate if agg.rate > 0 and best.rate > 0 else None,
+                "per_pool": {k: cell(v, grid) for k, v in per_pool.items()},
+            })  # fmt: skip
+        table[title] = rows
+    return {
+        "trace": path.name,
+        "rows": len(trace),
+        "native_rate": native_rate,
+        "median_request": {"input_len": med.input_len, "output_len": med.output_len},
+        "idle": {k: {"ttft_ms": 1000 * v.ttft_s, "tpot_ms": 1000 * v.tpot_s} for k, v in idle.items()},
+        "share_local": share_local(trace, args.local_prefill_max_tokens),
+        "tables": table,
+    }
+
+
+def report(result: dict[str, Any]) -> str:
+    cfg = result["config"]
+    lines = [
+        f"Goodput per GPU (req/s/GPU with >= {ATTAINMENT:.0%} of requests meeting TTFT and TPOT) in Dynamo's replay, "
+        f"H200 profile of Llama-3.1-8B-Instruct-FP8, {cfg['gpus']} GPUs: aggregated ({cfg['gpus']} workers) vs "
+        f"disaggregated (best P+D split); '<' below the lowest probed rate, '>=' at least the highest; "
+        f"{result['replays']} replays.",
+    ]
+    for t in result["traces"]:
+        idle = "; ".join(f"{k} TTFT {v['ttft_ms']:.1f} ms, TPOT {v['tpot_ms']:.2f} ms" for k, v in t["idle"].items())
+        lines += [
+            "",
+            f"#### {t['trace']} (first {t['rows']} rows, {t['native_rate']:.2f} req/s; median request "
+            f"{t['median_request']['input_len']} in / {t['median_request']['output_len']} out)",
+            "",
+            f"Idle: {idle}. Prompts of <= {cfg['local_prefill_max_tokens']} tokens (tandem's conditional rule "
+            f"prefills them on the decode worker): {t['share_local']:.0%}.",
+        ]
+        for title, rows in t["tables"].items():
+            lines += ["", f"{title}:", "", "| s | TTFT / TPOT SLO, ms | aggregated | disaggregated (split) | disaggregated / aggregated |",
+                      "| --- | --- | --- | --- | --- |"]  # fmt: skip
+            for r in rows:
+                ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
+                lines.append(
+                    f"| {r['tpot_scale']:g} | {r['slo_ttft_ms']:.0f} / {r['slo_tpot_ms']:.1f} | {r['aggregated']} | "
+                    f"{r['disaggregated']} ({r['split']}) | {ratio} |"
+                )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.goodput_dynamo", description=__doc__.splitlines()[0])
+    p.add_argument("--dynamo-python", default=sys.executable, help="the Python that has ai-dynamo 1.6.1")
+    p.add_argument("--replay-dir", default=str(ROOT.parent / "shared" / "tools" / "dynamo-replay"))
+    p.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces", help="folder with the Azure CSVs")
+    p.add_argument("--rows", type=int, default=6000, help="replay each trace's first this many rows (0: all)")
+    p.add_argument("--gpus", type=int, default=4)
+    p.add_argument("--rates", default="0.5,0.71,1,1.41,2,2.83,4,5.66,8,11.3,16,22.6,32", help="req/s per GPU")
+    p.add_argument("--scales", default="1.5,2,3,5,8", help="SLO scales (multiples of the idle latencies)")
+    p.add_argument("--local-prefill-max-tokens", type=int, default=512, help="the conditional rule's threshold")
+    p.add_argument("--out", type=Path, default=Path("bench/out/goodput_dynamo.json"))
+    p.add_argument("--from-json", type=Path, help="print the tables of an earlier --out; nothing is replayed")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.from_json:
+        print(report(json.loads(args.from_json.read_text())))
+        return 0
+    replayer = Replayer(args.dynamo_python, args.replay_dir)
+    try:
+        with tempfile.TemporaryDirectory(prefix="tandem-goodput-dynamo-") as tmp:
+            traces = [run_trace(replayer, args.traces / name, args, Path(tmp)) for name in TRACES]
+    finally:
+        replayer.close()
+    result = {
+        "traces": traces,
+        "replays": replayer.replays,
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+    }
+    print(report(result))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
