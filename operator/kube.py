@@ -25,7 +25,7 @@ _KINDS = {
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "InferenceService": ("/apis/serving.tandem.dev/v1alpha1", "inferenceservices"),
-    "InferencePool": ("/apis/serving.tandem.dev/v1alpha1", "inferencepools"),
+    "TandemPool": ("/apis/serving.tandem.dev/v1alpha1", "tandempools"),
     "Event": ("/api/v1", "events"),
 }
 

@@ -23,7 +23,7 @@ from tests.k8s.test_operator_lifecycle import EXAMPLE, SERVICE, model_volume, re
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts/tandem"
 RELEASE, NS = "tandem", "tandem-system"
-CRDS = ("inferenceservices.serving.tandem.dev", "inferencepools.serving.tandem.dev")
+CRDS = ("inferenceservices.serving.tandem.dev", "tandempools.serving.tandem.dev")
 CHART_LABEL = f"app.kubernetes.io/instance={RELEASE}"
 
 
@@ -150,7 +150,7 @@ def test_top_reads_the_kubernetes_api(cluster, chart_operator):
     the newest scaling decision from an Event like the autoscaler's (reason code, message = its reason)."""
     cp = cluster
     event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "llama-8b-decode.scale", "namespace": "serving"},
-             "involvedObject": {"apiVersion": "serving.tandem.dev/v1alpha1", "kind": "InferencePool",
+             "involvedObject": {"apiVersion": "serving.tandem.dev/v1alpha1", "kind": "TandemPool",
                                 "name": f"{SERVICE}-decode", "namespace": "serving"},
              "reason": "SLOBreach", "message": "decode 2->3: TPOT p90 61 ms > 40 ms SLO", "type": "Normal",
              "firstTimestamp": "2026-01-01T00:00:00Z", "lastTimestamp": "2026-01-01T00:00:00Z",
@@ -192,7 +192,7 @@ def test_a_value_the_schema_refuses_fails_install_naming_it(cluster, installed, 
 
 def test_uninstall_leaves_only_the_crds(cluster, chart_operator):
     cp = cluster
-    cp.kubectl("delete", "inferenceservice", SERVICE, "-n", "serving", "--wait=true", "--timeout=120s")
+    cp.kubectl("delete", "tsvc", SERVICE, "-n", "serving", "--wait=true", "--timeout=120s")
     chart_operator.stop()
     helm(cp, "uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "3m")
     for kinds, ns in (("deployments,replicasets,serviceaccounts,configmaps,jobs,pods,secrets", ["-n", NS]),
