@@ -66,7 +66,7 @@ def test_the_upstream_kinds_are_there_and_take_the_bare_names(control_plane, ups
 
 def test_no_upstream_crd_claims_a_tandem_name(upstream):
     """No plural, singular or short name of theirs is one of tandem's (InferenceService's kind name aside)."""
-    ours = [yaml.safe_load(p.read_text())["spec"]["names"] for p in sorted((ROOT / "crds").glob("*.yaml"))]
+    ours = [yaml.safe_load(p.read_text())["spec"]["names"] for p in sorted((ROOT / "charts/tandem/files/crds").glob("*.yaml"))]
     tandem = {n for names in ours for n in (names["plural"], names["singular"], *names.get("shortNames", []))}
     for m in upstream_crds.MODULES:
         for crd in upstream_crds.crds(m):

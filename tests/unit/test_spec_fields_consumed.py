@@ -70,7 +70,7 @@ BASE = {"model": {"source": {"path": "/models/m"}, "servedName": "m"}}
 
 
 def _spec_schema() -> dict[str, Any]:
-    crd = yaml.safe_load((ROOT / "crds/inferenceservice.yaml").read_text())
+    crd = yaml.safe_load((ROOT / "charts/tandem/files/crds/inferenceservice.yaml").read_text())
     return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
 
 
