@@ -27,6 +27,9 @@ _KINDS = {
     "InferenceService": ("/apis/serving.tandem.dev/v1alpha1", "inferenceservices"),
     "TandemPool": ("/apis/serving.tandem.dev/v1alpha1", "tandempools"),
     "Event": ("/api/v1", "events"),
+    # spec.gateway: the Gateway API Inference Extension's pool and the Gateway API's route
+    "InferencePool": ("/apis/inference.networking.k8s.io/v1", "inferencepools"),
+    "HTTPRoute": ("/apis/gateway.networking.k8s.io/v1", "httproutes"),
 }
 
 Body = dict[str, Any]

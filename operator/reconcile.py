@@ -28,7 +28,10 @@ from tandem.spec import KIND, InferenceServiceSpec
 log = logging.getLogger("tandem.operator")
 
 _APPLY_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="apply")
-_CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "TandemPool")
+_CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "TandemPool", "InferencePool",
+                "HTTPRoute")
+# Kinds of other projects' CRDs (spec.gateway): a cluster without them has none of these children to remove.
+_OPTIONAL_KINDS = ("InferencePool", "HTTPRoute")
 POD_RECHECK_SECONDS = 5.0
 PREFLIGHT_RECHECK_SECONDS = 10.0  # the operator watches neither claims nor nodes: look again for the fix
 
@@ -118,7 +121,13 @@ def _ensure_pool(kube: Kube, reader: Reader, spec: InferenceServiceSpec, name: s
 def _remove_stale(kube: Kube, name: str, ns: str, keep: set[tuple[str, str]], out: Outcome) -> None:
     """Delete children of pools the spec no longer has (for example after switching to colocated)."""
     for kind in _CHILD_KINDS:
-        for item in kube.list(kind, ns, f"{names.LABEL_SERVICE}={name}"):
+        try:
+            items = kube.list(kind, ns, f"{names.LABEL_SERVICE}={name}")
+        except ApiError as e:
+            if e.status == 404 and kind in _OPTIONAL_KINDS:
+                continue
+            raise
+        for item in items:
             child = item["metadata"]["name"]
             owners = item["metadata"].get("ownerReferences") or []
             ours = any(o.get("kind") == KIND and o.get("name") == name for o in owners)

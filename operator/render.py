@@ -22,6 +22,7 @@ from tandem.launch import (
     worker_argv,
     worker_pools,
 )
+from tandem.operator import gateway
 from tandem.spec import API_GROUP, API_VERSION, KIND, InferenceServiceSpec
 
 Manifest = dict[str, Any]
@@ -482,6 +483,10 @@ def children(spec: InferenceServiceSpec, service: str, namespace: str, uid: str,
     out.append(router_service(service, namespace, uid))
     if spec.security.network_policy.enabled:
         out += [network_policy(spec, service, namespace, uid, p) for p in [*worker_pools(spec), names.POOL_ROUTER]]
+    if spec.gateway is not None:
+        meta = _metadata(child_name(service, names.POOL_ROUTER), namespace, service, uid, names.POOL_ROUTER)
+        out.append(gateway.inference_pool(spec.gateway, meta, selector(service, names.POOL_ROUTER)))
+        out.append(gateway.http_route(spec.gateway, meta, spec.model.served_name))
     return out
 
 
