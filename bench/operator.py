@@ -24,10 +24,10 @@ from tandem import names
 from tandem.testing.cluster import ControlPlane, Operator, find_binaries
 
 GROUP, VERSION = "serving.tandem.dev", "v1alpha1"
-CHILD_KINDS = ("deployments", "services", "poddisruptionbudgets", "inferencepools")
+CHILD_KINDS = ("deployments", "services", "poddisruptionbudgets", "tandempools")
 CHILDREN_PER_OBJECT = 3 + 3 + 2 + 2  # deployments, services, PDBs, pools
 WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY", "DELETE")
-OPERATOR_RESOURCES = ("inferenceservices", "inferencepools", "deployments", "services",
+OPERATOR_RESOURCES = ("inferenceservices", "tandempools", "deployments", "services",
                       "poddisruptionbudgets", "events")
 
 
@@ -54,8 +54,8 @@ class ChildWatcher:
             "deployments": (apps.list_namespaced_deployment, {}),
             "services": (core.list_namespaced_service, {}),
             "poddisruptionbudgets": (policy.list_namespaced_pod_disruption_budget, {}),
-            "inferencepools": (custom.list_namespaced_custom_object,
-                               {"group": GROUP, "version": VERSION, "plural": "inferencepools"}),
+            "tandempools": (custom.list_namespaced_custom_object,
+                            {"group": GROUP, "version": VERSION, "plural": "tandempools"}),
         }[kind]
 
     def _run(self, kind: str) -> None:

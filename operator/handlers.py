@@ -135,6 +135,6 @@ for _resource in (
     ("apps", "v1", "deployments"),
     ("v1", "services"),
     ("policy", "v1", "poddisruptionbudgets"),
-    (API_GROUP, API_VERSION, "inferencepools"),
+    (API_GROUP, API_VERSION, "tandempools"),
 ):
     kopf.on.event(*_resource, when=_owned, id=f"child-{_resource[-1]}")(_child_event)  # type: ignore[arg-type]

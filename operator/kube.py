@@ -25,8 +25,11 @@ _KINDS = {
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "InferenceService": ("/apis/serving.tandem.dev/v1alpha1", "inferenceservices"),
-    "InferencePool": ("/apis/serving.tandem.dev/v1alpha1", "inferencepools"),
+    "TandemPool": ("/apis/serving.tandem.dev/v1alpha1", "tandempools"),
     "Event": ("/api/v1", "events"),
+    # spec.gateway: the Gateway API Inference Extension's pool and the Gateway API's route
+    "InferencePool": ("/apis/inference.networking.k8s.io/v1", "inferencepools"),
+    "HTTPRoute": ("/apis/gateway.networking.k8s.io/v1", "httproutes"),
 }
 
 Body = dict[str, Any]

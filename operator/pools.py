@@ -1,14 +1,14 @@
 """Who writes a pool's replica count: one owner at a time, decided here as a pure function.
 
 The rule:
-- The InferencePool object `<service>-<pool>` holds the desired worker count of that pool
+- The TandemPool object `<service>-<pool>` holds the desired worker count of that pool
   (`spec.replicas`, exposed through its /scale subresource). The pool's Deployment always follows it;
   only the operator writes the Deployment's replicas.
-- The operator writes `InferencePool.spec.replicas` in exactly two cases: when it creates the pool
+- The operator writes `TandemPool.spec.replicas` in exactly two cases: when it creates the pool
   (from `InferenceService.spec.<pool>.replicas`, the initial size), and while
   `spec.autoscaling.enabled` is true (the built-in autoscaler owns the count; the operator clamps it to
   [minReplicas, maxReplicas]).
-- With the autoscaler off, `kubectl scale inferencepool/<service>-<pool>`, an HPA or KEDA own the count,
+- With the autoscaler off, `kubectl scale tpool/<service>-<pool>`, an HPA or KEDA own the count,
   and editing `spec.<pool>.replicas` on the InferenceService after creation changes nothing.
 The colocated pool is sized by `spec.decode`.
 """

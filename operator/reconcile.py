@@ -28,7 +28,10 @@ from tandem.spec import KIND, InferenceServiceSpec
 log = logging.getLogger("tandem.operator")
 
 _APPLY_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="apply")
-_CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "InferencePool")
+_CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "TandemPool", "InferencePool",
+                "HTTPRoute")
+# Kinds of other projects' CRDs (spec.gateway): a cluster without them has none of these children to remove.
+_OPTIONAL_KINDS = ("InferencePool", "HTTPRoute")
 POD_RECHECK_SECONDS = 5.0
 PREFLIGHT_RECHECK_SECONDS = 10.0  # the operator watches neither claims nor nodes: look again for the fix
 
@@ -86,8 +89,8 @@ class Reader:
 
 def _ensure_pool(kube: Kube, reader: Reader, spec: InferenceServiceSpec, name: str, ns: str, uid: str, pool: str,
                  out: Outcome) -> tuple[dict[str, Any], int]:
-    """Create the InferencePool if missing, keep its metadata ours, and return (pool, replicas)."""
-    live = reader.get("InferencePool", ns, render.child_name(name, pool))
+    """Create the TandemPool if missing, keep its metadata ours, and return (pool, replicas)."""
+    live = reader.get("TandemPool", ns, render.child_name(name, pool))
     replicas, write = desired_pool_replicas(spec, pool, live)
     wanted = render.inference_pool(name, ns, uid, pool, replicas)
     if live is None:
@@ -98,18 +101,18 @@ def _ensure_pool(kube: Kube, reader: Reader, spec: InferenceServiceSpec, name: s
                 raise
             reader.first_time = False  # it exists after all: read it and go on as for an existing pool
             return _ensure_pool(kube, reader, spec, name, ns, uid, pool, out)
-        out.writes.append(f"create InferencePool/{wanted['metadata']['name']}")
+        out.writes.append(f"create TandemPool/{wanted['metadata']['name']}")
         return live, replicas
     if not is_subset(wanted["metadata"], live["metadata"]):
         # replicas left out on purpose: after creation this field manager must not own them (see pools.py)
         body = {**wanted, "spec": {k: v for k, v in wanted["spec"].items() if k != "replicas"}}
         live = reader.remember(kube.apply(body))
-        out.writes.append(f"apply InferencePool/{wanted['metadata']['name']}")
+        out.writes.append(f"apply TandemPool/{wanted['metadata']['name']}")
     if write:
         before = (live.get("spec") or {}).get("replicas")
-        live = reader.remember(kube.merge_patch("InferencePool", ns, wanted["metadata"]["name"],
+        live = reader.remember(kube.merge_patch("TandemPool", ns, wanted["metadata"]["name"],
                                                 {"spec": {"replicas": replicas}}))
-        out.writes.append(f"scale InferencePool/{wanted['metadata']['name']}={replicas}")
+        out.writes.append(f"scale TandemPool/{wanted['metadata']['name']}={replicas}")
         if before is not None:
             out.clamped.append(clamp_message(spec, pool, int(before), replicas))
     return live, replicas
@@ -118,7 +121,13 @@ def _ensure_pool(kube: Kube, reader: Reader, spec: InferenceServiceSpec, name: s
 def _remove_stale(kube: Kube, name: str, ns: str, keep: set[tuple[str, str]], out: Outcome) -> None:
     """Delete children of pools the spec no longer has (for example after switching to colocated)."""
     for kind in _CHILD_KINDS:
-        for item in kube.list(kind, ns, f"{names.LABEL_SERVICE}={name}"):
+        try:
+            items = kube.list(kind, ns, f"{names.LABEL_SERVICE}={name}")
+        except ApiError as e:
+            if e.status == 404 and kind in _OPTIONAL_KINDS:
+                continue
+            raise
+        for item in items:
             child = item["metadata"]["name"]
             owners = item["metadata"].get("ownerReferences") or []
             ours = any(o.get("kind") == KIND and o.get("name") == name for o in owners)
@@ -241,7 +250,7 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
     for (kind, child), current in live_children.items():
         if kind == "Deployment":
             deployments[child.removeprefix(f"{name}-")] = current
-    keep |= {("InferencePool", render.child_name(name, p)) for p in pools}
+    keep |= {("TandemPool", render.child_name(name, p)) for p in pools}
 
     if previous.get("observedGeneration") != generation:
         _remove_stale(kube, name, namespace, keep, out)
@@ -250,9 +259,9 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
         st = inference_pool_status(deployments.get(pool), render.selector_string(name, pool),
                                    live_pool["metadata"].get("generation", 1))
         if not same_status(st, live_pool.get("status") or {}):
-            reader.remember(kube.merge_patch("InferencePool", namespace, live_pool["metadata"]["name"],
+            reader.remember(kube.merge_patch("TandemPool", namespace, live_pool["metadata"]["name"],
                                              {"status": st}, sub="status"))
-            out.writes.append(f"status InferencePool/{live_pool['metadata']['name']}")
+            out.writes.append(f"status TandemPool/{live_pool['metadata']['name']}")
 
     desired = {**replicas, names.POOL_ROUTER: spec.router.replicas}
     # Only a pool that is not rolled out costs a pod read: steady state reads no pods.

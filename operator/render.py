@@ -1,7 +1,7 @@
 """Pure rendering: an InferenceService spec in, the Kubernetes manifests of its children out.
 
 No I/O here. The handlers apply what these functions return; tests check them without a cluster.
-Replica counts come from the InferencePool objects (see operator/pools.py for who writes them).
+Replica counts come from the TandemPool objects (see operator/pools.py for who writes them).
 Pods receive everything they use through their template (arguments, environment, image, volumes), so a
 pod-template change is exactly a change the pods consume: editing `autoscaling` or a pool's replica bounds
 rewrites no template, and `slo` only the router's.
@@ -22,12 +22,13 @@ from tandem.launch import (
     worker_argv,
     worker_pools,
 )
+from tandem.operator import gateway
 from tandem.spec import API_GROUP, API_VERSION, KIND, InferenceServiceSpec
 
 Manifest = dict[str, Any]
 
 POOL_API_VERSION = f"{API_GROUP}/{API_VERSION}"
-POOL_KIND = "InferencePool"
+POOL_KIND = "TandemPool"
 MANAGED_BY = "tandem-operator"
 HASH_ANNOTATION = f"{API_GROUP}/rendered-hash"
 MODEL_MOUNT = "/models"
@@ -472,7 +473,7 @@ def network_policy(spec: InferenceServiceSpec, service: str, namespace: str, uid
 
 def children(spec: InferenceServiceSpec, service: str, namespace: str, uid: str,
              pool_replicas: dict[str, int]) -> list[Manifest]:
-    """Every child but the InferencePools, in apply order. pool_replicas: pool -> desired workers."""
+    """Every child but the TandemPools, in apply order. pool_replicas: pool -> desired workers."""
     out: list[Manifest] = []
     for pool in worker_pools(spec):
         out.append(worker_deployment(spec, service, namespace, uid, pool, pool_replicas[pool]))
@@ -482,6 +483,10 @@ def children(spec: InferenceServiceSpec, service: str, namespace: str, uid: str,
     out.append(router_service(service, namespace, uid))
     if spec.security.network_policy.enabled:
         out += [network_policy(spec, service, namespace, uid, p) for p in [*worker_pools(spec), names.POOL_ROUTER]]
+    if spec.gateway is not None:
+        meta = _metadata(child_name(service, names.POOL_ROUTER), namespace, service, uid, names.POOL_ROUTER)
+        out.append(gateway.inference_pool(spec.gateway, meta, selector(service, names.POOL_ROUTER)))
+        out.append(gateway.http_route(spec.gateway, meta, spec.model.served_name))
     return out
 
 

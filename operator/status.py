@@ -1,4 +1,4 @@
-"""Pure status computation: live Deployments in, InferenceService and InferencePool status out."""
+"""Pure status computation: live Deployments in, InferenceService and TandemPool status out."""
 
 from __future__ import annotations
 

@@ -68,6 +68,22 @@ PREFIX_CACHE_HIT_TOKENS_TOTAL = "tandem_prefix_cache_hit_tokens_total"
 AUTOSCALER_DESIRED_REPLICAS = "tandem_autoscaler_desired_replicas"
 AUTOSCALER_DECISIONS_TOTAL = "tandem_autoscaler_decisions_total"  # by pool and reason (CamelCase code)
 
+# vLLM's names, exported beside tandem's with vLLM's meanings, units and buckets and its `model_name` label
+# (the served name), for dashboards, KEDA recipes and endpoint pickers written for vLLM. Each name comes from
+# one kind of process, so a sum over pods counts once: the router serves the per-request ones, each worker
+# (an engine) its own state.
+VLLM_MODEL_LABEL = "model_name"
+VLLM_TTFT_SECONDS = "vllm:time_to_first_token_seconds"  # router
+VLLM_ITL_SECONDS = "vllm:inter_token_latency_seconds"  # router
+VLLM_E2E_SECONDS = "vllm:e2e_request_latency_seconds"  # router
+VLLM_PROMPT_TOKENS = "vllm:prompt_tokens"  # router; a counter, exposed as ..._total
+VLLM_GENERATION_TOKENS = "vllm:generation_tokens"  # router; a counter, exposed as ..._total
+VLLM_RUNNING = "vllm:num_requests_running"  # worker
+VLLM_WAITING = "vllm:num_requests_waiting"  # worker
+VLLM_KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"  # worker; a fraction, 1 = full
+VLLM_PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"  # worker; a counter of tokens
+VLLM_PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"  # worker; a counter of tokens
+
 # Metric labels
 METRIC_LABELS = ("service", "pool")
 # Where a request's prompt ran, a label of the router's TTFT histogram and request counter and the value of

@@ -327,6 +327,35 @@ class SecuritySpec(_Spec):
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
 
 
+class GatewayParentRef(_Spec):
+    """A Gateway (gateway.networking.k8s.io) the service's HTTPRoute attaches to."""
+
+    name: str = Field(min_length=1)
+    namespace: str | None = None
+    section_name: str | None = None
+
+
+class FailureMode(StrEnum):
+    fail_open = "FailOpen"
+    fail_close = "FailClose"
+
+
+class EndpointPickerRef(_Spec):
+    """The Gateway API Inference Extension's endpoint picker Service for the service's InferencePool."""
+
+    name: str = Field(min_length=1)
+    port: int = Field(9002, ge=1, le=65535)
+    failure_mode: FailureMode = FailureMode.fail_close
+
+
+class GatewaySpec(_Spec):
+    """Routing from Gateways: an upstream InferencePool over the router pods and an HTTPRoute for the served
+    model name."""
+
+    parent_refs: list[GatewayParentRef] = Field(min_length=1)
+    endpoint_picker_ref: EndpointPickerRef
+
+
 class InferenceServiceSpec(_Spec):
     model: ModelSpec
     mode: Mode = Mode.disaggregated
@@ -339,6 +368,7 @@ class InferenceServiceSpec(_Spec):
     kv_transfer: KvTransferSpec = Field(default_factory=KvTransferSpec)
     engine: EngineSpec = Field(default_factory=EngineSpec)
     security: SecuritySpec = Field(default_factory=SecuritySpec)
+    gateway: GatewaySpec | None = None
 
 
 class InferenceService(BaseModel):

@@ -1,5 +1,5 @@
 """The Kubernetes actuator: a pool's replicas from its pods, and a decision written to the pool's
-InferencePool (the one writer while autoscaling is on). Before a pool shrinks, each pod's
+TandemPool (the one writer while autoscaling is on). Before a pool shrinks, each pod's
 `controller.kubernetes.io/pod-deletion-cost` is set from its running sequences, so the ReplicaSet
 removes the emptiest pod, which then drains (preStop) before it exits."""
 
@@ -101,7 +101,7 @@ class KubeActuator:
         """Pools whose replicas someone else changed since the autoscaler wrote them (it will win again)."""
         edited = {}
         for pool, mine in self.written.items():
-            live = self.kube.get("InferencePool", self.namespace, self.pool_name(pool))
+            live = self.kube.get("TandemPool", self.namespace, self.pool_name(pool))
             replicas = ((live or {}).get("spec") or {}).get("replicas")
             if replicas is not None and replicas != mine:
                 edited[pool] = int(replicas)
@@ -120,7 +120,7 @@ class KubeActuator:
     def apply(self, decision: Decision) -> None:
         if decision.desired < decision.current:
             self.mark_victims(decision.pool)
-        self.kube.merge_patch("InferencePool", self.namespace, self.pool_name(decision.pool),
+        self.kube.merge_patch("TandemPool", self.namespace, self.pool_name(decision.pool),
                               {"spec": {"replicas": decision.desired}})  # fmt: skip
         self.written[decision.pool] = decision.desired
         reason = "ScaledUp" if decision.desired > decision.current else "ScaledDown"

@@ -1,5 +1,5 @@
 """The autoscaler in the operator: for each InferenceService with `autoscaling.enabled`, one tick every
-`intervalSeconds` (observe, decide, write InferencePool replicas), then status, Events and metrics.
+`intervalSeconds` (observe, decide, write TandemPool replicas), then status, Events and metrics.
 
 Runs beside the reconcile queue as one asyncio task; each tick's API and metric calls run in a worker
 thread. With autoscaling off nothing here writes, so `kubectl scale`, HPA or KEDA own the pools.

@@ -11,7 +11,7 @@ from typing import Any
 from tandem.operator.top.view import PoolState, ServiceState
 
 GROUP, VERSION, PLURAL = "serving.tandem.dev", "v1alpha1", "inferenceservices"
-POOL_KINDS = ("InferenceService", "InferencePool")
+POOL_KINDS = ("InferenceService", "TandemPool")
 SCALING_MESSAGE = re.compile(r"^\S+ \d+->\d+: ")
 
 

@@ -312,9 +312,9 @@ class ControlPlane:
         return len(states) == self.nodes and all(s == "True" for s in states)
 
     def install_crds_and_rbac(self) -> None:
-        self.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
+        self.kubectl("apply", "--server-side", "-f", str(ROOT / "charts/tandem/files/crds"))
         self.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                     "crd/inferenceservices.serving.tandem.dev", "crd/inferencepools.serving.tandem.dev")
+                     "crd/inferenceservices.serving.tandem.dev", "crd/tandempools.serving.tandem.dev")
         self.kubectl("apply", "-f", str(ROOT / "charts/tandem/files/operator-clusterrole.yaml"))
         self.kubectl("create", "clusterrolebinding", "tandem-operator", "--clusterrole=tandem-operator",
                      "--user=tandem-operator", check=False)

@@ -1,7 +1,8 @@
 """Observability against a live local stack under load, scraped by a real Prometheus: every panel of the
 chart's Grafana dashboard returns data (each query through the HTTP API with the template variables filled
 in the way Grafana fills them; a query with no data fails naming its panel), the alert rules evaluate on
-the live series, and `tandem top` run headless shows the stack."""
+the live series, the vLLM-named series agree with tandem's own, and `tandem top` run headless shows the
+stack."""
 
 from __future__ import annotations
 
@@ -141,6 +142,53 @@ def test_panel_values_are_what_the_stack_did(observed):
     hits = prom.query(grafana_vars(
         'sum by (pool) (tandem_prefix_cache_hit_tokens_total{namespace=~"$namespace", service=~"$service"})'))
     assert {r["metric"]["pool"] for r in hits if float(r["value"][1]) > 0} == {"prefill", "decode"}  # the shared prefix
+
+
+def test_vllm_named_series_agree_with_tandems(observed):
+    """Each vLLM-named series, read back from Prometheus, against the tandem series it restates (the same
+    scrape of the same process, so equal to rounding; counters fed on another thread are waited for)."""
+    prom, _ = observed
+    sel = f'{{namespace="{NAMESPACE}", service="{SERVICE}"}}'
+    vllm = f'{{namespace="{NAMESPACE}", service="{SERVICE}", model_name="tiny"}}'
+
+    def zero(result: list[dict]) -> bool:
+        return bool(result) and all(abs(float(r["value"][1])) < 1e-6 for r in result)
+
+    def same(theirs: str, ours: str, wait: bool = False) -> float:
+        """Assert theirs - ours is 0 in every series (waiting up to 60 s if asked); the sum of theirs."""
+        expr = f"({theirs}) - ({ours})"
+        result = prom.wait_for(expr, 60, ok=zero) if wait else prom.query(expr)
+        assert zero(result), (expr, result)
+        (value,) = prom.query(f"sum({theirs})")
+        return float(value["value"][1])
+
+    # the router's per-request series
+    for theirs, ours in ((names.VLLM_TTFT_SECONDS, names.TTFT_SECONDS), (names.VLLM_ITL_SECONDS, names.ITL_SECONDS),
+                         (names.VLLM_E2E_SECONDS, names.E2E_SECONDS)):
+        for suffix in ("_count", "_sum"):
+            assert same(f"sum({theirs}{suffix}{vllm})", f"sum({ours}{suffix}{sel})", wait=True) > 0, theirs
+    # every streamed token was a first token or followed one
+    assert same(f"sum({names.VLLM_GENERATION_TOKENS}_total{vllm})",
+                f"sum({names.TTFT_SECONDS}_count{sel}) + sum({names.ITL_SECONDS}_count{sel})", wait=True) > 0
+    # a prompt counts once prefilled; tandem's histogram counts it on admission (equal between requests)
+    assert same(f"sum({names.VLLM_PROMPT_TOKENS}_total{vllm})", f"sum({names.REQUEST_PROMPT_TOKENS}_sum{sel})",
+                wait=True) > 0
+    # each worker's engine state, per pod
+    per_pod = "sum by (pod) "
+    assert same(f"{per_pod}({names.VLLM_RUNNING}{vllm})", f"{per_pod}({names.DECODE_RUNNING_SEQUENCES}{sel})") >= 0
+    assert same(f"{per_pod}({names.VLLM_KV_CACHE_USAGE}{vllm})",
+                f"{per_pod}({names.KV_BLOCKS_USED}{sel}) / {per_pod}({names.KV_BLOCKS_TOTAL}{sel})") >= 0
+    for theirs, ours in ((names.VLLM_PREFIX_CACHE_QUERIES, names.PREFIX_CACHE_QUERIED_TOKENS_TOTAL),
+                         (names.VLLM_PREFIX_CACHE_HITS, names.PREFIX_CACHE_HIT_TOKENS_TOTAL)):
+        assert same(f"sum({theirs}_total{vllm})", f"sum({ours}{sel})", wait=True) > 0, theirs  # the shared prefix
+    waiting = prom.query(f"{names.VLLM_WAITING}{vllm}")
+    assert {r["metric"]["pool"] for r in waiting} == {"prefill", "decode"}
+    assert all(float(r["value"][1]) >= 0 for r in waiting)
+    # each name comes from one kind of process, so a sum over pods counts once
+    for name in (names.VLLM_TTFT_SECONDS + "_count", names.VLLM_PROMPT_TOKENS + "_total"):
+        assert {r["metric"]["pool"] for r in prom.query(f"{name}{vllm}")} == {"router"}, name
+    for name in (names.VLLM_RUNNING, names.VLLM_KV_CACHE_USAGE):
+        assert {r["metric"]["pool"] for r in prom.query(f"{name}{vllm}")} == {"prefill", "decode"}, name
 
 
 def test_alert_rules_evaluate_on_live_series(observed):

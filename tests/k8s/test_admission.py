@@ -81,10 +81,10 @@ def test_unknown_field_rejected(control_plane):
 
 
 def test_pool_identity_is_immutable(control_plane, namespace):
-    pool = {"apiVersion": "serving.tandem.dev/v1alpha1", "kind": "InferencePool",
+    pool = {"apiVersion": "serving.tandem.dev/v1alpha1", "kind": "TandemPool",
             "metadata": {"name": "p", "namespace": namespace}, "spec": {"service": "a", "pool": "decode"}}
     control_plane.kubectl("create", "-f", "-", input=yaml.safe_dump(pool))
-    out = control_plane.kubectl("patch", "inferencepool", "p", "-n", namespace, "--type=merge",
+    out = control_plane.kubectl("patch", "tpool", "p", "-n", namespace, "--type=merge",
                                 "-p", '{"spec":{"pool":"prefill"}}', check=False)
     assert out.returncode != 0 and "spec.pool" in out.stderr, out.stderr
 

@@ -53,7 +53,7 @@ def test_scale_down_removes_the_pod_with_the_fewest_running_sequences(control_pl
     names_ = sorted(p["metadata"]["name"] for p in pods)
     load = {names_[0]: 7.0, names_[1]: 0.0, names_[2]: 3.0}  # what each pod's /metrics would say
     kube = Kube(kube_config.new_client_from_config(str(cp.kubeconfig("admin"))))
-    owner = get_json(cp, "inferenceservice", "victim", namespace=ns)
+    owner = get_json(cp, "tsvc", "victim", namespace=ns)
     actuator = KubeActuator(kube, owner, (Pool.prefill, Pool.decode), lambda ps: {p["metadata"]["name"]: load[p["metadata"]["name"]] for p in ps})
     assert actuator.replicas()[Pool.decode].ready == 3
     assert actuator.mark_victims(Pool.decode) == {names_[0]: 7, names_[1]: 0, names_[2]: 3}
@@ -72,15 +72,15 @@ def test_without_metrics_slo_met_is_unknown_and_the_pools_hold(control_plane, op
         _svc("blind", decode=2, autoscaling={"enabled": True, "intervalSeconds": 1})))
 
     def unknown():
-        c = condition(get_json(cp, "inferenceservice", "blind", namespace=ns), "SLOMet")
+        c = condition(get_json(cp, "tsvc", "blind", namespace=ns), "SLOMet")
         return c if c.get("status") == "Unknown" and c.get("reason") == "MetricsUnavailable" else None
 
     cond = wait_for(unknown, 120, "SLOMet Unknown/MetricsUnavailable")
     assert "Prometheus at http://127.0.0.1:" in cond["message"] and "refused" in cond["message"]
     time.sleep(3)  # several ticks: nothing moves
     for pool, want in (("prefill", 1), ("decode", 2)):
-        assert get_json(cp, "inferencepool", f"blind-{pool}", namespace=ns)["spec"]["replicas"] == want
-    status = get_json(cp, "inferenceservice", "blind", namespace=ns)["status"]
+        assert get_json(cp, "tpool", f"blind-{pool}", namespace=ns)["spec"]["replicas"] == want
+    status = get_json(cp, "tsvc", "blind", namespace=ns)["status"]
     assert status["slo"]["ttft"] == "-/500ms" and status["slo"]["tpot"] == "-/50ms"
     header, row = cp.kubectl("get", "tsvc", "blind", "-n", ns).stdout.splitlines()[:2]
     starts = [i for i, ch in enumerate(header) if ch != " " and (i == 0 or header[i - 1] == " ")]

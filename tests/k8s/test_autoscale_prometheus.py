@@ -1,6 +1,6 @@
 """The Kubernetes loop closed with real parts: a real Prometheus scrapes a local `tandem up` stack whose
 metrics carry an InferenceService's labels; under load that breaches both SLOs the operator reads PromQL
-and grows both InferencePools, kwok runs the new pods, status and Events say so; with Prometheus stopped
+and grows both TandemPools, kwok runs the new pods, status and Events say so; with Prometheus stopped
 SLOMet turns Unknown / MetricsUnavailable and the pools hold."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ NAME = "closed"
 
 
 def _replicas(cp, ns: str, pool: str) -> int:
-    return get_json(cp, "inferencepool", f"{NAME}-{pool}", namespace=ns)["spec"]["replicas"]
+    return get_json(cp, "tpool", f"{NAME}-{pool}", namespace=ns)["spec"]["replicas"]
 
 
 def test_prometheus_driven_scale_up_then_metrics_loss_holds(control_plane, operator, namespace, tiny_model_dir, tmp_path):
@@ -42,14 +42,14 @@ def test_prometheus_driven_scale_up_then_metrics_loss_holds(control_plane, opera
                 }}))  # fmt: skip
             with StreamingLoad(url, clients=3) as load:
                 wait_for(lambda: _replicas(cp, ns, "prefill") == 2 and _replicas(cp, ns, "decode") == 2, 180,
-                         "both InferencePools grown to 2 from PromQL")  # fmt: skip
+                         "both TandemPools grown to 2 from PromQL")  # fmt: skip
                 wait_for(lambda: all((get_json(cp, "deployment", f"{NAME}-{p}", namespace=ns)["status"].get("readyReplicas") or 0) == 2
                                      for p in ("prefill", "decode")), 120, "kwok runs the new pods")  # fmt: skip
-                obj = wait_for(lambda: (o := get_json(cp, "inferenceservice", NAME, namespace=ns))
+                obj = wait_for(lambda: (o := get_json(cp, "tsvc", NAME, namespace=ns))
                                and condition(o, "SLOMet").get("status") == "False" and o, 60, "SLOMet False")  # fmt: skip
             assert load.failures == [], load.failures[:5]
         # Prometheus is stopped now
-        cond = wait_for(lambda: (c := condition(get_json(cp, "inferenceservice", NAME, namespace=ns), "SLOMet"))
+        cond = wait_for(lambda: (c := condition(get_json(cp, "tsvc", NAME, namespace=ns), "SLOMet"))
                         .get("reason") == "MetricsUnavailable" and c, 60, "SLOMet Unknown/MetricsUnavailable")  # fmt: skip
         assert cond["status"] == "Unknown"
         time.sleep(5)  # ticks go on; nothing moves

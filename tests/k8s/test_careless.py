@@ -158,7 +158,7 @@ def test_a_pool_scaled_to_zero_is_not_ready(control_plane, operator, namespace):
     cp, ns = control_plane, namespace
     cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(obj("zero")))
     wait_for(lambda: ready_at_current_generation(cp, ns, "zero"), 90, "Ready")
-    cp.kubectl("scale", "inferencepool", "zero-decode", "-n", ns, "--replicas=0")
+    cp.kubectl("scale", "tpool", "zero-decode", "-n", ns, "--replicas=0")
     isvc = wait_for(lambda: (o := get_json(cp, "tsvc", "zero", namespace=ns))
                     and condition(o, "Ready").get("reason") == "NoReplicas" and o, 30, "Ready=False NoReplicas")
     assert condition(isvc, "Ready")["status"] == "False" and "decode" in condition(isvc, "Ready")["message"]

@@ -53,6 +53,21 @@ def test_chart_objects_pass_server_validation(control_plane, helm):
     assert "created (server dry run)" in out.stdout
 
 
+def test_chart_templates_the_one_copy_of_each_crd_for_upgrades(helm):
+    """The CRDs are templates (so `helm upgrade` updates them) made from files/crds as they are, kept on
+    uninstall; crds.install=false leaves them out."""
+    rendered = {d["metadata"]["name"]: d for d in _template(helm) if d["kind"] == "CustomResourceDefinition"}
+    files = [yaml.safe_load(p.read_text()) for p in sorted((CHART / "files/crds").glob("*.yaml"))]
+    assert sorted(rendered) == sorted(f["metadata"]["name"] for f in files) and len(files) == 2
+    for f in files:
+        crd = rendered[f["metadata"]["name"]]
+        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+        assert crd["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+        assert crd["spec"] == f["spec"]
+    assert not (CHART / "crds").exists()  # Helm installs crds/ once and never upgrades it
+    assert [d for d in _template(helm, "--set", "crds.install=false") if d["kind"] == "CustomResourceDefinition"] == []
+
+
 def test_chart_values_schema_rejects_bad_values(helm):
     out = subprocess.run([helm, "template", "t", str(CHART), "--set", "replicas=0"], capture_output=True, text=True)
     assert out.returncode != 0 and "replicas" in out.stderr

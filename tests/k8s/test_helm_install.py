@@ -1,19 +1,21 @@
 """`helm install` of the chart into a real API server of its own (nothing pre-installed): the CRDs get
 established, the operator's Deployment, ServiceAccount and RBAC are created; the operator, run as a process
 with the chart's arguments and a token of the chart's ServiceAccount (kwok pods run nothing), reconciles the
-example InferenceService to Ready; `helm test`, `helm upgrade`, a value values.schema.json refuses, and
-`helm uninstall` leaving only the CRDs. The tests run in order as one install's life."""
+example InferenceService to Ready; `helm test`, `helm upgrade` (values, and a changed CRD with live objects
+kept), a value values.schema.json refuses, and `helm uninstall` leaving only the CRDs. The tests run in order as one install's life."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tandem import names
 from tandem.testing.cluster import ControlPlane, Operator, find_binaries, free_port
@@ -23,7 +25,7 @@ from tests.k8s.test_operator_lifecycle import EXAMPLE, SERVICE, model_volume, re
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts/tandem"
 RELEASE, NS = "tandem", "tandem-system"
-CRDS = ("inferenceservices.serving.tandem.dev", "inferencepools.serving.tandem.dev")
+CRDS = ("inferenceservices.serving.tandem.dev", "tandempools.serving.tandem.dev")
 CHART_LABEL = f"app.kubernetes.io/instance={RELEASE}"
 
 
@@ -150,7 +152,7 @@ def test_top_reads_the_kubernetes_api(cluster, chart_operator):
     the newest scaling decision from an Event like the autoscaler's (reason code, message = its reason)."""
     cp = cluster
     event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "llama-8b-decode.scale", "namespace": "serving"},
-             "involvedObject": {"apiVersion": "serving.tandem.dev/v1alpha1", "kind": "InferencePool",
+             "involvedObject": {"apiVersion": "serving.tandem.dev/v1alpha1", "kind": "TandemPool",
                                 "name": f"{SERVICE}-decode", "namespace": "serving"},
              "reason": "SLOBreach", "message": "decode 2->3: TPOT p90 61 ms > 40 ms SLO", "type": "Normal",
              "firstTimestamp": "2026-01-01T00:00:00Z", "lastTimestamp": "2026-01-01T00:00:00Z",
@@ -181,6 +183,47 @@ def test_upgrade_applies_changed_values(cluster, installed):
     assert [h["revision"] for h in history] == [1, 2] and history[-1]["status"] == "deployed"
 
 
+def test_upgrade_updates_a_changed_crd_and_keeps_live_objects(cluster, chart_operator, tmp_path):
+    """The chart's next version adds a field and a printer column to the InferenceService CRD: `helm upgrade`
+    applies it (the API server then keeps the field instead of pruning it), the live InferenceService and its
+    TandemPools stay the same objects and Ready; upgrading back restores the CRD."""
+    cp = cluster
+    objects = (("tsvc", SERVICE), ("tpool", f"{SERVICE}-decode"), ("tpool", f"{SERVICE}-prefill"))
+    uids = {o: get_json(cp, *o, namespace="serving")["metadata"]["uid"] for o in objects}
+    chart = tmp_path / "tandem"
+    shutil.copytree(CHART, chart)
+    crd_file = chart / "files/crds/inferenceservice.yaml"
+    crd = yaml.safe_load(crd_file.read_text())
+    (version,) = crd["spec"]["versions"]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec["properties"]["upgradeMarker"] = {"type": "string", "description": "Added by the next chart version."}
+    version["additionalPrinterColumns"].append({"name": "Marker", "type": "string", "jsonPath": ".spec.upgradeMarker"})
+    crd_file.write_text(yaml.safe_dump(crd))
+
+    def marker_kept() -> bool:  # a server-side dry run returns what the API server would store
+        obj = yaml.safe_load(EXAMPLE.read_text())
+        obj["spec"]["upgradeMarker"] = "v2"
+        out = cp.kubectl("apply", "--dry-run=server", "--validate=strict", "-n", "serving", "-o", "json", "-f", "-",
+                         input=json.dumps(obj), check=False)
+        if out.returncode != 0:
+            assert 'unknown field "spec.upgradeMarker"' in out.stderr, out.stderr
+            return False
+        return json.loads(out.stdout)["spec"].get("upgradeMarker") == "v2"
+
+    assert not marker_kept()  # refused: the installed CRD does not know the field
+    helm(cp, "upgrade", RELEASE, str(chart), "-n", NS, "--reuse-values", "--wait", "--timeout", "3m")
+    live = get_json(cp, "crd", CRDS[0])
+    assert "Marker" in [c["name"] for c in live["spec"]["versions"][0]["additionalPrinterColumns"]]
+    assert live["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    wait_for(marker_kept, 30, "the upgraded schema to keep spec.upgradeMarker")
+    for o, uid in uids.items():
+        assert get_json(cp, *o, namespace="serving")["metadata"]["uid"] == uid, o
+    assert ready_at_current_generation(cp, "serving")
+    helm(cp, "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values", "--wait", "--timeout", "3m")
+    wait_for(lambda: not marker_kept(), 30, "the CRD back to the chart's")
+    assert get_json(cp, *objects[0], namespace="serving")["metadata"]["uid"] == uids[objects[0]]
+
+
 @pytest.mark.parametrize(("value", "named"), [("replicas=0", "replicas"), ("image.pullPolicy=Sometimes", "pullPolicy"),
                                               ("resyncSeconds=often", "resyncSeconds")])
 def test_a_value_the_schema_refuses_fails_install_naming_it(cluster, installed, value, named):
@@ -192,7 +235,7 @@ def test_a_value_the_schema_refuses_fails_install_naming_it(cluster, installed, 
 
 def test_uninstall_leaves_only_the_crds(cluster, chart_operator):
     cp = cluster
-    cp.kubectl("delete", "inferenceservice", SERVICE, "-n", "serving", "--wait=true", "--timeout=120s")
+    cp.kubectl("delete", "tsvc", SERVICE, "-n", "serving", "--wait=true", "--timeout=120s")
     chart_operator.stop()
     helm(cp, "uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "3m")
     for kinds, ns in (("deployments,replicasets,serviceaccounts,configmaps,jobs,pods,secrets", ["-n", NS]),
@@ -203,5 +246,5 @@ def test_uninstall_leaves_only_the_crds(cluster, chart_operator):
         wait_for(gone, 60, f"no {kinds} of the release left")
     assert get_json(cp, "serviceaccount", RELEASE, namespace=NS) is None
     assert cp.kubectl("get", "secrets", "-n", NS, "-l", "owner=helm", "-o", "name").stdout.split() == []  # release records
-    for crd in CRDS:  # Helm never deletes CRDs it installed from crds/
+    for crd in CRDS:  # helm.sh/resource-policy: keep
         assert get_json(cp, "crd", crd) is not None

@@ -40,7 +40,7 @@ def condition(obj: dict | None, ctype: str) -> dict:
 
 
 def ready_at_current_generation(cp, namespace: str, name: str = SERVICE) -> dict | None:
-    obj = get_json(cp, "inferenceservice", name, namespace=namespace)
+    obj = get_json(cp, "tsvc", name, namespace=namespace)
     gen = obj["metadata"]["generation"]
     c = condition(obj, "Ready")
     ok = (c.get("status") == "True" and c.get("observedGeneration") == gen
@@ -62,7 +62,7 @@ def llama(control_plane, operator, namespace):
 
 def test_apply_creates_ready_gpu_pools(control_plane, llama):
     cp, ns = control_plane, llama
-    isvc = get_json(cp, "inferenceservice", SERVICE, namespace=ns)
+    isvc = get_json(cp, "tsvc", SERVICE, namespace=ns)
     uid = isvc["metadata"]["uid"]
     for pool, replicas in POOLS.items():
         dep = deployment(cp, ns, pool)
@@ -86,7 +86,7 @@ def test_apply_creates_ready_gpu_pools(control_plane, llama):
         assert svc["spec"]["selector"] == {names.LABEL_SERVICE: SERVICE, names.LABEL_POOL: pool}
     assert get_json(cp, "configmap", f"{SERVICE}-config", namespace=ns) is None  # pods get the spec in args
     for kind in ("poddisruptionbudget/llama-8b-decode",
-                 "inferencepool/llama-8b-prefill", "inferencepool/llama-8b-decode"):
+                 "tpool/llama-8b-prefill", "tpool/llama-8b-decode"):
         assert get_json(cp, kind, namespace=ns)["metadata"]["ownerReferences"][0]["uid"] == uid, kind
     pods = get_json(cp, "pods", "-l", f"{names.LABEL_SERVICE}={SERVICE}", namespace=ns)["items"]
     assert len(pods) == sum(POOLS.values())
@@ -164,14 +164,14 @@ def test_engine_edit_rolls_the_workers_and_image_edit_rolls_every_pod(control_pl
 
 def test_scale_one_pool_changes_only_that_pool(control_plane, llama):
     cp, ns = control_plane, llama
-    cp.kubectl("scale", "inferencepool", f"{SERVICE}-decode", "-n", ns, "--replicas=3")
+    cp.kubectl("scale", "tpool", f"{SERVICE}-decode", "-n", ns, "--replicas=3")
     wait_for(lambda: deployment(cp, ns, "decode")["spec"]["replicas"] == 3, 30, "decode scaled to 3")
     obj = wait_for(lambda: (o := ready_at_current_generation(cp, ns))
                    and o["status"]["pools"]["decode"]["readyReplicas"] == 3 and o, 60, "3 decode ready")
     assert obj["status"]["pools"]["prefill"]["desiredReplicas"] == 1
     assert deployment(cp, ns, "prefill")["spec"]["replicas"] == 1
     scale = json.loads(cp.kubectl("get", "--raw",
-                                  f"/apis/serving.tandem.dev/v1alpha1/namespaces/{ns}/inferencepools/"
+                                  f"/apis/serving.tandem.dev/v1alpha1/namespaces/{ns}/tandempools/"
                                   f"{SERVICE}-decode/scale").stdout)
     assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3
     assert scale["status"]["selector"] == f"{names.LABEL_SERVICE}={SERVICE},{names.LABEL_POOL}=decode"
@@ -205,7 +205,7 @@ def test_delete_garbage_collects_every_child(control_plane, llama):
     selector = f"{names.LABEL_SERVICE}={SERVICE}"
 
     def gone():
-        out = cp.kubectl("get", "deployments,services,poddisruptionbudgets,inferencepools,replicasets,pods",
+        out = cp.kubectl("get", "deployments,services,poddisruptionbudgets,tandempools,replicasets,pods",
                          "-n", ns, "-l", selector, "-o", "name").stdout
         return out.strip() == ""
     wait_for(gone, 60, "children garbage-collected")
@@ -213,7 +213,7 @@ def test_delete_garbage_collects_every_child(control_plane, llama):
 
 def _children_fingerprint(cp, ns: str) -> dict:
     out = {}
-    for kind in ("deployments", "services", "poddisruptionbudgets", "inferencepools"):
+    for kind in ("deployments", "services", "poddisruptionbudgets", "tandempools"):
         for item in get_json(cp, kind, "-l", f"{names.LABEL_SERVICE}={SERVICE}", namespace=ns)["items"]:
             meta = item["metadata"]
             # generation moves on spec writes; objects without one (Service) use resourceVersion

@@ -16,7 +16,7 @@ def _apply(cp, ns: str, name: str, spec: dict) -> None:
 
 
 def _names(cp, ns: str, name: str) -> set[str]:
-    out = cp.kubectl("get", "deployments,services,poddisruptionbudgets,inferencepools", "-n", ns,
+    out = cp.kubectl("get", "deployments,services,poddisruptionbudgets,tandempools", "-n", ns,
                      "-l", f"{names.LABEL_SERVICE}={name}", "-o", "name").stdout
     return set(out.split())
 
@@ -30,7 +30,7 @@ def test_switch_to_colocated_removes_the_split_pools(control_plane, operator, na
     wait_for(lambda: ready_at_current_generation(cp, ns, "m"), 90, "colocated Ready")
     wait_for(lambda: _names(cp, ns, "m") == {
         "deployment.apps/m-colocated", "deployment.apps/m-router", "service/m-colocated", "service/m-router",
-        "poddisruptionbudget.policy/m-colocated", "inferencepool.serving.tandem.dev/m-colocated"},
+        "poddisruptionbudget.policy/m-colocated", "tandempool.serving.tandem.dev/m-colocated"},
         30, "only colocated children left")
     dep = deployment(cp, ns, "colocated", "m")
     assert dep["spec"]["template"]["spec"]["containers"][0]["args"][:3] == ["worker", "--role", "colocated"]
@@ -43,8 +43,8 @@ def test_autoscaler_on_means_the_operator_owns_pool_replicas(control_plane, oper
     cp, ns = control_plane, namespace
     _apply(cp, ns, "a", {"autoscaling": {"enabled": True}, "decode": {"replicas": 1, "maxReplicas": 2}})
     wait_for(lambda: ready_at_current_generation(cp, ns, "a"), 90, "Ready")
-    cp.kubectl("scale", "inferencepool", "a-decode", "-n", ns, "--replicas=5")
-    wait_for(lambda: get_json(cp, "inferencepool", "a-decode", namespace=ns)["spec"]["replicas"] == 2, 30,
+    cp.kubectl("scale", "tpool", "a-decode", "-n", ns, "--replicas=5")
+    wait_for(lambda: get_json(cp, "tpool", "a-decode", namespace=ns)["spec"]["replicas"] == 2, 30,
              "pool clamped to maxReplicas")
     wait_for(lambda: deployment(cp, ns, "decode", "a")["spec"]["replicas"] == 2, 30, "deployment follows")
     events = get_json(cp, "events", "--field-selector", "involvedObject.name=a,reason=ReplicasClamped",

@@ -24,7 +24,7 @@ from tests.k8s.test_operator_lifecycle import condition, ready_at_current_genera
 # Extra seconds the API stays down. 60 outlasts kopf's default request retries (about a minute), which
 # stopped a riding-out operator with a traceback before handlers.API_RETRY_BACKOFFS; 0 keeps the suite short.
 DOWN_SECONDS = float(os.environ.get("TANDEM_TEST_API_DOWN_SECONDS", "0"))
-KINDS = ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "InferencePool")
+KINDS = ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "TandemPool")
 
 
 def admin(cp) -> Kube:
@@ -92,7 +92,7 @@ def test_killed_mid_reconcile_converges_without_duplicates_and_keeps_status(cont
         assert set(after) == {key.format(n) for key in wanted}, n
         assert all(after[key] == uid for key, uid in at_kill[n].items()), f"{n}: a child was recreated"
         assert all(replica_sets(cp, ns, n, p) == 1 for p in ("prefill", "decode", "router")), n
-        assert get_json(cp, "inferencepool", f"{n}-decode", namespace=ns)["spec"]["replicas"] == 1
+        assert get_json(cp, "tpool", f"{n}-decode", namespace=ns)["spec"]["replicas"] == 1
     assert children(kube, ns, "steady") == steady
     assert get_json(cp, "tsvc", "steady", namespace=ns)["status"] == steady_status
 
@@ -103,7 +103,7 @@ def test_killed_mid_scale_converges_to_the_written_replicas(control_plane, opera
     _apply(cp, ns, obj("grow", decode=pool(maxReplicas=4)))
     wait_for(lambda: serving(cp, ns, "grow", "decode", 1), 90, "grow Ready with 1 decode")
     before = children(kube, ns, "grow")
-    owner = get_json(cp, "inferenceservice", "grow", namespace=ns)
+    owner = get_json(cp, "tsvc", "grow", namespace=ns)
     actuator = KubeActuator(kube, owner, (Pool.prefill, Pool.decode),
                             lambda pods: {p["metadata"]["name"]: 0.0 for p in pods})  # nothing runs on kwok
     with restored(operator):
@@ -116,9 +116,9 @@ def test_killed_mid_scale_converges_to_the_written_replicas(control_plane, opera
             isvc = wait_for(lambda desired=desired: serving(cp, ns, "grow", "decode", desired), 120,
                             f"decode at {desired} after the restart")
             assert isvc["status"]["pools"]["decode"]["desiredReplicas"] == desired
-            live = get_json(cp, "inferencepool", "grow-decode", namespace=ns)
+            live = get_json(cp, "tpool", "grow-decode", namespace=ns)
             assert live["spec"]["replicas"] == desired
-            wait_for(lambda desired=desired: get_json(cp, "inferencepool", "grow-decode", namespace=ns)["status"]
+            wait_for(lambda desired=desired: get_json(cp, "tpool", "grow-decode", namespace=ns)["status"]
                      .get("readyReplicas") == desired, 30, "the pool's scale subresource status")
     assert children(kube, ns, "grow") == before, "children recreated or duplicated"
     assert replica_sets(cp, ns, "grow", "decode") == 1, "a scale must not roll the pods"
@@ -152,7 +152,7 @@ def test_api_server_restart_under_a_running_operator_converges(control_plane, op
             else:
                 assert op.proc.poll() is None, op.log()[-3000:]
             assert get_json(cp, "tsvc", "calm", namespace=ns)["status"] == status
-            cp.kubectl("scale", "inferencepool", "calm-decode", "-n", ns, "--replicas=2")
+            cp.kubectl("scale", "tpool", "calm-decode", "-n", ns, "--replicas=2")
             wait_for(lambda: serving(cp, ns, "calm", "decode", 2), 120, f"decode at 2 after {down:.0f} s without API")
             assert op.proc is not None and op.proc.poll() is None, "the operator died after the API came back"
     finally:

@@ -22,7 +22,7 @@ CHART = ROOT / "charts/tandem"
 # what reconciling uses, and what the operator must never be able to do
 NEEDED = [
     ("get", "inferenceservices.serving.tandem.dev"), ("watch", "inferenceservices.serving.tandem.dev"),
-    ("patch", "inferenceservices.serving.tandem.dev/status"), ("create", "inferencepools.serving.tandem.dev"),
+    ("patch", "inferenceservices.serving.tandem.dev/status"), ("create", "tandempools.serving.tandem.dev"),
     ("create", "deployments.apps"), ("patch", "deployments.apps"), ("delete", "deployments.apps"),
     ("create", "services"), ("create", "poddisruptionbudgets.policy"),
     ("create", "networkpolicies.networking.k8s.io"), ("create", "events"),

@@ -107,7 +107,7 @@ def test_image_names_and_tags_match_the_chart_and_the_spec_default():
     assert VALUES["image"]["repository"] == _title("operator")  # the chart's operator Deployment
     default = InferenceServiceSpec.model_fields["image"].default
     assert default == f"{_title('worker')}:{version}"  # workers and routers
-    crd = (ROOT / "crds/inferenceservice.yaml").read_text()
+    crd = (ROOT / "charts/tandem/files/crds/inferenceservice.yaml").read_text()
     assert f"default: {default}" in crd
 
 

@@ -64,7 +64,7 @@ def test_an_8_bit_cache_with_flex_attention_is_refused_by_the_spec_and_the_crd()
         InferenceServiceSpec.model_validate(_obj(engine={"kvCacheDtype": "int8", "attention": "flex"})["spec"])
     with pytest.raises(pydantic.ValidationError, match="quantization"):
         InferenceServiceSpec.model_validate(_obj({"quantization": "int4"})["spec"])
-    crd = yaml.safe_load((ROOT / "crds" / "inferenceservice.yaml").read_text())
+    crd = yaml.safe_load((ROOT / "charts/tandem/files/crds/inferenceservice.yaml").read_text())
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     (rule,) = schema["engine"]["x-kubernetes-validations"]
     assert "kvCacheDtype" in rule["rule"] and "flex" in rule["rule"] and "sdpa" in rule["message"]

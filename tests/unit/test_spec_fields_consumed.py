@@ -41,6 +41,7 @@ VALUES: dict[str, list[Any]] = {
     "security.networkPolicy.metricsFrom": [[], [{"namespaceSelector": {}}]],
     "autoscaling.prometheusUrl": [ABSENT, "http://prometheus.monitoring:9090"],
     "router.disaggregation.localPrefillMaxTpotFraction": [0.0, 0.8],
+    "gateway.parentRefs": [[{"name": "a"}], [{"name": "b", "namespace": "gw", "sectionName": "http"}]],
 }
 
 # The rest of the spec a field needs around it to take effect (merged into the base spec).
@@ -59,6 +60,7 @@ CONTEXT: list[tuple[str, dict[str, Any]]] = [
     # the live pool is scaled out of bounds in `observe`, so the switch shows as a clamp
     ("autoscaling.enabled", {}),
     ("engine.speculative.draftModel.", {"engine": {"speculative": {"method": "draft"}}}),
+    ("gateway.", {"gateway": {"parentRefs": [{"name": "gw"}], "endpointPickerRef": {"name": "epp"}}}),
 ]
 
 # The rest of the spec one value of a field needs (a method and the section only it takes).
@@ -70,7 +72,7 @@ BASE = {"model": {"source": {"path": "/models/m"}, "servedName": "m"}}
 
 
 def _spec_schema() -> dict[str, Any]:
-    crd = yaml.safe_load((ROOT / "crds/inferenceservice.yaml").read_text())
+    crd = yaml.safe_load((ROOT / "charts/tandem/files/crds/inferenceservice.yaml").read_text())
     return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
 
 

@@ -91,10 +91,10 @@ def test_inference_service_and_its_scaling_events():
         return {"involvedObject": {"kind": kind, "name": name}, "reason": reason, "message": message,
                 "lastTimestamp": (now - dt.timedelta(seconds=ago)).isoformat().replace("+00:00", "Z")}
 
-    events = [event("llama-decode", "InferencePool", "Scaled", 90, "2 -> 3: TPOT p90 over target"),
-              event("llama-prefill", "InferencePool", "SLOBreach", 30, "prefill 1->2: prefill queue wait"),
+    events = [event("llama-decode", "TandemPool", "Scaled", 90, "2 -> 3: TPOT p90 over target"),
+              event("llama-prefill", "TandemPool", "SLOBreach", 30, "prefill 1->2: prefill queue wait"),
               event("llama", "InferenceService", "Ready", 5, "ready"),
-              event("llamas-decode", "InferencePool", "Scaled", 1, "another service")]  # fmt: skip
+              event("llamas-decode", "TandemPool", "Scaled", 1, "another service")]  # fmt: skip
     assert last_scaling(events, "llama", now) == "30s ago llama-prefill: prefill 1->2: prefill queue wait"
     assert last_scaling(events[:1], "llama", now) == "90s ago llama-decode: 2 -> 3: TPOT p90 over target"
     assert last_scaling(events[2:3], "llama", now) is None

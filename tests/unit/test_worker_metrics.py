@@ -27,3 +27,30 @@ def test_kv_blocks_used_drops_when_a_reservation_is_released_without_a_step(tiny
     assert gauge(names.DECODE_RUNNING_SEQUENCES) == 1 and gauge(names.KV_BLOCKS_USED) == 2
     engine.abort("r")
     assert gauge(names.DECODE_RUNNING_SEQUENCES) == 0 and gauge(names.KV_BLOCKS_USED) == 0
+
+
+def test_vllm_named_engine_series_follow_the_engine(tiny_model_dir):
+    """vLLM's names carry the engine's state with vLLM's meanings: requests waiting and running, the used
+    fraction of the KV cache, prefix-cache tokens queried and hit; labelled with the served model only."""
+    engine = Engine(load_model(tiny_model_dir), EngineConfig(block_size=4, num_kv_blocks=32))
+    metrics = WorkerMetrics("svc", "decode", model_name="tiny").watch(engine)
+
+    def vllm(name: str) -> float | None:
+        return metrics.registry.get_sample_value(name, {"model_name": "tiny"})
+
+    assert (vllm(names.VLLM_RUNNING), vllm(names.VLLM_WAITING), vllm(names.VLLM_KV_CACHE_USAGE)) == (0, 0, 0)
+    prompt = list(range(1, 10))
+    engine.add_request(prompt, SamplingParams(max_tokens=2), "a")
+    assert (vllm(names.VLLM_WAITING), vllm(names.VLLM_RUNNING)) == (1, 0) == (engine.num_waiting, engine.num_running)
+    engine.step()
+    metrics.on_step(engine)
+    assert (vllm(names.VLLM_WAITING), vllm(names.VLLM_RUNNING)) == (0, 1)
+    assert vllm(names.VLLM_KV_CACHE_USAGE) == engine.blocks.num_used / 32 > 0
+    engine.add_request(prompt, SamplingParams(max_tokens=2), "b")  # the same prompt: its full blocks hit
+    engine.step()
+    metrics.on_step(engine)
+    labels = {"service": "svc", "pool": "decode"}
+    assert vllm(names.VLLM_PREFIX_CACHE_QUERIES + "_total") == metrics.registry.get_sample_value(
+        names.PREFIX_CACHE_QUERIED_TOKENS_TOTAL, labels) > 0
+    assert vllm(names.VLLM_PREFIX_CACHE_HITS + "_total") == metrics.registry.get_sample_value(
+        names.PREFIX_CACHE_HIT_TOKENS_TOTAL, labels) > 0

@@ -250,7 +250,7 @@ def create_app(
     each completed request is judged against."""
     metrics = RouterMetrics(
         service_name, backend.queue_depth, slo=slo, routable_workers=backend.routable_workers,
-        discovery_stale=getattr(backend, "discovery_stale", None),
+        discovery_stale=getattr(backend, "discovery_stale", None), model_name=served_name,
     )  # fmt: skip
     admission = Admission(max_queued_requests)
     limits = limits or RequestLimits()

@@ -87,9 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         protect_metrics=args.protect_metrics,
     )
     if args.metrics_port:
-        from prometheus_client import start_http_server
+        from tandem.worker.api.metrics_http import serve_metrics
 
-        start_http_server(args.metrics_port, addr=args.host, registry=app.state.metrics.registry)
+        serve_metrics(args.metrics_port, args.host, app.state.metrics.registry)
     print(f"tandem router: serving {args.served_name!r} on http://{args.host}:{args.port}/v1", flush=True)
     limits = ServerLimits(args.max_connections, args.header_timeout, args.keep_alive_timeout)
     uvicorn.Server(uvicorn_config(app, args.host, args.port, limits, args.log_level)).run()

@@ -1,4 +1,5 @@
-"""The router's Prometheus metrics: per-request latency histograms, request outcomes and queue depth."""
+"""The router's Prometheus metrics: per-request latency histograms, request outcomes and queue depth, and
+the per-request ones again under vLLM's names and buckets."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from tandem import names
 from tandem.names import (
     E2E_SECONDS,
     ITL_SECONDS,
@@ -79,6 +81,14 @@ TOKEN_BUCKETS = (
 LENGTH_BUCKETS = tuple(float(2**i) for i in range(2, 18))
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600)
 
+# vLLM's buckets for its names (vllm/v1/metrics/loggers.py), so its dashboards' quantiles read the same.
+VLLM_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+VLLM_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                    40.0, 80.0)
+VLLM_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                    480.0, 960.0, 1920.0, 7680.0)
+
 # Values of the `status` label of REQUESTS_TOTAL: the HTTP status the request ended with, as text.
 # A stream that fails after it started counts with the error's status; a client that went away, 499.
 STATUS_CLIENT_GONE = "499"
@@ -112,6 +122,7 @@ class RouterMetrics:
         slo: Slo | None = None,
         routable_workers: Callable[[], dict[str, int]] | None = None,
         discovery_stale: Callable[[], float] | None = None,
+        model_name: str = "model",
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.slo = slo or Slo()
@@ -142,6 +153,7 @@ class RouterMetrics:
             registry=r,
             buckets=E2E_BUCKETS,
         ).labels(**self.labels)
+        self.vllm = VllmRequestMetrics(r, model_name)
         self.requests = Counter(
             REQUESTS_TOTAL, "Requests by final HTTP status and where the prompt ran",
             (*labels, "status", PREFILL_ROUTE_LABEL), registry=r,
@@ -202,6 +214,25 @@ class RouterMetrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
+class VllmRequestMetrics:
+    """vLLM's per-request series (TTFT, inter-token latency, end-to-end latency, prompt and generated tokens)
+    labelled with the served model's name, fed by the same observations as tandem's."""
+
+    def __init__(self, r: CollectorRegistry, model_name: str) -> None:
+        label = (names.VLLM_MODEL_LABEL,)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, label, registry=r, buckets=buckets).labels(model_name)
+
+        self.ttft = histogram(names.VLLM_TTFT_SECONDS, "Histogram of time to first token in seconds.", VLLM_TTFT_BUCKETS)
+        self.itl = histogram(names.VLLM_ITL_SECONDS, "Histogram of inter-token latency in seconds.", VLLM_ITL_BUCKETS)
+        self.e2e = histogram(names.VLLM_E2E_SECONDS, "Histogram of e2e request latency in seconds.", VLLM_E2E_BUCKETS)
+        self.prompt_tokens = Counter(names.VLLM_PROMPT_TOKENS, "Number of prefill tokens processed.", label,
+                                     registry=r).labels(model_name)
+        self.generation_tokens = Counter(names.VLLM_GENERATION_TOKENS, "Number of generation tokens processed.",
+                                         label, registry=r).labels(model_name)
+
+
 class RequestClock:
     """Times one request from its arrival; observes TTFT and ITL as tokens come, the rest at the end."""
 
@@ -211,6 +242,7 @@ class RequestClock:
         self.first_token: float | None = None
         self.last_token: float | None = None
         self.tokens = 0
+        self.prompt_tokens = 0
         self.status: str | None = None
         self.route_of: Callable[[], str] = lambda: ""  # where the prompt ran, once the backend routed it
 
@@ -221,14 +253,19 @@ class RequestClock:
     def on_prompt(self, num_tokens: int) -> None:
         """The request was tokenized and admitted: its prompt length."""
         self.metrics.prompt_tokens.observe(num_tokens)
+        self.prompt_tokens = num_tokens
 
     def on_token(self) -> None:
-        now = self.clock()
+        now, vllm = self.clock(), self.metrics.vllm
         if self.last_token is None:
             self.first_token = now
             self.metrics.ttft.labels(**self.metrics.labels, prefill=self.route).observe(now - self.arrival)
+            vllm.ttft.observe(now - self.arrival)
+            vllm.prompt_tokens.inc(self.prompt_tokens)  # vLLM counts a prompt once it is prefilled
         else:
             self.metrics.itl.observe(now - self.last_token)
+            vllm.itl.observe(now - self.last_token)
+        vllm.generation_tokens.inc()
         self.last_token = now
         self.tokens += 1
 
@@ -240,7 +277,9 @@ class RequestClock:
         self.metrics.count(status, self.route)
         if status != "200" or self.first_token is None or self.last_token is None:
             return
-        self.metrics.e2e.observe(self.clock() - self.arrival)
+        e2e = self.clock() - self.arrival
+        self.metrics.e2e.observe(e2e)
+        self.metrics.vllm.e2e.observe(e2e)
         self.metrics.output_tokens.observe(self.tokens)
         tpot = mean_time_per_output_token(self.first_token, self.last_token, self.tokens)
         if tpot is not None:

@@ -15,10 +15,10 @@ from dataclasses import replace
 import grpc
 import torch
 from grpc_health.v1 import health, health_pb2_grpc
-from prometheus_client import start_http_server
 
 from tandem.options import SPECULATIVE_TOKENS, WorkerOptions
 from tandem.v1 import colocated_pb2_grpc, prefill_pb2_grpc
+from tandem.worker.api.metrics_http import serve_metrics
 from tandem.worker.api.tls import TlsConfig, add_port
 from tandem.worker.engine.loading import engine_for_model, load_model
 from tandem.worker.engine.runner.decode_graphs import check_decode_step
@@ -85,9 +85,9 @@ def main(argv: list[str]) -> int:
         from tandem.worker.engine.runner.compiled import warm_up
 
         log.info("warming up compiled graphs (%d steps)", warm_up(engine))  # before the health check says ready
-    metrics = WorkerMetrics(args.service, args.role).watch(engine)
+    metrics = WorkerMetrics(args.service, args.role, model_name=args.served_name).watch(engine)
     if args.metrics_port:
-        start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
+        serve_metrics(args.metrics_port, args.host, metrics.registry)
     loop = EngineLoop(engine, on_step=metrics.on_step).start()
     worker_id = args.worker_id or f"{args.role}-{uuid.uuid4().hex[:8]}"
     info = worker_info(engine, worker_id, args.role, args.served_name, transports)

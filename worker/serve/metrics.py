@@ -1,4 +1,5 @@
-"""Prometheus metrics of a prefill, decode or colocated worker, labelled by service and pool."""
+"""Prometheus metrics of a prefill, decode or colocated worker, labelled by service and pool; the engine's
+state again under vLLM's names, labelled by the served model."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from tandem.worker.engine.runner.engine import Engine
 
 
 class WorkerMetrics:
-    def __init__(self, service: str, pool: str, registry: CollectorRegistry | None = None):
+    def __init__(self, service: str, pool: str, registry: CollectorRegistry | None = None, model_name: str = "model"):
         self.registry = registry or CollectorRegistry()
         labels = list(names.METRIC_LABELS)
         r = self.registry
+        self.vllm = VllmEngineMetrics(r, model_name)
 
         def bind(metric):  # every series carries the service and the pool
             return metric.labels(service=service, pool=pool)
@@ -60,6 +62,7 @@ class WorkerMetrics:
         self.kv_used.set_function(lambda: engine.blocks.num_used)
         self.kv_total.set_function(lambda: engine.blocks.num_blocks)
         self.running.set_function(lambda: engine.num_running)
+        self.vllm.watch(engine)
         return self
 
     def watch_held(self, busy: Callable[[], int]) -> WorkerMetrics:
@@ -74,6 +77,8 @@ class WorkerMetrics:
         queried, hits = engine.blocks.prefix_queried_tokens, engine.blocks.prefix_hit_tokens
         self.prefix_queried.inc(queried - self._prefix_seen[0])
         self.prefix_hits.inc(hits - self._prefix_seen[1])
+        self.vllm.prefix_queries.inc(queried - self._prefix_seen[0])
+        self.vllm.prefix_hits.inc(hits - self._prefix_seen[1])
         self._prefix_seen = (queried, hits)
         spec = engine.speculator
         if spec is not None:
@@ -84,6 +89,33 @@ class WorkerMetrics:
         if sched is not None and sched.seqs:
             self.batch_size.observe(len(sched.seqs))
             self.prefill_tokens.inc(prompt_tokens_computed(sched))
+
+
+class VllmEngineMetrics:
+    """vLLM's engine-state series: running and waiting requests, KV-cache use (a fraction) and prefix-cache
+    queries and hits (tokens), labelled with the served model's name."""
+
+    def __init__(self, r: CollectorRegistry, model_name: str) -> None:
+        label = [names.VLLM_MODEL_LABEL]
+
+        def gauge(name: str, doc: str):
+            return Gauge(name, doc, label, registry=r).labels(model_name)
+
+        def counter(name: str, doc: str):
+            return Counter(name, doc, label, registry=r).labels(model_name)
+
+        self.running = gauge(names.VLLM_RUNNING, "Number of requests in model execution batches.")
+        self.waiting = gauge(names.VLLM_WAITING, "Number of requests waiting to be processed.")
+        self.kv_usage = gauge(names.VLLM_KV_CACHE_USAGE, "KV-cache usage. 1 means 100 percent usage.")
+        self.prefix_queries = counter(names.VLLM_PREFIX_CACHE_QUERIES,
+                                      "Prefix cache queries, in terms of number of queried tokens.")
+        self.prefix_hits = counter(names.VLLM_PREFIX_CACHE_HITS, "Prefix cache hits, in terms of number of cached tokens.")
+
+    def watch(self, engine: Engine) -> None:
+        """Read the gauges from `engine` at scrape time, like tandem's own."""
+        self.running.set_function(lambda: engine.num_running)
+        self.waiting.set_function(lambda: engine.num_waiting)
+        self.kv_usage.set_function(lambda: engine.blocks.num_used / max(engine.blocks.num_blocks, 1))
 
 
 def prompt_tokens_computed(sched: SchedulerOutput) -> int:

@@ -202,7 +202,7 @@ def test_scale_down_victim_drains_its_open_stream(real_cluster, tiny):
             cost = "-1000" if p["metadata"]["name"] == victim else "1000"
             cp.kubectl("annotate", "pod", "-n", tiny, p["metadata"]["name"], "--overwrite",
                        f"controller.kubernetes.io/pod-deletion-cost={cost}")
-        cp.kubectl("scale", "-n", tiny, f"inferencepool/{SERVICE}-decode", "--replicas=1")
+        cp.kubectl("scale", "-n", tiny, f"tpool/{SERVICE}-decode", "--replicas=1")
         wait_for(lambda: pods_named(cp, tiny, victim, "deletionTimestamp"), 120, "the victim terminating")
         t.join(timeout=600)
         log_text = logs.communicate(timeout=120)[0]
