@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from tandem.worker.api.params import InvalidRequest, SamplingParams
-from tandem.worker.engine.runner.engine import Engine, EngineConfig
 from tandem.worker.engine.core.grammar import GRAMMAR_TOKENIZER_FILE, GrammarVocab
 from tandem.worker.engine.loading import build_engine
+from tandem.worker.engine.runner.engine import Engine, EngineConfig
 from tandem.worker.engine.speculative.backoff import BackoffPolicy
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig
 from tandem.worker.router.structured import json_schema_grammar

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from tandem.worker.engine.layers.weight_int8 import QUANTIZATIONS, quantize_model
 from tandem.worker.engine.core.grammar import GRAMMAR_TOKENIZER_FILE, GrammarVocab
+from tandem.worker.engine.layers.weight_int8 import QUANTIZATIONS, quantize_model
 from tandem.worker.engine.loader import load_checkpoint, parse_dtype
 from tandem.worker.engine.models.llama import Transformer, rope_inv_freq
 from tandem.worker.engine.runner.engine import Engine, EngineConfig

@@ -19,6 +19,7 @@ import torch
 
 from tandem.worker.api.params import InvalidRequest, SamplingParams
 from tandem.worker.engine.core.block_manager import BlockManager
+from tandem.worker.engine.core.grammar import GrammarVocab, constrain_logits, constraint_for, top_logprobs
 from tandem.worker.engine.core.sampling import sample, sampling_probs
 from tandem.worker.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tandem.worker.engine.core.sequence import Sequence
@@ -28,7 +29,6 @@ from tandem.worker.engine.layers.kv_int8 import KV_INT8_NEEDS_SDPA, is_packed
 from tandem.worker.engine.models.llama import Transformer
 from tandem.worker.engine.runner.decode_graphs import DECODE_STEPS, DecodeStepRunner, check_decode_step
 from tandem.worker.engine.runner.step_inputs import HostStaging, build_step_inputs
-from tandem.worker.engine.core.grammar import GrammarVocab, constrain_logits, constraint_for, top_logprobs
 from tandem.worker.engine.speculative.proposer import Proposer, SpeculativeConfig, make_proposer
 from tandem.worker.engine.speculative.rejection import verify_sampled
 from tandem.worker.engine.speculative.speculator import Speculator, accepted_prefix
