@@ -329,7 +329,7 @@ async def test_streamed_multibyte_text_is_never_split(tok):
     [
         ("/v1/completions", {"model": SERVED}, "prompt", "prompt: Field required"),
         ("/v1/completions", {"model": SERVED, "prompt": "x", "temperature": -1}, "temperature", "temperature"),
-        ("/v1/completions", {"model": SERVED, "prompt": "x", "n": 2}, "n", "n=1"),
+        ("/v1/completions", {"model": SERVED, "prompt": "x", "n": 17}, "n", "less than or equal to 16"),
         ("/v1/completions", {"model": SERVED, "prompt": "x", "max_tokens": 0}, "max_tokens", "max_tokens"),
         ("/v1/completions", {"model": SERVED, "prompt": 7}, "prompt", "list of token ids"),
         ("/v1/completions", {"model": SERVED, "prompt": ["a", "b"]}, "prompt", "one prompt"),
@@ -562,8 +562,8 @@ def test_openai_client_completions_and_chat(served):
     assert chunks[-1].usage.completion_tokens == len(backend.ids)
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="other", prompt="x")
-    with pytest.raises(openai.BadRequestError, match="n=1"):
-        client.chat.completions.create(model=SERVED, messages=CHAT, n=2)
+    with pytest.raises(openai.BadRequestError, match="logit_bias"):
+        client.chat.completions.create(model=SERVED, messages=CHAT, logit_bias={"7": 5})
     assert [m.id for m in client.models.list()] == [SERVED]
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 UINT32_MAX = 2**32 - 1  # the wire's bound on token ids, top_k and max_tokens (tandem.v1.SamplingParams)
 UINT64_MAX = 2**64 - 1  # the wire's bound on seeds
 MAX_CACHE_SALT = 1024
+MAX_TOP_LOGPROBS = 20  # alternatives per token, as OpenAI's API bounds them
 
 
 class InvalidRequest(ValueError):
@@ -27,6 +28,11 @@ class SamplingParams:
     # Prefix-cache isolation (an OpenAI API extension, as in vLLM): requests share cached KV blocks only
     # when their salts are equal; None shares with every other unsalted request.
     cache_salt: str | None = None
+    # Constrained decoding (worker/engine/core/grammar.py): an llguidance grammar the output must match, and
+    # how many tokens come before an EOS or stop token id may end the output.
+    grammar: str | None = None
+    min_tokens: int = 0
+    top_logprobs: int = 0  # the most likely alternatives reported beside each token (needs logprobs)
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or not 1 <= self.max_tokens <= UINT32_MAX:
@@ -45,6 +51,12 @@ class SamplingParams:
             raise InvalidRequest("stop strings must be non-empty")
         if self.cache_salt is not None and not 0 < len(self.cache_salt) <= MAX_CACHE_SALT:
             raise InvalidRequest(f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT} characters")
+        if not 0 <= self.min_tokens <= UINT32_MAX:
+            raise InvalidRequest(f"min_tokens must be in [0, {UINT32_MAX}], got {self.min_tokens!r}")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequest(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
+        if self.grammar is not None and self.ignore_eos:
+            raise InvalidRequest("a grammar ends the output with EOS: ignore_eos cannot be set with it")
 
     @property
     def greedy(self) -> bool:

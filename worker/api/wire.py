@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from tandem.v1 import common_pb2
 from tandem.worker.api.params import SamplingParams
 
@@ -23,7 +25,11 @@ def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
         stop_token_ids=p.stop_token_ids,
         logprobs=p.logprobs,
         ignore_eos=p.ignore_eos,
+        min_tokens=p.min_tokens,
+        top_logprobs=p.top_logprobs,
     )
+    if p.grammar is not None:
+        msg.grammar = p.grammar
     if p.seed is not None:
         msg.seed = p.seed
     if p.cache_salt is not None:
@@ -43,4 +49,15 @@ def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
         ignore_eos=msg.ignore_eos,
         logprobs=msg.logprobs,
         cache_salt=msg.cache_salt if msg.HasField("cache_salt") else None,
+        grammar=msg.grammar if msg.HasField("grammar") else None,
+        min_tokens=msg.min_tokens,
+        top_logprobs=msg.top_logprobs,
     )
+
+
+def top_logprobs_to_proto(top: list[tuple[int, float]]) -> list[common_pb2.TokenLogprob]:
+    return [common_pb2.TokenLogprob(token_id=t, logprob=lp) for t, lp in top]
+
+
+def top_logprobs_from_proto(msgs: Iterable[common_pb2.TokenLogprob]) -> list[tuple[int, float]]:
+    return [(m.token_id, m.logprob) for m in msgs]

@@ -22,13 +22,30 @@ CHAT_MARKERS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 SPECIAL_TOKENS = (BOS, EOS, *CHAT_MARKERS)
 VOCAB_SIZE = 1536
 
+# Tools go first, as a system turn that shows the call shape; an assistant's calls and a tool's answers
+# are turns of their own (the way Llama 3.1's template renders them, in the tiny model's markers).
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}"
+    "{{ '<|system|>\nTo call a tool, answer {\"name\": <tool name>, \"arguments\": <JSON object>} and nothing else. Tools:\n' }}"
+    "{% for tool in tools %}{{ tool | tojson }}{{ '\n' }}{% endfor %}"
+    "{{ '<|end|>\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
-    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
     "{{ raise_exception('unknown role: ' + message['role']) }}"
     "{% endif %}"
+    "{% if message.get('tool_calls') %}"
+    "{{ '<|assistant|>\n' }}"
+    "{% for call in message['tool_calls'] %}"
+    "{% set arguments = call['function']['arguments'] %}"
+    "{{ '{\"name\": ' + (call['function']['name'] | tojson) + ', \"arguments\": ' }}"
+    "{{ arguments if arguments is string else arguments | tojson }}{{ '}' }}"
+    "{% endfor %}"
+    "{{ '<|end|>\n' }}"
+    "{% else %}"
     "{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
 )

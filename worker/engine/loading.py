@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from tandem.worker.engine.core.grammar import GRAMMAR_TOKENIZER_FILE, GrammarVocab
 from tandem.worker.engine.layers.weight_int8 import QUANTIZATIONS, quantize_model
 from tandem.worker.engine.models.llama import Transformer, rope_inv_freq
 from tandem.worker.engine.models.registry import model_module
@@ -161,4 +162,5 @@ def engine_for_model(model: Transformer, model_dir: str | Path, engine_config: E
     """An engine around an already loaded model (its KV cache sized after the weights are in)."""
     tokenizer = Tokenizer.from_dir(model_dir)
     eos = tuple(tokenizer.eos_token_ids) or model.config.eos_token_ids
-    return Engine(model, engine_config, eos_token_ids=tuple(eos)), tokenizer
+    vocab = GrammarVocab(Path(model_dir) / GRAMMAR_TOKENIZER_FILE, model.config.vocab_size, tuple(eos))
+    return Engine(model, engine_config, eos_token_ids=tuple(eos), grammar_vocab=vocab), tokenizer

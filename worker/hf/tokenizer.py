@@ -175,24 +175,35 @@ class Tokenizer:
         return "", prefix_offset, read_offset
 
     def apply_chat_template(
-        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> str:
-        """The prompt text for a chat, rendered by the model's own template."""
+        """The prompt text for a chat, rendered by the model's own template (`tools` as transformers hands
+        them to it: OpenAI-shaped tool dicts, or None)."""
         if self._template is None:
             raise ChatTemplateError("this model has no chat template (tokenizer_config.json chat_template)")
         try:
             return self._template.render(
                 messages=list(messages),
+                tools=None if tools is None else list(tools),
                 add_generation_prompt=add_generation_prompt,
                 **{**self.special_tokens, "bos_token": self.bos_token or "", "eos_token": self.eos_token or ""},
             )
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"chat template failed: {e}") from None
 
-    def encode_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> list[int]:
         """Token ids of a chat, as transformers' `apply_chat_template(tokenize=True)`: the rendered text
         carries its own special tokens, so none are added."""
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
+        text = self.apply_chat_template(messages, add_generation_prompt, tools)
+        return self.encode(text, add_special_tokens=False)
 
 
 class StreamDecoder:

@@ -116,7 +116,9 @@ class StreamKvSender(KvSender):
         self._check_open()
         self._queue.put((header, payload))
 
-    def commit(self, first_token: int, first_token_logprob: float = 0.0) -> decode_pb2.PushKvReply:
+    def commit(
+        self, first_token: int, first_token_logprob: float = 0.0, top_logprobs: list[tuple[int, float]] | None = None
+    ) -> decode_pb2.PushKvReply:
         self._check_open()
         header = decode_pb2.KvChunkHeader(
             transfer_id=self.transfer_id,
@@ -124,6 +126,7 @@ class StreamKvSender(KvSender):
             kind=decode_pb2.KV_CHUNK_KIND_COMMIT,
             first_token=first_token,
             first_token_logprob=first_token_logprob,
+            first_token_top_logprobs=[common_pb2.TokenLogprob(token_id=t, logprob=lp) for t, lp in top_logprobs or []],
         )
         self._queue.put((header, b""))
         self._queue.put(_END)

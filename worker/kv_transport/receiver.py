@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +22,7 @@ class Committed:
     reservation: Reservation
     first_token: int
     first_token_logprob: float
+    first_token_top_logprobs: list[tuple[int, float]] = field(default_factory=list)
 
 
 def chunk_checksum(parts: Iterable[torch.Tensor], scales: Iterable[float] = ()) -> int:
@@ -171,6 +172,7 @@ class KvReceiver:
                 )
             self.table.complete(header.transfer_id, header.epoch)
             self._guards.pop(res.epoch, None)
-        done = Committed(res, header.first_token, header.first_token_logprob)
+        top = [(t.token_id, t.logprob) for t in header.first_token_top_logprobs]
+        done = Committed(res, header.first_token, header.first_token_logprob, top)
         self._on_commit(done)
         return verdict, done

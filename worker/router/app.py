@@ -20,15 +20,16 @@ from tandem import names
 from tandem.slo import Slo
 from tandem.worker.api.params import InvalidRequest
 from tandem.worker.hf.tokenizer import ChatTemplateError, Tokenizer
+from tandem.worker.router import choices
 from tandem.worker.router import openai_schema as oa
 from tandem.worker.router.admission import Admission, check_prompt_fits, max_token_bytes
 from tandem.worker.router.auth import ApiKeys, RequireApiKey
 from tandem.worker.router.backend import Backend, BackendError, Timing
-from tandem.worker.router.generation import Generation
+from tandem.worker.router.choices import Generations
 from tandem.worker.router.limits import BodyGone, RequestLimits, read_body
 from tandem.worker.router.metrics import STATUS_CLIENT_GONE, RequestClock, RouterMetrics
 from tandem.worker.router.openapi import document_request_bodies
-from tandem.worker.router.streaming import SSE_DONE, TextDelta, sse_event
+from tandem.worker.router.streaming import SSE_DONE, sse_event
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class ClosingStreamingResponse(StreamingResponse):
 class StreamEnd:
     """Releases what a streamed answer holds (backend stream, admission slot) and records its outcome, once."""
 
-    def __init__(self, gen: Generation, clock: RequestClock, admission: Admission) -> None:
+    def __init__(self, gen: Generations, clock: RequestClock, admission: Admission) -> None:
         self.gen, self.clock, self.admission = gen, clock, admission
         self.done = False
 
@@ -158,7 +159,8 @@ def completion_prompt_ids(req: oa.CompletionRequest, tokenizer: Tokenizer) -> li
 
 
 def chat_prompt_ids(req: oa.ChatCompletionRequest, tokenizer: Tokenizer) -> list[int]:
-    return tokenizer.encode_chat([m.for_template() for m in req.messages], add_generation_prompt=True)
+    messages = [m.for_template() for m in req.messages]
+    return tokenizer.encode_chat(messages, add_generation_prompt=True, tools=req.tool_dicts())
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
@@ -181,55 +183,6 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     if task.cancelled():
         raise ClientGone()
     return task.result()
-
-
-async def collect(deltas: AsyncIterator[TextDelta]) -> TextDelta:
-    """All deltas of a request joined into one."""
-    whole = TextDelta("")
-    async for d in deltas:
-        whole.text += d.text
-        whole.logprobs += d.logprobs
-        whole.finish_reason = d.finish_reason or whole.finish_reason
-    return whole
-
-
-async def completion_chunks(
-    gen: Generation, req: oa.CompletionRequest, rid: str, created: int, model: str
-) -> AsyncIterator[dict]:
-    def chunk(choices: list[dict], usage: dict | None = None) -> dict:
-        return oa.completion_object(
-            rid, created, model, choices, usage, chunk=True, usage_field=req.include_usage
-        )
-
-    offset = 0
-    async for d in gen.deltas():
-        lp = oa.completion_logprobs(d.logprobs, offset) if req.wants_logprobs() else None
-        offset += sum(len(e.token) for e in d.logprobs)
-        if d.text or d.finish_reason is None:
-            yield chunk([oa.completion_choice(d.text, None, lp)])
-            lp = None
-        if d.finish_reason is not None:
-            yield chunk([oa.completion_choice("", d.finish_reason, lp)])
-    if req.include_usage:
-        yield chunk([], oa.usage(gen.prompt_tokens, gen.completion_tokens))
-
-
-async def chat_chunks(
-    gen: Generation, req: oa.ChatCompletionRequest, rid: str, created: int, model: str
-) -> AsyncIterator[dict]:
-    def chunk(choices: list[dict], usage: dict | None = None) -> dict:
-        return oa.chat_object(rid, created, model, choices, usage, chunk=True, usage_field=req.include_usage)
-
-    yield chunk([oa.chat_delta_choice({"role": "assistant", "content": ""}, None, None)])
-    async for d in gen.deltas():
-        lp = oa.chat_logprobs(d.logprobs) if req.wants_logprobs() else None
-        if d.text or d.finish_reason is None:
-            yield chunk([oa.chat_delta_choice({"content": d.text}, None, lp)])
-            lp = None
-        if d.finish_reason is not None:
-            yield chunk([oa.chat_delta_choice({}, d.finish_reason, lp)])
-    if req.include_usage:
-        yield chunk([], oa.usage(gen.prompt_tokens, gen.completion_tokens))
 
 
 def create_app(
@@ -294,8 +247,8 @@ def create_app(
         id_kind: Literal["cmpl", "chatcmpl"],
         prompt_ids_of: Callable[[Req, Tokenizer], list[int]],
         default_max_tokens: int,
-        answer: Callable[[Generation, Req, str], Awaitable[dict[str, Any]]],
-        chunks: Callable[[Generation, Req, str], AsyncIterator[dict]],
+        answer: Callable[[Generations, Req, str], Awaitable[dict[str, Any]]],
+        chunks: Callable[[Generations, Req, str], AsyncIterator[dict]],
     ) -> Response:
         clock = metrics.start_request()
         admitted, handed_off, gen = False, False, None
@@ -312,10 +265,10 @@ def create_app(
             max_tokens = resolve_max_tokens(
                 req.requested_max_tokens(), default_max_tokens, len(prompt_ids), max_model_len
             )
-            params = req.sampling_params(max_tokens)
+            params = await anyio.to_thread.run_sync(req.sampling_params, max_tokens)  # a grammar compiles here
             clock.on_prompt(len(prompt_ids))
             rid = oa.new_id(id_kind)
-            gen = Generation(backend, tokenizer, rid, prompt_ids, params, clock)
+            gen = Generations(backend, tokenizer, rid, prompt_ids, params, clock, req.n)
             if not req.stream:
                 body = await until_disconnect(request, answer(gen, req, rid))
                 clock.finish("200")
@@ -347,36 +300,24 @@ def create_app(
                 if admitted:
                     admission.release()
 
-    async def answer_completion(gen: Generation, req: oa.CompletionRequest, rid: str) -> dict[str, Any]:
-        d = await collect(gen.deltas())
-        lp = oa.completion_logprobs(d.logprobs, 0) if req.wants_logprobs() else None
-        choice = oa.completion_choice(d.text, d.finish_reason, lp)
-        return oa.completion_object(
-            rid, oa.now_s(), served_name, [choice], oa.usage(gen.prompt_tokens, gen.completion_tokens),
-            chunk=False,
-        )  # fmt: skip
+    async def answer_completion(gen: Generations, req: oa.CompletionRequest, rid: str) -> dict[str, Any]:
+        return choices.answer_completion(await choices.collect(gen), gen, req, rid, served_name)
 
-    async def answer_chat(gen: Generation, req: oa.ChatCompletionRequest, rid: str) -> dict[str, Any]:
-        d = await collect(gen.deltas())
-        lp = oa.chat_logprobs(d.logprobs) if req.wants_logprobs() else None
-        choice = oa.chat_choice(d.text, d.finish_reason, lp)
-        return oa.chat_object(
-            rid, oa.now_s(), served_name, [choice], oa.usage(gen.prompt_tokens, gen.completion_tokens),
-            chunk=False,
-        )  # fmt: skip
+    async def answer_chat(gen: Generations, req: oa.ChatCompletionRequest, rid: str) -> dict[str, Any]:
+        return choices.answer_chat(await choices.collect(gen), gen, req, rid, served_name)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await serve(
             request, oa.CompletionRequest, "cmpl", completion_prompt_ids, DEFAULT_COMPLETION_MAX_TOKENS,
-            answer_completion, lambda gen, req, rid: completion_chunks(gen, req, rid, oa.now_s(), served_name),
+            answer_completion, lambda gen, req, rid: choices.completion_chunks(gen, req, rid, oa.now_s(), served_name),
         )  # fmt: skip
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await serve(
             request, oa.ChatCompletionRequest, "chatcmpl", chat_prompt_ids, DEFAULT_CHAT_MAX_TOKENS, answer_chat,
-            lambda gen, req, rid: chat_chunks(gen, req, rid, oa.now_s(), served_name),
+            lambda gen, req, rid: choices.chat_chunks(gen, req, rid, oa.now_s(), served_name),
         )  # fmt: skip
 
     @app.get("/v1/models")

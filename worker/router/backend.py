@@ -14,6 +14,7 @@ class TokenOut:
     token_id: int
     logprob: float
     finish_reason: str | None = None  # "stop" | "length" | "abort" on the last token
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)  # the likeliest tokens here, best first
 
 
 @dataclass

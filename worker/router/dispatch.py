@@ -31,7 +31,7 @@ from tandem.v1 import (
 )
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.api.tls import TlsConfig
-from tandem.worker.api.wire import FINISH_NAMES, params_to_proto
+from tandem.worker.api.wire import FINISH_NAMES, params_to_proto, top_logprobs_from_proto
 from tandem.worker.kv_transport.handshake import DEFAULT_LEASE_MS, check_compatible
 from tandem.worker.router.backend import BackendError, Timing, TokenOut
 from tandem.worker.router.disaggregation import (
@@ -312,7 +312,7 @@ async def _relay(call, worker: Worker) -> AsyncIterator[TokenOut]:
                     worker.view.recent_tpot_s = observe_tpot(worker.view.recent_tpot_s, now - last_token_at)
                 last_token_at = now
                 reason = FINISH_NAMES.get(event.finish_reason) if event.finish_reason else None
-                yield TokenOut(event.token_id, event.logprob, reason)
+                yield TokenOut(event.token_id, event.logprob, reason, top_logprobs_from_proto(event.top_logprobs))
                 if reason:
                     return
             elif event.finish_reason:

@@ -30,13 +30,15 @@ class Generation:
         request_id: str,
         prompt_ids: Sequence[int],
         params: SamplingParams,
-        clock: RequestClock,
+        clock: RequestClock | None,
     ) -> None:
+        """`clock` times the request (None: another generation of the same request does)."""
         self.tokenizer, self.params, self.clock = tokenizer, params, clock
         self.prompt_tokens = len(prompt_ids)
         self.completion_tokens = 0
         self.timing = Timing()
-        clock.route_of = lambda: self.timing.prefill
+        if clock is not None:
+            clock.route_of = lambda: self.timing.prefill
         self._tokens: AsyncIterator[TokenOut] = backend.generate(
             request_id, list(prompt_ids), params, self.timing
         )
@@ -59,7 +61,11 @@ class Generation:
             await aclose()
 
     def _logprob(self, token: TokenOut) -> TokenLogprob:
-        return TokenLogprob(self.tokenizer.decode([token.token_id], skip_special_tokens=False), token.logprob)
+        def text(token_id: int) -> str:
+            return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+        top = [TokenLogprob(text(t), lp) for t, lp in token.top_logprobs]
+        return TokenLogprob(text(token.token_id), token.logprob, top)
 
     async def deltas(self) -> AsyncIterator[TextDelta]:
         """Text as it becomes safe to send; the last delta carries the finish reason."""
@@ -67,7 +73,8 @@ class Generation:
         token, held = self._first, []
         while token is not None:
             self.completion_tokens += 1
-            self.clock.on_token()
+            if self.clock is not None:
+                self.clock.on_token()
             if self.params.logprobs:
                 held.append(self._logprob(token))
             piece = self._decoder.push(token.token_id)

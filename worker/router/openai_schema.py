@@ -8,11 +8,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tandem.worker.api.params import MAX_CACHE_SALT, UINT32_MAX, UINT64_MAX, SamplingParams
+from tandem.worker.api.params import MAX_CACHE_SALT, MAX_TOP_LOGPROBS, UINT32_MAX, UINT64_MAX, SamplingParams
 from tandem.worker.router.streaming import TokenLogprob
 
-MAX_LOGPROBS = 20  # the most alternatives OpenAI's API lets a client ask for
-SUPPORTED_LOGPROBS = 1  # we report the sampled token only, so asking for more alternatives is refused
+MAX_LOGPROBS = MAX_TOP_LOGPROBS  # the most alternatives OpenAI's API lets a client ask for
+MAX_CHOICES = 16  # n: answers per request, each a generation of its own
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 256
@@ -53,6 +53,8 @@ def describe_validation_error(error: ValidationError) -> tuple[str, str | None]:
     for e in error.errors(include_url=False):
         if e["type"] == "json_invalid":
             return f"request body is not valid JSON: {e['msg']}", None
+        if e["type"] == "extra_forbidden":  # a field this server does not know is refused, never ignored
+            e = {**e, "msg": "unknown field: this server does not implement it"}
         loc = [str(x) for x in e["loc"]]
         by_field.setdefault(loc[0] if loc else "body", []).append(e)
     parts = []
@@ -71,7 +73,11 @@ def _is_type_tag(loc_part: Any) -> bool:
     )
 
 
+STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)  # every field a request may carry is declared
+
+
 class StreamOptions(BaseModel):
+    model_config = STRICT
     include_usage: bool = False
 
 
@@ -82,9 +88,10 @@ Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 class SamplingRequest(BaseModel):
     """Fields shared by completions and chat completions, each range-checked here so that nothing a client
-    sends fails later on the wire. Unknown fields are ignored, as OpenAI does."""
+    sends fails later on the wire. Every field is either implemented or refused with a 400 naming it
+    (`check_supported`) when set to anything but its no-op value; an unknown field is a 400 too."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = STRICT
 
     model: str
     max_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
@@ -95,24 +102,27 @@ class SamplingRequest(BaseModel):
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
-    min_tokens: int = Field(0, ge=0, le=UINT32_MAX)  # accepted, not enforced
-    n: int = 1
+    min_tokens: int = Field(0, ge=0, le=UINT32_MAX)  # vLLM's extension: no EOS or stop token id before it
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: str | None = None  # an end-user id for the operator's logs: no effect on the answer
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
+    logit_bias: dict[str, float] | None = None
     # vLLM's extension: prefix-cache blocks are shared only between requests with the same salt
     cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT)
 
     def check_supported(self) -> None:
-        if self.n != 1:
-            raise ApiError(400, f"only n=1 is supported, got n={self.n}", param="n")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) not in (None, 0, 0.0):
                 raise ApiError(400, f"{name} is not supported (use 0)", param=name)
+        if self.logit_bias:
+            raise ApiError(400, "logit_bias is not supported", param="logit_bias")
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
+        if self.min_tokens and self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ApiError(400, f"min_tokens ({self.min_tokens}) exceeds max_tokens", param="min_tokens")
 
     def check_token_ids(self, vocab_size: int) -> None:
         """Token ids the request names must exist in the model's vocabulary."""
@@ -137,30 +147,32 @@ class SamplingRequest(BaseModel):
     def wants_logprobs(self) -> bool:
         raise NotImplementedError
 
+    def alternatives(self) -> int:
+        """How many most likely tokens to report beside each one (top_logprobs)."""
+        raise NotImplementedError
+
+    def grammar(self) -> str | None:
+        """The llguidance grammar the output must match (None: free text)."""
+        return None
+
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         """Engine parameters; raises InvalidRequest for values the engine refuses."""
         top_k = self.top_k if self.top_k is not None and self.top_k > 0 else 0
+        seed = None if self.seed is None else self.seed & UINT64_MAX  # negative seeds as two's complement
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=top_k,
-            seed=None if self.seed is None else self.seed & UINT64_MAX,  # negative seeds as two's complement
+            seed=seed,
             stop=self.stop_strings(),
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
             logprobs=self.wants_logprobs(),
             cache_salt=self.cache_salt,
-        )
-
-
-def refuse_top_n(param: str, n: int | None) -> None:
-    if n is not None and n > SUPPORTED_LOGPROBS:
-        raise ApiError(
-            400,
-            f"{param}={n} is not supported: only the sampled token's logprob is reported "
-            f"(use {param} <= {SUPPORTED_LOGPROBS})",
-            param=param,
+            grammar=self.grammar(),
+            min_tokens=self.min_tokens,
+            top_logprobs=self.alternatives(),
         )
 
 
@@ -169,20 +181,25 @@ class CompletionRequest(SamplingRequest):
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     best_of: int | None = None
+    suffix: str | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
         if self.echo:
             raise ApiError(400, "echo is not supported", param="echo")
-        if self.best_of not in (None, 1):
-            raise ApiError(400, "only best_of=1 is supported", param="best_of")
-        refuse_top_n("logprobs", self.logprobs)
+        if self.best_of not in (None, self.n):
+            raise ApiError(400, "best_of is not supported (leave it unset, or equal to n)", param="best_of")
+        if self.suffix:
+            raise ApiError(400, "suffix (insertion) is not supported", param="suffix")
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str | list):
             if len(self.prompt) != 1:
                 raise ApiError(400, "only one prompt per request is supported", param="prompt")
 
     def wants_logprobs(self) -> bool:
         return self.logprobs is not None
+
+    def alternatives(self) -> int:
+        return self.logprobs or 0
 
     def single_prompt(self) -> str | list[int]:
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str | list):
@@ -191,24 +208,113 @@ class CompletionRequest(SamplingRequest):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     type: str
     text: str | None = None
+    image_url: Any = None
+    input_audio: Any = None
+    file: Any = None
+    refusal: str | None = None
+
+
+class FunctionCall(BaseModel):
+    model_config = STRICT
+    name: str
+    arguments: str
+
+
+class MessageToolCall(BaseModel):
+    model_config = STRICT
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    role: str
+    model_config = STRICT
+    role: str  # the chat template decides which roles it knows
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool's answer names the call it answers
+    refusal: str | None = None
+    audio: Any = None
+    function_call: Any = None
 
     def for_template(self) -> dict[str, Any]:
-        """The message as a chat template sees it: role and plain-text content."""
+        """The message as a chat template sees it (transformers' shape): role, plain-text content, and the
+        name, tool calls and tool call id when set."""
+        for field_name in ("audio", "function_call"):
+            if getattr(self, field_name) is not None:
+                raise ApiError(400, f"messages: {field_name} is not supported", param="messages")
         if self.content is None or isinstance(self.content, str):
-            return {"role": self.role, "content": self.content or ""}
-        if any(p.type != "text" or p.text is None for p in self.content):
+            content = self.content or ""
+        elif any(p.type != "text" or p.text is None for p in self.content):
             raise ApiError(400, "only text content parts are supported", param="messages")
-        return {"role": self.role, "content": "".join(p.text or "" for p in self.content)}
+        else:
+            content = "".join(p.text or "" for p in self.content)
+        out: dict[str, Any] = {"role": self.role, "content": content}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+class FunctionDefinition(BaseModel):
+    model_config = STRICT
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # the grammar enforces the schema either way
+
+
+class Tool(BaseModel):
+    model_config = STRICT
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = STRICT
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = STRICT
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = STRICT
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None  # the grammar enforces the schema either way
+
+
+class ResponseFormat(BaseModel):
+    model_config = STRICT
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+# Chat fields with no effect on the answer, accepted at these values only (anything else is a 400)
+NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
+    "store": (None, False),
+    "service_tier": (None, "auto", "default"),
+    "modalities": (None, ["text"]),
+    "audio": (None,),
+    "prediction": (None,),
+    "reasoning_effort": (None,),
+    "verbosity": (None,),
+    "web_search_options": (None,),
+    "functions": (None,),
+    "function_call": (None,),
+}
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -216,18 +322,74 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     max_completion_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # at most one call is made: true (may) and false (one) both hold
+    metadata: dict[str, str] | None = None  # an operator's tags: no effect on the answer
+    safety_identifier: str | None = None  # as `user`
+    prompt_cache_key: str | None = None  # prefixes are cached by their tokens whatever the key
+    # not implemented: refused unless at their no-op values (NO_OP_VALUES)
+    store: bool | None = None
+    service_tier: str | None = None
+    modalities: list[str] | None = None
+    audio: Any = None
+    prediction: Any = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    web_search_options: Any = None
+    functions: Any = None
+    function_call: Any = None
 
     def check_supported(self) -> None:
         super().check_supported()
+        for name, allowed in NO_OP_VALUES.items():
+            if getattr(self, name) not in allowed:
+                raise ApiError(400, f"{name} is not supported", param=name)
         if self.top_logprobs is not None and not self.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        refuse_top_n("top_logprobs", self.top_logprobs)
+        rf = self.response_format
+        if rf is not None and (rf.type == "json_schema") != (rf.json_schema is not None):
+            raise ApiError(400, "response_format: json_schema is required with (and only with) type json_schema",
+                           param="response_format")  # fmt: skip
+        if self.tool_choice is not None and not self.tools and self.tool_choice != "none":
+            raise ApiError(400, "tool_choice needs tools", param="tool_choice")
+        if self.forces_tool_call() and rf is not None and rf.type != "text":
+            raise ApiError(400, "response_format cannot be combined with a forced tool call", param="response_format")
+        if (self.grammar_wanted()) and self.ignore_eos:
+            raise ApiError(400, "ignore_eos cannot be combined with structured output", param="ignore_eos")
+
+    def forces_tool_call(self) -> bool:
+        return bool(self.tools) and self.tool_choice not in (None, "auto", "none")
+
+    def grammar_wanted(self) -> bool:
+        rf = self.response_format
+        return self.forces_tool_call() or (rf is not None and rf.type != "text")
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def wants_logprobs(self) -> bool:
         return self.logprobs
+
+    def alternatives(self) -> int:
+        return self.top_logprobs or 0
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """The tools as chat templates and the tool-call grammar take them (OpenAI's JSON shape)."""
+        return None if not self.tools else [t.model_dump(exclude_none=True) for t in self.tools]
+
+    def tool_choice_value(self) -> str | dict[str, Any] | None:
+        tc = self.tool_choice
+        return tc.model_dump() if isinstance(tc, NamedToolChoice) else tc
+
+    def grammar(self) -> str | None:
+        from tandem.worker.router import structured  # llguidance only for requests that ask for structure
+
+        if self.forces_tool_call():
+            return structured.tool_choice_grammar(self.tool_dicts(), self.tool_choice_value())
+        rf = self.response_format
+        return structured.response_format_grammar(None if rf is None else rf.model_dump(by_alias=True))
 
 
 def new_id(kind: Literal["cmpl", "chatcmpl"]) -> str:
@@ -247,7 +409,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def completion_logprobs(entries: list[TokenLogprob], text_offset: int) -> dict[str, Any]:
-    """The legacy completions logprobs object; only the chosen token is reported."""
+    """The legacy completions logprobs object: per token the likeliest alternatives and the chosen one."""
     offsets, at = [], text_offset
     for e in entries:
         offsets.append(at)
@@ -255,18 +417,18 @@ def completion_logprobs(entries: list[TokenLogprob], text_offset: int) -> dict[s
     return {
         "tokens": [e.token for e in entries],
         "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [{e.token: e.logprob} for e in entries],
+        "top_logprobs": [{**{t.token: t.logprob for t in e.top}, e.token: e.logprob} for e in entries],
         "text_offset": offsets,
     }
 
 
 def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
-    """The chat logprobs object; top_logprobs holds only the chosen token."""
-    content = []
-    for e in entries:
-        item = {"token": e.token, "logprob": e.logprob, "bytes": list(e.token.encode("utf-8"))}
-        content.append({**item, "top_logprobs": [dict(item)]})
-    return {"content": content}
+    """The chat logprobs object: each token with its top_logprobs alternatives."""
+
+    def item(e: TokenLogprob) -> dict[str, Any]:
+        return {"token": e.token, "logprob": e.logprob, "bytes": list(e.token.encode("utf-8"))}
+
+    return {"content": [{**item(e), "top_logprobs": [item(t) for t in e.top]} for e in entries]}
 
 
 def _response_object(
@@ -297,18 +459,28 @@ def chat_object(
     )
 
 
-def completion_choice(text: str, finish_reason: str | None, logprobs: dict | None) -> dict[str, Any]:
-    return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+def completion_choice(text: str, finish_reason: str | None, logprobs: dict | None, index: int = 0) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def chat_choice(content: str, finish_reason: str | None, logprobs: dict | None) -> dict[str, Any]:
+def chat_message(content: str | None, tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return message
+
+
+def chat_choice(
+    content: str | None, finish_reason: str | None, logprobs: dict | None, index: int = 0,
+    tool_calls: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     return {
-        "index": 0,
-        "message": {"role": "assistant", "content": content},
+        "index": index,
+        "message": chat_message(content, tool_calls),
         "logprobs": logprobs,
         "finish_reason": finish_reason,
-    }
+    }  # fmt: skip
 
 
-def chat_delta_choice(delta: dict[str, Any], finish_reason: str | None, logprobs: dict | None) -> dict:
-    return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+def chat_delta_choice(delta: dict[str, Any], finish_reason: str | None, logprobs: dict | None, index: int = 0) -> dict:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}

@@ -14,6 +14,7 @@ SSE_DONE = "data: [DONE]\n\n"
 class TokenLogprob:
     token: str
     logprob: float
+    top: list[TokenLogprob] = field(default_factory=list)  # the likeliest tokens at this position, best first
 
 
 @dataclass

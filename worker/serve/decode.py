@@ -250,7 +250,7 @@ class DecodeServicer:
             pending.request_id,
             lambda e: e.admit_prefilled(
                 pending.request_id, pending.prompt_ids, pending.params, pending.block_table,
-                done.first_token, done.first_token_logprob,
+                done.first_token, done.first_token_logprob, done.first_token_top_logprobs,
             ),
             stream,
         )

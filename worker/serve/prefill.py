@@ -150,7 +150,7 @@ class PrefillServicer:
                 context.abort(grpc.StatusCode.INTERNAL, first.error or f"prefill ended: {first.finish_reason}")
             if transfer.errors:
                 raise KvTransferError("; ".join(transfer.errors))
-            reply = sender.commit(first.token_id, first.logprob)
+            reply = sender.commit(first.token_id, first.logprob, first.top_logprobs)
         except KvTransferError as e:
             sender.abort(str(e))
             context.abort(grpc.StatusCode.UNAVAILABLE, f"KV transfer failed: {e}")

@@ -121,7 +121,7 @@ class LoadReport(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., queued_prompt_tokens: _Optional[int] = ..., running_sequences: _Optional[int] = ..., waiting_sequences: _Optional[int] = ..., free_kv_blocks: _Optional[int] = ..., total_kv_blocks: _Optional[int] = ..., reserved_kv_blocks: _Optional[int] = ..., draining: _Optional[bool] = ..., role: _Optional[_Union[WorkerRole, str]] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "seed", "max_tokens", "stop_token_ids", "logprobs", "ignore_eos", "cache_salt")
+    __slots__ = ("temperature", "top_p", "top_k", "seed", "max_tokens", "stop_token_ids", "logprobs", "ignore_eos", "cache_salt", "grammar", "min_tokens", "top_logprobs")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +131,9 @@ class SamplingParams(_message.Message):
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -140,10 +143,21 @@ class SamplingParams(_message.Message):
     logprobs: bool
     ignore_eos: bool
     cache_salt: str
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[bool] = ..., ignore_eos: _Optional[bool] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+    grammar: str
+    min_tokens: int
+    top_logprobs: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[bool] = ..., ignore_eos: _Optional[bool] = ..., cache_salt: _Optional[str] = ..., grammar: _Optional[str] = ..., min_tokens: _Optional[int] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+
+class TokenLogprob(_message.Message):
+    __slots__ = ("token_id", "logprob")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    logprob: float
+    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ...) -> None: ...
 
 class TokenEvent(_message.Message):
-    __slots__ = ("request_id", "token_id", "logprob", "finish_reason", "error", "index", "has_token")
+    __slots__ = ("request_id", "token_id", "logprob", "finish_reason", "error", "index", "has_token", "top_logprobs")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     LOGPROB_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +165,7 @@ class TokenEvent(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     HAS_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_id: int
     logprob: float
@@ -158,7 +173,8 @@ class TokenEvent(_message.Message):
     error: str
     index: int
     has_token: bool
-    def __init__(self, request_id: _Optional[str] = ..., token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., error: _Optional[str] = ..., index: _Optional[int] = ..., has_token: _Optional[bool] = ...) -> None: ...
+    top_logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    def __init__(self, request_id: _Optional[str] = ..., token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., error: _Optional[str] = ..., index: _Optional[int] = ..., has_token: _Optional[bool] = ..., top_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "sampling")

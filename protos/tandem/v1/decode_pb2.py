@@ -25,19 +25,19 @@ _sym_db = _symbol_database.Default()
 from tandem.v1 import common_pb2 as tandem_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tandem/v1/decode.proto\x12\ttandem.v1\x1a\x16tandem/v1/common.proto\"\xf9\x01\n\x0eReserveRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12+\n\x08sampling\x18\x04 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12\x10\n\x08lease_ms\x18\x05 \x01(\r\x12*\n\ntransports\x18\x06 \x03(\x0e\x32\x16.tandem.v1.KvTransport\x12\x17\n\x0fprefill_host_id\x18\x07 \x01(\t\x12 \n\x18prefill_cuda_device_uuid\x18\x08 \x01(\t\"\x97\x02\n\x0cReserveReply\x12\x11\n\tblock_ids\x18\x01 \x03(\r\x12\x19\n\x11num_cached_tokens\x18\x02 \x01(\r\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x19\n\x11lease_deadline_ms\x18\x04 \x01(\x04\x12)\n\ttransport\x18\x05 \x01(\x0e\x32\x16.tandem.v1.KvTransport\x12\x10\n\x08shm_name\x18\x06 \x01(\t\x12\x14\n\x0cshm_capacity\x18\x07 \x01(\x04\x12\x19\n\x11\x66irst_block_index\x18\t \x01(\r\x12*\n\x08\x63uda_ipc\x18\n \x01(\x0b\x32\x18.tandem.v1.CudaIpcBufferJ\x04\x08\x08\x10\tR\x0f\x63uda_ipc_handle\"\xc6\x01\n\rCudaIpcBuffer\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\x05\x12\x0e\n\x06handle\x18\x02 \x01(\x0c\x12\x14\n\x0cstorage_size\x18\x03 \x01(\x04\x12\x16\n\x0estorage_offset\x18\x04 \x01(\x04\x12\x18\n\x10ref_counter_name\x18\x05 \x01(\t\x12\x1a\n\x12ref_counter_offset\x18\x06 \x01(\x04\x12\x14\n\x0c\x65vent_handle\x18\x07 \x01(\x0c\x12\x1b\n\x13\x65vent_sync_required\x18\x08 \x01(\x08\".\n\x0cStagingSlice\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0e\n\x06length\x18\x02 \x01(\x04\"\xd0\x02\n\rKvChunkHeader\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12$\n\x04kind\x18\x03 \x01(\x0e\x32\x16.tandem.v1.KvChunkKind\x12\r\n\x05layer\x18\x04 \x01(\r\x12\x11\n\tblock_ids\x18\x05 \x03(\r\x12\x10\n\x08\x63hecksum\x18\x06 \x01(\x07\x12\x14\n\x0chas_checksum\x18\x07 \x01(\x08\x12-\n\x0b\x63ompression\x18\x08 \x01(\x0e\x32\x18.tandem.v1.KvCompression\x12\x0e\n\x06scales\x18\t \x03(\x02\x12(\n\x07staging\x18\n \x01(\x0b\x32\x17.tandem.v1.StagingSlice\x12\x13\n\x0b\x66irst_token\x18\x0b \x01(\r\x12\x1b\n\x13\x66irst_token_logprob\x18\x0c \x01(\x02\x12\x10\n\x08sequence\x18\r \x01(\r\"D\n\x07KvChunk\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.tandem.v1.KvChunkHeader\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"\xa8\x01\n\x0bPushKvReply\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\'\n\x06status\x18\x02 \x01(\x0e\x32\x17.tandem.v1.PushKvStatus\x12\x16\n\x0e\x63hunks_applied\x18\x03 \x01(\r\x12\x1c\n\x14\x63hunks_dropped_stale\x18\x04 \x01(\r\x12\x16\n\x0e\x62ytes_received\x18\x05 \x01(\x04\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"G\n\x0c\x41\x62ortRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"1\n\nAbortReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x14\n\x0c\x62locks_freed\x18\x02 \x01(\r\")\n\x13StreamTokensRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t*H\n\rKvCompression\x12\x17\n\x13KV_COMPRESSION_NONE\x10\x00\x12\x1e\n\x1aKV_COMPRESSION_INT8_ABSMAX\x10\x01*^\n\x0bKvChunkKind\x12\x1d\n\x19KV_CHUNK_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12KV_CHUNK_KIND_DATA\x10\x01\x12\x18\n\x14KV_CHUNK_KIND_COMMIT\x10\x02*\x88\x01\n\x0cPushKvStatus\x12\x1e\n\x1aPUSH_KV_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n\x18PUSH_KV_STATUS_COMMITTED\x10\x01\x12\x1b\n\x17PUSH_KV_STATUS_REJECTED\x10\x02\x12\x1d\n\x19PUSH_KV_STATUS_INCOMPLETE\x10\x03\x32\xc5\x03\n\rDecodeService\x12\x43\n\tHandshake\x12\x1b.tandem.v1.HandshakeRequest\x1a\x19.tandem.v1.HandshakeReply\x12=\n\x07Reserve\x12\x19.tandem.v1.ReserveRequest\x1a\x17.tandem.v1.ReserveReply\x12\x36\n\x06PushKv\x12\x12.tandem.v1.KvChunk\x1a\x16.tandem.v1.PushKvReply(\x01\x12\x37\n\x05\x41\x62ort\x12\x17.tandem.v1.AbortRequest\x1a\x15.tandem.v1.AbortReply\x12G\n\x0cStreamTokens\x12\x1e.tandem.v1.StreamTokensRequest\x1a\x15.tandem.v1.TokenEvent0\x01\x12?\n\x08Generate\x12\x1a.tandem.v1.GenerateRequest\x1a\x15.tandem.v1.TokenEvent0\x01\x12\x35\n\x04Load\x12\x16.tandem.v1.LoadRequest\x1a\x15.tandem.v1.LoadReportb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tandem/v1/decode.proto\x12\ttandem.v1\x1a\x16tandem/v1/common.proto\"\xf9\x01\n\x0eReserveRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12+\n\x08sampling\x18\x04 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12\x10\n\x08lease_ms\x18\x05 \x01(\r\x12*\n\ntransports\x18\x06 \x03(\x0e\x32\x16.tandem.v1.KvTransport\x12\x17\n\x0fprefill_host_id\x18\x07 \x01(\t\x12 \n\x18prefill_cuda_device_uuid\x18\x08 \x01(\t\"\x97\x02\n\x0cReserveReply\x12\x11\n\tblock_ids\x18\x01 \x03(\r\x12\x19\n\x11num_cached_tokens\x18\x02 \x01(\r\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x19\n\x11lease_deadline_ms\x18\x04 \x01(\x04\x12)\n\ttransport\x18\x05 \x01(\x0e\x32\x16.tandem.v1.KvTransport\x12\x10\n\x08shm_name\x18\x06 \x01(\t\x12\x14\n\x0cshm_capacity\x18\x07 \x01(\x04\x12\x19\n\x11\x66irst_block_index\x18\t \x01(\r\x12*\n\x08\x63uda_ipc\x18\n \x01(\x0b\x32\x18.tandem.v1.CudaIpcBufferJ\x04\x08\x08\x10\tR\x0f\x63uda_ipc_handle\"\xc6\x01\n\rCudaIpcBuffer\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\x05\x12\x0e\n\x06handle\x18\x02 \x01(\x0c\x12\x14\n\x0cstorage_size\x18\x03 \x01(\x04\x12\x16\n\x0estorage_offset\x18\x04 \x01(\x04\x12\x18\n\x10ref_counter_name\x18\x05 \x01(\t\x12\x1a\n\x12ref_counter_offset\x18\x06 \x01(\x04\x12\x14\n\x0c\x65vent_handle\x18\x07 \x01(\x0c\x12\x1b\n\x13\x65vent_sync_required\x18\x08 \x01(\x08\".\n\x0cStagingSlice\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0e\n\x06length\x18\x02 \x01(\x04\"\x8b\x03\n\rKvChunkHeader\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12$\n\x04kind\x18\x03 \x01(\x0e\x32\x16.tandem.v1.KvChunkKind\x12\r\n\x05layer\x18\x04 \x01(\r\x12\x11\n\tblock_ids\x18\x05 \x03(\r\x12\x10\n\x08\x63hecksum\x18\x06 \x01(\x07\x12\x14\n\x0chas_checksum\x18\x07 \x01(\x08\x12-\n\x0b\x63ompression\x18\x08 \x01(\x0e\x32\x18.tandem.v1.KvCompression\x12\x0e\n\x06scales\x18\t \x03(\x02\x12(\n\x07staging\x18\n \x01(\x0b\x32\x17.tandem.v1.StagingSlice\x12\x13\n\x0b\x66irst_token\x18\x0b \x01(\r\x12\x1b\n\x13\x66irst_token_logprob\x18\x0c \x01(\x02\x12\x10\n\x08sequence\x18\r \x01(\r\x12\x39\n\x18\x66irst_token_top_logprobs\x18\x0e \x03(\x0b\x32\x17.tandem.v1.TokenLogprob\"D\n\x07KvChunk\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.tandem.v1.KvChunkHeader\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"\xa8\x01\n\x0bPushKvReply\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\'\n\x06status\x18\x02 \x01(\x0e\x32\x17.tandem.v1.PushKvStatus\x12\x16\n\x0e\x63hunks_applied\x18\x03 \x01(\r\x12\x1c\n\x14\x63hunks_dropped_stale\x18\x04 \x01(\r\x12\x16\n\x0e\x62ytes_received\x18\x05 \x01(\x04\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"G\n\x0c\x41\x62ortRequest\x12\x13\n\x0btransfer_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"1\n\nAbortReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x14\n\x0c\x62locks_freed\x18\x02 \x01(\r\")\n\x13StreamTokensRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t*H\n\rKvCompression\x12\x17\n\x13KV_COMPRESSION_NONE\x10\x00\x12\x1e\n\x1aKV_COMPRESSION_INT8_ABSMAX\x10\x01*^\n\x0bKvChunkKind\x12\x1d\n\x19KV_CHUNK_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12KV_CHUNK_KIND_DATA\x10\x01\x12\x18\n\x14KV_CHUNK_KIND_COMMIT\x10\x02*\x88\x01\n\x0cPushKvStatus\x12\x1e\n\x1aPUSH_KV_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n\x18PUSH_KV_STATUS_COMMITTED\x10\x01\x12\x1b\n\x17PUSH_KV_STATUS_REJECTED\x10\x02\x12\x1d\n\x19PUSH_KV_STATUS_INCOMPLETE\x10\x03\x32\xc5\x03\n\rDecodeService\x12\x43\n\tHandshake\x12\x1b.tandem.v1.HandshakeRequest\x1a\x19.tandem.v1.HandshakeReply\x12=\n\x07Reserve\x12\x19.tandem.v1.ReserveRequest\x1a\x17.tandem.v1.ReserveReply\x12\x36\n\x06PushKv\x12\x12.tandem.v1.KvChunk\x1a\x16.tandem.v1.PushKvReply(\x01\x12\x37\n\x05\x41\x62ort\x12\x17.tandem.v1.AbortRequest\x1a\x15.tandem.v1.AbortReply\x12G\n\x0cStreamTokens\x12\x1e.tandem.v1.StreamTokensRequest\x1a\x15.tandem.v1.TokenEvent0\x01\x12?\n\x08Generate\x12\x1a.tandem.v1.GenerateRequest\x1a\x15.tandem.v1.TokenEvent0\x01\x12\x35\n\x04Load\x12\x16.tandem.v1.LoadRequest\x1a\x15.tandem.v1.LoadReportb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tandem.v1.decode_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_KVCOMPRESSION']._serialized_start=1591
-  _globals['_KVCOMPRESSION']._serialized_end=1663
-  _globals['_KVCHUNKKIND']._serialized_start=1665
-  _globals['_KVCHUNKKIND']._serialized_end=1759
-  _globals['_PUSHKVSTATUS']._serialized_start=1762
-  _globals['_PUSHKVSTATUS']._serialized_end=1898
+  _globals['_KVCOMPRESSION']._serialized_start=1650
+  _globals['_KVCOMPRESSION']._serialized_end=1722
+  _globals['_KVCHUNKKIND']._serialized_start=1724
+  _globals['_KVCHUNKKIND']._serialized_end=1818
+  _globals['_PUSHKVSTATUS']._serialized_start=1821
+  _globals['_PUSHKVSTATUS']._serialized_end=1957
   _globals['_RESERVEREQUEST']._serialized_start=62
   _globals['_RESERVEREQUEST']._serialized_end=311
   _globals['_RESERVEREPLY']._serialized_start=314
@@ -47,17 +47,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STAGINGSLICE']._serialized_start=796
   _globals['_STAGINGSLICE']._serialized_end=842
   _globals['_KVCHUNKHEADER']._serialized_start=845
-  _globals['_KVCHUNKHEADER']._serialized_end=1181
-  _globals['_KVCHUNK']._serialized_start=1183
-  _globals['_KVCHUNK']._serialized_end=1251
-  _globals['_PUSHKVREPLY']._serialized_start=1254
-  _globals['_PUSHKVREPLY']._serialized_end=1422
-  _globals['_ABORTREQUEST']._serialized_start=1424
-  _globals['_ABORTREQUEST']._serialized_end=1495
-  _globals['_ABORTREPLY']._serialized_start=1497
-  _globals['_ABORTREPLY']._serialized_end=1546
-  _globals['_STREAMTOKENSREQUEST']._serialized_start=1548
-  _globals['_STREAMTOKENSREQUEST']._serialized_end=1589
-  _globals['_DECODESERVICE']._serialized_start=1901
-  _globals['_DECODESERVICE']._serialized_end=2354
+  _globals['_KVCHUNKHEADER']._serialized_end=1240
+  _globals['_KVCHUNK']._serialized_start=1242
+  _globals['_KVCHUNK']._serialized_end=1310
+  _globals['_PUSHKVREPLY']._serialized_start=1313
+  _globals['_PUSHKVREPLY']._serialized_end=1481
+  _globals['_ABORTREQUEST']._serialized_start=1483
+  _globals['_ABORTREQUEST']._serialized_end=1554
+  _globals['_ABORTREPLY']._serialized_start=1556
+  _globals['_ABORTREPLY']._serialized_end=1605
+  _globals['_STREAMTOKENSREQUEST']._serialized_start=1607
+  _globals['_STREAMTOKENSREQUEST']._serialized_end=1648
+  _globals['_DECODESERVICE']._serialized_start=1960
+  _globals['_DECODESERVICE']._serialized_end=2413
 # @@protoc_insertion_point(module_scope)

@@ -106,7 +106,7 @@ class StagingSlice(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class KvChunkHeader(_message.Message):
-    __slots__ = ("transfer_id", "epoch", "kind", "layer", "block_ids", "checksum", "has_checksum", "compression", "scales", "staging", "first_token", "first_token_logprob", "sequence")
+    __slots__ = ("transfer_id", "epoch", "kind", "layer", "block_ids", "checksum", "has_checksum", "compression", "scales", "staging", "first_token", "first_token_logprob", "sequence", "first_token_top_logprobs")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +120,7 @@ class KvChunkHeader(_message.Message):
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_LOGPROB_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     transfer_id: str
     epoch: int
     kind: KvChunkKind
@@ -133,7 +134,8 @@ class KvChunkHeader(_message.Message):
     first_token: int
     first_token_logprob: float
     sequence: int
-    def __init__(self, transfer_id: _Optional[str] = ..., epoch: _Optional[int] = ..., kind: _Optional[_Union[KvChunkKind, str]] = ..., layer: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., checksum: _Optional[int] = ..., has_checksum: _Optional[bool] = ..., compression: _Optional[_Union[KvCompression, str]] = ..., scales: _Optional[_Iterable[float]] = ..., staging: _Optional[_Union[StagingSlice, _Mapping]] = ..., first_token: _Optional[int] = ..., first_token_logprob: _Optional[float] = ..., sequence: _Optional[int] = ...) -> None: ...
+    first_token_top_logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
+    def __init__(self, transfer_id: _Optional[str] = ..., epoch: _Optional[int] = ..., kind: _Optional[_Union[KvChunkKind, str]] = ..., layer: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., checksum: _Optional[int] = ..., has_checksum: _Optional[bool] = ..., compression: _Optional[_Union[KvCompression, str]] = ..., scales: _Optional[_Iterable[float]] = ..., staging: _Optional[_Union[StagingSlice, _Mapping]] = ..., first_token: _Optional[int] = ..., first_token_logprob: _Optional[float] = ..., sequence: _Optional[int] = ..., first_token_top_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class KvChunk(_message.Message):
     __slots__ = ("header", "payload")

@@ -5,10 +5,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import torch
 
 from tandem.worker.api.params import SamplingParams
+
+if TYPE_CHECKING:
+    from tandem.worker.engine.core.grammar import TokenConstraint
 
 
 class SeqStatus(Enum):
@@ -32,6 +36,7 @@ class Sequence:
     arrival: float = field(default_factory=time.monotonic)
     generator: torch.Generator | None = None
     num_preemptions: int = 0
+    constraint: TokenConstraint | None = None  # grammar and min_tokens: advanced by every emitted token
     _tokens: list[int] = field(init=False, repr=False)  # prompt + output, grown in place
 
     def __post_init__(self) -> None:
@@ -51,6 +56,8 @@ class Sequence:
         self.output_ids.append(token)
         self.output_logprobs.append(logprob)
         self._tokens.append(token)
+        if self.constraint is not None:
+            self.constraint.accept(token)
 
     @property
     def num_tokens(self) -> int:

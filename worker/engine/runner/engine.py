@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from tandem.worker.api.params import InvalidRequest, SamplingParams
 from tandem.worker.engine.core.block_manager import BlockManager
+from tandem.worker.engine.core.grammar import GrammarVocab, constrain_logits, constraint_for, top_logprobs
 from tandem.worker.engine.core.sampling import sample, sampling_probs
 from tandem.worker.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tandem.worker.engine.core.sequence import Sequence
@@ -67,6 +68,7 @@ class StepOutput:
     token_id: int
     logprob: float
     finish_reason: str | None
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)  # (token id, logprob), best first
 
 
 # Called after each layer: (layer index, what ran this step).
@@ -79,8 +81,10 @@ class Engine:
         model: Transformer,
         config: EngineConfig,
         eos_token_ids: tuple[int, ...] = (),
+        grammar_vocab: GrammarVocab | None = None,  # what grammar-constrained requests need (None: refused)
     ):
         self.model, self.config = model, config
+        self.grammar_vocab = grammar_vocab
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.max_model_len = served_context_length(model.config.max_position_embeddings, config.max_model_len)
@@ -137,6 +141,8 @@ class Engine:
             raise InvalidRequest(f"prompt token ids must be in [0, {vocab})")
         if self.blocks.blocks_needed(len(prompt_ids) + 1) > self.blocks.num_blocks:
             raise InvalidRequest(f"prompt of {len(prompt_ids)} tokens does not fit in the KV cache")
+        if params.grammar:  # refuse a grammar llguidance cannot compile before any KV moves
+            constraint_for(params, self.grammar_vocab, self.eos_token_ids)
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
         self.validate(prompt_ids, params)
@@ -144,6 +150,7 @@ class Engine:
         if request_id in self.seqs:
             raise InvalidRequest(f"duplicate request id {request_id!r}")
         seq = Sequence(request_id, list(prompt_ids), params)
+        seq.constraint = constraint_for(params, self.grammar_vocab, self.eos_token_ids)
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
         return request_id
@@ -175,13 +182,16 @@ class Engine:
         block_table: list[int],
         first_token: int,
         first_logprob: float = 0.0,
+        first_top_logprobs: list[tuple[int, float]] | None = None,
     ) -> list[StepOutput]:
-        """Start decoding a sequence whose prompt KV already sits in `block_table`."""
+        """Start decoding a sequence whose prompt KV already sits in `block_table`; its first token (sampled
+        where the prompt ran) also advances its grammar here, before this engine samples the second."""
         seq = Sequence(request_id, list(prompt_ids), params, block_table=block_table, num_computed=len(prompt_ids))
+        seq.constraint = constraint_for(params, self.grammar_vocab, self.eos_token_ids)
         self.seqs[request_id] = seq
         self.scheduler.add_running(seq)
         self.scheduler.publish_full_blocks(seq)
-        return [self._append(seq, first_token, first_logprob)]
+        return [self._append(seq, first_token, first_logprob, first_top_logprobs or [])]
 
     # --- one step ------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
@@ -232,14 +242,19 @@ class Engine:
         seqs = [to_sample[i][0] for i in drawn for _ in range(len(to_sample[i][1]) + 1)]
         tokens: list[int] = []
         logprobs: list[float] = []
+        tops: list[list[tuple[int, float]]] = []
         if rows:
             picked = logits.index_select(0, torch.tensor(rows, device=logits.device)) if len(rows) < row else logits
+            picked = constrain_logits(picked, [s.constraint for s in seqs], self.eos_token_ids)
             tokens, logprobs = sample(picked, [s.params for s in seqs], [s.generator for s in seqs])
+            tops = top_logprobs(picked, [s.params.top_logprobs if s.params.logprobs else 0 for s in seqs])
         results: dict[int, tuple[list[int], list[float]]] = {}
+        top_of: dict[int, list[tuple[int, float]]] = {}  # sequences without drafts: their one row's alternatives
         at = 0
         for i in drawn:
             n = len(to_sample[i][1]) + 1
             results[i] = (tokens[at : at + n], logprobs[at : at + n])
+            top_of[i] = tops[at]
             at += n
         out: list[StepOutput] = []
         for i, (seq, draft) in enumerate(to_sample):
@@ -249,7 +264,7 @@ class Engine:
             if draft:
                 out += self._verify(seq, draft, target, lps)
             else:
-                out.append(self._append(seq, target[0], lps[0]))
+                out.append(self._append(seq, target[0], lps[0], top_of.get(i, [])))
         return out
 
     def _verify(self, seq: Sequence, draft: list[int], target: list[int], logprobs: list[float]) -> list[StepOutput]:
@@ -284,13 +299,13 @@ class Engine:
         pad = len(draft) + 1 - len(emitted)  # after a rejection: `_verify` stops at the first mismatch
         return emitted + [-1] * pad, logprobs + [0.0] * pad
 
-    def _append(self, seq: Sequence, token: int, logprob: float) -> StepOutput:
+    def _append(self, seq: Sequence, token: int, logprob: float, top: list[tuple[int, float]] | None = None) -> StepOutput:
         seq.append_output(token, logprob)
         reason = self._finish_reason(seq)
         if reason is not None:
             self.scheduler.finish(seq, reason)
             self.seqs.pop(seq.request_id, None)
-        return StepOutput(seq.request_id, token, logprob, reason)
+        return StepOutput(seq.request_id, token, logprob, reason, top or [])
 
     def _finish_reason(self, seq: Sequence) -> str | None:
         p, token = seq.params, seq.output_ids[-1]

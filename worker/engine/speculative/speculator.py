@@ -16,7 +16,9 @@ from tandem.worker.engine.speculative.proposer import Proposer, SpeculativeConfi
 
 
 def can_speculate(seq: Sequence) -> bool:
-    return not seq.in_prefill and seq.num_uncomputed == 1
+    """Decoding, and nothing (a grammar, min_tokens, top_logprobs) needs each of its tokens sampled on its own."""
+    constrained = seq.constraint is not None and seq.constraint.active
+    return not seq.in_prefill and seq.num_uncomputed == 1 and not constrained and not seq.params.top_logprobs
 
 
 def draft_budget(seq: Sequence, num_tokens: int, max_model_len: int) -> int:

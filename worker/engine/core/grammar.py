@@ -1,0 +1,134 @@
+"""Constrained decoding: which tokens a sequence may sample next (its grammar, its min_tokens), as a mask on its logits.
+
+A request's grammar (llguidance's serialized form, made by the router from `response_format` or
+`tool_choice`) becomes one llguidance matcher per sequence, advanced by every token the sequence emits,
+whichever worker sampled it: a decode worker replays the prefill worker's first token into its own matcher
+before it samples the second, so the constraint holds across the KV handoff. `min_tokens` is a mask too:
+the first `min_tokens` tokens are never an EOS or stop token id. Constrained sequences decode without
+speculative drafts (`TokenConstraint.active`), so each step samples one masked row per sequence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import llguidance
+import llguidance.torch as llt
+import torch
+
+from tandem.worker.api.params import InvalidRequest, SamplingParams
+
+GRAMMAR_TOKENIZER_FILE = "tokenizer.json"
+
+
+class GrammarVocab:
+    """The model's vocabulary as llguidance sees it (built once per engine, on first use)."""
+
+    def __init__(self, tokenizer_file: str | Path, vocab_size: int, eos_token_ids: tuple[int, ...]):
+        self.tokenizer_file, self.vocab_size, self.eos_token_ids = str(tokenizer_file), vocab_size, eos_token_ids
+        self._tokenizer: llguidance.LLTokenizer | None = None
+
+    @property
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        if self._tokenizer is None:
+            eos = list(self.eos_token_ids) or None
+            self._tokenizer = llguidance.LLTokenizer(self.tokenizer_file, n_vocab=self.vocab_size, eos_token=eos)
+        return self._tokenizer
+
+    def matcher(self, grammar: str) -> llguidance.LLMatcher:
+        """A fresh matcher for `grammar`; raises InvalidRequest when llguidance refuses the grammar."""
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise InvalidRequest(f"grammar refused: {matcher.get_error()}")
+        return matcher
+
+
+@dataclass
+class TokenConstraint:
+    """One sequence's constraint: its grammar's matcher (if any) and the tokens banned until `min_tokens`."""
+
+    matcher: llguidance.LLMatcher | None
+    min_tokens: int
+    banned_early: tuple[int, ...]  # EOS and stop token ids
+    emitted: int = 0
+
+    @property
+    def active(self) -> bool:
+        """The next token is constrained (and so the sequence samples it without drafts)."""
+        return self.matcher is not None or self.emitted < self.min_tokens
+
+    def accept(self, token: int) -> None:
+        """The sequence emitted `token` (a rejected one leaves the matcher in its error state: EOS only)."""
+        self.emitted += 1
+        if self.matcher is not None and not self.matcher.is_stopped():
+            self.matcher.consume_token(token)
+
+
+def constraint_for(
+    params: SamplingParams, vocab: GrammarVocab | None, eos_token_ids: tuple[int, ...]
+) -> TokenConstraint | None:
+    """The constraint a request's parameters ask for, or None when they ask for none."""
+    if not params.grammar and params.min_tokens == 0:
+        return None
+    matcher = None
+    if params.grammar:
+        if vocab is None:
+            raise InvalidRequest("this worker cannot constrain output to a grammar (no tokenizer.json)")
+        matcher = vocab.matcher(params.grammar)
+    banned = tuple(dict.fromkeys((*eos_token_ids, *params.stop_token_ids)))
+    return TokenConstraint(matcher, params.min_tokens, banned)
+
+
+def allowed_tokens(constraints: list[TokenConstraint], vocab_size: int, eos_token_ids: tuple[int, ...]) -> torch.Tensor:
+    """[M, V] bool on the host: True where each constraint lets the token through."""
+    words = llt.allocate_token_bitmask(len(constraints), vocab_size)  # all bits set: everything allowed
+    for i, c in enumerate(constraints):
+        if c.matcher is None:
+            continue
+        if c.matcher.is_error() or c.matcher.is_stopped():
+            words[i] = 0  # a finished grammar (or one that broke) only lets the sequence end
+            for t in eos_token_ids:
+                words[i, t // 32] |= _bit(t % 32)
+        else:
+            llt.fill_next_token_bitmask(c.matcher, words, i)
+    shifts = torch.arange(32, dtype=torch.int32)
+    allowed = ((words[:, :, None] >> shifts) & 1).bool().reshape(len(constraints), -1)[:, :vocab_size]
+    for i, c in enumerate(constraints):
+        if c.emitted < c.min_tokens and c.banned_early:
+            allowed[i, list(c.banned_early)] = False
+    return allowed
+
+
+def _bit(i: int) -> int:
+    """Bit `i` of an int32 mask word, as the signed value torch stores (bit 31 is the sign)."""
+    return -(2**31) if i == 31 else 1 << i
+
+
+def constrain_logits(
+    logits: torch.Tensor, constraints: list[TokenConstraint | None], eos_token_ids: tuple[int, ...]
+) -> torch.Tensor:
+    """`logits` [N, V] with the tokens each row's constraint forbids at -inf (rows without one unchanged)."""
+    rows = [i for i, c in enumerate(constraints) if c is not None and c.active]
+    if not rows:
+        return logits
+    allowed = allowed_tokens([constraints[i] for i in rows], logits.shape[-1], eos_token_ids)  # type: ignore[misc]
+    index = torch.tensor(rows, device=logits.device)
+    masked = logits.index_select(0, index).masked_fill(~allowed.to(logits.device), float("-inf"))
+    return logits.index_copy(0, index, masked)
+
+
+def top_logprobs(logits: torch.Tensor, counts: list[int]) -> list[list[tuple[int, float]]]:
+    """Each row's `counts[i]` most likely tokens and their log-probabilities (empty where 0)."""
+    out: list[list[tuple[int, float]]] = [[] for _ in counts]
+    rows = [i for i, k in enumerate(counts) if k > 0]
+    if not rows:
+        return out
+    k = max(counts[i] for i in rows)
+    index = torch.tensor(rows, device=logits.device)
+    values, ids = torch.log_softmax(logits.index_select(0, index), dim=-1).topk(k, dim=-1)
+    for row, vals, toks in zip(rows, values.tolist(), ids.tolist(), strict=True):
+        pairs = zip(toks[: counts[row]], vals[: counts[row]], strict=True)
+        out[row] = [(t, v) for t, v in pairs if math.isfinite(v)]  # tokens a constraint forbids are not alternatives
+    return out
