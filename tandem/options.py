@@ -12,7 +12,7 @@ import argparse
 import os
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from enum import Enum, StrEnum
-from typing import Any, Self, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Self, Union, get_args, get_origin, get_type_hints
 
 from tandem import names
 from tandem.slo import DEFAULT as DEFAULT_SLO
@@ -79,14 +79,17 @@ def _flag(f: Field) -> str:
 class _Options:
     """Flags from fields, both ways."""
 
+    PROG: ClassVar[str]
+    DESCRIPTION: ClassVar[str]
+
     @classmethod
     def _fields(cls) -> list[tuple[Field, type]]:
         hints = get_type_hints(cls)
         return [(f, _kind(hints[f.name])) for f in fields(cls)]  # type: ignore[arg-type]
 
     @classmethod
-    def parser(cls, prog: str, description: str | None = None) -> argparse.ArgumentParser:
-        p = argparse.ArgumentParser(prog=prog, description=description)
+    def parser(cls) -> argparse.ArgumentParser:
+        p = argparse.ArgumentParser(prog=cls.PROG, description=cls.DESCRIPTION)
         for f, kind in cls._fields():
             required = f.default is MISSING and f.default_factory is MISSING
             default = None if required else (f.default if f.default is not MISSING else f.default_factory())  # type: ignore[misc]
@@ -102,6 +105,10 @@ class _Options:
                 kw.update(type=kind, default=default, choices=f.metadata.get("choices"))
             p.add_argument(_flag(f), required=required, **kw)
         return p
+
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> Self:
+        return cls.from_namespace(cls.parser().parse_args(argv))
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> Self:
@@ -129,6 +136,9 @@ class _Options:
 @dataclass(frozen=True)
 class WorkerOptions(_Options):
     """`tandem worker`: one engine served over gRPC in one role."""
+
+    PROG: ClassVar[str] = "tandem worker"
+    DESCRIPTION: ClassVar[str] = "serve one engine over gRPC as a prefill, decode or colocated worker"
 
     role: Role = opt()
     model_dir: str = opt()
@@ -177,10 +187,6 @@ class WorkerOptions(_Options):
     )  # fmt: skip
 
     @classmethod
-    def from_argv(cls, argv: list[str]) -> WorkerOptions:
-        return cls.from_namespace(cls.parser("tandem worker", "serve one engine over gRPC").parse_args(argv))
-
-    @classmethod
     def from_spec(cls, spec: InferenceServiceSpec, role: str, **process: Any) -> WorkerOptions:
         """A spec's worker of `role`; `process` sets the rest (service, model_dir, host, port, ...)."""
         engine = spec.engine
@@ -203,6 +209,9 @@ class WorkerOptions(_Options):
 @dataclass(frozen=True)
 class RouterOptions(_Options):
     """`tandem router`: the OpenAI API in front of the worker pools."""
+
+    PROG: ClassVar[str] = "tandem router"
+    DESCRIPTION: ClassVar[str] = "OpenAI-compatible router for tandem workers"
 
     model_dir: str = opt(help="Hugging Face model directory (tokenizer, config)")
     served_name: str = opt(help="the model name clients send")
@@ -249,14 +258,6 @@ class RouterOptions(_Options):
     tls_dir: str | None = opt(None, "mutual TLS to the workers: tls.crt, tls.key, ca.crt")
     tls_server_name: str | None = opt(None, "name in the workers' certificates (dialled by IP)")
     log_level: str = opt("info", choices=("debug", "info", "warning", "error"))
-
-    @classmethod
-    def parser_for_router(cls) -> argparse.ArgumentParser:
-        return cls.parser("tandem router", "OpenAI-compatible router for tandem workers")
-
-    @classmethod
-    def from_argv(cls, argv: list[str]) -> RouterOptions:
-        return cls.from_namespace(cls.parser_for_router().parse_args(argv))
 
     @classmethod
     def from_spec(cls, spec: InferenceServiceSpec, **process: Any) -> RouterOptions:

@@ -62,9 +62,9 @@ def test_spec_engine_knobs_reach_the_worker_options_by_name():
 
 
 def test_defaults_live_once():
-    worker = WorkerOptions.parser("w").parse_args(["--role", "decode", "--model-dir", "/m"])
+    worker = WorkerOptions.parser().parse_args(["--role", "decode", "--model-dir", "/m"])
     assert (worker.block_size, worker.max_running_sequences) == (EngineSpec().block_size, EngineSpec().max_running_sequences)
-    router = RouterOptions.parser_for_router().parse_args(["--model-dir", "/m", "--served-name", "t"])
+    router = RouterOptions.parser().parse_args(["--model-dir", "/m", "--served-name", "t"])
     assert (router.slo_ttft_ms, router.slo_tpot_ms, router.slo_percentile) == (
         DEFAULT_SLO.ttft_ms, DEFAULT_SLO.tpot_ms, DEFAULT_SLO.percentile,
     )  # fmt: skip

@@ -12,7 +12,7 @@ from tandem.worker.router.limits import RequestLimits
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return RouterOptions.parser_for_router()
+    return RouterOptions.parser()
 
 
 def check_args(args: RouterOptions | argparse.Namespace) -> str | None:
