@@ -1,10 +1,12 @@
-"""What the router checks before it spends work on a request: a prompt too long by its bytes alone for the
-served context (no tokeniser run), then the queue limit; only an admitted request is templated and tokenised."""
+"""What the router checks before it spends work on a request: the model it names, a prompt too long by its bytes
+alone for the served context (no tokeniser run), then the queue limit; only an admitted request is templated and
+tokenised, and then its prompt and output budget must fit the context."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from tandem.worker.hf.tokenizer import Tokenizer
 from tandem.worker.router import openai_schema as oa
 
 QUEUE_FULL_RETRY_AFTER_S = 1
@@ -73,3 +75,53 @@ def check_prompt_fits(req: oa.SamplingRequest, token_bytes: int, max_model_len: 
             f"prompt is too long: at least {least} tokens, the model's context is {max_model_len}",
             param="messages" if isinstance(req, oa.ChatCompletionRequest) else "prompt",
         )
+
+
+def check_model(req: oa.SamplingRequest, served_name: str) -> None:
+    if req.model != served_name:
+        raise oa.ApiError(
+            404, f"model {req.model!r} does not exist; this router serves {served_name!r}",
+            param="model", code="model_not_found",
+        )  # fmt: skip
+
+
+def resolve_max_tokens(
+    requested: int | None, default: int, prompt_len: int, max_model_len: int | None
+) -> int:
+    """The output budget: the request's, else the default, bounded by the context left after the prompt."""
+    if max_model_len is not None and prompt_len >= max_model_len:
+        raise oa.ApiError(
+            400,
+            f"prompt is too long: {prompt_len} tokens, the model's context is {max_model_len}",
+            param="prompt",
+        )
+    room = None if max_model_len is None else max_model_len - prompt_len
+    if requested is None:
+        return default if room is None else min(default, room)
+    if room is not None and requested > room:
+        raise oa.ApiError(
+            400,
+            f"prompt ({prompt_len} tokens) plus max_tokens ({requested}) exceeds the model's context of "
+            f"{max_model_len} tokens",
+            param="max_tokens",
+        )
+    return requested
+
+
+def completion_prompt_ids(req: oa.CompletionRequest, tokenizer: Tokenizer) -> list[int]:
+    prompt = req.single_prompt()
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(prompt)
+    else:
+        bad = [i for i in prompt if not 0 <= i < tokenizer.vocab_size]
+        if bad:
+            raise oa.ApiError(400, f"prompt has token ids outside the vocabulary: {bad[:5]}", param="prompt")
+        ids = list(prompt)
+    if not ids:
+        raise oa.ApiError(400, "prompt is empty", param="prompt")
+    return ids
+
+
+def chat_prompt_ids(req: oa.ChatCompletionRequest, tokenizer: Tokenizer) -> list[int]:
+    messages = [m.for_template() for m in req.messages]
+    return tokenizer.encode_chat(messages, add_generation_prompt=True, tools=req.tool_dicts())
