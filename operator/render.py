@@ -23,6 +23,7 @@ from tandem.launch import (
     worker_pools,
 )
 from tandem.operator import gateway
+from tandem.operator.pod_overlay import apply_overlay
 from tandem.spec import API_GROUP, API_VERSION, KIND, InferenceServiceSpec
 
 Manifest = dict[str, Any]
@@ -349,8 +350,8 @@ def worker_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
         "lifecycle": worker_lifecycle(spec),
         **worker_probes(),
     }
-    template = _pod_template(service, pool, container, volumes, model_init_containers(spec),
-                             ps.node_selector, ps.tolerations, ps.affinity)
+    template = apply_overlay(_pod_template(service, pool, container, volumes, model_init_containers(spec),
+                                           ps.node_selector, ps.tolerations, ps.affinity), ps.pod_template)
     # the longest generation the spec allows must finish inside the grace period
     template["spec"]["terminationGracePeriodSeconds"] = termination_grace_seconds(spec)
     return _deployment(child_name(service, pool), namespace, service, uid, pool, replicas, template)
@@ -388,7 +389,8 @@ def router_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
         **({"volumeMounts": mounts} if mounts else {}),
         **router_probes(),
     }
-    template = _pod_template(service, pool, container, volumes, model_init_containers(spec), {}, [], None)
+    template = apply_overlay(_pod_template(service, pool, container, volumes, model_init_containers(spec), {}, [],
+                                           None), r.pod_template)
     return _deployment(child_name(service, pool), namespace, service, uid, pool, r.replicas, template)
 
 

@@ -92,6 +92,31 @@ class Resources(_Spec):
     memory: str | None = None
 
 
+class LocalObjectRef(_Spec):
+    name: str = Field(min_length=1)
+
+
+class VolumeMount(_Spec):
+    name: str = Field(min_length=1)
+    mount_path: str
+    read_only: bool | None = None
+    sub_path: str | None = None
+
+
+class PodTemplateOverlay(_Spec):
+    """What a user adds to a pool's pods (Kubernetes only); the CRD refuses what would break the restricted
+    Pod Security Standard or the operator's own fields."""
+
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    image_pull_secrets: list[LocalObjectRef] = Field(default_factory=list)
+    service_account_name: str | None = None
+    priority_class_name: str | None = None
+    volumes: list[dict[str, Any]] = Field(default_factory=list)
+    volume_mounts: list[VolumeMount] = Field(default_factory=list)
+    env: list[dict[str, Any]] = Field(default_factory=list)
+
+
 class PoolSpec(_Spec):
     replicas: int = Field(default=1, ge=0)
     min_replicas: int = Field(default=1, ge=0)
@@ -101,6 +126,7 @@ class PoolSpec(_Spec):
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
     affinity: dict[str, Any] | None = None
     env: list[dict[str, Any]] = Field(default_factory=list)
+    pod_template: PodTemplateOverlay | None = None
 
     @model_validator(mode="after")
     def _bounds(self) -> PoolSpec:
@@ -141,6 +167,7 @@ class RouterSpec(_Spec):
     resources: RouterResources = Field(default_factory=RouterResources)
     max_queued_requests: int = Field(default=256, gt=0)
     disaggregation: DisaggregationSpec = Field(default_factory=DisaggregationSpec)
+    pod_template: PodTemplateOverlay | None = None
 
 
 class SloSpec(_Spec):

@@ -7,6 +7,8 @@ import copy
 import pytest
 import yaml
 
+from tests.k8s.conftest import get_json, wait_for
+
 VALID = {
     "apiVersion": "serving.tandem.dev/v1alpha1",
     "kind": "InferenceService",
@@ -53,6 +55,26 @@ CASES = [
     ("bad-hf-repo", _with("model.source", {"huggingFace": {"repoId": "no-slash"}}),
      "spec.model.source.huggingFace.repoId"),
     ("zero-router-replicas", _with("router.replicas", 0), "spec.router.replicas"),
+    # podTemplate: nothing over the operator's own fields, nothing the restricted profile forbids
+    ("overlay-selector-label", _with("prefill.podTemplate", {"labels": {"serving.tandem.dev/pool": "x"}}),
+     "spec.prefill.podTemplate.labels"),
+    ("overlay-component-label", _with("router.podTemplate", {"labels": {"app.kubernetes.io/component": "x"}}),
+     "spec.router.podTemplate.labels"),
+    ("overlay-scrape-annotation", _with("decode.podTemplate", {"annotations": {"prometheus.io/port": "1"}}),
+     "spec.decode.podTemplate.annotations"),
+    ("overlay-operator-volume", _with("prefill.podTemplate", {"volumes": [{"name": "model", "emptyDir": {}}]}),
+     "the operator's"),
+    ("overlay-two-sources", _with("decode.podTemplate", {"volumes": [
+        {"name": "x", "emptyDir": {}, "secret": {"secretName": "s"}}]}), "exactly one of"),
+    ("overlay-mount-without-volume", _with("prefill.podTemplate", {"volumeMounts": [{"name": "c", "mountPath": "/c"}]}),
+     "must each name a volume"),
+    ("overlay-mount-over-models", _with("prefill.podTemplate", {
+        "volumes": [{"name": "c", "emptyDir": {}}], "volumeMounts": [{"name": "c", "mountPath": "/models/x"}]}),
+     "mount paths"),
+    ("overlay-tandem-env", _with("router.podTemplate", {"env": [{"name": "TANDEM_LOG_LEVEL", "value": "x"}]}),
+     "TANDEM_"),
+    ("overlay-bad-service-account", _with("decode.podTemplate", {"serviceAccountName": "Bad_SA"}),
+     "spec.decode.podTemplate.serviceAccountName"),
 ]
 
 
@@ -97,3 +119,55 @@ def test_kubectl_explain_documents_every_slo_field(control_plane):
     assert "Time to first token" in out
     pool = control_plane.kubectl("explain", "tpool.spec").stdout
     assert "<no description>" not in pool and "InferenceService" in pool
+
+
+@pytest.mark.parametrize("validate", ["strict", "false"])
+def test_a_host_path_volume_is_refused(control_plane, validate):
+    """kubectl's strict field validation names the unknown source; a client without it gets the source pruned,
+    which leaves the volume without one: refused by the rule that names the restricted profile."""
+    obj = _with("prefill.podTemplate", {"volumes": [{"name": "h", "hostPath": {"path": "/"}}]})
+    out = control_plane.kubectl("create", "--dry-run=server", f"--validate={validate}", "-f", "-",
+                                input=yaml.safe_dump(obj), check=False)
+    assert out.returncode != 0, out.stdout
+    want = ('unknown field "spec.prefill.podTemplate.volumes[0].hostPath"' if validate == "strict"
+            else "restricted Pod Security Standard")
+    assert want in out.stderr, out.stderr
+
+
+def test_pod_template_overlay_reaches_pods_the_restricted_profile_admits(control_plane, operator, namespace):
+    """An overlay on every pool: the operator merges it, and the pods (in a namespace enforcing the restricted
+    Pod Security Standard) are created with it beside everything the operator renders."""
+    cp, ns = control_plane, namespace
+    cp.kubectl("create", "serviceaccount", "llm", "-n", ns)
+    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                                                         "metadata": {"name": f"{ns}-serving"}, "value": 1000}))
+    overlay = {"labels": {"team": "search"}, "annotations": {"example.com/owner": "search"},
+               "imagePullSecrets": [{"name": "registry"}], "serviceAccountName": "llm",
+               "priorityClassName": f"{ns}-serving",
+               "volumes": [{"name": "prompts", "configMap": {"name": "prompts", "optional": True}}],
+               "volumeMounts": [{"name": "prompts", "mountPath": "/etc/prompts", "readOnly": True}],
+               "env": [{"name": "EXTRA", "value": "1"}]}
+    obj = copy.deepcopy(VALID)
+    obj["metadata"] = {"name": "overlaid", "namespace": ns}
+    obj["spec"]["prefill"] = {"resources": {"gpus": 0}, "podTemplate": overlay}
+    obj["spec"]["decode"] = {"resources": {"gpus": 0}, "podTemplate": overlay}
+    obj["spec"]["router"] = {"podTemplate": overlay}
+    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(obj))
+    for pool in ("prefill", "decode", "router"):
+        pods = wait_for(lambda pool=pool: get_json(cp, "pods", "-l", f"serving.tandem.dev/inferenceservice=overlaid,"
+                                                   f"serving.tandem.dev/pool={pool}", namespace=ns)["items"],
+                        90, f"{pool} pods admitted")
+        pod = pods[0]
+        assert pod["metadata"]["labels"]["team"] == "search" and pod["metadata"]["labels"]["serving.tandem.dev/pool"] == pool
+        assert pod["metadata"]["annotations"]["example.com/owner"] == "search"
+        assert "prometheus.io/scrape" in pod["metadata"]["annotations"]
+        spec = pod["spec"]
+        assert spec["serviceAccountName"] == "llm" and spec["priorityClassName"] == f"{ns}-serving"
+        assert spec["priority"] == 1000 and spec["imagePullSecrets"] == [{"name": "registry"}]
+        assert spec["automountServiceAccountToken"] is False
+        assert "prompts" in {v["name"] for v in spec["volumes"]} and "scratch" in {v["name"] for v in spec["volumes"]}
+        main = spec["containers"][0]
+        assert {"name": "prompts", "mountPath": "/etc/prompts", "readOnly": True} in main["volumeMounts"]
+        assert {"name": "EXTRA", "value": "1"} in main["env"]
+        assert main["securityContext"]["allowPrivilegeEscalation"] is False
+    cp.kubectl("delete", "priorityclass", f"{ns}-serving", "--wait=false", check=False)

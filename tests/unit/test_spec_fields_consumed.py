@@ -41,6 +41,14 @@ VALUES: dict[str, list[Any]] = {
     "security.networkPolicy.metricsFrom": [[], [{"namespaceSelector": {}}]],
     "autoscaling.prometheusUrl": [ABSENT, "http://prometheus.monitoring:9090"],
     "router.disaggregation.localPrefillMaxTpotFraction": [0.0, 0.8],
+    **{f"{pool}.podTemplate.{field}": values for pool in ("router", "prefill", "decode") for field, values in {
+        "imagePullSecrets": [[], [{"name": "registry"}]],
+        "volumes": [[], [{"name": "cache", "emptyDir": {}}]],
+        "volumeMounts": [[], [{"name": "cache", "mountPath": "/cache"}]],
+        "env": [[], [{"name": "A", "value": "1"}]],
+        "labels": [{}, {"team": "a"}],
+        "annotations": [{}, {"team": "a"}],
+    }.items()},
     "gateway.parentRefs": [[{"name": "a"}], [{"name": "b", "namespace": "gw", "sectionName": "http"}]],
 }
 
@@ -60,6 +68,8 @@ CONTEXT: list[tuple[str, dict[str, Any]]] = [
     # the live pool is scaled out of bounds in `observe`, so the switch shows as a clamp
     ("autoscaling.enabled", {}),
     ("engine.speculative.draftModel.", {"engine": {"speculative": {"method": "draft"}}}),
+    *((f"{pool}.podTemplate.volumeMounts", {pool: {"podTemplate": {"volumes": [{"name": "cache", "emptyDir": {}}]}}})
+      for pool in ("router", "prefill", "decode")),
     ("gateway.", {"gateway": {"parentRefs": [{"name": "gw"}], "endpointPickerRef": {"name": "epp"}}}),
 ]
 
