@@ -39,6 +39,7 @@ TIME_TOOL = {
     "type": "function",
     "function": {
         "name": "get_time",
+        "strict": True,  # the parse helper reads only strict tools
         "parameters": {
             "type": "object",
             "properties": {"zone": {"enum": ["UTC", "CET"]}},
