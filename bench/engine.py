@@ -5,11 +5,16 @@ under the same torch thread count. Each run sends a batch of B random prompts of
 N tokens per prompt, greedy, never stopping early. Prefill time is from submission until every sequence
 has its first token; decode time is from then until the last token, over B * (N - 1) tokens.
 
+With `--arch mixtral` or `--arch qwen2_moe` the random model is a mixture of experts of the same shape
+(each expert `--intermediate` wide; Qwen2-MoE's shared expert twice that); its ceiling column is left empty,
+as the floor times dense linear layers only.
+
 The ceiling column is the matmul floor's tokens/s over transformers' (bench/engine_floor.py): the best
 ratio any engine could reach at that row with these weights and matmul kernels if attention, the KV cache
 and all its bookkeeping were free. A target above the ceiling cannot be met on this host's kernels.
 
     python -m bench.engine [--threads 2] [--batches 1,8,32] [--decode-step compiled] [--out result.json]
+    python -m bench.engine --arch mixtral [--experts 8 --experts-per-token 2]   # a tiny mixture of experts
 
 `--decode-step compiled` runs pure-decode steps through the static-shape compiled step (warmed up, every
 bucket, before the timed runs).
@@ -33,7 +38,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from bench.engine_floor import floor_tok_s
 from bench.engine_timing import RunTiming, now, random_prompts, time_engine, use_cpu_clock
-from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
+from tandem.worker.devtools.tiny import TINY_ARCHITECTURES, TinySpec, create_tiny_model
 from tandem.worker.engine.loading import build_engine
 from tandem.worker.engine.runner.engine import Engine, EngineConfig
 
@@ -168,6 +173,8 @@ def bench_batch(
             runs.append(floor_tok_s(engine.model, phase, batch, args.prompt_len))
         log(f"  batch {batch} run {rep + 1}: ours {fmt_run(ours[-1])} | transformers {fmt_run(hf_runs[-1])}")
     floors = {phase: statistics.median(runs) for phase, runs in floor_runs.items()}
+    if engine.model.config.num_experts:  # the floor times nn.Linear layers; routed experts are not among them
+        floors = {}
     return rows_for(batch, args.prompt_len, ours, hf_runs, floors)
 
 
@@ -231,6 +238,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--intermediate", type=int, default=1408)
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--arch", choices=list(TINY_ARCHITECTURES), default=d.arch, help="the random model's architecture")
+    p.add_argument("--experts", type=int, default=d.experts, help="mixtral, qwen2_moe: routed experts per layer")
+    p.add_argument("--experts-per-token", type=int, default=d.experts_per_token, help="mixtral, qwen2_moe: top k")
     p.add_argument(
         "--clock", choices=["wall", "cpu"], default="wall", help="cpu: this process's CPU time (shared hosts)"
     )
@@ -275,7 +285,7 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict:
     if not args.no_mixed:
         rows.append(bench_mixed(args, engine, hf, vocab, log))
     title = (
-        f"{params / 1e6:.1f}M params fp32, {args.threads} threads, {args.clock} clock, {args.decode_step} decode step, "
+        f"{engine.model.config.architecture}, {params / 1e6:.1f}M params fp32, {args.threads} threads, {args.clock} clock, {args.decode_step} decode step, "
         f"prompt {args.prompt_len}, {args.new_tokens} new tokens (mixed: 8-{2 * args.new_tokens}), "
         f"median of {args.repeats}"
     )
@@ -305,6 +315,11 @@ def main(argv: list[str]) -> int:
                 kv_heads=args.kv_heads,
                 intermediate=args.intermediate,
                 seed=args.seed,
+                arch=args.arch,
+                experts=args.experts,
+                experts_per_token=args.experts_per_token,
+                expert_intermediate=args.intermediate,
+                shared_intermediate=2 * args.intermediate,
             )
             model_dir = create_tiny_model(Path(tmp) / "model", spec)
         result = run(args, model_dir)

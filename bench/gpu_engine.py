@@ -9,7 +9,9 @@ through the real loading path. Reported:
 - prefill FLOP utilisation for one 2048-token prompt: model FLOPs / time / 790 TFLOP/s, target >= 50%;
 - decode tokens/s at batch 64;
 - decode tokens/s at batch 1 and 64 for each `--decode-steps` mode (default: eager, then the static step
-  captured as CUDA graphs), with the decode step's warm-up time; a fresh engine per mode, same weights.
+  captured as CUDA graphs), with the decode step's warm-up time; a fresh engine per mode, same weights;
+- a mixture of experts (Mixtral layout, 8 experts, top 2, at the same hidden size, 8 layers; `--no-moe`
+  skips it): prefill time of one `--prefill-tokens` prompt and decode tokens/s at batch 1 and `--batch`.
 
     python -m bench.gpu_engine [--decode-steps eager,cudaGraphs] [--out result.json]
     python -m bench.gpu_engine --dry-run    # the same code on the CPU at a tiny size (cudaGraphs: compiled)
@@ -70,6 +72,20 @@ LLAMA_3_ROPE_SCALING = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192,
 }
+
+
+MOE_SHAPE = TinySpec(
+    arch="mixtral",
+    layers=8,
+    hidden=2048,
+    heads=32,
+    kv_heads=8,
+    intermediate=4096,
+    experts=8,
+    experts_per_token=2,
+    max_positions=32768,
+    dtype="bfloat16",
+)
 
 
 def write_llama_1b_shaped(model_dir: Path, seed: int = 0) -> Path:
@@ -259,6 +275,23 @@ def utilisation(model: torch.nn.Module, args: argparse.Namespace) -> list[Result
     ]
 
 
+def moe_rows(args: argparse.Namespace, model_dir: Path, device: str) -> list[Result]:
+    """Prefill time and decode tokens/s of a mixture-of-experts model on the general path."""
+    model = load_model(model_dir, args.dtype, device)
+    config = model.config
+    engine = Engine(model, engine_config(args), eos_token_ids=())
+    time_engine(engine, random_prompts(4, args.context, config.vocab_size, seed=1), 8)  # warm up
+    prefill = [
+        time_engine(engine, random_prompts(1, args.prefill_tokens, config.vocab_size, seed=500 + i), 2).prefill_s
+        for i in range(args.repeats)
+    ]
+    name = f"MoE {config.num_experts} experts top {config.num_experts_per_tok}"
+    results = [Result(f"{name}: prefill {args.prefill_tokens} tokens: time", 1e3 * statistics.median(prefill), "ms")]
+    for batch in (1, args.batch):
+        results.append(Result(f"{name}: decode batch {batch}: tokens/s", decode_tok_s(engine, batch, args, 600 + batch), "tok/s"))
+    return results
+
+
 def print_results(results: list[Result], caption: str) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -290,6 +323,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--decode-steps", default="eager,cudaGraphs",
         help="decode-step modes to compare at batch 1 and --batch (eager, compiled, cudaGraphs; empty: none)",
     )  # fmt: skip
+    p.add_argument("--no-moe", action="store_true", help="skip the mixture-of-experts rows")
     p.add_argument("--dry-run", action="store_true", help="run on the CPU at a tiny size: checks the code, not the GPU")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
     args = p.parse_args(argv)
@@ -309,7 +343,11 @@ def main(argv: list[str]) -> int:
     if args.dry_run:
         with tempfile.TemporaryDirectory(prefix="tandem-gpu-bench-dry-") as tmp:
             model_dir = args.model or create_tiny_model(Path(tmp) / "model", TinySpec(layers=2))
-            print_results(run(args, model_dir, "cpu"), "dry run on the CPU, tiny model: not a measurement")
+            results = run(args, model_dir, "cpu")
+            if not args.no_moe:
+                moe_dir = create_tiny_model(Path(tmp) / "moe", TinySpec(arch="mixtral", layers=2))
+                results += moe_rows(args, moe_dir, "cpu")
+            print_results(results, "dry run on the CPU, tiny model: not a measurement")
         return 0
     if not torch.cuda.is_available():
         print(
@@ -320,6 +358,10 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="tandem-gpu-bench-") as tmp:
         model_dir = args.model or write_llama_1b_shaped(Path(tmp) / "model")
         results = run(args, model_dir)
+        if not args.no_moe:
+            gc.collect()
+            torch.cuda.empty_cache()
+            results += moe_rows(args, create_tiny_model(Path(tmp) / "moe", MOE_SHAPE), "cuda")
     caption = (
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}; batch-1 decode after {args.context} "
         f"prompt tokens, {args.new_tokens} new tokens; median of {args.repeats}"

@@ -48,18 +48,69 @@ QWEN2_BIAS = dict(
 )
 
 
+MIXTRAL = dict(  # odd KV head count (3), untied embeddings, top-2 of 4 experts renormalised
+    architectures=["MixtralForCausalLM"],
+    vocab_size=512,
+    hidden_size=96,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=6,
+    num_key_value_heads=3,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-5,
+    rope_theta=1000000.0,
+    tie_word_embeddings=False,
+    initializer_range=0.08,
+)
+
+QWEN2_MOE = dict(  # q/k/v bias, tied embeddings, top-3 of 8 not renormalised, a shared expert, one dense layer
+    architectures=["Qwen2MoeForCausalLM"],
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=80,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_experts=8,
+    num_experts_per_tok=3,
+    norm_topk_prob=False,
+    decoder_sparse_step=1,
+    mlp_only_layers=[1],
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    tie_word_embeddings=True,
+    use_sliding_window=False,
+    initializer_range=0.08,
+)
+
+CONFIG_CLASSES = {
+    "LlamaForCausalLM": transformers.LlamaConfig,
+    "Qwen2ForCausalLM": transformers.Qwen2Config,
+    "MixtralForCausalLM": transformers.MixtralConfig,
+    "Qwen2MoeForCausalLM": transformers.Qwen2MoeConfig,
+}
+
+
 def hf_model(cfg: dict, seed: int = 0) -> transformers.PreTrainedModel:
     torch.manual_seed(seed)
     arch = cfg["architectures"][0]
-    config_cls = {"LlamaForCausalLM": transformers.LlamaConfig, "Qwen2ForCausalLM": transformers.Qwen2Config}[arch]
+    config_cls = CONFIG_CLASSES[arch]
     model_cls = getattr(transformers, arch)
     kwargs = {k: v for k, v in cfg.items() if k != "architectures"}
     hf = model_cls(config_cls(**kwargs, architectures=[arch], attn_implementation="eager"))
-    if arch == "Qwen2ForCausalLM":  # HF initialises biases to zero; make them matter
-        with torch.no_grad():
-            for layer in hf.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                if proj.bias is not None:  # HF initialises biases to zero; make them matter
                     proj.bias.normal_(0, 0.1)
+            for name, param in layer.mlp.named_parameters():  # routers start at zero in some families
+                if name.startswith(("gate.", "shared_expert_gate.")):
+                    param.normal_(0, 0.5)
     return hf.float().eval()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
+from tandem.worker.devtools.tiny import TINY_ARCHITECTURES, TinySpec, create_tiny_model
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
@@ -28,12 +28,14 @@ def build_parser() -> argparse.ArgumentParser:
     d = TinySpec()
     tiny.add_argument("dir", help="output directory (created if missing)")
     tiny.add_argument("--seed", type=int, default=d.seed)
-    tiny.add_argument("--arch", choices=["llama", "qwen2"], default=d.arch)
+    tiny.add_argument("--arch", choices=list(TINY_ARCHITECTURES), default=d.arch)
     tiny.add_argument("--layers", type=int, default=d.layers)
     tiny.add_argument("--hidden", type=int, default=d.hidden)
     tiny.add_argument("--heads", type=int, default=d.heads)
     tiny.add_argument("--kv-heads", type=int, default=d.kv_heads)
     tiny.add_argument("--intermediate", type=int, default=d.intermediate)
+    tiny.add_argument("--experts", type=int, default=d.experts, help="mixtral, qwen2_moe: routed experts per layer")
+    tiny.add_argument("--experts-per-token", type=int, default=d.experts_per_token, help="mixtral, qwen2_moe: top k")
     tiny.add_argument("--max-positions", type=int, default=d.max_positions)
     tiny.add_argument("--tie-embeddings", action="store_true", help="share lm_head with embed_tokens")
     tiny.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=d.dtype)
@@ -52,6 +54,8 @@ def main(argv: list[str]) -> int:
             intermediate=args.intermediate,
             max_positions=args.max_positions,
             arch=args.arch,
+            experts=args.experts,
+            experts_per_token=args.experts_per_token,
             tie_embeddings=args.tie_embeddings,
             seed=args.seed,
             dtype=args.dtype,

@@ -1,5 +1,5 @@
-"""A small random-initialised Llama-family model written in Hugging Face format, so demos and tests load
-real files without any download."""
+"""A small random-initialised model (Llama, Qwen2, Mixtral or Qwen2-MoE) written in Hugging Face format, so
+demos and tests load real files without any download."""
 
 from __future__ import annotations
 
@@ -99,12 +99,24 @@ class TinySpec:
     kv_heads: int = 4
     intermediate: int = 688
     max_positions: int = 4096
-    arch: str = "llama"  # llama | qwen2
+    arch: str = "llama"  # llama | qwen2 | mixtral | qwen2_moe
+    experts: int = 4  # mixtral, qwen2_moe: routed experts per layer
+    experts_per_token: int = 2
+    expert_intermediate: int = 256  # qwen2_moe's routed expert width (mixtral's is `intermediate`)
+    shared_intermediate: int = 512  # qwen2_moe's shared expert width
     tie_embeddings: bool = False
     seed: int = 0
     dtype: str = "float32"
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
+
+
+TINY_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+}
 
 
 @lru_cache(maxsize=1)
@@ -143,10 +155,12 @@ def hf_config(spec: TinySpec, vocab_size: int, bos_id: int, eos_id: int) -> dict
     """The `config.json` of a tiny model, with the keys transformers writes for this architecture."""
     if spec.hidden % spec.heads or spec.heads % spec.kv_heads:
         raise ValueError("hidden must divide by heads, and heads by kv_heads")
-    if spec.arch not in ("llama", "qwen2"):
-        raise ValueError(f"unknown arch {spec.arch!r}; use llama or qwen2")
+    if spec.arch not in TINY_ARCHITECTURES:
+        raise ValueError(f"unknown arch {spec.arch!r}; use {', '.join(TINY_ARCHITECTURES)}")
+    if spec.arch in ("mixtral", "qwen2_moe") and not 0 < spec.experts_per_token <= spec.experts:
+        raise ValueError("experts_per_token must be between 1 and experts")
     config: dict[str, Any] = {
-        "architectures": ["Qwen2ForCausalLM" if spec.arch == "qwen2" else "LlamaForCausalLM"],
+        "architectures": [TINY_ARCHITECTURES[spec.arch]],
         "model_type": spec.arch,
         "vocab_size": vocab_size,
         "hidden_size": spec.hidden,
@@ -170,8 +184,20 @@ def hf_config(spec: TinySpec, vocab_size: int, bos_id: int, eos_id: int) -> dict
     }
     if spec.arch == "llama":
         config.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
+    elif spec.arch == "mixtral":
+        config.update(num_local_experts=spec.experts, num_experts_per_tok=spec.experts_per_token, sliding_window=None)
     else:
         config.update(use_sliding_window=False, sliding_window=None, max_window_layers=spec.layers)
+    if spec.arch == "qwen2_moe":
+        config.update(
+            num_experts=spec.experts,
+            num_experts_per_tok=spec.experts_per_token,
+            moe_intermediate_size=spec.expert_intermediate,
+            shared_expert_intermediate_size=spec.shared_intermediate,
+            norm_topk_prob=False,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
     return config
 
 

@@ -32,6 +32,22 @@ class ModelConfig:
     architecture: str = "LlamaForCausalLM"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # mixture of experts (0 experts: every layer's MLP is dense)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # each routed expert's MLP width
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's always-on expert (0: none)
+    norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1 (Mixtral always does)
+    decoder_sparse_step: int = 1  # every this many layers is sparse (Qwen2-MoE)
+    mlp_only_layers: tuple[int, ...] = ()  # layers that keep a dense MLP (Qwen2-MoE)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether `layer`'s MLP is routed experts (the rule transformers' Qwen2-MoE and Mixtral follow)."""
+        return (
+            self.num_experts > 0
+            and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
@@ -66,11 +82,23 @@ class ModelConfig:
             architecture=arch,
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            num_experts=hf.get("num_experts") or 0,
+            num_experts_per_tok=hf.get("num_experts_per_tok") or 0,
+            moe_intermediate_size=hf.get("moe_intermediate_size") or hf["intermediate_size"],
+            shared_expert_intermediate_size=hf.get("shared_expert_intermediate_size") or 0,
+            norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+            decoder_sparse_step=hf.get("decoder_sparse_step") or 1,
+            mlp_only_layers=tuple(hf.get("mlp_only_layers") or ()),
         )
         for name, key in family.renamed.items():
             if key in hf:
                 fields[name] = hf[key]
-        return cls(**{**fields, **family.fixed})
+        config = cls(**{**fields, **family.fixed})
+        if config.num_experts and not 0 < config.num_experts_per_tok <= config.num_experts:
+            raise ModelLoadError(
+                f"num_experts_per_tok must be in [1, {config.num_experts}], got {config.num_experts_per_tok}"
+            )
+        return config
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:

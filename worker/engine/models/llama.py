@@ -112,11 +112,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, intermediate: int | None = None):
         super().__init__()
-        self.intermediate = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.intermediate = inter = intermediate or config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * inter, bias=False)
+        self.down_proj = nn.Linear(inter, config.hidden_size, bias=False)
         fuse_on_load(self, "gate_up_proj", ("gate_proj", "up_proj"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -125,19 +125,22 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, mlp: nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = mlp  # tensor in, tensor out: dense (MLP) or routed experts (layers/moe.py)
+
+
+MlpFactory = Callable[[ModelConfig, int], nn.Module]
 
 
 class _Body(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, make_mlp: MlpFactory):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, make_mlp(config, i)) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
@@ -151,11 +154,16 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.model = _Body(config)
+        self.model = _Body(config, self.make_mlp)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+
+    @staticmethod
+    def make_mlp(config: ModelConfig, layer: int) -> nn.Module:
+        """Layer `layer`'s MLP: dense here; mixture-of-experts models override it."""
+        return MLP(config)
 
     def forward(
         self,
@@ -187,9 +195,23 @@ class Transformer(nn.Module):
 Model = Transformer
 
 
-def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The checkpoint's tensors by their Hugging Face Llama names, in checkpoint order (the registry's tensor-name mapping)."""
-    hidden, inter, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
+MlpShapes = Callable[[ModelConfig, int, str], dict[str, tuple[int, ...]]]
+
+
+def dense_mlp_shapes(config: ModelConfig, layer: int, prefix: str) -> dict[str, tuple[int, ...]]:
+    """A dense gated MLP's tensors in the layer under `prefix` (`model.layers.{i}.`)."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    return {
+        prefix + "mlp.gate_proj.weight": (inter, hidden),
+        prefix + "mlp.up_proj.weight": (inter, hidden),
+        prefix + "mlp.down_proj.weight": (hidden, inter),
+    }
+
+
+def expected_shapes(config: ModelConfig, mlp_shapes: MlpShapes = dense_mlp_shapes) -> dict[str, tuple[int, ...]]:
+    """The checkpoint's tensors by their Hugging Face Llama names, in checkpoint order (the registry's
+    tensor-name mapping); `mlp_shapes` names each layer's MLP tensors (mixture-of-experts models pass theirs)."""
+    hidden, vocab = config.hidden_size, config.vocab_size
     q_out = config.num_heads * config.head_dim
     kv_out = config.num_kv_heads * config.head_dim
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden)}
@@ -205,9 +227,7 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.v_proj.bias"] = (kv_out,)
         shapes[p + "self_attn.o_proj.weight"] = (hidden, q_out)
         shapes[p + "post_attention_layernorm.weight"] = (hidden,)
-        shapes[p + "mlp.gate_proj.weight"] = (inter, hidden)
-        shapes[p + "mlp.up_proj.weight"] = (inter, hidden)
-        shapes[p + "mlp.down_proj.weight"] = (hidden, inter)
+        shapes.update(mlp_shapes(config, i, p))
     shapes["model.norm.weight"] = (hidden,)
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (vocab, hidden)

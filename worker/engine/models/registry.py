@@ -24,6 +24,10 @@ ARCHITECTURES: dict[str, Architecture] = {
     "LlamaForCausalLM": Architecture("llama"),
     "MistralForCausalLM": Architecture("llama"),
     "Qwen2ForCausalLM": Architecture("llama", fixed={"attention_bias": True}),
+    "MixtralForCausalLM": Architecture(
+        "mixtral", renamed={"num_experts": "num_local_experts"}, fixed={"norm_topk_prob": True}
+    ),
+    "Qwen2MoeForCausalLM": Architecture("qwen2_moe", fixed={"attention_bias": True}),
 }
 
 
