@@ -15,9 +15,9 @@ from tests.k8s.conftest import get_json, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = "serving.tandem.dev"
-DOCS = ("README.md", "operator/README.md", "charts/tandem/templates/NOTES.txt", "tests/k8s/realnode/README.md",
-        "worker/loadgen/README.md", "tandem/profiles/README.md", *sorted(
-            str(p.relative_to(ROOT)) for p in (ROOT / "examples").glob("*.yaml")))
+DOCS = sorted({str(p.relative_to(ROOT)) for p in [*ROOT.rglob("README.md"), *(ROOT / "examples").glob("*.yaml")]
+               if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)}
+              | {"charts/tandem/templates/NOTES.txt"})
 COMMAND = re.compile(r"kubectl ((?:get|scale|explain|describe|delete|edit|patch|wait|annotate|label|apply) [^`#;|\n]*)")
 pytestmark = pytest.mark.slow  # installs three projects' CRDs (megabytes) on the API server
 SERVICE = "llama-8b"  # examples/inferenceservice-gpu.yaml; `<name>` and `<svc>` in the docs stand for it
