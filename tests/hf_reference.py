@@ -137,7 +137,7 @@ def hf_model(cfg: dict, seed: int = 0) -> transformers.PreTrainedModel:
                     norm.weight.normal_(1.0, 0.2)
             for name, param in layer.mlp.named_parameters():  # routers start at zero in some families
                 if name.startswith(("gate.", "shared_expert_gate.")):
-                    param.normal_(0, 0.5)
+                    param.normal_(0, 2.0)  # decisive routing: a near-tie between experts would flip on rounding
     return hf.float().eval()
 
 
