@@ -88,11 +88,35 @@ QWEN2_MOE = dict(  # q/k/v bias, tied embeddings, top-3 of 8 not renormalised, a
     initializer_range=0.08,
 )
 
+QWEN3_MOE = dict(  # per-head q/k norms, explicit head_dim, top-2 of 6 renormalised, a dense layer by sparse step
+    architectures=["Qwen3MoeForCausalLM"],
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=24,
+    num_experts=6,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    decoder_sparse_step=2,
+    mlp_only_layers=[],
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    tie_word_embeddings=False,
+    initializer_range=0.08,
+)
+
 CONFIG_CLASSES = {
     "LlamaForCausalLM": transformers.LlamaConfig,
     "Qwen2ForCausalLM": transformers.Qwen2Config,
     "MixtralForCausalLM": transformers.MixtralConfig,
     "Qwen2MoeForCausalLM": transformers.Qwen2MoeConfig,
+    "Qwen3MoeForCausalLM": transformers.Qwen3MoeConfig,
+    "Qwen3ForCausalLM": transformers.Qwen3Config,
 }
 
 
@@ -108,9 +132,12 @@ def hf_model(cfg: dict, seed: int = 0) -> transformers.PreTrainedModel:
             for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                 if proj.bias is not None:  # HF initialises biases to zero; make them matter
                     proj.bias.normal_(0, 0.1)
+            for norm in (getattr(layer.self_attn, "q_norm", None), getattr(layer.self_attn, "k_norm", None)):
+                if norm is not None:  # HF starts them at 1; make them matter
+                    norm.weight.normal_(1.0, 0.2)
             for name, param in layer.mlp.named_parameters():  # routers start at zero in some families
                 if name.startswith(("gate.", "shared_expert_gate.")):
-                    param.normal_(0, 0.5)
+                    param.normal_(0, 2.0)  # decisive routing: a near-tie between experts would flip on rounding
     return hf.float().eval()
 
 

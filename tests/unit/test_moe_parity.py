@@ -1,4 +1,4 @@
-"""Mixtral and Qwen2-MoE against transformers on random tiny checkpoints (fp32): written by transformers'
+"""Mixtral, Qwen2-MoE and Qwen3-MoE against transformers on random tiny checkpoints (fp32): written by transformers'
 save_pretrained, read by our loader (per-expert tensors stacked as they load), run through our engine."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import torch
 from tandem.worker.engine.layers.moe import Experts, SparseMoe, route
 from tandem.worker.engine.layers.weight_int8 import Int8Linear
 from tandem.worker.engine.loading import load_model
-from tests.hf_reference import MIXTRAL, QWEN2_MOE, engine_for, hf_greedy, hf_model
+from tests.hf_reference import MIXTRAL, QWEN2_MOE, QWEN3_MOE, engine_for, hf_greedy, hf_model
 from tests.unit.test_model_parity import _forward, _prompt, _run
 
-CONFIGS = {"mixtral-odd-kv-untied": MIXTRAL, "qwen2-moe-shared-tied": QWEN2_MOE}
+CONFIGS = {"mixtral-odd-kv-untied": MIXTRAL, "qwen2-moe-shared-tied": QWEN2_MOE, "qwen3-moe-qk-norm": QWEN3_MOE}
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
@@ -47,6 +47,18 @@ def test_continuous_batch_greedy_tokens_match_transformers_over_32_tokens(pair):
     got = _run(engine_for(ours, prefill_chunk_tokens=8), prompts, 32)
     for rid, prompt in zip(got, prompts, strict=True):
         assert got[rid] == hf_greedy(hf, prompt, 32)
+
+
+def test_dense_qwen3_shares_the_qk_norm_attention(tmp_path):
+    dense = {k: v for k, v in QWEN3_MOE.items() if k not in ("num_experts", "num_experts_per_tok", "moe_intermediate_size")}
+    hf = hf_model({**dense, "architectures": ["Qwen3ForCausalLM"]})
+    hf.save_pretrained(tmp_path)
+    ours = load_model(tmp_path)
+    prompt = _prompt(21, seed=4)
+    logits = _forward(ours, engine_for(ours).kv, prompt, 0, list(range(4)), 8)
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt])).logits[0]
+    torch.testing.assert_close(logits, ref, atol=1e-4, rtol=0)
 
 
 def test_grouped_experts_equal_each_token_through_its_experts():

@@ -28,6 +28,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rope_scaling: dict[str, Any] | None = None
     attention_bias: bool = False  # Qwen2 has q/k/v bias
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each query and key head before rotary
     tie_word_embeddings: bool = False
     architecture: str = "LlamaForCausalLM"
     bos_token_id: int | None = None
@@ -82,7 +83,7 @@ class ModelConfig:
             architecture=arch,
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
-            num_experts=hf.get("num_experts") or 0,
+            num_experts=hf.get("num_experts") or hf.get("num_local_experts") or 0,  # Mixtral's key, and Qwen3-MoE's as transformers 5 writes it
             num_experts_per_tok=hf.get("num_experts_per_tok") or 0,
             moe_intermediate_size=hf.get("moe_intermediate_size") or hf["intermediate_size"],
             shared_expert_intermediate_size=hf.get("shared_expert_intermediate_size") or 0,
@@ -90,9 +91,6 @@ class ModelConfig:
             decoder_sparse_step=hf.get("decoder_sparse_step") or 1,
             mlp_only_layers=tuple(hf.get("mlp_only_layers") or ()),
         )
-        for name, key in family.renamed.items():
-            if key in hf:
-                fields[name] = hf[key]
         config = cls(**{**fields, **family.fixed})
         if config.num_experts and not 0 < config.num_experts_per_tok <= config.num_experts:
             raise ModelLoadError(

@@ -1,4 +1,4 @@
-"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, TinyLlama) as pure torch code over a paged KV cache.
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, TinyLlama) as pure torch code over a paged KV cache.
 
 No scheduling and no I/O: the caller hands in a flat batch of tokens with their positions and an
 `AttentionBatch` that says where each sequence's KV lives. A Hugging Face checkpoint's state dict loads
@@ -91,6 +91,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(q_out, h, bias=False)
         self.scale = self.head_dim**-0.5
         fuse_on_load(self, "qkv_proj", ("q_proj", "k_proj", "v_proj"))
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(
         self,
@@ -104,6 +106,8 @@ class Attention(nn.Module):
         t, nh, kvh = x.shape[0], self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(t, nh + 2 * kvh, self.head_dim)
         qk, v = qkv[:, : nh + kvh], qkv[:, nh + kvh :]
+        if self.q_norm is not None and self.k_norm is not None:  # Qwen3: per-head norms before rotary
+            qk = torch.cat((self.q_norm(qk[:, :nh]), self.k_norm(qk[:, nh:])), dim=1)
         qk = qk * cos[:, None] + rotate_half(qk) * sin[:, None]  # rotary on queries and keys at once
         q, k = qk[:, :nh], qk[:, nh:]
         store_kv(k_cache, v_cache, k, v, batch)  # packed to 8 bits when the cache is int8
@@ -226,6 +230,9 @@ def expected_shapes(config: ModelConfig, mlp_shapes: MlpShapes = dense_mlp_shape
             shapes[p + "self_attn.k_proj.bias"] = (kv_out,)
             shapes[p + "self_attn.v_proj.bias"] = (kv_out,)
         shapes[p + "self_attn.o_proj.weight"] = (hidden, q_out)
+        if config.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (config.head_dim,)
+            shapes[p + "self_attn.k_norm.weight"] = (config.head_dim,)
         shapes[p + "post_attention_layernorm.weight"] = (hidden,)
         shapes.update(mlp_shapes(config, i, p))
     shapes["model.norm.weight"] = (hidden,)

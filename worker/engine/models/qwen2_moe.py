@@ -1,6 +1,7 @@
-"""Qwen2-MoE: the Qwen2 decoder (q/k/v bias) whose sparse layers route each token to the top k experts
-(renormalised only when `norm_topk_prob`) plus a shared expert on every token behind a sigmoid gate;
-`decoder_sparse_step` and `mlp_only_layers` keep some layers dense."""
+"""Qwen2-MoE and Qwen3-MoE: sparse layers route each token to the top k experts (renormalised only when
+`norm_topk_prob`), plus, in Qwen2-MoE, a shared expert on every token behind a sigmoid gate;
+`decoder_sparse_step` and `mlp_only_layers` keep some layers dense. Their attention differs only in what
+the registry fixes (Qwen2-MoE: q/k/v bias; Qwen3-MoE: per-head q/k norms)."""
 
 from __future__ import annotations
 

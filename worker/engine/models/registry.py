@@ -1,4 +1,4 @@
-"""Which model file serves a Hugging Face `architectures` entry, and how its config.json maps onto ModelConfig.
+"""Which model file serves a Hugging Face `architectures` entry, and the ModelConfig fields it fixes.
 
 Torch-free, so the router can check a model directory without loading torch. Adding an architecture is
 one file under models/ (a `Model` class and its `expected_shapes`: the checkpoint's tensor names) and one
@@ -16,7 +16,6 @@ from typing import Any
 @dataclass(frozen=True)
 class Architecture:
     module: str  # the file under models/ with its `Model` class and `expected_shapes`
-    renamed: dict[str, str] = field(default_factory=dict)  # ModelConfig field -> this architecture's HF key
     fixed: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields it always has (Qwen2: q/k/v bias)
 
 
@@ -24,10 +23,10 @@ ARCHITECTURES: dict[str, Architecture] = {
     "LlamaForCausalLM": Architecture("llama"),
     "MistralForCausalLM": Architecture("llama"),
     "Qwen2ForCausalLM": Architecture("llama", fixed={"attention_bias": True}),
-    "MixtralForCausalLM": Architecture(
-        "mixtral", renamed={"num_experts": "num_local_experts"}, fixed={"norm_topk_prob": True}
-    ),
+    "Qwen3ForCausalLM": Architecture("llama", fixed={"qk_norm": True}),
+    "MixtralForCausalLM": Architecture("mixtral", fixed={"norm_topk_prob": True}),
     "Qwen2MoeForCausalLM": Architecture("qwen2_moe", fixed={"attention_bias": True}),
+    "Qwen3MoeForCausalLM": Architecture("qwen2_moe", fixed={"qk_norm": True}),  # no shared expert in its config
 }
 
 
