@@ -1,12 +1,14 @@
 """Grammar-constrained decoding libraries side by side: the per-token cost of the allowed-token mask, on the
 tiny model's vocabulary, for llguidance, xgrammar and outlines-core in one run.
 
-Each library compiles the same JSON schema (the shape `client.chat.completions.parse` sends for a small
+Beside them, the tiny model's own decode step at batch 1 on this host (the engine unconstrained), which
+each mask adds to. Each library compiles the same JSON schema (the shape `client.chat.completions.parse` sends for a small
 pydantic model) and walks the same valid document token by token: before each token it computes the mask
 of allowed next tokens (timed), then commits the token. Reported per library: the median and p99 of the
-per-token mask time, the schema's compile time, and each figure's ratio to llguidance's; `--repeats`
+per-token mask time (a fresh matcher's first mask apart, in its own column), the schema's compile time,
+and each figure's ratio to llguidance's; `--repeats`
 runs, median with the spread (min-max) of the per-run medians. Optional libraries that are not installed
-are skipped (`pip install xgrammar outlines-core`; the worker itself depends on llguidance only).
+are skipped (`pip install -e '.[bench]'`; the worker itself depends on llguidance only).
 
     python -m bench.grammar_mask [--repeats 3] [--tokens-per-run 400]
 """
@@ -124,6 +126,26 @@ def document_ids(model_dir: Path, copies: int) -> list[int]:
     return list(tok.encode(json.dumps(DOCUMENT), add_special_tokens=False).ids) * copies
 
 
+def decode_step_us(model_dir: Path, steps: int = 60) -> float:
+    """The median decode step of the tiny model, batch 1, no constraint (what a mask's cost adds to)."""
+    import torch
+
+    from tandem.worker.api.params import SamplingParams
+    from tandem.worker.engine.loading import build_engine
+    from tandem.worker.engine.runner.engine import EngineConfig
+
+    torch.set_num_threads(1)
+    engine, tokenizer = build_engine(model_dir, EngineConfig(num_kv_blocks=64))
+    engine.add_request(tokenizer.encode("Once upon a time"), SamplingParams(max_tokens=steps + 2, temperature=0.0, ignore_eos=True))
+    engine.step()  # the prefill
+    times = []
+    while engine.has_work():
+        t0 = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
 def p99(xs: list[float]) -> float:
     return sorted(xs)[min(len(xs) - 1, int(0.99 * len(xs)))]
 
@@ -139,36 +161,38 @@ def main() -> None:
         vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
         print(f"vocabulary {vocab} tokens; document {len(one_doc)} tokens; schema {json.dumps(SCHEMA)}")
         docs = max(1, args.tokens_per_run // len(one_doc))
-        rows: dict[str, tuple[list[float], list[float], list[float]]] = {}
+        rows: dict[str, tuple[list[float], list[float], list[float], list[float]]] = {}
         for name, (module, walk) in LIBRARIES.items():
             if importlib.util.find_spec(module) is None:
                 print(f"{name}: not installed, skipped")
                 continue
-            medians, tails, compiles = [], [], []
+            medians, tails, compiles, firsts = [], [], [], []
             for _ in range(args.repeats):
                 times: list[float] = []
-                compile_s = []
+                compile_s, first_masks = [], []
                 for _ in range(docs):
                     c, t = walk(model_dir, SCHEMA, one_doc)
                     compile_s.append(c)
-                    times += t
+                    first_masks.append(t[0])  # a fresh matcher's first mask (lazy set-up) apart from the rest
+                    times += t[1:]
                 medians.append(statistics.median(times) * 1e6)
                 tails.append(p99(times) * 1e6)
+                firsts.append(statistics.median(first_masks) * 1e6)
                 compiles.append(statistics.median(compile_s) * 1e3)
-            rows[name] = (medians, tails, compiles)
+            rows[name] = (medians, tails, compiles, firsts)
         base = rows.get("llguidance")
-        print(f"{'library':<14} {'mask p50 us':>20} {'mask p99 us':>20} {'compile ms':>20}  ratios to llguidance")
-        for name, (medians, tails, compiles) in rows.items():
-            cells = [
-                f"{statistics.median(v):8.1f} ({min(v):.1f}-{max(v):.1f})" for v in (medians, tails, compiles)
-            ]
+        heads = ("mask p50 us", "mask p99 us", "compile ms", "first mask us")
+        print(f"{'library':<14} " + " ".join(f"{h:>22}" for h in heads) + "  ratios to llguidance")
+        for name, columns in rows.items():
+            cells = [f"{statistics.median(v):8.1f} ({min(v):.1f}-{max(v):.1f})" for v in columns]
             ratio = ""
             if base is not None:
                 ratio = " / ".join(
-                    f"{statistics.median(v) / statistics.median(b):.2f}x"
-                    for v, b in zip((medians, tails, compiles), base, strict=True)
+                    f"{statistics.median(v) / statistics.median(b):.2f}x" for v, b in zip(columns, base, strict=True)
                 )
-            print(f"{name:<14} {cells[0]:>20} {cells[1]:>20} {cells[2]:>20}  {ratio}")
+            print(f"{name:<14} " + " ".join(f"{c:>22}" for c in cells) + f"  {ratio}")
+        steps = [decode_step_us(model_dir) for _ in range(args.repeats)]
+        print(f"tiny model decode step, batch 1: {statistics.median(steps):.0f} us ({min(steps):.0f}-{max(steps):.0f})")
 
 
 if __name__ == "__main__":
