@@ -50,7 +50,9 @@ def test_prometheus_and_direct_scrape_observe_the_same_stack(tiny_model_dir, tmp
             clients = [threading.Thread(target=_load, args=(url, stop), daemon=True) for _ in range(2)]
             for c in clients:
                 c.start()
-            time.sleep(8)
+            time.sleep(6)
+            during = scrape.observe(Target(NAMESPACE, SERVICE, target.pools, window_s=30), replicas, time.time())
+            time.sleep(2)
             stop.set()
             for c in clients:
                 c.join(timeout=60)
@@ -70,5 +72,11 @@ def test_prometheus_and_direct_scrape_observe_the_same_stack(tiny_model_dir, tmp
     # the same histogram buckets: the same percentile, whichever source interpolates
     assert direct[Pool.prefill].ttft_ms == pytest.approx(via_prom[Pool.prefill].ttft_ms, rel=0.1)
     assert direct[Pool.decode].tpot_ms == pytest.approx(via_prom[Pool.decode].tpot_ms, rel=0.1)
+    # the gauges the policy's stalled-pool and batch rules read are exported by the workers themselves
+    assert during[Pool.prefill].queued_prompt_tokens is not None and during[Pool.prefill].queued_prompt_tokens >= 0
+    assert during[Pool.decode].running_sequences is not None and during[Pool.decode].running_sequences >= 0
+    assert during[Pool.decode].kv_usage is not None and 0 <= during[Pool.decode].kv_usage <= 1
+    for pool, field in ((Pool.prefill, "queued_prompt_tokens"), (Pool.decode, "running_sequences")):
+        assert getattr(via_prom[pool], field) == getattr(direct[pool], field) == 0, (pool, field)  # idle again
     assert set(attained) == {"ttft", "tpot"} and all(0 <= v <= 1 for v in attained.values())
 

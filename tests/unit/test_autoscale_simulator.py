@@ -137,3 +137,55 @@ def test_a_prefill_step_batches_queued_prompts_that_fit_the_chunk():
     # the four short prompts share one step of 2000 tokens, not four steps of 25 ms each
     assert first[1:5] == [pytest.approx(long_done + (20 + 20) / 1000)] * 4
     assert first[5] == pytest.approx(long_done + 0.040 + 0.050)  # 3000 tokens do not fit the chunk: alone
+
+
+# --- what the policy sees: the router's and workers' metrics, as Prometheus would have them ------------------
+
+
+def recording(seen):
+    def controller(snap):
+        seen.append(snap)
+        return {}
+
+    return controller
+
+
+def test_the_policy_reads_ttft_p90_as_histogram_quantile_over_the_routers_buckets():
+    from tandem import names
+    from tandem.operator.autoscale.sources.scrape import histogram_quantile
+
+    # one replica, prompts back to back: TTFTs 110, 220, ..., 1100 ms, all within the first tick's window (a
+    # late request keeps the run going past it)
+    trace = [TraceRequest(0.0, 1100, 2)] * 10 + [TraceRequest(20.0, 100, 2)]
+    seen = []
+    simulate(trace, SimConfig(PROFILE, cold_start_s=0, interval_s=15, scrape_s=5, window_s=60), recording(seen))
+    ttfts = [0.11 * k for k in range(1, 11)]
+    buckets = [(le, sum(t <= le for t in ttfts)) for le in names.TTFT_BUCKETS] + [(float("inf"), 10)]
+    expected_ms = histogram_quantile(0.9, buckets) * 1000
+    observed = seen[0].observations[Pool.prefill].ttft_ms
+    assert observed == pytest.approx(expected_ms)
+    assert observed == pytest.approx(1000.0)  # 0.75 s bucket holds 6, the 1 s bucket 9: rank 9 ends at its bound
+    assert observed != pytest.approx(1001.0)  # the exact samples' p90, which no metric source has
+
+
+def test_no_ttft_sample_while_nothing_completes_only_the_queued_tokens_show():
+    trace = [TraceRequest(0.0, 400_000, 2), TraceRequest(70.0, 100, 2)]  # 40 s of prefill (0.1 ms/token), then one more
+    seen = []
+    simulate(trace, SimConfig(PROFILE, cold_start_s=0, interval_s=15, scrape_s=5, window_s=60), recording(seen))
+    first = seen[0].observations[Pool.prefill]
+    assert first.ttft_ms is None  # no request had its first token yet: an empty histogram's quantile
+    assert first.queued_prompt_tokens == 400_000
+    assert first.arrival_rate_rps == pytest.approx(1 / 15)  # one arrival over the 15 s the window has so far
+    later = [s.observations[Pool.prefill] for s in seen if s.at_s >= 45]
+    assert later and later[0].ttft_ms is not None  # the first token came at 40 s
+
+
+def test_gauges_are_those_of_the_last_scrape_and_rates_span_the_window():
+    trace = poisson_trace(rate=5.0, seconds=120, prompt=200, output=400)
+    seen = []
+    simulate(trace, SimConfig(PROFILE, cold_start_s=0, interval_s=15, scrape_s=60, window_s=60), recording(seen))
+    by_tick = {round(s.at_s): s.observations[Pool.decode] for s in seen}
+    assert by_tick[15].running_sequences == by_tick[30].running_sequences == by_tick[45].running_sequences == 0
+    assert by_tick[60].running_sequences > 0  # the scrape at 60 s saw the running batch
+    arrived = sum(1 for r in trace if 60 < r.arrival_s <= 120)
+    assert by_tick[120].arrival_rate_rps == pytest.approx(arrived / 60)

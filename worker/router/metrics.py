@@ -13,6 +13,7 @@ from tandem import names
 from tandem.names import (
     E2E_SECONDS,
     ITL_SECONDS,
+    LENGTH_BUCKETS,
     METRIC_LABELS,
     POOL_ROUTER,
     PREFILL_ROUTE_LABEL,
@@ -29,56 +30,13 @@ from tandem.names import (
     SLO_TARGET_SECONDS,
     SLO_TPOT,
     SLO_TTFT,
+    TOKEN_BUCKETS,
     TPOT_SECONDS,
+    TTFT_BUCKETS,
     TTFT_SECONDS,
 )
 from tandem.slo import Slo
 
-# Seconds. TTFT spans queueing plus prefill; TPOT/ITL one decode step; E2E a whole answer.
-TTFT_BUCKETS = (
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.5,
-    0.75,
-    1,
-    1.5,
-    2,
-    3,
-    5,
-    10,
-    20,
-    30,
-    60,
-)
-TOKEN_BUCKETS = (
-    0.001,
-    0.0025,
-    0.005,
-    0.0075,
-    0.01,
-    0.015,
-    0.02,
-    0.03,
-    0.04,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.5,
-    1,
-    2.5,
-)
-# Tokens: prompt and output lengths, for the autoscaler's capacity model (powers of two up to 128k).
-LENGTH_BUCKETS = tuple(float(2**i) for i in range(2, 18))
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600)
 
 # vLLM's buckets for its names (vllm/v1/metrics/loggers.py), so its dashboards' quantiles read the same.

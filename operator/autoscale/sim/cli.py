@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-max", type=int, default=32)
     p.add_argument("--interval-s", type=float, default=15.0)
     p.add_argument("--window-s", type=float, default=60.0)
+    p.add_argument("--scrape-s", type=float, default=15.0,
+                   help="Prometheus' scrape interval: the policy sees counters and gauges as of the last scrape")
     p.add_argument("--stabilization-s", type=float, default=180.0)
     p.add_argument("--scale-down-cooldown-s", type=float, default=120.0)
     p.add_argument("--cold-start-s", type=float, default=None, help="default: the profile's")
@@ -81,6 +83,7 @@ def scenario(args: argparse.Namespace) -> Scenario:
         },
         interval_s=args.interval_s,
         window_s=args.window_s,
+        scrape_s=args.scrape_s,
         stabilization_s=args.stabilization_s,
         scale_down_cooldown_s=args.scale_down_cooldown_s,
         cold_start_s=args.cold_start_s,

@@ -31,6 +31,7 @@ class Scenario:
     limits: dict[Pool, PoolLimits]
     interval_s: float = 15.0
     window_s: float = 60.0
+    scrape_s: float = 15.0
     stabilization_s: float = 180.0
     scale_down_cooldown_s: float = 120.0
     margin: float = 0.8
@@ -46,7 +47,7 @@ def warm_start(trace: list[TraceRequest], sc: Scenario, first_s: float = 300.0) 
 def build(policy: str, trace: list[TraceRequest], sc: Scenario) -> tuple[Controller, SimConfig]:
     base = SimConfig(
         profile=sc.profile, interval_s=sc.interval_s, window_s=sc.window_s, cold_start_s=sc.cold_start_s,
-        percentile=sc.slo.percentile,
+        scrape_s=sc.scrape_s, percentile=sc.slo.percentile,
         initial=warm_start(trace, sc),
     )
     if policy == "tandem":

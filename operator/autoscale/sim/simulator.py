@@ -8,7 +8,8 @@ continuous batches, each step taking the profile's step time at the current batc
 admitting waiting sequences at step boundaries up to the batch and KV caps. Replicas start after a
 cold start (billed while starting), and on scale-down either drain (finish their work, take no new
 work) or, for a policy that does not drain, drop their in-flight requests. Every `interval_s` the
-policy sees each pool's last window, the same fields a metric source gives the operator.
+policy sees each pool's last window as production shows it: the router's and workers' metrics, scraped
+every `scrape_s` (sim/exposition.py), through the direct-scrape source's arithmetic.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from tandem.operator.autoscale.sim.metrics import Completed, percentile
+from tandem import names
+from tandem.operator.autoscale.sim.exposition import Exposition
+from tandem.operator.autoscale.sources.observation import observation
 from tandem.operator.autoscale.types import Pool, PoolObservation, Replicas
 from tandem.profile import Profile
 from tandem.trace import TraceRequest
@@ -74,6 +77,7 @@ class SimConfig:
     profile: Profile
     interval_s: float = 15.0
     window_s: float = 60.0
+    scrape_s: float = 15.0  # Prometheus' scrape interval: gauges and counters move the policy's view this often
     cold_start_s: float | None = None  # None: the profile's
     percentile: float = 90.0
     drain: bool = True  # False: scale-down drops in-flight requests (a policy that does not drain)
@@ -115,7 +119,7 @@ class Simulation:
     def __init__(self, trace: Sequence[TraceRequest], config: SimConfig, controller: Controller):
         self.cfg, self.controller, self.profile = config, controller, config.profile
         self.requests = [Request(i, r.arrival_s, max(r.input_len, 1), max(r.output_len, 1)) for i, r in enumerate(trace)]
-        self.events: list[tuple[float, int, str, object]] = []
+        self.events: list[tuple[float, int, int, str, object]] = []
         self._seq = itertools.count()
         self.now = 0.0
         self.replicas: dict[Pool, list[Replica]] = {Pool.prefill: [], Pool.decode: []}
@@ -125,7 +129,7 @@ class Simulation:
         self.timeline: list[tuple[float, int, int]] = []
         self.latency_timeline: list[tuple[float, float | None, float | None]] = []
         self.actions: dict[Pool, list[tuple[float, int, int]]] = {Pool.prefill: [], Pool.decode: []}
-        self.completed = Completed(config.window_s)
+        self.exposition = Exposition(config.window_s)
         self._pending_prefill: deque[Request] = deque()  # arrived while no prefill replica was ready
         self._pending_decode: deque[Request] = deque()
         self._arrival_times = [r.arrival_s for r in self.requests]
@@ -136,16 +140,18 @@ class Simulation:
 
     # --- the event loop ------------------------------------------------------------------------------
     def _push(self, at_s: float, kind: str, payload: object) -> None:
-        heapq.heappush(self.events, (at_s, next(self._seq), kind, payload))
+        # a scrape goes first among events at one instant: a tick then reads what was true at that instant
+        heapq.heappush(self.events, (at_s, kind != "scrape", next(self._seq), kind, payload))
 
     def run(self) -> SimResult:
+        self._push(0.0, "scrape", None)  # the router's counters before any traffic
         for r in self.requests:
             self._push(r.arrival_s, "arrive", r)
         end_of_arrivals = self.requests[-1].arrival_s if self.requests else 0.0
         self._push(self.cfg.interval_s, "tick", None)
         while self.events:
-            at_s, _, kind, payload = heapq.heappop(self.events)
-            if kind == "tick" and at_s > end_of_arrivals and self._all_done():
+            at_s, _, _, kind, payload = heapq.heappop(self.events)
+            if kind in ("tick", "scrape") and at_s > end_of_arrivals and self._all_done():
                 break
             self._bill(at_s)
             self.now = at_s
@@ -217,6 +223,7 @@ class Simulation:
 
     # --- prefill -------------------------------------------------------------------------------------
     def _on_arrive(self, req: Request) -> None:
+        self.exposition.arrived(req.input_len)
         self._to_prefill(req)
 
     def _to_prefill(self, req: Request) -> None:
@@ -258,11 +265,11 @@ class Simulation:
         for req in batch:
             rep.queued_tokens -= req.input_len
             req.first_token_s = self.now
-            self.completed.first_token(self.now, req.first_token_s - req.arrival_s)
+            self.exposition.first_token(req.first_token_s - req.arrival_s)
             transfer = self.profile.kv_transfer_ms_per_token * req.input_len / 1000
             if req.output_len <= 1:
                 req.finish_s = self.now
-                self.completed.finished(self.now, None, req.output_len)
+                self.exposition.finished(None, req.output_len)
             else:
                 self._push(self.now + transfer, "kv_landed", req)
         if rep.queue:
@@ -319,7 +326,7 @@ class Simulation:
             r.finish_s = rep.segment_start_s
             assert r.first_token_s is not None
             tpot = (r.finish_s - r.first_token_s) / (r.output_len - 1)
-            self.completed.finished(r.finish_s, tpot, r.output_len)
+            self.exposition.finished(tpot, r.output_len)
 
     def _resegment(self, rep: Replica) -> None:
         """Admit waiting sequences (batch and KV caps), then schedule the next completion."""
@@ -362,52 +369,40 @@ class Simulation:
         self.timeline.append((self.now, len(self._billed(Pool.prefill)), len(self._billed(Pool.decode))))
         self._push(self.now + self.cfg.interval_s, "tick", None)
 
+    def _on_scrape(self, _: object) -> None:
+        """Prometheus scrapes the router and every worker process that is up (starting ones are not yet)."""
+        up = {pool: [r for r in self.replicas[pool] if r.gone_s is None and r.ready_at_s <= self.now] for pool in self.replicas}
+        for rep in up[Pool.decode]:
+            self._advance(rep)
+        cap = float(self.profile.kv_capacity_tokens)
+        gauges = {
+            Pool.prefill: {str(r.id): {names.PREFILL_QUEUED_TOKENS: float(r.queued_tokens)} for r in up[Pool.prefill]},
+            Pool.decode: {
+                str(r.id): {
+                    names.DECODE_RUNNING_SEQUENCES: float(len(r.running)),
+                    names.KV_BLOCKS_USED: float(sum(q.input_len + q.output_len for q in r.running)),
+                    names.KV_BLOCKS_TOTAL: cap,
+                }
+                for r in up[Pool.decode]
+            },
+        }
+        self.exposition.scrape(self.now, gauges)
+        self._push(self.now + self.cfg.scrape_s, "scrape", None)
+
     def snapshot(self) -> Snapshot:
         window = self.cfg.window_s
         lo = self.now - window
-        arrived = [r for r in self._arrivals_between(lo, self.now)]
-        rate = len(arrived) / window if self.now >= window else len(arrived) / max(self.now, 1e-9)
-        prompts = [r.input_len for r in arrived]
-        outputs = self.completed.output_lengths(self.now) or [r.output_len for r in arrived]
-        p = self.cfg.percentile
-        ttft = self.completed.ttft(self.now, p)
-        tpot = self.completed.tpot(self.now, p)
-        # Only what the router and workers export: no age of the oldest waiting request (a stalled pool shows
-        # as queued prompt tokens with no TTFT sample, which the policy reads as a breach).
+        obs = {
+            pool: observation(pool, self.exposition.observed(pool, self.cfg.percentile), self._replica_counts(pool),
+                              self.now, window)
+            for pool in (Pool.prefill, Pool.decode)
+        }  # fmt: skip
+        # The raw replicas, for the load-based baselines that read the engines' own state.
         pre = [r for r in self.replicas[Pool.prefill] if r.ready(self.now)]
         dec = [r for r in self.replicas[Pool.decode] if r.ready(self.now)]
         for rep in dec:
             self._advance(rep)
-        common = dict(
-            at_s=self.now,
-            window_s=window,
-            arrival_rate_rps=rate,
-            prompt_tokens_mean=sum(prompts) / len(prompts) if prompts else None,
-            prompt_tokens_p90=percentile(prompts, 90) if prompts else None,
-            output_tokens_mean=sum(outputs) / len(outputs) if outputs else None,
-            prefix_hit_rate=0.0,
-        )
-        obs = {
-            Pool.prefill: PoolObservation(
-                Pool.prefill,
-                replicas=self._replica_counts(Pool.prefill),
-                ttft_ms=ttft,
-                # the workers' queues plus what the router holds while no prefill worker is ready
-                queued_prompt_tokens=float(
-                    sum(r.queued_tokens for r in self._billed(Pool.prefill))
-                    + sum(r.input_len for r in self._pending_prefill)
-                ),
-                **common,  # type: ignore[arg-type]
-            ),
-            Pool.decode: PoolObservation(
-                Pool.decode,
-                replicas=self._replica_counts(Pool.decode),
-                tpot_ms=tpot,
-                running_sequences=float(sum(len(r.running) for r in dec)),
-                kv_usage=self._kv_usage(dec),
-                **common,  # type: ignore[arg-type]
-            ),
-        }
+        prompts = [r.input_len for r in self._arrivals_between(lo, self.now)]
         busy = [self._busy_share(r, lo) for r in pre]
         contexts = [self._context(r) for r in dec if r.running]
         return Snapshot(
@@ -433,12 +428,6 @@ class Simulation:
         t0, b0 = hist[0]
         span = self.now - t0
         return (busy_now - b0) / span if span > 0 else (1.0 if rep.serving else 0.0)
-
-    def _kv_usage(self, dec: list[Replica]) -> float | None:
-        if not dec:
-            return None
-        cap = self.profile.kv_capacity_tokens
-        return sum(sum(r.input_len + r.output_len for r in rep.running) / cap for rep in dec) / len(dec)
 
     def _replica_counts(self, pool: Pool) -> Replicas:
         live = self._billed(pool)
