@@ -12,6 +12,8 @@ import httpx
 import numpy as np
 import pytest
 
+from tandem.operator.local.plan import ProcessPlan
+from tandem.operator.local.scale import dial
 from tandem.v1 import common_pb2, decode_pb2, prefill_pb2
 from tests.integration.stacks import running_stack, spec
 
@@ -50,8 +52,9 @@ def _prefill_raw(reservation: bytes) -> bytes:
     return req.SerializeToString() + _field(6, reservation)
 
 
-def _call(address: str, raw: bytes) -> grpc.RpcError | prefill_pb2.PrefillReply:
-    with grpc.insecure_channel(address) as ch:
+def _call(prefill: ProcessPlan, raw: bytes) -> grpc.RpcError | prefill_pb2.PrefillReply:
+    """Prefill with the stack's router identity: what a compromised router could send."""
+    with dial(prefill, "router") as ch:
         rpc = ch.unary_unary("/tandem.v1.PrefillService/Prefill", response_deserializer=prefill_pb2.PrefillReply.FromString)
         try:
             return rpc(raw, timeout=60)
@@ -65,8 +68,8 @@ def stack(tiny_model_dir, tmp_path_factory):
         yield s
 
 
-def _prefill_address(stack) -> str:
-    return next(p.address for p in stack[0].plans if p.role == "prefill")
+def _prefill(stack) -> ProcessPlan:
+    return next(p for p in stack[0].plans if p.role == "prefill")
 
 
 def _still_serving(stack) -> None:
@@ -81,7 +84,7 @@ def test_crafted_pickle_in_the_old_handle_field_is_never_unpickled(stack, tmp_pa
     reservation = decode_pb2.ReserveReply(
         transport=common_pb2.KV_TRANSPORT_CUDA_IPC, shm_name="tandem-kv-" + "0" * 24, block_ids=[0, 1]
     ).SerializeToString() + _field(8, pickle.dumps(_MakeDir(str(marker))))
-    result = _call(_prefill_address(stack), _prefill_raw(reservation))
+    result = _call(_prefill(stack), _prefill_raw(reservation))
     assert isinstance(result, grpc.RpcError) and "top_p" not in str(result.details()), result  # got past validation
     assert not marker.exists(), "the prefill worker unpickled peer bytes"
     _still_serving(stack)
@@ -95,7 +98,7 @@ def test_pickle_as_cuda_ipc_fields_is_refused(stack, tmp_path):
         block_ids=[0, 1],
         cuda_ipc=decode_pb2.CudaIpcBuffer(handle=pickle.dumps(_MakeDir(str(marker))), ref_counter_name="/torch_1_2_3"),
     ).SerializeToString()
-    err = _call(_prefill_address(stack), _prefill_raw(reservation))
+    err = _call(_prefill(stack), _prefill_raw(reservation))
     assert isinstance(err, grpc.RpcError) and err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
     assert "staging ring refused" in str(err.details()), err
     assert not marker.exists()
@@ -110,7 +113,7 @@ def test_ring_name_outside_dev_shm_is_refused_and_the_file_untouched(stack, tmp_
     reservation = decode_pb2.ReserveReply(
         transport=common_pb2.KV_TRANSPORT_SHM, shm_name=os.path.relpath(victim, "/dev/shm"), block_ids=[0, 1]
     ).SerializeToString()
-    err = _call(_prefill_address(stack), _prefill_raw(reservation))
+    err = _call(_prefill(stack), _prefill_raw(reservation))
     assert isinstance(err, grpc.RpcError) and err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
     assert "staging ring refused" in str(err.details()), err
     assert victim.read_bytes() == bytes(data)

@@ -1,42 +1,40 @@
-"""Mutual TLS on every gRPC hop, with real handshakes on loopback: a stack whose router, prefill and decode
-workers share one CA serves requests, and every worker port refuses a plaintext client, a TLS client
-without a certificate, and a client whose certificate another CA signed."""
+"""Mutual TLS on every gRPC hop, on by default, with real handshakes on loopback: `tandem up` of a spec that
+says nothing about security issues its own CA and per-role certificates, serves requests over them, and every
+worker port refuses a plaintext client, a TLS client without a certificate, and one whose certificate another
+CA signed, and a client refuses a server with another role's certificate."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+import time
 
 import grpc
 import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tandem.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+from tandem.identity import Identity, peer_name
+from tandem.operator.certs import Authority, write_dir, write_local
+from tandem.v1 import (
+    common_pb2,
+    decode_pb2_grpc,
+    prefill_pb2_grpc,
+)
 from tests.integration.stacks import running_stack, spec
-from tests.tls_certs import Ca
 
 pytestmark = pytest.mark.slow
+SERVICE = "tls"
 
 
 @pytest.fixture(scope="module")
-def certs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tls")
-    ca, rogue = Ca(), Ca("someone else's CA")
-    return {
-        "stack": ca.write_dir(root / "stack", "tandem"),
-        "client": ca.write_dir(root / "client", "a client of ours"),
-        "rogue": rogue.write_dir(root / "rogue", "a client of theirs"),
-        "ca": ca.pem,
-    }
+def stack(tiny_model_dir, tmp_path_factory):
+    state = tmp_path_factory.mktemp("tls-stack")
+    with running_stack(spec(SERVICE, tiny_model_dir), state) as s:
+        yield s[0], s[1], state / "tls"
 
 
-@pytest.fixture(scope="module")
-def stack(tiny_model_dir, tmp_path_factory, certs):
-    obj = spec("tls", tiny_model_dir)
-    obj["spec"]["security"] = {"tls": {"dir": str(certs["stack"])}}
-    with running_stack(obj, tmp_path_factory.mktemp("tls-stack")) as s:
-        yield s
-
-
-def _worker_addresses(stack) -> list[tuple[str, str]]:
+def _workers(stack) -> list[tuple[str, str]]:
     return [(p.role, p.address) for p in stack[0].plans if p.role in ("prefill", "decode")]
 
 
@@ -46,13 +44,21 @@ def _creds(d) -> grpc.ChannelCredentials:
     )
 
 
+def _dial(address: str, certs, as_role: str, to_role: str) -> grpc.Channel:
+    """A channel with the run's certificate of `as_role`, asking the server for `to_role`'s."""
+    return grpc.secure_channel(address, _creds(certs / as_role),
+                               options=[("grpc.ssl_target_name_override", peer_name(to_role, SERVICE))])
+
+
 def _load(role: str, channel: grpc.Channel) -> common_pb2.LoadReport:
     stub = (prefill_pb2_grpc.PrefillServiceStub if role == "prefill" else decode_pb2_grpc.DecodeServiceStub)(channel)
     return stub.Load(common_pb2.LoadRequest(), timeout=5)
 
 
-def test_requests_flow_over_mutual_tls(stack):
-    _, url = stack
+def test_requests_flow_over_mutual_tls_by_default(stack):
+    _, url, certs = stack
+    assert {d.name for d in certs.iterdir()} >= {"router", "prefill", "decode", "operator"}
+    assert all("--tls-dir" in p.argv for p in stack[0].plans)
     r = httpx.post(
         f"{url}/v1/completions",
         json={"model": "tiny", "prompt": "Hello over TLS " * 8, "max_tokens": 8, "temperature": 0},
@@ -62,47 +68,62 @@ def test_requests_flow_over_mutual_tls(stack):
     assert r.json()["usage"]["completion_tokens"] >= 1
 
 
-def test_a_client_with_a_certificate_of_our_ca_is_served(stack, certs):
-    for role, address in _worker_addresses(stack):
-        with grpc.secure_channel(address, _creds(certs["client"])) as ch:
+def test_the_stacks_own_identity_reads_load(stack):
+    for role, address in _workers(stack):
+        with _dial(address, stack[2], "operator", role) as ch:
             assert _load(role, ch).total_kv_blocks > 0
 
 
 @pytest.mark.parametrize("client", ["plaintext", "no-certificate", "rogue-ca"])
-def test_every_worker_port_refuses_a_client_without_a_valid_certificate(stack, certs, client):
-    def dial(address: str) -> grpc.Channel:
+def test_every_worker_port_refuses_a_client_without_a_valid_certificate(stack, tmp_path, client):
+    certs = stack[2]
+    rogue = write_dir(tmp_path / "rogue", Authority("someone else's CA").issue(Identity("router", SERVICE)))
+
+    def dial(address: str, role: str) -> grpc.Channel:
+        name = [("grpc.ssl_target_name_override", peer_name(role, SERVICE))]
         if client == "plaintext":
             return grpc.insecure_channel(address)
         if client == "no-certificate":
-            return grpc.secure_channel(address, grpc.ssl_channel_credentials(certs["ca"]))
-        return grpc.secure_channel(address, _creds(certs["rogue"]))
+            return grpc.secure_channel(address, grpc.ssl_channel_credentials((certs / "router" / "ca.crt").read_bytes()), name)
+        return grpc.secure_channel(address, grpc.ssl_channel_credentials(
+            (certs / "router" / "ca.crt").read_bytes(), (rogue / "tls.key").read_bytes(), (rogue / "tls.crt").read_bytes()), name)
 
-    for role, address in _worker_addresses(stack):
-        with dial(address) as ch, pytest.raises(grpc.RpcError) as err:
+    for role, address in _workers(stack):
+        with dial(address, role) as ch, pytest.raises(grpc.RpcError) as err:
             _load(role, ch)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE, (role, client, err.value)
-        with dial(address) as ch, pytest.raises(grpc.RpcError):
+        with dial(address, role) as ch, pytest.raises(grpc.RpcError):
             health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
 
 
-def test_the_plaintext_probe_port_serves_health_and_nothing_else(tiny_model_dir, certs, tmp_path):
-    import subprocess
-    import sys
-    import time
+def test_a_client_refuses_a_server_with_another_roles_certificate(stack):
+    """What stops a prefill worker (or anything holding its key) posing as a decode worker to the router."""
+    (address,) = [a for r, a in _workers(stack) if r == "prefill"]
+    with _dial(address, stack[2], "router", "decode") as ch, pytest.raises(grpc.RpcError) as err:
+        _load("prefill", ch)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
 
-    from tandem.operator.local.up import free_port_block
 
-    port = free_port_block(2)
+def _start_worker(tiny_model_dir, tmp_path, tls_dir, port):
     argv = [sys.executable, "-m", "tandem", "worker", "--role", "decode", "--model-dir", str(tiny_model_dir),
-            "--host", "127.0.0.1", "--port", str(port), "--health-port", str(port + 1), "--num-kv-blocks", "64",
-            "--threads", "1", "--tls-dir", str(certs["stack"])]
+            "--service", "solo", "--host", "127.0.0.1", "--port", str(port), "--health-port", str(port + 1),
+            "--num-kv-blocks", "64", "--threads", "1", "--tls-dir", str(tls_dir)]
     log = (tmp_path / "worker.log").open("wb")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while "READY" not in (tmp_path / "worker.log").read_text(errors="replace"):
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "worker.log").read_text()
+        time.sleep(0.3)
+    return proc, log
+
+
+def test_the_plaintext_probe_port_serves_health_and_a_worker_drains_only_for_itself(tiny_model_dir, tmp_path):
+    from tandem.operator.local.up import free_port_block
+
+    certs = write_local(tmp_path / "tls", "solo", ("decode", "router"))
+    port = free_port_block(2)
+    proc, log = _start_worker(tiny_model_dir, tmp_path, certs / "decode", port)
     try:
-        deadline = time.monotonic() + 120
-        while "READY" not in (tmp_path / "worker.log").read_text(errors="replace"):
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "worker.log").read_text()
-            time.sleep(0.3)
         with grpc.insecure_channel(f"127.0.0.1:{port + 1}") as ch:
             reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
@@ -111,11 +132,14 @@ def test_the_plaintext_probe_port_serves_health_and_nothing_else(tiny_model_dir,
             assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch, pytest.raises(grpc.RpcError):
             health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        # the preStop hook: `tandem drain` in the pod, with the pod's own certificate, over loopback
+        out = subprocess.run([sys.executable, "-m", "tandem", "drain", "--address", f"127.0.0.1:{port}",
+                              "--tls-dir", str(certs / "decode"), "--tls-server-name", peer_name("decode", "solo")],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "drain" in out.stdout, out.stdout + out.stderr
+        proc.wait(timeout=60)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
+        if proc.poll() is None:
             proc.kill()
-            proc.wait()
+        proc.wait()
         log.close()

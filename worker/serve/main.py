@@ -95,11 +95,11 @@ def main(argv: list[str]) -> int:
     # control RPCs, so Load, Abort, Drain and health never queue behind token streams.
     limits = rpc_limits(args.max_running_sequences, args.max_streams, args.max_transfers)
     limiter = RpcLimiter(limits)
+    tls = TlsConfig.optional(args.tls_dir, service=args.service)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=limits.threads, thread_name_prefix="grpc"),
         interceptors=[limiter], options=BULK_CHANNEL_OPTIONS,
     )  # fmt: skip
-    tls = TlsConfig.optional(args.tls_dir, args.tls_server_name)
     servicer = _add_servicer(server, args, loop, info, metrics, tls)
     if hasattr(servicer, "stream_slots"):
         servicer.stream_slots = limiter.slots["streams"]  # a Reserve needs a stream to follow it

@@ -200,5 +200,5 @@ class PrefillServicer:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = self._channels[address] = tls_channel(address, self.tls, BULK_CHANNEL_OPTIONS)
+                channel = self._channels[address] = tls_channel(address, self.tls.to("decode") if self.tls else None, BULK_CHANNEL_OPTIONS)
             return channel
