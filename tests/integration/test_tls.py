@@ -1,7 +1,7 @@
 """Mutual TLS on every gRPC hop, on by default, with real handshakes on loopback: `tandem up` of a spec that
 says nothing about security issues its own CA and per-role certificates, serves requests over them, and every
 worker port refuses a plaintext client, a TLS client without a certificate, and one whose certificate another
-CA signed, and a client refuses a server with another role's certificate."""
+CA signed; each caller may call only what its role needs (PERMISSION_DENIED otherwise)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,11 @@ from tandem.identity import Identity, peer_name
 from tandem.operator.certs import Authority, write_dir, write_local
 from tandem.v1 import (
     common_pb2,
+    decode_pb2,
     decode_pb2_grpc,
+    lifecycle_pb2,
+    lifecycle_pb2_grpc,
+    prefill_pb2,
     prefill_pb2_grpc,
 )
 from tests.integration.stacks import running_stack, spec
@@ -102,6 +106,37 @@ def test_a_client_refuses_a_server_with_another_roles_certificate(stack):
     with _dial(address, stack[2], "router", "decode") as ch, pytest.raises(grpc.RpcError) as err:
         _load("prefill", ch)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def _denied(call) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        call()
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, err.value
+
+
+def test_each_role_may_call_only_what_it_needs(stack):
+    certs = stack[2]
+    addresses = dict(_workers(stack))
+    prefill_request = prefill_pb2.PrefillRequest(request_id="x", prompt_token_ids=[1, 2, 3], decode_address=addresses["decode"])
+    reserve = decode_pb2.ReserveRequest(request_id="x", transfer_id="t", prompt_token_ids=[1, 2, 3])
+    for who in ("decode", "prefill", "operator"):  # only the router asks for a prefill
+        with _dial(addresses["prefill"], certs, who, "prefill") as ch:
+            _denied(lambda: prefill_pb2_grpc.PrefillServiceStub(ch).Prefill(prefill_request, timeout=5))
+    for who in ("prefill", "decode", "operator"):  # only the router reserves, streams, aborts
+        with _dial(addresses["decode"], certs, who, "decode") as ch:
+            stub = decode_pb2_grpc.DecodeServiceStub(ch)
+            _denied(lambda s=stub: s.Reserve(reserve, timeout=5))
+            _denied(lambda s=stub: next(s.StreamTokens(decode_pb2.StreamTokensRequest(request_id="x"), timeout=5)))
+            _denied(lambda s=stub: s.Abort(decode_pb2.AbortRequest(request_id="x"), timeout=5))
+    for who in ("router", "decode"):  # only a prefill worker pushes KV (and commits)
+        with _dial(addresses["decode"], certs, who, "decode") as ch:
+            push = ch.stream_unary("/tandem.v1.DecodeService/PushKv", request_serializer=bytes, response_deserializer=bytes)
+            _denied(lambda push=push: push(iter([b""]), timeout=5))
+    for who, role in (("router", "decode"), ("prefill", "decode"), ("decode", "prefill")):  # Drain: operator or self
+        with _dial(addresses[role], certs, who, role) as ch:
+            _denied(lambda: lifecycle_pb2_grpc.LifecycleServiceStub(ch).Drain(lifecycle_pb2.DrainRequest(), timeout=5))
+    with _dial(addresses["decode"], certs, "router", "decode") as ch:  # and the router still may
+        assert decode_pb2_grpc.DecodeServiceStub(ch).Abort(decode_pb2.AbortRequest(request_id="x"), timeout=5).found is False
 
 
 def _start_worker(tiny_model_dir, tmp_path, tls_dir, port):

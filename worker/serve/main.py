@@ -16,6 +16,7 @@ import grpc
 import torch
 from grpc_health.v1 import health, health_pb2_grpc
 
+from tandem.identity import Identity
 from tandem.options import SPECULATIVE_TOKENS, WorkerOptions
 from tandem.v1 import colocated_pb2_grpc, prefill_pb2_grpc
 from tandem.worker.api.metrics_http import serve_metrics
@@ -27,6 +28,7 @@ from tandem.worker.engine.runner.engine_loop import EngineLoop
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig
 from tandem.worker.kv_transport.codec import wire_compression
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS
+from tandem.worker.serve.authz import Authorizer
 from tandem.worker.serve.drain import Drainer
 from tandem.worker.serve.drain import add_to_server as add_drain_service
 from tandem.worker.serve.health import HealthWatch
@@ -96,9 +98,11 @@ def main(argv: list[str]) -> int:
     limits = rpc_limits(args.max_running_sequences, args.max_streams, args.max_transfers)
     limiter = RpcLimiter(limits)
     tls = TlsConfig.optional(args.tls_dir, service=args.service)
+    # with mutual TLS, each caller's role decides what it may call, checked before any slot is taken
+    authz = [Authorizer(Identity(args.role, args.service))] if tls is not None else []
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=limits.threads, thread_name_prefix="grpc"),
-        interceptors=[limiter], options=BULK_CHANNEL_OPTIONS,
+        interceptors=[*authz, limiter], options=BULK_CHANNEL_OPTIONS,
     )  # fmt: skip
     servicer = _add_servicer(server, args, loop, info, metrics, tls)
     if hasattr(servicer, "stream_slots"):
