@@ -92,7 +92,7 @@ class Authorizer(grpc.ServerInterceptor):
             caller = caller_identity(context)
             if not allowed(method, caller, self.me, is_loopback(context.peer())):
                 who = f"{caller.role} of {caller.service or 'the cluster'}" if caller else "a caller without a tandem identity"
-                log.warning("refused %s from %s (%s)", method, who, context.peer())
+                log.warning("refused %r from %s (%r)", method, who, context.peer())
                 context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{who} may not call {method.rsplit('/', 1)[-1]}")
 
         return checked(handler, check)

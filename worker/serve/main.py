@@ -178,7 +178,7 @@ def _add_servicer(server, args, loop, info, metrics, tls):
 
         # the staging each offered transport lends per reservation (shared-memory rings, CUDA buffers)
         staging = {t.kind: t.staging(args.device) for t in transports.REGISTRY if t.staged and t.kind in info.transports}
-        decode = DecodeServicer(loop, info, staging)
+        decode = DecodeServicer(loop, info, staging, max_lease_ms=args.kv_lease_ms, kv_authenticated=tls is not None)
         add_to_server(server, decode)
         return decode
     if args.role == "prefill":
