@@ -219,7 +219,9 @@ class RouterOptions(_Options):
     service: str = opt("default", "InferenceService name (metric label)")
     host: str = opt("127.0.0.1")
     port: int = opt(names.HTTP_PORT)
-    metrics_port: int = opt(0, "also serve /metrics on this port (0: off)")
+    metrics_port: int = opt(0, "serve /metrics on this port instead of the API port (0: on the API port)")
+    public_metrics: bool = opt(False, "/metrics on the API port even with --metrics-port")
+    docs: bool = opt(False, "serve /docs and /openapi.json on the API port")
     mode: Mode = opt(Mode.disaggregated)
     disaggregation: DisaggregationMode = opt(
         _DISAGGREGATION.mode, "disaggregated mode: every prompt on the prefill pool (always), on its decode worker "
