@@ -1,0 +1,111 @@
+"""A tenant who may create InferenceServices in its namespace cannot reach past it through one: the chart's
+ValidatingAdmissionPolicy, applied to the real API server, refuses host paths outside the allow-list,
+tolerating every taint or the control plane's, control-plane node selectors, Secrets not named after the
+service, and a Prometheus outside the allow-list, each refusal naming the field; a careful spec is admitted."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.k8s.conftest import wait_for
+from tests.k8s.test_operator_lifecycle import EXAMPLE
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts/tandem"
+
+
+@pytest.fixture(scope="module")
+def helm(control_plane):
+    path = control_plane.bin / "helm"
+    if not path.exists():
+        pytest.skip("helm not built: TANDEM_BUILD_HELM=1 bash tests/k8s/build-controlplane.sh")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def namespace(control_plane):
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    control_plane.kubectl("create", "namespace", name)
+    yield name
+    control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def policy(control_plane, helm, namespace):
+    """The chart's policy and binding, bound to this module's namespace only (the control plane is shared);
+    yielded once the API server enforces it."""
+    out = subprocess.run([helm, "template", "ten", str(CHART), "--show-only", "templates/admission-policy.yaml",
+                          "--set", "tenancy.allowedHostPaths={/srv/models}",
+                          "--set", "tenancy.allowedPrometheusUrls={http://prometheus.monitoring:9090}",
+                          "--set", "tenancy.allowedSecrets={shared-hf-token}"],
+                         check=True, capture_output=True, text=True, timeout=60)
+    vap, binding = [d for d in yaml.safe_load_all(out.stdout) if d]
+    for d in (vap, binding):
+        d["metadata"]["name"] += f"-{namespace}"
+    binding["spec"]["policyName"] = vap["metadata"]["name"]
+    binding["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}
+    control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([vap, binding]))
+    probe = yaml.safe_dump(_spec(namespace, model__source={"hostPath": "/"}))
+    wait_for(lambda: control_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=probe, check=False).returncode,
+             30, "the policy enforced")
+    yield
+    control_plane.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy",
+                          vap["metadata"]["name"], check=False)
+
+
+def _spec(namespace: str, **changes) -> dict:
+    obj = yaml.safe_load(EXAMPLE.read_text())
+    obj["metadata"]["namespace"] = namespace
+    spec = obj["spec"]
+    for path, value in changes.items():
+        node = spec
+        *parents, leaf = path.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return obj
+
+
+ATTACKS = [
+    ("host path", {"model__source": {"hostPath": "/etc"}}, "spec.model.source.hostPath: /etc"),
+    ("host path next to an allowed one", {"model__source": {"hostPath": "/srv/models-other"}}, "spec.model.source.hostPath"),
+    ("tolerate every taint", {"decode__tolerations": [{"operator": "Exists"}]}, "spec.decode.tolerations"),
+    ("control-plane taint", {"prefill__tolerations": [{"key": "node-role.kubernetes.io/control-plane",
+                                                        "operator": "Exists", "effect": "NoSchedule"}]},
+     "spec.prefill.tolerations"),
+    ("control-plane node", {"decode__nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}, "spec.decode.nodeSelector"),
+    ("someone's Secret as API keys", {"security": {"apiKeys": {"secretName": "db-password"}}},
+     "spec.security.apiKeys.secretName: Secret db-password"),
+    ("someone's Secret as certificates", {"security": {"tls": {"secretName": "ingress-cert"}}}, "spec.security.tls.secretName"),
+    ("someone's Secret as the HF token", {"model__source": {"huggingFace": {"repoId": "org/m", "tokenSecretRef": {"name": "db"}}}},
+     "spec.model.source.huggingFace.tokenSecretRef.name"),
+    ("someone's Secret in env", {"prefill__env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "db", "key": "k"}}}]},
+     "spec.prefill.env"),
+    ("a Prometheus of the tenant's choosing", {"autoscaling": {"enabled": True, "prometheusUrl": "http://10.0.0.1:9090"}},
+     "spec.autoscaling.prometheusUrl: http://10.0.0.1:9090"),
+]
+
+
+@pytest.mark.parametrize(("what", "changes", "field"), ATTACKS, ids=[a[0] for a in ATTACKS])
+def test_a_tenant_escape_is_refused_at_admission_naming_the_field(control_plane, namespace, policy, what, changes, field):
+    out = control_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(_spec(namespace, **changes)),
+                                check=False)
+    assert out.returncode != 0 and field in out.stderr and "ValidatingAdmissionPolicy" in out.stderr, (what, out.stderr)
+
+
+def test_a_careful_spec_is_admitted(control_plane, namespace, policy):
+    careful = _spec(namespace,
+                    model__source={"hostPath": "/srv/models/llama"},
+                    decode__tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    security={"apiKeys": {"secretName": "llama-8b-api-keys"}, "tls": {"secretName": "llama-8b-certs"}},
+                    autoscaling={"enabled": True, "prometheusUrl": "http://prometheus.monitoring:9090"})
+    careful["spec"]["prefill"]["env"] = [{"name": "HF", "valueFrom": {"secretKeyRef": {"name": "shared-hf-token", "key": "t"}}}]
+    for obj in (careful, copy.deepcopy(yaml.safe_load(EXAMPLE.read_text())) | {"metadata": {"name": "plain", "namespace": namespace}}):
+        out = control_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(obj), check=False)
+        assert out.returncode == 0, out.stderr
