@@ -37,6 +37,10 @@ _ISSUED: set[tuple[str, str, str]] = set()  # (namespace, name, uid) whose TLS S
 PREFLIGHT_RECHECK_SECONDS = 10.0  # the operator watches neither claims nor nodes: look again for the fix
 
 
+class NameInUse(Exception):
+    """A child's name is taken by an object this InferenceService does not own."""
+
+
 @dataclass
 class Outcome:
     """What one reconcile did; `writes` lists every API write it made. `recheck_after` (seconds) asks for
@@ -104,6 +108,8 @@ def _ensure_pool(kube: Kube, reader: Reader, spec: InferenceServiceSpec, name: s
             return _ensure_pool(kube, reader, spec, name, ns, uid, pool, out)
         out.writes.append(f"create TandemPool/{wanted['metadata']['name']}")
         return live, replicas
+    if not owned_by(live, uid):
+        raise NameInUse(f"InferencePool/{wanted['metadata']['name']}")
     if not is_subset(wanted["metadata"], live["metadata"]):
         # replicas left out on purpose: after creation this field manager must not own them (see pools.py)
         body = {**wanted, "spec": {k: v for k, v in wanted["spec"].items() if k != "replicas"}}
@@ -134,6 +140,14 @@ def _ensure_tls_secret(kube: Kube, name: str, ns: str, uid: str, out: Outcome) -
         if e.status != 409:
             raise
     _ISSUED.add(key)
+
+
+def owned_by(live: dict[str, Any] | None, uid: str) -> bool:
+    """Whether a live object is absent or carries this InferenceService's owner reference (pure): server-side
+    apply with force takes over fields, so it is used only on objects that are ours."""
+    if live is None:
+        return True
+    return any(o.get("uid") == uid for o in live.get("metadata", {}).get("ownerReferences") or [])
 
 
 def _remove_stale(kube: Kube, name: str, ns: str, keep: set[tuple[str, str]], out: Outcome) -> None:
@@ -243,7 +257,12 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
     if spec.security.tls.enabled and not (spec.security.tls.secret_name or spec.security.tls.dir):
         _ensure_tls_secret(kube, name, namespace, uid, out)
     ensured = _APPLY_POOL.map(lambda p: _ensure_pool(kube, reader, spec, name, namespace, uid, p, out), wanted_pools)
-    pools: dict[str, tuple[dict[str, Any], int]] = dict(zip(wanted_pools, ensured, strict=True))
+    try:
+        pools: dict[str, tuple[dict[str, Any], int]] = dict(zip(wanted_pools, ensured, strict=True))
+    except NameInUse as e:
+        message = f"{e} already exists and is not owned by this InferenceService; rename it or remove it"
+        _report_blocked(kube, reader, isvc, previous, ("NameInUse", message), message, out)
+        return
 
     replicas = {pool: n for pool, (_, n) in pools.items()}
     deployments: dict[str, dict[str, Any] | None] = {}
@@ -255,8 +274,16 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
         key = (manifest["kind"], manifest["metadata"]["name"])
         keep.add(key)
         live_children[key] = reader.get(key[0], namespace, key[1])
+        if live_children[key] is None and reader.first_time:  # the cache holds only ours: ask whether the name is free
+            live_children[key] = kube.get(key[0], namespace, key[1])
         if needs_apply(manifest, live_children[key]):
             stale.append(manifest)
+    clashes = [f"{k}/{n}" for (k, n), live in live_children.items() if not owned_by(live, uid)]
+    if clashes:  # someone else's objects under our children's names: leave them be, say so
+        message = (f"{', '.join(clashes)} already exist{'s' if len(clashes) == 1 else ''} and "
+                   f"{'is' if len(clashes) == 1 else 'are'} not owned by this InferenceService; rename it or remove them")
+        _report_blocked(kube, reader, isvc, previous, ("NameInUse", message), message, out)
+        return
     # All or nothing: the API server validates and admits (quota included) every changed child before any is
     # written, so a child it refuses leaves no GPU pool half-built beside it.
     if stale:

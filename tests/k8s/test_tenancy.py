@@ -109,3 +109,30 @@ def test_a_careful_spec_is_admitted(control_plane, namespace, policy):
     for obj in (careful, copy.deepcopy(yaml.safe_load(EXAMPLE.read_text())) | {"metadata": {"name": "plain", "namespace": namespace}}):
         out = control_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(obj), check=False)
         assert out.returncode == 0, out.stderr
+
+
+def test_a_name_clash_leaves_someone_elses_object_alone(control_plane, operator, namespace, policy):
+    from tests.k8s.conftest import get_json
+    from tests.k8s.test_operator_failures import degraded, warning_events
+    from tests.k8s.test_operator_lifecycle import SERVICE, model_volume
+
+    theirs = {"apiVersion": "apps/v1", "kind": "Deployment",
+              "metadata": {"name": f"{SERVICE}-decode", "namespace": namespace, "labels": {"team": "theirs"}},
+              "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "theirs"}},
+                       "template": {"metadata": {"labels": {"app": "theirs"}},
+                                    "spec": {"containers": [{"name": "c", "image": "theirs:1"}]}}}}
+    control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(theirs))
+    before = get_json(control_plane, "deployment", f"{SERVICE}-decode", namespace=namespace)
+    control_plane.kubectl("apply", "-f", "-", input=model_volume(namespace))
+    control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(_spec(namespace)))
+    obj = wait_for(lambda: degraded(control_plane, namespace, SERVICE, "NameInUse"), 60, "Degraded NameInUse")
+    message = next(c["message"] for c in obj["status"]["conditions"] if c["type"] == "Degraded")
+    assert f"Deployment/{SERVICE}-decode" in message, message
+    wait_for(lambda: [e for e in warning_events(control_plane, namespace, SERVICE) if e["reason"] == "NameInUse"],
+             30, "a NameInUse Warning Event")
+    after = get_json(control_plane, "deployment", f"{SERVICE}-decode", namespace=namespace)
+    assert after["metadata"].get("ownerReferences") is None and after["metadata"]["labels"] == {"team": "theirs"}
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
+    assert after["spec"]["template"]["spec"]["containers"][0]["image"] == "theirs:1"
+    control_plane.kubectl("delete", "inferenceservice", SERVICE, "-n", namespace, "--wait=true", "--timeout=60s")
+    assert get_json(control_plane, "deployment", f"{SERVICE}-decode", namespace=namespace) is not None
