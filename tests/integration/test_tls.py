@@ -5,6 +5,7 @@ CA signed; each caller may call only what its role needs (PERMISSION_DENIED othe
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -178,3 +179,60 @@ def test_the_plaintext_probe_port_serves_health_and_a_worker_drains_only_for_its
             proc.kill()
         proc.wait()
         log.close()
+
+
+def test_a_renewed_certificate_is_served_without_a_restart_and_streams_go_on(tiny_model_dir, tmp_path):
+    """cert-manager renews a worker's certificate in place: new connections get the new one, while requests
+    keep flowing and a stream open across the renewal finishes."""
+    import ssl
+    import threading
+
+    from cryptography import x509
+
+    ca = Authority("renewing CA")
+    certs = tmp_path / "certs"
+    for role in ("router", "prefill", "decode"):
+        write_dir(certs / role, ca.issue(Identity(role, "renew"), ("127.0.0.1",)))
+    obj = spec("renew", tiny_model_dir)
+    obj["spec"]["security"] = {"tls": {"dir": str(certs)}}
+
+    def served_serial(address: str) -> int:
+        ctx = ssl.create_default_context(cafile=str(certs / "router" / "ca.crt"))
+        ctx.load_cert_chain(certs / "router" / "tls.crt", certs / "router" / "tls.key")
+        ctx.set_alpn_protocols(["h2"])
+        host, port = address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as raw, \
+                ctx.wrap_socket(raw, server_hostname=peer_name("decode", "renew")) as tls:
+            return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True)).serial_number
+
+    with running_stack(obj, tmp_path / "stack") as (stack, url):
+        decode = next(p.address for p in stack.plans if p.role == "decode")
+        before = served_serial(decode)
+        codes: list[int] = []
+        stop = threading.Event()
+
+        def load() -> None:
+            with httpx.Client(timeout=60) as c:
+                while not stop.is_set():
+                    codes.append(c.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "renew " * 20,
+                                                                        "max_tokens": 4}).status_code)
+
+        with httpx.stream("POST", f"{url}/v1/completions", timeout=120, json={
+                "model": "tiny", "prompt": "a long answer", "max_tokens": 48, "stream": True,
+                "ignore_eos": True}) as streaming:
+            lines = streaming.iter_lines()
+            assert next(lines).startswith("data: ")  # the stream is open
+            worker = threading.Thread(target=load)
+            worker.start()
+            renewed = ca.issue(Identity("decode", "renew"), ("127.0.0.1",))
+            write_dir(certs / "decode", renewed)
+            after = x509.load_pem_x509_certificate(renewed.cert).serial_number
+            deadline = time.monotonic() + 30
+            while served_serial(decode) != after:
+                assert time.monotonic() < deadline, "the worker still serves the old certificate"
+                time.sleep(0.2)
+            rest = [line for line in lines if line.startswith("data: ")]
+            stop.set()
+            worker.join(timeout=120)
+        assert before != after and rest[-1] == "data: [DONE]"
+        assert codes and set(codes) == {200}, codes

@@ -69,11 +69,49 @@ class TlsConfig:
         return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
 
 
-def add_port(server: grpc.Server | aio.Server, address: str, tls: TlsConfig | None) -> int:
-    """Listen on `address`, with mutual TLS when `tls` is given."""
+def add_port(server: grpc.Server | aio.Server, address: str, tls: TlsConfig | None, tls_dir: str | None = None) -> int:
+    """Listen on `address`, with mutual TLS when `tls` is given; with `tls_dir` (a synchronous server), the
+    files there are read again when they change (cert-manager renews them in place), for new connections."""
     if tls is None:
         return server.add_insecure_port(address)
-    return server.add_secure_port(address, tls.server_credentials())
+    if tls_dir is None:
+        return server.add_secure_port(address, tls.server_credentials())
+    reloader = CertReloader(Path(tls_dir))
+    creds = grpc.dynamic_ssl_server_credentials(
+        reloader.initial(tls), reloader.fetch, require_client_authentication=True
+    )
+    return server.add_secure_port(address, creds)
+
+
+class CertReloader:
+    """Serves gRPC core's per-handshake question "has the certificate changed?" from the files' mtimes: a
+    new configuration once all three files are readable after a change, None (keep the current) otherwise."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.stamp = self._stamp()
+        self.reloads = 0
+
+    def _stamp(self) -> tuple[int, ...]:
+        try:
+            return tuple((self.directory / n).stat().st_mtime_ns for n in (CERT, KEY, CA))
+        except OSError:
+            return ()
+
+    @staticmethod
+    def initial(tls: TlsConfig) -> grpc.ServerCertificateConfiguration:
+        return grpc.ssl_server_certificate_configuration([(tls.key, tls.cert)], root_certificates=tls.ca)
+
+    def fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        stamp = self._stamp()
+        if not stamp or stamp == self.stamp:
+            return None
+        try:
+            fresh = TlsConfig.from_dir(self.directory)
+        except OSError:
+            return None
+        self.stamp, self.reloads = stamp, self.reloads + 1
+        return self.initial(fresh)
 
 
 def _options(tls: TlsConfig | None, options: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:

@@ -112,7 +112,7 @@ def main(argv: list[str]) -> int:
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     drainer = Drainer(servicer, health_servicer, args.drain_timeout)
     add_drain_service(server, drainer)
-    port = add_port(server, f"{args.host}:{args.port}", tls)
+    port = add_port(server, f"{args.host}:{args.port}", tls, args.tls_dir)
     server.start()
     if args.health_port:  # the health service alone, on its own server and threads (and in plaintext)
         probes = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="health"))
