@@ -109,7 +109,7 @@ def _ensure_pool(kube: Kube, reader: Reader, spec: InferenceServiceSpec, name: s
         out.writes.append(f"create TandemPool/{wanted['metadata']['name']}")
         return live, replicas
     if not owned_by(live, uid):
-        raise NameInUse(f"InferencePool/{wanted['metadata']['name']}")
+        raise NameInUse(f"TandemPool/{wanted['metadata']['name']}")
     if not is_subset(wanted["metadata"], live["metadata"]):
         # replicas left out on purpose: after creation this field manager must not own them (see pools.py)
         body = {**wanted, "spec": {k: v for k, v in wanted["spec"].items() if k != "replicas"}}
