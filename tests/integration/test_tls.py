@@ -232,6 +232,10 @@ def test_a_renewed_certificate_is_served_without_a_restart_and_streams_go_on(tin
                 assert time.monotonic() < deadline, "the worker still serves the old certificate"
                 time.sleep(0.2)
             rest = [line for line in lines if line.startswith("data: ")]
+            served_before = len(codes)
+            while len(codes) <= served_before:  # at least one request served wholly after the renewal
+                assert time.monotonic() < deadline + 60 and worker.is_alive(), codes
+                time.sleep(0.1)
             stop.set()
             worker.join(timeout=120)
         assert before != after and rest[-1] == "data: [DONE]"
