@@ -11,9 +11,10 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import httpx
 
+from tandem.operator.local.plan import ProcessPlan
+from tandem.operator.local.scale import dial
 from tandem.operator.local.up import LocalStack, free_port_block, serving
 from tandem.spec import parse_object
 from tandem.v1 import colocated_pb2_grpc, common_pb2, decode_pb2_grpc, prefill_pb2_grpc
@@ -175,10 +176,11 @@ def scrape_metric(port: int, name: str) -> float:
     return total
 
 
-def worker_load(address: str, role: str) -> common_pb2.LoadReport:
-    channel = grpc.insecure_channel(address)
+def worker_load(p: ProcessPlan) -> common_pb2.LoadReport:
+    """A worker's load report, asked with the stack's own identity (mutual TLS unless the spec turned it off)."""
+    channel = dial(p)
     try:
-        return STUBS[role](channel).Load(common_pb2.LoadRequest(), timeout=5)
+        return STUBS[p.role](channel).Load(common_pb2.LoadRequest(), timeout=5)
     finally:
         channel.close()
 
@@ -188,7 +190,7 @@ def wait_idle(stack: LocalStack, timeout_s: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout_s
     workers = [p for p in stack.plans if p.role != "router"]
     while time.monotonic() < deadline:
-        reports = [worker_load(p.address, p.role) for p in workers]
+        reports = [worker_load(p) for p in workers]
         if all(
             r.running_sequences == 0 and r.waiting_sequences == 0 and r.free_kv_blocks == r.total_kv_blocks
             for r in reports

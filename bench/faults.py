@@ -139,7 +139,7 @@ def held_blocks(stack, timeout_s: float = 30.0) -> int:
     held = -1
     while time.monotonic() < deadline:
         try:
-            reports = [worker_load(p.address, p.role) for p in stack.plans
+            reports = [worker_load(p) for p in stack.plans
                        if p.role != "router" and p.name in stack.running]  # a drained worker has left
         except Exception:  # a worker still restarting
             time.sleep(0.5)

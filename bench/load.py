@@ -27,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bench._soak import rss_kib
 from bench._stacks import SERVED_NAME, ModelShape, make_model, running_stacks, service_object, worker_load
 from tandem import names
+from tandem.operator.local.scale import dial
 
 WORDS = "the quick brown fox jumps over a lazy dog while prefill and decode share the work".split()
 
@@ -134,7 +135,7 @@ class Sampler(threading.Thread):
         self.stopped = threading.Event()
 
     def run(self) -> None:
-        channels = {p.name: grpc.insecure_channel(p.address) for p in self.stack.plans if p.role != "router"}
+        channels = {p.name: dial(p) for p in self.stack.plans if p.role != "router"}
         with httpx.Client(timeout=5, trust_env=False) as http:
             while not self.stopped.wait(self.every_s):
                 for name, proc in list(self.stack.running.items()):
@@ -180,7 +181,7 @@ def held(stack) -> dict[str, tuple[int, int]]:
         def gauge(name: str, text: str = text) -> int:
             return int(sum(float(li.split()[-1]) for li in text.splitlines() if li.startswith(name + "{")))
 
-        reserved = worker_load(p.address, p.role).reserved_kv_blocks if p.role == "decode" else 0
+        reserved = worker_load(p).reserved_kv_blocks if p.role == "decode" else 0
         out[p.name] = (gauge(names.KV_BLOCKS_USED) + reserved, gauge(names.WORKER_HELD_REQUESTS))
     return out
 

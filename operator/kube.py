@@ -20,6 +20,7 @@ FIELD_MANAGER = "tandem-operator"
 _KINDS = {
     "Deployment": ("/apis/apps/v1", "deployments"),
     "Service": ("/api/v1", "services"),
+    "Secret": ("/api/v1", "secrets"),
     "Pod": ("/api/v1", "pods"),
     "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tandem import names
-from tandem.operator import render
+from tandem.operator import certs, render
 from tandem.operator.cache import ObjectCache
 from tandem.operator.drift import is_subset, needs_apply
 from tandem.operator.kube import ApiError, Kube
@@ -33,7 +33,12 @@ _CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy",
 # Kinds of other projects' CRDs (spec.gateway): a cluster without them has none of these children to remove.
 _OPTIONAL_KINDS = ("InferencePool", "HTTPRoute")
 POD_RECHECK_SECONDS = 5.0
+_ISSUED: set[tuple[str, str, str]] = set()  # (namespace, name, uid) whose TLS Secret exists
 PREFLIGHT_RECHECK_SECONDS = 10.0  # the operator watches neither claims nor nodes: look again for the fix
+
+
+class NameInUse(Exception):
+    """A child's name is taken by an object this InferenceService does not own."""
 
 
 @dataclass
@@ -103,6 +108,8 @@ def _ensure_pool(kube: Kube, reader: Reader, spec: InferenceServiceSpec, name: s
             return _ensure_pool(kube, reader, spec, name, ns, uid, pool, out)
         out.writes.append(f"create TandemPool/{wanted['metadata']['name']}")
         return live, replicas
+    if not owned_by(live, uid):
+        raise NameInUse(f"TandemPool/{wanted['metadata']['name']}")
     if not is_subset(wanted["metadata"], live["metadata"]):
         # replicas left out on purpose: after creation this field manager must not own them (see pools.py)
         body = {**wanted, "spec": {k: v for k, v in wanted["spec"].items() if k != "replicas"}}
@@ -116,6 +123,31 @@ def _ensure_pool(kube: Kube, reader: Reader, spec: InferenceServiceSpec, name: s
         if before is not None:
             out.clamped.append(clamp_message(spec, pool, int(before), replicas))
     return live, replicas
+
+
+def _ensure_tls_secret(kube: Kube, name: str, ns: str, uid: str, out: Outcome) -> None:
+    """Issue the service's CA and every role's certificate into its Secret, once: the operator may create
+    Secrets but not read them, so one that exists (ours from an earlier reconcile) is left as it is (delete
+    it to issue new ones)."""
+    key = (ns, name, uid)
+    if key in _ISSUED:
+        return
+    body = render.tls_secret(name, ns, uid, certs.secret_data(name, render.TLS_ROLES))
+    try:
+        kube.create(body)
+        out.writes.append(f"create Secret/{body['metadata']['name']}")
+    except ApiError as e:
+        if e.status != 409:
+            raise
+    _ISSUED.add(key)
+
+
+def owned_by(live: dict[str, Any] | None, uid: str) -> bool:
+    """Whether a live object is absent or carries this InferenceService's owner reference (pure): server-side
+    apply with force takes over fields, so it is used only on objects that are ours."""
+    if live is None:
+        return True
+    return any(o.get("uid") == uid for o in live.get("metadata", {}).get("ownerReferences") or [])
 
 
 def _remove_stale(kube: Kube, name: str, ns: str, keep: set[tuple[str, str]], out: Outcome) -> None:
@@ -222,8 +254,15 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
     uid, generation = meta["uid"], meta.get("generation", 1)
     endpoint = render.router_endpoint(name, namespace)
     wanted_pools = render.worker_pools(spec)
+    if spec.security.tls.enabled and not (spec.security.tls.secret_name or spec.security.tls.dir):
+        _ensure_tls_secret(kube, name, namespace, uid, out)
     ensured = _APPLY_POOL.map(lambda p: _ensure_pool(kube, reader, spec, name, namespace, uid, p, out), wanted_pools)
-    pools: dict[str, tuple[dict[str, Any], int]] = dict(zip(wanted_pools, ensured, strict=True))
+    try:
+        pools: dict[str, tuple[dict[str, Any], int]] = dict(zip(wanted_pools, ensured, strict=True))
+    except NameInUse as e:
+        message = f"{e} already exists and is not owned by this InferenceService; rename it or remove it"
+        _report_blocked(kube, reader, isvc, previous, ("NameInUse", message), message, out)
+        return
 
     replicas = {pool: n for pool, (_, n) in pools.items()}
     deployments: dict[str, dict[str, Any] | None] = {}
@@ -235,8 +274,16 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
         key = (manifest["kind"], manifest["metadata"]["name"])
         keep.add(key)
         live_children[key] = reader.get(key[0], namespace, key[1])
+        if live_children[key] is None and reader.first_time:  # the cache holds only ours: ask whether the name is free
+            live_children[key] = kube.get(key[0], namespace, key[1])
         if needs_apply(manifest, live_children[key]):
             stale.append(manifest)
+    clashes = [f"{k}/{n}" for (k, n), live in live_children.items() if not owned_by(live, uid)]
+    if clashes:  # someone else's objects under our children's names: leave them be, say so
+        message = (f"{', '.join(clashes)} already exist{'s' if len(clashes) == 1 else ''} and "
+                   f"{'is' if len(clashes) == 1 else 'are'} not owned by this InferenceService; rename it or remove them")
+        _report_blocked(kube, reader, isvc, previous, ("NameInUse", message), message, out)
+        return
     # All or nothing: the API server validates and admits (quota included) every changed child before any is
     # written, so a child it refuses leaves no GPU pool half-built beside it.
     if stale:
@@ -272,7 +319,8 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
         out.recheck_after = POD_RECHECK_SECONDS  # pods may yet turn unschedulable or fail to pull
     for pool, found in findings.pools.items():  # the cause first, then what the scheduler says of it
         problems[pool] = found + problems.get(pool, [])
-    status = service_status(generation, deployments, desired, previous, endpoint, _now(), pod_problems=problems)
+    status = service_status(generation, deployments, desired, previous, endpoint, _now(), pod_problems=problems,
+                            tls=spec.security.tls.enabled)
     conditions = {c["type"]: c for c in status["conditions"]}
     out.ready = conditions["Ready"]["status"] == "True"
     if not same_status(status, previous):
@@ -281,6 +329,8 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
         before = {c.get("type"): c for c in previous.get("conditions") or []}
         if out.ready and (before.get("Ready") or {}).get("status") != "True":
             kube.event(isvc, "Ready", "all pools ready")
+        if conditions["Encrypted"]["status"] == "False" and (before.get("Encrypted") or {}).get("status") != "False":
+            kube.event(isvc, "TLSOff", conditions["Encrypted"]["message"], "Warning")
         degraded, was = conditions["Degraded"], before.get("Degraded") or {}
         if degraded["status"] == "True" and (was.get("status") != "True" or was.get("reason") != degraded["reason"]):
             kube.event(isvc, degraded["reason"], degraded["message"], "Warning")

@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from tandem import names
+from tandem.identity import peer_name
 from tandem.launch import (
     drain_timeout_seconds,
     router_argv,
@@ -34,7 +35,7 @@ MANAGED_BY = "tandem-operator"
 HASH_ANNOTATION = f"{API_GROUP}/rendered-hash"
 MODEL_MOUNT = "/models"
 API_KEYS_MOUNT = "/etc/tandem/api-keys"
-TLS_MOUNT = "/etc/tandem/tls"  # tls.crt, tls.key, ca.crt of spec.security.tls.secretName
+TLS_MOUNT = "/etc/tandem/tls"  # tls.crt, tls.key, ca.crt of the pod's role
 
 
 def child_name(service: str, pool: str) -> str:
@@ -150,26 +151,49 @@ def model_init_containers(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
 
 # --- containers -------------------------------------------------------------------------------------
 
-def tls_dir(spec: InferenceServiceSpec) -> str | None:
-    """Where pods find the mutual-TLS files: the mounted Secret, else a directory the image carries."""
+def tls_secret_name(service: str) -> str:
+    """The Secret the operator issues a service's CA and per-role certificates into."""
+    return f"{service}-tls"
+
+
+TLS_ROLES = (names.POOL_PREFILL, names.POOL_DECODE, names.POOL_COLOCATED, names.POOL_ROUTER)
+
+
+def tls_secret(service: str, namespace: str, uid: str, data: dict[str, str]) -> Manifest:
+    """The Secret of a service's certificates (certs.secret_data), owned by the InferenceService."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": _metadata(tls_secret_name(service), namespace, service, uid), "stringData": data}
+
+
+def tls_dir(spec: InferenceServiceSpec, pool: str) -> str | None:
+    """Where a pool's pods find their role's mutual-TLS files: the mounted Secret, else a per-role folder the
+    image carries; None with `security.tls.mode: off`."""
     tls = spec.security.tls
-    if tls is None:
+    if not tls.enabled:
         return None
-    return TLS_MOUNT if tls.secret_name else tls.dir
+    return f"{tls.dir}/{pool}" if tls.dir else TLS_MOUNT
 
 
-def tls_volumes(spec: InferenceServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def tls_volumes(spec: InferenceServiceSpec, service: str, pool: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The role's certificate only: the pool's own Secret `<secretName>-<pool>`, or its keys of the
+    operator's per-service Secret (a prefill pod never holds the router's key)."""
     tls = spec.security.tls
-    if tls is None or not tls.secret_name:
+    if not tls.enabled or tls.dir:
         return [], []
     mount = {"name": "tls", "mountPath": TLS_MOUNT, "readOnly": True}
-    return [mount], [{"name": "tls", "secret": {"secretName": tls.secret_name, "defaultMode": 0o440}}]
+    if tls.secret_name:
+        source: dict[str, Any] = {"secretName": f"{tls.secret_name}-{pool}"}
+    else:
+        source = {"secretName": tls_secret_name(service), "items": [
+            {"key": f"{pool}.crt", "path": "tls.crt"}, {"key": f"{pool}.key", "path": "tls.key"},
+            {"key": "ca.crt", "path": "ca.crt"}]}  # fmt: skip
+    return [mount], [{"name": "tls", "secret": {**source, "defaultMode": 0o440}}]
 
 
 def worker_args(spec: InferenceServiceSpec, service: str, pool: str) -> list[str]:
     """`tandem worker` arguments for a pool's pods (the same builder `tandem up` uses)."""
     return worker_argv(
-        spec, service, pool, model_path(spec), worker_id=None, tls_dir=tls_dir(spec), health_port=names.HEALTH_PORT
+        spec, service, pool, model_path(spec), worker_id=None, tls_dir=tls_dir(spec, pool), health_port=names.HEALTH_PORT
     )  # fmt: skip
 
 
@@ -184,7 +208,7 @@ def router_args(spec: InferenceServiceSpec, service: str, namespace: str) -> lis
         keys_file = f"{API_KEYS_MOUNT}/{keys.key}" if keys.secret_name else keys.file
     return router_argv(
         spec, service, model_path(spec), pools, metrics_port=names.METRICS_PORT, api_keys_file=keys_file,
-        tls_dir=tls_dir(spec),
+        tls_dir=tls_dir(spec, names.POOL_ROUTER),
     )  # fmt: skip
 
 
@@ -233,10 +257,13 @@ def worker_probes() -> dict[str, Any]:
     }  # fmt: skip
 
 
-def worker_lifecycle(spec: InferenceServiceSpec) -> dict[str, Any]:
-    """preStop: drain the worker (no new work, finish what it holds) before the kubelet sends SIGTERM."""
+def worker_lifecycle(spec: InferenceServiceSpec, service: str, pool: str) -> dict[str, Any]:
+    """preStop: drain the worker (no new work, finish what it holds) before the kubelet sends SIGTERM; over
+    loopback with the pod's own certificate, the one caller besides the operator a worker drains for."""
+    tls = tls_argv(spec, tls_dir(spec, pool))
     drain = ["tandem", "drain", "--address", f"127.0.0.1:{names.GRPC_PORT}", "--wait",
-             "--timeout", str(drain_timeout_seconds(spec)), *tls_argv(spec, tls_dir(spec))]
+             "--timeout", str(drain_timeout_seconds(spec)), *tls,
+             *(["--tls-server-name", peer_name(pool, service)] if tls else [])]
     return {"preStop": {"exec": {"command": drain}}}
 
 
@@ -336,7 +363,7 @@ def worker_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
                       pool: str, replicas: int) -> Manifest:
     ps = pool_spec(spec, pool)
     mounts, volumes = model_volumes(spec)
-    tls_mounts, tls_vols = tls_volumes(spec)
+    tls_mounts, tls_vols = tls_volumes(spec, service, pool)
     mounts, volumes = mounts + tls_mounts, volumes + tls_vols
     container = {
         "name": "worker",
@@ -347,7 +374,7 @@ def worker_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
         **({"env": list(ps.env)} if ps.env else {}),  # pool and service travel in the arguments
         "resources": resources(ps.resources.gpus, ps.resources.cpu, ps.resources.memory),
         **({"volumeMounts": mounts} if mounts else {}),
-        "lifecycle": worker_lifecycle(spec),
+        "lifecycle": worker_lifecycle(spec, service, pool),
         **worker_probes(),
     }
     template = apply_overlay(_pod_template(service, pool, container, volumes, model_init_containers(spec),
@@ -373,7 +400,7 @@ def router_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
     pool = names.POOL_ROUTER
     r = spec.router
     mounts, volumes = model_volumes(spec)  # the router reads the tokenizer
-    tls_mounts, tls_vols = tls_volumes(spec)
+    tls_mounts, tls_vols = tls_volumes(spec, service, pool)
     mounts, volumes = mounts + tls_mounts, volumes + tls_vols
     keys = spec.security.api_keys
     if keys is not None and keys.secret_name:

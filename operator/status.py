@@ -70,15 +70,17 @@ def _condition(ctype: str, ok: bool, reason: str, message: str, generation: int,
 
 def service_status(generation: int, deployments: dict[str, Body | None], desired: dict[str, int],
                    previous: Body, endpoint: str, now: str, blocked: tuple[str, str] | None = None,
-                   pod_problems: dict[str, list[tuple[str, str]]] | None = None) -> Body:
+                   pod_problems: dict[str, list[tuple[str, str]]] | None = None,
+                   tls: bool | None = None) -> Body:
     """Conditions (Ready, Progressing, Degraded), per-pool replicas and the router endpoint.
 
     `deployments` and `desired` are keyed by pool (including the router). `blocked` is (reason, message)
     when the spec cannot be rolled out: it could not be rendered (InvalidSpec) or the API server refused a
     child (ApplyFailed). `pod_problems` (pool -> (reason, message), see pod_health.py) are why a pool's pods
     do not run. A pool with no replicas cannot serve, so it is not Ready. The three conditions tell one
-    story: while something is failing, Progressing is False with the same reason as Degraded.
-    lastTransitionTime only moves when a condition's status flips.
+    story: while something is failing, Progressing is False with the same reason as Degraded. With `tls`
+    given, Encrypted says whether the gRPC hops use mutual TLS (False, reason TLSOff, when the spec turned
+    it off). lastTransitionTime only moves when a condition's status flips.
     """
     prev = {c["type"]: c for c in previous.get("conditions") or []}
     if blocked:
@@ -122,6 +124,8 @@ def service_status(generation: int, deployments: dict[str, Body | None], desired
         _condition("Degraded", bool(failures), reason or "AsExpected", why or "no pool reports a failure",
                    generation, prev, now),
     ]
+    if tls is not None:
+        conds.append(_condition("Encrypted", *encrypted_condition(tls), generation, prev, now))
     return {"observedGeneration": generation, "conditions": _keep_foreign(conds, prev), "pools": pools,
             "routerEndpoint": endpoint, "workers": workers_summary(pools)}
 
@@ -131,7 +135,14 @@ def workers_summary(pools: dict[str, Body]) -> str:
     return " ".join(f"{p} {s['summary']}" for p, s in pools.items() if p != names.POOL_ROUTER)
 
 
-OWN_CONDITIONS = ("Ready", "Progressing", "Degraded")  # the reconciler's; SLOMet is the autoscaler's
+def encrypted_condition(tls: bool) -> tuple[bool, str, str]:
+    if tls:
+        return True, "MutualTLS", "every gRPC hop uses mutual TLS with per-role certificates"
+    return False, "TLSOff", ("security.tls is off: gRPC between router and workers is plaintext and unauthenticated; "
+                             "any pod that reaches a worker port can call it")
+
+
+OWN_CONDITIONS = ("Ready", "Progressing", "Degraded", "Encrypted")  # the reconciler's; SLOMet is the autoscaler's
 
 
 def rebase(status: Body, previous: Body) -> Body:

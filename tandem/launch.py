@@ -54,7 +54,7 @@ def worker_argv(
     drain_timeout_s: int | None = None,
 ) -> list[str]:
     """Arguments of `tandem worker` (without the program name); `tls_dir` holds the mutual-TLS files
-    (spec.security.tls: a local directory or the mounted Secret), `health_port` a plaintext probe port."""
+    (its role's certificate: a local directory or the mounted Secret), `health_port` a plaintext probe port."""
     opts = WorkerOptions.from_spec(
         spec, role, service=service, model_dir=model_dir, host=host, port=port, metrics_port=metrics_port,
         threads=threads, worker_id=worker_id, health_port=health_port or 0,
@@ -64,13 +64,8 @@ def worker_argv(
 
 
 def tls_argv(spec: InferenceServiceSpec, tls_dir: str | None) -> list[str]:
-    """The mutual-TLS flags workers and the router share."""
-    if not tls_dir:
-        return []
-    argv = ["--tls-dir", tls_dir]
-    if spec.security.tls is not None and spec.security.tls.server_name:
-        argv += ["--tls-server-name", spec.security.tls.server_name]
-    return argv
+    """The mutual-TLS flags workers and the router share: the folder with this process's role certificate."""
+    return ["--tls-dir", tls_dir] if tls_dir else []
 
 
 def router_argv(

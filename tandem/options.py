@@ -175,6 +175,7 @@ class WorkerOptions(_Options):
     # KV transfer.
     kv_compression: str = opt(_KV.compression, choices=("none", "int8"))
     kv_transport: Transport = opt(_KV.transport, "KV transfer: auto (shared memory on one host when the cache is on the CPU, else gRPC), grpc, shm")
+    kv_lease_ms: int = opt(_KV.lease_ms, "the longest a decode worker holds reserved blocks for a transfer; a Reserve asking more gets this")
     # The process.
     tls_dir: str | None = opt(None, "mutual TLS: tls.crt, tls.key, ca.crt (default: plaintext)")
     tls_server_name: str | None = opt(None, "name in the peers' certificates (dialled by IP)")
@@ -201,7 +202,7 @@ class WorkerOptions(_Options):
         model = spec.model
         base = dict(role=Role(role), served_name=model.served_name, dtype=model.dtype, quantization=model.quantization,
                     max_model_len=model.max_context_length, kv_compression=spec.kv_transfer.compression,
-                    kv_transport=spec.kv_transfer.transport)  # fmt: skip
+                    kv_transport=spec.kv_transfer.transport, kv_lease_ms=spec.kv_transfer.lease_ms)  # fmt: skip
         opts = cls(**{**base, **knobs, **process})
         return opts if opts.threads or not engine.threads else replace(opts, threads=engine.threads)
 
@@ -218,7 +219,9 @@ class RouterOptions(_Options):
     service: str = opt("default", "InferenceService name (metric label)")
     host: str = opt("127.0.0.1")
     port: int = opt(names.HTTP_PORT)
-    metrics_port: int = opt(0, "also serve /metrics on this port (0: off)")
+    metrics_port: int = opt(0, "serve /metrics on this port instead of the API port (0: on the API port)")
+    public_metrics: bool = opt(False, "/metrics on the API port even with --metrics-port")
+    docs: bool = opt(False, "serve /docs and /openapi.json on the API port")
     mode: Mode = opt(Mode.disaggregated)
     disaggregation: DisaggregationMode = opt(
         _DISAGGREGATION.mode, "disaggregated mode: every prompt on the prefill pool (always), on its decode worker "

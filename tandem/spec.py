@@ -318,21 +318,40 @@ class ApiKeysSpec(_Spec):
         return self
 
 
-class TlsSpec(_Spec):
-    """Mutual TLS on every gRPC hop (router to workers, prefill to decode): cert-manager-style `tls.crt`,
-    `tls.key` and `ca.crt` from Secret `secretName` mounted in every pod, or the directory `dir` locally."""
+class TlsMode(StrEnum):
+    auto = "auto"  # mutual TLS with per-role certificates: issued by the operator or `tandem up` unless given
+    off = "off"  # plaintext gRPC: any pod that reaches a worker port may call it (a Warning says so)
 
+
+class TlsSpec(_Spec):
+    """Mutual TLS on every gRPC hop (router to workers, prefill to decode), on unless `mode: off`. Each
+    process has its role's certificate (tandem.identity): the operator issues them into a Secret per service
+    and `tandem up` under its run directory, unless `secretName` names cert-manager-style Secrets
+    `<secretName>-<role>` (tls.crt, tls.key, ca.crt) or, locally, `dir` holds folders `<dir>/<role>/`.
+    `tls: off` is short for `tls: {mode: off}`."""
+
+    mode: TlsMode = TlsMode.auto
     secret_name: str | None = Field(default=None, min_length=1)
     dir: str | None = Field(default=None, min_length=1)
-    # The name every worker certificate carries and clients check (workers are dialled by pod IP);
-    # unset: the dialled host itself must be in the certificate.
-    server_name: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        if value is False or value == "off":  # YAML reads an unquoted `off` as false
+            return {"mode": "off"}
+        if value is None or value is True or value == "on":  # null: the default, on
+            return {}
+        return value
 
     @model_validator(mode="after")
-    def _one_source(self) -> TlsSpec:
-        if not (self.secret_name or self.dir):
-            raise ValueError("security.tls needs secretName (Kubernetes) or dir (local)")
+    def _sources_need_tls(self) -> TlsSpec:
+        if self.mode is TlsMode.off and (self.secret_name or self.dir):
+            raise ValueError("security.tls: mode off takes no secretName or dir")
         return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode is not TlsMode.off
 
 
 PROMETHEUS_PEER: dict[str, Any] = {
@@ -350,7 +369,7 @@ class NetworkPolicySpec(_Spec):
 
 class SecuritySpec(_Spec):
     api_keys: ApiKeysSpec | None = None
-    tls: TlsSpec | None = None
+    tls: TlsSpec = Field(default_factory=TlsSpec)
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
 
 

@@ -35,21 +35,36 @@ def worker_threads(svc: InferenceService, num_workers: int, cpus: int) -> int:
     return svc.spec.engine.threads or max(1, cpus // max(1, num_workers))
 
 
-def local_tls_dir(svc: InferenceService, base: Path) -> str | None:
-    """The mutual-TLS directory of a local stack (security.tls.dir), or None without TLS."""
+TLS_STATE_DIR = "tls"  # under the run directory: tandem up's throwaway CA's certificates, a folder per role
+
+
+def local_tls_root(svc: InferenceService, base: Path, state: Path | None) -> Path | None:
+    """The folder holding a folder per role with its mutual-TLS files: security.tls.dir, else the run
+    directory's (`state`), None with `security.tls.mode: off`."""
     tls = svc.spec.security.tls
-    if tls is not None and not tls.dir:
-        raise ValueError("the local backend reads TLS files from security.tls.dir, not a Secret")
-    return str(base / tls.dir) if tls is not None and tls.dir else None
+    if not tls.enabled:
+        return None
+    if tls.secret_name:
+        raise ValueError("the local backend reads TLS files from security.tls.dir or makes its own, not a Secret")
+    if tls.dir:
+        return base / tls.dir
+    if state is None:
+        raise ValueError("mutual TLS on (security.tls) needs a run directory for its certificates")
+    return state / TLS_STATE_DIR
+
+
+def role_tls_dir(root: Path | None, role: str) -> str | None:
+    return str(root / role) if root is not None else None
 
 
 def worker_plan(
-    svc: InferenceService, base: Path, role: str, index: int, host: str, grpc_port: int, threads: int
+    svc: InferenceService, base: Path, role: str, index: int, host: str, grpc_port: int, threads: int,
+    tls_root: Path | None = None,
 ) -> ProcessPlan:
     """One worker process: gRPC on `grpc_port`, metrics on the port above it."""
     argv = worker_argv(
         svc.spec, svc.name, role, str(model_dir(svc, base)), host, grpc_port, grpc_port + 1, threads,
-        f"{svc.name}-{role}-{index}", tls_dir=local_tls_dir(svc, base), drain_timeout_s=drain_timeout_seconds(svc.spec),
+        f"{svc.name}-{role}-{index}", tls_dir=role_tls_dir(tls_root, role), drain_timeout_s=drain_timeout_seconds(svc.spec),
     )  # fmt: skip
     return ProcessPlan(f"{role}-{index}", role, [sys.executable, "-m", "tandem", *argv], f"{host}:{grpc_port}", grpc_port + 1)
 
@@ -62,18 +77,19 @@ def plan(
     first_worker_port: int = 50100,
     workers_file: Path | None = None,
     cpus: int | None = None,
+    tls_root: Path | None = None,
 ) -> list[ProcessPlan]:
+    """The processes of `svc`; `tls_root` holds their certificates, a folder per role (local_tls_root)."""
     spec = svc.spec
     pools = worker_pools(spec)
     threads = worker_threads(svc, sum(pool_replicas(spec, p) for p in pools), cpus or os.cpu_count() or 1)
     python = [sys.executable, "-m", "tandem"]
     mdir = str(model_dir(svc, base))
-    tls_dir = local_tls_dir(svc, base)
     procs: list[ProcessPlan] = []
     next_port = first_worker_port
     for role in pools:
         for i in range(pool_replicas(spec, role)):
-            procs.append(worker_plan(svc, base, role, i, host, next_port, threads))
+            procs.append(worker_plan(svc, base, role, i, host, next_port, threads, tls_root))
             next_port += 2
     addresses = None if workers_file else {role: [p.address for p in procs if p.role == role] for role in pools}
     keys = spec.security.api_keys
@@ -82,7 +98,7 @@ def plan(
     keys_file = str(base / keys.file) if keys is not None and keys.file else None
     router = router_argv(
         spec, svc.name, mdir, addresses, str(workers_file) if workers_file else None, host, port,
-        api_keys_file=keys_file, tls_dir=tls_dir,
+        api_keys_file=keys_file, tls_dir=role_tls_dir(tls_root, "router"),
     )  # fmt: skip
     procs.append(ProcessPlan("router", "router", python + router, f"{host}:{port}"))
     return procs

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import grpc
 
+from tandem.identity import OPERATOR, peer_name
 from tandem.operator.autoscale.types import Replicas
-from tandem.operator.local.plan import ProcessPlan, local_tls_dir, worker_plan, workers_document
+from tandem.operator.local.plan import ProcessPlan, local_tls_root, worker_plan, workers_document
 from tandem.operator.local.up import LocalStack, free_port_block
 from tandem.spec import InferenceService
 from tandem.v1 import colocated_pb2_grpc, common_pb2, decode_pb2_grpc, prefill_pb2_grpc
@@ -66,9 +67,9 @@ class LocalPools:
     ):
         self.stack, self.svc, self.base, self.workers_file = stack, svc, base, workers_file
         self.host, self.threads = host, threads
-        tls_dir = local_tls_dir(svc, base)
-        server_name = svc.spec.security.tls.server_name if svc.spec.security.tls else None
-        self.load = load or (lambda p: load_report(p, tls_dir=tls_dir, server_name=server_name))
+        self.tls_root = local_tls_root(svc, base, workers_file.parent)
+        self.channels = WorkerChannels()
+        self.load = load or (lambda p: load_report(p, channel=self.channels.get(p)))
         self.leaving: list[Leaving] = []
         self.exited: dict[str, int] = {}  # drained workers that are gone: their exit codes
         self._lock = threading.RLock()  # pools may be resized from several threads
@@ -153,6 +154,7 @@ class LocalPools:
                 self.exited[w.plan.name] = w.proc.returncode
                 if w.plan in self.stack.plans:
                     self.stack.plans.remove(w.plan)
+                self.channels.forget(w.plan.address)
         return [(w.plan.name, w.proc.returncode) for w in gone]
 
     def wait_drained(self, timeout_s: float) -> list[tuple[str, int]]:
@@ -180,7 +182,7 @@ class LocalPools:
         with self._lock:
             index = self._next_index[role]
             self._next_index[role] += 1
-            p = worker_plan(self.svc, self.base, role, index, self.host, free_port_block(2), self.threads)
+            p = worker_plan(self.svc, self.base, role, index, self.host, free_port_block(2), self.threads, self.tls_root)
             self.stack.spawn(p)
         return p
 
@@ -196,23 +198,46 @@ def _running(report: common_pb2.LoadReport | None) -> int | None:
     return None if report is None else report.running_sequences + report.waiting_sequences
 
 
-def load_report(
-    p: ProcessPlan, timeout_s: float = 2.0, tls_dir: str | None = None, server_name: str | None = None
-) -> common_pb2.LoadReport | None:
-    """A worker's load report over gRPC (mutual TLS with the stack's files), or None when it does not
-    answer (starting, or gone)."""
-    if tls_dir:
-        d = Path(tls_dir)
-        creds = grpc.ssl_channel_credentials(
-            (d / "ca.crt").read_bytes(), (d / "tls.key").read_bytes(), (d / "tls.crt").read_bytes()
-        )
-        options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
-        channel = grpc.secure_channel(p.address, creds, options=options)
-    else:
-        channel = grpc.insecure_channel(p.address)
+def _flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def dial(p: ProcessPlan, as_role: str = OPERATOR) -> grpc.Channel:
+    """A new channel to a planned worker: mutual TLS with the stack's certificate of `as_role` (a sibling of
+    the worker's own folder), asking for the worker's role, when the plan gives it one; else plaintext."""
+    tls_dir, service = _flag(p.argv, "--tls-dir"), _flag(p.argv, "--service") or ""
+    if tls_dir is None:
+        return grpc.insecure_channel(p.address)
+    d = Path(tls_dir).parent / as_role
+    creds = grpc.ssl_channel_credentials((d / "ca.crt").read_bytes(), (d / "tls.key").read_bytes(), (d / "tls.crt").read_bytes())
+    return grpc.secure_channel(p.address, creds, options=[("grpc.ssl_target_name_override", peer_name(p.role, service))])
+
+
+class WorkerChannels:
+    """One gRPC channel per worker, kept (a TLS handshake per load report would cost more than the report),
+    with the stack's operator identity."""
+
+    def __init__(self) -> None:
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+
+    def get(self, p: ProcessPlan) -> grpc.Channel:
+        with self._lock:
+            channel = self._channels.get(p.address)
+            if channel is None:
+                channel = self._channels[p.address] = dial(p)
+            return channel
+
+    def forget(self, address: str) -> None:
+        with self._lock:
+            channel = self._channels.pop(address, None)
+        if channel is not None:
+            channel.close()
+
+
+def load_report(p: ProcessPlan, channel: grpc.Channel, timeout_s: float = 2.0) -> common_pb2.LoadReport | None:
+    """A worker's load report over `channel`, or None when it does not answer (starting, or gone)."""
     try:
         return STUBS[p.role](channel).Load(common_pb2.LoadRequest(), timeout=timeout_s)  # type: ignore[attr-defined]
     except grpc.RpcError:
         return None
-    finally:
-        channel.close()

@@ -28,8 +28,11 @@ from pathlib import Path
 
 import httpx
 
+from tandem import names
+from tandem.launch import worker_pools
 from tandem.lifecycle import die_with_parent_env
-from tandem.operator.local.plan import ProcessPlan, model_dir, plan, workers_document
+from tandem.operator.certs import write_local
+from tandem.operator.local.plan import ProcessPlan, local_tls_root, model_dir, plan, workers_document
 from tandem.operator.local.supervisor import ChildState
 from tandem.shm_segments import sweep_dead_segments
 from tandem.spec import InferenceService, load_file
@@ -193,7 +196,13 @@ def serving(svc: InferenceService, state: Path, host: str = "127.0.0.1", port: i
     state.mkdir(parents=True, exist_ok=True)
     sweep_dead_segments()  # staging rings a run killed with SIGKILL could not remove
     workers_file = state / "workers.json"
-    procs = plan(svc, Path.cwd(), host, port, worker_port, workers_file)
+    tls_root = local_tls_root(svc, Path.cwd(), state)
+    if tls_root is None:
+        print(f"tandem up: WARNING {svc.name}: security.tls is off; its gRPC ports take plaintext calls from anyone "
+              "who can reach them", file=sys.stderr, flush=True)
+    elif not svc.spec.security.tls.dir:
+        write_local(tls_root, svc.name, (*worker_pools(svc.spec), names.POOL_ROUTER))
+    procs = plan(svc, Path.cwd(), host, port, worker_port, workers_file, tls_root=tls_root)
     workers_file.write_text(json.dumps(workers_document(procs)))
     stack = LocalStack(procs, state)
     url = f"http://{host}:{port}"

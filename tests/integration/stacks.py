@@ -5,9 +5,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 from pathlib import Path
 
-import grpc
-
 from tandem.operator.local.plan import ProcessPlan
+from tandem.operator.local.scale import WorkerChannels
 from tandem.operator.local.up import free_port_block, serving
 from tandem.spec import parse_object
 from tandem.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
@@ -36,13 +35,13 @@ def running_stack(obj: dict, log_dir: Path):
         yield running
 
 
+_CHANNELS = WorkerChannels()  # kept across calls: one TLS handshake per worker, not per load report
+
+
 def load(p: ProcessPlan) -> common_pb2.LoadReport:
-    channel = grpc.insecure_channel(p.address)
-    stub = (prefill_pb2_grpc.PrefillServiceStub if p.role == "prefill" else decode_pb2_grpc.DecodeServiceStub)(channel)
-    try:
-        return stub.Load(common_pb2.LoadRequest(), timeout=5)
-    finally:
-        channel.close()
+    """A worker's load report, asked with the stack's own identity."""
+    stub = (prefill_pb2_grpc.PrefillServiceStub if p.role == "prefill" else decode_pb2_grpc.DecodeServiceStub)
+    return stub(_CHANNELS.get(p)).Load(common_pb2.LoadRequest(), timeout=5)
 
 
 def metrics_targets(stack, service: str, namespace: str = "default") -> list[Target]:

@@ -35,7 +35,8 @@ def test_chart_objects_pass_server_validation(control_plane, helm):
     docs = _template(helm, "--include-crds", "--set", "watchNamespaces={a,b}")
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(["CustomResourceDefinition", "CustomResourceDefinition", "ServiceAccount",
-                            "ClusterRole", "ClusterRoleBinding", "Deployment", "ConfigMap", "Job"])  # Job: the helm test hook
+                            "ClusterRole", "ClusterRoleBinding", "Deployment", "ConfigMap", "Job",  # Job: the helm test hook
+                            "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"])  # tenancy
     role = next(d for d in docs if d["kind"] == "ClusterRole")
     shipped = yaml.safe_load((CHART / "files/operator-clusterrole.yaml").read_text())
     assert role["rules"] == shipped["rules"]

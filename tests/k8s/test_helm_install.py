@@ -105,6 +105,7 @@ def test_install_establishes_crds_and_creates_the_operator(cluster, installed):
     # NOTES.txt tells what to do next
     assert "kubectl apply -f examples/inferenceservice-gpu.yaml" in installed
     assert f"helm test {RELEASE} -n {NS}" in installed and "kubectl get tsvc,tpool" in installed
+    assert "spec.security.apiKeys: {secretName:" in installed  # and how to close the API to strangers
 
 
 def test_operator_with_the_charts_identity_reconciles_the_example(cluster, chart_operator):

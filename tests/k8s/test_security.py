@@ -27,6 +27,7 @@ NEEDED = [
     ("create", "services"), ("create", "poddisruptionbudgets.policy"),
     ("create", "networkpolicies.networking.k8s.io"), ("create", "events"),
     ("update", "leases.coordination.k8s.io"), ("get", "persistentvolumeclaims"),
+    ("create", "secrets"),  # each service's CA and per-role certificates (never read back)
 ]
 FORBIDDEN = [
     ("get", "secrets"), ("list", "secrets"), ("create", "pods/exec"), ("create", "pods"), ("delete", "pods"),
@@ -78,6 +79,56 @@ def test_every_rendered_pod_is_admitted_under_restricted(control_plane, operator
         assert all(c["securityContext"]["readOnlyRootFilesystem"] for c in p["spec"]["containers"])
     policies = get_json(control_plane, "networkpolicies", namespace=namespace)["items"]
     assert sorted(n["metadata"]["name"] for n in policies) == sorted(f"{SERVICE}-{p}" for p in ("prefill", "decode", "router"))
+
+
+def test_by_default_the_operator_issues_each_role_a_certificate_and_each_pod_mounts_only_its_own(
+        control_plane, operator, namespace):
+    import base64
+
+    from cryptography import x509
+
+    from tandem.identity import Identity, from_sans
+
+    control_plane.kubectl("apply", "-f", "-", input=model_volume(namespace))
+    control_plane.kubectl("apply", "-n", namespace, "-f", str(EXAMPLE))
+    obj = wait_for(lambda: ready_at_current_generation(control_plane, namespace), 180, "Ready")
+    encrypted = next(c for c in obj["status"]["conditions"] if c["type"] == "Encrypted")
+    assert (encrypted["status"], encrypted["reason"]) == ("True", "MutualTLS")
+    secret = get_json(control_plane, "secret", f"{SERVICE}-tls", namespace=namespace)
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
+    data = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+    ca = x509.load_pem_x509_certificate(data["ca.crt"])
+    for role in ("router", "prefill", "decode"):
+        cert = x509.load_pem_x509_certificate(data[f"{role}.crt"])
+        cert.verify_directly_issued_by(ca)
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert from_sans(sans.get_values_for_type(x509.UniformResourceIdentifier)) == Identity(role, SERVICE)
+    for p in get_json(control_plane, "pods", namespace=namespace)["items"]:
+        pool = p["metadata"]["labels"]["serving.tandem.dev/pool"]
+        (vol,) = [v["secret"] for v in p["spec"]["volumes"] if v["name"] == "tls"]
+        assert vol["secretName"] == f"{SERVICE}-tls"
+        assert sorted(i["key"] for i in vol["items"]) == sorted([f"{pool}.crt", f"{pool}.key", "ca.crt"]), pool
+
+
+def test_tls_off_is_reported_by_a_condition_and_a_warning_event(control_plane, operator, namespace):
+    from tests.k8s.test_operator_failures import warning_events
+
+    control_plane.kubectl("apply", "-f", "-", input=model_volume(namespace))
+    obj = yaml.safe_load(EXAMPLE.read_text())
+    obj["spec"]["security"] = {"tls": {"mode": "off"}}
+    control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(obj))
+    obj = wait_for(lambda: ready_at_current_generation(control_plane, namespace), 180, "Ready in plaintext")
+    encrypted = next(c for c in obj["status"]["conditions"] if c["type"] == "Encrypted")
+    assert (encrypted["status"], encrypted["reason"]) == ("False", "TLSOff")
+    events = wait_for(lambda: [e for e in warning_events(control_plane, namespace, SERVICE) if e["reason"] == "TLSOff"],
+                      30, "a TLSOff Warning Event")
+    assert "plaintext" in events[0]["message"]
+    assert get_json(control_plane, "secrets", namespace=namespace)["items"] == [] or all(
+        s["metadata"]["name"] != f"{SERVICE}-tls" for s in get_json(control_plane, "secrets", namespace=namespace)["items"])
+    bad = dict(obj, spec={**obj["spec"], "security": {"tls": {"mode": "off", "secretName": "x"}}})
+    bad["metadata"] = {"name": "bad", "namespace": namespace}
+    out = control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(bad), check=False)
+    assert out.returncode != 0 and "mode off takes no secretName" in out.stderr, out.stderr
 
 
 def _install_rbac(cp, helm: str, namespace: str, *values: str) -> str:
@@ -140,25 +191,24 @@ def test_chart_default_security_reaches_the_operator(helm):
 
 
 def test_tls_and_api_keys_from_secrets_are_admitted_and_mounted(control_plane, operator, namespace):
-    from tests.tls_certs import Ca
+    from tandem.identity import Identity
+    from tandem.operator.certs import Authority
 
-    ca = Ca()
-    cert, key = ca.issue("workers", dns=(f"{SERVICE}.{namespace}.svc",), ips=())
-    secrets = [
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tandem-tls", "namespace": namespace},
-         "type": "kubernetes.io/tls",
-         "stringData": {"tls.crt": cert.decode(), "tls.key": key.decode(), "ca.crt": ca.pem.decode()}},
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tandem-keys", "namespace": namespace},
-         "stringData": {"api-keys": "sk-one\nsk-two\n"}},
-    ]
+    ca = Authority("cert-manager's issuer")
+    secrets = [{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tandem-keys", "namespace": namespace},
+                "stringData": {"api-keys": "sk-one\nsk-two\n"}}]
+    for role in ("router", "prefill", "decode"):  # what three cert-manager Certificates would write
+        leaf = ca.issue(Identity(role, SERVICE))
+        secrets.append({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+                        "metadata": {"name": f"tandem-tls-{role}", "namespace": namespace},
+                        "stringData": {"tls.crt": leaf.cert.decode(), "tls.key": leaf.key.decode(), "ca.crt": leaf.ca.decode()}})
     control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(secrets))
     control_plane.kubectl("apply", "-f", "-", input=model_volume(namespace))
     obj = yaml.safe_load(EXAMPLE.read_text())
-    obj["spec"]["security"] = {"tls": {"secretName": "tandem-tls", "serverName": f"{SERVICE}.{namespace}.svc"},
-                               "apiKeys": {"secretName": "tandem-keys"}}
+    obj["spec"]["security"] = {"tls": {"secretName": "tandem-tls"}, "apiKeys": {"secretName": "tandem-keys"}}
     control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(obj))
     wait_for(lambda: ready_at_current_generation(control_plane, namespace), 180, "Ready with TLS and API keys")
     for p in get_json(control_plane, "pods", namespace=namespace)["items"]:
         secrets_mounted = {v["secret"]["secretName"] for v in p["spec"]["volumes"] if "secret" in v}
         pool = p["metadata"]["labels"]["serving.tandem.dev/pool"]
-        assert secrets_mounted == ({"tandem-tls", "tandem-keys"} if pool == "router" else {"tandem-tls"}), pool
+        assert secrets_mounted == ({"tandem-tls-router", "tandem-keys"} if pool == "router" else {f"tandem-tls-{pool}"}), pool

@@ -110,3 +110,40 @@ def test_sources_that_cannot_be_read_say_so():
         ScrapeSource(lambda: {"router": ["http://127.0.0.1:1/metrics"]}).observe(target, {}, 0.0)
     with pytest.raises(MetricsUnavailable):
         PrometheusSource("http://127.0.0.1:1", timeout_s=1).observe(target, {}, 0.0)
+
+
+def test_the_direct_scrape_reads_a_bounded_number_of_bytes():
+    """A pod serving an endless /metrics over a real socket: the read stops past the bound, the target is skipped."""
+    import http.server
+    import threading
+
+    import httpx
+
+    from tandem.operator.autoscale.sources.scrape import read_bounded
+
+    sent = []
+
+    class Endless(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            self.send_response(200)
+            self.end_headers()
+            try:
+                for _ in range(10_000):  # 640 MiB if nobody stopped reading
+                    self.wfile.write(b"# " + b"x" * 65534 + b"\n")
+                    sent.append(1)
+            except OSError:
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+        with httpx.Client(timeout=5) as client:
+            with pytest.raises(ValueError, match="larger than"):
+                read_bounded(client, url, 1 << 20)
+        assert len(sent) < 10_000
+    finally:
+        server.shutdown()

@@ -80,6 +80,7 @@ def test_disaggregation_reaches_the_rendered_router_and_the_local_one():
     from tandem.spec import DisaggregationMode, InferenceService, Mode
 
     spec = _spec()
+    spec.security.tls = spec.security.tls.model_validate("off")  # the backend would read the pod's certificates
     spec.router.disaggregation = spec.router.disaggregation.model_validate(
         {"mode": "conditional", "localPrefillMaxTokens": 96, "prefillQueueTokens": 3000,
          "localPrefillMaxTpotFraction": 0.75}

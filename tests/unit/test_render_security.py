@@ -64,20 +64,48 @@ def _worker(spec: InferenceServiceSpec, pool: str = names.POOL_DECODE) -> dict:
     return render.worker_deployment(spec, "llama", "ml", "u", pool, 1)["spec"]["template"]
 
 
-def test_tls_secret_is_mounted_in_every_pod_and_named_to_every_process():
-    spec = _spec(tls={"secretName": "llama-tls", "serverName": "llama-workers.ml.svc"})
-    for pod in (_worker(spec, names.POOL_PREFILL), _worker(spec, names.POOL_DECODE), _router(spec)):
+def test_mutual_tls_is_on_by_default_and_each_pod_mounts_only_its_roles_certificate():
+    spec = _spec()
+    for pool, pod in ((names.POOL_PREFILL, _worker(spec, names.POOL_PREFILL)),
+                      (names.POOL_DECODE, _worker(spec, names.POOL_DECODE)), (names.POOL_ROUTER, _router(spec))):
         (container,) = pod["spec"]["containers"]
         assert _flag(container["args"], "--tls-dir") == render.TLS_MOUNT
-        assert _flag(container["args"], "--tls-server-name") == "llama-workers.ml.svc"
         (mount,) = [m for m in container["volumeMounts"] if m["name"] == "tls"]
         assert mount == {"name": "tls", "mountPath": render.TLS_MOUNT, "readOnly": True}
         (vol,) = [v for v in pod["spec"]["volumes"] if v["name"] == "tls"]
-        assert vol["secret"]["secretName"] == "llama-tls"
+        assert vol["secret"]["secretName"] == render.tls_secret_name("llama")
+        assert {i["key"]: i["path"] for i in vol["secret"]["items"]} == {
+            f"{pool}.crt": "tls.crt", f"{pool}.key": "tls.key", "ca.crt": "ca.crt"}
+
+
+def test_the_pre_stop_drain_asks_for_its_own_roles_certificate():
+    (container,) = _worker(_spec(), names.POOL_DECODE)["spec"]["containers"]
+    drain = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert _flag(drain, "--tls-dir") == render.TLS_MOUNT
+    assert _flag(drain, "--tls-server-name") == "decode.llama.tandem.internal"
+
+
+def test_cert_manager_secrets_are_mounted_per_role():
+    spec = _spec(tls={"secretName": "llama-certs"})
+    for pool, pod in ((names.POOL_PREFILL, _worker(spec, names.POOL_PREFILL)), (names.POOL_ROUTER, _router(spec))):
+        (vol,) = [v for v in pod["spec"]["volumes"] if v["name"] == "tls"]
+        assert vol["secret"] == {"secretName": f"llama-certs-{pool}", "defaultMode": 0o440}
+
+
+@pytest.mark.parametrize("off", [{"mode": "off"}, False, "off"])
+def test_tls_off_is_plaintext_and_mounts_nothing(off):
+    spec = _spec(tls=off)
+    assert not spec.security.tls.enabled
+    for pod in (_worker(spec), _router(spec)):
+        (container,) = pod["spec"]["containers"]
+        assert "--tls-dir" not in container["args"]
+        assert all(v["name"] != "tls" for v in pod["spec"].get("volumes", []))
+    with pytest.raises(ValueError, match="mode off"):
+        _spec(tls={"mode": "off", "secretName": "x"})
 
 
 def test_the_kubelet_probes_a_plaintext_health_only_port_with_timeouts_tls_or_not():
-    for spec in (_spec(), _spec(tls={"secretName": "t"})):
+    for spec in (_spec(), _spec(tls="off")):
         container = _worker(spec)["spec"]["containers"][0]
         assert _flag(container["args"], "--health-port") == str(names.HEALTH_PORT)
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
@@ -86,8 +114,12 @@ def test_the_kubelet_probes_a_plaintext_health_only_port_with_timeouts_tls_or_no
         assert container["livenessProbe"]["grpc"]["service"] == names.WORKER_LIVENESS_SERVICE
 
 
-def test_local_backend_passes_the_tls_dir_to_every_process(tmp_path):
+def test_local_backend_gives_every_process_its_roles_folder(tmp_path):
     svc = InferenceService(name="s", spec=_spec(tls={"dir": "certs"}))
-    procs = local_plan.plan(svc, tmp_path, workers_file=tmp_path / "w.json")
+    root = local_plan.local_tls_root(svc, tmp_path, None)
+    procs = local_plan.plan(svc, tmp_path, workers_file=tmp_path / "w.json", tls_root=root)
     assert {p.role for p in procs} == {"prefill", "decode", "router"}
-    assert all(_flag(p.argv, "--tls-dir") == str(tmp_path / "certs") for p in procs)
+    assert all(_flag(p.argv, "--tls-dir") == str(tmp_path / "certs" / p.role) for p in procs)
+    default = InferenceService(name="s", spec=_spec())
+    assert local_plan.local_tls_root(default, tmp_path, tmp_path / "run") == tmp_path / "run" / "tls"
+    assert local_plan.local_tls_root(InferenceService(name="s", spec=_spec(tls="off")), tmp_path, None) is None

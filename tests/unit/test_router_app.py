@@ -144,7 +144,8 @@ async def test_completion_non_streaming_shape_and_usage(tok):
     }
     rid, seen_ids, params = backend.calls[0]
     assert rid == body["id"] and seen_ids == prompt_ids
-    assert r.headers["x-tandem-decode-worker"] == "127.0.0.1:7002" and "x-tandem-retries" not in r.headers
+    assert "x-tandem-retries" not in r.headers
+    assert not any("127.0.0.1:700" in v for v in r.headers.values()), r.headers  # worker addresses stay inside
     assert params.max_tokens == 16 and params.temperature == 0.0 and params.greedy
 
 
@@ -172,7 +173,7 @@ async def test_completion_streaming_chunks_and_usage(tok):
     req = {"model": SERVED, "prompt": "Hi", "stream": True, "stream_options": {"include_usage": True}}
     r = await post(app, "/v1/completions", req)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-    assert r.headers["x-tandem-prefill-worker"] == "127.0.0.1:7001"  # known once the first token is in
+    assert not any("127.0.0.1:700" in v for v in r.headers.values()), r.headers  # worker addresses stay inside
     events = sse_events(r.text)
     assert events[-1] == "[DONE]"
     chunks, usage_chunk = events[:-2], events[-2]
@@ -655,3 +656,26 @@ async def test_where_the_prompt_ran_is_a_response_header_and_a_metric_label(tok)
         labels = f'pool="router",prefill="{route}",service="default"'
         assert f"tandem_ttft_seconds_count{{{labels}}} {float(n)}" in text
         assert f'tandem_requests_total{{{labels},status="200"}} {float(n)}' in text
+
+
+@pytest.mark.asyncio
+async def test_metrics_and_docs_stay_off_the_api_port_unless_asked(tok):
+    hidden = create_app(ScriptedBackend(tok), tok, SERVED, public_metrics=False)
+    async with client_for(hidden) as c:
+        for path in ("/metrics", "/docs", "/redoc", "/openapi.json"):
+            assert (await c.get(path)).status_code == 404, path
+        assert (await c.get(names.LIVENESS_PATH)).status_code == 200
+    shown = create_app(ScriptedBackend(tok), tok, SERVED, public_metrics=True, docs=True)
+    async with client_for(shown) as c:
+        for path in ("/metrics", "/docs", "/openapi.json"):
+            assert (await c.get(path)).status_code == 200, path
+
+
+def test_the_rendered_router_keeps_metrics_on_its_metrics_port():
+    from tandem.operator import render
+    from tandem.spec import InferenceServiceSpec
+    from tandem.worker.router.main import build_parser
+
+    spec = InferenceServiceSpec.model_validate({"model": {"source": {"path": "/m"}, "servedName": "m"}})
+    args = build_parser().parse_args(render.router_args(spec, "s", "ns")[1:])
+    assert args.metrics_port == names.METRICS_PORT and not args.public_metrics and not args.docs

@@ -32,4 +32,4 @@ def test_defaults_from_the_environment():
     assert from_env({}) is None and from_env({ENV: " "}) is None
     assert from_env({ENV: '{"tls": {"dir": "/certs"}}'}).tls.dir == "/certs"
     with pytest.raises(ValueError):
-        from_env({ENV: '{"tls": {}}'})  # needs a source
+        from_env({ENV: '{"tls": {"mode": "off", "secretName": "x"}}'})  # plaintext has no certificates

@@ -64,7 +64,6 @@ CONTEXT: list[tuple[str, dict[str, Any]]] = [
     ("decode.minReplicas", {"autoscaling": {"enabled": True}}),
     ("decode.maxReplicas", {"autoscaling": {"enabled": True}}),
     ("security.apiKeys.", {"security": {"apiKeys": {"secretName": "api-keys"}}}),
-    ("security.tls.", {"security": {"tls": {"dir": "/tls"}}}),
     # the live pool is scaled out of bounds in `observe`, so the switch shows as a clamp
     ("autoscaling.enabled", {}),
     ("engine.speculative.draftModel.", {"engine": {"speculative": {"method": "draft"}}}),

@@ -2,11 +2,14 @@
 
 Certificates are cert-manager style files in one directory: `tls.crt` (this process's chain), `tls.key`
 and `ca.crt` (the CA every peer's certificate must chain to). Servers require a client certificate from
-that CA; clients check the server's against it. Without a directory everything stays plaintext.
+that CA; clients check the server's against it and, knowing their service, ask it for the name of the role
+they mean to reach (tandem.identity), so a certificate of another role or service is refused at the
+handshake. Without a directory everything stays plaintext (the spec's `security.tls.mode: off`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +17,8 @@ from typing import Any
 
 import grpc
 from grpc import aio
+
+from tandem.identity import peer_name
 
 CERT, KEY, CA = "tls.crt", "tls.key", "ca.crt"
 # A peer that refused a connection (still starting, or restarted on its address) is redialled within a
@@ -27,25 +32,30 @@ RECONNECT_OPTIONS: list[tuple[str, Any]] = [
 
 @dataclass(frozen=True)
 class TlsConfig:
-    """This process's certificate, key and the peers' CA (PEM bytes), and the name clients expect in a
-    server's certificate when they dial an address (a pod IP) the certificate cannot name."""
+    """This process's certificate, key and the peers' CA (PEM bytes), its service, and the name clients
+    expect in a server's certificate (workers are dialled by pod IP, which no certificate names)."""
 
     cert: bytes
     key: bytes
     ca: bytes
     server_name: str | None = None
+    service: str = ""
 
     @classmethod
-    def from_dir(cls, directory: str | Path, server_name: str | None = None) -> TlsConfig:
+    def from_dir(cls, directory: str | Path, server_name: str | None = None, service: str = "") -> TlsConfig:
         d = Path(directory)
         missing = [n for n in (CERT, KEY, CA) if not (d / n).is_file()]
         if missing:
             raise FileNotFoundError(f"TLS directory {d} lacks {', '.join(missing)}")
-        return cls((d / CERT).read_bytes(), (d / KEY).read_bytes(), (d / CA).read_bytes(), server_name or None)
+        return cls((d / CERT).read_bytes(), (d / KEY).read_bytes(), (d / CA).read_bytes(), server_name or None, service)
 
     @classmethod
-    def optional(cls, directory: str | None, server_name: str | None = None) -> TlsConfig | None:
-        return cls.from_dir(directory, server_name) if directory else None
+    def optional(cls, directory: str | None, server_name: str | None = None, service: str = "") -> TlsConfig | None:
+        return cls.from_dir(directory, server_name, service) if directory else None
+
+    def to(self, role: str) -> TlsConfig:
+        """The same credentials, asking the server for the certificate of `role` in this service."""
+        return dataclasses.replace(self, server_name=peer_name(role, self.service))
 
     def server_credentials(self) -> grpc.ServerCredentials:
         return grpc.ssl_server_credentials(
@@ -59,11 +69,49 @@ class TlsConfig:
         return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
 
 
-def add_port(server: grpc.Server | aio.Server, address: str, tls: TlsConfig | None) -> int:
-    """Listen on `address`, with mutual TLS when `tls` is given."""
+def add_port(server: grpc.Server | aio.Server, address: str, tls: TlsConfig | None, tls_dir: str | None = None) -> int:
+    """Listen on `address`, with mutual TLS when `tls` is given; with `tls_dir` (a synchronous server), the
+    files there are read again when they change (cert-manager renews them in place), for new connections."""
     if tls is None:
         return server.add_insecure_port(address)
-    return server.add_secure_port(address, tls.server_credentials())
+    if tls_dir is None:
+        return server.add_secure_port(address, tls.server_credentials())
+    reloader = CertReloader(Path(tls_dir))
+    creds = grpc.dynamic_ssl_server_credentials(
+        reloader.initial(tls), reloader.fetch, require_client_authentication=True
+    )
+    return server.add_secure_port(address, creds)
+
+
+class CertReloader:
+    """Serves gRPC core's per-handshake question "has the certificate changed?" from the files' mtimes: a
+    new configuration once all three files are readable after a change, None (keep the current) otherwise."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.stamp = self._stamp()
+        self.reloads = 0
+
+    def _stamp(self) -> tuple[int, ...]:
+        try:
+            return tuple((self.directory / n).stat().st_mtime_ns for n in (CERT, KEY, CA))
+        except OSError:
+            return ()
+
+    @staticmethod
+    def initial(tls: TlsConfig) -> grpc.ServerCertificateConfiguration:
+        return grpc.ssl_server_certificate_configuration([(tls.key, tls.cert)], root_certificates=tls.ca)
+
+    def fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        stamp = self._stamp()
+        if not stamp or stamp == self.stamp:
+            return None
+        try:
+            fresh = TlsConfig.from_dir(self.directory)
+        except OSError:
+            return None
+        self.stamp, self.reloads = stamp, self.reloads + 1
+        return self.initial(fresh)
 
 
 def _options(tls: TlsConfig | None, options: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:

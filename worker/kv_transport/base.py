@@ -88,6 +88,11 @@ class KvTransferError(RuntimeError):
     """A transfer that cannot complete; the reservation it belongs to is freed."""
 
 
+class DecodeUnreachable(KvTransferError):
+    """The push never reached a decode worker (no connection, or a TLS handshake the peer failed); the
+    transport's details are logged, not passed on."""
+
+
 class ChecksumMismatch(KvTransferError):
     """A chunk whose bytes do not match its checksum."""
 

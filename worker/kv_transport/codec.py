@@ -6,6 +6,7 @@ scales, so the wire compression (`kvTransfer.compression: int8`) is a no-op for 
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -77,6 +78,8 @@ def decode_blocks(
         raise InvalidChunk("an 8-bit KV cache's chunks must travel uncompressed")
     if compression != INT8 or scales is None or len(scales) != 2 * num_blocks:
         raise InvalidChunk(f"compression {compression} needs {2 * num_blocks} scales")
+    if not all(math.isfinite(x) for x in scales):
+        raise InvalidChunk("a chunk's scales must be finite")
     s = torch.tensor(scales, dtype=torch.float32, device=data.device).reshape(num_blocks, 2)
     k = dequantize_int8(data[:half].view(torch.int8).view(shape), s[:, 0], layout.dtype)
     v = dequantize_int8(data[half:].view(torch.int8).view(shape), s[:, 1], layout.dtype)

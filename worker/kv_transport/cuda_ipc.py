@@ -18,6 +18,7 @@ from tandem.v1 import decode_pb2
 from .base import KvTransferError
 from .staging import StagingRing
 
+MAX_REF_COUNTER_OFFSET = 1 << 20  # slots in torch's reference-counter file
 MAX_HANDLE_BYTES = 4096  # cudaIpcMemHandle_t is 64 bytes; expandable segments send a longer record
 # torch names its IPC reference counters "/torch_<pid>_<random>_<n>" (at::NewProcessWideShmHandle)
 _REF_COUNTER = re.compile(r"/torch_[0-9A-Za-z_]{1,64}")
@@ -61,6 +62,10 @@ def check_buffer(buf: decode_pb2.CudaIpcBuffer, capacity: int, local_device: int
         problems.append(f"reference counter name {buf.ref_counter_name[:80]!r} is not torch's")
     if capacity <= 0 or buf.storage_size != capacity:
         problems.append(f"buffer of {buf.storage_size} bytes, ring control says {capacity}")
+    if buf.storage_offset != 0:  # the ring exports a whole allocation: an offset would reach past it
+        problems.append(f"storage offset {buf.storage_offset}, not 0")
+    if not 0 <= buf.ref_counter_offset < MAX_REF_COUNTER_OFFSET:
+        problems.append(f"reference counter offset {buf.ref_counter_offset} out of range")
     return problems
 
 

@@ -13,7 +13,15 @@ import torch
 from tandem.v1 import common_pb2, decode_pb2
 
 from . import transports
-from .base import ChecksumMismatch, IncompleteTransfer, InvalidChunk, KvLayout, KvSender, KvTransferError
+from .base import (
+    ChecksumMismatch,
+    DecodeUnreachable,
+    IncompleteTransfer,
+    InvalidChunk,
+    KvLayout,
+    KvSender,
+    KvTransferError,
+)
 from .chunking import DEFAULT_CHUNK_BYTES, plan_chunks
 from .codec import NONE, chunk_nbytes, encode_blocks
 from .framing import identity, pack_chunk, unpack_chunk
@@ -134,7 +142,11 @@ class StreamKvSender(KvSender):
         try:
             return self._future.result()
         except grpc.RpcError as e:
-            raise self._error or KvTransferError(f"PushKv failed: {e.code()} {e.details()}") from e
+            if self._error is not None:
+                raise self._error from e
+            if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise DecodeUnreachable(f"PushKv failed: {e.code()} {e.details()}") from e
+            raise KvTransferError(f"PushKv failed: {e.code()} {e.details()}") from e
 
     def abort(self, reason: str = "") -> None:
         if not self._done.is_set():
@@ -147,8 +159,11 @@ class StreamKvSender(KvSender):
         if self._done.is_set():
             raise KvTransferError(f"transfer {self.transfer_id} already committed or aborted")
         if self._future.done():
-            reply = None if self._future.cancelled() or self._future.exception() else self._future.result()
-            raise KvTransferError(f"PushKv stream ended early: {reply or self._future.exception()}")
+            failed = None if self._future.cancelled() else self._future.exception()
+            reply = None if self._future.cancelled() or failed else self._future.result()
+            lost = isinstance(failed, grpc.RpcError) and failed.code() in (  # type: ignore[attr-defined]
+                grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            raise (DecodeUnreachable if lost else KvTransferError)(f"PushKv stream ended early: {reply or failed}")
 
     def _frames(self) -> Iterator[bytes]:
         try:

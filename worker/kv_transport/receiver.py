@@ -49,8 +49,9 @@ class KvReceiver:
         on_release: Callable[[Released], None],
         on_commit: Callable[[Committed], None] = lambda c: None,
         clock: Callable[[], float] = time.monotonic,
+        vocab_size: int | None = None,
     ):
-        self.store, self.layout = store, layout
+        self.store, self.layout, self.vocab_size = store, layout, vocab_size
         self.table = ReservationTable()
         self._on_release, self._on_commit, self._clock = on_release, on_commit, clock
         self._lock = threading.Lock()
@@ -166,6 +167,8 @@ class KvReceiver:
                 return verdict, None
             res = self.table.get(header.transfer_id)
             assert res is not None
+            if self.vocab_size is not None and not 0 <= header.first_token < self.vocab_size:
+                raise InvalidChunk(f"first token {header.first_token} is outside the vocabulary of {self.vocab_size}")
             if not res.is_complete():
                 raise IncompleteTransfer(
                     f"transfer {header.transfer_id} committed with {res.missing()} layer-blocks missing"

@@ -68,10 +68,9 @@ class StreamEnd:
 
 
 def timing_headers(timing: Timing) -> dict[str, str]:
-    """Which workers served the request and how many retries it took, for clients and tests to see."""
+    """How many retries the request took and where its prompt ran; never which workers (their addresses
+    are the cluster's, not the client's to know)."""
     headers = {
-        "X-Tandem-Prefill-Worker": timing.prefill_worker,
-        "X-Tandem-Decode-Worker": timing.decode_worker,
         "X-Tandem-Retries": str(timing.retries) if timing.retries else "",
         names.PREFILL_ROUTE_HEADER: timing.prefill,
     }

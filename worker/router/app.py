@@ -137,10 +137,13 @@ def create_app(
     slo: Slo | None = None,
     api_keys: ApiKeys | None = None,
     protect_metrics: bool = False,
+    public_metrics: bool = True,
+    docs: bool = False,
 ) -> FastAPI:
     """The router's ASGI app. `max_model_len` (the context the workers serve) turns overlong prompts
     into 400s here; `limits` bound what a request body may cost before it is parsed; `slo` is what
-    each completed request is judged against."""
+    each completed request is judged against. `/metrics` is served here only with `public_metrics` (else on
+    the metrics port alone), `/docs` and `/openapi.json` only with `docs`."""
     metrics = RouterMetrics(
         service_name, backend.queue_depth, slo=slo, routable_workers=backend.routable_workers,
         discovery_stale=getattr(backend, "discovery_stale", None), model_name=served_name,
@@ -157,7 +160,10 @@ def create_app(
         finally:
             await backend.close()
 
-    app = FastAPI(title="tandem router", lifespan=lifespan)
+    app = FastAPI(
+        title="tandem router", lifespan=lifespan, docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None, openapi_url="/openapi.json" if docs else None,
+    )  # fmt: skip
     app.state.metrics, app.state.admission, app.state.backend = metrics, admission, backend
     if api_keys is not None:  # probes stay open; /metrics too unless protect_metrics
         app.add_middleware(RequireApiKey, keys=api_keys, protect_metrics=protect_metrics)
@@ -203,10 +209,12 @@ def create_app(
         body = {"status": "ok" if ready else "unavailable", "in_flight": admission.in_flight}
         return JSONResponse(body, status_code=200 if ready else 503)
 
-    @app.get("/metrics")
-    async def metrics_endpoint() -> Response:
-        payload, content_type = metrics.exposition()
-        return Response(payload, media_type=content_type)
+    if public_metrics:
+
+        @app.get("/metrics")
+        async def metrics_endpoint() -> Response:
+            payload, content_type = metrics.exposition()
+            return Response(payload, media_type=content_type)
 
     document_request_bodies(
         app, {"/v1/completions": oa.CompletionRequest, "/v1/chat/completions": oa.ChatCompletionRequest}

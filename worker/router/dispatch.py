@@ -369,7 +369,7 @@ def build_backend(args) -> GrpcBackend:
         return [a for a in (value or "").split(",") if a]
 
     addresses = {"prefill": split(args.prefill), "decode": split(args.decode), "colocated": split(args.colocated)}
-    tls = TlsConfig.optional(getattr(args, "tls_dir", None), getattr(args, "tls_server_name", None))
+    tls = TlsConfig.optional(getattr(args, "tls_dir", None), service=getattr(args, "service", ""))
     defaults = DisaggregationPolicy()
     policy = DisaggregationPolicy(
         mode=getattr(args, "disaggregation", defaults.mode),

@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         slo=Slo(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_percentile),
         api_keys=api_keys,
         protect_metrics=args.protect_metrics,
+        public_metrics=args.public_metrics or not args.metrics_port,
+        docs=args.docs,
     )
     if args.metrics_port:
         from tandem.worker.api.metrics_http import serve_metrics

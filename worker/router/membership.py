@@ -119,7 +119,7 @@ class Pools:
             current = self.workers[role]
             for address in addresses:
                 if address not in current:
-                    channel = aio_channel(address, self.tls)
+                    channel = aio_channel(address, self.tls.to(role) if self.tls else None)
                     current[address] = Worker(role, WorkerView(address, healthy=False), channel, STUBS[role](channel))
             for address in list(current):
                 if address not in addresses:  # scaled away: no new requests, the held ones finish

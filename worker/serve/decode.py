@@ -77,11 +77,16 @@ class DecodeServicer:
         info: common_pb2.WorkerInfo,
         staging: Mapping[int, StagingPool] | None = None,
         expire_every_s: float = 0.25,
+        max_lease_ms: int = DEFAULT_LEASE_MS,
+        kv_authenticated: bool = False,
     ):
         self.loop, self.info = loop, info
         self.staging = dict(staging or {})  # by transport: the rings it lends one reservation at a time
+        self.max_lease_ms = max_lease_ms  # the service's lease: a Reserve asking longer gets this
+        self.kv_authenticated = kv_authenticated  # pushes come only from a prefill identity of this service
         self.layout = KvLayout.from_worker_info(info)
-        self.receiver = KvReceiver(loop.engine.kv, self.layout, on_release=self._released, on_commit=self._committed)
+        self.receiver = KvReceiver(loop.engine.kv, self.layout, on_release=self._released, on_commit=self._committed,
+                                   vocab_size=loop.engine.model.config.vocab_size)
         self._lock = threading.Lock()
         self._pending: dict[str, Pending] = {}  # transfer_id -> what to admit
         self._outputs: dict[str, Output] = {}  # request_id -> token queue
@@ -157,7 +162,7 @@ class DecodeServicer:
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"no KV transport in common: the prefill worker offers {offered}, this decode worker {mine}",
             )
-        lease_s = (request.lease_ms or DEFAULT_LEASE_MS) / 1000
+        lease_s = min(request.lease_ms or self.max_lease_ms, self.max_lease_ms) / 1000
         with self._lock:
             self._outputs[request.request_id] = Output(queue.Queue(), time.monotonic() + lease_s)
         res = self.receiver.reserve(request.transfer_id, request.request_id, to_fill, lease_s)
@@ -251,6 +256,7 @@ class DecodeServicer:
             lambda e: e.admit_prefilled(
                 pending.request_id, pending.prompt_ids, pending.params, pending.block_table,
                 done.first_token, done.first_token_logprob, done.first_token_top_logprobs,
+                share=self.kv_authenticated,
             ),
             stream,
         )
@@ -268,7 +274,7 @@ class DecodeServicer:
         self.loop.call(lambda e: e.release(pending.block_table))
         if output is not None:
             output.queue.put(StreamEnd("error", f"KV transfer did not complete: {released.reason}"))
-        log.info("released reservation %s: %s", released.reservation.transfer_id, released.reason)
+        log.info("released reservation %r: %r", released.reservation.transfer_id, released.reason)
 
     def _give_back_ring(self, pending: Pending) -> None:
         if pending.ring is not None:
@@ -295,7 +301,7 @@ class DecodeServicer:
             with self._lock:
                 stale = unclaimed_expired(self._outputs, time.monotonic())
             for request_id in stale:
-                log.info("no token stream opened for %s within its lease: dropped", request_id)
+                log.info("no token stream opened for %r within its lease: dropped", request_id)
                 self._drop(request_id, reason="no token stream within the lease")
 
     @property

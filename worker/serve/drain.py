@@ -60,7 +60,7 @@ class Drainer:
             self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
             self._deadline = self.clock() + self.timeout_s
             self.started.set()
-        log.info("draining (%s): %d held, exiting within %.0f s", reason, self.servicer.busy(), self.timeout_s)
+        log.info("draining (%r): %d held, exiting within %.0f s", reason, self.servicer.busy(), self.timeout_s)
 
     def seconds_left(self) -> float:
         return max(0.0, self._deadline - self.clock()) if self.started.is_set() else self.timeout_s

@@ -16,6 +16,7 @@ import grpc
 import torch
 from grpc_health.v1 import health, health_pb2_grpc
 
+from tandem.identity import Identity
 from tandem.options import SPECULATIVE_TOKENS, WorkerOptions
 from tandem.v1 import colocated_pb2_grpc, prefill_pb2_grpc
 from tandem.worker.api.metrics_http import serve_metrics
@@ -27,6 +28,7 @@ from tandem.worker.engine.runner.engine_loop import EngineLoop
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig
 from tandem.worker.kv_transport.codec import wire_compression
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS
+from tandem.worker.serve.authz import Authorizer
 from tandem.worker.serve.drain import Drainer
 from tandem.worker.serve.drain import add_to_server as add_drain_service
 from tandem.worker.serve.health import HealthWatch
@@ -95,11 +97,13 @@ def main(argv: list[str]) -> int:
     # control RPCs, so Load, Abort, Drain and health never queue behind token streams.
     limits = rpc_limits(args.max_running_sequences, args.max_streams, args.max_transfers)
     limiter = RpcLimiter(limits)
+    tls = TlsConfig.optional(args.tls_dir, service=args.service)
+    # with mutual TLS, each caller's role decides what it may call, checked before any slot is taken
+    authz = [Authorizer(Identity(args.role, args.service))] if tls is not None else []
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=limits.threads, thread_name_prefix="grpc"),
-        interceptors=[limiter], options=BULK_CHANNEL_OPTIONS,
+        interceptors=[*authz, limiter], options=BULK_CHANNEL_OPTIONS,
     )  # fmt: skip
-    tls = TlsConfig.optional(args.tls_dir, args.tls_server_name)
     servicer = _add_servicer(server, args, loop, info, metrics, tls)
     if hasattr(servicer, "stream_slots"):
         servicer.stream_slots = limiter.slots["streams"]  # a Reserve needs a stream to follow it
@@ -108,7 +112,7 @@ def main(argv: list[str]) -> int:
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     drainer = Drainer(servicer, health_servicer, args.drain_timeout)
     add_drain_service(server, drainer)
-    port = add_port(server, f"{args.host}:{args.port}", tls)
+    port = add_port(server, f"{args.host}:{args.port}", tls, args.tls_dir)
     server.start()
     if args.health_port:  # the health service alone, on its own server and threads (and in plaintext)
         probes = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="health"))
@@ -174,7 +178,7 @@ def _add_servicer(server, args, loop, info, metrics, tls):
 
         # the staging each offered transport lends per reservation (shared-memory rings, CUDA buffers)
         staging = {t.kind: t.staging(args.device) for t in transports.REGISTRY if t.staged and t.kind in info.transports}
-        decode = DecodeServicer(loop, info, staging)
+        decode = DecodeServicer(loop, info, staging, max_lease_ms=args.kv_lease_ms, kv_authenticated=tls is not None)
         add_to_server(server, decode)
         return decode
     if args.role == "prefill":

@@ -3,9 +3,12 @@ soon as that layer is written, so the transfer overlaps the compute; the first t
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import re
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import grpc
@@ -18,7 +21,7 @@ from tandem.worker.api.wire import params_from_proto
 from tandem.worker.engine.core.scheduler import SchedulerOutput
 from tandem.worker.engine.runner.engine import Engine
 from tandem.worker.engine.runner.engine_loop import EngineLoop, StreamEnd
-from tandem.worker.kv_transport.base import KvLayout, KvSender, KvTransferError
+from tandem.worker.kv_transport.base import DecodeUnreachable, KvLayout, KvSender, KvTransferError
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS, StreamKvSender, staging_for
 from tandem.worker.kv_transport.handshake import check_compatible, reserve_transport
 from tandem.worker.serve.drain import refuse_while_draining
@@ -38,7 +41,7 @@ class Transfer:
     decode_blocks: list[int]
     next_block: int = -1  # first local block index not yet pushed (all layers)
     kv_bytes: int = 0  # KV payload pushed, whatever the transport
-    errors: list[str] = field(default_factory=list)
+    errors: list[Exception] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.next_block = self.first_block
@@ -49,6 +52,37 @@ def blocks_to_push(computed_after: int, prompt_len: int, block_size: int, next_b
     last partial block once the whole prompt is in."""
     hi = -(-prompt_len // block_size) if computed_after >= prompt_len else computed_after // block_size
     return next_block, max(next_block, hi)
+
+
+_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+MAX_DECODE_CHANNELS = 64  # decode workers a prefill worker keeps a channel to
+UNREACHABLE = "the decode worker could not be reached as a decode worker of this service"
+# gRPC's schemes: a target naming one is a socket path, another resolver or an address family, never a pod
+_SCHEMES = {"unix", "unix-abstract", "vsock", "dns", "ipv4", "ipv6", "xds", "google-c2p", "passthrough"}
+
+
+def check_decode_address(address: str) -> str | None:
+    """Why a Prefill's decode address must not be dialled (pure): it must be `host:port` with an IP
+    address or a dotted DNS name, never a gRPC scheme (`unix:`, `dns:` ...). None when it may."""
+    host, sep, port = address.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536 or host.lower() in _SCHEMES:
+        return f"decode address {address[:100]!r} is not host:port"
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    labels = host.split(".")
+    if len(labels) < 2 or not all(_LABEL.fullmatch(label) for label in labels):
+        return f"decode address {address[:100]!r} is not host:port"
+    return None
+
+
+def public_reason(e: KvTransferError) -> str:
+    """What a failed transfer tells the caller: the decode worker's own refusal, but never how a connection
+    failed (refused, reset, not TLS), which would make Prefill a port scanner."""
+    return UNREACHABLE if isinstance(e, DecodeUnreachable) else str(e)
 
 
 PUSH_GRACE_S = 1.0  # past the lease, for the decode worker's own clock and the commit's round trip
@@ -75,8 +109,8 @@ class PrefillServicer:
         self.loop, self.info, self.compression, self.metrics = loop, info, compression, metrics
         self.tls = tls  # for the channels to decode workers
         self.layout = KvLayout.from_worker_info(info)
-        self._transfers: dict[str, Transfer] = {}
-        self._channels: dict[str, grpc.Channel] = {}
+        self._transfers: dict[str, Transfer | None] = {}  # None: accepted, its transfer not yet set up
+        self._channels: OrderedDict[str, grpc.Channel] = OrderedDict()  # to decode workers, least recent first
         self._lock = threading.Lock()
         self.draining = False
         self._inflight = 0  # Prefill RPCs accepted and not yet answered
@@ -121,6 +155,20 @@ class PrefillServicer:
             params.max_tokens, params.ignore_eos = 1, True
         except InvalidRequest as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        problem = check_decode_address(request.decode_address)
+        if problem:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        with self._lock:  # a second Prefill under one request id must not take over the first one's transfer
+            if request.request_id in self._transfers:
+                context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request {request.request_id!r} is already prefilling")
+            self._transfers[request.request_id] = None
+        try:
+            return self._transfer(request, context, prompt, params, arrived)
+        finally:
+            with self._lock:
+                self._transfers.pop(request.request_id, None)
+
+    def _transfer(self, request, context, prompt, params, arrived: float) -> prefill_pb2.PrefillReply:
         reservation = request.reservation
         try:
             ring = staging_for(reservation, self.info.cuda_device)
@@ -149,14 +197,14 @@ class PrefillServicer:
             if isinstance(first, StreamEnd):
                 context.abort(grpc.StatusCode.INTERNAL, first.error or f"prefill ended: {first.finish_reason}")
             if transfer.errors:
-                raise KvTransferError("; ".join(transfer.errors))
+                unreachable = any(isinstance(e, DecodeUnreachable) for e in transfer.errors)
+                raise (DecodeUnreachable if unreachable else KvTransferError)("; ".join(map(str, transfer.errors)))
             reply = sender.commit(first.token_id, first.logprob, first.top_logprobs)
         except KvTransferError as e:
             sender.abort(str(e))
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"KV transfer failed: {e}")
+            log.warning("KV transfer %r to %r failed: %s", request.transfer_id, request.decode_address, e)
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"KV transfer failed: {public_reason(e)}")
         finally:
-            with self._lock:
-                self._transfers.pop(request.request_id, None)
             sender.close()
         if reply.status != decode_pb2.PUSH_KV_STATUS_COMMITTED:
             context.abort(grpc.StatusCode.ABORTED, f"decode worker refused the KV: {reply.error}")
@@ -192,13 +240,22 @@ class PrefillServicer:
                     transfer.sender.send(layer, transfer.decode_blocks[lo - first : hi - first], k, v, ready)
                     transfer.kv_bytes += 2 * k.numel() * k.element_size()
                 except Exception as e:  # the RPC thread reports it; the engine keeps going
-                    transfer.errors.append(str(e))
+                    transfer.errors.append(e)
             if layer == engine.model.config.num_layers - 1:
                 transfer.next_block = hi
 
     def _channel(self, address: str) -> grpc.Channel:
+        """A kept channel to a decode worker (with mutual TLS, one whose certificate says decode in this
+        service); the least recently used is closed past MAX_DECODE_CHANNELS."""
         with self._lock:
             channel = self._channels.get(address)
-            if channel is None:
-                channel = self._channels[address] = tls_channel(address, self.tls, BULK_CHANNEL_OPTIONS)
-            return channel
+            if channel is not None:
+                self._channels.move_to_end(address)
+                return channel
+            channel = self._channels[address] = tls_channel(
+                address, self.tls.to("decode") if self.tls else None, BULK_CHANNEL_OPTIONS
+            )
+            evicted = self._channels.popitem(last=False)[1] if len(self._channels) > MAX_DECODE_CHANNELS else None
+        if evicted is not None:
+            evicted.close()
+        return channel

@@ -148,6 +148,22 @@ def figures(pool: Pool, router: list[Window], workers: list[Window], percentile:
     return out
 
 
+MAX_SCRAPE_BYTES = 4 << 20  # a tandem pod's /metrics is tens of KiB; past this the target is skipped
+
+
+def read_bounded(client: httpx.Client, url: str, limit: int) -> str:
+    """The body at `url`, read as it streams in and given up past `limit` bytes (ValueError), so a pod that
+    serves a huge or endless /metrics cannot grow the operator's memory."""
+    with client.stream("GET", url) as resp:
+        resp.raise_for_status()
+        body = bytearray()
+        for chunk in resp.iter_bytes():
+            body += chunk
+            if len(body) > limit:
+                raise ValueError(f"{url}: /metrics larger than {limit} bytes")
+    return body.decode("utf-8", errors="replace")
+
+
 class ScrapeSource:
     """Scrapes every endpoint `targets()` names (keys: "router" and the pool names) on each observe."""
 
@@ -160,9 +176,7 @@ class ScrapeSource:
 
     def _scrape(self, url: str, now_s: float, window_s: float) -> Window | None:
         try:
-            resp = self.client.get(url)
-            resp.raise_for_status()
-            samples = parse(resp.text)
+            samples = parse(read_bounded(self.client, url, MAX_SCRAPE_BYTES))
         except (httpx.HTTPError, ValueError):
             return None
         window = self.windows.setdefault(url, Window())

@@ -171,6 +171,8 @@ class Scheduler:
         self.publish_full_blocks(seq)
 
     def publish_full_blocks(self, seq: Sequence) -> None:
+        if not seq.shared:
+            return
         bs = self.blocks.block_size
         tokens = seq.token_ids
         while (len(seq.block_hashes) + 1) * bs <= seq.num_computed:

@@ -183,10 +183,13 @@ class Engine:
         first_token: int,
         first_logprob: float = 0.0,
         first_top_logprobs: list[tuple[int, float]] | None = None,
+        share: bool = True,
     ) -> list[StepOutput]:
         """Start decoding a sequence whose prompt KV already sits in `block_table`; its first token (sampled
-        where the prompt ran) also advances its grammar here, before this engine samples the second."""
-        seq = Sequence(request_id, list(prompt_ids), params, block_table=block_table, num_computed=len(prompt_ids))
+        where the prompt ran) also advances its grammar here, before this engine samples the second. With
+        `share`, its full blocks join the prefix cache (only KV from an authenticated prefill worker may)."""
+        seq = Sequence(request_id, list(prompt_ids), params, block_table=block_table, num_computed=len(prompt_ids),
+                       shared=share)
         seq.constraint = constraint_for(params, self.grammar_vocab, self.eos_token_ids)
         self.seqs[request_id] = seq
         self.scheduler.add_running(seq)
