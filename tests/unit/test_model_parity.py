@@ -33,23 +33,28 @@ def _forward(model, kv, tokens: list[int], start: int, table: list[int], block_s
         return model.logits(hidden)
 
 
-def test_prompt_and_each_decode_step_match_transformers(pair):
-    hf, ours = pair
+def assert_prompt_and_decode_steps_match(hf, ours, prompt_len: int, steps: int) -> None:
+    """Our logits equal transformers' (fp32, 1e-4) for a prompt and then for each greedy decode step."""
     engine = engine_for(ours)
-    prompt = _prompt(37, seed=1)
+    prompt = _prompt(prompt_len, seed=1)
     table = list(range(10))
     logits = _forward(ours, engine.kv, prompt, 0, table, 8)
     with torch.no_grad():
         ref = hf(torch.tensor([prompt])).logits[0]
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=0)
     tokens = list(prompt)
-    for _ in range(12):
+    for _ in range(steps):
         nxt = int(logits[-1].argmax())
         tokens.append(nxt)
         logits = _forward(ours, engine.kv, [nxt], len(tokens) - 1, table, 8)
         with torch.no_grad():
             ref = hf(torch.tensor([tokens])).logits[0, -1:]
         torch.testing.assert_close(logits, ref, atol=1e-4, rtol=0)
+
+
+def test_prompt_and_each_decode_step_match_transformers(pair):
+    hf, ours = pair
+    assert_prompt_and_decode_steps_match(hf, ours, prompt_len=37, steps=12)
 
 
 def _run(engine, prompts: list[list[int]], n: int) -> dict[str, list[int]]:

@@ -10,7 +10,7 @@ from tandem.worker.engine.layers.moe import Experts, SparseMoe, route
 from tandem.worker.engine.layers.weight_int8 import Int8Linear
 from tandem.worker.engine.loading import load_model
 from tests.hf_reference import MIXTRAL, QWEN2_MOE, QWEN3_MOE, engine_for, hf_greedy, hf_model
-from tests.unit.test_model_parity import _forward, _prompt, _run
+from tests.unit.test_model_parity import _forward, _prompt, _run, assert_prompt_and_decode_steps_match
 
 CONFIGS = {"mixtral-odd-kv-untied": MIXTRAL, "qwen2-moe-shared-tied": QWEN2_MOE, "qwen3-moe-qk-norm": QWEN3_MOE}
 
@@ -25,20 +25,7 @@ def pair(request, tmp_path_factory):
 
 def test_prompt_and_decode_logits_match_transformers(pair):
     hf, ours, _ = pair
-    engine = engine_for(ours)
-    prompt = _prompt(29, seed=1)
-    table = list(range(10))
-    logits = _forward(ours, engine.kv, prompt, 0, table, 8)
-    with torch.no_grad():
-        ref = hf(torch.tensor([prompt])).logits[0]
-    torch.testing.assert_close(logits, ref, atol=1e-4, rtol=0)
-    tokens = list(prompt)
-    for _ in range(6):
-        tokens.append(int(logits[-1].argmax()))
-        logits = _forward(ours, engine.kv, tokens[-1:], len(tokens) - 1, table, 8)
-        with torch.no_grad():
-            ref = hf(torch.tensor([tokens])).logits[0, -1:]
-        torch.testing.assert_close(logits, ref, atol=1e-4, rtol=0)
+    assert_prompt_and_decode_steps_match(hf, ours, prompt_len=29, steps=6)
 
 
 def test_continuous_batch_greedy_tokens_match_transformers_over_32_tokens(pair):
