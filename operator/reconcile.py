@@ -18,7 +18,9 @@ from tandem.operator import certs, render
 from tandem.operator.cache import ObjectCache
 from tandem.operator.drift import is_subset, needs_apply
 from tandem.operator.kube import ApiError, Kube
+from tandem.operator.manifest import selector_string, with_hash
 from tandem.operator.pod_health import pod_problems
+from tandem.operator.pod_tls import TLS_ROLES, tls_secret
 from tandem.operator.pools import clamp_message, desired_pool_replicas
 from tandem.operator.preflight import Facts, Findings, NodeGpus, check, claims_needed, node_gpus
 from tandem.operator.security_defaults import process_defaults, with_defaults
@@ -132,7 +134,7 @@ def _ensure_tls_secret(kube: Kube, name: str, ns: str, uid: str, out: Outcome) -
     key = (ns, name, uid)
     if key in _ISSUED:
         return
-    body = render.tls_secret(name, ns, uid, certs.secret_data(name, render.TLS_ROLES))
+    body = tls_secret(name, ns, uid, certs.secret_data(name, TLS_ROLES))
     try:
         kube.create(body)
         out.writes.append(f"create Secret/{body['metadata']['name']}")
@@ -270,7 +272,7 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
     live_children: dict[tuple[str, str], dict[str, Any] | None] = {}
     stale: list[dict[str, Any]] = []
     for manifest in render.children(spec, name, namespace, uid, replicas):
-        manifest = render.with_hash(manifest)
+        manifest = with_hash(manifest)
         key = (manifest["kind"], manifest["metadata"]["name"])
         keep.add(key)
         live_children[key] = reader.get(key[0], namespace, key[1])
@@ -303,7 +305,7 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
         _remove_stale(kube, name, namespace, keep, out)
 
     for pool, (live_pool, _) in pools.items():
-        st = inference_pool_status(deployments.get(pool), render.selector_string(name, pool),
+        st = inference_pool_status(deployments.get(pool), selector_string(name, pool),
                                    live_pool["metadata"].get("generation", 1))
         if not same_status(st, live_pool.get("status") or {}):
             reader.remember(kube.merge_patch("TandemPool", namespace, live_pool["metadata"]["name"],
@@ -313,7 +315,7 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
     desired = {**replicas, names.POOL_ROUTER: spec.router.replicas}
     # Only a pool that is not rolled out costs a pod read: steady state reads no pods.
     stuck = [p for p in desired if deployments.get(p) is not None and not rolled_out(deployments.get(p), desired[p])]
-    pods = _APPLY_POOL.map(lambda p: kube.list("Pod", namespace, render.selector_string(name, p)), stuck)
+    pods = _APPLY_POOL.map(lambda p: kube.list("Pod", namespace, selector_string(name, p)), stuck)
     problems = {p: pod_problems(found) for p, found in zip(stuck, pods, strict=True)}
     if stuck and not any(problems.values()):
         out.recheck_after = POD_RECHECK_SECONDS  # pods may yet turn unschedulable or fail to pull

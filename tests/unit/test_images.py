@@ -20,7 +20,7 @@ import yaml
 from packaging.requirements import Requirement
 
 from tandem.cli import COMMANDS
-from tandem.operator.render import RUN_AS
+from tandem.operator.pod_security import RUN_AS
 from tandem.spec import InferenceServiceSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,7 +116,7 @@ def test_the_worker_image_has_cuda_torch_and_the_model_downloader():
     assert re.search(r"ARG CUDA_IMAGE=nvidia/cuda:\S+-runtime-", text)
     reqs = {r.name.lower(): r for r in requirements(IMAGES["worker"])}
     assert str(reqs["torch"].specifier) == str(declared()["torch"].specifier)  # the project's torch range
-    render = (ROOT / "operator/render.py").read_text()
+    render = (ROOT / "operator/model_source.py").read_text()
     assert "huggingface-cli" in render and "huggingface_hub" in reqs and "[cli]" in text
 
 

@@ -4,6 +4,7 @@ import copy
 
 from tandem.operator import render
 from tandem.operator.drift import is_subset, needs_apply
+from tandem.operator.manifest import with_hash
 from tandem.operator.pools import desired_pool_replicas
 from tandem.operator.status import rolled_out, same_status, service_status
 from tandem.spec import InferenceServiceSpec
@@ -26,12 +27,12 @@ def _live(manifest):
 
 
 def test_unchanged_child_needs_no_apply():
-    m = render.with_hash(render.worker_deployment(SPEC, "s", "ns", "u", "decode", 2))
+    m = with_hash(render.worker_deployment(SPEC, "s", "ns", "u", "decode", 2))
     assert not needs_apply(m, _live(m))
 
 
 def test_missing_edited_or_rerendered_child_needs_apply():
-    m = render.with_hash(render.worker_deployment(SPEC, "s", "ns", "u", "decode", 2))
+    m = with_hash(render.worker_deployment(SPEC, "s", "ns", "u", "decode", 2))
     assert needs_apply(m, None)
     edited = _live(m)
     edited["spec"]["template"]["spec"]["containers"][0]["image"] = "evil:1"
@@ -39,7 +40,7 @@ def test_missing_edited_or_rerendered_child_needs_apply():
     fewer = _live(m)
     fewer["spec"]["template"]["spec"]["containers"][0]["args"].pop()
     assert needs_apply(m, fewer)
-    other = render.with_hash(render.worker_deployment(SPEC, "s", "ns", "u", "decode", 3))
+    other = with_hash(render.worker_deployment(SPEC, "s", "ns", "u", "decode", 3))
     assert needs_apply(other, _live(m))
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from tandem import names
-from tandem.operator import render
+from tandem.operator import manifest, model_source, render
 from tandem.spec import InferenceServiceSpec, load_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,7 +75,7 @@ def test_router_args_parse_and_find_pools_through_headless_services(gpu_spec):
     assert check_args(args) is None
     assert args.decode == [f"dns:///llama-decode.ml.svc:{names.GRPC_PORT}"]
     assert args.model_dir == "/models/meta-llama/Llama-3.1-8B-Instruct"
-    assert {"name": "model", "mountPath": render.MODEL_MOUNT, "readOnly": True} in c["volumeMounts"]
+    assert {"name": "model", "mountPath": model_source.MODEL_MOUNT, "readOnly": True} in c["volumeMounts"]
 
 
 def test_router_deployment_http_probes_and_no_gpu(gpu_spec):
@@ -142,8 +142,8 @@ def test_edits_the_pods_consume_roll_exactly_those_pods(gpu_spec, patch, rolled)
 
 
 def test_rendering_is_deterministic(gpu_spec):
-    one = [render.with_hash(m) for m in render.children(gpu_spec, "s", "ns", "u", {"prefill": 1, "decode": 1})]
-    two = [render.with_hash(m) for m in render.children(gpu_spec, "s", "ns", "u", {"prefill": 1, "decode": 1})]
+    one = [manifest.with_hash(m) for m in render.children(gpu_spec, "s", "ns", "u", {"prefill": 1, "decode": 1})]
+    two = [manifest.with_hash(m) for m in render.children(gpu_spec, "s", "ns", "u", {"prefill": 1, "decode": 1})]
     assert one == two
 
 

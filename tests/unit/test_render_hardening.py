@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tandem import names
-from tandem.operator import render
+from tandem.operator import pod_security, render
 from tandem.spec import InferenceServiceSpec, load_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,10 +70,10 @@ def test_every_pod_is_restricted(which):
         assert restricted_violations(pod) == [], pool
         mounts = {m["mountPath"]: m["name"] for c in pod["spec"]["containers"] for m in c["volumeMounts"]}
         vols = {v["name"]: v for v in pod["spec"]["volumes"]}
-        assert "emptyDir" in vols[mounts[render.SCRATCH]]
+        assert "emptyDir" in vols[mounts[pod_security.SCRATCH]]
         if pool != names.POOL_ROUTER:  # the KV staging rings live in /dev/shm, in memory, sized
             shm = vols[mounts["/dev/shm"]]["emptyDir"]
-            assert shm["medium"] == "Memory" and shm["sizeLimit"] == render.SHM_SIZE[pool]
+            assert shm["medium"] == "Memory" and shm["sizeLimit"] == pod_security.SHM_SIZE[pool]
 
 
 def test_restricted_checker_catches_a_violation():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tandem import names
-from tandem.operator import render
+from tandem.operator import pod_tls, render
 from tandem.operator.local import plan as local_plan
 from tandem.spec import InferenceService, InferenceServiceSpec
 
@@ -69,11 +69,11 @@ def test_mutual_tls_is_on_by_default_and_each_pod_mounts_only_its_roles_certific
     for pool, pod in ((names.POOL_PREFILL, _worker(spec, names.POOL_PREFILL)),
                       (names.POOL_DECODE, _worker(spec, names.POOL_DECODE)), (names.POOL_ROUTER, _router(spec))):
         (container,) = pod["spec"]["containers"]
-        assert _flag(container["args"], "--tls-dir") == render.TLS_MOUNT
+        assert _flag(container["args"], "--tls-dir") == pod_tls.TLS_MOUNT
         (mount,) = [m for m in container["volumeMounts"] if m["name"] == "tls"]
-        assert mount == {"name": "tls", "mountPath": render.TLS_MOUNT, "readOnly": True}
+        assert mount == {"name": "tls", "mountPath": pod_tls.TLS_MOUNT, "readOnly": True}
         (vol,) = [v for v in pod["spec"]["volumes"] if v["name"] == "tls"]
-        assert vol["secret"]["secretName"] == render.tls_secret_name("llama")
+        assert vol["secret"]["secretName"] == pod_tls.tls_secret_name("llama")
         assert {i["key"]: i["path"] for i in vol["secret"]["items"]} == {
             f"{pool}.crt": "tls.crt", f"{pool}.key": "tls.key", "ca.crt": "ca.crt"}
 
@@ -81,7 +81,7 @@ def test_mutual_tls_is_on_by_default_and_each_pod_mounts_only_its_roles_certific
 def test_the_pre_stop_drain_asks_for_its_own_roles_certificate():
     (container,) = _worker(_spec(), names.POOL_DECODE)["spec"]["containers"]
     drain = container["lifecycle"]["preStop"]["exec"]["command"]
-    assert _flag(drain, "--tls-dir") == render.TLS_MOUNT
+    assert _flag(drain, "--tls-dir") == pod_tls.TLS_MOUNT
     assert _flag(drain, "--tls-server-name") == "decode.llama.tandem.internal"
 
 
