@@ -1,7 +1,8 @@
 """A throwaway certificate authority and per-role certificates for mutual TLS, made with `cryptography`.
 
 `tandem up` writes one under its run directory; the operator puts one per InferenceService into a Secret.
-Each leaf names its role and service the way tandem.identity reads them.
+Each leaf names its role and service the way tandem.identity reads them; with role flips on, a prefill or
+decode worker's leaf names both roles (it must be valid for whichever it has after a flip).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tandem.identity import Identity
+from tandem.identity import FLIPPABLE, Identity
 
 CERT, KEY, CA = "tls.crt", "tls.key", "ca.crt"
 VALID_DAYS = 365
@@ -60,12 +61,13 @@ class Authority:
         return self.cert.public_bytes(serialization.Encoding.PEM)
 
     def issue(self, who: Identity, hosts: tuple[str, ...] = ()) -> Leaf:
-        """A leaf for `who`, usable as a server and as a client: its role's DNS name and URI, and `hosts`."""
+        """A leaf for `who`, usable as a server and as a client: each role's DNS name and URI, and `hosts`."""
         import ipaddress
 
         key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.UTC)
-        sans: list[x509.GeneralName] = [x509.DNSName(who.dns), x509.UniformResourceIdentifier(who.uri)]
+        sans: list[x509.GeneralName] = [x509.DNSName(n) for n in who.dns_names]
+        sans += [x509.UniformResourceIdentifier(u) for u in who.uris]
         for h in hosts:
             try:
                 sans.append(x509.IPAddress(ipaddress.ip_address(h)))
@@ -98,22 +100,27 @@ def write_dir(directory: Path, leaf: Leaf) -> Path:
     return directory
 
 
-def write_local(root: Path, service: str, roles: tuple[str, ...]) -> Path:
+def worker_identity(role: str, service: str, flippable: bool = False) -> Identity:
+    """The identity a process of `role` holds: with role flips on, a prefill or decode worker's names both."""
+    return Identity.of(FLIPPABLE, service) if flippable and role in FLIPPABLE else Identity(role, service)
+
+
+def write_local(root: Path, service: str, roles: tuple[str, ...], flippable: bool = False) -> Path:
     """`tandem up`'s throwaway PKI: `root/<role>/` for each role, and `root/operator/` (the stack's own
-    identity, for drains and load reports), all signed by a CA made now whose key is not kept."""
+    identity, for drains, role flips and load reports), all signed by a CA made now whose key is not kept."""
     ca = Authority(f"tandem up {service}")
     for role in roles:
-        write_dir(root / role, ca.issue(Identity(role, service), ("localhost", "127.0.0.1")))
+        write_dir(root / role, ca.issue(worker_identity(role, service, flippable), ("localhost", "127.0.0.1")))
     write_dir(root / "operator", ca.issue(Identity("operator")))
     return root
 
 
-def secret_data(service: str, roles: tuple[str, ...]) -> dict[str, str]:
+def secret_data(service: str, roles: tuple[str, ...], flippable: bool = False) -> dict[str, str]:
     """The operator's per-service Secret: `ca.crt`, and `<role>.crt` / `<role>.key` for each role, from a
     CA made now whose key is not kept (a new one is issued by deleting the Secret)."""
     ca = Authority(f"tandem {service}")
     data = {CA: ca.pem.decode()}
     for role in roles:
-        leaf = ca.issue(Identity(role, service))
+        leaf = ca.issue(worker_identity(role, service, flippable))
         data[f"{role}.crt"], data[f"{role}.key"] = leaf.cert.decode(), leaf.key.decode()
     return data

@@ -2,7 +2,10 @@
 operator agree."""
 
 LABEL_SERVICE = "serving.tandem.dev/inferenceservice"
-LABEL_POOL = "serving.tandem.dev/pool"  # prefill | decode | router | colocated
+LABEL_POOL = "serving.tandem.dev/pool"  # prefill | decode | router | colocated: the Deployment a pod belongs to
+# A prefill or decode pod's current role: its pool's at first, set by the operator when it flips the pod
+# (spec.roleFlip). Deployments select on the pool, never on this, so a flip leaves their ReplicaSets alone.
+LABEL_ROLE = "serving.tandem.dev/role"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 
 POOL_PREFILL = "prefill"
@@ -23,6 +26,9 @@ LIVENESS_PATH = "/livez"
 # The gRPC health service name a worker keeps SERVING while its process runs, draining or not (liveness);
 # the empty name turns NOT_SERVING when it drains (readiness).
 WORKER_LIVENESS_SERVICE = "liveness"
+# The gRPC health service names a worker reports its role under: `role/<role>` is SERVING for the role it
+# has now and NOT_SERVING for the one it could take (a prefill or decode worker changes role by SetRole).
+WORKER_ROLE_SERVICE_PREFIX = "role/"
 READINESS_PATH = "/readyz"
 
 # Router metrics

@@ -179,6 +179,7 @@ class WorkerOptions(_Options):
     # The process.
     tls_dir: str | None = opt(None, "mutual TLS: tls.crt, tls.key, ca.crt (default: plaintext)")
     tls_server_name: str | None = opt(None, "name in the peers' certificates (dialled by IP)")
+    role_file: str | None = opt(None, "a prefill or decode worker takes the role this pod labels file (downward API) names in its serving.tandem.dev/role label, whenever it changes")
     max_streams: int | None = opt(None, "token streams (StreamTokens, Generate) served at once; past it RESOURCE_EXHAUSTED (default: 2 x --max-running)")
     max_transfers: int | None = opt(None, "Reserve and Prefill RPCs served at once (KV pushes: as many as streams); past it RESOURCE_EXHAUSTED (default: --max-running)")
     engine_stall_seconds: float = opt(ENGINE_STALL_S, "liveness fails when the engine loop has not come round for this long")

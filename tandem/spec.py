@@ -411,6 +411,9 @@ class InferenceServiceSpec(_Spec):
     decode: PoolSpec = Field(default_factory=PoolSpec)
     slo: SloSpec = Field(default_factory=SloSpec)
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    # Prefill and decode workers may change role at runtime (SetRole, `tandem flip`, the autoscaler): each
+    # holds a certificate naming both roles. Off, each worker's certificate names its one role.
+    role_flip: bool = False
     kv_transfer: KvTransferSpec = Field(default_factory=KvTransferSpec)
     engine: EngineSpec = Field(default_factory=EngineSpec)
     security: SecuritySpec = Field(default_factory=SecuritySpec)

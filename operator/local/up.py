@@ -201,7 +201,7 @@ def serving(svc: InferenceService, state: Path, host: str = "127.0.0.1", port: i
         print(f"tandem up: WARNING {svc.name}: security.tls is off; its gRPC ports take plaintext calls from anyone "
               "who can reach them", file=sys.stderr, flush=True)
     elif not svc.spec.security.tls.dir:
-        write_local(tls_root, svc.name, (*worker_pools(svc.spec), names.POOL_ROUTER))
+        write_local(tls_root, svc.name, (*worker_pools(svc.spec), names.POOL_ROUTER), flippable=svc.spec.role_flip)
     procs = plan(svc, Path.cwd(), host, port, worker_port, workers_file, tls_root=tls_root)
     workers_file.write_text(json.dumps(workers_document(procs)))
     stack = LocalStack(procs, state)

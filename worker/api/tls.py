@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from tandem.identity import peer_name
+from tandem.identity import Identity, from_sans, peer_name
 
 CERT, KEY, CA = "tls.crt", "tls.key", "ca.crt"
 # A peer that refused a connection (still starting, or restarted on its address) is redialled within a
@@ -52,6 +52,17 @@ class TlsConfig:
     @classmethod
     def optional(cls, directory: str | None, server_name: str | None = None, service: str = "") -> TlsConfig | None:
         return cls.from_dir(directory, server_name, service) if directory else None
+
+    def identity(self) -> Identity | None:
+        """The tandem identity this process's own certificate names (tandem.identity), if any."""
+        from cryptography import x509
+
+        cert = x509.load_pem_x509_certificate(self.cert)
+        try:
+            sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        except x509.ExtensionNotFound:
+            return None
+        return from_sans(sans.get_values_for_type(x509.UniformResourceIdentifier))
 
     def to(self, role: str) -> TlsConfig:
         """The same credentials, asking the server for the certificate of `role` in this service."""

@@ -144,18 +144,21 @@ class GrpcBackend:
 
     async def _pick_or_wait(self, role: str, tried: set[str], blocks_needed: int = 0) -> Worker:
         """`_pick`, but with no routable worker (a scale-down's victim drains while its replacement is
-        not polled yet) poll the new one at once and wait up to `PICK_WAIT_S` for it before refusing with a 503."""
+        not polled yet, or a worker just changed role to this one) poll every worker at once and wait up to
+        `PICK_WAIT_S` for a new one before refusing with a 503."""
         deadline = time.monotonic() + PICK_WAIT_S
+        polled = False
         while True:
             try:
                 return self._pick(role, tried, blocks_needed)
             except BackendError:
-                # wait only for a worker that joined and was never polled; a failed one stays out of rotation
+                # wait only for a worker that joined (or moved here) and was never polled; a failed one stays out
                 fresh = any(w.info is None for w in self.pools.workers[role].values())
-                if not fresh or time.monotonic() >= deadline:
+                if (polled and not fresh) or time.monotonic() >= deadline:
                     raise
             await self.pools.refresh()
-            await self.pools.poll_all(role)
+            await self.pools.poll_all()  # every role: a worker that took this role moves here as it is polled
+            polled = True
             await asyncio.sleep(0.05)
 
     async def _colocated(self, request_id, prompt_ids, params, timing, tried) -> AsyncIterator[TokenOut]:

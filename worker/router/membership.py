@@ -5,7 +5,9 @@ Service) and, if given, a JSON workers file that may change. A worker that leave
 getting requests but keeps its channel until the requests it holds have finished; one that joins is
 dialled and polled (Handshake once, then Load) before it is routable. A name that fails to resolve keeps
 the addresses it last resolved to (one DNS failure must not retire a whole pool), and says so in a log line
-and in `stale_names`.
+and in `stale_names`. A prefill or decode worker is placed by the role it reports in Load, whatever list
+names it: one that changed role (SetRole) leaves its old pool (finishing what it holds there) and is dialled
+again, asking for its new role's certificate, in the other, with no restart.
 """
 
 from __future__ import annotations
@@ -36,6 +38,17 @@ STUBS = {
 }
 UNHEALTHY_FOR_S = 2.0
 DNS_PREFIX = "dns:///"
+FLIPPABLE = ("prefill", "decode")  # the roles a worker may change between at runtime
+REPORTED_ROLES = {common_pb2.WORKER_ROLE_PREFILL: "prefill", common_pb2.WORKER_ROLE_DECODE: "decode",
+                  common_pb2.WORKER_ROLE_COLOCATED: "colocated"}  # fmt: skip
+
+
+def placed_role(listed: str, reported: str | None) -> str:
+    """The pool a worker belongs in (pure): the role it last reported, when it and the list's are both
+    prefill or decode (it changed role); the list's otherwise (not polled yet, or not a role that flips)."""
+    if reported is not None and reported != listed and listed in FLIPPABLE and reported in FLIPPABLE:
+        return reported
+    return listed
 
 
 @dataclass
@@ -47,6 +60,7 @@ class Worker:
     info: common_pb2.WorkerInfo | None = None
     unhealthy_until: float = 0.0
     in_use: int = 0  # request attempts holding this worker (its channel must stay open)
+    reported_role: str | None = None  # the role its last load report named
 
     def mark_failed(self) -> None:
         self.view.healthy = False
@@ -72,6 +86,7 @@ class Pools:
         self.retiring: list[Worker] = []  # left the membership, still finishing requests
         self._resolved: dict[str, list[str]] = {}  # dns:/// name -> the addresses it last resolved to
         self.stale_names: set[str] = set()  # names whose last lookup failed (their last good set is kept)
+        self.reported: dict[str, str] = {}  # address -> the role it last reported, where that differs from its list's
 
     def views(self, role: str) -> list[WorkerView]:
         return [w.view for w in self.workers[role].values()]
@@ -102,10 +117,10 @@ class Pools:
             self._resolved[address] = kept
         return kept
 
-    async def refresh(self) -> None:
-        """Dial workers that joined; retire those that left."""
+    async def refresh(self, force: bool = False) -> None:
+        """Dial workers that joined; retire those that left; move those that changed role."""
         dynamic = any(a.startswith(DNS_PREFIX) for addresses in self.static.values() for a in addresses)
-        if not dynamic and self.workers_file and os.path.exists(self.workers_file):
+        if not force and not dynamic and self.workers_file and os.path.exists(self.workers_file):
             mtime = os.path.getmtime(self.workers_file)
             if mtime == self._file_mtime and any(self.workers.values()):
                 return
@@ -115,6 +130,7 @@ class Pools:
         except (OSError, ValueError) as e:
             log.warning("workers file unreadable: %s", e)
             return
+        wanted = self._placed(wanted)
         for role, addresses in wanted.items():
             current = self.workers[role]
             for address in addresses:
@@ -126,6 +142,16 @@ class Pools:
                     gone = current.pop(address)
                     gone.view.draining = True
                     self.retiring.append(gone)
+
+    def _placed(self, listed: dict[str, list[str]]) -> dict[str, list[str]]:
+        """The lists with each worker moved to the role it reports; reports of workers no list names are dropped."""
+        out: dict[str, list[str]] = {r: [] for r in listed}
+        for role, addresses in listed.items():
+            for address in addresses:
+                out.setdefault(placed_role(role, self.reported.get(address)), []).append(address)
+        named = {a for addresses in listed.values() for a in addresses}
+        self.reported = {a: r for a, r in self.reported.items() if a in named}
+        return out
 
     async def close_retired(self) -> None:
         """Close the channels of workers that left the membership once no request holds them."""
@@ -154,6 +180,14 @@ class Pools:
     async def poll_all(self, role: str | None = None) -> None:
         roles = [role] if role else list(self.workers)
         await asyncio.gather(*(poll(w) for r in roles for w in self.workers[r].values()))
+        moved = [w for r in roles for w in self.workers[r].values() if placed_role(w.role, w.reported_role) != w.role]
+        if moved:
+            for w in moved:
+                log.info("worker %s now reports role %s: moved from the %s pool", w.view.address, w.reported_role, w.role)
+                self.reported[w.view.address] = w.reported_role  # type: ignore[assignment]
+            await self.refresh(force=True)
+            joined = [self.workers[r][w.view.address] for w in moved for r in FLIPPABLE if w.view.address in self.workers[r]]
+            await asyncio.gather(*(poll(w) for w in joined))
 
 
 async def poll(w: Worker) -> None:
@@ -166,9 +200,13 @@ async def poll(w: Worker) -> None:
         if e.code() == grpc.StatusCode.UNAVAILABLE:
             w.view.healthy = False  # out of rotation until it answers (a request failure also waits out a window)
         return  # a slow answer (a busy worker) keeps the last load, it is not a failure
+    w.reported_role = REPORTED_ROLES.get(load.role, w.reported_role)
     if time.monotonic() < w.unhealthy_until and not w.view.healthy:
         return  # a recent request failure outranks one good poll
     v = w.view
+    if placed_role(w.role, w.reported_role) != w.role:  # it changed role: not routable here, whatever it says
+        v.healthy, v.draining = True, True
+        return
     v.healthy, v.draining = True, load.draining
     v.queued_prompt_tokens, v.running_sequences = load.queued_prompt_tokens, load.running_sequences
     v.free_kv_blocks, v.total_kv_blocks = load.free_kv_blocks, load.total_kv_blocks

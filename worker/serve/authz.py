@@ -2,9 +2,10 @@
 
 Mutual TLS proves a caller holds a certificate of the service's CA; this decides what each role may do:
 only the router starts work (Prefill, Reserve, StreamTokens, Generate, Abort), only a prefill worker
-pushes KV (PushKv, whose last frame commits), and Drain comes from the operator or from the worker's own
-pod over loopback (the preStop hook). Anything else, and any method this table does not name, is refused
-with PERMISSION_DENIED before the servicer runs. Plaintext workers (`security.tls.mode: off`) have no
+pushes KV (PushKv, whose last frame commits), and Drain and SetRole come from the operator or from the
+worker's own pod over loopback (the preStop hook). A caller whose certificate names several roles (a
+worker that may flip names prefill and decode) may call what any of them may. Anything else, and any
+method this table does not name, is refused with PERMISSION_DENIED before the servicer runs. Plaintext workers (`security.tls.mode: off`) have no
 identities to check and run without it.
 """
 
@@ -35,6 +36,7 @@ CALLERS: dict[str, frozenset[str]] = {
     "/tandem.v1.ColocatedService/Generate": ROUTER,
     "/tandem.v1.ColocatedService/Abort": ROUTER,
     "/tandem.v1.LifecycleService/Drain": frozenset({OPERATOR, SELF}),
+    "/tandem.v1.LifecycleService/SetRole": frozenset({OPERATOR, SELF}),
     **{f"/tandem.v1.{s}/{m}": PEERS for s in ("PrefillService", "DecodeService", "ColocatedService")
        for m in ("Handshake", "Load")},
     "/grpc.health.v1.Health/Check": PEERS,
@@ -66,9 +68,9 @@ def allowed(method: str, caller: Identity | None, me: Identity, loopback: bool) 
         return OPERATOR in roles or roles is PEERS
     if caller.service != me.service:
         return False
-    if caller.role in roles:
+    if caller.roles & roles:
         return True
-    return SELF in roles and loopback and caller.role == me.role
+    return SELF in roles and loopback and caller.roles == me.roles
 
 
 def caller_identity(context: grpc.ServicerContext) -> Identity | None:
@@ -91,7 +93,7 @@ class Authorizer(grpc.ServerInterceptor):
         def check(context: grpc.ServicerContext) -> None:
             caller = caller_identity(context)
             if not allowed(method, caller, self.me, is_loopback(context.peer())):
-                who = f"{caller.role} of {caller.service or 'the cluster'}" if caller else "a caller without a tandem identity"
+                who = f"{caller.describe()} of {caller.service or 'the cluster'}" if caller else "a caller without a tandem identity"
                 log.warning("refused %r from %s (%r)", method, who, context.peer())
                 context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{who} may not call {method.rsplit('/', 1)[-1]}")
 

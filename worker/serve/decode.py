@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import grpc
@@ -94,6 +94,7 @@ class DecodeServicer:
         self._reserving = 0  # Reserve RPCs past the draining check, not yet pending
         self._generating = 0  # local-prefill Generate streams accepted and not yet ended
         self.stream_slots: Slots | None = None  # the server's bound on token streams, when it has one
+        self.load_of: Callable[[], common_pb2.LoadReport] | None = None  # the worker's current role's report
         self._stop = threading.Event()
         self._expiry = threading.Thread(target=self._expire_loop, args=(expire_every_s,), daemon=True)
         self._expiry.start()
@@ -103,6 +104,9 @@ class DecodeServicer:
         self._stop.set()
         for pool in self.staging.values():
             pool.close()
+
+    def activate(self, active: bool) -> None:
+        """Nothing to take or give up: KV arrives and tokens stream only for reservations this role made."""
 
     def busy(self) -> int:
         """Reservations waiting for KV, token streams not yet ended, and sequences in the engine."""
@@ -236,6 +240,9 @@ class DecodeServicer:
         return decode_pb2.AbortReply(found=bool(released) or running, blocks_freed=freed)
 
     def Load(self, request: common_pb2.LoadRequest, context: grpc.ServicerContext) -> common_pb2.LoadReport:
+        return self.load_of() if self.load_of is not None else self.own_load()
+
+    def own_load(self) -> common_pb2.LoadReport:
         reserved = self.receiver.table.reserved_blocks()
         return load_report(self.loop.snapshot, self.info.worker_id, "decode", reserved, self.draining)
 

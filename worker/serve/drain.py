@@ -82,5 +82,18 @@ class Drainer:
         return lifecycle_pb2.DrainReply(draining=True, busy=self.servicer.busy(), deadline_s=self.seconds_left())
 
 
-def add_to_server(server: grpc.Server, drainer: Drainer) -> None:
-    lifecycle_pb2_grpc.add_LifecycleServiceServicer_to_server(drainer, server)  # type: ignore[arg-type]
+class Lifecycle:
+    """The LifecycleService: Drain from the drainer, SetRole from what holds the worker's role."""
+
+    def __init__(self, drainer: Drainer, roles: object | None = None) -> None:
+        self.Drain = drainer.Drain
+        self.roles = roles
+
+    def SetRole(self, request: lifecycle_pb2.SetRoleRequest, context: grpc.ServicerContext) -> lifecycle_pb2.SetRoleReply:
+        if self.roles is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server does not change role")
+        return self.roles.SetRole(request, context)  # type: ignore[union-attr]
+
+
+def add_to_server(server: grpc.Server, drainer: Drainer, roles: object | None = None) -> None:
+    lifecycle_pb2_grpc.add_LifecycleServiceServicer_to_server(Lifecycle(drainer, roles), server)  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""`tandem worker`: serve one engine over gRPC as a prefill, decode or colocated worker, with health and metrics."""
+"""`tandem worker`: serve one engine over gRPC as a prefill, decode (either, by SetRole) or colocated worker, with health and metrics."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import grpc
 import torch
 from grpc_health.v1 import health, health_pb2_grpc
 
-from tandem.identity import Identity
+from tandem.identity import FLIPPABLE, Identity
 from tandem.options import SPECULATIVE_TOKENS, WorkerOptions
 from tandem.v1 import colocated_pb2_grpc, prefill_pb2_grpc
 from tandem.worker.api.metrics_http import serve_metrics
@@ -33,6 +33,7 @@ from tandem.worker.serve.drain import Drainer
 from tandem.worker.serve.drain import add_to_server as add_drain_service
 from tandem.worker.serve.health import HealthWatch
 from tandem.worker.serve.metrics import WorkerMetrics
+from tandem.worker.serve.roles import FixedRole, RoleSwitch
 from tandem.worker.serve.rpc_limits import RpcLimiter, rpc_limits
 from tandem.worker.serve.wire import offered_transports, worker_info
 
@@ -98,20 +99,31 @@ def main(argv: list[str]) -> int:
     limits = rpc_limits(args.max_running_sequences, args.max_streams, args.max_transfers)
     limiter = RpcLimiter(limits)
     tls = TlsConfig.optional(args.tls_dir, service=args.service)
+    me = own_identity(tls, args.role, args.service)
     # with mutual TLS, each caller's role decides what it may call, checked before any slot is taken
-    authz = [Authorizer(Identity(args.role, args.service))] if tls is not None else []
+    authz = [Authorizer(me)] if tls is not None else []
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=limits.threads, thread_name_prefix="grpc"),
         interceptors=[*authz, limiter], options=BULK_CHANNEL_OPTIONS,
     )  # fmt: skip
-    servicer = _add_servicer(server, args, loop, info, metrics, tls)
-    if hasattr(servicer, "stream_slots"):
-        servicer.stream_slots = limiter.slots["streams"]  # a Reserve needs a stream to follow it
-    metrics.watch_held(servicer.busy)
+    services = _add_servicers(server, args, loop, info, metrics, tls)
+    decode = services.get("decode")
+    if decode is not None:
+        decode.stream_slots = limiter.slots["streams"]  # a Reserve needs a stream to follow it
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    drainer = Drainer(servicer, health_servicer, args.drain_timeout)
-    add_drain_service(server, drainer)
+    roles: RoleSwitch | FixedRole
+    if args.role == "colocated":
+        roles, held = FixedRole(args.role), services[args.role]
+    else:  # the role is state: SetRole drains one service's work and opens the other's, on the same engine
+        certified = (me.roles & FLIPPABLE) if tls is not None else None
+        roles = held = RoleSwitch(services, args.role, info, health_servicer, certified, args.drain_timeout,
+                                  on_switch=metrics.set_pool)  # fmt: skip
+        for servicer in services.values():
+            servicer.load_of = roles.load
+    metrics.watch_held(held.busy)
+    drainer = Drainer(held, health_servicer, args.drain_timeout)
+    add_drain_service(server, drainer, roles)
     port = add_port(server, f"{args.host}:{args.port}", tls, args.tls_dir)
     server.start()
     if args.health_port:  # the health service alone, on its own server and threads (and in plaintext)
@@ -120,6 +132,12 @@ def main(argv: list[str]) -> int:
         probes.add_insecure_port(f"{args.host}:{args.health_port}")
         probes.start()
     HealthWatch(loop, health_servicer, drainer.started.is_set, stall_s=args.engine_stall_seconds).start()
+    if args.role_file and isinstance(roles, RoleSwitch):  # Kubernetes: the pod's role label is its role
+        from tandem.worker.serve.role_label import RoleLabelWatch
+
+        watch = RoleLabelWatch(args.role_file, roles)
+        watch.check()  # a pod flipped before it restarted starts in its labelled role
+        watch.start()
     log.info("gRPC: %d token streams, %d KV pushes, %d transfers at once, %d control threads",
              limits.streams, limits.pushes, limits.transfers, limits.control)  # fmt: skip
     log.info("%s worker %s serving %s on %s:%d (%d KV blocks)", args.role, worker_id, args.served_name, args.host, port, num_blocks)
@@ -133,9 +151,10 @@ def main(argv: list[str]) -> int:
     faulthandler.dump_traceback_later(EXIT_WATCHDOG_S, exit=True)  # a stuck thread must not keep the pod
     server.stop(grace=2.0).wait()
     loop.stop()
-    close = getattr(servicer, "close", None)
-    if close is not None:
-        close()
+    for servicer in services.values():
+        close = getattr(servicer, "close", None)
+        if close is not None:
+            close()
     _exit_now(0)
     return 0
 
@@ -171,25 +190,33 @@ def _engine_config(args: WorkerOptions) -> EngineConfig:
     )
 
 
-def _add_servicer(server, args, loop, info, metrics, tls):
-    if args.role == "decode":
-        from tandem.worker.kv_transport import transports
-        from tandem.worker.serve.decode import DecodeServicer, add_to_server
+def own_identity(tls: TlsConfig | None, role: str, service: str) -> Identity:
+    """Who this worker is to the authorizer: what its certificate names (both roles for a worker that may
+    flip) when that is of its role and service, else its role and service as configured."""
+    named = tls.identity() if tls is not None else None
+    if named is not None and role in named.roles and named.service == service:
+        return named
+    return Identity(role, service)
 
-        # the staging each offered transport lends per reservation (shared-memory rings, CUDA buffers)
-        staging = {t.kind: t.staging(args.device) for t in transports.REGISTRY if t.staged and t.kind in info.transports}
-        decode = DecodeServicer(loop, info, staging, max_lease_ms=args.kv_lease_ms, kv_authenticated=tls is not None)
-        add_to_server(server, decode)
-        return decode
-    if args.role == "prefill":
-        from tandem.worker.serve.prefill import PrefillServicer
 
-        compression = wire_compression(args.kv_compression, args.kv_cache_dtype)  # an 8-bit cache travels raw
-        prefill = PrefillServicer(loop, info, compression, metrics, tls=tls)
-        prefill_pb2_grpc.add_PrefillServiceServicer_to_server(prefill, server)
-        return prefill
-    from tandem.worker.serve.colocated import ColocatedServicer
+def _add_servicers(server, args, loop, info, metrics, tls) -> dict:
+    """The services this worker serves, by role: a colocated worker its one; a prefill or decode worker both
+    (one takes work at a time: tandem.worker.serve.roles)."""
+    if args.role == "colocated":
+        from tandem.worker.serve.colocated import ColocatedServicer
 
-    colocated = ColocatedServicer(loop, info)
-    colocated_pb2_grpc.add_ColocatedServiceServicer_to_server(colocated, server)
-    return colocated
+        colocated = ColocatedServicer(loop, info)
+        colocated_pb2_grpc.add_ColocatedServiceServicer_to_server(colocated, server)
+        return {"colocated": colocated}
+    from tandem.worker.kv_transport import transports
+    from tandem.worker.serve.decode import DecodeServicer, add_to_server
+    from tandem.worker.serve.prefill import PrefillServicer
+
+    # the staging each offered transport lends per reservation (shared-memory rings, CUDA buffers)
+    staging = {t.kind: t.staging(args.device) for t in transports.REGISTRY if t.staged and t.kind in info.transports}
+    decode = DecodeServicer(loop, info, staging, max_lease_ms=args.kv_lease_ms, kv_authenticated=tls is not None)
+    add_to_server(server, decode)
+    compression = wire_compression(args.kv_compression, args.kv_cache_dtype)  # an 8-bit cache travels raw
+    prefill = PrefillServicer(loop, info, compression, metrics, tls=tls)
+    prefill_pb2_grpc.add_PrefillServiceServicer_to_server(prefill, server)
+    return {"prefill": prefill, "decode": decode}

@@ -19,7 +19,13 @@ class WorkerMetrics:
         r = self.registry
         self.vllm = VllmEngineMetrics(r, model_name)
 
+        self.service, self.pool = service, pool
+        self._series: list = []  # every pool-labelled metric, relabelled when the worker changes role
+        self._engine: Engine | None = None
+        self._busy: Callable[[], int] | None = None
+
         def bind(metric):  # every series carries the service and the pool
+            self._series.append(metric)
             return metric.labels(service=service, pool=pool)
 
         self.queued_prompt_tokens = bind(Gauge(names.PREFILL_QUEUED_TOKENS, "Prompt tokens waiting to be prefilled", labels, registry=r))
@@ -59,6 +65,7 @@ class WorkerMetrics:
         """Read the KV block and running-sequence gauges from `engine` at scrape time, so that blocks freed
         by an abort or an expired lease show at once, not at the next engine step. Each read is one
         `len()`, safe against the engine thread."""
+        self._engine = engine
         self.kv_used.set_function(lambda: engine.blocks.num_used)
         self.kv_total.set_function(lambda: engine.blocks.num_blocks)
         self.running.set_function(lambda: engine.num_running)
@@ -67,8 +74,28 @@ class WorkerMetrics:
 
     def watch_held(self, busy: Callable[[], int]) -> WorkerMetrics:
         """Read the held-requests gauge from the servicer's `busy()` at scrape time."""
+        self._busy = busy
         self.held.set_function(busy)
         return self
+
+    def set_pool(self, pool: str) -> None:
+        """Label every series with `pool` from now on (the worker changed role); the old pool's are dropped,
+        so the worker counts in one pool only."""
+        if pool == self.pool:
+            return
+        old = {"service": self.service, "pool": self.pool}
+        children = {id(m.labels(**old)): m for m in self._series}
+        for name, value in list(vars(self).items()):
+            parent = children.get(id(value))
+            if parent is not None:
+                setattr(self, name, parent.labels(service=self.service, pool=pool))
+        for m in self._series:
+            m.remove(*(old[label] for label in names.METRIC_LABELS))
+        self.pool = pool
+        if self._engine is not None:
+            self.watch(self._engine)
+        if self._busy is not None:
+            self.watch_held(self._busy)
 
     def on_step(self, engine: Engine) -> None:
         """Refresh what a step changes (runs on the engine thread, so it stays cheap)."""

@@ -9,6 +9,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -116,6 +117,12 @@ class PrefillServicer:
         self._inflight = 0  # Prefill RPCs accepted and not yet answered
         loop.engine.layer_hook = self._after_layer
         self._kv_reader = LayerKvReader(loop.engine.kv)
+        self.load_of: Callable[[], common_pb2.LoadReport] | None = None  # the worker's current role's report
+
+    def activate(self, active: bool) -> None:
+        """Take (or give up) the engine's layer hook: only a worker that prefills now needs it, and without
+        it a decode worker's steps may run as a captured graph."""
+        self.loop.engine.layer_hook = self._after_layer if active else None
 
     def busy(self) -> int:
         """Prefills accepted and not yet answered (their KV may still be on its way)."""
@@ -134,6 +141,9 @@ class PrefillServicer:
         )
 
     def Load(self, request: common_pb2.LoadRequest, context: grpc.ServicerContext) -> common_pb2.LoadReport:
+        return self.load_of() if self.load_of is not None else self.own_load()
+
+    def own_load(self) -> common_pb2.LoadReport:
         return load_report(self.loop.snapshot, self.info.worker_id, "prefill", 0, self.draining)
 
     def Prefill(self, request: prefill_pb2.PrefillRequest, context: grpc.ServicerContext) -> prefill_pb2.PrefillReply:

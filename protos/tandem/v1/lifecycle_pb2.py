@@ -22,19 +22,24 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from tandem.v1 import common_pb2 as tandem_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tandem/v1/lifecycle.proto\x12\ttandem.v1\"\x1e\n\x0c\x44rainRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"@\n\nDrainReply\x12\x10\n\x08\x64raining\x18\x01 \x01(\x08\x12\x0c\n\x04\x62usy\x18\x02 \x01(\r\x12\x12\n\ndeadline_s\x18\x03 \x01(\x01\x32K\n\x10LifecycleService\x12\x37\n\x05\x44rain\x12\x17.tandem.v1.DrainRequest\x1a\x15.tandem.v1.DrainReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tandem/v1/lifecycle.proto\x12\ttandem.v1\x1a\x16tandem/v1/common.proto\"\x1e\n\x0c\x44rainRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"@\n\nDrainReply\x12\x10\n\x08\x64raining\x18\x01 \x01(\x08\x12\x0c\n\x04\x62usy\x18\x02 \x01(\r\x12\x12\n\ndeadline_s\x18\x03 \x01(\x01\"^\n\x0eSetRoleRequest\x12#\n\x04role\x18\x01 \x01(\x0e\x32\x15.tandem.v1.WorkerRole\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x17\n\x0f\x64rain_timeout_s\x18\x03 \x01(\x01\"\x84\x01\n\x0cSetRoleReply\x12#\n\x04role\x18\x01 \x01(\x0e\x32\x15.tandem.v1.WorkerRole\x12,\n\rprevious_role\x18\x02 \x01(\x0e\x32\x15.tandem.v1.WorkerRole\x12\x0f\n\x07\x64rain_s\x18\x03 \x01(\x01\x12\x10\n\x08switch_s\x18\x04 \x01(\x01\x32\x8a\x01\n\x10LifecycleService\x12\x37\n\x05\x44rain\x12\x17.tandem.v1.DrainRequest\x1a\x15.tandem.v1.DrainReply\x12=\n\x07SetRole\x12\x19.tandem.v1.SetRoleRequest\x1a\x17.tandem.v1.SetRoleReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tandem.v1.lifecycle_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DRAINREQUEST']._serialized_start=40
-  _globals['_DRAINREQUEST']._serialized_end=70
-  _globals['_DRAINREPLY']._serialized_start=72
-  _globals['_DRAINREPLY']._serialized_end=136
-  _globals['_LIFECYCLESERVICE']._serialized_start=138
-  _globals['_LIFECYCLESERVICE']._serialized_end=213
+  _globals['_DRAINREQUEST']._serialized_start=64
+  _globals['_DRAINREQUEST']._serialized_end=94
+  _globals['_DRAINREPLY']._serialized_start=96
+  _globals['_DRAINREPLY']._serialized_end=160
+  _globals['_SETROLEREQUEST']._serialized_start=162
+  _globals['_SETROLEREQUEST']._serialized_end=256
+  _globals['_SETROLEREPLY']._serialized_start=259
+  _globals['_SETROLEREPLY']._serialized_end=391
+  _globals['_LIFECYCLESERVICE']._serialized_start=394
+  _globals['_LIFECYCLESERVICE']._serialized_end=532
 # @@protoc_insertion_point(module_scope)

@@ -39,6 +39,11 @@ class LifecycleServiceStub:
                 request_serializer=tandem_dot_v1_dot_lifecycle__pb2.DrainRequest.SerializeToString,
                 response_deserializer=tandem_dot_v1_dot_lifecycle__pb2.DrainReply.FromString,
                 _registered_method=True)
+        self.SetRole = channel.unary_unary(
+                '/tandem.v1.LifecycleService/SetRole',
+                request_serializer=tandem_dot_v1_dot_lifecycle__pb2.SetRoleRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_lifecycle__pb2.SetRoleReply.FromString,
+                _registered_method=True)
 
 
 class LifecycleServiceServicer:
@@ -52,6 +57,17 @@ class LifecycleServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetRole(self, request, context):
+        """Drain the current role's work (as Drain, without exiting), then serve `role` with the same engine and
+        weights. Load and health report the new role. Idempotent: the role it already has answers at once.
+        FAILED_PRECONDITION (with the reason) for a role this worker cannot take: a colocated worker, or a
+        role its certificate does not name; ABORTED when the drain did not finish within `drain_timeout_s`
+        (the worker then keeps its old role and takes work again).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LifecycleServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -59,6 +75,11 @@ def add_LifecycleServiceServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=tandem_dot_v1_dot_lifecycle__pb2.DrainRequest.FromString,
                     response_serializer=tandem_dot_v1_dot_lifecycle__pb2.DrainReply.SerializeToString,
+            ),
+            'SetRole': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetRole,
+                    request_deserializer=tandem_dot_v1_dot_lifecycle__pb2.SetRoleRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_lifecycle__pb2.SetRoleReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -88,6 +109,33 @@ class LifecycleService:
             '/tandem.v1.LifecycleService/Drain',
             tandem_dot_v1_dot_lifecycle__pb2.DrainRequest.SerializeToString,
             tandem_dot_v1_dot_lifecycle__pb2.DrainReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetRole(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.LifecycleService/SetRole',
+            tandem_dot_v1_dot_lifecycle__pb2.SetRoleRequest.SerializeToString,
+            tandem_dot_v1_dot_lifecycle__pb2.SetRoleReply.FromString,
             options,
             channel_credentials,
             insecure,

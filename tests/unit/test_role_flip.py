@@ -1,0 +1,204 @@
+"""A worker's role as state, the pure and in-process parts: identities naming both flippable roles, who may
+call SetRole, the switch draining the old role's work before opening the new one (over a real loopback gRPC
+server), the router placing a worker by the role it reports, and metrics following the pool."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from tandem import names
+from tandem.identity import FLIPPABLE, Identity, from_sans
+from tandem.operator.certs import Authority, worker_identity
+from tandem.v1 import common_pb2, lifecycle_pb2, lifecycle_pb2_grpc
+from tandem.worker.api.tls import TlsConfig
+from tandem.worker.router.membership import Pools, placed_role
+from tandem.worker.serve.authz import allowed
+from tandem.worker.serve.drain import Drainer, add_to_server
+from tandem.worker.serve.roles import DrainTimedOut, FixedRole, RoleRefused, RoleSwitch, refusal
+
+FLIP = Identity.of(FLIPPABLE, "llama")
+PREFILL, DECODE, ROUTER, OPERATOR = (Identity("prefill", "llama"), Identity("decode", "llama"),
+                                     Identity("router", "llama"), Identity("operator"))  # fmt: skip
+SET_ROLE = "/tandem.v1.LifecycleService/SetRole"
+
+
+def test_one_certificate_names_prefill_and_decode_of_one_service_and_no_other_mix():
+    assert FLIP.roles == {"prefill", "decode"} and FLIP == Identity("decode", "llama", frozenset({"prefill"}))
+    assert from_sans([*FLIP.uris, *FLIP.dns_names]) == FLIP
+    assert from_sans([PREFILL.uri, Identity("decode", "other").uri]) is None  # two services: neither
+    assert from_sans([ROUTER.uri, PREFILL.uri]) is None  # the router never flips
+    assert from_sans([PREFILL.uri, DECODE.uri, ROUTER.uri]) is None
+    assert from_sans([OPERATOR.uri, PREFILL.uri]) is None
+
+
+def test_a_flippable_workers_certificate_is_read_back_as_both_roles():
+    leaf = Authority("test").issue(worker_identity("prefill", "llama", flippable=True))
+    assert TlsConfig(leaf.cert, leaf.key, leaf.ca).identity() == FLIP
+    one = Authority("test").issue(worker_identity("prefill", "llama", flippable=False))
+    assert TlsConfig(one.cert, one.key, one.ca).identity() == PREFILL
+    assert worker_identity("router", "llama", flippable=True) == ROUTER
+
+
+def test_set_role_from_the_operator_or_the_workers_own_pod_only():
+    assert allowed(SET_ROLE, OPERATOR, FLIP, loopback=False)
+    assert allowed(SET_ROLE, FLIP, FLIP, loopback=True)  # its own pod, with its own certificate
+    assert not allowed(SET_ROLE, FLIP, FLIP, loopback=False)  # another flippable worker
+    for caller in (ROUTER, PREFILL, DECODE, Identity.of(FLIPPABLE, "other"), None):
+        assert not allowed(SET_ROLE, caller, FLIP, loopback=True), caller
+
+
+def test_a_caller_naming_both_roles_may_do_what_either_may():
+    assert allowed("/tandem.v1.DecodeService/PushKv", FLIP, FLIP, loopback=False)
+    assert not allowed("/tandem.v1.DecodeService/PushKv", DECODE, FLIP, loopback=False)
+    assert not allowed("/tandem.v1.DecodeService/Reserve", FLIP, FLIP, loopback=False)  # still only the router
+
+
+def test_why_a_role_is_refused():
+    both = {"prefill": 0, "decode": 0}
+    assert refusal("decode", "prefill", both, frozenset(FLIPPABLE), exiting=False) is None
+    assert refusal("decode", "prefill", both, None, exiting=False) is None  # plaintext: nothing to check
+    assert "certificate does not name" in (refusal("decode", "prefill", both, frozenset({"prefill"}), False) or "")
+    assert "draining to exit" in (refusal("decode", "prefill", both, None, exiting=True) or "")
+    assert "cannot take" in (refusal("decode", "colocated", {"colocated": 0}, None, False) or "")
+
+
+class Service:
+    """One role's service holding `held` pieces of work, with its own load report."""
+
+    def __init__(self, role: str, held: int = 0):
+        self.role, self.held, self.draining, self.active = role, held, False, False
+
+    def busy(self) -> int:
+        return self.held
+
+    def own_load(self) -> common_pb2.LoadReport:
+        enum = common_pb2.WORKER_ROLE_PREFILL if self.role == "prefill" else common_pb2.WORKER_ROLE_DECODE
+        return common_pb2.LoadReport(role=enum, draining=self.draining)
+
+    def activate(self, active: bool) -> None:
+        self.active = active
+
+
+def switch(prefill_held: int = 0, certified=None, **kw) -> tuple[RoleSwitch, Service, Service, health.HealthServicer]:
+    p, d, h = Service("prefill", prefill_held), Service("decode"), health.HealthServicer()
+    info = common_pb2.WorkerInfo(role=common_pb2.WORKER_ROLE_PREFILL)
+    return RoleSwitch({"prefill": p, "decode": d}, "prefill", info, h, certified, **kw), p, d, h
+
+
+def status(h: health.HealthServicer, role: str) -> int:
+    return h.Check(health_pb2.HealthCheckRequest(service=names.WORKER_ROLE_SERVICE_PREFIX + role), None).status
+
+
+def test_a_flip_waits_for_the_old_roles_work_then_opens_the_new_role():
+    roles, p, d, h = switch(prefill_held=1)
+    assert (p.draining, d.draining, p.active, d.active) == (False, True, True, False)
+    done: list = []
+    t = threading.Thread(target=lambda: done.append(roles.set_role("decode")))
+    t.start()
+    time.sleep(0.2)
+    assert p.draining and not done and roles.role == "prefill"  # no new prefills; the held one finishes
+    assert roles.load().draining and roles.load().role == common_pb2.WORKER_ROLE_PREFILL
+    p.held = 0
+    t.join(5)
+    (flip,) = done
+    assert (flip.previous, flip.role, roles.role) == ("prefill", "decode", "decode") and flip.drain_s >= 0.2
+    assert (p.draining, d.draining, p.active, d.active) == (True, False, False, True)
+    assert roles.info.role == common_pb2.WORKER_ROLE_DECODE and roles.load().role == common_pb2.WORKER_ROLE_DECODE
+    assert status(h, "decode") == health_pb2.HealthCheckResponse.SERVING
+    assert status(h, "prefill") == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert roles.set_role("decode").drain_s == 0  # already: at once
+
+
+def test_a_drain_past_its_deadline_keeps_the_old_role_taking_work():
+    roles, p, d, _ = switch(prefill_held=1)
+    with pytest.raises(DrainTimedOut, match="stays prefill"):
+        roles.set_role("decode", drain_timeout_s=0.1)
+    assert roles.role == "prefill" and not p.draining and d.draining
+
+
+def test_no_flip_once_the_worker_drains_to_exit_and_the_exit_drain_covers_both_roles():
+    roles, p, d, _ = switch(certified=frozenset({"prefill"}))
+    with pytest.raises(RoleRefused, match="certificate"):
+        roles.set_role("decode")
+    roles.draining = True
+    assert p.draining and d.draining
+    with pytest.raises(RoleRefused, match="exit"):
+        roles.set_role("prefill")
+
+
+@pytest.fixture
+def lifecycle():
+    roles, p, d, h = switch()
+    colocated = FixedRole("colocated")
+    servers, stubs = [], []
+    for held in (roles, colocated):
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        add_to_server(server, Drainer(roles, h, timeout_s=30), held)
+        health_pb2_grpc.add_HealthServicer_to_server(h, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        servers.append(server)
+        stubs.append(lifecycle_pb2_grpc.LifecycleServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}")))
+    yield roles, stubs
+    for server in servers:
+        server.stop(0)
+
+
+def test_set_role_rpc_switches_and_refuses_with_a_reason(lifecycle):
+    roles, (stub, colocated) = lifecycle
+    reply = stub.SetRole(lifecycle_pb2.SetRoleRequest(role=common_pb2.WORKER_ROLE_DECODE, reason="test"), timeout=5)
+    assert (reply.role, reply.previous_role) == (common_pb2.WORKER_ROLE_DECODE, common_pb2.WORKER_ROLE_PREFILL)
+    assert roles.role == "decode"
+    with pytest.raises(grpc.RpcError) as err:
+        stub.SetRole(lifecycle_pb2.SetRoleRequest(), timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as err:
+        colocated.SetRole(lifecycle_pb2.SetRoleRequest(role=common_pb2.WORKER_ROLE_DECODE), timeout=5)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "cannot take" in (err.value.details() or "")
+
+
+def test_the_router_places_a_worker_by_the_role_it_reports():
+    assert placed_role("prefill", "decode") == "decode"
+    assert placed_role("prefill", None) == "prefill"
+    assert placed_role("colocated", "decode") == "colocated"  # a colocated list never turns into a pool
+    pools = Pools({"prefill": ["a:1", "b:1"], "decode": ["c:1"]})
+    pools.reported = {"b:1": "decode", "gone:1": "decode"}
+    placed = pools._placed(pools._wanted())
+    assert placed["prefill"] == ["a:1"] and placed["decode"] == ["b:1", "c:1"]
+    assert pools.reported == {"b:1": "decode"}  # a worker no list names is forgotten
+
+
+def test_metrics_follow_the_worker_to_its_new_pool():
+    from tandem.worker.serve.metrics import WorkerMetrics
+
+    m = WorkerMetrics("svc", "prefill")
+    m.watch_held(lambda: 3)
+    m.prefill_tokens.inc(5)
+    m.set_pool("decode")
+    m.prefill_tokens.inc(2)
+    sample = m.registry.get_sample_value
+    assert sample(names.WORKER_HELD_REQUESTS, {"service": "svc", "pool": "decode"}) == 3
+    assert sample(names.WORKER_HELD_REQUESTS, {"service": "svc", "pool": "prefill"}) is None
+    assert sample(names.PREFILL_TOKENS_TOTAL, {"service": "svc", "pool": "decode"}) == 2
+
+
+def test_a_pod_follows_its_role_label_file(tmp_path):
+    from tandem.worker.serve.role_label import RoleLabelWatch, role_from_labels
+
+    text = f'app.kubernetes.io/name="tandem"\n{names.LABEL_ROLE}="decode"\n{names.LABEL_POOL}="prefill"\n'
+    assert role_from_labels(text) == "decode" and role_from_labels('a="b"') is None
+    labels = tmp_path / "labels"
+    labels.write_text(text.replace('"decode"', '"prefill"'))
+    roles, p, d, _ = switch()
+    watch = RoleLabelWatch(labels, roles)
+    assert watch.check() == "prefill" and roles.role == "prefill"
+    labels.write_text(text)  # the operator moved the label; the kubelet rewrote the file
+    assert watch.check() == "decode" and roles.role == "decode" and p.draining and not d.draining
+    missing = RoleLabelWatch(tmp_path / "absent", roles)
+    assert missing.check() is None and roles.role == "decode"
