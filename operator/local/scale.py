@@ -1,4 +1,5 @@
-"""Resize a pool of `tandem up`'s worker processes: start new workers, drain chosen ones away, tell the router.
+"""Resize a pool of `tandem up`'s worker processes: start new workers, drain chosen ones away, flip warm ones
+to the other pool, tell the router.
 
 Scaling down is drain-safe: the worker holding the fewest running sequences is chosen, told to drain
 (SIGTERM), and taken out of the router's workers file at once; it finishes what it holds and exits on
@@ -14,17 +15,18 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
 
 from tandem.identity import OPERATOR, peer_name
 from tandem.operator.autoscale.types import Replicas
+from tandem.operator.local.flip import fewest_running, set_roles, with_role
 from tandem.operator.local.plan import ProcessPlan, local_tls_root, worker_plan, workers_document
 from tandem.operator.local.up import LocalStack, free_port_block
 from tandem.spec import InferenceService
-from tandem.v1 import colocated_pb2_grpc, common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+from tandem.v1 import colocated_pb2_grpc, common_pb2, decode_pb2_grpc, lifecycle_pb2, prefill_pb2_grpc
 
 STUBS = {
     "prefill": prefill_pb2_grpc.PrefillServiceStub,
@@ -112,6 +114,32 @@ class LocalPools:
             if worker_names:
                 self.write_workers_file()
         return list(worker_names)
+
+    def flip(self, from_role: str, to_role: str, count: int, reason: str = "", drain_timeout_s: float = 0.0) -> list[ProcessPlan]:
+        """Move `count` warm workers from `from_role` to `to_role` in place (SetRole: each drains its old
+        role's work, then serves the new one with its weights loaded), the fewest running sequences first.
+        Returns the workers that flipped, as planned now: the router follows their reported role, and the
+        workers file and the plan say it too (a crashed one restarts in it)."""
+        members = self.members(from_role)
+        chosen = fewest_running({p.name: _running(self.load(p)) for p in members}, count)
+        return self.flip_workers(chosen, to_role, reason, drain_timeout_s)
+
+    def flip_workers(self, worker_names: list[str], to_role: str, reason: str = "", drain_timeout_s: float = 0.0) -> list[ProcessPlan]:
+        """Move these workers to `to_role` (all at once); those that flipped, as planned now."""
+        with self._lock:
+            by_name = {p.name: p for p in self.stack.plans if p.name in worker_names}
+        replies = set_roles({n: self.channels.get(p) for n, p in by_name.items()}, to_role, reason or f"to {to_role}", drain_timeout_s)
+        flipped: list[ProcessPlan] = []
+        with self._lock:
+            for name, reply in replies.items():
+                if isinstance(reply, lifecycle_pb2.SetRoleReply):
+                    old = by_name[name]
+                    new = replace(old, role=to_role, argv=with_role(old.argv, to_role))
+                    self.stack.plans[self.stack.plans.index(old)] = new
+                    flipped.append(new)
+            if flipped:
+                self.write_workers_file()
+        return flipped
 
     def metrics_targets(self) -> dict[str, list[str]]:
         """Pool (or "router") -> /metrics URLs of the live processes, for the direct-scrape metric source."""

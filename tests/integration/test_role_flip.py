@@ -1,0 +1,97 @@
+"""Warm workers change role on a running `tandem up` stack, over real gRPC sockets with mutual TLS: under a
+steady stream of requests a prefill worker becomes a decode worker and the decode worker a prefill worker
+(so KV now flows the other way between the two processes), then both go back, and not one request fails.
+SetRole from an identity that is not the operator's (or the worker's own pod) is refused."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+
+from tandem import names
+from tandem.operator.local.flip import dial_worker
+from tandem.operator.local.scale import LocalPools
+from tandem.operator.local.up import free_port_block, serving
+from tandem.spec import parse_object
+from tandem.v1 import common_pb2, lifecycle_pb2, lifecycle_pb2_grpc
+from tests.integration.stacks import load, spec
+from tests.integration.test_drain_scaling import StreamingLoad
+
+pytestmark = pytest.mark.slow
+SERVICE = "flip"
+
+
+def _kv_bytes_pushed(pools: LocalPools, name: str) -> float:
+    """KV bytes a worker pushed as a prefill worker (its metrics port, the prefill pool's series)."""
+    (p,) = [p for p in pools.stack.plans if p.name == name]
+    text = httpx.get(f"http://{p.address.rsplit(':', 1)[0]}:{p.metrics_port}/metrics", timeout=5).text
+    prefix = f'{names.KV_TRANSFER_BYTES_TOTAL}{{pool="prefill",service="{SERVICE}"}}'
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def _flip(pools: LocalPools, to_role: str, name: str) -> None:
+    (flipped,) = pools.flip_workers([name], to_role, reason="test")
+    report = load(flipped)
+    assert flipped.role == to_role and report.role == (common_pb2.WORKER_ROLE_DECODE if to_role == "decode"
+                                                        else common_pb2.WORKER_ROLE_PREFILL)  # fmt: skip
+
+
+def _until(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(900)
+def test_workers_flip_both_ways_under_load_and_no_request_fails(tiny_model_dir, tmp_path: Path):
+    obj = spec(SERVICE, tiny_model_dir, prefill=2, decode=1, prefillChunkTokens=32)
+    obj["spec"]["roleFlip"] = True
+    svc = parse_object(obj)
+    base = free_port_block(8)
+    with serving(svc, tmp_path, port=base, worker_port=base + 2) as (stack, url):
+        pools = LocalPools(stack, svc, Path.cwd(), tmp_path / "workers.json")
+        tls_root = tmp_path / "tls"
+        with StreamingLoad(url, clients=3) as stream:
+            _until(lambda: stream.ok >= 3, 60, "traffic before the flips")
+            _flip(pools, "decode", "prefill-1")  # now two decode workers
+            assert {p.name for p in pools.members("decode")} == {"decode-0", "prefill-1"}
+            _flip(pools, "prefill", "decode-0")  # the only decode worker is the flipped prefill one
+            pushed = _kv_bytes_pushed(pools, "decode-0")
+            ok = stream.ok
+            # the router routes by the new roles: decode-0 prefills and pushes KV to prefill-1, the other way
+            _until(lambda: _kv_bytes_pushed(pools, "decode-0") > pushed and stream.ok >= ok + 6, 120,
+                   "requests served with decode-0 prefilling for prefill-1")  # fmt: skip
+            _flip(pools, "decode", "decode-0")  # and back
+            _flip(pools, "prefill", "prefill-1")
+            ok = stream.ok
+            _until(lambda: stream.ok >= ok + 6, 120, "requests served after flipping back")
+        # the router's own identity (or anything but the operator's, from another pod) may not flip a worker
+        (p,) = [p for p in pools.members("decode")]
+        with dial_worker(p.address, "decode", SERVICE, tls_root, as_role="router") as chan, \
+                pytest.raises(grpc.RpcError) as err:  # fmt: skip
+            lifecycle_pb2_grpc.LifecycleServiceStub(chan).SetRole(
+                lifecycle_pb2.SetRoleRequest(role=common_pb2.WORKER_ROLE_PREFILL), timeout=10)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, err.value
+        assert load(p).role == common_pb2.WORKER_ROLE_DECODE
+        pools.close()
+    assert stream.failures == [], f"{len(stream.failures)} failed of {stream.ok + len(stream.failures)}: {stream.failures[:5]}"
+    assert stream.ok >= 15
+
+
+@pytest.mark.timeout(600)
+def test_a_worker_whose_certificate_names_one_role_refuses_to_flip(tiny_model_dir, tmp_path: Path):
+    svc = parse_object(spec("oneway", tiny_model_dir))  # roleFlip off: one role per certificate
+    base = free_port_block(8)
+    with serving(svc, tmp_path, port=base, worker_port=base + 2) as (stack, _):
+        (p,) = [p for p in stack.plans if p.role == "prefill"]
+        with dial_worker(p.address, "prefill", "oneway", tmp_path / "tls") as chan, pytest.raises(grpc.RpcError) as err:
+            lifecycle_pb2_grpc.LifecycleServiceStub(chan).SetRole(
+                lifecycle_pb2.SetRoleRequest(role=common_pb2.WORKER_ROLE_DECODE), timeout=10)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "certificate does not name" in (err.value.details() or "")
+        assert load(p).role == common_pb2.WORKER_ROLE_PREFILL

@@ -1,0 +1,71 @@
+"""`tandem flip`: tell a warm prefill or decode worker to take the other role (SetRole), or flip N workers
+of a running `tandem up` stack from one pool to the other.
+
+A worker changes role in place: it drains the old role's work, then serves the new one with the engine
+and weights it has; the router follows the role it reports. The stack's own identity (the operator's
+certificate under its run directory) makes the call; a worker's certificate must name the new role
+(spec.roleFlip).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import grpc
+
+from tandem.v1 import common_pb2, lifecycle_pb2, lifecycle_pb2_grpc
+from tandem.worker.api.tls import TlsConfig, channel
+
+ROLE_ENUMS = {"prefill": common_pb2.WORKER_ROLE_PREFILL, "decode": common_pb2.WORKER_ROLE_DECODE}
+OTHER = {"prefill": "decode", "decode": "prefill"}
+
+
+def set_role(
+    chan: grpc.Channel, role: str, reason: str = "", drain_timeout_s: float = 0.0, timeout_s: float | None = None
+) -> lifecycle_pb2.SetRoleReply:
+    """One SetRole call over `chan`; grpc.RpcError as the worker answered it."""
+    request = lifecycle_pb2.SetRoleRequest(role=ROLE_ENUMS[role], reason=reason, drain_timeout_s=drain_timeout_s)
+    wait = timeout_s if timeout_s is not None else (drain_timeout_s or 600.0) + 10.0
+    return lifecycle_pb2_grpc.LifecycleServiceStub(chan).SetRole(request, timeout=wait)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="tandem flip", description=__doc__.splitlines()[0])
+    p.add_argument("--to", required=True, choices=sorted(ROLE_ENUMS), help="the role to take")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--address", help="one worker's gRPC host:port")
+    where.add_argument("-f", "--file", help="the InferenceService YAML a `tandem up` runs (with --log-dir)")
+    p.add_argument("--log-dir", help="the run directory of that `tandem up` (its --log-dir)")
+    p.add_argument("--count", type=int, default=1, help="with -f: how many workers of the other role to flip")
+    p.add_argument("--reason", default="tandem flip")
+    p.add_argument("--drain-timeout", type=float, default=0.0, help="seconds the old role's work may take (0: the worker's)")
+    p.add_argument("--tls-dir", default=None, help="with --address, mutual TLS: the operator's tls.crt, tls.key, ca.crt")
+    p.add_argument("--tls-server-name", default=None, help="name in the worker's certificate")
+    args = p.parse_args(argv)
+    if args.file:
+        if not args.log_dir:
+            p.error("-f needs --log-dir: the run directory of the `tandem up` to change")
+        from tandem.operator.local.flip import flip_running_stack
+
+        try:
+            flipped = flip_running_stack(args.file, args.log_dir, OTHER[args.to], args.to, args.count, args.reason)
+        except (OSError, ValueError) as e:
+            print(f"tandem flip: {e}", file=sys.stderr)
+            return 2
+        for address, reply in flipped:
+            print(f"{address}: now {args.to} (drained in {reply.drain_s:.2f} s, switched in {reply.switch_s:.3f} s)")
+        return 0 if len(flipped) == args.count else 1
+    try:
+        tls = TlsConfig.optional(args.tls_dir, args.tls_server_name)
+        with channel(args.address, tls) as chan:
+            reply = set_role(chan, args.to, args.reason, args.drain_timeout)
+    except grpc.RpcError as e:
+        print(f"tandem flip: {args.address}: {e.code().name} {e.details()}", file=sys.stderr)
+        return 1
+    print(f"{args.address}: now {args.to} (drained in {reply.drain_s:.2f} s, switched in {reply.switch_s:.3f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
