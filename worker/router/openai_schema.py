@@ -1,15 +1,32 @@
-"""The OpenAI wire format the router speaks: request models, response and chunk shapes, the error shape."""
+"""The OpenAI wire format the router speaks: the request models, each field range-checked.
+
+Which fields are implemented and which are refused is the field audit (openai_fields.py); the error shape
+(openai_errors.py) and the response shapes (openai_responses.py) are re-exported here, so that callers name
+the wire format by one module.
+"""
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from tandem.worker.api.params import MAX_CACHE_SALT, MAX_TOP_LOGPROBS, UINT32_MAX, UINT64_MAX, SamplingParams
-from tandem.worker.router.streaming import TokenLogprob
+from tandem.worker.router import openai_fields
+from tandem.worker.router.openai_errors import ApiError as ApiError
+from tandem.worker.router.openai_errors import describe_validation_error as describe_validation_error
+from tandem.worker.router.openai_errors import error_body as error_body
+from tandem.worker.router.openai_responses import chat_choice as chat_choice
+from tandem.worker.router.openai_responses import chat_delta_choice as chat_delta_choice
+from tandem.worker.router.openai_responses import chat_logprobs as chat_logprobs
+from tandem.worker.router.openai_responses import chat_message as chat_message
+from tandem.worker.router.openai_responses import chat_object as chat_object
+from tandem.worker.router.openai_responses import completion_choice as completion_choice
+from tandem.worker.router.openai_responses import completion_logprobs as completion_logprobs
+from tandem.worker.router.openai_responses import completion_object as completion_object
+from tandem.worker.router.openai_responses import new_id as new_id
+from tandem.worker.router.openai_responses import now_s as now_s
+from tandem.worker.router.openai_responses import usage as usage
 
 MAX_LOGPROBS = MAX_TOP_LOGPROBS  # the most alternatives OpenAI's API lets a client ask for
 MAX_CHOICES = 16  # n: answers per request, each a generation of its own
@@ -17,62 +34,6 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 256
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seeds OpenAI clients (and vLLM) accept
-ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error"}
-FIELD_HINTS = {"prompt": "must be a string, a list of token ids, or a one-element list of either"}
-
-
-class ApiError(Exception):
-    """A request answered with an OpenAI error body and this HTTP status."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        retry_after_s: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-        self.retry_after_s = retry_after_s
-
-
-def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
-    kind = ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-def describe_validation_error(error: ValidationError) -> tuple[str, str | None]:
-    """A one-line message and the offending top-level field for a pydantic validation failure.
-
-    A field typed as a union (`stop: str | list[str]`) fails once per branch; the branch whose type
-    matched says what is wrong (a length, a range), so its error wins over "should be a valid string".
-    """
-    by_field: dict[str, list[Any]] = {}
-    for e in error.errors(include_url=False):
-        if e["type"] == "json_invalid":
-            return f"request body is not valid JSON: {e['msg']}", None
-        if e["type"] == "extra_forbidden":  # a field this server does not know is refused, never ignored
-            e = {**e, "msg": "unknown field: this server does not implement it"}
-        loc = [str(x) for x in e["loc"]]
-        by_field.setdefault(loc[0] if loc else "body", []).append(e)
-    parts = []
-    for field, errors in by_field.items():
-        e = next((x for x in errors if not x["type"].endswith("_type")), errors[0])
-        where = ".".join(str(x) for x in e["loc"] if not _is_type_tag(x))
-        hint = FIELD_HINTS.get(field) if e["type"] != "missing" else None
-        parts.append(f"{where or 'body'}: {hint or e['msg']}")
-    return "; ".join(parts) or "invalid request", next(iter(by_field), None)
-
-
-def _is_type_tag(loc_part: Any) -> bool:
-    """Union branch names pydantic puts in an error location (`str`, `list[int]`, `constrained-str`)."""
-    return isinstance(loc_part, str) and (
-        "[" in loc_part or "-" in loc_part or loc_part in ("str", "int", "float", "bool")
-    )
-
-
 STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)  # every field a request may carry is declared
 
 
@@ -114,15 +75,8 @@ class SamplingRequest(BaseModel):
     cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT)
 
     def check_supported(self) -> None:
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                raise ApiError(400, f"{name} is not supported (use 0)", param=name)
-        if self.logit_bias:
-            raise ApiError(400, "logit_bias is not supported", param="logit_bias")
-        if self.stream_options is not None and not self.stream:
-            raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
-        if self.min_tokens and self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ApiError(400, f"min_tokens ({self.min_tokens}) exceeds max_tokens", param="min_tokens")
+        """A 400 naming the first field set to something this server does not do (openai_fields.py)."""
+        openai_fields.check_sampling(self)
 
     def check_token_ids(self, vocab_size: int) -> None:
         """Token ids the request names must exist in the model's vocabulary."""
@@ -184,16 +138,7 @@ class CompletionRequest(SamplingRequest):
     suffix: str | None = None
 
     def check_supported(self) -> None:
-        super().check_supported()
-        if self.echo:
-            raise ApiError(400, "echo is not supported", param="echo")
-        if self.best_of not in (None, self.n):
-            raise ApiError(400, "best_of is not supported (leave it unset, or equal to n)", param="best_of")
-        if self.suffix:
-            raise ApiError(400, "suffix (insertion) is not supported", param="suffix")
-        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str | list):
-            if len(self.prompt) != 1:
-                raise ApiError(400, "only one prompt per request is supported", param="prompt")
+        openai_fields.check_completion(self)
 
     def wants_logprobs(self) -> bool:
         return self.logprobs is not None
@@ -302,21 +247,6 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaFormat | None = None
 
 
-# Chat fields with no effect on the answer, accepted at these values only (anything else is a 400)
-NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
-    "store": (None, False),
-    "service_tier": (None, "auto", "default"),
-    "modalities": (None, ["text"]),
-    "audio": (None,),
-    "prediction": (None,),
-    "reasoning_effort": (None,),
-    "verbosity": (None,),
-    "web_search_options": (None,),
-    "functions": (None,),
-    "function_call": (None,),
-}
-
-
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
@@ -329,7 +259,7 @@ class ChatCompletionRequest(SamplingRequest):
     metadata: dict[str, str] | None = None  # an operator's tags: no effect on the answer
     safety_identifier: str | None = None  # as `user`
     prompt_cache_key: str | None = None  # prefixes are cached by their tokens whatever the key
-    # not implemented: refused unless at their no-op values (NO_OP_VALUES)
+    # not implemented: refused unless at their no-op values (openai_fields.NO_OP_VALUES)
     store: bool | None = None
     service_tier: str | None = None
     modalities: list[str] | None = None
@@ -342,22 +272,7 @@ class ChatCompletionRequest(SamplingRequest):
     function_call: Any = None
 
     def check_supported(self) -> None:
-        super().check_supported()
-        for name, allowed in NO_OP_VALUES.items():
-            if getattr(self, name) not in allowed:
-                raise ApiError(400, f"{name} is not supported", param=name)
-        if self.top_logprobs is not None and not self.logprobs:
-            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        rf = self.response_format
-        if rf is not None and (rf.type == "json_schema") != (rf.json_schema is not None):
-            raise ApiError(400, "response_format: json_schema is required with (and only with) type json_schema",
-                           param="response_format")  # fmt: skip
-        if self.tool_choice is not None and not self.tools and self.tool_choice != "none":
-            raise ApiError(400, "tool_choice needs tools", param="tool_choice")
-        if self.forces_tool_call() and rf is not None and rf.type != "text":
-            raise ApiError(400, "response_format cannot be combined with a forced tool call", param="response_format")
-        if (self.grammar_wanted()) and self.ignore_eos:
-            raise ApiError(400, "ignore_eos cannot be combined with structured output", param="ignore_eos")
+        openai_fields.check_chat(self)
 
     def forces_tool_call(self) -> bool:
         return bool(self.tools) and self.tool_choice not in (None, "auto", "none")
@@ -390,97 +305,3 @@ class ChatCompletionRequest(SamplingRequest):
             return structured.tool_choice_grammar(self.tool_dicts(), self.tool_choice_value())
         rf = self.response_format
         return structured.response_format_grammar(None if rf is None else rf.model_dump(by_alias=True))
-
-
-def new_id(kind: Literal["cmpl", "chatcmpl"]) -> str:
-    return f"{kind}-{uuid.uuid4().hex}"
-
-
-def now_s() -> int:
-    return int(time.time())
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-def completion_logprobs(entries: list[TokenLogprob], text_offset: int) -> dict[str, Any]:
-    """The legacy completions logprobs object: per token the likeliest alternatives and the chosen one."""
-    offsets, at = [], text_offset
-    for e in entries:
-        offsets.append(at)
-        at += len(e.token)
-    return {
-        "tokens": [e.token for e in entries],
-        "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [{**{t.token: t.logprob for t in e.top}, e.token: e.logprob} for e in entries],
-        "text_offset": offsets,
-    }
-
-
-def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
-    """The chat logprobs object: each token with its top_logprobs alternatives."""
-
-    def item(e: TokenLogprob) -> dict[str, Any]:
-        return {"token": e.token, "logprob": e.logprob, "bytes": list(e.token.encode("utf-8"))}
-
-    return {"content": [{**item(e), "top_logprobs": [item(t) for t in e.top]} for e in entries]}
-
-
-def _response_object(
-    object_name: str, request_id: str, created: int, model: str, choices: list[dict], usage_: dict | None,
-    chunk: bool, usage_field: bool, **extra: Any,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {"id": request_id, "object": object_name, "created": created, "model": model, **extra}
-    body["choices"] = choices
-    if not chunk or usage_field:  # with include_usage every chunk has "usage" (null until the last)
-        body["usage"] = usage_
-    return body
-
-
-def completion_object(
-    request_id: str, created: int, model: str, choices: list[dict], usage_: dict | None, *,
-    chunk: bool, usage_field: bool = False,
-) -> dict[str, Any]:
-    return _response_object("text_completion", request_id, created, model, choices, usage_, chunk, usage_field)
-
-
-def chat_object(
-    request_id: str, created: int, model: str, choices: list[dict], usage_: dict | None, *,
-    chunk: bool, usage_field: bool = False,
-) -> dict[str, Any]:
-    name = "chat.completion.chunk" if chunk else "chat.completion"
-    return _response_object(
-        name, request_id, created, model, choices, usage_, chunk, usage_field, system_fingerprint=None
-    )
-
-
-def completion_choice(text: str, finish_reason: str | None, logprobs: dict | None, index: int = 0) -> dict[str, Any]:
-    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-
-
-def chat_message(content: str | None, tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if tool_calls:
-        message["tool_calls"] = tool_calls
-    return message
-
-
-def chat_choice(
-    content: str | None, finish_reason: str | None, logprobs: dict | None, index: int = 0,
-    tool_calls: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    return {
-        "index": index,
-        "message": chat_message(content, tool_calls),
-        "logprobs": logprobs,
-        "finish_reason": finish_reason,
-    }  # fmt: skip
-
-
-def chat_delta_choice(delta: dict[str, Any], finish_reason: str | None, logprobs: dict | None, index: int = 0) -> dict:
-    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
