@@ -2,6 +2,8 @@
 
 The same YAML a user `kubectl apply`s is parsed here; camelCase in YAML, snake_case in Python.
 Integers in milliseconds, never floats, as the Kubernetes API conventions ask.
+The engine (spec_engine.py), security (spec_security.py) and gateway (spec_gateway.py) sections live in
+modules of their own.
 """
 
 from __future__ import annotations
@@ -11,19 +13,35 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import BaseModel, Field, model_validator
 
 from tandem.slo import DEFAULT as DEFAULT_SLO
 from tandem.slo import Slo
+from tandem.spec_base import Spec
+
+# The sections with a module of their own, re-exported: every spec type is named through tandem.spec.
+from tandem.spec_engine import DRAFT_MODEL_FOR_DRAFT_ONLY as DRAFT_MODEL_FOR_DRAFT_ONLY
+from tandem.spec_engine import KV_INT8_NEEDS_SDPA as KV_INT8_NEEDS_SDPA
+from tandem.spec_engine import AttentionBackend as AttentionBackend
+from tandem.spec_engine import DecodeStep as DecodeStep
+from tandem.spec_engine import DraftModelSpec as DraftModelSpec
+from tandem.spec_engine import EngineSpec as EngineSpec
+from tandem.spec_engine import KvCacheDtype as KvCacheDtype
+from tandem.spec_engine import SpeculativeMethod as SpeculativeMethod
+from tandem.spec_engine import SpeculativeSpec as SpeculativeSpec
+from tandem.spec_gateway import EndpointPickerRef as EndpointPickerRef
+from tandem.spec_gateway import FailureMode as FailureMode
+from tandem.spec_gateway import GatewayParentRef as GatewayParentRef
+from tandem.spec_gateway import GatewaySpec as GatewaySpec
+from tandem.spec_security import ApiKeysSpec as ApiKeysSpec
+from tandem.spec_security import NetworkPolicySpec as NetworkPolicySpec
+from tandem.spec_security import SecuritySpec as SecuritySpec
+from tandem.spec_security import TlsMode as TlsMode
+from tandem.spec_security import TlsSpec as TlsSpec
 
 API_GROUP = "serving.tandem.dev"
 API_VERSION = "v1alpha1"
 KIND = "InferenceService"
-
-
-class _Spec(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
 class Dtype(StrEnum):
@@ -37,23 +55,23 @@ class Mode(StrEnum):
     colocated = "colocated"
 
 
-class SecretKeyRef(_Spec):
+class SecretKeyRef(Spec):
     name: str
     key: str = "token"
 
 
-class PvcSource(_Spec):
+class PvcSource(Spec):
     claim_name: str
     path: str = ""
 
 
-class HuggingFaceSource(_Spec):
+class HuggingFaceSource(Spec):
     repo_id: str
     revision: str = "main"
     token_secret_ref: SecretKeyRef | None = None
 
 
-class ModelSource(_Spec):
+class ModelSource(Spec):
     """Exactly one of: a local/in-pod path, a PVC, a host path, an image, or a Hugging Face repo."""
 
     path: str | None = None
@@ -78,7 +96,7 @@ class Quantization(StrEnum):
     int8 = "int8"
 
 
-class ModelSpec(_Spec):
+class ModelSpec(Spec):
     source: ModelSource
     served_name: str
     dtype: Dtype = Dtype.bfloat16
@@ -86,24 +104,24 @@ class ModelSpec(_Spec):
     quantization: Quantization = Quantization.none
 
 
-class Resources(_Spec):
+class Resources(Spec):
     gpus: int = Field(default=1, ge=0)
     cpu: str | None = None
     memory: str | None = None
 
 
-class LocalObjectRef(_Spec):
+class LocalObjectRef(Spec):
     name: str = Field(min_length=1)
 
 
-class VolumeMount(_Spec):
+class VolumeMount(Spec):
     name: str = Field(min_length=1)
     mount_path: str
     read_only: bool | None = None
     sub_path: str | None = None
 
 
-class PodTemplateOverlay(_Spec):
+class PodTemplateOverlay(Spec):
     """What a user adds to a pool's pods (Kubernetes only); the CRD refuses what would break the restricted
     Pod Security Standard or the operator's own fields."""
 
@@ -117,7 +135,7 @@ class PodTemplateOverlay(_Spec):
     env: list[dict[str, Any]] = Field(default_factory=list)
 
 
-class PoolSpec(_Spec):
+class PoolSpec(Spec):
     replicas: int = Field(default=1, ge=0)
     min_replicas: int = Field(default=1, ge=0)
     max_replicas: int = Field(default=4, ge=1)
@@ -150,7 +168,7 @@ class DisaggregationMode(StrEnum):
     never = "never"
 
 
-class DisaggregationSpec(_Spec):
+class DisaggregationSpec(Spec):
     mode: DisaggregationMode = DisaggregationMode.always
     # conditional: a prompt with at most this many uncached tokens is prefilled on its decode worker
     local_prefill_max_tokens: int = Field(default=512, ge=0)
@@ -162,7 +180,7 @@ class DisaggregationSpec(_Spec):
     local_prefill_max_tpot_fraction: float = Field(default=0.0, ge=0, le=1)
 
 
-class RouterSpec(_Spec):
+class RouterSpec(Spec):
     replicas: int = Field(default=1, ge=1)
     resources: RouterResources = Field(default_factory=RouterResources)
     max_queued_requests: int = Field(default=256, gt=0)
@@ -170,7 +188,7 @@ class RouterSpec(_Spec):
     pod_template: PodTemplateOverlay | None = None
 
 
-class SloSpec(_Spec):
+class SloSpec(Spec):
     ttft_ms: int = Field(default=int(DEFAULT_SLO.ttft_ms), gt=0)
     tpot_ms: int = Field(default=int(DEFAULT_SLO.tpot_ms), gt=0)
     percentile: int = Field(default=int(DEFAULT_SLO.percentile), gt=0, le=100)
@@ -179,7 +197,7 @@ class SloSpec(_Spec):
         return Slo(self.ttft_ms, self.tpot_ms, self.percentile)
 
 
-class AutoscalingSpec(_Spec):
+class AutoscalingSpec(Spec):
     enabled: bool = False
     interval_seconds: int = Field(default=15, gt=0)
     window_seconds: int = Field(default=60, gt=0)
@@ -207,202 +225,13 @@ class Transport(StrEnum):
     shm = "shm"
 
 
-class KvTransferSpec(_Spec):
+class KvTransferSpec(Spec):
     transport: Transport = Transport.auto
     compression: str = Field(default="none", pattern="^(none|int8)$")
     lease_ms: int = Field(default=30_000, gt=0)
 
 
-class AttentionBackend(StrEnum):
-    sdpa = "sdpa"  # the reference: each context gathered from the paged cache, then SDPA
-    flex = "flex"  # FlexAttention reading the paged cache in place (compiled on CUDA)
-
-
-class SpeculativeMethod(StrEnum):
-    ngram = "ngram"  # prompt lookup: drafts copied from where the text's last n-gram occurred before
-    draft = "draft"  # self-speculative: the model's own first layers draft (early exit), see draftModel
-
-
-class DraftModelSpec(_Spec):
-    """The draft of method `draft`: the served model's first `layers` layers, then its final norm and LM
-    head. Their KV is the target's own (already in the cache the prefill worker sent), so drafting needs no
-    second checkpoint and no KV memory of its own; `layers` must be below the model's layer count."""
-
-    layers: int = Field(ge=1)
-
-
-DRAFT_MODEL_FOR_DRAFT_ONLY = "engine.speculative.draftModel is required by method draft and only by it"
-
-
-class SpeculativeSpec(_Spec):
-    """Speculative decoding in the decode pool: `numTokens` drafts per sequence per step, verified by the
-    model in one batched pass; greedy output is unchanged, sampled output keeps its distribution (rejection
-    sampling), and a sequence whose drafts keep failing decodes plainly for a while."""
-
-    method: SpeculativeMethod = SpeculativeMethod.ngram
-    num_tokens: int = Field(default=4, ge=1, le=16)
-    draft_model: DraftModelSpec | None = None  # method draft only
-
-    @model_validator(mode="after")
-    def _draft_model_with_its_method(self) -> SpeculativeSpec:
-        if (self.method is SpeculativeMethod.draft) != (self.draft_model is not None):
-            raise ValueError(DRAFT_MODEL_FOR_DRAFT_ONLY)
-        return self
-
-
-class KvCacheDtype(StrEnum):
-    """How the paged KV cache stores keys and values: `auto` in model.dtype; `int8` as int8 with one
-    float32 scale per token and head (about twice the sequences in the same memory; sdpa attention only).
-    With an int8 cache, kvTransfer.compression int8 is a no-op: the blocks travel as they are stored."""
-
-    auto = "auto"
-    int8 = "int8"
-
-
-class DecodeStep(StrEnum):
-    """How the decode pool runs a pure-decode step (every sequence one new token): `eager` the general path;
-    `compiled` one static-shape step padded to batch and page-table buckets, torch.compiled whole (CPU or
-    CUDA); `cudaGraphs` that step captured as a CUDA graph per bucket (CUDA only: a worker without CUDA
-    refuses to start). Other steps (prompts, verifying drafts) take the general path either way; the worker
-    warms every bucket up before it reports ready."""
-
-    eager = "eager"
-    compiled = "compiled"
-    cudaGraphs = "cudaGraphs"  # noqa: N815 (the value as YAML spells it)
-
-
-KV_INT8_NEEDS_SDPA = (
-    "engine.kvCacheDtype int8 needs engine.attention sdpa: the flex backend reads the cache in place and "
-    "cannot unpack 8-bit pages"
-)
-
-
-class EngineSpec(_Spec):
-    block_size: int = Field(default=16, gt=0)
-    # KV cache share of the GPU memory left once the weights are in, less a warm-up batch's activations
-    # (CPU: of a 1 GiB budget); numKvBlocks, when set, fixes the number instead.
-    kv_cache_memory_percent: int = Field(default=90, gt=0, le=100)
-    num_kv_blocks: int | None = Field(default=None, gt=0)
-    max_running_sequences: int = Field(default=64, gt=0)
-    max_batch_tokens: int = Field(default=2048, gt=0)
-    prefill_chunk_tokens: int = Field(default=512, gt=0)
-    # Stall-free batching: a step that carries decodes carries at most this many prompt tokens (unset: no cap)
-    max_prefill_tokens_with_decodes: int | None = Field(default=None, gt=0)
-    threads: int | None = Field(default=None, gt=0)
-    attention: AttentionBackend = AttentionBackend.sdpa
-    compile: bool = False
-    decode_step: DecodeStep = DecodeStep.eager
-    speculative: SpeculativeSpec | None = None  # unset: no speculative decoding
-    kv_cache_dtype: KvCacheDtype = KvCacheDtype.auto
-
-    @model_validator(mode="after")
-    def _kv_cache_readable(self) -> EngineSpec:
-        if self.kv_cache_dtype is KvCacheDtype.int8 and self.attention is AttentionBackend.flex:
-            raise ValueError(KV_INT8_NEEDS_SDPA)
-        return self
-
-
-class ApiKeysSpec(_Spec):
-    """Router API keys (`Authorization: Bearer`), one per line: the `key` of Secret `secretName` on
-    Kubernetes, or the file `file` locally. Probes stay open; /metrics too unless `protectMetrics`."""
-
-    secret_name: str | None = Field(default=None, min_length=1)
-    key: str = Field(default="api-keys", min_length=1)
-    file: str | None = Field(default=None, min_length=1)
-    protect_metrics: bool = False
-
-    @model_validator(mode="after")
-    def _one_source(self) -> ApiKeysSpec:
-        if not (self.secret_name or self.file):
-            raise ValueError("security.apiKeys needs secretName (Kubernetes) or file (local)")
-        return self
-
-
-class TlsMode(StrEnum):
-    auto = "auto"  # mutual TLS with per-role certificates: issued by the operator or `tandem up` unless given
-    off = "off"  # plaintext gRPC: any pod that reaches a worker port may call it (a Warning says so)
-
-
-class TlsSpec(_Spec):
-    """Mutual TLS on every gRPC hop (router to workers, prefill to decode), on unless `mode: off`. Each
-    process has its role's certificate (tandem.identity): the operator issues them into a Secret per service
-    and `tandem up` under its run directory, unless `secretName` names cert-manager-style Secrets
-    `<secretName>-<role>` (tls.crt, tls.key, ca.crt) or, locally, `dir` holds folders `<dir>/<role>/`.
-    `tls: off` is short for `tls: {mode: off}`."""
-
-    mode: TlsMode = TlsMode.auto
-    secret_name: str | None = Field(default=None, min_length=1)
-    dir: str | None = Field(default=None, min_length=1)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, value: Any) -> Any:
-        if value is False or value == "off":  # YAML reads an unquoted `off` as false
-            return {"mode": "off"}
-        if value is None or value is True or value == "on":  # null: the default, on
-            return {}
-        return value
-
-    @model_validator(mode="after")
-    def _sources_need_tls(self) -> TlsSpec:
-        if self.mode is TlsMode.off and (self.secret_name or self.dir):
-            raise ValueError("security.tls: mode off takes no secretName or dir")
-        return self
-
-    @property
-    def enabled(self) -> bool:
-        return self.mode is not TlsMode.off
-
-
-PROMETHEUS_PEER: dict[str, Any] = {
-    "namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
-}  # fmt: skip
-
-
-class NetworkPolicySpec(_Spec):
-    """One NetworkPolicy per pool: clients to the router, the router to the workers, prefill to decode,
-    `metricsFrom` (NetworkPolicyPeers; default: Prometheus pods in any namespace) to the metrics ports."""
-
-    enabled: bool = True
-    metrics_from: list[dict[str, Any]] = Field(default_factory=lambda: [dict(PROMETHEUS_PEER)])
-
-
-class SecuritySpec(_Spec):
-    api_keys: ApiKeysSpec | None = None
-    tls: TlsSpec = Field(default_factory=TlsSpec)
-    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
-
-
-class GatewayParentRef(_Spec):
-    """A Gateway (gateway.networking.k8s.io) the service's HTTPRoute attaches to."""
-
-    name: str = Field(min_length=1)
-    namespace: str | None = None
-    section_name: str | None = None
-
-
-class FailureMode(StrEnum):
-    fail_open = "FailOpen"
-    fail_close = "FailClose"
-
-
-class EndpointPickerRef(_Spec):
-    """The Gateway API Inference Extension's endpoint picker Service for the service's InferencePool."""
-
-    name: str = Field(min_length=1)
-    port: int = Field(9002, ge=1, le=65535)
-    failure_mode: FailureMode = FailureMode.fail_close
-
-
-class GatewaySpec(_Spec):
-    """Routing from Gateways: an upstream InferencePool over the router pods and an HTTPRoute for the served
-    model name."""
-
-    parent_refs: list[GatewayParentRef] = Field(min_length=1)
-    endpoint_picker_ref: EndpointPickerRef
-
-
-class InferenceServiceSpec(_Spec):
+class InferenceServiceSpec(Spec):
     model: ModelSpec
     mode: Mode = Mode.disaggregated
     image: str = "tandem-worker:0.1.0"

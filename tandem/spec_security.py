@@ -1,0 +1,81 @@
+"""`spec.security`: router API keys, mutual TLS between the processes, and the pools' NetworkPolicies."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from tandem.spec_base import Spec
+
+
+class ApiKeysSpec(Spec):
+    """Router API keys (`Authorization: Bearer`), one per line: the `key` of Secret `secretName` on
+    Kubernetes, or the file `file` locally. Probes stay open; /metrics too unless `protectMetrics`."""
+
+    secret_name: str | None = Field(default=None, min_length=1)
+    key: str = Field(default="api-keys", min_length=1)
+    file: str | None = Field(default=None, min_length=1)
+    protect_metrics: bool = False
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ApiKeysSpec:
+        if not (self.secret_name or self.file):
+            raise ValueError("security.apiKeys needs secretName (Kubernetes) or file (local)")
+        return self
+
+
+class TlsMode(StrEnum):
+    auto = "auto"  # mutual TLS with per-role certificates: issued by the operator or `tandem up` unless given
+    off = "off"  # plaintext gRPC: any pod that reaches a worker port may call it (a Warning says so)
+
+
+class TlsSpec(Spec):
+    """Mutual TLS on every gRPC hop (router to workers, prefill to decode), on unless `mode: off`. Each
+    process has its role's certificate (tandem.identity): the operator issues them into a Secret per service
+    and `tandem up` under its run directory, unless `secretName` names cert-manager-style Secrets
+    `<secretName>-<role>` (tls.crt, tls.key, ca.crt) or, locally, `dir` holds folders `<dir>/<role>/`.
+    `tls: off` is short for `tls: {mode: off}`."""
+
+    mode: TlsMode = TlsMode.auto
+    secret_name: str | None = Field(default=None, min_length=1)
+    dir: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        if value is False or value == "off":  # YAML reads an unquoted `off` as false
+            return {"mode": "off"}
+        if value is None or value is True or value == "on":  # null: the default, on
+            return {}
+        return value
+
+    @model_validator(mode="after")
+    def _sources_need_tls(self) -> TlsSpec:
+        if self.mode is TlsMode.off and (self.secret_name or self.dir):
+            raise ValueError("security.tls: mode off takes no secretName or dir")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode is not TlsMode.off
+
+
+PROMETHEUS_PEER: dict[str, Any] = {
+    "namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+}  # fmt: skip
+
+
+class NetworkPolicySpec(Spec):
+    """One NetworkPolicy per pool: clients to the router, the router to the workers, prefill to decode,
+    `metricsFrom` (NetworkPolicyPeers; default: Prometheus pods in any namespace) to the metrics ports."""
+
+    enabled: bool = True
+    metrics_from: list[dict[str, Any]] = Field(default_factory=lambda: [dict(PROMETHEUS_PEER)])
+
+
+class SecuritySpec(Spec):
+    api_keys: ApiKeysSpec | None = None
+    tls: TlsSpec = Field(default_factory=TlsSpec)
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
