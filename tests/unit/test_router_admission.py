@@ -19,7 +19,7 @@ from tandem.worker.router.admission import max_token_bytes, min_prompt_tokens
 from tandem.worker.router.app import create_app
 from tandem.worker.router.backend import BackendError
 from tandem.worker.router.http_server import ServerLimits, over_capacity, uvicorn_config
-from tests.unit.test_router_app import SERVED, ScriptedBackend, post
+from tests.unit.router_harness import SERVED, ScriptedBackend, post
 
 
 @pytest.fixture

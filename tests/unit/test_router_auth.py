@@ -11,7 +11,7 @@ import pytest
 
 from tandem.worker.router.app import create_app
 from tandem.worker.router.auth import ApiKeys, bearer_token, parse_keys
-from tests.unit.test_router_app import SERVED, ScriptedBackend, client_for, tok  # noqa: F401 - fixture
+from tests.unit.router_harness import SERVED, ScriptedBackend, client_for
 
 BODY = {"model": SERVED, "prompt": "Once upon a time", "max_tokens": 4}
 

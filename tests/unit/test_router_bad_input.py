@@ -16,7 +16,7 @@ from tandem.worker.hf.config import served_context_length
 from tandem.worker.hf.tokenizer import Tokenizer
 from tandem.worker.router.app import create_app
 from tandem.worker.router.limits import RequestLimits
-from tests.unit.test_router_app import CHAT, SERVED, ScriptedBackend, client_for, post
+from tests.unit.router_harness import CHAT, SERVED, ScriptedBackend, client_for, post
 
 
 @pytest.fixture(scope="module")

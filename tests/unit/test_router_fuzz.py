@@ -21,7 +21,7 @@ from tandem.worker.api.wire import params_from_proto, params_to_proto
 from tandem.worker.hf.tokenizer import Tokenizer
 from tandem.worker.router.app import create_app
 from tandem.worker.router.limits import RequestLimits
-from tests.unit.test_router_app import CHAT, SERVED, ScriptedBackend, client_for, sse_events
+from tests.unit.router_harness import CHAT, SERVED, ScriptedBackend, client_for, sse_events
 
 REQUEST_TIMEOUT_S = 10.0
 EXAMPLES = 100  # per route; each is one request through the real app

@@ -18,7 +18,7 @@ from tandem.worker.router.structured import (
     response_format_grammar,
     tool_call_schema,
 )
-from tests.unit.test_router_app import CHAT, SERVED, ScriptedBackend, post, sse_events, tok  # noqa: F401 - fixture
+from tests.unit.router_harness import CHAT, SERVED, ScriptedBackend, post, sse_events
 
 TIME_TOOL = {
     "type": "function",
