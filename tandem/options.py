@@ -2,8 +2,11 @@
 fields are its flags (the spec's enums inside, the defaults here or in the spec), written by `launch.py`
 (`to_argv`) and read by the process (`from_argv`), so both ends agree by construction.
 
-An engine knob the spec (`EngineSpec`), these options and the engine (`EngineConfig`) name alike flows through
-by name: `WorkerOptions.from_spec` copies it from the spec, the worker copies it into the engine's config.
+An engine knob the spec (`EngineSpec`) and the engine (`EngineConfig`) name alike flows through by name. The
+knobs declared below carry their own flag names, help and worker defaults; every other `EngineSpec` field is
+a flag of its own all the same (`--field-name`, typed, checked and defaulted by the spec), carried in
+`WorkerOptions.engine_knobs`. So a new knob is its spec field, its CRD line and the engine code that reads
+it: nothing here.
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ import argparse
 import os
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from enum import Enum, StrEnum
-from typing import Any, ClassVar, Self, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, ClassVar, Self, Union, get_args, get_origin, get_type_hints
+
+from pydantic import TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
 
 from tandem import names
 from tandem.slo import DEFAULT as DEFAULT_SLO
@@ -76,8 +82,30 @@ def _flag(f: Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
+def _spec_value(name: str, info: FieldInfo) -> Any:
+    """An argparse type for a spec field: the text checked and converted as the spec would (constraints too)."""
+    kind: Any = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
+    adapter: TypeAdapter[Any] = TypeAdapter(kind)
+
+    def convert(text: str) -> Any:
+        try:
+            return adapter.validate_python(text)
+        except ValidationError as e:
+            raise argparse.ArgumentTypeError(f"{text!r}: {e.errors()[0]['msg']}") from None
+
+    convert.__name__ = name  # argparse names the type in its message
+    return convert
+
+
+def _spec_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value.value if isinstance(value, Enum) else value)
+
+
 class _Options:
-    """Flags from fields, both ways."""
+    """Flags from fields, both ways; a class may add flags from spec fields it does not declare
+    (`_spec_flags`), carried in its `engine_knobs` mapping."""
 
     PROG: ClassVar[str]
     DESCRIPTION: ClassVar[str]
@@ -85,7 +113,11 @@ class _Options:
     @classmethod
     def _fields(cls) -> list[tuple[Field, type]]:
         hints = get_type_hints(cls)
-        return [(f, _kind(hints[f.name])) for f in fields(cls)]  # type: ignore[arg-type]
+        return [(f, _kind(hints[f.name])) for f in fields(cls) if f.name != "engine_knobs"]  # type: ignore[arg-type]
+
+    @classmethod
+    def _spec_flags(cls) -> dict[str, FieldInfo]:
+        return {}
 
     @classmethod
     def parser(cls) -> argparse.ArgumentParser:
@@ -104,6 +136,10 @@ class _Options:
             else:
                 kw.update(type=kind, default=default, choices=f.metadata.get("choices"))
             p.add_argument(_flag(f), required=required, **kw)
+        for name, info in cls._spec_flags().items():
+            default = info.get_default(call_default_factory=True)
+            p.add_argument("--" + name.replace("_", "-"), dest=name, type=_spec_value(name, info), default=default,
+                           help=(info.description or "") + f" (default: {_spec_text(default)})")  # fmt: skip
         return p
 
     @classmethod
@@ -116,6 +152,8 @@ class _Options:
         for f, kind in cls._fields():
             v = getattr(ns, f.name)
             values[f.name] = kind(v) if v is not None and issubclass(kind, Enum) else v
+        if cls._spec_flags():
+            values["engine_knobs"] = {name: getattr(ns, name) for name in cls._spec_flags()}
         return cls(**values)
 
     def to_argv(self) -> list[str]:
@@ -130,6 +168,10 @@ class _Options:
                 argv.append(_flag(f))
             else:
                 argv += [_flag(f), ",".join(v) if isinstance(v, list) else str(v)]
+        knobs: dict[str, Any] = getattr(self, "engine_knobs", {})
+        for name in self._spec_flags():
+            if knobs.get(name) is not None:
+                argv += ["--" + name.replace("_", "-"), _spec_text(knobs[name])]
         return argv
 
 
@@ -187,6 +229,14 @@ class WorkerOptions(_Options):
         help="on SIGTERM or a Drain RPC, seconds to finish held work before exiting anyway",
         factory=lambda: float(os.environ.get("TANDEM_DRAIN_SECONDS", "600")),
     )  # fmt: skip
+    # Every EngineSpec field not declared above, by name (each a flag of its own; see the module docstring).
+    engine_knobs: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _spec_flags(cls) -> dict[str, FieldInfo]:
+        """The EngineSpec fields this class does not declare: each a flag typed and defaulted by the spec."""
+        declared = {f.name for f in fields(cls)}
+        return {name: info for name, info in EngineSpec.model_fields.items() if name not in declared}
 
     @classmethod
     def from_spec(cls, spec: InferenceServiceSpec, role: str, **process: Any) -> WorkerOptions:
@@ -204,6 +254,7 @@ class WorkerOptions(_Options):
         base = dict(role=Role(role), served_name=model.served_name, dtype=model.dtype, quantization=model.quantization,
                     max_model_len=model.max_context_length, kv_compression=spec.kv_transfer.compression,
                     kv_transport=spec.kv_transfer.transport, kv_lease_ms=spec.kv_transfer.lease_ms)  # fmt: skip
+        base["engine_knobs"] = {name: getattr(engine, name) for name in cls._spec_flags()}
         opts = cls(**{**base, **knobs, **process})
         return opts if opts.threads or not engine.threads else replace(opts, threads=engine.threads)
 

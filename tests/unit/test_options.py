@@ -2,11 +2,13 @@
 options by name, and the parsers take their defaults from the options (and so from the spec)."""
 
 import dataclasses
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import get_type_hints
 
 import pytest
+from pydantic import Field
 
+from tandem import options
 from tandem.options import RouterOptions, WorkerOptions, _kind
 from tandem.slo import DEFAULT as DEFAULT_SLO
 from tandem.spec import EngineSpec, InferenceServiceSpec
@@ -38,6 +40,8 @@ def test_every_field_round_trips(cls):
     plain = cls(**required)
     assert cls.from_argv(plain.to_argv()) == plain  # all defaults: only the required flags travel
     for f in dataclasses.fields(cls):
+        if f.name == "engine_knobs":  # the spec's undeclared knobs: test_a_new_spec_knob_needs_no_edit_here
+            continue
         changed = dataclasses.replace(plain, **{f.name: _other_than_default(cls, f)})
         back = cls.from_argv(changed.to_argv())
         assert back == changed, f.name
@@ -74,3 +78,55 @@ def test_a_bad_value_is_refused_with_the_flag_named(capsys):
     with pytest.raises(SystemExit):
         WorkerOptions.from_argv(["--role", "decode", "--model-dir", "/m", "--attention", "fast"])
     assert "--attention" in capsys.readouterr().err
+
+
+class Pace(StrEnum):
+    steady = "steady"
+    eager = "eager"
+
+
+class EngineSpecWithNewKnobs(EngineSpec):
+    """EngineSpec as it reads once someone adds knobs to it: an enum, a bounded int, a switch, an optional."""
+
+    pace: Pace = Pace.steady
+    lookahead: int = Field(default=8, gt=0)
+    prefetch: bool = True
+    cap: int | None = Field(default=None, gt=0)
+
+
+def test_a_new_spec_knob_needs_no_edit_here(monkeypatch, capsys):
+    """A knob added to EngineSpec (and to EngineConfig) reaches the engine's config through from_spec,
+    to_argv, from_argv and the worker, typed, defaulted and checked by the spec, with no edit to this module."""
+    from tandem.worker.engine.runner.engine import EngineConfig
+    from tandem.worker.serve import main as worker_main
+
+    @dataclasses.dataclass
+    class EngineConfigWithNewKnobs(EngineConfig):
+        pace: str = "steady"
+        lookahead: int = 8
+        prefetch: bool = True
+        cap: int | None = None
+
+    monkeypatch.setattr(options, "EngineSpec", EngineSpecWithNewKnobs)
+    monkeypatch.setattr(worker_main, "EngineConfig", EngineConfigWithNewKnobs)
+    base = InferenceServiceSpec.model_validate({"model": {"source": {"path": "/m"}, "servedName": "tiny"}})
+    engine = EngineSpecWithNewKnobs(pace="eager", lookahead=3, prefetch=False, cap=5, block_size=32)
+    spec = base.model_copy(update={"engine": engine})
+
+    opts = WorkerOptions.from_spec(spec, "decode", model_dir="/m")
+    assert opts.engine_knobs == {"pace": Pace.eager, "lookahead": 3, "prefetch": False, "cap": 5}
+    argv = opts.to_argv()
+    for flag, text in (("--pace", "eager"), ("--lookahead", "3"), ("--prefetch", "false"), ("--cap", "5")):
+        assert argv[argv.index(flag) + 1] == text
+    back = WorkerOptions.from_argv(argv)
+    assert back == opts and type(back.engine_knobs["pace"]) is Pace
+    config = worker_main._engine_config(back)
+    assert (config.pace, config.lookahead, config.prefetch, config.cap, config.block_size) == ("eager", 3, False, 5, 32)
+
+    defaults = WorkerOptions.from_argv(["--role", "decode", "--model-dir", "/m"])  # the spec's defaults
+    assert defaults.engine_knobs == {"pace": Pace.steady, "lookahead": 8, "prefetch": True, "cap": None}
+    assert "--cap" not in defaults.to_argv() and WorkerOptions.from_argv(defaults.to_argv()) == defaults
+    for bad in (["--lookahead", "0"], ["--pace", "fast"]):  # the spec's own checks, the flag named
+        with pytest.raises(SystemExit):
+            WorkerOptions.from_argv(["--role", "decode", "--model-dir", "/m", *bad])
+        assert bad[0] in capsys.readouterr().err

@@ -185,6 +185,7 @@ def _engine_config(args: WorkerOptions) -> EngineConfig:
     by_name = {f.name for f in dataclasses.fields(EngineConfig)} & {f.name for f in dataclasses.fields(args)}
     return EngineConfig(
         **{name: getattr(args, name) for name in by_name - _NOT_BY_NAME},
+        **args.engine_knobs,  # the spec's other knobs, by name (tandem/options.py)
         prefix_cache_seed=f"{args.served_name}\0{args.model_dir}\0{args.dtype}\0{args.quantization}\0{args.kv_cache_dtype}",
         speculative=speculative_config(args),
     )
