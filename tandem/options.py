@@ -103,6 +103,10 @@ def _spec_text(value: Any) -> str:
     return str(value.value if isinstance(value, Enum) else value)
 
 
+def _spec_defaults(cls: type[_Options]) -> dict[str, Any]:
+    return {name: info.get_default(call_default_factory=True) for name, info in cls._spec_flags().items()}
+
+
 class _Options:
     """Flags from fields, both ways; a class may add flags from spec fields it does not declare
     (`_spec_flags`), carried in its `engine_knobs` mapping."""
@@ -230,7 +234,7 @@ class WorkerOptions(_Options):
         factory=lambda: float(os.environ.get("TANDEM_DRAIN_SECONDS", "600")),
     )  # fmt: skip
     # Every EngineSpec field not declared above, by name (each a flag of its own; see the module docstring).
-    engine_knobs: dict[str, Any] = field(default_factory=dict)
+    engine_knobs: dict[str, Any] = field(default_factory=lambda: _spec_defaults(WorkerOptions))
 
     @classmethod
     def _spec_flags(cls) -> dict[str, FieldInfo]:
