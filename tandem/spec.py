@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from tandem.slo import DEFAULT as DEFAULT_SLO
 from tandem.slo import Slo
-from tandem.spec_base import Spec
+from tandem.spec_base import Spec as _Spec
 
 # The sections with a module of their own, re-exported: every spec type is named through tandem.spec.
 from tandem.spec_engine import DRAFT_MODEL_FOR_DRAFT_ONLY as DRAFT_MODEL_FOR_DRAFT_ONLY
@@ -55,23 +55,23 @@ class Mode(StrEnum):
     colocated = "colocated"
 
 
-class SecretKeyRef(Spec):
+class SecretKeyRef(_Spec):
     name: str
     key: str = "token"
 
 
-class PvcSource(Spec):
+class PvcSource(_Spec):
     claim_name: str
     path: str = ""
 
 
-class HuggingFaceSource(Spec):
+class HuggingFaceSource(_Spec):
     repo_id: str
     revision: str = "main"
     token_secret_ref: SecretKeyRef | None = None
 
 
-class ModelSource(Spec):
+class ModelSource(_Spec):
     """Exactly one of: a local/in-pod path, a PVC, a host path, an image, or a Hugging Face repo."""
 
     path: str | None = None
@@ -96,7 +96,7 @@ class Quantization(StrEnum):
     int8 = "int8"
 
 
-class ModelSpec(Spec):
+class ModelSpec(_Spec):
     source: ModelSource
     served_name: str
     dtype: Dtype = Dtype.bfloat16
@@ -104,24 +104,24 @@ class ModelSpec(Spec):
     quantization: Quantization = Quantization.none
 
 
-class Resources(Spec):
+class Resources(_Spec):
     gpus: int = Field(default=1, ge=0)
     cpu: str | None = None
     memory: str | None = None
 
 
-class LocalObjectRef(Spec):
+class LocalObjectRef(_Spec):
     name: str = Field(min_length=1)
 
 
-class VolumeMount(Spec):
+class VolumeMount(_Spec):
     name: str = Field(min_length=1)
     mount_path: str
     read_only: bool | None = None
     sub_path: str | None = None
 
 
-class PodTemplateOverlay(Spec):
+class PodTemplateOverlay(_Spec):
     """What a user adds to a pool's pods (Kubernetes only); the CRD refuses what would break the restricted
     Pod Security Standard or the operator's own fields."""
 
@@ -135,7 +135,7 @@ class PodTemplateOverlay(Spec):
     env: list[dict[str, Any]] = Field(default_factory=list)
 
 
-class PoolSpec(Spec):
+class PoolSpec(_Spec):
     replicas: int = Field(default=1, ge=0)
     min_replicas: int = Field(default=1, ge=0)
     max_replicas: int = Field(default=4, ge=1)
@@ -168,7 +168,7 @@ class DisaggregationMode(StrEnum):
     never = "never"
 
 
-class DisaggregationSpec(Spec):
+class DisaggregationSpec(_Spec):
     mode: DisaggregationMode = DisaggregationMode.always
     # conditional: a prompt with at most this many uncached tokens is prefilled on its decode worker
     local_prefill_max_tokens: int = Field(default=512, ge=0)
@@ -180,7 +180,7 @@ class DisaggregationSpec(Spec):
     local_prefill_max_tpot_fraction: float = Field(default=0.0, ge=0, le=1)
 
 
-class RouterSpec(Spec):
+class RouterSpec(_Spec):
     replicas: int = Field(default=1, ge=1)
     resources: RouterResources = Field(default_factory=RouterResources)
     max_queued_requests: int = Field(default=256, gt=0)
@@ -188,7 +188,7 @@ class RouterSpec(Spec):
     pod_template: PodTemplateOverlay | None = None
 
 
-class SloSpec(Spec):
+class SloSpec(_Spec):
     ttft_ms: int = Field(default=int(DEFAULT_SLO.ttft_ms), gt=0)
     tpot_ms: int = Field(default=int(DEFAULT_SLO.tpot_ms), gt=0)
     percentile: int = Field(default=int(DEFAULT_SLO.percentile), gt=0, le=100)
@@ -197,7 +197,7 @@ class SloSpec(Spec):
         return Slo(self.ttft_ms, self.tpot_ms, self.percentile)
 
 
-class AutoscalingSpec(Spec):
+class AutoscalingSpec(_Spec):
     enabled: bool = False
     interval_seconds: int = Field(default=15, gt=0)
     window_seconds: int = Field(default=60, gt=0)
@@ -225,13 +225,13 @@ class Transport(StrEnum):
     shm = "shm"
 
 
-class KvTransferSpec(Spec):
+class KvTransferSpec(_Spec):
     transport: Transport = Transport.auto
     compression: str = Field(default="none", pattern="^(none|int8)$")
     lease_ms: int = Field(default=30_000, gt=0)
 
 
-class InferenceServiceSpec(Spec):
+class InferenceServiceSpec(_Spec):
     model: ModelSpec
     mode: Mode = Mode.disaggregated
     image: str = "tandem-worker:0.1.0"
