@@ -250,6 +250,7 @@ class WorkerOptions(_Options):
             engine = engine.model_copy(update={"decode_step": DecodeStep.eager, "speculative": None,
                                                "max_prefill_tokens_with_decodes": None})  # fmt: skip
         knobs = {f.name: getattr(engine, f.name) for f in fields(cls) if f.name in EngineSpec.model_fields}
+        knobs["engine_knobs"] = {name: getattr(engine, name) for name in cls._spec_flags()}
         speculative = engine.speculative
         if speculative is not None:
             knobs.update(speculative=speculative.method, speculative_tokens=speculative.num_tokens,
@@ -258,7 +259,6 @@ class WorkerOptions(_Options):
         base = dict(role=Role(role), served_name=model.served_name, dtype=model.dtype, quantization=model.quantization,
                     max_model_len=model.max_context_length, kv_compression=spec.kv_transfer.compression,
                     kv_transport=spec.kv_transfer.transport, kv_lease_ms=spec.kv_transfer.lease_ms)  # fmt: skip
-        base["engine_knobs"] = {name: getattr(engine, name) for name in cls._spec_flags()}
         opts = cls(**{**base, **knobs, **process})
         return opts if opts.threads or not engine.threads else replace(opts, threads=engine.threads)
 
