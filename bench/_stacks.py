@@ -198,3 +198,31 @@ def wait_idle(stack: LocalStack, timeout_s: float = 60.0) -> bool:
             return True
         time.sleep(0.25)
     return False
+
+
+def round_order(labels: list[str], rep: int) -> list[str]:
+    """The stacks in rotated order for repetition `rep`, so no stack always goes first."""
+    k = rep % len(labels)
+    return labels[k:] + labels[:k]
+
+
+def timed_round(
+    running: dict[str, tuple[LocalStack, str]], labels: list[str], prompt_len: int, max_tokens: int,
+    rng: random.Random, vocab: int,
+) -> dict[str, Timed]:  # fmt: skip
+    """One request per stack, in `labels` order, each on a fresh random prompt once its stack is idle."""
+    out = {}
+    for label in labels:
+        stack, url = running[label]
+        if not wait_idle(stack):
+            raise RuntimeError(f"{label} did not return to idle")
+        out[label] = timed_completion(url, random_prompt(prompt_len, rng, vocab), max_tokens)
+    return out
+
+
+def warm_up(running: dict[str, tuple[LocalStack, str]], rounds: int, prompt_len: int, max_tokens: int,
+            rng: random.Random, vocab: int) -> None:  # fmt: skip
+    """`rounds` untimed requests per stack, one stack after the other."""
+    for _ in range(rounds):
+        for _stack, url in running.values():
+            timed_completion(url, random_prompt(prompt_len, rng, vocab), max_tokens)

@@ -34,12 +34,12 @@ from bench._stacks import (
     ModelShape,
     make_model,
     median,
-    random_prompt,
+    round_order,
     running_stacks,
     service_object,
-    timed_completion,
+    timed_round,
     vocab_size,
-    wait_idle,
+    warm_up,
 )
 
 COLOCATED, DISAGGREGATED = "colocated", "disaggregated"
@@ -141,9 +141,7 @@ def main(argv: list[str]) -> int:
         runs = []
         with running_stacks(objects, Path(tmp) / "logs") as running:
             modes = list(objects)
-            for _ in range(args.warmup):
-                for mode in modes:
-                    timed_completion(running[mode][1], random_prompt(args.prompt_len, rng, vocab), args.max_tokens)
+            warm_up(running, args.warmup, args.prompt_len, args.max_tokens, rng, vocab)
             for run in range(args.runs):
                 ttft: dict[str, list[float]] = {m: [] for m in modes}
                 tpot: dict[str, list[float]] = {m: [] for m in modes}
@@ -152,11 +150,9 @@ def main(argv: list[str]) -> int:
                 cpu_before = stack_cpu(running)
                 meter = CpuMeter(lambda: [os.getpid(), *(p.pid for s, _ in running.values() for p in s.running.values())]).start()
                 for i in range(args.requests):
-                    for mode in modes if (i + run) % 2 == 0 else modes[::-1]:
-                        stack, url = running[mode]
-                        if not wait_idle(stack):
-                            raise RuntimeError(f"{mode} did not return to idle")
-                        t = timed_completion(url, random_prompt(args.prompt_len, rng, vocab), args.max_tokens)
+                    # two stacks: the order flips every request
+                    for mode, t in timed_round(running, round_order(modes, i + run), args.prompt_len,
+                                               args.max_tokens, rng, vocab).items():  # fmt: skip
                         if t.tpot_s is None:
                             raise RuntimeError(f"{mode}: one token came back; --max-tokens must be at least 2")
                         ttft[mode].append(t.ttft_s)

@@ -25,25 +25,19 @@ from bench._stacks import (
     ModelShape,
     make_model,
     median,
-    random_prompt,
+    round_order,
     running_stacks,
     scrape_metric,
     service_object,
-    timed_completion,
+    timed_round,
     vocab_size,
-    wait_idle,
+    warm_up,
 )
 from tandem import names
 
 TARGET = 1.10
 COLOCATED, AUTO, GRPC = "colocated", "disagg-auto", "disagg-grpc"
 DISAGG_TRANSPORTS = {AUTO: "auto", GRPC: "grpc"}
-
-
-def round_order(labels: list[str], rep: int) -> list[str]:
-    """The stacks in rotated order for repetition `rep`, so no stack always goes first."""
-    k = rep % len(labels)
-    return labels[k:] + labels[:k]
 
 
 def summarize(ttfts_s: dict[str, list[float]], target: float = TARGET) -> dict:
@@ -108,19 +102,12 @@ def main(argv: list[str]) -> int:
                 label: next(p.metrics_port for p in running[label][0].plans if p.role == "prefill")
                 for label in DISAGG_TRANSPORTS
             }
-            for _ in range(args.warmup):
-                for label in labels:
-                    timed_completion(
-                        running[label][1], random_prompt(args.prompt_len, rng, vocab), args.max_tokens
-                    )
+            warm_up(running, args.warmup, args.prompt_len, args.max_tokens, rng, vocab)
             before = {label: _prefill_counters(port) for label, port in prefill_metrics.items()}
             ttfts: dict[str, list[float]] = {label: [] for label in labels}
             for rep in range(args.repeat):
-                for label in round_order(labels, rep):
-                    stack, url = running[label]
-                    if not wait_idle(stack):
-                        raise RuntimeError(f"{label} did not return to idle")
-                    t = timed_completion(url, random_prompt(args.prompt_len, rng, vocab), args.max_tokens)
+                for label, t in timed_round(running, round_order(labels, rep), args.prompt_len, args.max_tokens,
+                                            rng, vocab).items():  # fmt: skip
                     ttfts[label].append(t.ttft_s)
                     print(f"  rep {rep} {label:<12} TTFT {1000 * t.ttft_s:8.1f} ms", flush=True)
             after = {label: _prefill_counters(port) for label, port in prefill_metrics.items()}
