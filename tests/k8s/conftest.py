@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tandem.testing.cluster import ControlPlane, Operator, find_binaries
 
 HERE = Path(__file__).resolve().parent
+CHART = HERE.parents[1] / "charts/tandem"
 PSS_ENFORCE = "pod-security.kubernetes.io/enforce"
 
 
@@ -41,6 +44,22 @@ def operator(control_plane):
     op = Operator(control_plane).start().wait_leading()
     yield op
     op.stop()
+
+
+@pytest.fixture(scope="session")
+def helm(control_plane) -> str:
+    """The helm binary built beside the control plane (skips without it)."""
+    path = control_plane.bin / "helm"
+    if not path.exists():
+        pytest.skip("helm not built: TANDEM_BUILD_HELM=1 bash tests/k8s/build-controlplane.sh")
+    return str(path)
+
+
+def helm_template(helm: str, release: str, *args: str) -> list[dict]:
+    """The chart's objects as `helm template` renders them with `args` (values, --namespace, --show-only)."""
+    out = subprocess.run([helm, "template", release, str(CHART), *args], check=True, capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
 @pytest.fixture

@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts/tandem"
-
-
-@pytest.fixture(scope="module")
-def helm(control_plane):
-    path = control_plane.bin / "helm"
-    if not path.exists():
-        pytest.skip("helm not built: TANDEM_BUILD_HELM=1 bash tests/k8s/build-controlplane.sh")
-    return str(path)
+from tests.k8s.conftest import CHART, helm_template
 
 
 def _template(helm: str, *args: str) -> list[dict]:
-    out = subprocess.run([helm, "template", "t", str(CHART), "--namespace", "tandem-system", *args],
-                         check=True, capture_output=True, text=True)
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
+    return helm_template(helm, "t", "--namespace", "tandem-system", *args)
 
 
 def test_chart_lints(helm):

@@ -8,16 +8,11 @@ from __future__ import annotations
 
 import subprocess
 import uuid
-from pathlib import Path
 
-import pytest
 import yaml
 
-from tests.k8s.conftest import PSS_ENFORCE, get_json, wait_for
+from tests.k8s.conftest import CHART, PSS_ENFORCE, get_json, helm_template, wait_for
 from tests.k8s.test_operator_lifecycle import EXAMPLE, SERVICE, model_volume, ready_at_current_generation
-
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts/tandem"
 
 # what reconciling uses, and what the operator must never be able to do
 NEEDED = [
@@ -39,14 +34,6 @@ CLUSTER_FORBIDDEN = [
     ("get", "nodes"), ("patch", "nodes"), ("delete", "nodes"), ("delete", "namespaces"), ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
     ("delete", "customresourcedefinitions.apiextensions.k8s.io"), ("update", "customresourcedefinitions.apiextensions.k8s.io"),
 ]
-
-
-@pytest.fixture(scope="module")
-def helm(control_plane):
-    path = control_plane.bin / "helm"
-    if not path.exists():
-        pytest.skip("helm not built: TANDEM_BUILD_HELM=1 bash tests/k8s/build-controlplane.sh")
-    return str(path)
 
 
 def can_i(cp, sa: str, verb: str, resource: str, namespace: str | None) -> bool:
@@ -133,9 +120,7 @@ def test_tls_off_is_reported_by_a_condition_and_a_warning_event(control_plane, o
 
 def _install_rbac(cp, helm: str, namespace: str, *values: str) -> str:
     """The chart's service account and RBAC objects, applied for real; returns the service account user."""
-    out = subprocess.run([helm, "template", "sec", str(CHART), "--namespace", namespace, *values],
-                         check=True, capture_output=True, text=True, timeout=60)
-    docs = [d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] in
+    docs = [d for d in helm_template(helm, "sec", "--namespace", namespace, *values) if d["kind"] in
             ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
     for d in docs:  # cluster-scoped names must not collide between tests
         if d["kind"] in ("ClusterRole", "ClusterRoleBinding"):
@@ -176,10 +161,9 @@ def test_operator_rbac_single_namespace_switch(control_plane, helm, namespace):
 def test_chart_default_security_reaches_the_operator(helm):
     from tandem.operator.security_defaults import ENV, parse
 
-    out = subprocess.run([helm, "template", "sec", str(CHART), "--set", "defaultSecurity.tls.secretName=tandem-tls",
-                          "--set", "defaultSecurity.apiKeys.secretName=tandem-keys"],
-                         check=True, capture_output=True, text=True, timeout=60)
-    dep = next(d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "Deployment")
+    docs = helm_template(helm, "sec", "--set", "defaultSecurity.tls.secretName=tandem-tls",
+                         "--set", "defaultSecurity.apiKeys.secretName=tandem-keys")  # fmt: skip
+    dep = next(d for d in docs if d["kind"] == "Deployment")
     (container,) = dep["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     defaults = parse(env[ENV])

@@ -6,26 +6,13 @@ service, and a Prometheus outside the allow-list, each refusal naming the field;
 from __future__ import annotations
 
 import copy
-import subprocess
 import uuid
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.k8s.conftest import wait_for
+from tests.k8s.conftest import helm_template, wait_for
 from tests.k8s.test_operator_lifecycle import EXAMPLE
-
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts/tandem"
-
-
-@pytest.fixture(scope="module")
-def helm(control_plane):
-    path = control_plane.bin / "helm"
-    if not path.exists():
-        pytest.skip("helm not built: TANDEM_BUILD_HELM=1 bash tests/k8s/build-controlplane.sh")
-    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +27,10 @@ def namespace(control_plane):
 def policy(control_plane, helm, namespace):
     """The chart's policy and binding, bound to this module's namespace only (the control plane is shared);
     yielded once the API server enforces it."""
-    out = subprocess.run([helm, "template", "ten", str(CHART), "--show-only", "templates/admission-policy.yaml",
-                          "--set", "tenancy.allowedHostPaths={/srv/models}",
-                          "--set", "tenancy.allowedPrometheusUrls={http://prometheus.monitoring:9090}",
-                          "--set", "tenancy.allowedSecrets={shared-hf-token}"],
-                         check=True, capture_output=True, text=True, timeout=60)
-    vap, binding = [d for d in yaml.safe_load_all(out.stdout) if d]
+    vap, binding = helm_template(helm, "ten", "--show-only", "templates/admission-policy.yaml",
+                                 "--set", "tenancy.allowedHostPaths={/srv/models}",
+                                 "--set", "tenancy.allowedPrometheusUrls={http://prometheus.monitoring:9090}",
+                                 "--set", "tenancy.allowedSecrets={shared-hf-token}")  # fmt: skip
     for d in (vap, binding):
         d["metadata"]["name"] += f"-{namespace}"
     binding["spec"]["policyName"] = vap["metadata"]["name"]
