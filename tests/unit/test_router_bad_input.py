@@ -19,11 +19,6 @@ from tandem.worker.router.limits import RequestLimits
 from tests.unit.router_harness import CHAT, SERVED, ScriptedBackend, client_for, post
 
 
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir) -> Tokenizer:
-    return Tokenizer.from_dir(tiny_model_dir)
-
-
 def completion(**fields) -> dict:
     return {"model": SERVED, "prompt": "x", **fields}
 

@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 
 from tandem.v1 import common_pb2
 from tandem.worker.api.wire import params_from_proto, params_to_proto
-from tandem.worker.hf.tokenizer import Tokenizer
 from tandem.worker.router.app import create_app
 from tandem.worker.router.limits import RequestLimits
 from tests.unit.router_harness import CHAT, SERVED, ScriptedBackend, client_for, sse_events
@@ -164,11 +163,6 @@ class WireBackend(ScriptedBackend):
         common_pb2.GenerateRequest(request_id=request_id, prompt_token_ids=prompt_ids)
         async for token in super().generate(request_id, prompt_ids, params, timing):
             yield token
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir) -> Tokenizer:
-    return Tokenizer.from_dir(tiny_model_dir)
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])

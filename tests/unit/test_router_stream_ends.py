@@ -49,11 +49,6 @@ class QuickPrefill(prefill_pb2_grpc.PrefillServiceServicer):
         return prefill_pb2.PrefillReply(first_token=100, push_status=decode_pb2.PUSH_KV_STATUS_COMMITTED)
 
 
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir) -> Tokenizer:
-    return Tokenizer.from_dir(tiny_model_dir)
-
-
 async def _serve(decode: EndingDecode, tok: Tokenizer):
     servers, addresses = serve_on_loopback([
         (decode_pb2_grpc.add_DecodeServiceServicer_to_server, decode),

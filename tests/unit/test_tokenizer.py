@@ -19,11 +19,6 @@ CHAT = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir) -> Tokenizer:
-    return Tokenizer.from_dir(tiny_model_dir)
-
-
 @pytest.mark.parametrize(
     "text", ["The quick brown fox jumps over the lazy dog.", MULTIBYTE, "  two  spaces\n\tand tabs"]
 )
