@@ -11,7 +11,8 @@ from tandem.spec import InferenceServiceSpec
 
 def network_policy(spec: InferenceServiceSpec, service: str, namespace: str, uid: str, pool: str) -> Manifest:
     """What may reach a pool's pods: clients the router's HTTP port, the router (and, for decode, the
-    prefill pool) the workers' gRPC port, `metricsFrom` the metrics port. Nothing else."""
+    prefill pool; with spec.roleFlip, both worker pools for either) the workers' gRPC port, `metricsFrom`
+    the metrics port. Nothing else."""
     def port(n: int) -> list[dict[str, Any]]:
         return [{"protocol": "TCP", "port": n}]
 
@@ -23,6 +24,8 @@ def network_policy(spec: InferenceServiceSpec, service: str, namespace: str, uid
         ingress = [{"ports": port(names.HTTP_PORT)}]  # the API, from anywhere (API keys guard it)
     else:
         senders = [names.POOL_ROUTER] + ([names.POOL_PREFILL] if pool == names.POOL_DECODE else [])
+        if spec.role_flip:  # either pool's pods may prefill now, and either pool's take KV as decode workers
+            senders = [names.POOL_ROUTER, names.POOL_PREFILL, names.POOL_DECODE]
         ingress = [{"from": [pods(p) for p in senders], "ports": port(names.GRPC_PORT)}]
     metrics_from = spec.security.network_policy.metrics_from
     ingress.append({"from": [dict(peer) for peer in metrics_from], "ports": port(names.METRICS_PORT)})

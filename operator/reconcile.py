@@ -17,6 +17,7 @@ from tandem import names
 from tandem.operator import certs, render
 from tandem.operator.cache import ObjectCache
 from tandem.operator.drift import is_subset, needs_apply
+from tandem.operator.flip import role_counts
 from tandem.operator.kube import ApiError, Kube
 from tandem.operator.manifest import selector_string, with_hash
 from tandem.operator.pod_health import pod_problems
@@ -25,7 +26,7 @@ from tandem.operator.pools import clamp_message, desired_pool_replicas
 from tandem.operator.preflight import Facts, Findings, NodeGpus, check, claims_needed, node_gpus
 from tandem.operator.security_defaults import process_defaults, with_defaults
 from tandem.operator.status import inference_pool_status, rebase, rolled_out, same_status, service_status
-from tandem.spec import KIND, InferenceServiceSpec
+from tandem.spec import KIND, InferenceServiceSpec, Mode
 
 log = logging.getLogger("tandem.operator")
 
@@ -127,14 +128,14 @@ def _ensure_pool(kube: Kube, reader: Reader, spec: InferenceServiceSpec, name: s
     return live, replicas
 
 
-def _ensure_tls_secret(kube: Kube, name: str, ns: str, uid: str, out: Outcome) -> None:
-    """Issue the service's CA and every role's certificate into its Secret, once: the operator may create
-    Secrets but not read them, so one that exists (ours from an earlier reconcile) is left as it is (delete
-    it to issue new ones)."""
+def _ensure_tls_secret(kube: Kube, name: str, ns: str, uid: str, out: Outcome, flippable: bool = False) -> None:
+    """Issue the service's CA and every role's certificate into its Secret, once (with spec.roleFlip, the
+    prefill and decode certificates name both roles): the operator may create Secrets but not read them, so
+    one that exists (ours from an earlier reconcile) is left as it is (delete it to issue new ones)."""
     key = (ns, name, uid)
     if key in _ISSUED:
         return
-    body = tls_secret(name, ns, uid, certs.secret_data(name, TLS_ROLES))
+    body = tls_secret(name, ns, uid, certs.secret_data(name, TLS_ROLES, flippable))
     try:
         kube.create(body)
         out.writes.append(f"create Secret/{body['metadata']['name']}")
@@ -257,7 +258,7 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
     endpoint = render.router_endpoint(name, namespace)
     wanted_pools = render.worker_pools(spec)
     if spec.security.tls.enabled and not (spec.security.tls.secret_name or spec.security.tls.dir):
-        _ensure_tls_secret(kube, name, namespace, uid, out)
+        _ensure_tls_secret(kube, name, namespace, uid, out, spec.role_flip)
     ensured = _APPLY_POOL.map(lambda p: _ensure_pool(kube, reader, spec, name, namespace, uid, p, out), wanted_pools)
     try:
         pools: dict[str, tuple[dict[str, Any], int]] = dict(zip(wanted_pools, ensured, strict=True))
@@ -321,8 +322,11 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
         out.recheck_after = POD_RECHECK_SECONDS  # pods may yet turn unschedulable or fail to pull
     for pool, found in findings.pools.items():  # the cause first, then what the scheduler says of it
         problems[pool] = found + problems.get(pool, [])
+    serving = None
+    if spec.role_flip and spec.mode is Mode.disaggregated:  # flipped pods count where they serve now
+        serving = role_counts(kube.list("Pod", namespace, f"{names.LABEL_SERVICE}={name}"))
     status = service_status(generation, deployments, desired, previous, endpoint, _now(), pod_problems=problems,
-                            tls=spec.security.tls.enabled)
+                            tls=spec.security.tls.enabled, serving=serving)
     conditions = {c["type"]: c for c in status["conditions"]}
     out.ready = conditions["Ready"]["status"] == "True"
     if not same_status(status, previous):

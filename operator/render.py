@@ -30,6 +30,13 @@ from tandem.operator.manifest import (
 from tandem.operator.model_source import model_init_containers, model_path, model_volumes
 from tandem.operator.network_policy import network_policy
 from tandem.operator.pod_overlay import apply_overlay
+from tandem.operator.pod_role import (
+    follows_label,
+    role_file_args,
+    role_label_volumes,
+    role_labels,
+    role_selector,
+)
 from tandem.operator.pod_security import POD_SECURITY, SCRATCH, SHM_SIZE, restricted, scratch_volumes
 from tandem.operator.pod_tls import tls_dir, tls_volumes
 from tandem.operator.probes import router_probes, worker_lifecycle, worker_probes
@@ -53,7 +60,7 @@ def worker_args(spec: InferenceServiceSpec, service: str, pool: str) -> list[str
     """`tandem worker` arguments for a pool's pods (the same builder `tandem up` uses)."""
     return worker_argv(
         spec, service, pool, model_path(spec), worker_id=None, tls_dir=tls_dir(spec, pool), health_port=names.HEALTH_PORT
-    )  # fmt: skip
+    ) + role_file_args(spec, pool)  # fmt: skip
 
 
 def router_args(spec: InferenceServiceSpec, service: str, namespace: str) -> list[str]:
@@ -121,7 +128,7 @@ def _pod_template(
         pod_spec["affinity"] = dict(affinity)
     return {
         "metadata": {
-            "labels": labels(service, pool),
+            "labels": {**labels(service, pool), **role_labels(pool)},  # the starting role; a flip moves it
             "annotations": {
                 "prometheus.io/scrape": "true",
                 "prometheus.io/port": str(names.METRICS_PORT),
@@ -151,7 +158,8 @@ def worker_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
     ps = pool_spec(spec, pool)
     mounts, volumes = model_volumes(spec)
     tls_mounts, tls_vols = tls_volumes(spec, service, pool)
-    mounts, volumes = mounts + tls_mounts, volumes + tls_vols
+    role_mounts, role_vols = role_label_volumes(spec, pool)
+    mounts, volumes = mounts + tls_mounts + role_mounts, volumes + tls_vols + role_vols
     container = {
         "name": "worker",
         "image": spec.image,
@@ -176,7 +184,8 @@ def router_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
     r = spec.router
     mounts, volumes = model_volumes(spec)  # the router reads the tokenizer
     tls_mounts, tls_vols = tls_volumes(spec, service, pool)
-    mounts, volumes = mounts + tls_mounts, volumes + tls_vols
+    role_mounts, role_vols = role_label_volumes(spec, pool)
+    mounts, volumes = mounts + tls_mounts + role_mounts, volumes + tls_vols + role_vols
     keys = spec.security.api_keys
     if keys is not None and keys.secret_name:
         volumes = [*volumes, {"name": "api-keys", "secret": {"secretName": keys.secret_name}}]
@@ -196,15 +205,16 @@ def router_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
     return _deployment(child_name(service, pool), namespace, service, uid, pool, r.replicas, template)
 
 
-def worker_service(service: str, namespace: str, uid: str, pool: str) -> Manifest:
-    """Headless, so the router sees every worker pod through DNS."""
+def worker_service(service: str, namespace: str, uid: str, pool: str, by_role: bool = False) -> Manifest:
+    """Headless, so the router sees every worker pod through DNS; `by_role` (spec.roleFlip): the pods whose
+    current role is the pool's, from either Deployment."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": object_metadata(child_name(service, pool), namespace, service, uid, pool),
         "spec": {
             "clusterIP": "None",
-            "selector": selector(service, pool),
+            "selector": role_selector(service, pool) if by_role else selector(service, pool),
             "ports": [
                 {"name": "grpc", "port": names.GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
                 {"name": "metrics", "port": names.METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
@@ -255,7 +265,7 @@ def children(spec: InferenceServiceSpec, service: str, namespace: str, uid: str,
     out: list[Manifest] = []
     for pool in worker_pools(spec):
         out.append(worker_deployment(spec, service, namespace, uid, pool, pool_replicas[pool]))
-        out.append(worker_service(service, namespace, uid, pool))
+        out.append(worker_service(service, namespace, uid, pool, by_role=follows_label(spec, pool)))
         out.append(pod_disruption_budget(service, namespace, uid, pool))
     out.append(router_deployment(spec, service, namespace, uid))
     out.append(router_service(service, namespace, uid))

@@ -71,7 +71,7 @@ def _condition(ctype: str, ok: bool, reason: str, message: str, generation: int,
 def service_status(generation: int, deployments: dict[str, Body | None], desired: dict[str, int],
                    previous: Body, endpoint: str, now: str, blocked: tuple[str, str] | None = None,
                    pod_problems: dict[str, list[tuple[str, str]]] | None = None,
-                   tls: bool | None = None) -> Body:
+                   tls: bool | None = None, serving: dict[str, int] | None = None) -> Body:
     """Conditions (Ready, Progressing, Degraded), per-pool replicas and the router endpoint.
 
     `deployments` and `desired` are keyed by pool (including the router). `blocked` is (reason, message)
@@ -80,7 +80,8 @@ def service_status(generation: int, deployments: dict[str, Body | None], desired
     do not run. A pool with no replicas cannot serve, so it is not Ready. The three conditions tell one
     story: while something is failing, Progressing is False with the same reason as Degraded. With `tls`
     given, Encrypted says whether the gRPC hops use mutual TLS (False, reason TLSOff, when the spec turned
-    it off). lastTransitionTime only moves when a condition's status flips.
+    it off). `serving` (spec.roleFlip): Ready pods by current role, which the pool counts show. lastTransitionTime
+    only moves when a condition's status flips.
     """
     prev = {c["type"]: c for c in previous.get("conditions") or []}
     if blocked:
@@ -94,6 +95,9 @@ def service_status(generation: int, deployments: dict[str, Body | None], desired
                 "pools": previous.get("pools") or {}, "routerEndpoint": endpoint,
                 "workers": previous.get("workers") or ""}
     pools = {p: pool_status(deployments.get(p), n) for p, n in desired.items()}
+    for p, n in (serving or {}).items():  # spec.roleFlip: a pool counts the pods that serve its role now
+        if p in pools:
+            pools[p] = {**pools[p], "servingReplicas": n, "summary": f"{n}/{pools[p]['desiredReplicas']}"}
     waiting = [p for p in pools if not rolled_out(deployments.get(p), desired[p])]
     failures: dict[str, list[tuple[str, str]]] = {}
     for p in waiting:

@@ -5,12 +5,14 @@ SetRole from an identity that is not the operator's (or the worker's own pod) is
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import grpc
 import httpx
 import pytest
+import yaml
 
 from tandem import names
 from tandem.operator.local.flip import dial_worker
@@ -18,6 +20,7 @@ from tandem.operator.local.scale import LocalPools
 from tandem.operator.local.up import free_port_block, serving
 from tandem.spec import parse_object
 from tandem.v1 import common_pb2, lifecycle_pb2, lifecycle_pb2_grpc
+from tandem.worker.serve import flip_cli
 from tests.integration.stacks import load, spec
 from tests.integration.test_drain_scaling import StreamingLoad
 
@@ -78,6 +81,14 @@ def test_workers_flip_both_ways_under_load_and_no_request_fails(tiny_model_dir, 
                 lifecycle_pb2.SetRoleRequest(role=common_pb2.WORKER_ROLE_PREFILL), timeout=10)
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, err.value
         assert load(p).role == common_pb2.WORKER_ROLE_DECODE
+        # `tandem flip -f SPEC --log-dir RUN`: a user flips one more prefill worker of the running stack
+        spec_file = tmp_path / "flip.yaml"
+        spec_file.write_text(yaml.safe_dump(obj))
+        assert flip_cli.main(["--to", "decode", "-f", str(spec_file), "--log-dir", str(tmp_path), "--count", "1"]) == 0
+        listed = json.loads((tmp_path / "workers.json").read_text())
+        assert len(listed["decode"]) == 2 and len(listed["prefill"]) == 1, listed
+        assert httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "after the CLI", "max_tokens": 4},
+                          timeout=60).status_code == 200  # fmt: skip
         pools.close()
     assert stream.failures == [], f"{len(stream.failures)} failed of {stream.ok + len(stream.failures)}: {stream.failures[:5]}"
     assert stream.ok >= 15

@@ -202,3 +202,21 @@ def test_a_pod_follows_its_role_label_file(tmp_path):
     assert watch.check() == "decode" and roles.role == "decode" and p.draining and not d.draining
     missing = RoleLabelWatch(tmp_path / "absent", roles)
     assert missing.check() is None and roles.role == "decode"
+
+
+def test_the_local_flip_picks_the_least_busy_answering_workers_and_lists_them_under_their_new_role():
+    from tandem.operator.local.flip import fewest_running, moved, with_role
+
+    assert fewest_running({"a": 3, "b": None, "c": 0, "d": 1}, 2) == ["c", "d"]  # b is starting: not flippable
+    assert fewest_running({"a": None}, 1) == []
+    assert with_role(["worker", "--role", "prefill", "--port", "1"], "decode") == ["worker", "--role", "decode", "--port", "1"]
+    doc = {"prefill": ["p0", "p1"], "decode": ["d0"], "colocated": []}
+    assert moved(doc, ["p1"], "decode") == {"prefill": ["p0"], "decode": ["d0", "p1"], "colocated": []}
+
+
+def test_flip_cli_refuses_a_spec_without_its_run_directory(capsys):
+    from tandem.worker.serve import flip_cli
+
+    with pytest.raises(SystemExit):
+        flip_cli.main(["--to", "decode", "-f", "spec.yaml"])
+    assert "--log-dir" in capsys.readouterr().err

@@ -49,7 +49,10 @@ def parse_args(argv: list[str]) -> WorkerOptions:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     device = args.device or "cpu"  # parse_args chose one
-    logging.basicConfig(level=os.environ.get("TANDEM_LOG_LEVEL", "INFO").upper(), format=f"%(asctime)s {args.role} %(levelname)s %(message)s")
+    logging.basicConfig(level=os.environ.get("TANDEM_LOG_LEVEL", "INFO").upper(), format="%(asctime)s %(role)s %(levelname)s %(message)s")
+    role_field = RoleField(args.role)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(role_field)
     try:
         transports = offered_transports(args.kv_transport, device)
     except ValueError as e:
@@ -117,8 +120,12 @@ def main(argv: list[str]) -> int:
         roles, held = FixedRole(args.role), services[args.role]
     else:  # the role is state: SetRole drains one service's work and opens the other's, on the same engine
         certified = (me.roles & FLIPPABLE) if tls is not None else None
+        def on_switch(role: str) -> None:
+            metrics.set_pool(role)
+            role_field.role = role
+
         roles = held = RoleSwitch(services, args.role, info, health_servicer, certified, args.drain_timeout,
-                                  on_switch=metrics.set_pool)  # fmt: skip
+                                  on_switch=on_switch)  # fmt: skip
         for servicer in services.values():
             servicer.load_of = roles.load
     metrics.watch_held(held.busy)
@@ -189,6 +196,18 @@ def _engine_config(args: WorkerOptions) -> EngineConfig:
         prefix_cache_seed=f"{args.served_name}\0{args.model_dir}\0{args.dtype}\0{args.quantization}\0{args.kv_cache_dtype}",
         speculative=speculative_config(args),
     )
+
+
+class RoleField(logging.Filter):
+    """Puts the worker's current role in every log line (it changes with SetRole)."""
+
+    def __init__(self, role: str) -> None:
+        super().__init__()
+        self.role = role
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.role = self.role
+        return True
 
 
 def own_identity(tls: TlsConfig | None, role: str, service: str) -> Identity:

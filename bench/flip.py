@@ -1,0 +1,129 @@
+"""Capacity for an empty decode pool two ways, side by side in one run: flip a warm prefill worker (SetRole)
+against cold-starting a new decode worker process, on the tiny model.
+
+    python -m bench.flip [--runs 3] [--max-tokens 4] [--out r.json]
+
+One `tandem up` stack (mutual TLS, spec.roleFlip) with three prefill workers and, after setup flips its one
+decode worker to prefill, no decode worker, so a request can be served only once new decode capacity is
+there. Each run times both ways from the same start state, alternating which goes first:
+
+- flip: `LocalPools.flip_workers` (SetRole on a warm prefill worker; nothing held, so the drain is empty),
+  from the call to the end of the first request served with it as the decode worker;
+- cold: `LocalPools.scale("decode", 1)` (a new worker process: imports, weights, KV cache, gRPC server),
+  from the call to the end of the first request served by it.
+
+A client sends a request (--max-tokens tokens) every 20 ms from the start until one succeeds; the router
+answers 503 at once while it has no decode worker. After each way the stack goes back to no decode worker
+(the flipped worker flips back; the new one drains and exits). Reported: per run both times, the flip's
+own drain and switch from the SetRole reply, then the median and min-max spread over --runs and the ratio.
+The issue's target: a flip under 2 s plus the drain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from bench._host import load_average
+from bench._stacks import median, service_object
+from tandem.operator.local.scale import LocalPools
+from tandem.operator.local.up import free_port_block, serving
+from tandem.spec import parse_object
+
+POLL_S = 0.02
+
+
+def served_after(url: str, start: float, max_tokens: int, timeout_s: float = 300.0) -> float:
+    """Seconds from `start` until a completion sent now or later succeeds (requests every POLL_S)."""
+    body = {"model": "bench", "prompt": "flip " * 16, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    with httpx.Client(timeout=60) as http:
+        while time.perf_counter() - start < timeout_s:
+            try:
+                if http.post(f"{url}/v1/completions", json=body).status_code == 200:
+                    return time.perf_counter() - start
+            except httpx.HTTPError:
+                pass
+            time.sleep(POLL_S)
+    raise TimeoutError(f"no request served within {timeout_s:.0f} s")
+
+
+def flip_once(pools: LocalPools, url: str, worker: str, max_tokens: int) -> dict[str, float]:
+    start = time.perf_counter()
+    with ThreadPoolExecutor(1) as client:
+        served = client.submit(served_after, url, start, max_tokens)
+        set_role_start = time.perf_counter()
+        flipped = pools.flip_workers([worker], "decode", reason="bench")
+        set_role_s = time.perf_counter() - set_role_start
+        total = served.result()
+    assert len(flipped) == 1, f"SetRole on {worker} failed"
+    pools.flip_workers([worker], "prefill", reason="bench back")
+    return {"served_s": total, "set_role_s": set_role_s}
+
+
+def cold_once(pools: LocalPools, url: str, max_tokens: int) -> dict[str, float]:
+    start = time.perf_counter()
+    with ThreadPoolExecutor(1) as client:
+        served = client.submit(served_after, url, start, max_tokens)
+        (name,), _ = pools.scale("decode", 1)
+        total = served.result()
+    pools.scale("decode", 0)
+    pools.wait_drained(60)
+    return {"served_s": total, "worker": name}  # type: ignore[dict-item]
+
+
+def spread(values: list[float]) -> str:
+    return f"{median(values):.2f} s (min {min(values):.2f}, max {max(values):.2f})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.flip", description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=4)
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    state = Path(tempfile.mkdtemp(prefix="tandem-bench-flip-"))
+    from tandem.worker.devtools.tiny import create_tiny_model  # torch, for the model maker only
+
+    model = create_tiny_model(state / "model")  # the tests' tiny model (`tandem model create-tiny`)
+    obj = service_object("flipbench", model, mode="disaggregated", prefill=3, decode=1, num_kv_blocks=256)
+    obj["spec"]["roleFlip"] = True
+    svc = parse_object(obj)
+    base = free_port_block(16)
+    runs = []
+    with serving(svc, state / "stack", port=base, worker_port=base + 2) as (stack, url):
+        pools = LocalPools(stack, svc, Path.cwd(), state / "stack" / "workers.json")
+        (decode,) = [p.name for p in pools.members("decode")]
+        pools.flip_workers([decode], "prefill", reason="bench setup: no decode worker")
+        time.sleep(1.0)  # the router has seen it
+        worker = "prefill-1"
+        for i in range(args.runs):
+            load = load_average()
+            order = ("flip", "cold") if i % 2 == 0 else ("cold", "flip")
+            run: dict = {"load_average": load}
+            for way in order:
+                run[way] = flip_once(pools, url, worker, args.max_tokens) if way == "flip" else cold_once(pools, url, args.max_tokens)
+                time.sleep(1.0)
+            runs.append(run)
+            print(f"run {i + 1}: flip {run['flip']['served_s']:.2f} s (SetRole {run['flip']['set_role_s']:.3f} s) | "
+                  f"cold start {run['cold']['served_s']:.2f} s | load {load:.1f}", flush=True)  # fmt: skip
+        pools.close()
+    flips = [r["flip"]["served_s"] for r in runs]
+    colds = [r["cold"]["served_s"] for r in runs]
+    print(f"\nflip to first request served:       {spread(flips)}")
+    print(f"cold start to first request served: {spread(colds)}")
+    print(f"cold / flip: {median(colds) / median(flips):.1f}x (medians); target: flip < 2 s plus the drain "
+          f"(empty here): {'met' if max(flips) < 2.0 else 'missed'}")  # fmt: skip
+    if args.out:
+        Path(args.out).write_text(json.dumps({"runs": runs}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

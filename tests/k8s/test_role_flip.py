@@ -1,0 +1,106 @@
+"""Role flips on a real control plane: with spec.roleFlip, the operator's flip moves a pod's
+`serving.tandem.dev/role` label (after telling the worker, the seam a pod that really runs answers over
+gRPC, which tests/integration/test_role_flip.py covers); the worker Services and pool counts follow the
+label, the Deployments' ReplicaSets and pods stay as they were (they select on the pool), and flipping back
+restores every count. The pods are on kwok nodes and never run a worker."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from kubernetes import config as kube_config
+
+from tandem import names
+from tandem.operator.flip import flip_pods
+from tandem.operator.kube import Kube
+from tests.k8s.conftest import get_json, wait_for
+from tests.k8s.test_operator_lifecycle import EXAMPLE, SERVICE, model_volume, ready_at_current_generation
+
+
+@pytest.fixture
+def flippable(control_plane, operator, namespace):
+    control_plane.kubectl("apply", "-f", "-", input=model_volume(namespace))
+    obj = yaml.safe_load(EXAMPLE.read_text())
+    obj["spec"]["roleFlip"] = True
+    obj["spec"]["prefill"]["replicas"] = 2
+    control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(obj))
+    wait_for(lambda: ready_at_current_generation(control_plane, namespace), 180, "Ready with roleFlip")
+    return namespace
+
+
+def _pods(cp, ns: str) -> dict[str, dict]:
+    items = get_json(cp, "pods", "-l", f"{names.LABEL_SERVICE}={SERVICE}", namespace=ns)["items"]
+    return {p["metadata"]["name"]: p for p in items if p["metadata"]["labels"].get(names.LABEL_POOL) != "router"}
+
+
+def _roles(cp, ns: str) -> dict[str, str]:
+    return {n: p["metadata"]["labels"][names.LABEL_ROLE] for n, p in _pods(cp, ns).items()}
+
+
+def _replica_sets(cp, ns: str) -> dict[str, tuple[str, int]]:
+    items = get_json(cp, "replicasets", "-l", f"{names.LABEL_SERVICE}={SERVICE}", namespace=ns)["items"]
+    return {r["metadata"]["uid"]: (r["metadata"]["name"], r["spec"]["replicas"]) for r in items}
+
+
+def _endpoints(cp, ns: str, pool: str) -> set[str]:
+    """Pod names behind a worker Service (its EndpointSlices)."""
+    slices = get_json(cp, "endpointslices", "-l", f"kubernetes.io/service-name={SERVICE}-{pool}", namespace=ns)["items"]
+    return {e["targetRef"]["name"] for s in slices for e in s.get("endpoints") or [] if e.get("targetRef")}
+
+
+def _workers(cp, ns: str) -> str:
+    return get_json(cp, "tsvc", SERVICE, namespace=ns)["status"]["workers"]
+
+
+def test_flip_and_flip_back_move_labels_services_and_counts_and_leave_replica_sets_alone(control_plane, flippable):
+    ns, cp = flippable, control_plane
+    kube = Kube(kube_config.new_client_from_config(str(cp.kubeconfig("admin"))))
+    isvc = get_json(cp, "tsvc", SERVICE, namespace=ns)
+    before_pods = _pods(cp, ns)
+    before_sets = _replica_sets(cp, ns)
+    assert sorted(_roles(cp, ns).values()) == ["decode", "decode", "prefill", "prefill"]
+    assert {n: p["metadata"]["labels"][names.LABEL_POOL] for n, p in before_pods.items()} == _roles(cp, ns)
+    policies = {p["metadata"]["name"]: p for p in get_json(cp, "networkpolicies", namespace=ns)["items"]}
+    for pool in ("prefill", "decode"):  # a flipped pod of either pool may push KV to, or take it from, either
+        senders = [peer["podSelector"]["matchLabels"].get(names.LABEL_POOL)
+                   for peer in policies[f"{SERVICE}-{pool}"]["spec"]["ingress"][0]["from"]]
+        assert sorted(senders) == ["decode", "prefill", "router"], pool
+    pod_spec = next(iter(before_pods.values()))["spec"]
+    assert "--role-file" in pod_spec["containers"][0]["args"]  # the worker follows its label
+    assert any(v["name"] == "podinfo" for v in pod_spec["volumes"])
+
+    told: list[tuple[str, str]] = []
+    flipped = flip_pods(kube, isvc, "prefill", "decode", 1, reason="test", set_role=lambda p, r: told.append((p["metadata"]["name"], r)))
+    assert len(flipped) == 1 and told == [(flipped[0], "decode")]
+    (name,) = flipped
+    assert _roles(cp, ns)[name] == "decode" and sorted(_roles(cp, ns).values()).count("decode") == 3
+    wait_for(lambda: name in _endpoints(cp, ns, "decode") and name not in _endpoints(cp, ns, "prefill"), 60,
+             "the decode Service selects the flipped pod")  # fmt: skip
+    wait_for(lambda: _workers(cp, ns) == "prefill 1/2 decode 3/2", 60, "pool counts by current role")
+    status = get_json(cp, "tsvc", SERVICE, namespace=ns)["status"]["pools"]
+    assert (status["prefill"]["servingReplicas"], status["decode"]["servingReplicas"]) == (1, 3)
+    # the Deployments own the same pods through the same ReplicaSets: nothing was created, deleted or orphaned
+    assert _replica_sets(cp, ns) == before_sets
+    after = _pods(cp, ns)
+    assert {n: p["metadata"]["uid"] for n, p in after.items()} == {n: p["metadata"]["uid"] for n, p in before_pods.items()}
+    for p in after.values():
+        (owner,) = p["metadata"]["ownerReferences"]
+        assert owner["kind"] == "ReplicaSet" and owner["uid"] in before_sets
+    events = get_json(cp, "events", "--field-selector", f"involvedObject.name={SERVICE}", namespace=ns)["items"]
+    assert any(e["reason"] == "FlippedToDecode" and name in e["message"] for e in events)
+
+    # a SetRole the worker refuses leaves the pod as it was
+    def refuse(pod, role):
+        raise RuntimeError("FAILED_PRECONDITION: certificate")
+
+    assert flip_pods(kube, isvc, "decode", "prefill", 1, set_role=refuse) == []
+    assert _roles(cp, ns)[name] == "decode"
+
+    back = flip_pods(kube, isvc, "decode", "prefill", 1, reason="test back", set_role=lambda p, r: None)
+    assert back == [name]  # a pod going home comes first
+    assert {n: p["metadata"]["labels"][names.LABEL_POOL] for n, p in _pods(cp, ns).items()} == _roles(cp, ns)
+    wait_for(lambda: _workers(cp, ns) == "prefill 2/2 decode 2/2", 60, "counts back")
+    wait_for(lambda: name in _endpoints(cp, ns, "prefill"), 60, "the prefill Service selects it again")
+    assert _replica_sets(cp, ns) == before_sets and set(_pods(cp, ns)) == set(before_pods)
+    with pytest.raises(ValueError):
+        flip_pods(kube, isvc, "router", "decode", 1)
