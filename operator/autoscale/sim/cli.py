@@ -25,6 +25,7 @@ COLUMNS = (
     ("tpot_p90_ms", "TPOT p90 ms", "{:.1f}"),
     ("scaling_actions", "actions", "{}"),
     ("reversals_per_hour", "reversals/h", "{:.1f}"),
+    ("flips_per_hour", "flips/h", "{:.1f}"),
     ("goodput_per_gpu_hour", "good req/GPU-h", "{:.0f}"),
     ("failed", "failed", "{}"),
 )
