@@ -136,7 +136,7 @@ def lend(
         breach = d.reason.split(": ", 1)[-1].split(";")[0]
         reason = (
             f"{flipped_to(target)}: {breach}; {source} has {offer.slack:.1f} replicas of slack; "
-            f"{count} {source} worker{'s' if count > 1 else ''} serve {target} in {cost:.1f} s "
+            f"{count} {source} worker{'s serve' if count > 1 else ' serves'} {target} in {cost:.1f} s "
             f"(drain {offer.drain_s:.1f} s + flip {config.flip_s:g} s) while {d.desired - d.current} new pods start"
         )
         details = {"slack_replicas": offer.slack, "drain_s": offer.drain_s, "flip_s": config.flip_s}
@@ -145,12 +145,12 @@ def lend(
 
 
 def slack(obs: PoolObservation, d: Decision, config: PolicyConfig) -> Offer | None:
-    """The workers `obs.pool` can lose with its own SLO model still meeting the margin; None if none."""
+    """The workers `obs.pool` can lose with its own SLO model still meeting the margin, never its last one;
+    None if none. `minReplicas` does not hold them back: it bounds the pool's pods, and a lent pod is one."""
     r = obs.replicas
     if d.desired > d.current or r.starting or missing(obs.arrival_rate_rps):
         return None
-    floor = max(1, config.limits_for(obs.pool).min_replicas)
-    spare = r.ready - floor
+    spare = r.ready - 1  # never the last worker; minReplicas bounds the pods, and a lent pod is still one
     if spare <= 0:
         return None
     if _idle(obs):

@@ -45,12 +45,18 @@ def test_flips_off_means_no_flip_and_the_same_decisions_as_decide():
     assert decisions == plain
 
 
-def test_the_lender_keeps_its_floor_a_single_replica_lends_nothing():
+def test_the_lender_keeps_its_last_worker_and_min_replicas_counts_pods_not_roles():
     _, flips, _ = run(prefill_breach(), quiet_decode(ready=1))
     assert flips == ()
-    floor_two = replace(FLIPS, limits={**FLIPS.limits, Pool.decode: PoolLimits(3, 8)})
-    _, flips, _ = run(prefill_breach(), quiet_decode(ready=3), config=floor_two)
-    assert flips == ()
+    # minReplicas 3 bounds decode's pods; a lent pod is still one of them, so a spare above the need can go
+    floor_three = replace(FLIPS, limits={**FLIPS.limits, Pool.decode: PoolLimits(3, 8)})
+    decisions, flips, state = run(prefill_breach(), quiet_decode(ready=3), config=floor_three)
+    assert [f.count for f in flips] == [1]
+    # the next tick the lender, one worker below its minimum by role, is not scaled back up to it
+    dec = replace(quiet_decode(ready=2), at_s=NOW + 15)
+    pre = prefill_breach(starting=1, at_s=NOW + 15)
+    decisions, _, _ = run(pre, dec, state, config=floor_three, now=NOW + 15)
+    assert decisions[Pool.decode].reason_code != "Bounds" and not decisions[Pool.decode].changes
 
 
 def test_a_lender_whose_slack_would_not_survive_the_loss_lends_nothing():
