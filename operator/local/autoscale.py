@@ -71,3 +71,5 @@ class LocalAutoscaleThread:
             if self.echo:
                 for d in tick.applied:
                     print(f"autoscaler: {d.reason} [{d.reason_code}]", flush=True)
+                for f in tick.flips:
+                    print(f"autoscaler: {f.reason} [{f.reason_code}]", flush=True)
