@@ -164,9 +164,20 @@ def test_lend_ignores_a_pool_that_is_not_scaling_up():
 def test_the_spec_switches_flips_on_with_its_flip_time():
     spec = InferenceServiceSpec.model_validate({
         "model": {"source": {"path": "/m"}, "servedName": "m"},
-        "autoscaling": {"enabled": True, "flip": {"enabled": True, "flipSeconds": 5}},
+        "autoscaling": {"enabled": True, "flip": {"enabled": True, "flipSeconds": 5}}, "roleFlip": True,
     })
     config = policy_config(spec, CONFIG.profile)
     assert (config.flip_enabled, config.flip_s) == (True, 5)
     off = policy_config(InferenceServiceSpec.model_validate({"model": {"source": {"path": "/m"}, "servedName": "m"}}), CONFIG.profile)
     assert off.flip_enabled is False
+
+
+def test_flips_without_workers_that_can_flip_are_refused_with_the_reason():
+    import pytest
+    from pydantic import ValidationError
+
+    doc = {"model": {"source": {"path": "/m"}, "servedName": "m"}, "autoscaling": {"flip": {"enabled": True}}}
+    with pytest.raises(ValidationError, match="autoscaling.flip.enabled needs roleFlip: true"):
+        InferenceServiceSpec.model_validate(doc)
+    with pytest.raises(ValidationError, match="mode disaggregated"):
+        InferenceServiceSpec.model_validate({**doc, "roleFlip": True, "mode": "colocated"})

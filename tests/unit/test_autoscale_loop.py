@@ -24,6 +24,7 @@ def _spec(**autoscaling) -> InferenceServiceSpec:
         "prefill": {"replicas": 1, "minReplicas": 1, "maxReplicas": 4},
         "decode": {"replicas": 1, "minReplicas": 1, "maxReplicas": 4},
         "autoscaling": {"enabled": True, **autoscaling},
+        "roleFlip": "flip" in autoscaling,
     })  # fmt: skip
 
 
