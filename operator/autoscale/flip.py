@@ -123,7 +123,8 @@ def lend(
     """Flip workers to a pool that breaches, from the other pool's slack, if that is faster than a cold start."""
     for target in (Pool.decode, Pool.prefill):
         d = decisions[target]
-        if not (d.desired > d.current and d.reason_code in BREACH_CODES):
+        breach = _breach(observations[target], d, config)
+        if not (d.desired > d.current and breach):
             continue
         source = OTHER[target]
         offer = slack(observations[source], decisions[source], config)
@@ -133,7 +134,6 @@ def lend(
         if cost >= config.cold_start:
             continue
         count = min(offer.count, d.desired - d.current)
-        breach = d.reason.split(": ", 1)[-1].split(";")[0]
         reason = (
             f"{flipped_to(target)}: {breach}; {source} has {offer.slack:.1f} replicas of slack; "
             f"{count} {source} worker{'s serve' if count > 1 else ' serves'} {target} in {cost:.1f} s "
@@ -142,6 +142,17 @@ def lend(
         details = {"slack_replicas": offer.slack, "drain_s": offer.drain_s, "flip_s": config.flip_s}
         return Flip(source, target, count, reason, flipped_to(target), cost, details), Loan(source, target, count, now_s)
     return None, None
+
+
+def _breach(obs: PoolObservation, d: Decision, config: PolicyConfig) -> str:
+    """Why the pool breaches now ('' if it does not): its latency above the SLO (even when the forecast asks
+    for more than the breach alone), or a reactive scale-up (a stall, a growing queue, the running batch)."""
+    latency, slo, label = (
+        (obs.ttft_ms, config.slo.ttft_ms, "TTFT") if obs.pool == Pool.prefill else (obs.tpot_ms, config.slo.tpot_ms, "TPOT")
+    )
+    if not missing(latency) and float(latency) > slo:  # type: ignore[arg-type]
+        return f"{label} p{config.slo.percentile:g} {latency:.0f} ms > {slo:.0f} ms SLO"
+    return d.reason.split(": ", 1)[-1].split(";")[0] if d.reason_code in BREACH_CODES else ""
 
 
 def slack(obs: PoolObservation, d: Decision, config: PolicyConfig) -> Offer | None:

@@ -79,6 +79,16 @@ def test_a_flip_no_faster_than_a_cold_start_is_not_taken():
     assert len(flips) == 1
 
 
+def test_a_breach_the_forecast_outgrows_still_borrows():
+    # TPOT 45 ms of 30 at 30 req/s: the forecast asks for more than the breach's one step, so the decision's
+    # code is Forecast, but decode breaches now
+    hot = decode(ready=1, arrival_rate_rps=30.0, tpot_ms=45.0, running_sequences=30)
+    idle_prefill = prefill(ready=3, arrival_rate_rps=2.0, ttft_ms=120.0, queued_prompt_tokens=0)
+    decisions, flips, _ = run(idle_prefill, hot)
+    assert decisions[Pool.decode].reason_code == "Forecast"
+    assert flips[0].reason.startswith("FlippedToDecode: TPOT p90 45 ms > 30 ms SLO; prefill has ")
+
+
 def test_a_forecast_alone_borrows_nothing():
     # no breach: TTFT within the SLO, no queue; only the rate says more is coming
     growing = prefill(ready=1, arrival_rate_rps=9.0, ttft_ms=300.0)
