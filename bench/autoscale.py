@@ -2,6 +2,7 @@
 
     python -m bench.autoscale                      # every policy on both traces in tandem's own simulator
     python -m bench.autoscale --validate           # + simulator vs a real `tandem up` 1P+1D, three loads
+    python -m bench.autoscale --policies tandem,tandem-flips   # role flips off and on, side by side
 
 The replay: each trace's full hour through the discrete-event simulator (`tandem simulate`), every policy
 from the same warm start. Capacity comes from Dynamo's measured H200 profile of Llama-3.1-8B-FP8, converted
@@ -55,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-replicas", type=int, default=32)
     p.add_argument("--stabilization-s", type=float, default=180.0)
     p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--rate-scale", type=float, default=1.0, help="send each request this many times")
+    p.add_argument("--interval-s", type=float, default=15.0, help="the policy's interval and the scrape interval")
+    p.add_argument("--decode-min", type=int, default=1, help="decode's minReplicas (a spare a flip can borrow)")
+    p.add_argument("--flip-s", type=float, default=2.0, help="tandem-flips: a drained worker's role change")
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--json", help="also write every row to this file")
     p.add_argument("--validate", action="store_true", help="check the simulator against a real tandem up stack")
@@ -69,10 +74,11 @@ def base_profile(args: argparse.Namespace) -> Profile:
 
 def replay(args: argparse.Namespace) -> list[dict[str, Any]]:
     profile = base_profile(args).scaled(args.prefill_speedup, args.decode_speedup)
-    limits = {p: PoolLimits(1, args.max_replicas) for p in (Pool.prefill, Pool.decode)}
+    limits = {Pool.prefill: PoolLimits(1, args.max_replicas), Pool.decode: PoolLimits(args.decode_min, args.max_replicas)}
     sc = Scenario(
         profile, Slo(args.slo_ttft_ms, args.slo_tpot_ms, 90), limits,
         stabilization_s=args.stabilization_s, scale_down_cooldown_s=120.0, cold_start_s=args.cold_start_s,
+        interval_s=args.interval_s, scrape_s=args.interval_s, flip_s=args.flip_s,
     )  # fmt: skip
     rows = []
     for name in TRACES:
@@ -80,14 +86,14 @@ def replay(args: argparse.Namespace) -> list[dict[str, Any]]:
         if not path.exists():
             print(f"skip {name}: not found in {args.traces}", file=sys.stderr)
             continue
-        trace = scale_trace(load_trace(path), args.time_scale)
+        trace = scale_trace(load_trace(path), args.time_scale, args.rate_scale)
         by_policy = {}
         for policy in args.policies.split(","):
             _, summary = run(policy, trace, sc)
             by_policy[policy] = summary
         for s in by_policy.values():
             s["trace"] = name.removeprefix("azure_llm_2023_").removesuffix(".csv")
-            for base in ("dynamo", "hpa"):
+            for base in ("dynamo", "hpa", "tandem"):
                 if base in by_policy and by_policy[base]["gpu_hours"]:
                     s[f"gpu_hours_vs_{base}"] = round(s["gpu_hours"] / by_policy[base]["gpu_hours"], 2)
             rows.append(s)
@@ -97,16 +103,17 @@ def replay(args: argparse.Namespace) -> list[dict[str, Any]]:
 def markdown(rows: list[dict[str, Any]]) -> str:
     head = (
         "| trace | policy | GPU-h | SLO met (joint) | TTFT met | TPOT met | TTFT p90 ms | TPOT p90 ms "
-        "| GPU-h vs dynamo | GPU-h vs hpa | reversals/h (prefill, decode) | failed |"
+        "| GPU-h vs dynamo | GPU-h vs hpa | GPU-h vs tandem | flips/h | reversals/h (prefill, decode) | failed |"
     )
-    lines = [head, "|" + " --- |" * 12]
+    lines = [head, "|" + " --- |" * 14]
     for r in rows:
         rev = r["reversals_per_hour_by_pool"]
         lines.append(
             f"| {r['trace']} | {r['policy']} | {r['gpu_hours']:.2f} | {r['slo_attainment']:.1%} "
             f"| {r['ttft_attainment']:.1%} | {r['tpot_attainment']:.1%} | {r['ttft_p90_ms']:.0f} "
             f"| {r['tpot_p90_ms']:.1f} | {r.get('gpu_hours_vs_dynamo', float('nan')):.2f} "
-            f"| {r.get('gpu_hours_vs_hpa', float('nan')):.2f} | {rev['prefill']:.1f}, {rev['decode']:.1f} "
+            f"| {r.get('gpu_hours_vs_hpa', float('nan')):.2f} | {r.get('gpu_hours_vs_tandem', float('nan')):.2f} "
+            f"| {r['flips_per_hour']:.1f} | {rev['prefill']:.1f}, {rev['decode']:.1f} "
             f"| {r['failed']} |"
         )
     return "\n".join(lines)
@@ -218,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(rows))
         source = args.profile or "Dynamo's H200 profile of Llama-3.1-8B-FP8 (converted)"
         print(f"\nprofile: {source}, prefill x{args.prefill_speedup:g}, decode x{args.decode_speedup:g}; "
-              f"SLO TTFT {args.slo_ttft_ms:g} ms, TPOT {args.slo_tpot_ms:g} ms at p90; cold start {args.cold_start_s:g} s")
+              f"SLO TTFT {args.slo_ttft_ms:g} ms, TPOT {args.slo_tpot_ms:g} ms at p90; cold start {args.cold_start_s:g} s; "
+              f"interval and scrape {args.interval_s:g} s; rate x{args.rate_scale:g}; decode min {args.decode_min}; "
+              f"flip {args.flip_s:g} s")
         print(f"traces: {AZURE_ATTRIBUTION}")
     checks = validate(args) if args.validate else []
     if args.json:

@@ -197,6 +197,21 @@ class SloSpec(_Spec):
         return Slo(self.ttft_ms, self.tpot_ms, self.percentile)
 
 
+AUTOSCALING_FLIP_NEEDS_ROLE_FLIP = (
+    "autoscaling.flip.enabled needs roleFlip: true (workers that hold certificates for both roles) and mode "
+    "disaggregated"
+)
+
+
+class FlipSpec(_Spec):
+    """Role flips as an autoscaling action: a warm worker of the pool with slack serves the breaching pool
+    after its drain plus `flipSeconds`, while new pods of the right role start; it flips back once they are Ready."""
+
+    enabled: bool = False
+    # A drained worker serves its new role this long after the flip (weights, CUDA context and graphs stay).
+    flip_seconds: int = Field(default=2, ge=0, le=600)
+
+
 class AutoscalingSpec(_Spec):
     enabled: bool = False
     interval_seconds: int = Field(default=15, gt=0)
@@ -214,6 +229,7 @@ class AutoscalingSpec(_Spec):
     # Where the autoscaler reads metrics: this Prometheus; unset, the operator's --prometheus-url, else it
     # scrapes the pods' /metrics directly.
     prometheus_url: str | None = Field(default=None, pattern="^https?://")
+    flip: FlipSpec = Field(default_factory=FlipSpec)
 
 
 class Transport(StrEnum):
@@ -247,6 +263,12 @@ class InferenceServiceSpec(_Spec):
     engine: EngineSpec = Field(default_factory=EngineSpec)
     security: SecuritySpec = Field(default_factory=SecuritySpec)
     gateway: GatewaySpec | None = None
+
+    @model_validator(mode="after")
+    def _flips_need_workers_that_flip(self) -> InferenceServiceSpec:
+        if self.autoscaling.flip.enabled and (not self.role_flip or self.mode != Mode.disaggregated):
+            raise ValueError(AUTOSCALING_FLIP_NEEDS_ROLE_FLIP)
+        return self
 
 
 class InferenceService(BaseModel):

@@ -35,6 +35,8 @@ class PolicyConfig:
     in_flight_timeout_s: float = 600.0  # give up waiting for a change that never lands (pods unschedulable)
     gpu_budget: int | None = None
     cold_start_s: float | None = None  # None: the profile's
+    flip_enabled: bool = False  # lend a warm worker of the pool with slack to a breaching pool (flip.py)
+    flip_s: float = 2.0  # a drained worker serves its new role this long after it was asked to flip
 
     @property
     def cold_start(self) -> float:
@@ -72,6 +74,8 @@ def policy_config(spec: InferenceServiceSpec, profile: Profile, cold_start_s: fl
         stale_after_s=max(a.window_seconds, 3 * a.interval_seconds),
         gpu_budget=a.gpu_budget,
         cold_start_s=cold_start_s,
+        flip_enabled=a.flip.enabled,
+        flip_s=a.flip.flip_seconds,
     )
 
 

@@ -1,7 +1,8 @@
 """The Kubernetes actuator: a pool's replicas from its pods, and a decision written to the pool's
 TandemPool (the one writer while autoscaling is on). Before a pool shrinks, each pod's
 `controller.kubernetes.io/pod-deletion-cost` is set from its running sequences, so the ReplicaSet
-removes the emptiest pod, which then drains (preStop) before it exits."""
+removes the emptiest pod, which then drains (preStop) before it exits. Pools count pods by the role they
+serve now, and a flip relabels pods (kube_flip.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tandem import names
+from tandem.operator.autoscale.flip import Flip
+from tandem.operator.autoscale.kube_flip import (
+    by_role,
+    flip_aware_costs,
+    flip_candidates,
+    home_of,
+    home_replicas,
+    patch_flip,
+)
 from tandem.operator.autoscale.types import Decision, Pool, Replicas
 from tandem.operator.kube import Kube
 
@@ -79,15 +89,16 @@ class KubeActuator:
         self.namespace, self.service = meta["namespace"], meta["name"]
         self.event = event or (lambda reason, message, type_: kube.event(owner, reason, message, type_))
         self.written: dict[Pool, int] = {}  # what the autoscaler last wrote per pool
-        self.pods: dict[Pool, list[Body]] = {}
+        self.pods: dict[Pool, list[Body]] = {}  # by the role each pod serves now
+        self.all_pods: list[Body] = []  # every pod of the pools, whatever its role
 
     def pool_name(self, pool: Pool) -> str:
         return f"{self.service}-{pool.value}"
 
     def refresh(self) -> None:
         pods = self.kube.list("Pod", self.namespace, f"{names.LABEL_SERVICE}={self.service}")
-        self.pods = {p: [x for x in pods if (x["metadata"].get("labels") or {}).get(names.LABEL_POOL) == p.value]
-                     for p in self.pools}  # fmt: skip
+        self.all_pods = [x for x in pods if home_of(x) in {p.value for p in self.pools}]
+        self.pods = by_role(self.all_pods, self.pools)
 
     def replicas(self) -> dict[Pool, Replicas]:
         self.refresh()
@@ -109,8 +120,8 @@ class KubeActuator:
 
     def mark_victims(self, pool: Pool) -> dict[str, int]:
         """Set every pod's deletion cost from its running sequences; returns the costs."""
-        pods = [p for p in self.pods.get(pool, []) if not p["metadata"].get("deletionTimestamp")]
-        costs = deletion_costs(self.running_by_pod(pods))
+        pods = [p for p in self.all_pods if home_of(p) == pool.value and not p["metadata"].get("deletionTimestamp")]
+        costs = flip_aware_costs(deletion_costs(self.running_by_pod(pods)), pods, pool)
         for pod in pods:
             name = pod["metadata"]["name"]
             if (pod["metadata"].get("annotations") or {}).get(DELETION_COST) != str(costs[name]):
@@ -120,8 +131,17 @@ class KubeActuator:
     def apply(self, decision: Decision) -> None:
         if decision.desired < decision.current:
             self.mark_victims(decision.pool)
+        replicas = home_replicas(decision.desired, decision.pool, self.all_pods)  # = desired without flips
         self.kube.merge_patch("TandemPool", self.namespace, self.pool_name(decision.pool),
-                              {"spec": {"replicas": decision.desired}})  # fmt: skip
-        self.written[decision.pool] = decision.desired
+                              {"spec": {"replicas": replicas}})  # fmt: skip
+        self.written[decision.pool] = replicas
         reason = "ScaledUp" if decision.desired > decision.current else "ScaledDown"
         self.event(reason, f"{decision.reason} [{decision.reason_code}]", "Normal")
+
+    def flip(self, flip: Flip) -> None:
+        """Relabel the pods to flip (the workers follow their role label); an Event names the flip."""
+        serving = self.pods.get(flip.source, [])
+        chosen = flip_candidates(serving, flip, self.running_by_pod(serving))
+        patch_flip(self.kube.merge_patch, self.namespace, chosen, flip.target, dt.datetime.now(dt.UTC).isoformat())
+        if chosen:
+            self.event(flip.reason_code, f"{flip.reason} ({', '.join(chosen)})", "Normal")

@@ -1,5 +1,6 @@
 """`tandem up` with `autoscaling.enabled`: the same policy as the operator, in a thread, against the local
-stack: metrics scraped from the processes' /metrics, pools resized by starting workers and draining them."""
+stack: metrics scraped from the processes' /metrics, pools resized by starting workers and draining them,
+and with `autoscaling.flip` warm workers flipped between the pools (SetRole)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 
 from tandem.operator.autoscale.config import policy_config
+from tandem.operator.autoscale.flip import Flip
 from tandem.operator.autoscale.loop import Autoscaler, Tick
 from tandem.operator.autoscale.sources.base import MetricSource, Target
 from tandem.operator.autoscale.sources.prometheus import PrometheusSource
@@ -24,6 +26,23 @@ log = logging.getLogger("tandem.up.autoscale")
 class LocalActuator:
     def __init__(self, pools: LocalPools, roles: tuple[Pool, ...]):
         self.pools, self.roles = pools, roles
+        self.homes: dict[str, str] = {}  # a worker flipped away from its first role -> that role
+
+    def flip(self, flip: Flip) -> None:
+        """SetRole on `flip.count` workers serving `flip.source` (it returns once each drained and switched):
+        workers going home first (a flip back), then the fewest running sequences."""
+        source, target = flip.source.value, flip.target.value
+        home = [p.name for p in self.pools.members(source) if self.homes.get(p.name) == target][: flip.count]
+        flipped = self.pools.flip_workers(home, target, flip.reason) if home else []
+        if len(flipped) < flip.count:
+            flipped += self.pools.flip(source, target, flip.count - len(flipped), flip.reason)
+        for p in flipped:
+            if self.homes.get(p.name) == target:
+                del self.homes[p.name]
+            else:
+                self.homes.setdefault(p.name, source)
+        if len(flipped) < flip.count:
+            log.warning("%s: %d of %d workers flipped", flip.reason_code, len(flipped), flip.count)
 
     def replicas(self) -> dict[Pool, Replicas]:
         return {pool: self.pools.replicas(pool.value) for pool in self.roles}
@@ -71,3 +90,5 @@ class LocalAutoscaleThread:
             if self.echo:
                 for d in tick.applied:
                     print(f"autoscaler: {d.reason} [{d.reason_code}]", flush=True)
+                for f in tick.flips:
+                    print(f"autoscaler: {f.reason} [{f.reason_code}]", flush=True)

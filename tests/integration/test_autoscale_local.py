@@ -57,3 +57,38 @@ def test_slo_breaches_grow_each_pool_and_idle_returns_both_to_min(tiny_model_dir
     assert set(ups) == {Pool.prefill, Pool.decode} and downs == {Pool.prefill, Pool.decode}, applied
     assert "TTFT" in ups[Pool.prefill].reason and "TPOT" in ups[Pool.decode].reason or ups[Pool.decode].reason_code == "RunningBatch", applied
     assert all(code == 0 for code in pools.exited.values()), pools.exited
+
+
+@pytest.mark.timeout(900)
+def test_a_tpot_breach_is_answered_by_flipping_a_spare_prefill_worker(tiny_model_dir, tmp_path: Path):
+    obj = spec("flipping", tiny_model_dir, prefill=2, decode=1, prefillChunkTokens=32)
+    obj["spec"]["roleFlip"] = True
+    obj["spec"]["prefill"].update(minReplicas=1, maxReplicas=2)
+    obj["spec"]["decode"].update(minReplicas=1, maxReplicas=2)
+    # a TPOT no CPU run meets, a TTFT every one does: decode breaches, prefill has a worker to spare
+    obj["spec"]["slo"] = {"ttftMs": 60000, "tpotMs": 1, "percentile": 90}
+    obj["spec"]["autoscaling"] = {"enabled": True, "intervalSeconds": 2, "windowSeconds": 8, "stabilizationSeconds": 600,
+                                  "scaleUpCooldownSeconds": 0, "flip": {"enabled": True, "flipSeconds": 2}}  # fmt: skip
+    svc = parse_object(obj)
+    base = free_port_block(8)
+    with serving(svc, tmp_path, port=base, worker_port=base + 2) as (stack, url):
+        pools = LocalPools(stack, svc, Path.cwd(), tmp_path / "workers.json")
+        loop = LocalAutoscaleThread(local_autoscaler(pools, svc, Path.cwd()), 2, echo=False).start()
+        try:
+            with StreamingLoad(url, clients=3) as load:
+                try:
+                    _wait("a prefill worker serving decode",
+                          lambda: any(p.name.startswith("prefill-") for p in pools.members("decode")), 300)  # fmt: skip
+                except AssertionError as e:
+                    last = [(d.reason_code, d.reason) for t in loop.ticks[-2:] for d in t.decisions.values()]
+                    raise AssertionError(f"{e}; the last decisions: {last}") from None
+                _wait("requests served after the flip", lambda: load.ok >= 10, 120)
+        finally:
+            loop.stop()
+            pools.close()
+    assert load.failures == [], f"{len(load.failures)} failed of {load.ok + len(load.failures)}: {load.failures[:5]}"
+    flips = [f for t in loop.ticks for f in t.flips]
+    assert flips and flips[0].reason_code == "FlippedToDecode", flips
+    assert flips[0].reason.startswith("FlippedToDecode: TPOT p90 ") and "prefill has " in flips[0].reason
+    ups = [d for t in loop.ticks for d in t.applied if d.pool == Pool.decode and d.desired > d.current]
+    assert ups, "decode's own new worker starts beside the flip"

@@ -113,3 +113,45 @@ def test_status_writes_built_on_a_stale_read_keep_the_other_writers_condition(co
     assert built_on == [[], ["SLOMet"]]  # refused once (409), then rebuilt on the fresh status
     final = {c["type"]: c["status"] for c in kube.get(KIND, ns, "writers")["status"]["conditions"]}
     assert final == {"Ready": "True", "SLOMet": "True"}
+
+
+def test_a_flip_relabels_a_pod_leaves_the_replicasets_alone_and_the_flipped_pod_goes_first(
+    control_plane, operator, namespace
+):
+    from tandem.operator.autoscale.flip import Flip
+    from tandem.operator.autoscale.kube_flip import FLIPPED_AT
+
+    cp, ns = control_plane, namespace
+    cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(_svc("flipper", decode=3)))
+    pods = wait_for(lambda: len(r := _ready(_pods(cp, ns, "flipper", "decode"))) == 3 and r, 120, "3 decode pods Ready")
+    wait_for(lambda: len(_ready(_pods(cp, ns, "flipper", "prefill"))) == 1, 120, "1 prefill pod Ready")
+    names_ = sorted(p["metadata"]["name"] for p in pods)
+    load = {names_[0]: 4.0, names_[1]: 1.0, names_[2]: 6.0}
+    kube = Kube(kube_config.new_client_from_config(str(cp.kubeconfig("admin"))))
+    owner = get_json(cp, "tsvc", "flipper", namespace=ns)
+    actuator = KubeActuator(kube, owner, (Pool.prefill, Pool.decode),
+                            lambda ps: {p["metadata"]["name"]: load.get(p["metadata"]["name"], 0.0) for p in ps})  # fmt: skip
+    actuator.refresh()
+    actuator.flip(Flip(Pool.decode, Pool.prefill, 1, "FlippedToPrefill: TTFT p90 7070 ms > 1000 ms SLO", "FlippedToPrefill"))
+    lent = get_json(cp, "pod", names_[1], namespace=ns)
+    assert lent["metadata"]["labels"][names.LABEL_ROLE] == "prefill"  # the emptiest decode pod
+    assert FLIPPED_AT in lent["metadata"]["annotations"]
+    counts = actuator.replicas()
+    assert (counts[Pool.prefill].ready, counts[Pool.decode].ready) == (2, 2)
+    # prefill 2->3 by role is one more prefill pod of its own; decode's ReplicaSet makes no pod for the lent one
+    actuator.apply(Decision(Pool.prefill, 2, 3, "prefill 2->3: test", "SLOBreach"))
+    assert get_json(cp, "tpool", "flipper-prefill", namespace=ns)["spec"]["replicas"] == 2
+    wait_for(lambda: len(_ready(_pods(cp, ns, "flipper", "prefill"))) == 2, 120, "prefill's own second pod Ready")
+    time.sleep(2)
+    assert sorted(p["metadata"]["name"] for p in _pods(cp, ns, "flipper", "decode")) == names_
+    # back home, then decode steps down: the pod the flip touched goes first, though not the emptiest now
+    actuator.refresh()
+    actuator.flip(Flip(Pool.prefill, Pool.decode, 1, "FlippedBack: test", "FlippedBack"))
+    assert get_json(cp, "pod", names_[1], namespace=ns)["metadata"]["labels"][names.LABEL_ROLE] == "decode"
+    load[names_[1]] = 5.0
+    actuator.refresh()
+    actuator.apply(Decision(Pool.decode, 3, 2, "decode 3->2: test", "ScaleDown"))
+    wait_for(lambda: {p["metadata"]["name"] for p in _ready(_pods(cp, ns, "flipper", "decode"))} == {names_[0], names_[2]},
+             120, f"{names_[1]} (flipped and back) removed first")  # fmt: skip
+    events = get_json(cp, "events", "--field-selector", "involvedObject.name=flipper", namespace=ns)["items"]
+    assert any(e["reason"] == "FlippedToPrefill" and names_[1] in e["message"] for e in events)

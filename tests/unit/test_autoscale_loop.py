@@ -24,6 +24,7 @@ def _spec(**autoscaling) -> InferenceServiceSpec:
         "prefill": {"replicas": 1, "minReplicas": 1, "maxReplicas": 4},
         "decode": {"replicas": 1, "minReplicas": 1, "maxReplicas": 4},
         "autoscaling": {"enabled": True, **autoscaling},
+        "roleFlip": "flip" in autoscaling,
     })  # fmt: skip
 
 
@@ -139,3 +140,35 @@ def test_deletion_costs_put_the_emptiest_pod_first_and_unknown_last():
     costs = deletion_costs({"a": 5, "b": 0, "c": 2, "d": None})
     assert costs == {"a": 5, "b": 0, "c": 2, "d": 6}
     assert min(costs, key=costs.__getitem__) == "b"
+
+
+class FlippingPools(Pools):
+    """Plain counts that can also change a worker's role at once."""
+
+    def __init__(self, counts: dict[Pool, int]):
+        super().__init__(counts)
+        self.flips: list = []
+
+    def flip(self, flip) -> None:
+        self.flips.append(flip)
+        self.counts[flip.source] -= flip.count
+        self.counts[flip.target] += flip.count
+
+
+def test_flips_reach_an_actuator_that_can_flip_and_no_other():
+    breach = Fixed({
+        Pool.prefill: {**LOAD, "ttft_ms": 5000, "queued_prompt_tokens": 20000},
+        Pool.decode: {**LOAD, "tpot_ms": 8, "running_sequences": 1, "kv_usage": 0.1},
+    })  # fmt: skip
+    spec = _spec(flip={"enabled": True})
+    target = Target("ns", "svc", (Pool.prefill, Pool.decode), 60, 90)
+    counts = {Pool.prefill: 1, Pool.decode: 3}
+    flipping = FlippingPools(counts)
+    tick = Autoscaler(target, breach, flipping, policy_config(spec, shipped_profile())).tick(1000.0)
+    assert [f.reason_code for f in tick.flips] == ["FlippedToPrefill"]
+    assert flipping.flips == list(tick.flips)
+    assert flipping.counts[Pool.decode] < 3  # a decode worker serves prefill now
+    assert [d.pool for d in tick.applied] == [Pool.prefill]  # and prefill's own pod starts too
+    plain = Pools(counts)
+    tick = Autoscaler(target, breach, plain, policy_config(spec, shipped_profile())).tick(1000.0)
+    assert tick.flips == () and plain.counts[Pool.decode] == 3

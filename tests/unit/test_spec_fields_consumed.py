@@ -66,6 +66,7 @@ CONTEXT: list[tuple[str, dict[str, Any]]] = [
     ("security.apiKeys.", {"security": {"apiKeys": {"secretName": "api-keys"}}}),
     # the live pool is scaled out of bounds in `observe`, so the switch shows as a clamp
     ("autoscaling.enabled", {}),
+    ("autoscaling.flip.", {"roleFlip": True}),  # the autoscaler flips only workers that can take both roles
     ("engine.speculative.draftModel.", {"engine": {"speculative": {"method": "draft"}}}),
     *((f"{pool}.podTemplate.volumeMounts", {pool: {"podTemplate": {"volumes": [{"name": "cache", "emptyDir": {}}]}}})
       for pool in ("router", "prefill", "decode")),

@@ -11,6 +11,7 @@
   tolerance and its missing-pods rule (pods not ready count at 0% of the target going up, 100% going down), scale-up limit (double or +4 per 15 s) and 300 s scale-down stabilisation (the largest
   recommendation of the window). Metrics: prefill busy share (target 70%), decode batch per replica
   over the largest batch that meets the TPOT SLO (target 70%).
+- `tandem-flips`: tandem's policy with role flips on (a breaching pool borrows warm workers of the other).
 - `static-peak` / `static-mean`: fixed pools sized by tandem's capacity model for the trace's peak
   minute or its mean rate.
 """
@@ -29,8 +30,9 @@ from tandem.operator.autoscale.capacity import (
     prefill_need,
 )
 from tandem.operator.autoscale.config import PolicyConfig, PoolLimits
+from tandem.operator.autoscale.flip import FlipState, decide_with_flips
 from tandem.operator.autoscale.policy import PolicyState, decide
-from tandem.operator.autoscale.sim.simulator import Controller, Snapshot
+from tandem.operator.autoscale.sim.simulator import Control, Controller, Snapshot
 from tandem.operator.autoscale.types import Pool
 from tandem.profile import Profile
 from tandem.slo import Slo
@@ -44,12 +46,26 @@ def _clamp(n: int, limits: PoolLimits) -> int:
 
 
 def tandem_controller(config: PolicyConfig) -> Controller:
+    if config.flip_enabled:
+        return _flipping_controller(config)
     state = PolicyState()
 
     def control(snap: Snapshot) -> dict[Pool, int]:
         nonlocal state
         decisions, state = decide(snap.observations, state, config, snap.at_s)
         return {pool: d.desired for pool, d in decisions.items()}
+
+    return control
+
+
+def _flipping_controller(config: PolicyConfig) -> Controller:
+    """tandem's policy with role flips (operator/autoscale/flip.py): counts by role, then the flips."""
+    state = FlipState()
+
+    def control(snap: Snapshot) -> Control:
+        nonlocal state
+        decisions, flips, state = decide_with_flips(snap.observations, state, config, snap.at_s)
+        return Control({pool: d.desired for pool, d in decisions.items()}, tuple((f.source, f.target, f.count) for f in flips))
 
     return control
 

@@ -25,6 +25,7 @@ COLUMNS = (
     ("tpot_p90_ms", "TPOT p90 ms", "{:.1f}"),
     ("scaling_actions", "actions", "{}"),
     ("reversals_per_hour", "reversals/h", "{:.1f}"),
+    ("flips_per_hour", "flips/h", "{:.1f}"),
     ("goodput_per_gpu_hour", "good req/GPU-h", "{:.0f}"),
     ("failed", "failed", "{}"),
 )
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stabilization-s", type=float, default=180.0)
     p.add_argument("--scale-down-cooldown-s", type=float, default=120.0)
     p.add_argument("--cold-start-s", type=float, default=None, help="default: the profile's")
+    p.add_argument("--flip-s", type=float, default=2.0, help="tandem-flips: a drained worker serves its new role after this")
     p.add_argument("--json", action="store_true", help="one JSON object per policy")
     p.add_argument("--plot", help="draw replicas and latency against the SLO over time to this PNG")
     return p
@@ -87,6 +89,7 @@ def scenario(args: argparse.Namespace) -> Scenario:
         stabilization_s=args.stabilization_s,
         scale_down_cooldown_s=args.scale_down_cooldown_s,
         cold_start_s=args.cold_start_s,
+        flip_s=args.flip_s,
     )
 
 

@@ -14,14 +14,15 @@ from tandem.operator.autoscale.sim.baselines import (
     static_sizes,
     tandem_controller,
 )
+from tandem.operator.autoscale.sim.flipping import simulate_with_flips
 from tandem.operator.autoscale.sim.metrics import percentile
-from tandem.operator.autoscale.sim.simulator import Controller, SimConfig, SimResult, simulate
+from tandem.operator.autoscale.sim.simulator import Controller, SimConfig, SimResult
 from tandem.operator.autoscale.types import Pool
 from tandem.profile import Profile
 from tandem.slo import Slo
 from tandem.trace import TraceRequest
 
-POLICIES = ("tandem", "dynamo", "hpa", "static-peak", "static-mean")
+POLICIES = ("tandem", "tandem-flips", "dynamo", "hpa", "static-peak", "static-mean")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class Scenario:
     scale_down_cooldown_s: float = 120.0
     margin: float = 0.8
     cold_start_s: float | None = None
+    flip_s: float = 2.0  # tandem-flips: a drained worker serves its new role this long after the flip
 
 
 def warm_start(trace: list[TraceRequest], sc: Scenario, first_s: float = 300.0) -> dict[Pool, int]:
@@ -48,13 +50,14 @@ def build(policy: str, trace: list[TraceRequest], sc: Scenario) -> tuple[Control
     base = SimConfig(
         profile=sc.profile, interval_s=sc.interval_s, window_s=sc.window_s, cold_start_s=sc.cold_start_s,
         scrape_s=sc.scrape_s, percentile=sc.slo.percentile,
-        initial=warm_start(trace, sc),
+        initial=warm_start(trace, sc), flip_s=sc.flip_s,
     )
-    if policy == "tandem":
+    if policy in ("tandem", "tandem-flips"):
         config = PolicyConfig(
             slo=sc.slo, profile=sc.profile, limits=sc.limits, interval_s=sc.interval_s,
             stabilization_s=sc.stabilization_s, scale_down_cooldown_s=sc.scale_down_cooldown_s,
             margin=sc.margin, stale_after_s=3 * sc.interval_s, cold_start_s=sc.cold_start_s,
+            flip_enabled=policy == "tandem-flips", flip_s=sc.flip_s,
         )
         return tandem_controller(config), base
     if policy == "dynamo":
@@ -69,7 +72,7 @@ def build(policy: str, trace: list[TraceRequest], sc: Scenario) -> tuple[Control
 
 def run(policy: str, trace: list[TraceRequest], sc: Scenario) -> tuple[SimResult, dict[str, Any]]:
     controller, config = build(policy, trace, sc)
-    result = simulate(trace, config, controller)
+    result = simulate_with_flips(trace, config, controller)
     return result, summarise(policy, result, sc.slo)
 
 
@@ -111,6 +114,8 @@ def summarise(policy: str, result: SimResult, slo: Slo) -> dict[str, Any]:
         "ttft_p90_ms": round(percentile(ttfts, 90), 1) if ttfts else None,
         "tpot_p90_ms": round(percentile(tpots, 90), 2) if tpots else None,
         "scaling_actions": sum(len(a) for a in result.actions.values()),
+        "flips": sum(n for *_, n in result.flips),
+        "flips_per_hour": round(sum(n for *_, n in result.flips) / hours, 2) if hours else 0.0,
         "reversals_per_hour": round(max(per_pool_reversals.values(), default=0.0), 2),
         "reversals_per_hour_by_pool": {k: round(v, 2) for k, v in per_pool_reversals.items()},
         "goodput_per_gpu_hour": round(good / gpu_hours, 1) if gpu_hours else None,

@@ -64,6 +64,9 @@ class Replica:
     segment_start_s: float = 0.0
     step_s: float = 0.0
     version: int = 0
+    # role flips (sim/flipping.py): the role it drains toward, and whether it ever served a role not its own
+    flip_to: Pool | None = None
+    flipped: bool = False
 
     def ready(self, now_s: float) -> bool:
         return self.gone_s is None and not self.draining and self.ready_at_s <= now_s
@@ -82,6 +85,7 @@ class SimConfig:
     percentile: float = 90.0
     drain: bool = True  # False: scale-down drops in-flight requests (a policy that does not drain)
     gpus_per_replica: int = 1
+    flip_s: float = 2.0  # a drained worker serves its new role this long after it was asked to flip
     initial: dict[Pool, int] = field(default_factory=lambda: {Pool.prefill: 1, Pool.decode: 1})
 
     @property
@@ -101,8 +105,16 @@ class Snapshot:
     decode_context_mean: float
 
 
-# A policy: snapshot -> desired replicas per pool (pools it leaves out keep their count).
-Controller = Callable[[Snapshot], dict[Pool, int]]
+@dataclass(frozen=True)
+class Control:
+    """A policy's answer with role flips: desired replicas per pool (by role), then (source, target, workers)."""
+
+    replicas: dict[Pool, int]
+    flips: tuple[tuple[Pool, Pool, int], ...] = ()
+
+
+# A policy: snapshot -> desired replicas per pool (pools it leaves out keep their count), or a Control.
+Controller = Callable[[Snapshot], "dict[Pool, int] | Control"]
 
 
 @dataclass
@@ -113,6 +125,7 @@ class SimResult:
     timeline: list[tuple[float, int, int]]  # (t, prefill replicas billed, decode replicas billed)
     latency_timeline: list[tuple[float, float | None, float | None]]  # (t, ttft at p, tpot at p) per tick
     actions: dict[Pool, list[tuple[float, int, int]]]  # (t, from, to) per applied change
+    flips: list[tuple[float, Pool, Pool, int]] = field(default_factory=list)  # (t, source, target, workers)
 
 
 class Simulation:
@@ -129,6 +142,7 @@ class Simulation:
         self.timeline: list[tuple[float, int, int]] = []
         self.latency_timeline: list[tuple[float, float | None, float | None]] = []
         self.actions: dict[Pool, list[tuple[float, int, int]]] = {Pool.prefill: [], Pool.decode: []}
+        self.flips: list[tuple[float, Pool, Pool, int]] = []
         self.exposition = Exposition(config.window_s)
         self._pending_prefill: deque[Request] = deque()  # arrived while no prefill replica was ready
         self._pending_decode: deque[Request] = deque()
@@ -157,7 +171,9 @@ class Simulation:
             self.now = at_s
             getattr(self, "_on_" + kind)(payload)
         self._bill(self.now)
-        return SimResult(self.requests, self.now, self.gpu_seconds, self.timeline, self.latency_timeline, self.actions)
+        return SimResult(
+            self.requests, self.now, self.gpu_seconds, self.timeline, self.latency_timeline, self.actions, self.flips
+        )
 
     def _all_done(self) -> bool:
         return all(r.finish_s is not None or r.failed for r in self.requests)
@@ -184,7 +200,7 @@ class Simulation:
 
     def _scale(self, pool: Pool, desired: int) -> None:
         live = [r for r in self._billed(pool) if not r.draining]
-        current = len(live)
+        current = len(live) + self._incoming(pool)
         desired = max(desired, 0)
         if desired == current:
             return
@@ -193,8 +209,9 @@ class Simulation:
             for _ in range(desired - current):
                 self._add_replica(pool, self.now + self.cfg.cold_start)
             return
-        # Remove the ones still starting first, then the ready ones with the least work.
-        order = sorted(live, key=lambda r: (r.ready_at_s <= self.now, self._work(r)))
+        # Remove the ones still starting first, then one that flipped roles (its pod's deletion cost says so),
+        # then the ready ones with the least work.
+        order = sorted(live, key=lambda r: (r.ready_at_s <= self.now, not r.flipped, self._work(r)))
         for rep in order[: current - desired]:
             if rep.ready_at_s > self.now or (self.cfg.drain and rep.idle()):
                 rep.gone_s = self.now
@@ -219,7 +236,14 @@ class Simulation:
 
     def _retire_if_drained(self, rep: Replica) -> None:
         if rep.draining and rep.idle() and rep.gone_s is None:
-            rep.gone_s = self.now
+            self._drained(rep)
+
+    def _drained(self, rep: Replica) -> None:
+        rep.gone_s = self.now
+
+    def _incoming(self, pool: Pool) -> int:
+        """Workers on their way to this role from the other (none without flips)."""
+        return 0
 
     # --- prefill -------------------------------------------------------------------------------------
     def _on_arrive(self, req: Request) -> None:
@@ -364,10 +388,17 @@ class Simulation:
         self.latency_timeline.append(
             (self.now, snap.observations[Pool.prefill].ttft_ms, snap.observations[Pool.decode].tpot_ms)
         )
-        for pool, desired in self.controller(snap).items():
-            self._scale(pool, desired)
+        self._act(self.controller(snap))
         self.timeline.append((self.now, len(self._billed(Pool.prefill)), len(self._billed(Pool.decode))))
         self._push(self.now + self.cfg.interval_s, "tick", None)
+
+    def _act(self, out: dict[Pool, int] | Control) -> None:
+        if isinstance(out, Control):
+            if out.flips:
+                raise ValueError("this simulation does not flip roles: use sim/flipping.py")
+            out = out.replicas
+        for pool, desired in out.items():
+            self._scale(pool, desired)
 
     def _on_scrape(self, _: object) -> None:
         """Prometheus scrapes the router and every worker process that is up (starting ones are not yet)."""
@@ -433,8 +464,8 @@ class Simulation:
         live = self._billed(pool)
         return Replicas(
             ready=sum(1 for r in live if r.ready(self.now)),
-            starting=sum(1 for r in live if not r.draining and r.ready_at_s > self.now),
-            draining=sum(1 for r in live if r.draining),
+            starting=sum(1 for r in live if not r.draining and r.ready_at_s > self.now) + self._incoming(pool),
+            draining=sum(1 for r in live if r.draining and r.flip_to is None),
         )
 
 
