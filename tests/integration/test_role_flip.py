@@ -1,11 +1,14 @@
 """Warm workers change role on a running `tandem up` stack, over real gRPC sockets with mutual TLS: under a
 steady stream of requests a prefill worker becomes a decode worker and the decode worker a prefill worker
 (so KV now flows the other way between the two processes), then both go back, and not one request fails.
-SetRole from an identity that is not the operator's (or the worker's own pod) is refused."""
+SetRole from an identity that is not the operator's (or the worker's own pod) is refused, and a worker
+that follows a pod's role label file takes the role it names."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,7 +22,7 @@ from tandem.operator.local.flip import dial_worker
 from tandem.operator.local.scale import LocalPools
 from tandem.operator.local.up import free_port_block, serving
 from tandem.spec import parse_object
-from tandem.v1 import common_pb2, lifecycle_pb2, lifecycle_pb2_grpc
+from tandem.v1 import common_pb2, decode_pb2_grpc, lifecycle_pb2, lifecycle_pb2_grpc
 from tandem.worker.serve import flip_cli
 from tests.integration.stacks import load, spec
 from tests.integration.test_drain_scaling import StreamingLoad
@@ -106,3 +109,36 @@ def test_a_worker_whose_certificate_names_one_role_refuses_to_flip(tiny_model_di
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "certificate does not name" in (err.value.details() or "")
         assert load(p).role == common_pb2.WORKER_ROLE_PREFILL
+
+
+@pytest.mark.timeout(300)
+def test_a_pod_takes_the_role_its_label_file_names_at_start_and_whenever_it_changes(tiny_model_dir, tmp_path: Path):
+    """What a Kubernetes pod does with spec.roleFlip: the kubelet writes its labels to a downward-API file,
+    and the worker (a real process, its own flippable certificate) takes the role the label names: at start
+    (a pod flipped before it restarted) and when the operator moves the label."""
+    from tandem.operator.certs import write_local
+
+    certs = write_local(tmp_path / "tls", "pod", ("prefill", "decode", "router"), flippable=True)
+    labels = tmp_path / "labels"
+    labels.write_text(f'{names.LABEL_POOL}="prefill"\n{names.LABEL_ROLE}="decode"\n')  # flipped before a restart
+    port = free_port_block(2)
+    argv = [sys.executable, "-m", "tandem", "worker", "--role", "prefill", "--model-dir", str(tiny_model_dir),
+            "--service", "pod", "--host", "127.0.0.1", "--port", str(port), "--num-kv-blocks", "64", "--threads", "1",
+            "--tls-dir", str(certs / "prefill"), "--role-file", str(labels)]  # fmt: skip
+    log = tmp_path / "worker.log"
+    proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    try:
+        _until(lambda: "READY" in log.read_text(errors="replace") or proc.poll() is not None, 120, "worker READY")
+        assert proc.poll() is None, log.read_text()
+
+        def role() -> int:
+            with dial_worker(f"127.0.0.1:{port}", "decode", "pod", certs) as chan:  # the operator's identity
+                return decode_pb2_grpc.DecodeServiceStub(chan).Load(common_pb2.LoadRequest(), timeout=5).role
+
+        assert role() == common_pb2.WORKER_ROLE_DECODE  # its label's role, not its command line's
+        labels.write_text(f'{names.LABEL_POOL}="prefill"\n{names.LABEL_ROLE}="prefill"\n')  # the operator flips it back
+        _until(lambda: role() == common_pb2.WORKER_ROLE_PREFILL, 30, "the worker follows its label")
+        assert f"{names.LABEL_ROLE} label" in log.read_text()
+    finally:
+        proc.kill()
+        proc.wait()
