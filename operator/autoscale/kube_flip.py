@@ -1,4 +1,5 @@
-"""Role flips on Kubernetes: a pod's current role is its `serving.tandem.dev/role` label, which the operator
+"""Role flips on Kubernetes, as the autoscaler's actuator does them (operator/flip.py has the operator's
+own, for `tandem flip`): a pod's current role is its `serving.tandem.dev/role` label, which the operator
 sets and the worker follows (SetRole, through the downward-API labels file). Deployments select on the pool
 label only, so their ReplicaSets never see a flip. Pools count pods by current role; a decision resizes the
 home Deployment by what the role's count should become; a pod that flipped is annotated, so a later step
@@ -12,22 +13,19 @@ from typing import Any
 from tandem import names
 from tandem.operator.autoscale.flip import Flip
 from tandem.operator.autoscale.types import Pool
+from tandem.operator.flip import current_role
 
 FLIPPED_AT = "serving.tandem.dev/flipped-at"
 Body = dict[str, Any]
 
 
-def _labels(pod: Body) -> dict[str, str]:
-    return (pod.get("metadata") or {}).get("labels") or {}
-
-
 def home_of(pod: Body) -> str:
-    return _labels(pod).get(names.LABEL_POOL, "")
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(names.LABEL_POOL, "")
 
 
 def role_of(pod: Body) -> str:
-    """The role a pod serves now: its role label, else its pool's."""
-    return _labels(pod).get(names.LABEL_ROLE) or home_of(pod)
+    """The role a pod serves now: its role label, else its pool's (operator/flip.py)."""
+    return current_role(pod) or ""
 
 
 def _live(pods: list[Body]) -> list[Body]:
@@ -49,7 +47,7 @@ def home_replicas(desired: int, pool: Pool, pods: list[Body]) -> int:
 
 def flip_candidates(pods: list[Body], flip: Flip, running: Mapping[str, float | None]) -> list[str]:
     """The pods to flip: serving `flip.source` and answering; going home first (a flip back), then the
-    fewest running sequences."""
+    fewest running sequences (the shortest drain, which the flip's cost counted)."""
     serving = [p for p in _live(pods) if role_of(p) == flip.source.value and running.get(p["metadata"]["name"]) is not None]
     serving.sort(key=lambda p: (home_of(p) != flip.target.value, running[p["metadata"]["name"]] or 0.0, p["metadata"]["name"]))
     return [p["metadata"]["name"] for p in serving[: flip.count]]
