@@ -13,7 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("tandem.worker.devtools.generate", "one-shot completion through the engine"),
     "worker": ("tandem.worker.serve.main", "run a prefill, decode or colocated gRPC worker"),
     "drain": ("tandem.worker.serve.drain_cli", "tell a worker to drain and wait until it holds nothing"),
-    "flip": ("tandem.worker.serve.flip_cli", "move warm workers between the prefill and decode pools (SetRole)"),
+    "flip": ("tandem.flip_cli", "move warm workers between the prefill and decode pools (SetRole)"),
     "router": ("tandem.worker.router.main", "run the OpenAI-compatible router"),
     "up": ("tandem.operator.local.up", "run an InferenceService spec as local processes"),
     "bench": ("tandem.loadgen.cli", "load generator for any OpenAI-compatible endpoint"),

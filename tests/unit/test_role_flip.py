@@ -215,7 +215,7 @@ def test_the_local_flip_picks_the_least_busy_answering_workers_and_lists_them_un
 
 
 def test_flip_cli_refuses_a_spec_without_its_run_directory(capsys):
-    from tandem.worker.serve import flip_cli
+    from tandem import flip_cli
 
     with pytest.raises(SystemExit):
         flip_cli.main(["--to", "decode", "-f", "spec.yaml"])
