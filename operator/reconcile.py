@@ -20,6 +20,7 @@ from tandem.operator.drift import is_subset, needs_apply
 from tandem.operator.flip import role_counts
 from tandem.operator.kube import ApiError, Kube
 from tandem.operator.manifest import selector_string, with_hash
+from tandem.operator.model_cache import process_model_cache
 from tandem.operator.pod_health import pod_problems
 from tandem.operator.pod_tls import TLS_ROLES, tls_secret
 from tandem.operator.pools import clamp_message, desired_pool_replicas
@@ -272,7 +273,7 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
     keep: set[tuple[str, str]] = set()
     live_children: dict[tuple[str, str], dict[str, Any] | None] = {}
     stale: list[dict[str, Any]] = []
-    for manifest in render.children(spec, name, namespace, uid, replicas):
+    for manifest in render.children(spec, name, namespace, uid, replicas, process_model_cache()):
         manifest = with_hash(manifest)
         key = (manifest["kind"], manifest["metadata"]["name"])
         keep.add(key)
