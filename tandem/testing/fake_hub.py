@@ -15,6 +15,7 @@ from urllib.parse import unquote, urlsplit
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 _INFO = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/revision/(?P<rev>[^/]+)$")
+_TREE = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/tree/(?P<rev>[^/]+)$")
 _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$")
 
 
@@ -94,6 +95,13 @@ class FakeHub:
             info = {"id": m["repo"], "modelId": m["repo"], "sha": COMMIT, "private": False,
                     "siblings": [_sibling(name, data) for name, data in sorted(files.items())]}
             return _send(req, 200, json.dumps(info).encode(), {"Content-Type": "application/json"}, head)
+        if m := _TREE.match(path):  # what snapshot_download lists (the whole repository, in one page)
+            self.api_calls[path] += 1
+            files = self.repos.get(m["repo"])
+            if files is None or m["rev"] not in ("main", COMMIT):
+                return _send(req, 404, b'{"error": "Repository not found"}', {"X-Error-Code": "RepoNotFound"}, head)
+            tree = [_tree_entry(name, data) for name, data in sorted(files.items())]
+            return _send(req, 200, json.dumps(tree).encode(), {"Content-Type": "application/json"}, head)
         if m := _RESOLVE.match(path):
             data = (self.repos.get(m["repo"]) or {}).get(m["file"])
             if data is None or m["rev"] not in ("main", COMMIT):
@@ -149,6 +157,13 @@ def _sibling(name: str, data: bytes) -> dict[str, object]:
     out: dict[str, object] = {"rfilename": name, "size": len(data), "blobId": hashlib.sha1(data).hexdigest()}
     if name.endswith((".safetensors", ".bin", ".pt", ".msgpack", ".h5")):
         out["lfs"] = {"size": len(data), "sha256": _etag(data), "pointerSize": 134}
+    return out
+
+
+def _tree_entry(name: str, data: bytes) -> dict[str, object]:
+    out: dict[str, object] = {"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+    if name.endswith((".safetensors", ".bin", ".pt", ".msgpack", ".h5")):
+        out["lfs"] = {"size": len(data), "oid": _etag(data), "pointerSize": 134}
     return out
 
 
