@@ -11,8 +11,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3 python3
  && rm -rf /var/lib/apt/lists/* \
  && python3 -m venv /opt/tandem
 ENV PATH=/opt/tandem/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/tmp
-# torch built for this CUDA first (the project's own range), then the project and its dependencies;
-# huggingface-cli is what the operator's model-download init container runs.
+# torch built for this CUDA first (the project's own range), then the project and its dependencies
+# (huggingface_hub among them: `tandem fetch-model` is the operator's model-download init container).
 RUN pip install --no-cache-dir --index-url "$TORCH_INDEX" "torch>=2.9,<3"
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -20,7 +20,7 @@ COPY tandem/ tandem/
 COPY operator/ operator/
 COPY worker/ worker/
 COPY protos/ protos/
-RUN pip install --no-cache-dir . "huggingface_hub[cli]>=0.25,<1" && rm -rf /src
+RUN pip install --no-cache-dir . && rm -rf /src
 WORKDIR /
 # uid/gid 1000: what the operator's rendered pods run as (runAsNonRoot, read-only root filesystem); the
 # CUDA base's own uid-1000 user makes way for it.

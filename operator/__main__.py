@@ -67,12 +67,18 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TANDEM_PROMETHEUS_URL"] = args.prometheus_url  # read by the autoscaler at startup
     if args.metrics_port:
         os.environ["TANDEM_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
+    from tandem.operator.model_cache import process_model_cache
     from tandem.operator.security_defaults import ENV, process_defaults
 
     try:
         process_defaults()  # a bad chart value stops the operator here, not at the first reconcile
     except ValueError as e:
         print(f"tandem operator: {ENV}: {e}", file=sys.stderr)
+        return 2
+    try:
+        process_model_cache()
+    except ValueError as e:
+        print(f"tandem operator: {e}", file=sys.stderr)
         return 2
 
     import kopf

@@ -20,11 +20,13 @@ from tandem.operator.drift import is_subset, needs_apply
 from tandem.operator.flip import role_counts
 from tandem.operator.kube import ApiError, Kube
 from tandem.operator.manifest import selector_string, with_hash
+from tandem.operator.model_cache import process_model_cache
 from tandem.operator.pod_health import pod_problems
 from tandem.operator.pod_tls import TLS_ROLES, tls_secret
 from tandem.operator.pools import clamp_message, desired_pool_replicas
 from tandem.operator.preflight import Facts, Findings, NodeGpus, check, claims_needed, node_gpus
 from tandem.operator.security_defaults import process_defaults, with_defaults
+from tandem.operator.start_status import with_pod_starts
 from tandem.operator.status import inference_pool_status, rebase, rolled_out, same_status, service_status
 from tandem.spec import KIND, InferenceServiceSpec, Mode
 
@@ -207,6 +209,12 @@ def reconcile(kube: Kube, namespace: str, name: str, cache: ObjectCache | None =
     return out
 
 
+def _ready_changed(dep: dict[str, Any] | None, previous: dict[str, Any], pool: str) -> bool:
+    """The Deployment's ready pods differ from what status last said: a pod started (or left)."""
+    ready = ((dep or {}).get("status") or {}).get("readyReplicas", 0)
+    return ready != ((previous.get("pools") or {}).get(pool) or {}).get("readyReplicas", 0)
+
+
 def _settled(previous: dict[str, Any], generation: int) -> bool:
     """Ready at this generation: its pods run, so there is nothing to check before they can."""
     ready: dict[str, Any] = next((c for c in previous.get("conditions") or [] if c.get("type") == "Ready"), {})
@@ -272,7 +280,7 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
     keep: set[tuple[str, str]] = set()
     live_children: dict[tuple[str, str], dict[str, Any] | None] = {}
     stale: list[dict[str, Any]] = []
-    for manifest in render.children(spec, name, namespace, uid, replicas):
+    for manifest in render.children(spec, name, namespace, uid, replicas, process_model_cache()):
         manifest = with_hash(manifest)
         key = (manifest["kind"], manifest["metadata"]["name"])
         keep.add(key)
@@ -314,10 +322,13 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
             out.writes.append(f"status TandemPool/{live_pool['metadata']['name']}")
 
     desired = {**replicas, names.POOL_ROUTER: spec.router.replicas}
-    # Only a pool that is not rolled out costs a pod read: steady state reads no pods.
+    # Only a pool that is not rolled out, or whose ready pods changed, costs a pod read: steady state reads none.
     stuck = [p for p in desired if deployments.get(p) is not None and not rolled_out(deployments.get(p), desired[p])]
-    pods = _APPLY_POOL.map(lambda p: kube.list("Pod", namespace, selector_string(name, p)), stuck)
-    problems = {p: pod_problems(found) for p, found in zip(stuck, pods, strict=True)}
+    read = [p for p in desired if p in stuck or (deployments.get(p) is not None and _ready_changed(
+        deployments.get(p), previous, p))]
+    pods = dict(zip(read, _APPLY_POOL.map(lambda p: kube.list("Pod", namespace, selector_string(name, p)), read),
+                    strict=True))
+    problems = {p: pod_problems(pods[p]) for p in stuck}
     if stuck and not any(problems.values()):
         out.recheck_after = POD_RECHECK_SECONDS  # pods may yet turn unschedulable or fail to pull
     for pool, found in findings.pools.items():  # the cause first, then what the scheduler says of it
@@ -325,8 +336,10 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
     serving = None
     if spec.role_flip and spec.mode is Mode.disaggregated:  # flipped pods count where they serve now
         serving = role_counts(kube.list("Pod", namespace, f"{names.LABEL_SERVICE}={name}"))
-    status = service_status(generation, deployments, desired, previous, endpoint, _now(), pod_problems=problems,
+    now = _now()
+    status = service_status(generation, deployments, desired, previous, endpoint, now, pod_problems=problems,
                             tls=spec.security.tls.enabled, serving=serving)
+    status = with_pod_starts(status, previous, pods, spec.model.source.hugging_face is not None, generation, now)
     conditions = {c["type"]: c for c in status["conditions"]}
     out.ready = conditions["Ready"]["status"] == "True"
     if not same_status(status, previous):

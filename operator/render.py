@@ -27,6 +27,7 @@ from tandem.operator.manifest import (
     object_metadata,
     selector,
 )
+from tandem.operator.model_cache import ModelCache
 from tandem.operator.model_source import model_init_containers, model_path, model_volumes
 from tandem.operator.network_policy import network_policy
 from tandem.operator.pod_overlay import apply_overlay
@@ -154,9 +155,9 @@ def _deployment(name: str, namespace: str, service: str, uid: str, pool: str, re
 
 
 def worker_deployment(spec: InferenceServiceSpec, service: str, namespace: str, uid: str,
-                      pool: str, replicas: int) -> Manifest:
+                      pool: str, replicas: int, model_cache: ModelCache | None = None) -> Manifest:
     ps = pool_spec(spec, pool)
-    mounts, volumes = model_volumes(spec)
+    mounts, volumes = model_volumes(spec, model_cache, namespace)
     tls_mounts, tls_vols = tls_volumes(spec, service, pool)
     role_mounts, role_vols = role_label_volumes(spec, pool)
     mounts, volumes = mounts + tls_mounts + role_mounts, volumes + tls_vols + role_vols
@@ -179,10 +180,11 @@ def worker_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
     return _deployment(child_name(service, pool), namespace, service, uid, pool, replicas, template)
 
 
-def router_deployment(spec: InferenceServiceSpec, service: str, namespace: str, uid: str) -> Manifest:
+def router_deployment(spec: InferenceServiceSpec, service: str, namespace: str, uid: str,
+                      model_cache: ModelCache | None = None) -> Manifest:
     pool = names.POOL_ROUTER
     r = spec.router
-    mounts, volumes = model_volumes(spec)  # the router reads the tokenizer
+    mounts, volumes = model_volumes(spec, model_cache, namespace)  # the router reads the tokenizer
     tls_mounts, tls_vols = tls_volumes(spec, service, pool)
     role_mounts, role_vols = role_label_volumes(spec, pool)
     mounts, volumes = mounts + tls_mounts + role_mounts, volumes + tls_vols + role_vols
@@ -200,8 +202,8 @@ def router_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
         **({"volumeMounts": mounts} if mounts else {}),
         **router_probes(),
     }
-    template = apply_overlay(_pod_template(service, pool, container, volumes, model_init_containers(spec), {}, [],
-                                           None), r.pod_template)
+    template = apply_overlay(_pod_template(service, pool, container, volumes, model_init_containers(spec, "tokenizer"),
+                                           {}, [], None), r.pod_template)
     return _deployment(child_name(service, pool), namespace, service, uid, pool, r.replicas, template)
 
 
@@ -260,14 +262,14 @@ def inference_pool(service: str, namespace: str, uid: str, pool: str, replicas: 
 
 
 def children(spec: InferenceServiceSpec, service: str, namespace: str, uid: str,
-             pool_replicas: dict[str, int]) -> list[Manifest]:
+             pool_replicas: dict[str, int], model_cache: ModelCache | None = None) -> list[Manifest]:
     """Every child but the TandemPools, in apply order. pool_replicas: pool -> desired workers."""
     out: list[Manifest] = []
     for pool in worker_pools(spec):
-        out.append(worker_deployment(spec, service, namespace, uid, pool, pool_replicas[pool]))
+        out.append(worker_deployment(spec, service, namespace, uid, pool, pool_replicas[pool], model_cache))
         out.append(worker_service(service, namespace, uid, pool, by_role=follows_label(spec, pool)))
         out.append(pod_disruption_budget(service, namespace, uid, pool))
-    out.append(router_deployment(spec, service, namespace, uid))
+    out.append(router_deployment(spec, service, namespace, uid, model_cache))
     out.append(router_service(service, namespace, uid))
     if spec.security.network_policy.enabled:
         out += [network_policy(spec, service, namespace, uid, p) for p in [*worker_pools(spec), names.POOL_ROUTER]]

@@ -146,7 +146,7 @@ def encrypted_condition(tls: bool) -> tuple[bool, str, str]:
                              "any pod that reaches a worker port can call it")
 
 
-OWN_CONDITIONS = ("Ready", "Progressing", "Degraded", "Encrypted")  # the reconciler's; SLOMet is the autoscaler's
+OWN_CONDITIONS = ("Ready", "Progressing", "Degraded", "Encrypted", "ModelCached")  # the reconciler's; SLOMet is the autoscaler's
 
 
 def rebase(status: Body, previous: Body) -> Body:

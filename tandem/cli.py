@@ -11,6 +11,7 @@ from tandem.lifecycle import honour_parent_death
 COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("tandem.worker.devtools.model_cli", "model tools (create-tiny)"),
     "generate": ("tandem.worker.devtools.generate", "one-shot completion through the engine"),
+    "fetch-model": ("tandem.worker.hf.fetch", "download a Hugging Face model once into a folder pods share"),
     "worker": ("tandem.worker.serve.main", "run a prefill, decode or colocated gRPC worker"),
     "drain": ("tandem.worker.serve.drain_cli", "tell a worker to drain and wait until it holds nothing"),
     "flip": ("tandem.flip_cli", "move warm workers between the prefill and decode pools (SetRole)"),

@@ -20,6 +20,7 @@ import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tandem import names
+from tandem.operator.autoscale.cold_start import learn, observed
 from tandem.operator.autoscale.config import policy_config
 from tandem.operator.autoscale.kube_actuator import KubeActuator
 from tandem.operator.autoscale.loop import Autoscaler
@@ -162,7 +163,9 @@ class KubeAutoscalers:
                              f"{pool.value} replicas set to {replicas} by hand; autoscaling is on, its next decision wins",
                              "Warning")  # fmt: skip
             m.actuator.written.pop(pool, None)
-        cold = m.actuator.cold_start_s() if m.actuator.pods else None
+        seen = observed(obj.get("status") or {}, [p.value for p in m.actuator.pools],
+                        [pod for pods in m.actuator.pods.values() for pod in pods])
+        cold = learn(seen).expected_s()  # a cache hit's and a miss's cold starts, learned apart
         if cold is not None:
             m.autoscaler.config = policy_config(svc.spec, m.autoscaler.config.profile, cold_start_s=cold)
         tick = m.autoscaler.tick(now_s)

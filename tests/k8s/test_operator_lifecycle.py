@@ -98,7 +98,8 @@ def test_apply_creates_ready_gpu_pools(control_plane, llama):
     assert isvc["status"]["routerEndpoint"] == f"http://{SERVICE}-router.{ns}.svc:{names.HTTP_PORT}"
     assert condition(isvc, "Degraded")["status"] == "False"
     assert not any(k.startswith("kopf") for k in isvc["metadata"].get("annotations") or {})
-    assert set(isvc["status"]) == {"observedGeneration", "conditions", "pools", "routerEndpoint", "workers"}
+    assert set(isvc["status"]) == {"observedGeneration", "conditions", "pools", "routerEndpoint", "workers", "coldStart"}
+    assert {s["cache"] for p in isvc["status"]["coldStart"].values() for s in p["samples"]} == {"none"}  # a PVC source
     events = cp.kubectl("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={SERVICE}").stdout
     assert "Reconciled" in events and "Ready" in events
     header, row = cp.kubectl("get", "tsvc", SERVICE, "-n", ns).stdout.splitlines()[:2]

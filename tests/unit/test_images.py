@@ -116,8 +116,9 @@ def test_the_worker_image_has_cuda_torch_and_the_model_downloader():
     assert re.search(r"ARG CUDA_IMAGE=nvidia/cuda:\S+-runtime-", text)
     reqs = {r.name.lower(): r for r in requirements(IMAGES["worker"])}
     assert str(reqs["torch"].specifier) == str(declared()["torch"].specifier)  # the project's torch range
-    render = (ROOT / "operator/model_source.py").read_text()
-    assert "huggingface-cli" in render and "huggingface_hub" in reqs and "[cli]" in text
+    source = (ROOT / "operator/model_source.py").read_text()
+    assert '"fetch-model"' in source and "huggingface_hub" in declared()  # installed with the project (`pip install .`)
+    assert "COPY worker/ worker/" in text
 
 
 def test_the_operator_image_installs_what_the_operator_imports_and_no_torch():

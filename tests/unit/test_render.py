@@ -6,6 +6,7 @@ import pytest
 
 from tandem import names
 from tandem.operator import manifest, model_source, render
+from tandem.operator.model_cache import ModelCache
 from tandem.spec import InferenceServiceSpec, load_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,3 +205,56 @@ def test_the_gpu_example_ships_the_claim_it_reads(gpu_spec):
     pvc = yaml.safe_load((ROOT / "examples/models-pvc.yaml").read_text())
     assert (pvc["kind"], pvc["metadata"]["name"]) == ("PersistentVolumeClaim", gpu_spec.model.source.pvc.claim_name)
     assert "ReadOnlyMany" in pvc["spec"]["accessModes"]  # every worker pod mounts it, read-only
+
+
+HF = {"huggingFace": {"repoId": "org/m", "revision": "refs/pr/1"}}
+
+
+def test_hf_source_fetches_only_what_each_pod_needs_into_a_folder_per_revision():
+    spec = InferenceServiceSpec.model_validate({"model": {"source": HF, "servedName": "m"}})
+    (fetch,) = render.worker_deployment(spec, "s", "ns", "u", "prefill", 1)["spec"]["template"]["spec"]["initContainers"]
+    (router_fetch,) = render.router_deployment(spec, "s", "ns", "u")["spec"]["template"]["spec"]["initContainers"]
+    folder = "/models/org/m/refs--pr--1"
+    assert fetch["command"] == ["tandem", "fetch-model", "org/m", "--revision", "refs/pr/1", "--dir", folder,
+                                "--part", "weights"]
+    assert router_fetch["command"][-2:] == ["--part", "tokenizer"]  # the router never downloads weights
+    from tandem.worker.hf.fetch import parse_args  # the arguments parse with the real command's parser
+
+    args = parse_args(fetch["command"][2:])
+    assert (args.repo_id, args.revision, str(args.dir), args.part) == ("org/m", "refs/pr/1", folder, "weights")
+    assert render.worker_args(spec, "s", "prefill")[render.worker_args(spec, "s", "prefill").index("--model-dir") + 1] == folder
+
+
+@pytest.mark.parametrize("cache,volume", [
+    (None, {"name": "model", "emptyDir": {}}),
+    (ModelCache(host_path="/var/lib/tandem/models/"),
+     {"name": "model", "hostPath": {"path": "/var/lib/tandem/models/ns", "type": "DirectoryOrCreate"}}),
+    (ModelCache(claim_name="models"), {"name": "model", "persistentVolumeClaim": {"claimName": "models"}}),
+])
+def test_hf_downloads_go_to_the_chart_cache_one_folder_per_namespace(cache, volume):
+    spec = InferenceServiceSpec.model_validate({"model": {"source": HF, "servedName": "m"}})
+    for dep in [render.worker_deployment(spec, "s", "ns", "u", "decode", 1, cache),
+                render.router_deployment(spec, "s", "ns", "u", cache)]:
+        pod = dep["spec"]["template"]["spec"]
+        assert {v["name"]: v for v in pod["volumes"]}["model"] == volume
+        mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "model")
+        assert mount["readOnly"] is True  # only the init container writes
+        init_mount = next(m for m in pod["initContainers"][0]["volumeMounts"] if m["name"] == "model")
+        assert not init_mount.get("readOnly")
+
+
+def test_the_cache_applies_to_hf_sources_only():
+    spec = InferenceServiceSpec.model_validate({"model": {"source": {"pvc": {"claimName": "w"}}, "servedName": "m"}})
+    pod = render.worker_deployment(spec, "s", "ns", "u", "decode", 1, ModelCache(host_path="/c"))["spec"]["template"]["spec"]
+    assert {v["name"]: v for v in pod["volumes"]}["model"]["persistentVolumeClaim"]["claimName"] == "w"
+
+
+def test_model_cache_settings_are_checked():
+    from tandem.operator.model_cache import ENV_CLAIM, ENV_HOST_PATH, from_env
+
+    assert from_env({}) is None
+    assert from_env({ENV_HOST_PATH: "/c"}) == ModelCache(host_path="/c")
+    with pytest.raises(ValueError, match="not both"):
+        from_env({ENV_HOST_PATH: "/c", ENV_CLAIM: "x"})
+    with pytest.raises(ValueError, match="absolute"):
+        from_env({ENV_HOST_PATH: "c"})

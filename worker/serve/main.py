@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import uuid
 from concurrent import futures
 from dataclasses import replace
@@ -68,7 +69,9 @@ def main(argv: list[str]) -> int:
     except ValueError as e:  # the spec refuses these combinations first; a hand-written command line may not
         print(f"tandem worker: {e}", file=sys.stderr)
         return 2
+    started = time.monotonic()
     model = load_model(args.model_dir, args.dtype, device, args.quantization)
+    loaded_s = time.monotonic() - started
     try:
         if engine_config.speculative is not None:
             engine_config.speculative.check_model(model.config.num_layers)
@@ -87,11 +90,16 @@ def main(argv: list[str]) -> int:
     log.info("%s; KV stored as %s, weights quantization %s", kv_plan.describe(), args.kv_cache_dtype, args.quantization)
     num_blocks = kv_plan.num_blocks
     engine, _ = engine_for_model(model, args.model_dir, dataclasses.replace(engine_config, num_kv_blocks=num_blocks))
+    started, warmup_s = time.monotonic(), 0.0
     if args.compile or args.decode_step != "eager" or (args.attention == "flex" and device.startswith("cuda")):
         from tandem.worker.engine.runner.compiled import warm_up
 
         log.info("warming up compiled graphs (%d steps)", warm_up(engine))  # before the health check says ready
+        warmup_s = time.monotonic() - started
     metrics = WorkerMetrics(args.service, args.role, model_name=args.served_name).watch(engine)
+    metrics.startup["load"].set(loaded_s)
+    metrics.startup["warmup"].set(warmup_s)
+    log.info("started: weights loaded in %.2f s, warmed up in %.2f s", loaded_s, warmup_s)
     if args.metrics_port:
         serve_metrics(args.metrics_port, args.host, metrics.registry)
     loop = EngineLoop(engine, on_step=metrics.on_step).start()
