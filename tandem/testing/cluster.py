@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import datetime as dt
 import ipaddress
+import json
 import os
 import shutil
 import signal
@@ -313,11 +314,25 @@ class ControlPlane:
 
     def install_crds_and_rbac(self) -> None:
         self.kubectl("apply", "--server-side", "-f", str(ROOT / "charts/tandem/files/crds"))
-        self.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                     "crd/inferenceservices.serving.tandem.dev", "crd/tandempools.serving.tandem.dev")
+        self.wait_established(["inferenceservices.serving.tandem.dev", "tandempools.serving.tandem.dev"], 60)
         self.kubectl("apply", "-f", str(ROOT / "charts/tandem/files/operator-clusterrole.yaml"))
         self.kubectl("create", "clusterrolebinding", "tandem-operator", "--clusterrole=tandem-operator",
                      "--user=tandem-operator", check=False)
+
+    def wait_established(self, crds: list[str], timeout: float) -> None:
+        """Wait until every named CRD is Established. Polled rather than `kubectl wait`, which fails at once
+        on a CRD whose status has no conditions yet (a loaded API server that has not reached it)."""
+
+        def established() -> bool:
+            out = self.kubectl("get", "crd", "-o", "json", check=False, timeout=30)
+            if out.returncode != 0:
+                return False
+            done = {c["metadata"]["name"] for c in json.loads(out.stdout)["items"]
+                    if any(k.get("type") == "Established" and k.get("status") == "True"
+                           for k in (c.get("status") or {}).get("conditions") or [])}  # fmt: skip
+            return set(crds) <= done
+
+        self._wait(f"CRDs established: {', '.join(crds)}", established, timeout)
 
     def stop(self) -> None:
         for name in reversed(list(self.procs)):

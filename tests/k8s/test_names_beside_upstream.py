@@ -43,7 +43,7 @@ def upstream(control_plane):
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
     control_plane.kubectl("apply", "--server-side", "-f", "-", input=yaml.dump_all(docs, Dumper=dumper), timeout=180)
     names = [f"crd/{d['metadata']['name']}" for d in docs]
-    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=120s", *names, timeout=180)
+    control_plane.wait_established([d["metadata"]["name"] for d in docs], 180)
     yield {d["metadata"]["name"] for d in docs}
     control_plane.kubectl("delete", *names, "--wait=false", check=False, timeout=120)
 

@@ -1,6 +1,6 @@
 """Role flips on a real control plane: with spec.roleFlip, the operator's flip moves a pod's
-`serving.tandem.dev/role` label (after telling the worker, the seam a pod that really runs answers over
-gRPC, which tests/integration/test_role_flip.py covers); the worker Services and pool counts follow the
+`serving.tandem.dev/role` label (the patch the autoscaler's actuator writes; the worker following it is
+covered over real gRPC by tests/integration/test_role_flip.py); the worker Services and pool counts follow the
 label, the Deployments' ReplicaSets and pods stay as they were (they select on the pool), and flipping back
 restores every count. The pods are on kwok nodes and never run a worker."""
 
@@ -11,7 +11,9 @@ import yaml
 from kubernetes import config as kube_config
 
 from tandem import names
-from tandem.operator.flip import flip_pods
+from tandem.operator.autoscale.flip import Flip
+from tandem.operator.autoscale.kube_flip import flip_candidates, patch_flip
+from tandem.operator.autoscale.types import Pool
 from tandem.operator.kube import Kube
 from tests.k8s.conftest import get_json, wait_for
 from tests.k8s.test_operator_lifecycle import EXAMPLE, SERVICE, model_volume, ready_at_current_generation
@@ -52,10 +54,22 @@ def _workers(cp, ns: str) -> str:
     return get_json(cp, "tsvc", SERVICE, namespace=ns)["status"]["workers"]
 
 
+def _flip(kube: Kube, ns: str, source: Pool, target: Pool) -> list[str]:
+    """What the autoscaler's actuator does for a flip of one pod: pick it, then move its role label."""
+    pods = _pods_of(kube, ns)
+    chosen = flip_candidates(pods, Flip(source, target, 1, "test", "Test"), {p["metadata"]["name"]: 0.0 for p in pods})
+    patch_flip(kube.merge_patch, ns, chosen, target, "2026-01-01T00:00:00+00:00")
+    return chosen
+
+
+def _pods_of(kube: Kube, ns: str) -> list[dict]:
+    return [p for p in kube.list("Pod", ns, f"{names.LABEL_SERVICE}={SERVICE}")
+            if p["metadata"]["labels"].get(names.LABEL_POOL) != "router"]  # fmt: skip
+
+
 def test_flip_and_flip_back_move_labels_services_and_counts_and_leave_replica_sets_alone(control_plane, flippable):
     ns, cp = flippable, control_plane
     kube = Kube(kube_config.new_client_from_config(str(cp.kubeconfig("admin"))))
-    isvc = get_json(cp, "tsvc", SERVICE, namespace=ns)
     before_pods = _pods(cp, ns)
     before_sets = _replica_sets(cp, ns)
     assert sorted(_roles(cp, ns).values()) == ["decode", "decode", "prefill", "prefill"]
@@ -69,9 +83,8 @@ def test_flip_and_flip_back_move_labels_services_and_counts_and_leave_replica_se
     assert "--role-file" in pod_spec["containers"][0]["args"]  # the worker follows its label
     assert any(v["name"] == "podinfo" for v in pod_spec["volumes"])
 
-    told: list[tuple[str, str]] = []
-    flipped = flip_pods(kube, isvc, "prefill", "decode", 1, reason="test", set_role=lambda p, r: told.append((p["metadata"]["name"], r)))
-    assert len(flipped) == 1 and told == [(flipped[0], "decode")]
+    flipped = _flip(kube, ns, Pool.prefill, Pool.decode)
+    assert len(flipped) == 1
     (name,) = flipped
     assert _roles(cp, ns)[name] == "decode" and sorted(_roles(cp, ns).values()).count("decode") == 3
     wait_for(lambda: name in _endpoints(cp, ns, "decode") and name not in _endpoints(cp, ns, "prefill"), 60,
@@ -86,21 +99,9 @@ def test_flip_and_flip_back_move_labels_services_and_counts_and_leave_replica_se
     for p in after.values():
         (owner,) = p["metadata"]["ownerReferences"]
         assert owner["kind"] == "ReplicaSet" and owner["uid"] in before_sets
-    events = get_json(cp, "events", "--field-selector", f"involvedObject.name={SERVICE}", namespace=ns)["items"]
-    assert any(e["reason"] == "FlippedToDecode" and name in e["message"] for e in events)
-
-    # a SetRole the worker refuses leaves the pod as it was
-    def refuse(pod, role):
-        raise RuntimeError("FAILED_PRECONDITION: certificate")
-
-    assert flip_pods(kube, isvc, "decode", "prefill", 1, set_role=refuse) == []
-    assert _roles(cp, ns)[name] == "decode"
-
-    back = flip_pods(kube, isvc, "decode", "prefill", 1, reason="test back", set_role=lambda p, r: None)
+    back = _flip(kube, ns, Pool.decode, Pool.prefill)
     assert back == [name]  # a pod going home comes first
     assert {n: p["metadata"]["labels"][names.LABEL_POOL] for n, p in _pods(cp, ns).items()} == _roles(cp, ns)
     wait_for(lambda: _workers(cp, ns) == "prefill 2/2 decode 2/2", 60, "counts back")
     wait_for(lambda: name in _endpoints(cp, ns, "prefill"), 60, "the prefill Service selects it again")
     assert _replica_sets(cp, ns) == before_sets and set(_pods(cp, ns)) == set(before_pods)
-    with pytest.raises(ValueError):
-        flip_pods(kube, isvc, "router", "decode", 1)
