@@ -26,6 +26,7 @@ from tandem.worker.engine.runner.decode_graphs import check_decode_step
 from tandem.worker.engine.runner.engine import EngineConfig
 from tandem.worker.engine.runner.engine_loop import EngineLoop
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig
+from tandem.worker.hf.config import ModelConfig
 from tandem.worker.kv_transport.codec import wire_compression
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS
 from tandem.worker.serve.authz import Authorizer
@@ -68,7 +69,11 @@ def main(argv: list[str]) -> int:
     except ValueError as e:  # the spec refuses these combinations first; a hand-written command line may not
         print(f"tandem worker: {e}", file=sys.stderr)
         return 2
-    model = load_model(args.model_dir, args.dtype, device, args.quantization)
+    try:
+        model = _load(args, device)
+    except ValueError as e:  # a model the pool's GPUs cannot split, or more ranks than devices
+        print(f"tandem worker: {e}", file=sys.stderr)
+        return 2
     try:
         if engine_config.speculative is not None:
             engine_config.speculative.check_model(model.config.num_layers)
@@ -164,6 +169,26 @@ def main(argv: list[str]) -> int:
             close()
     _exit_now(0)
     return 0
+
+
+def _load(args: WorkerOptions, device: str) -> torch.nn.Module:
+    """The model on one device, or split across `--tensor-parallel` ranks that this process starts."""
+    ranks = args.tensor_parallel or 1
+    if ranks <= 1:
+        return load_model(args.model_dir, args.dtype, device, args.quantization)
+    from tandem.worker.engine.tp.group import start_ranks
+    from tandem.worker.engine.tp.model import load_tensor_parallel
+    from tandem.worker.engine.tp.split import tensor_parallel_problem
+
+    problem = tensor_parallel_problem(
+        ModelConfig.from_dir(args.model_dir), ranks, device, args.decode_step, args.compile,
+        torch.cuda.device_count() if device.startswith("cuda") else None,
+    )  # fmt: skip
+    if problem:
+        raise ValueError(problem)
+    group = start_ranks(ranks, device, args.threads)
+    log.info("model split across %d tensor-parallel ranks (%s)", ranks, "NCCL" if device.startswith("cuda") else "gloo")
+    return load_tensor_parallel(args.model_dir, args.dtype, args.quantization, group)
 
 
 def _exit_now(code: int) -> None:

@@ -48,6 +48,20 @@ def split_problem(config: ModelConfig, ranks: int) -> str | None:
     return None
 
 
+def tensor_parallel_problem(
+    config: ModelConfig, ranks: int, device: str, decode_step: str, compiled: bool, cuda_devices: int | None
+) -> str | None:
+    """Why a worker cannot run `config` on `ranks` ranks here (the split, the devices, the engine knobs)."""
+    problem = split_problem(config, ranks)
+    if problem or ranks <= 1:
+        return problem
+    if cuda_devices is not None and cuda_devices < ranks:
+        return f"{GPUS_FIELD}: {ranks} ranks need {ranks} GPUs, this node shows {cuda_devices}"
+    if str(decode_step) != "eager" or compiled:
+        return f"{GPUS_FIELD} > 1 runs eager steps: set engine.decodeStep eager and engine.compile false"
+    return None
+
+
 def check_split(config: ModelConfig, ranks: int) -> None:
     problem = split_problem(config, ranks)
     if problem:
