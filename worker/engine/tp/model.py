@@ -180,7 +180,9 @@ def load_tensor_parallel(
 ) -> TensorParallelModel:
     """Rank 0: every rank loads its share of the checkpoint; rank 0's model runs them all."""
     model_dir = Path(model_dir).resolve()
+    config = ModelConfig.from_dir(model_dir)
+    check_split(config, group.ranks)  # here, before the other ranks are told to load
     with torch.inference_mode(False):
         group.send(("load", str(model_dir), str(dtype), quantization))
         local = load_shard(model_dir, dtype, group.device, quantization, group)
-    return TensorParallelModel(local, ModelConfig.from_dir(model_dir), group)
+    return TensorParallelModel(local, config, group)
