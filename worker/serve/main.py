@@ -11,6 +11,7 @@ import sys
 import uuid
 from concurrent import futures
 from dataclasses import replace
+from typing import cast
 
 import grpc
 import torch
@@ -22,6 +23,7 @@ from tandem.v1 import colocated_pb2_grpc, prefill_pb2_grpc
 from tandem.worker.api.metrics_http import serve_metrics
 from tandem.worker.api.tls import TlsConfig, add_port
 from tandem.worker.engine.loading import engine_for_model, load_model
+from tandem.worker.engine.models.llama import Transformer
 from tandem.worker.engine.runner.decode_graphs import check_decode_step
 from tandem.worker.engine.runner.engine import EngineConfig
 from tandem.worker.engine.runner.engine_loop import EngineLoop
@@ -171,7 +173,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _load(args: WorkerOptions, device: str) -> torch.nn.Module:
+def _load(args: WorkerOptions, device: str) -> Transformer:
     """The model on one device, or split across `--tensor-parallel` ranks that this process starts."""
     ranks = args.tensor_parallel or 1
     if ranks <= 1:
@@ -188,7 +190,8 @@ def _load(args: WorkerOptions, device: str) -> torch.nn.Module:
         raise ValueError(problem)
     group = start_ranks(ranks, device, args.threads)
     log.info("model split across %d tensor-parallel ranks (%s)", ranks, "NCCL" if device.startswith("cuda") else "gloo")
-    return load_tensor_parallel(args.model_dir, args.dtype, args.quantization, group)
+    # rank 0's view runs the same calls as one model (its forward, logits and KV cache span the ranks)
+    return cast(Transformer, load_tensor_parallel(args.model_dir, args.dtype, args.quantization, group))
 
 
 def _exit_now(code: int) -> None:
