@@ -179,8 +179,8 @@ def bench_batch(
         for phase, runs in floor_runs.items() if args.tensor_parallel == 1 else ():  # beside each run, so the same background load touches all three
             runs.append(floor_tok_s(engine.model, phase, batch, args.prompt_len))
         log(f"  batch {batch} run {rep + 1}: ours {fmt_run(ours[-1])} | transformers {fmt_run(hf_runs[-1])}")
-    floors = {phase: statistics.median(runs) for phase, runs in floor_runs.items()}
-    if engine.model.config.num_experts or args.tensor_parallel > 1:  # the floor times one rank's nn.Linear layers
+    floors = {phase: statistics.median(runs) for phase, runs in floor_runs.items() if runs}
+    if engine.model.config.num_experts or args.tensor_parallel > 1:  # the floor times one model's nn.Linear layers
         floors = {}
     rows = rows_for(batch, args.prompt_len, ours, hf_runs, floors)
     if args.tensor_parallel > 1:

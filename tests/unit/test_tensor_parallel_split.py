@@ -63,3 +63,15 @@ def test_each_rank_gets_its_heads_widths_and_padded_vocabulary():
     assert torch.equal(shard_tensor("model.layers.1.block_sparse_moe.experts.3.w2.weight", down, 1, 2), down[:, 32:])
     router = torch.randn(4, 96)
     assert shard_tensor("model.layers.1.mlp.gate.weight", router, 1, 2) is router  # replicated
+
+
+def test_a_pool_s_gpus_above_one_become_its_workers_ranks():
+    from tandem.options import WorkerOptions
+
+    spec = InferenceServiceSpec.model_validate({
+        "model": {"source": {"path": "/m"}, "servedName": "m"},
+        "prefill": {"resources": {"gpus": 1}}, "decode": {"resources": {"gpus": 4}},
+    })  # fmt: skip
+    decode = WorkerOptions.from_spec(spec, "decode", model_dir="/m")
+    assert decode.tensor_parallel == 4 and WorkerOptions.from_argv(decode.to_argv()).tensor_parallel == 4
+    assert WorkerOptions.from_spec(spec, "prefill", model_dir="/m").tensor_parallel is None
