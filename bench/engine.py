@@ -16,6 +16,11 @@ and all its bookkeeping were free. A target above the ceiling cannot be met on t
     python -m bench.engine [--threads 2] [--batches 1,8,32] [--decode-step compiled] [--out result.json]
     python -m bench.engine --arch mixtral [--experts 8 --experts-per-token 2]   # a tiny mixture of experts
 
+`--tensor-parallel 2` splits our model across two ranks (this process and one it starts, gloo on the CPU),
+each with `--threads / 2` torch threads, so both sides use the same cores; its rows read `prefill tp2` etc.
+
+    python -m bench.engine --tensor-parallel 2 --batches 1,8 --no-mixed
+
 `--decode-step compiled` runs pure-decode steps through the static-shape compiled step (warmed up, every
 bucket, before the timed runs).
 """
@@ -39,7 +44,7 @@ from transformers.generation.streamers import BaseStreamer
 from bench.engine_floor import floor_tok_s
 from bench.engine_timing import RunTiming, now, random_prompts, time_engine, use_cpu_clock
 from tandem.worker.devtools.tiny import TINY_ARCHITECTURES, TinySpec, create_tiny_model
-from tandem.worker.engine.loading import build_engine
+from tandem.worker.engine.loading import build_engine, engine_for_model
 from tandem.worker.engine.runner.engine import Engine, EngineConfig
 
 BLOCK_SIZE = 16
@@ -167,15 +172,20 @@ def bench_batch(
     floor_runs: dict[str, list[float]] = {"prefill": [], "decode": []}
     for rep in range(args.repeats):
         prompts = random_prompts(batch, args.prompt_len, vocab, seed=1000 * batch + rep)
+        torch.set_num_threads(args.ours_threads)  # with tensor parallelism, each rank's share of --threads
         ours.append(time_engine(engine, prompts, args.new_tokens))
+        torch.set_num_threads(args.threads)
         hf_runs.append(time_hf(hf, prompts, args.new_tokens))
-        for phase, runs in floor_runs.items():  # beside each run, so the same background load touches all three
+        for phase, runs in floor_runs.items() if args.tensor_parallel == 1 else ():  # beside each run, so the same background load touches all three
             runs.append(floor_tok_s(engine.model, phase, batch, args.prompt_len))
         log(f"  batch {batch} run {rep + 1}: ours {fmt_run(ours[-1])} | transformers {fmt_run(hf_runs[-1])}")
-    floors = {phase: statistics.median(runs) for phase, runs in floor_runs.items()}
-    if engine.model.config.num_experts:  # the floor times nn.Linear layers; routed experts are not among them
+    floors = {phase: statistics.median(runs) for phase, runs in floor_runs.items() if runs}
+    if engine.model.config.num_experts or args.tensor_parallel > 1:  # the floor times one model's nn.Linear layers
         floors = {}
-    return rows_for(batch, args.prompt_len, ours, hf_runs, floors)
+    rows = rows_for(batch, args.prompt_len, ours, hf_runs, floors)
+    if args.tensor_parallel > 1:
+        rows = [dataclasses.replace(r, phase=f"{r.phase} tp{args.tensor_parallel}") for r in rows]
+    return rows
 
 
 def bench_mixed(args: argparse.Namespace, engine: Engine, hf, vocab: int, log: Callable[[str], None]) -> Row:
@@ -249,23 +259,38 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--decode-step", choices=["eager", "compiled"], default="eager",
         help="our engine's pure-decode steps: the general path, or the static-shape torch.compiled step",
     )  # fmt: skip
+    p.add_argument("--tensor-parallel", type=int, default=1, help="ranks our model is split across (gloo on the CPU)")
     p.add_argument("--no-mixed", action="store_true", help="skip the mixed-length row")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
     args = p.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batches.split(",")]
+    if args.tensor_parallel > 1 and args.clock == "cpu":
+        p.error("--tensor-parallel times wall clock: the other ranks' CPU time is not this process's")
     if args.new_tokens < 2 or args.prompt_len < 1 or args.repeats < 1:
         p.error("need --new-tokens >= 2, --prompt-len >= 1, --repeats >= 1")
     return args
 
 
+def build_ours(model_dir: Path, config: EngineConfig, args: argparse.Namespace) -> Engine:
+    """Our engine on one rank, or with `--tensor-parallel N` on N ranks sharing `--threads` between them."""
+    if args.tensor_parallel <= 1:
+        return build_engine(model_dir, config, "float32", "cpu")[0]
+    from tandem.worker.engine.tp.group import start_ranks
+    from tandem.worker.engine.tp.model import load_tensor_parallel
+
+    group = start_ranks(args.tensor_parallel, "cpu", args.ours_threads)
+    return engine_for_model(load_tensor_parallel(model_dir, "float32", "none", group), model_dir, config)[0]
+
+
 def run(args: argparse.Namespace, model_dir: Path) -> dict:
     torch.set_num_threads(args.threads)
+    args.ours_threads = max(1, args.threads // args.tensor_parallel)
     if args.clock == "cpu":
         use_cpu_clock()
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     config = engine_config(max(args.batch_sizes + [MIXED_BATCH]), 2 * args.prompt_len, 2 * args.new_tokens)
     config = dataclasses.replace(config, attention=args.attention, decode_step=args.decode_step)
-    engine, _ = build_engine(model_dir, config, "float32", "cpu")
+    engine = build_ours(model_dir, config, args)
     if engine.decode_step is not None:
         from tandem.worker.engine.runner.compiled import warm_up
 
@@ -273,11 +298,13 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict:
         log(f"decode step: {len(engine.decode_step.shapes)} buckets compiled in {engine.decode_step.warm_up_seconds:.1f} s")
     hf = load_hf(model_dir, torch.float32)
     vocab = engine.model.config.vocab_size
-    params = sum(p.numel() for p in engine.model.parameters())
+    params = sum(p.numel() for p in hf.parameters())  # the whole model (a tensor-parallel rank holds a share)
     log(f"model: {params / 1e6:.1f}M parameters, {args.threads} threads; warming up")
     for seed in (1, 2):
         warm = random_prompts(2, args.prompt_len, vocab, seed=seed)
+        torch.set_num_threads(args.ours_threads)
         time_engine(engine, warm, 8)
+        torch.set_num_threads(args.threads)
         time_hf(hf, warm, 8)
     rows: list[Row] = []
     for batch in args.batch_sizes:
@@ -285,7 +312,8 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict:
     if not args.no_mixed:
         rows.append(bench_mixed(args, engine, hf, vocab, log))
     title = (
-        f"{engine.model.config.architecture}, {params / 1e6:.1f}M params fp32, {args.threads} threads, {args.clock} clock, {args.decode_step} decode step, "
+        f"{engine.model.config.architecture}, {params / 1e6:.1f}M params fp32, {args.threads} threads,"
+        f"{f' {args.tensor_parallel} tensor-parallel ranks (gloo),' if args.tensor_parallel > 1 else ''} {args.clock} clock, {args.decode_step} decode step, "
         f"prompt {args.prompt_len}, {args.new_tokens} new tokens (mixed: 8-{2 * args.new_tokens}), "
         f"median of {args.repeats}"
     )

@@ -13,6 +13,10 @@ through the real loading path. Reported:
 - a mixture of experts (Mixtral layout, 8 experts, top 2, at the same hidden size, 8 layers; `--no-moe`
   skips it): prefill time of one `--prefill-tokens` prompt and decode tokens/s at batch 1 and `--batch`.
 
+- tensor parallelism (`--tensor-parallel 2`, 0 skips): the same model split across that many GPUs (NCCL),
+  prefill time and decode tokens/s at batch 1 and `--batch`, each with its runs; skipped, saying so, on a
+  host with fewer GPUs (the dry run: that many gloo processes on the CPU).
+
     python -m bench.gpu_engine [--decode-steps eager,cudaGraphs] [--out result.json]
     python -m bench.gpu_engine --dry-run    # the same code on the CPU at a tiny size (cudaGraphs: compiled)
 """
@@ -292,6 +296,40 @@ def moe_rows(args: argparse.Namespace, model_dir: Path, device: str) -> list[Res
     return results
 
 
+def tp_rows(args: argparse.Namespace, model_dir: Path, device: str) -> list[Result]:
+    """Prefill time and decode tokens/s with the model split across `args.tensor_parallel` ranks (eager steps)."""
+    ranks = args.tensor_parallel
+    if ranks < 2:
+        return []
+    if device == "cuda" and torch.cuda.device_count() < ranks:
+        print(f"tensor parallel: skipped, {ranks} ranks need {ranks} GPUs and this host has {torch.cuda.device_count()}")
+        return []
+    from tandem.worker.engine.tp.group import start_ranks
+    from tandem.worker.engine.tp.model import load_tensor_parallel
+
+    group = start_ranks(ranks, device, threads=1 if device == "cpu" else None)
+    model = load_tensor_parallel(model_dir, args.dtype, "none", group)
+    engine = Engine(model, engine_config(args), eos_token_ids=())  # type: ignore[arg-type]
+    vocab = model.config.vocab_size
+    time_engine(engine, random_prompts(4, args.context, vocab, seed=1), 8)  # warm up
+    prefill = [time_engine(engine, random_prompts(1, args.prefill_tokens, vocab, seed=700 + i), 2).prefill_s * 1e3
+               for i in range(args.repeats)]  # fmt: skip
+    name = f"tensor parallel {ranks} ranks"
+    results = [Result(f"{name}: prefill {args.prefill_tokens} tokens: time (runs {_runs(prefill)})", statistics.median(prefill), "ms")]
+    for batch in (1, args.batch):
+        runs = []
+        for i in range(args.repeats):
+            prompts = random_prompts(batch, args.context, vocab, seed=800 + 10 * batch + i)
+            runs.append(time_engine(engine, prompts, args.new_tokens).decode_tok_s)
+        results.append(Result(f"{name}: decode batch {batch}: tokens/s (runs {_runs(runs)})", statistics.median(runs), "tok/s"))
+    model.stop()
+    return results
+
+
+def _runs(values: list[float]) -> str:
+    return ", ".join(f"{v:,.1f}" for v in values)
+
+
 def print_results(results: list[Result], caption: str) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -324,6 +362,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="decode-step modes to compare at batch 1 and --batch (eager, compiled, cudaGraphs; empty: none)",
     )  # fmt: skip
     p.add_argument("--no-moe", action="store_true", help="skip the mixture-of-experts rows")
+    p.add_argument("--tensor-parallel", type=int, default=2, help="ranks of the tensor-parallel rows (0: skip them)")
     p.add_argument("--dry-run", action="store_true", help="run on the CPU at a tiny size: checks the code, not the GPU")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
     args = p.parse_args(argv)
@@ -347,6 +386,7 @@ def main(argv: list[str]) -> int:
             if not args.no_moe:
                 moe_dir = create_tiny_model(Path(tmp) / "moe", TinySpec(arch="mixtral", layers=2))
                 results += moe_rows(args, moe_dir, "cpu")
+            results += tp_rows(args, model_dir, "cpu")
             print_results(results, "dry run on the CPU, tiny model: not a measurement")
         return 0
     if not torch.cuda.is_available():
@@ -362,6 +402,9 @@ def main(argv: list[str]) -> int:
             gc.collect()
             torch.cuda.empty_cache()
             results += moe_rows(args, create_tiny_model(Path(tmp) / "moe", MOE_SHAPE), "cuda")
+        gc.collect()
+        torch.cuda.empty_cache()
+        results += tp_rows(args, model_dir, "cuda")
     caption = (
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}; batch-1 decode after {args.context} "
         f"prompt tokens, {args.new_tokens} new tokens; median of {args.repeats}"

@@ -199,6 +199,7 @@ class WorkerOptions(_Options):
     device: str | None = opt(None, "torch device (default: cuda when available, else cpu)")
     quantization: Quantization = opt(Quantization.none, "weights: int8 quantizes every decoder projection and an untied lm_head as the checkpoint loads")
     max_model_len: int | None = opt(None)
+    tensor_parallel: int | None = opt(None, "ranks the model is split across (the pool's resources.gpus): one GPU each, or CPU processes where there is no GPU (default: 1)")
     # Engine knobs: named as in EngineSpec and EngineConfig, so that they flow through by name.
     block_size: int = opt(_ENGINE.block_size)
     num_kv_blocks: int | None = opt(None, "default: from --kv-memory-percent")
@@ -259,6 +260,9 @@ class WorkerOptions(_Options):
         base = dict(role=Role(role), served_name=model.served_name, dtype=model.dtype, quantization=model.quantization,
                     max_model_len=model.max_context_length, kv_compression=spec.kv_transfer.compression,
                     kv_transport=spec.kv_transfer.transport, kv_lease_ms=spec.kv_transfer.lease_ms)  # fmt: skip
+        gpus = (spec.prefill if role == Role.prefill else spec.decode).resources.gpus  # colocated: the decode pool's
+        if gpus > 1:
+            base["tensor_parallel"] = gpus
         opts = cls(**{**base, **knobs, **process})
         return opts if opts.threads or not engine.threads else replace(opts, threads=engine.threads)
 

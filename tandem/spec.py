@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from tandem.slo import DEFAULT as DEFAULT_SLO
 from tandem.slo import Slo
@@ -110,6 +110,23 @@ class Resources(_Spec):
     memory: str | None = None
 
 
+TENSOR_PARALLEL_SIZES = (0, 1, 2, 4, 8, 16, 32, 64)
+
+
+class WorkerResources(Resources):
+    """A worker's GPUs: above one, the model is split across them (tensor parallel), by powers of two."""
+
+    gpus: int = Field(default=1, ge=0, le=64)
+
+    @field_validator("gpus")
+    @classmethod
+    def _splits(cls, gpus: int) -> int:
+        if gpus not in TENSOR_PARALLEL_SIZES:
+            raise ValueError(f"resources.gpus must be 0, 1 or a power of two up to 64 (a worker splits the model "
+                             f"across its GPUs by powers of two), got {gpus}")  # fmt: skip
+        return gpus
+
+
 class LocalObjectRef(_Spec):
     name: str = Field(min_length=1)
 
@@ -139,7 +156,7 @@ class PoolSpec(_Spec):
     replicas: int = Field(default=1, ge=0)
     min_replicas: int = Field(default=1, ge=0)
     max_replicas: int = Field(default=4, ge=1)
-    resources: Resources = Field(default_factory=Resources)
+    resources: WorkerResources = Field(default_factory=WorkerResources)
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
     affinity: dict[str, Any] | None = None

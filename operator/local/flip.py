@@ -14,11 +14,11 @@ from typing import TypeVar
 
 import grpc
 
+from tandem.flip_cli import set_role
 from tandem.identity import OPERATOR, peer_name
 from tandem.operator.local.plan import local_tls_root
 from tandem.spec import load_file
 from tandem.v1 import common_pb2, decode_pb2_grpc, lifecycle_pb2, prefill_pb2_grpc
-from tandem.flip_cli import set_role
 
 log = logging.getLogger(__name__)
 K = TypeVar("K")

@@ -48,6 +48,7 @@ CASES = [
     ("bad-compression", _with("kvTransfer.compression", "zstd"), "spec.kvTransfer.compression"),
     ("bad-quantity", _with("decode.resources", {"cpu": "lots"}), "spec.decode.resources.cpu"),
     ("negative-gpus", _with("prefill.resources", {"gpus": -1}), "spec.prefill.resources.gpus"),
+    ("gpus-not-a-power-of-two", _with("decode.resources", {"gpus": 6}), "spec.decode.resources.gpus"),
     ("relative-host-path", _with("model.source", {"hostPath": "models"}), "spec.model.source.hostPath"),
     ("float-slo", _with("slo.ttftMs", 0.5), "spec.slo.ttftMs"),
     ("unknown-mode", _with("mode", "pipelined"), "spec.mode"),

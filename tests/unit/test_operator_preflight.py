@@ -27,19 +27,19 @@ def test_unreadable_facts_report_nothing():
 
 
 def test_more_gpus_than_the_largest_node_is_reported_on_that_pool_only():
-    found = check(spec(decode={"resources": {"gpus": 6}}), POOLS, Facts(nodes=EIGHT))
-    assert not found.any  # 6 fit on node a
-    found = check(spec(decode={"resources": {"gpus": 9}}), POOLS, Facts(nodes=EIGHT))
+    found = check(spec(decode={"resources": {"gpus": 8}}), POOLS, Facts(nodes=EIGHT))
+    assert not found.any  # 8 fit on node a
+    found = check(spec(decode={"resources": {"gpus": 16}}), POOLS, Facts(nodes=EIGHT))
     assert found.blocked is None and list(found.pools) == ["decode"]
     ((reason, message),) = found.pools["decode"]
-    assert reason == "InsufficientGPUs" and "9 nvidia.com/gpu" in message and "has 8 (a)" in message
+    assert reason == "InsufficientGPUs" and "16 nvidia.com/gpu" in message and "has 8 (a)" in message
 
 
 def test_node_selector_narrows_the_nodes():
-    found = check(spec(prefill={"resources": {"gpus": 6}, "nodeSelector": {"pool": "l4"}}), POOLS, Facts(nodes=EIGHT))
+    found = check(spec(prefill={"resources": {"gpus": 4}, "nodeSelector": {"pool": "l4"}}), POOLS, Facts(nodes=EIGHT))
     ((reason, message),) = found.pools["prefill"]
     assert reason == "NoGPUNodes" and "nodeSelector pool=l4" in message
-    assert not check(spec(prefill={"resources": {"gpus": 6}, "nodeSelector": {"pool": "h100"}}), POOLS,
+    assert not check(spec(prefill={"resources": {"gpus": 8}, "nodeSelector": {"pool": "h100"}}), POOLS,
                      Facts(nodes=EIGHT)).any
 
 

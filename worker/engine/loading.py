@@ -4,6 +4,7 @@ tokenizer, and an engine around them."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -85,8 +86,10 @@ def load_state_dict(
     config: ModelConfig,
     dtype: str | torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
+    shard: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors named in `expected_shapes(config)`, cast to `dtype` on `device`.
+    """The checkpoint's tensors named in `expected_shapes(config)`, cast to `dtype` on `device`; with `shard`,
+    each tensor is cut to this tensor-parallel rank's slice as it is read (one full tensor in memory at a time).
 
     Missing tensors and shape mismatches raise ModelLoadError naming the tensor; extra tensors (such as
     `rotary_emb.inv_freq`) are ignored. With tied embeddings `lm_head.weight` is not read from the
@@ -112,7 +115,8 @@ def load_state_dict(
                     raise ModelLoadError(
                         f"{path.name}: tensor {name} has shape {list(got)}, expected {list(want)}"
                     )
-                state[name] = f.get_tensor(name).to(target)
+                tensor = f.get_tensor(name)
+                state[name] = (shard(name, tensor) if shard is not None else tensor).to(target)
     ordered = {name: state[name] for name in shapes}
     if config.tie_word_embeddings:
         ordered["lm_head.weight"] = ordered["model.embed_tokens.weight"]

@@ -149,10 +149,10 @@ def plan_kv_cache(
     """The KV cache for `model` (weights already loaded): `num_kv_blocks` if given; on a GPU, `memory_percent`
     of the memory left after a warm-up pass at the largest batch; on the CPU, that share of a fixed budget."""
     param = next(model.parameters())
-    block_bytes = kv_block_nbytes(model.config, config.block_size, param.dtype, config.kv_cache_dtype)
+    block_bytes = kv_block_nbytes(model.kv_config, config.block_size, param.dtype, config.kv_cache_dtype)
     gathered = block_bytes
     if config.kv_cache_dtype != "auto":
-        gathered += kv_block_nbytes(model.config, config.block_size, param.dtype)
+        gathered += kv_block_nbytes(model.kv_config, config.block_size, param.dtype)
     max_len = served_context_length(model.config.max_position_embeddings, config.max_model_len)
 
     def plan(blocks: int, source: str) -> KvCachePlan:

@@ -12,6 +12,7 @@ import time
 import uuid
 from concurrent import futures
 from dataclasses import replace
+from typing import cast
 
 import grpc
 import torch
@@ -23,10 +24,12 @@ from tandem.v1 import colocated_pb2_grpc, prefill_pb2_grpc
 from tandem.worker.api.metrics_http import serve_metrics
 from tandem.worker.api.tls import TlsConfig, add_port
 from tandem.worker.engine.loading import engine_for_model, load_model
+from tandem.worker.engine.models.llama import Transformer
 from tandem.worker.engine.runner.decode_graphs import check_decode_step
 from tandem.worker.engine.runner.engine import EngineConfig
 from tandem.worker.engine.runner.engine_loop import EngineLoop
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig
+from tandem.worker.hf.config import ModelConfig
 from tandem.worker.kv_transport.codec import wire_compression
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS
 from tandem.worker.serve.authz import Authorizer
@@ -70,7 +73,11 @@ def main(argv: list[str]) -> int:
         print(f"tandem worker: {e}", file=sys.stderr)
         return 2
     started = time.monotonic()
-    model = load_model(args.model_dir, args.dtype, device, args.quantization)
+    try:
+        model = _load(args, device)
+    except ValueError as e:  # a model the pool's GPUs cannot split, or more ranks than devices
+        print(f"tandem worker: {e}", file=sys.stderr)
+        return 2
     loaded_s = time.monotonic() - started
     try:
         if engine_config.speculative is not None:
@@ -172,6 +179,27 @@ def main(argv: list[str]) -> int:
             close()
     _exit_now(0)
     return 0
+
+
+def _load(args: WorkerOptions, device: str) -> Transformer:
+    """The model on one device, or split across `--tensor-parallel` ranks that this process starts."""
+    ranks = args.tensor_parallel or 1
+    if ranks <= 1:
+        return load_model(args.model_dir, args.dtype, device, args.quantization)
+    from tandem.worker.engine.tp.group import start_ranks
+    from tandem.worker.engine.tp.model import load_tensor_parallel
+    from tandem.worker.engine.tp.split import tensor_parallel_problem
+
+    problem = tensor_parallel_problem(
+        ModelConfig.from_dir(args.model_dir), ranks, device, args.decode_step, args.compile,
+        torch.cuda.device_count() if device.startswith("cuda") else None,
+    )  # fmt: skip
+    if problem:
+        raise ValueError(problem)
+    group = start_ranks(ranks, device, args.threads)
+    log.info("model split across %d tensor-parallel ranks (%s)", ranks, "NCCL" if device.startswith("cuda") else "gloo")
+    # rank 0's view runs the same calls as one model (its forward, logits and KV cache span the ranks)
+    return cast(Transformer, load_tensor_parallel(args.model_dir, args.dtype, args.quantization, group))
 
 
 def _exit_now(code: int) -> None:

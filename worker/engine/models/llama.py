@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem.worker.engine.layers.attention import AttentionBatch, StepBatch, attend, store_kv
+from tandem.worker.engine.layers.kv_cache import KvCache
 from tandem.worker.hf.config import ModelConfig, ModelLoadError
 
 __all__ = ["AttentionBatch", "Model", "Transformer", "expected_shapes"]
@@ -151,6 +152,10 @@ class _Body(nn.Module):
 LayerHook = Callable[[int], None]
 
 
+def _same(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 class Transformer(nn.Module):
     """Causal LM that loads Hugging Face's `*ForCausalLM` state dicts for the Llama family (q/k/v and
     gate/up projections fused as they load)."""
@@ -163,6 +168,20 @@ class Transformer(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+        # Tensor parallelism (tp/): `reduce` sums the ranks' partial attention and MLP outputs, `gather_vocab`
+        # joins the ranks' slices of the logits; one rank: both leave the tensor as it is.
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] = _same
+        self.gather_vocab: Callable[[torch.Tensor], torch.Tensor] = _same
+
+    @property
+    def kv_config(self) -> ModelConfig:
+        """The config the KV cache is shaped by (a tensor-parallel rank's: its share of the KV heads)."""
+        return self.config
+
+    def kv_cache(
+        self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device, kv_cache_dtype: str
+    ) -> KvCache:
+        return KvCache(self.kv_config, num_blocks, block_size, dtype, device, kv_cache_dtype)
 
     @staticmethod
     def make_mlp(config: ModelConfig, layer: int) -> nn.Module:
@@ -186,14 +205,14 @@ class Transformer(nn.Module):
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         layer: DecoderLayer
         for i, layer in enumerate(itertools.islice(self.model.layers, num_layers)):  # type: ignore[assignment]
-            h = x + layer.self_attn(layer.input_layernorm(x), cos, sin, k_caches[i], v_caches[i], batch)
-            x = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = x + self.reduce(layer.self_attn(layer.input_layernorm(x), cos, sin, k_caches[i], v_caches[i], batch))
+            x = h + self.reduce(layer.mlp(layer.post_attention_layernorm(h)))
             if layer_hook is not None:
                 layer_hook(i)
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V] float32
-        return self.lm_head(hidden).float()
+        return self.gather_vocab(self.lm_head(hidden).float())
 
 
 Model = Transformer

@@ -24,7 +24,6 @@ from tandem.worker.engine.core.sampling import sample, sampling_probs
 from tandem.worker.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tandem.worker.engine.core.sequence import Sequence
 from tandem.worker.engine.layers.attention import BACKENDS
-from tandem.worker.engine.layers.kv_cache import KvCache
 from tandem.worker.engine.layers.kv_int8 import KV_INT8_NEEDS_SDPA, is_packed
 from tandem.worker.engine.models.llama import Transformer
 from tandem.worker.engine.runner.decode_graphs import DECODE_STEPS, DecodeStepRunner, check_decode_step
@@ -90,10 +89,9 @@ class Engine:
         self.max_model_len = served_context_length(model.config.max_position_embeddings, config.max_model_len)
         check_decode_step(config.decode_step, self.device)
         static_decode = config.decode_step != "eager"  # its padding rows write to one more page, past the pool
-        self.kv = KvCache(
-            model.config, config.num_kv_blocks + int(static_decode), config.block_size, self.dtype, self.device,
-            config.kv_cache_dtype,
-        )  # fmt: skip
+        self.kv = model.kv_cache(  # tensor parallel: this rank's KV heads, read and written across the ranks
+            config.num_kv_blocks + int(static_decode), config.block_size, self.dtype, self.device, config.kv_cache_dtype
+        )
         self.blocks = BlockManager(
             config.num_kv_blocks, config.block_size, config.enable_prefix_caching, config.prefix_cache_seed.encode()
         )
