@@ -97,12 +97,17 @@ def main(argv: list[str] | None = None) -> int:
                         args.retry_seconds)
         leader.wait()
     health.HEARTBEAT.lead()
+    settings = kopf.OperatorSettings()
+    # Named namespaces: no watching of Namespaces or CRDs, which a namespaced install's Roles do not grant
+    # (the CRDs are installed before the operator starts; the resources are discovered once at startup).
+    settings.scanning.disabled = bool(args.namespace)
     try:
         kopf.run(
             standalone=True,  # the Lease, not kopf peering, decides who acts
             clusterwide=not args.namespace,
             namespaces=args.namespace,
             liveness_endpoint=args.liveness,
+            settings=settings,
         )
     finally:
         if leader:

@@ -23,11 +23,22 @@ def test_chart_objects_pass_server_validation(control_plane, helm):
     docs = _template(helm, "--include-crds", "--set", "watchNamespaces={a,b}")
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(["CustomResourceDefinition", "CustomResourceDefinition", "ServiceAccount",
-                            "ClusterRole", "ClusterRoleBinding", "Deployment", "ConfigMap", "Job",  # Job: the helm test hook
-                            "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"])  # tenancy
-    role = next(d for d in docs if d["kind"] == "ClusterRole")
+                            "ClusterRole", "ClusterRoleBinding",  # listing nodes only
+                            "Role", "Role", "Role", "RoleBinding", "RoleBinding", "RoleBinding",  # a, b, the Lease's
+                            "Deployment", "ConfigMap", "Job",  # Job: the helm test hook
+                            "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",  # tenancy
+                            "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"])  # the operator's pod patches
     shipped = yaml.safe_load((CHART / "files/operator-clusterrole.yaml").read_text())
-    assert role["rules"] == shipped["rules"]
+    cluster_wide = next(d for d in _template(helm) if d["kind"] == "ClusterRole")
+    assert cluster_wide["rules"] == shipped["rules"]  # watching every namespace: the whole file, cluster-wide
+    roles = [d for d in docs if d["kind"] in ("Role", "ClusterRole")]
+    granted = sorted(str(r) for d in roles for r in d["rules"])
+    cluster_scoped = {"nodes", "namespaces", "customresourcedefinitions"}
+    namespaced = [r for r in shipped["rules"] if not (cluster_scoped | {"leases"}) & set(r["resources"])]
+    leases = [r for r in shipped["rules"] if "leases" in r["resources"]]
+    assert granted == sorted(str(r) for r in namespaced * 2 + leases + [  # a and b; the Lease once; no Namespaces, no CRDs
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}])
+    assert [d["rules"] for d in roles if d["kind"] == "ClusterRole"] == [[{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]]
     dep = next(d for d in docs if d["kind"] == "Deployment")
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[0] == "operator" and "--namespace=a" in args and "--namespace=b" in args
@@ -36,7 +47,8 @@ def test_chart_objects_pass_server_validation(control_plane, helm):
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert {"name": "health", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
-    control_plane.kubectl("create", "namespace", "tandem-system", check=False)
+    for ns in ("tandem-system", "a", "b"):
+        control_plane.kubectl("create", "namespace", ns, check=False)
     out = control_plane.kubectl("apply", "--dry-run=server", "-f", "-",
                                 input=yaml.safe_dump_all([d for d in docs if d["kind"] != "CustomResourceDefinition"]))
     assert "created (server dry run)" in out.stdout
