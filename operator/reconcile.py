@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tandem import names
-from tandem.operator import certs, render
+from tandem.operator import certs, exposure, render
 from tandem.operator.cache import ObjectCache
 from tandem.operator.drift import is_subset, needs_apply
 from tandem.operator.flip import role_counts
@@ -40,6 +40,7 @@ _OPTIONAL_KINDS = ("InferencePool", "HTTPRoute")
 POD_RECHECK_SECONDS = 5.0
 _ISSUED: set[tuple[str, str, str]] = set()  # (namespace, name, uid) whose TLS Secret exists
 PREFLIGHT_RECHECK_SECONDS = 10.0  # the operator watches neither claims nor nodes: look again for the fix
+_EXPOSURE = exposure.ExposureWatch()
 
 
 class NameInUse(Exception):
@@ -353,9 +354,28 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
         degraded, was = conditions["Degraded"], before.get("Degraded") or {}
         if degraded["status"] == "True" and (was.get("status") != "True" or was.get("reason") != degraded["reason"]):
             kube.event(isvc, degraded["reason"], degraded["message"], "Warning")
+    router = live_children.get(("Deployment", render.child_name(name, names.POOL_ROUTER))) or {}
+    _warn_if_exposed(kube, reader, isvc, spec, router.get("spec", {}).get("template", {}).get("metadata", {}).get("labels") or {})
     if out.clamped:
         kube.event(isvc, "ReplicasClamped", "; ".join(out.clamped), "Warning")
     changed = [w for w in out.writes if not w.startswith("status")]
     if changed:
         kube.event(isvc, "Reconciled", "; ".join(changed))
         log.info("%s/%s: %s", namespace, name, "; ".join(changed))
+
+
+def _warn_if_exposed(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceServiceSpec,
+                     router_labels: dict[str, str]) -> None:
+    """A Warning Event when the router is reachable from outside the cluster without API keys. The operator
+    does not watch other people's Services: it lists them at each resync (and the first time)."""
+    meta = isvc["metadata"]
+    key = (meta["namespace"], meta["name"], meta["uid"])
+    services = None
+    if spec.security.api_keys is not None:
+        _EXPOSURE.services.pop(key, None)
+    elif _EXPOSURE.needs_listing(key, reader.fresh):
+        services = exposure.external_services(kube.list("Service", key[0], ""), router_labels)
+    seen = services if services is not None else _EXPOSURE.services.get(key, ())
+    message = _EXPOSURE.to_send(key, services, exposure.warning(spec, key[0], seen))
+    if message:
+        kube.event(isvc, exposure.REASON, message, "Warning")
