@@ -10,6 +10,7 @@ handshake. Without a directory everything stays plaintext (the spec's `security.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ class TlsConfig:
     ca: bytes
     server_name: str | None = None
     service: str = ""
+    directory: Path | None = None  # where the files were read, to read them again when they are renewed
 
     @classmethod
     def from_dir(cls, directory: str | Path, server_name: str | None = None, service: str = "") -> TlsConfig:
@@ -47,7 +49,8 @@ class TlsConfig:
         missing = [n for n in (CERT, KEY, CA) if not (d / n).is_file()]
         if missing:
             raise FileNotFoundError(f"TLS directory {d} lacks {', '.join(missing)}")
-        return cls((d / CERT).read_bytes(), (d / KEY).read_bytes(), (d / CA).read_bytes(), server_name or None, service)
+        return cls((d / CERT).read_bytes(), (d / KEY).read_bytes(), (d / CA).read_bytes(), server_name or None,
+                   service, d)
 
     @classmethod
     def optional(cls, directory: str | None, server_name: str | None = None, service: str = "") -> TlsConfig | None:
@@ -104,10 +107,7 @@ class CertReloader:
         self.reloads = 0
 
     def _stamp(self) -> tuple[int, ...]:
-        try:
-            return tuple((self.directory / n).stat().st_mtime_ns for n in (CERT, KEY, CA))
-        except OSError:
-            return ()
+        return _stamp(self.directory)
 
     @staticmethod
     def initial(tls: TlsConfig) -> grpc.ServerCertificateConfiguration:
@@ -123,6 +123,45 @@ class CertReloader:
             return None
         self.stamp, self.reloads = stamp, self.reloads + 1
         return self.initial(fresh)
+
+
+def _stamp(directory: Path) -> tuple[int, ...]:
+    """The three files' modification times; () while one is missing (a renewal half written)."""
+    try:
+        return tuple((directory / n).stat().st_mtime_ns for n in (CERT, KEY, CA))
+    except OSError:
+        return ()
+
+
+class ClientCertWatch:
+    """The client side of a renewal: gRPC's channel credentials are fixed when a channel is made, so a
+    client asks `renewed()` (at most once per `every_s`) and, given a fresh configuration, makes new
+    channels for new calls while the calls already open finish on the old ones."""
+
+    def __init__(self, tls: TlsConfig | None, every_s: float = 1.0) -> None:
+        self.tls = tls
+        self.every_s = every_s
+        self.stamp = _stamp(tls.directory) if tls and tls.directory else ()
+        self.next_look = 0.0
+        self.reloads = 0
+
+    def renewed(self, now: float | None = None) -> TlsConfig | None:
+        """The configuration read again when the files changed since the last look, else None."""
+        if self.tls is None or self.tls.directory is None:
+            return None
+        now = time.monotonic() if now is None else now
+        if now < self.next_look:
+            return None
+        self.next_look = now + self.every_s
+        stamp = _stamp(self.tls.directory)
+        if not stamp or stamp == self.stamp:
+            return None
+        try:
+            fresh = TlsConfig.from_dir(self.tls.directory, self.tls.server_name, self.tls.service)
+        except OSError:
+            return None
+        self.tls, self.stamp, self.reloads = fresh, stamp, self.reloads + 1
+        return fresh
 
 
 def _options(tls: TlsConfig | None, options: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:

@@ -26,7 +26,7 @@ import grpc
 from grpc import aio
 
 from tandem.v1 import colocated_pb2_grpc, common_pb2, decode_pb2_grpc, prefill_pb2_grpc
-from tandem.worker.api.tls import TlsConfig, aio_channel
+from tandem.worker.api.tls import ClientCertWatch, TlsConfig, aio_channel
 from tandem.worker.router.selection import WorkerView
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,8 @@ class Pools:
         self.resolver = resolver or resolve  # address -> addresses; raises DiscoveryError
         self.workers_file = workers_file
         self.tls = tls  # mutual TLS to every worker, or plaintext
+        self.certs = ClientCertWatch(tls)  # renewed in place: new channels, the open calls finish on the old
+        self.renewed_away: list[tuple[Worker, aio.Channel]] = []  # old channels, closed once their worker is idle
         self._file_mtime = 0.0
         self.workers: dict[str, dict[str, Worker]] = {r: {} for r in STUBS}
         self.retiring: list[Worker] = []  # left the membership, still finishing requests
@@ -117,8 +119,24 @@ class Pools:
             self._resolved[address] = kept
         return kept
 
+    def _redial_if_renewed(self) -> None:
+        """After a certificate renewal every worker gets a channel with the new credentials; the calls open
+        on the old one keep it until the worker holds no request."""
+        fresh = self.certs.renewed()
+        if fresh is None:
+            return
+        self.tls = fresh
+        for role, current in self.workers.items():
+            for address, w in current.items():
+                self.renewed_away.append((w, w.channel))
+                w.channel = aio_channel(address, fresh.to(role))
+                w.stub = STUBS[role](w.channel)
+        log.info("client certificate renewed: %d worker channel(s) redialled",
+                 sum(len(c) for c in self.workers.values()))
+
     async def refresh(self, force: bool = False) -> None:
         """Dial workers that joined; retire those that left; move those that changed role."""
+        self._redial_if_renewed()
         dynamic = any(a.startswith(DNS_PREFIX) for addresses in self.static.values() for a in addresses)
         if not force and not dynamic and self.workers_file and os.path.exists(self.workers_file):
             mtime = os.path.getmtime(self.workers_file)
@@ -159,6 +177,10 @@ class Pools:
         self.retiring = [w for w in self.retiring if w.in_use > 0]
         for w in done:
             await w.channel.close()
+        idle = [ch for w, ch in self.renewed_away if w.in_use == 0]
+        self.renewed_away = [(w, ch) for w, ch in self.renewed_away if w.in_use > 0]
+        for ch in idle:
+            await ch.close()
 
     async def close(self) -> None:
         for role in self.workers.values():
@@ -166,6 +188,8 @@ class Pools:
                 await w.channel.close()
         for w in self.retiring:
             await w.channel.close()
+        for _, ch in self.renewed_away:
+            await ch.close()
 
     async def poll_forever(self, interval_s: float) -> None:
         while True:

@@ -8,7 +8,6 @@ import logging
 import re
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -17,7 +16,6 @@ import grpc
 from tandem.v1 import common_pb2, decode_pb2, prefill_pb2
 from tandem.worker.api.params import InvalidRequest
 from tandem.worker.api.tls import TlsConfig
-from tandem.worker.api.tls import channel as tls_channel
 from tandem.worker.api.wire import params_from_proto
 from tandem.worker.engine.core.scheduler import SchedulerOutput
 from tandem.worker.engine.runner.engine import Engine
@@ -25,6 +23,7 @@ from tandem.worker.engine.runner.engine_loop import EngineLoop, StreamEnd
 from tandem.worker.kv_transport.base import DecodeUnreachable, KvLayout, KvSender, KvTransferError
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS, StreamKvSender, staging_for
 from tandem.worker.kv_transport.handshake import check_compatible, reserve_transport
+from tandem.worker.serve.decode_channels import DecodeChannels
 from tandem.worker.serve.drain import refuse_while_draining
 from tandem.worker.serve.kv_push import LayerKvReader
 from tandem.worker.serve.metrics import WorkerMetrics
@@ -56,7 +55,6 @@ def blocks_to_push(computed_after: int, prompt_len: int, block_size: int, next_b
 
 
 _LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-MAX_DECODE_CHANNELS = 64  # decode workers a prefill worker keeps a channel to
 UNREACHABLE = "the decode worker could not be reached as a decode worker of this service"
 # gRPC's schemes: a target naming one is a socket path, another resolver or an address family, never a pod
 _SCHEMES = {"unix", "unix-abstract", "vsock", "dns", "ipv4", "ipv6", "xds", "google-c2p", "passthrough"}
@@ -108,10 +106,9 @@ class PrefillServicer:
         tls: TlsConfig | None = None,
     ):
         self.loop, self.info, self.compression, self.metrics = loop, info, compression, metrics
-        self.tls = tls  # for the channels to decode workers
         self.layout = KvLayout.from_worker_info(info)
         self._transfers: dict[str, Transfer | None] = {}  # None: accepted, its transfer not yet set up
-        self._channels: OrderedDict[str, grpc.Channel] = OrderedDict()  # to decode workers, least recent first
+        self.decode_channels = DecodeChannels(tls, BULK_CHANNEL_OPTIONS)
         self._lock = threading.Lock()
         self.draining = False
         self._inflight = 0  # Prefill RPCs accepted and not yet answered
@@ -185,7 +182,7 @@ class PrefillServicer:
         except (KvTransferError, OSError, ValueError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"reservation's staging ring refused: {e}")
         sender = StreamKvSender(
-            self._channel(request.decode_address),
+            self.decode_channels.get(request.decode_address),
             request.transfer_id,
             reservation,
             self.layout,
@@ -253,19 +250,3 @@ class PrefillServicer:
                     transfer.errors.append(e)
             if layer == engine.model.config.num_layers - 1:
                 transfer.next_block = hi
-
-    def _channel(self, address: str) -> grpc.Channel:
-        """A kept channel to a decode worker (with mutual TLS, one whose certificate says decode in this
-        service); the least recently used is closed past MAX_DECODE_CHANNELS."""
-        with self._lock:
-            channel = self._channels.get(address)
-            if channel is not None:
-                self._channels.move_to_end(address)
-                return channel
-            channel = self._channels[address] = tls_channel(
-                address, self.tls.to("decode") if self.tls else None, BULK_CHANNEL_OPTIONS
-            )
-            evicted = self._channels.popitem(last=False)[1] if len(self._channels) > MAX_DECODE_CHANNELS else None
-        if evicted is not None:
-            evicted.close()
-        return channel
