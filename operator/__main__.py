@@ -68,13 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics_port:
         os.environ["TANDEM_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
     from tandem.operator.model_cache import process_model_cache
-    from tandem.operator.security_defaults import ENV, process_defaults
+    from tandem.operator.security_defaults import ENV, OPERATOR_PEER_ENV, operator_peer, process_defaults
 
-    try:
-        process_defaults()  # a bad chart value stops the operator here, not at the first reconcile
-    except ValueError as e:
-        print(f"tandem operator: {ENV}: {e}", file=sys.stderr)
-        return 2
+    for name, read in ((ENV, process_defaults), (OPERATOR_PEER_ENV, operator_peer)):
+        try:
+            read()  # a bad chart value stops the operator here, not at the first reconcile
+        except ValueError as e:
+            print(f"tandem operator: {name}: {e}", file=sys.stderr)
+            return 2
     try:
         process_model_cache()
     except ValueError as e:

@@ -9,10 +9,12 @@ from tandem.operator.manifest import Manifest, child_name, object_metadata, sele
 from tandem.spec import InferenceServiceSpec
 
 
-def network_policy(spec: InferenceServiceSpec, service: str, namespace: str, uid: str, pool: str) -> Manifest:
+def network_policy(spec: InferenceServiceSpec, service: str, namespace: str, uid: str, pool: str,
+                   operator_peer: dict[str, Any] | None = None) -> Manifest:
     """What may reach a pool's pods: clients the router's HTTP port, the router (and, for decode, the
-    prefill pool; with spec.roleFlip, both worker pools for either) the workers' gRPC port, `metricsFrom`
-    the metrics port. Nothing else."""
+    prefill pool; with spec.roleFlip, both worker pools for either) the workers' gRPC port, `metricsFrom` and the operator (`operator_peer`, its direct
+    scrape) the metrics port. Nothing else. A NetworkPolicy sees addresses and labels only (L3/L4): which
+    role a caller of a worker's gRPC port has is decided by its certificate (worker/serve/authz.py)."""
     def port(n: int) -> list[dict[str, Any]]:
         return [{"protocol": "TCP", "port": n}]
 
@@ -28,7 +30,8 @@ def network_policy(spec: InferenceServiceSpec, service: str, namespace: str, uid
             senders = [names.POOL_ROUTER, names.POOL_PREFILL, names.POOL_DECODE]
         ingress = [{"from": [pods(p) for p in senders], "ports": port(names.GRPC_PORT)}]
     metrics_from = spec.security.network_policy.metrics_from
-    ingress.append({"from": [dict(peer) for peer in metrics_from], "ports": port(names.METRICS_PORT)})
+    scrapers = [dict(peer) for peer in metrics_from] + ([dict(operator_peer)] if operator_peer else [])
+    ingress.append({"from": scrapers, "ports": port(names.METRICS_PORT)})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",

@@ -25,7 +25,7 @@ from tandem.operator.pod_health import pod_problems
 from tandem.operator.pod_tls import TLS_ROLES, tls_secret
 from tandem.operator.pools import clamp_message, desired_pool_replicas
 from tandem.operator.preflight import Facts, Findings, NodeGpus, check, claims_needed, node_gpus
-from tandem.operator.security_defaults import process_defaults, with_defaults
+from tandem.operator.security_defaults import operator_peer, process_defaults, with_defaults
 from tandem.operator.start_status import with_pod_starts
 from tandem.operator.status import inference_pool_status, rebase, rolled_out, same_status, service_status
 from tandem.spec import KIND, InferenceServiceSpec, Mode
@@ -281,7 +281,7 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
     keep: set[tuple[str, str]] = set()
     live_children: dict[tuple[str, str], dict[str, Any] | None] = {}
     stale: list[dict[str, Any]] = []
-    for manifest in render.children(spec, name, namespace, uid, replicas, process_model_cache()):
+    for manifest in render.children(spec, name, namespace, uid, replicas, process_model_cache(), operator_peer()):
         manifest = with_hash(manifest)
         key = (manifest["kind"], manifest["metadata"]["name"])
         keep.add(key)

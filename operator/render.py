@@ -262,8 +262,10 @@ def inference_pool(service: str, namespace: str, uid: str, pool: str, replicas: 
 
 
 def children(spec: InferenceServiceSpec, service: str, namespace: str, uid: str,
-             pool_replicas: dict[str, int], model_cache: ModelCache | None = None) -> list[Manifest]:
-    """Every child but the TandemPools, in apply order. pool_replicas: pool -> desired workers."""
+             pool_replicas: dict[str, int], model_cache: ModelCache | None = None,
+             operator_peer: dict[str, Any] | None = None) -> list[Manifest]:
+    """Every child but the TandemPools, in apply order. pool_replicas: pool -> desired workers;
+    operator_peer: the operator's pods, admitted to the metrics ports."""
     out: list[Manifest] = []
     for pool in worker_pools(spec):
         out.append(worker_deployment(spec, service, namespace, uid, pool, pool_replicas[pool], model_cache))
@@ -272,7 +274,8 @@ def children(spec: InferenceServiceSpec, service: str, namespace: str, uid: str,
     out.append(router_deployment(spec, service, namespace, uid, model_cache))
     out.append(router_service(service, namespace, uid))
     if spec.security.network_policy.enabled:
-        out += [network_policy(spec, service, namespace, uid, p) for p in [*worker_pools(spec), names.POOL_ROUTER]]
+        out += [network_policy(spec, service, namespace, uid, p, operator_peer)
+                for p in [*worker_pools(spec), names.POOL_ROUTER]]
     if spec.gateway is not None:
         meta = object_metadata(child_name(service, names.POOL_ROUTER), namespace, service, uid, names.POOL_ROUTER)
         out.append(gateway.inference_pool(spec.gateway, meta, selector(service, names.POOL_ROUTER)))

@@ -11,6 +11,9 @@ from collections.abc import Mapping
 from tandem.spec import InferenceServiceSpec, SecuritySpec
 
 ENV = "TANDEM_DEFAULT_SECURITY"  # JSON, the shape of spec.security
+# JSON, a NetworkPolicyPeer: the operator's own pods (the chart sets it), admitted to every metrics port so
+# the autoscaler's direct scrape is not blocked by the services' NetworkPolicies.
+OPERATOR_PEER_ENV = "TANDEM_OPERATOR_PEER"
 
 
 def parse(text: str) -> SecuritySpec | None:
@@ -38,3 +41,15 @@ def with_defaults(spec: InferenceServiceSpec, defaults: SecuritySpec | None) -> 
     if not updates:
         return spec
     return spec.model_copy(update={"security": spec.security.model_copy(update=updates)})
+
+
+@functools.cache
+def operator_peer() -> dict | None:
+    """The operator's pods as a NetworkPolicyPeer, from the chart; None when run outside a cluster."""
+    text = os.environ.get(OPERATOR_PEER_ENV, "").strip()
+    if not text:
+        return None
+    peer = json.loads(text)
+    if not isinstance(peer, dict) or not peer:
+        raise ValueError(f"{OPERATOR_PEER_ENV} must be a JSON NetworkPolicyPeer object")
+    return peer

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tandem import names
 from tandem.testing.cluster import Operator
 from tests.k8s.conftest import PSS_ENFORCE, get_json, wait_for
 from tests.k8s.test_operator_lifecycle import EXAMPLE, SERVICE, model_volume, ready_at_current_generation
@@ -140,6 +141,10 @@ def test_operator_with_the_scoped_identity_reconciles_only_the_watched_namespace
             wait_for(lambda: ready_at_current_generation(cp, scoped.a), 180, f"{SERVICE} Ready in the watched namespace")
         except AssertionError:
             raise AssertionError(f"not Ready; operator log:\n{op.log()[-4000:]}") from None
+        operator_pods = json.loads(env["TANDEM_OPERATOR_PEER"])  # the direct scrape gets through the policies
+        for policy in get_json(cp, "networkpolicies", namespace=scoped.a)["items"]:
+            (metrics,) = [r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == names.METRICS_PORT]
+            assert operator_pods in metrics["from"], policy["metadata"]["name"]
         assert get_json(cp, "tsvc", SERVICE, namespace=scoped.c).get("status") in (None, {})
         assert cp.kubectl("get", "deployments", "-n", scoped.c, "-o", "name").stdout.split() == []
         log = op.log()

@@ -122,3 +122,36 @@ def test_network_policies_can_be_turned_off():
         {"model": {"source": {"path": "/m"}, "servedName": "m"}, "security": {"networkPolicy": {"enabled": False}}}
     )
     assert not [m for m in render.children(spec, "s", "ns", "u", {"prefill": 1, "decode": 1}) if m["kind"] == "NetworkPolicy"]
+
+
+def test_the_operator_is_admitted_to_every_metrics_port_and_nothing_else(monkeypatch):
+    """The autoscaler scrapes the pods' /metrics itself when no Prometheus is configured: the chart names the
+    operator's pods (TANDEM_OPERATOR_PEER) and every pool's policy admits them to the metrics port only."""
+    import json
+    import subprocess
+
+    from tandem.operator import security_defaults
+    from tests.unit.test_chart_values import CHART, _helm
+
+    helm = _helm()
+    if helm is None:
+        pytest.skip("no helm binary: TANDEM_BUILD_HELM=1 bash tests/k8s/build-controlplane.sh")
+    out = subprocess.run([helm, "template", "rel", str(CHART), "-n", "ops"], check=True, capture_output=True,
+                         text=True, timeout=60).stdout
+    import yaml
+
+    dep = next(d for d in yaml.safe_load_all(out) if d and d["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    monkeypatch.setenv(security_defaults.OPERATOR_PEER_ENV, env[security_defaults.OPERATOR_PEER_ENV])
+    security_defaults.operator_peer.cache_clear()
+    peer = security_defaults.operator_peer()
+    security_defaults.operator_peer.cache_clear()
+    assert peer is not None
+    assert _matches(peer["podSelector"], dep["spec"]["template"]["metadata"]["labels"])  # the operator's pods
+    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}  # in its namespace only
+    spec = _specs()["gpu"]
+    out_children = render.children(spec, "llama", "ml", "u", {"prefill": 1, "decode": 1}, operator_peer=peer)
+    for policy in (m for m in out_children if m["kind"] == "NetworkPolicy"):
+        for rule in policy["spec"]["ingress"]:
+            admitted = json.dumps(peer) in [json.dumps(p) for p in rule.get("from", [])]
+            assert admitted == (rule["ports"][0]["port"] == names.METRICS_PORT), policy["metadata"]["name"]
