@@ -51,6 +51,12 @@ class ExposureWatch:
         self.services: dict[tuple[str, str, str], tuple[str, ...]] = {}
         self.warned: dict[tuple[str, str, str], str] = {}
 
+    def forget(self, namespace: str, name: str) -> None:
+        """The InferenceService is gone (or going): nothing more to remember of it, whatever its uid."""
+        for seen in (self.services, self.warned):
+            for key in [k for k in seen if k[:2] == (namespace, name)]:
+                del seen[key]
+
     def needs_listing(self, key: tuple[str, str, str], fresh: bool) -> bool:
         return fresh or key not in self.services
 

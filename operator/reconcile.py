@@ -184,6 +184,7 @@ def reconcile(kube: Kube, namespace: str, name: str, cache: ObjectCache | None =
     reader = Reader(kube, cache, fresh)
     isvc = reader.get(KIND, namespace, name)
     if isvc is None or isvc["metadata"].get("deletionTimestamp"):
+        _EXPOSURE.forget(namespace, name)
         return out  # garbage collection removes the children through owner references
     previous = isvc.get("status") or {}
     # Never reconciled: its children can only be ones we created, which the cache holds. (A crash between

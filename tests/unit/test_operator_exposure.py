@@ -58,3 +58,11 @@ def test_the_event_is_sent_when_the_exposure_starts_or_changes_not_at_every_resy
                          "exposed via public, debug") == "exposed via public, debug"  # a new way in
     assert watch.to_send(key, (), None) is None  # closed
     assert watch.to_send(key, ("Service public (LoadBalancer)",), "exposed via public") == "exposed via public"  # reopened
+
+
+def test_a_deleted_service_is_forgotten_whatever_its_uid():
+    watch = ExposureWatch()
+    for key in (("ns", "m", "uid-1"), ("ns", "m", "uid-2"), ("ns", "other", "uid-3")):
+        watch.to_send(key, ("Service public (LoadBalancer)",), "exposed")
+    watch.forget("ns", "m")
+    assert set(watch.services) == set(watch.warned) == {("ns", "other", "uid-3")}
