@@ -3,7 +3,7 @@ ServiceAccount gets a Role in each watched namespace, the Lease's Role in the re
 wide, only the listing of nodes (`kubectl auth can-i --as=...`, allowed and denied); run with that identity
 the operator reconciles a watched namespace without one refusal and leaves an unwatched one alone; and the
 chart's ValidatingAdmissionPolicy lets that identity change nothing on a pod but the deletion-cost
-annotation."""
+annotation and (a role flip) the role label to prefill or decode."""
 
 from __future__ import annotations
 
@@ -212,6 +212,25 @@ def test_the_operator_may_patch_a_pod_only_for_the_deletion_cost(control_plane, 
     for field in ("labels", "annotations", "finalizers"):
         assert after["metadata"].get(field) == before["metadata"].get(field), field
     assert after["spec"] == before["spec"]
+
+
+def test_the_operator_may_flip_a_pods_role_label_between_prefill_and_decode_only(control_plane, scoped, as_operator):
+    cp, ns = control_plane, scoped.b
+    pod = _pod(ns, "flipped")
+    pod["metadata"]["labels"]["serving.tandem.dev/role"] = "prefill"
+    cp.kubectl("create", "-f", "-", input=json.dumps(pod))
+    from tandem.operator.autoscale.kube_flip import FLIPPED_AT, flip_patch
+    from tandem.operator.autoscale.types import Pool
+
+    as_operator.merge_patch("Pod", ns, "flipped", flip_patch(Pool("decode"), "2026-01-01T00:00:00Z"))  # the autoscaler's
+    live = get_json(cp, "pod", "flipped", namespace=ns)["metadata"]
+    assert live["labels"]["serving.tandem.dev/role"] == "decode" and live["annotations"][FLIPPED_AT] == "2026-01-01T00:00:00Z"
+    refused = _refusal(lambda: as_operator.merge_patch("Pod", ns, "flipped",
+                                                       {"metadata": {"labels": {"serving.tandem.dev/role": "router"}}}))
+    assert refused.startswith("403 ") and "only to prefill or decode" in refused, refused
+    refused = _refusal(lambda: as_operator.merge_patch("Pod", ns, "flipped",
+                                                       {"metadata": {"labels": {"serving.tandem.dev/role": None}}}))
+    assert "(metadata.labels changed)" in refused, refused
 
 
 def test_the_pod_policy_binds_only_the_operator(control_plane, scoped, as_operator):
