@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from concurrent import futures
 
@@ -41,21 +40,14 @@ class _Decode(decode_pb2_grpc.DecodeServiceServicer):
             yield common_pb2.TokenEvent(request_id=request.request_id, has_token=True, token_id=i)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def _serve(name: str, cert: bytes, key: bytes, trusted: bytes) -> tuple[aio.Server, str]:
     from tandem.worker.api.tls import add_port
 
     server = aio.server()
     decode_pb2_grpc.add_DecodeServiceServicer_to_server(_Decode(name), server)
-    address = f"127.0.0.1:{_free_port()}"
-    add_port(server, address, TlsConfig(cert, key, trusted))
+    port = add_port(server, "127.0.0.1:0", TlsConfig(cert, key, trusted))  # a port no other process holds
     await server.start()
-    return server, address
+    return server, f"127.0.0.1:{port}"
 
 
 @pytest.mark.asyncio
@@ -127,10 +119,9 @@ def _serve_sync(cert: bytes, key: bytes, trusted: bytes) -> tuple[grpc.Server, s
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     decode_pb2_grpc.add_DecodeServiceServicer_to_server(_SyncDecode(), server)
-    address = f"127.0.0.1:{_free_port()}"
-    add_port(server, address, TlsConfig(cert, key, trusted))
+    port = add_port(server, "127.0.0.1:0", TlsConfig(cert, key, trusted))
     server.start()
-    return server, address
+    return server, f"127.0.0.1:{port}"
 
 
 def test_the_prefill_workers_decode_channels_follow_a_renewed_certificate(tmp_path):
