@@ -167,9 +167,10 @@ class Pools:
         for w in self.retiring:
             await w.channel.close()
 
-    async def poll_forever(self, interval_s: float) -> None:
+    async def poll_forever(self, interval_s: float | Callable[[], float]) -> None:
+        """Refresh and poll every `interval_s` (or as often as it says each round)."""
         while True:
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(interval_s() if callable(interval_s) else interval_s)
             try:
                 await self.refresh()
                 await self.close_retired()
