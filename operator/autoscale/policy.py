@@ -32,6 +32,7 @@ from tandem.operator.autoscale import forecast as fc
 from tandem.operator.autoscale.config import PolicyConfig, PoolLimits
 from tandem.operator.autoscale.sizing import Sizing, missing, size_pool
 from tandem.operator.autoscale.types import Decision, Pool, PoolObservation
+from tandem.operator.autoscale.wake import wake_from_zero
 
 QUIET_SPELLS = 5  # how many past quiet spells the break-even rule weighs (their median)
 
@@ -293,7 +294,7 @@ def _first(rules: tuple[Callable[[_Tick, _Plan], Decision | None], ...], t: _Tic
 
 def _decide_pool(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: float) -> _Outcome:
     t = _Tick(obs, cfg, now_s, ps)
-    if d := _stale(t) or _no_rate(t):
+    if d := _stale(t) or wake_from_zero(obs, t.limits) or _no_rate(t):
         return _Outcome(d, ps)
     t = _track(t)
     if d := _out_of_bounds(t):
