@@ -32,7 +32,7 @@ from tandem.operator.autoscale import forecast as fc
 from tandem.operator.autoscale.config import PolicyConfig, PoolLimits
 from tandem.operator.autoscale.sizing import Sizing, missing, size_pool
 from tandem.operator.autoscale.types import Decision, Pool, PoolObservation
-from tandem.operator.autoscale.wake import wake_from_zero
+from tandem.operator.autoscale.wake import holds_demand, wake_from_zero
 
 QUIET_SPELLS = 5  # how many past quiet spells the break-even rule weighs (their median)
 
@@ -178,7 +178,7 @@ def _metrics_absent(t: _Tick) -> Decision | None:
 
 
 def _is_idle(obs: PoolObservation) -> bool:
-    return obs.arrival_rate_rps <= 0 and not (obs.queued_prompt_tokens or 0) > 0 and not (obs.running_sequences or 0) > 0  # type: ignore[operator]
+    return obs.arrival_rate_rps <= 0 and not (obs.queued_prompt_tokens or 0) > 0 and not (obs.running_sequences or 0) > 0 and not holds_demand(obs)  # type: ignore[operator]
 
 
 # Up: the target is above the current count.

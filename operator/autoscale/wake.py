@@ -1,7 +1,8 @@
 """Wake a pool from zero (pure): a pool with no replica reports no load, so the router's held requests are
 its demand. The first replica starts as soon as the router holds a request for the pool, before any other
 rule (a pool at zero has no latency to size on). The way down to zero is the policy's idle rule: with
-`minReplicas: 0` a pool without traffic for the stabilization window goes to its minimum, zero.
+`minReplicas: 0` a pool without traffic for the stabilization window goes to its minimum, zero; a pool
+the router holds requests for is never idle (its first replica may still be starting).
 """
 
 from __future__ import annotations
@@ -10,6 +11,12 @@ from tandem.operator.autoscale.config import PoolLimits
 from tandem.operator.autoscale.types import Decision, PoolObservation
 
 WAKE_FROM_ZERO = "WakeFromZero"  # the reason code of a decision that starts a pool's first replica
+
+
+def holds_demand(obs: PoolObservation) -> bool:
+    """The router holds requests for this pool: it is not idle, whatever its own arrivals say (a held
+    request arrived once, maybe a window ago, and still waits)."""
+    return (obs.held_requests or 0) > 0
 
 
 def wake_from_zero(obs: PoolObservation, limits: PoolLimits) -> Decision | None:

@@ -52,6 +52,19 @@ def test_the_policy_wakes_a_pool_at_zero_before_it_looks_for_latencies():
     assert d2.desired == 1 and not d2.changes
 
 
+def test_a_waking_pool_is_not_idle_while_requests_wait_for_it():
+    """Arrivals stopped a window ago but the requests that came then still wait: the replica starting for
+    them stays, however long the pool had been idle before."""
+    quiet = decode(ready=0, arrival_rate_rps=0.0, tpot_ms=None, output_tokens_mean=None, held_requests=0.0)
+    _, state = once(quiet, config=ZERO_MIN)
+    later = NOW + 10 * ZERO_MIN.stabilization_s
+    d, state = once(replace(quiet, at_s=later, held_requests=3.0), state, ZERO_MIN, later)
+    assert (d.current, d.desired) == (0, 1)
+    starting = replace(quiet, at_s=later + 1, held_requests=3.0, replicas=Replicas(0, 1))
+    d, _ = once(starting, state, ZERO_MIN, later + 1)
+    assert not d.changes, d.reason
+
+
 def test_without_held_requests_a_pool_at_zero_holds_for_want_of_metrics():
     d, _ = once(at_zero(0), config=ZERO_MIN)
     assert not d.changes and d.reason_code == "MetricsUnavailable"
