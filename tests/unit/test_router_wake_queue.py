@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -81,6 +82,37 @@ async def test_a_request_for_a_pool_at_zero_waits_for_its_first_worker(tmp_path,
         assert COLD_START_S not in warm.extra and names.COLD_START_HEADER not in timing_headers(warm)
     finally:
         await backend.close()
+
+
+class SlowFirstLoad(EndingDecode):
+    """A worker that introduces itself at once but takes a while over its first load report."""
+
+    def __init__(self) -> None:
+        super().__init__(tokens=3, finish=common_pb2.FINISH_REASON_STOP)
+        self.loads = 0
+
+    def Load(self, request, context):
+        self.loads += 1
+        if self.loads == 1:
+            time.sleep(0.6)
+        return super().Load(request, context)
+
+
+@pytest.mark.asyncio
+async def test_a_worker_that_introduced_itself_but_has_not_reported_its_load_is_still_waking(tmp_path, workers):
+    """Between its Handshake and its first Load answer a new worker is neither failed nor routable: the held
+    request keeps waiting for it instead of ending its hold on a 503."""
+    servers, addresses = serve_on_loopback([(decode_pb2_grpc.add_DecodeServiceServicer_to_server, SlowFirstLoad())])
+    backend = await _backend(tmp_path, WakeLimits(8, 30), prefill=workers["prefill"])
+    try:
+        request = asyncio.ensure_future(_generate(backend))
+        await _until(lambda: backend.wake_queue.held("decode") == 1)
+        _write(tmp_path / "workers.json", prefill=workers["prefill"], decode=addresses)
+        assert await asyncio.wait_for(request, 10) == [100, 101, 102]
+    finally:
+        await backend.close()
+        for s in servers:
+            s.stop(0)
 
 
 @pytest.mark.asyncio

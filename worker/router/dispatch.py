@@ -115,9 +115,11 @@ class GrpcBackend:
         return any(v.routable for v in self.pools.views(role))
 
     def _may_wake(self, role: str) -> bool:
-        """No worker of `role` is routable and none has failed: the pool is at zero or its workers are
-        starting (joined, never answered). A pool whose workers failed is refused at once, not held."""
-        return not self._routable(role) and all(w.info is None for w in self.pools.workers[role].values())
+        """No worker of `role` is routable and none has failed: the pool is at zero, going there (its last
+        workers drain) or its workers are starting (joined, never answered). A pool whose workers failed is
+        refused at once, not held."""
+        members = self.pools.workers[role].values()
+        return not self._routable(role) and all(w.info is None or w.view.draining for w in members)
 
     def queue_depth(self) -> int:
         return self.inflight

@@ -194,9 +194,9 @@ class Pools:
 async def poll(w: Worker) -> None:
     """One worker's health and load into its view (its Handshake first, once)."""
     try:
-        if w.info is None:
-            w.info = (await w.stub.Handshake(common_pb2.HandshakeRequest(), timeout=2)).worker  # type: ignore[attr-defined]
+        info = w.info or (await w.stub.Handshake(common_pb2.HandshakeRequest(), timeout=2)).worker  # type: ignore[attr-defined]
         load = await w.stub.Load(common_pb2.LoadRequest(), timeout=2)  # type: ignore[attr-defined]
+        w.info = info  # known once it also reported its load: until then it is still starting
     except aio.AioRpcError as e:
         if e.code() == grpc.StatusCode.UNAVAILABLE:
             w.view.healthy = False  # out of rotation until it answers (a request failure also waits out a window)
