@@ -77,13 +77,13 @@ def first_token(url: str, max_tokens: int) -> tuple[float, float | None]:
         if r.status_code != 200:
             raise RuntimeError(f"router answered {r.status_code}: {r.read().decode()[:300]}")
         cold = r.headers.get(names.COLD_START_HEADER)
-        for line in r.iter_lines():
-            if line.startswith("data: {") and '"content"' in line:
+        ttft = None
+        for line in r.iter_lines():  # to the end: the next request finds the pools idle again
+            if ttft is None and line.startswith("data: {") and '"content"' in line:
                 ttft = (time.perf_counter() - start) * 1000
-                for _ in r.iter_lines():  # read the rest: the next request finds the pools idle again
-                    pass
-                return ttft, float(cold) if cold is not None else None
-    raise RuntimeError("no token came back")
+    if ttft is None:
+        raise RuntimeError("no token came back")
+    return ttft, float(cold) if cold is not None else None
 
 
 def spread(values: list[float], fmt: str = "{:.0f}") -> str:
