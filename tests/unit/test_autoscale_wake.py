@@ -137,3 +137,13 @@ def test_min_zero_needs_the_autoscaler_to_wake_the_pool(patch, refused):
             InferenceServiceSpec.model_validate(body)
     else:
         InferenceServiceSpec.model_validate(body)
+
+
+def test_the_example_starts_both_pools_at_zero_under_the_autoscaler():
+    from pathlib import Path
+
+    from tandem.spec import load_file
+
+    svc = load_file(Path(__file__).resolve().parents[2] / "examples/tiny-from-zero.yaml")
+    assert svc.spec.autoscaling.enabled
+    assert [(p.replicas, p.min_replicas) for p in (svc.spec.prefill, svc.spec.decode)] == [(0, 0), (0, 0)]
