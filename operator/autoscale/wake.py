@@ -7,8 +7,10 @@ the router holds requests for is never idle (its first replica may still be star
 
 from __future__ import annotations
 
+from tandem.launch import worker_pools
 from tandem.operator.autoscale.config import PoolLimits
 from tandem.operator.autoscale.types import Decision, PoolObservation
+from tandem.spec import InferenceServiceSpec
 
 WAKE_FROM_ZERO = "WakeFromZero"  # the reason code of a decision that starts a pool's first replica
 
@@ -30,3 +32,11 @@ def wake_from_zero(obs: PoolObservation, limits: PoolLimits) -> Decision | None:
     waited = f" for {obs.held_oldest_s:.0f} s" if obs.held_oldest_s else ""
     why = f"{held:.0f} requests held{waited} by the router with no {obs.pool} worker"
     return Decision(obs.pool, 0, desired, f"{obs.pool} 0->{desired}: {why}", WAKE_FROM_ZERO, {"held_requests": held})
+
+
+def wakes_from_zero(spec: InferenceServiceSpec) -> set[str]:
+    """The pools the autoscaler wakes from zero (autoscaling on, minReplicas 0): at 0 replicas they rest,
+    they are not broken."""
+    if not spec.autoscaling.enabled:
+        return set()
+    return {pool for pool in worker_pools(spec) if (spec.prefill if pool == "prefill" else spec.decode).min_replicas == 0}

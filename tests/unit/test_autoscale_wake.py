@@ -147,3 +147,21 @@ def test_the_example_starts_both_pools_at_zero_under_the_autoscaler():
     svc = load_file(Path(__file__).resolve().parents[2] / "examples/tiny-from-zero.yaml")
     assert svc.spec.autoscaling.enabled
     assert [(p.replicas, p.min_replicas) for p in (svc.spec.prefill, svc.spec.decode)] == [(0, 0), (0, 0)]
+
+
+@pytest.mark.parametrize(
+    "patch,wakes",
+    [
+        ({"prefill": {"minReplicas": 0}, "autoscaling": {"enabled": True}}, {"prefill"}),
+        ({"prefill": {"minReplicas": 0}, "decode": {"minReplicas": 0}, "autoscaling": {"enabled": True}}, {"prefill", "decode"}),
+        ({"mode": "colocated", "decode": {"minReplicas": 0}, "autoscaling": {"enabled": True}}, {"colocated"}),
+        ({"autoscaling": {"enabled": True}}, set()),
+        ({}, set()),
+    ],
+)
+def test_which_pools_rest_at_zero(patch, wakes):
+    from tandem.operator.autoscale.wake import wakes_from_zero
+    from tandem.spec import InferenceServiceSpec
+
+    spec = InferenceServiceSpec.model_validate({"model": {"source": {"path": "/m"}, "servedName": "m"}, **patch})
+    assert wakes_from_zero(spec) == wakes
