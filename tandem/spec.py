@@ -307,6 +307,7 @@ class InferenceServiceSpec(_Spec):
 
 MIN_ZERO_NEEDS_AUTOSCALING = "minReplicas 0 needs autoscaling.enabled: only the autoscaler wakes a pool from zero"
 
+
 class InferenceService(BaseModel):
     """A whole object as read from YAML: name, namespace and the spec."""
 
