@@ -22,7 +22,7 @@ from tandem.worker.router.backend import COLD_START_S, BackendError, Timing
 from tandem.worker.router.dispatch import GrpcBackend
 from tandem.worker.router.wake_queue import TIMED_OUT_RETRY_AFTER_S, WakeLimits, WakeQueue
 from tests.scripted_workers import serve_on_loopback
-from tests.unit.test_router_stream_ends import EndingDecode, QuickPrefill, tok  # noqa: F401 (fixture)
+from tests.unit.test_router_stream_ends import EndingDecode, QuickPrefill
 
 PARAMS = SamplingParams(max_tokens=4)
 
@@ -187,7 +187,7 @@ async def test_no_hold_refuses_at_once_and_an_empty_pool_is_then_not_ready(tmp_p
 
 
 @pytest.mark.asyncio
-async def test_over_http_the_held_count_is_a_metric_and_a_leaving_client_leaves_no_hold(tmp_path, tok):  # noqa: F811
+async def test_over_http_the_held_count_is_a_metric_and_a_leaving_client_leaves_no_hold(tmp_path, tok):
     backend = await _backend(tmp_path, WakeLimits(8, 30))
     app = create_app(backend, tok, "tiny")
     transport = httpx.ASGITransport(app=app)
