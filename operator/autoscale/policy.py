@@ -1,6 +1,7 @@
 """The SLO policy: one pure call per interval turns per-pool observations into replica decisions with reasons.
 
-Rules, in the order they apply to each pool:
+Rules, in the order they apply to each pool (a pool at zero that the router holds requests for wakes
+first, wake.py):
 1. stale, missing or NaN metrics: hold and say which; but a pool with work waiting and no completion in
    the window is stalled, which is a breach (its latency is what its backlog implies, at least 2x the SLO);
 2. capacity still arriving (replicas starting, or the last target not yet created): hold, unless the
