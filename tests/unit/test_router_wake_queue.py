@@ -137,7 +137,7 @@ async def test_past_the_bound_a_request_is_refused_with_retry_after_and_the_reas
             await _generate(backend)
         e = refused.value
         assert e.status == 503 and "2 requests already wait" in str(e) and "maxRequests 2" in str(e)
-        assert e.retry_after_s is not None and 1 <= e.retry_after_s <= 60
+        assert e.retry_after_s == TIMED_OUT_RETRY_AFTER_S  # 60 s left to the oldest hold: come back sooner
         for h in held:
             h.cancel()
         await asyncio.gather(*held, return_exceptions=True)
@@ -222,3 +222,18 @@ async def test_the_queue_on_its_own_counts_each_pool_and_forgets_a_cancelled_hol
     await asyncio.gather(a, return_exceptions=True)
     assert len(queue) == 0 and queue.oldest_s("decode") == 0.0
     assert await queue.hold(["decode"], up.__contains__) == 0.0  # nothing to wait for: no hold at all
+
+
+@pytest.mark.asyncio
+async def test_a_full_queue_says_come_back_when_the_oldest_hold_ends_at_the_latest():
+    now = [0.0]
+    queue = WakeQueue(WakeLimits(1, 30), clock=lambda: now[0])
+    held = asyncio.ensure_future(queue.hold(["decode"], lambda role: False))
+    await _until(lambda: len(queue) == 1)
+    now[0] = 28.2
+    with pytest.raises(BackendError) as refused:
+        await queue.hold(["decode"], lambda role: False)
+    assert refused.value.retry_after_s == 2  # the oldest hold gives up within 1.8 s
+    held.cancel()
+    await asyncio.gather(held, return_exceptions=True)
+    assert len(queue) == 0

@@ -57,9 +57,10 @@ class WakeQueue:
         return self.clock() - min(since) if since else 0.0
 
     def refusal(self, roles: Collection[str]) -> BackendError:
-        """The 503 for a request that finds the queue full: come back once the oldest hold has ended."""
+        """The 503 for a request that finds the queue full: come back when the oldest hold ends at the
+        latest, but within TIMED_OUT_RETRY_AFTER_S (the pool may wake well before the timeout)."""
         oldest = max((self.oldest_s(r) for r in roles), default=0.0)
-        retry = max(1, math.ceil(self.limits.timeout_s - oldest))
+        retry = min(max(1, math.ceil(self.limits.timeout_s - oldest)), TIMED_OUT_RETRY_AFTER_S)
         return BackendError(
             f"no {' or '.join(sorted(roles))} worker yet and {len(self._held)} requests already wait for one "
             f"(router.wakeQueue.maxRequests {self.limits.max_requests})", status=503, retry_after_s=retry,
