@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from tandem import names
 from tandem.operator import certs, exposure, render
+from tandem.operator.autoscale.wake import wakes_from_zero
 from tandem.operator.cache import ObjectCache
 from tandem.operator.drift import is_subset, needs_apply
 from tandem.operator.flip import role_counts
@@ -340,7 +341,7 @@ def _converge(kube: Kube, reader: Reader, isvc: dict[str, Any], spec: InferenceS
         serving = role_counts(kube.list("Pod", namespace, f"{names.LABEL_SERVICE}={name}"))
     now = _now()
     status = service_status(generation, deployments, desired, previous, endpoint, now, pod_problems=problems,
-                            tls=spec.security.tls.enabled, serving=serving)
+                            tls=spec.security.tls.enabled, serving=serving, wakes=wakes_from_zero(spec))
     status = with_pod_starts(status, previous, pods, spec.model.source.hugging_face is not None, generation, now)
     conditions = {c["type"]: c for c in status["conditions"]}
     out.ready = conditions["Ready"]["status"] == "True"

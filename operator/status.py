@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from tandem import names
@@ -71,14 +72,16 @@ def _condition(ctype: str, ok: bool, reason: str, message: str, generation: int,
 def service_status(generation: int, deployments: dict[str, Body | None], desired: dict[str, int],
                    previous: Body, endpoint: str, now: str, blocked: tuple[str, str] | None = None,
                    pod_problems: dict[str, list[tuple[str, str]]] | None = None,
-                   tls: bool | None = None, serving: dict[str, int] | None = None) -> Body:
+                   tls: bool | None = None, serving: dict[str, int] | None = None,
+                   wakes: Collection[str] = ()) -> Body:
     """Conditions (Ready, Progressing, Degraded), per-pool replicas and the router endpoint.
 
     `deployments` and `desired` are keyed by pool (including the router). `blocked` is (reason, message)
     when the spec cannot be rolled out: it could not be rendered (InvalidSpec) or the API server refused a
     child (ApplyFailed). `pod_problems` (pool -> (reason, message), see pod_health.py) are why a pool's pods
-    do not run. A pool with no replicas cannot serve, so it is not Ready. The three conditions tell one
-    story: while something is failing, Progressing is False with the same reason as Degraded. With `tls`
+    do not run. A pool with no replicas cannot serve, so it is not Ready, unless it is in `wakes` (autoscaled
+    with minReplicas 0: the router holds its requests and the autoscaler starts its first worker). The three
+    conditions tell one story: while something is failing, Progressing is False with the same reason as Degraded. With `tls`
     given, Encrypted says whether the gRPC hops use mutual TLS (False, reason TLSOff, when the spec turned
     it off). `serving` (spec.roleFlip): Ready pods by current role, which the pool counts show. lastTransitionTime
     only moves when a condition's status flips.
@@ -106,7 +109,8 @@ def service_status(generation: int, deployments: dict[str, Body | None], desired
             found.append(f)
         if found:
             failures[p] = found
-    empty = [p for p, n in desired.items() if n == 0]
+    empty = [p for p, n in desired.items() if n == 0 and p not in wakes]
+    resting = [p for p, n in desired.items() if n == 0 and p in wakes]
     why = "; ".join(f"{p}: {m}" for p, found in failures.items() for _, m in found)
     reason = next((found[0][0] for found in failures.values()), "")
     summary = ", ".join(f"{p} {pools[p]['summary']}" for p in waiting)
@@ -118,6 +122,10 @@ def service_status(generation: int, deployments: dict[str, Body | None], desired
         progressing = (True, "RollingOut", f"rolling out {summary}")
     elif empty:
         ready_c = (False, "NoReplicas", f"{', '.join(empty)} scaled to 0 replicas: nothing serves requests")
+        progressing = (False, "RolloutComplete", "every pool runs the current spec")
+    elif resting:
+        ready_c = (True, "ScaledToZero", f"{', '.join(resting)} at 0 replicas: requests wait in the router while the "
+                   "autoscaler starts the first worker")  # fmt: skip
         progressing = (False, "RolloutComplete", "every pool runs the current spec")
     else:
         ready_c = (True, "AllPoolsReady", "all pools ready")

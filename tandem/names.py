@@ -40,6 +40,10 @@ REQUESTS_TOTAL = "tandem_requests_total"
 ROUTER_QUEUE_DEPTH = "tandem_router_queue_depth"
 ROUTER_ROUTABLE_WORKERS = "tandem_router_routable_workers"  # by `role`: prefill | decode | colocated
 ROUTER_DISCOVERY_STALE = "tandem_router_discovery_stale"  # worker names kept at their last good addresses
+# Requests the router holds while a pool they need has no worker (scaled to zero, waking), by `role`, and
+# how long the oldest of them has waited: the demand the autoscaler sees at zero.
+ROUTER_HELD_REQUESTS = "tandem_router_held_requests"
+ROUTER_HELD_OLDEST_SECONDS = "tandem_router_held_oldest_seconds"
 REQUEST_ARRIVALS_TOTAL = "tandem_request_arrivals_total"  # requests reaching the router (the arrival rate)
 REQUEST_PROMPT_TOKENS = "tandem_request_prompt_tokens"  # histogram of prompt lengths (tokens)
 REQUEST_OUTPUT_TOKENS = "tandem_request_output_tokens"  # histogram of output lengths of completed requests
@@ -103,4 +107,6 @@ METRIC_LABELS = ("service", "pool")
 # its response header: disaggregated | local (on the decode worker) | colocated | none (never routed).
 PREFILL_ROUTE_LABEL = "prefill"
 PREFILL_ROUTE_HEADER = "X-Tandem-Prefill"
+# On a response whose request waited for a pool to wake from zero: the milliseconds it waited (in its TTFT).
+COLD_START_HEADER = "X-Tandem-Cold-Start-Ms"
 PREFILL_ROUTE_NONE = "none"

@@ -38,6 +38,7 @@ from tandem.spec import (
     SpeculativeMethod,
     SpeculativeSpec,
     Transport,
+    WakeQueueSpec,
 )
 
 ENGINE_STALL_S = 120.0  # an engine loop that has not come round for this long is stuck (the longest step is far shorter)
@@ -48,6 +49,7 @@ HEADER_TIMEOUT_S = 10.0
 KEEP_ALIVE_S = 5.0
 
 _ENGINE, _KV, _DISAGGREGATION, _ROUTER = EngineSpec(), KvTransferSpec(), DisaggregationSpec(), RouterSpec()
+_WAKE = WakeQueueSpec()
 SPECULATIVE_TOKENS = SpeculativeSpec().num_tokens
 
 
@@ -305,6 +307,8 @@ class RouterOptions(_Options):
     colocated: list[str] = opt(help="colocated worker addresses, comma-separated", factory=list)
     workers_file: str | None = opt(None, 'JSON {"prefill": [...], "decode": [...], "colocated": [...]}, re-read as it changes')
     max_queued: int = opt(_ROUTER.max_queued_requests, "requests in flight before answering 429")
+    max_held: int = opt(_WAKE.max_requests, "requests held at once while a pool they need has no worker (scaled to zero, waking); past it 503 with Retry-After (0: refuse at once)")
+    hold_timeout: float = opt(float(_WAKE.timeout_seconds), "seconds a request is held waiting for a pool to wake before 503 with Retry-After")
     kv_lease_ms: int = opt(_KV.lease_ms, "how long a decode worker keeps blocks reserved for a KV transfer that has not completed")
     max_model_len: int | None = opt(None, "context length the workers serve (their --max-model-len); default: the model's positions")
     max_body_bytes: int = opt(MAX_BODY_BYTES, "larger request bodies get 413")
@@ -328,7 +332,9 @@ class RouterOptions(_Options):
         slo = spec.slo.to_slo()
         opts = cls(served_name=spec.model.served_name, mode=spec.mode, max_queued=spec.router.max_queued_requests,
                    kv_lease_ms=spec.kv_transfer.lease_ms, max_model_len=spec.model.max_context_length,
-                   slo_ttft_ms=slo.ttft_ms, slo_tpot_ms=slo.tpot_ms, slo_percentile=slo.percentile, **process)  # fmt: skip
+                   slo_ttft_ms=slo.ttft_ms, slo_tpot_ms=slo.tpot_ms, slo_percentile=slo.percentile,
+                   max_held=spec.router.wake_queue.max_requests,
+                   hold_timeout=float(spec.router.wake_queue.timeout_seconds), **process)  # fmt: skip
         if spec.mode is not Mode.disaggregated:
             return opts
         d = spec.router.disaggregation

@@ -197,11 +197,21 @@ class DisaggregationSpec(_Spec):
     local_prefill_max_tpot_fraction: float = Field(default=0.0, ge=0, le=1)
 
 
+class WakeQueueSpec(_Spec):
+    """Requests the router holds while a pool they need has no worker (scaled to zero, or its first worker
+    still starting), instead of refusing them: at most `maxRequests` at once, each for at most
+    `timeoutSeconds`; past either, 503 with Retry-After. `maxRequests: 0` refuses at once."""
+
+    max_requests: int = Field(default=64, ge=0)
+    timeout_seconds: int = Field(default=300, gt=0)
+
+
 class RouterSpec(_Spec):
     replicas: int = Field(default=1, ge=1)
     resources: RouterResources = Field(default_factory=RouterResources)
     max_queued_requests: int = Field(default=256, gt=0)
     disaggregation: DisaggregationSpec = Field(default_factory=DisaggregationSpec)
+    wake_queue: WakeQueueSpec = Field(default_factory=WakeQueueSpec)
     pod_template: PodTemplateOverlay | None = None
 
 
@@ -286,6 +296,16 @@ class InferenceServiceSpec(_Spec):
         if self.autoscaling.flip.enabled and (not self.role_flip or self.mode != Mode.disaggregated):
             raise ValueError(AUTOSCALING_FLIP_NEEDS_ROLE_FLIP)
         return self
+
+    @model_validator(mode="after")
+    def _zero_needs_autoscaling(self) -> InferenceServiceSpec:
+        pools = {"decode": self.decode} if self.mode is Mode.colocated else {"prefill": self.prefill, "decode": self.decode}
+        if not self.autoscaling.enabled and any(p.min_replicas == 0 for p in pools.values()):
+            raise ValueError(MIN_ZERO_NEEDS_AUTOSCALING)
+        return self
+
+
+MIN_ZERO_NEEDS_AUTOSCALING = "minReplicas 0 needs autoscaling.enabled: only the autoscaler wakes a pool from zero"
 
 
 class InferenceService(BaseModel):

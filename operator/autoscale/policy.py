@@ -1,6 +1,7 @@
 """The SLO policy: one pure call per interval turns per-pool observations into replica decisions with reasons.
 
-Rules, in the order they apply to each pool:
+Rules, in the order they apply to each pool (a pool at zero that the router holds requests for wakes
+first, wake.py):
 1. stale, missing or NaN metrics: hold and say which; but a pool with work waiting and no completion in
    the window is stalled, which is a breach (its latency is what its backlog implies, at least 2x the SLO);
 2. capacity still arriving (replicas starting, or the last target not yet created): hold, unless the
@@ -32,6 +33,7 @@ from tandem.operator.autoscale import forecast as fc
 from tandem.operator.autoscale.config import PolicyConfig, PoolLimits
 from tandem.operator.autoscale.sizing import Sizing, missing, size_pool
 from tandem.operator.autoscale.types import Decision, Pool, PoolObservation
+from tandem.operator.autoscale.wake import holds_demand, wake_from_zero
 
 QUIET_SPELLS = 5  # how many past quiet spells the break-even rule weighs (their median)
 
@@ -177,7 +179,7 @@ def _metrics_absent(t: _Tick) -> Decision | None:
 
 
 def _is_idle(obs: PoolObservation) -> bool:
-    return obs.arrival_rate_rps <= 0 and not (obs.queued_prompt_tokens or 0) > 0 and not (obs.running_sequences or 0) > 0  # type: ignore[operator]
+    return obs.arrival_rate_rps <= 0 and not (obs.queued_prompt_tokens or 0) > 0 and not (obs.running_sequences or 0) > 0 and not holds_demand(obs)  # type: ignore[operator]
 
 
 # Up: the target is above the current count.
@@ -293,7 +295,7 @@ def _first(rules: tuple[Callable[[_Tick, _Plan], Decision | None], ...], t: _Tic
 
 def _decide_pool(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: float) -> _Outcome:
     t = _Tick(obs, cfg, now_s, ps)
-    if d := _stale(t) or _no_rate(t):
+    if d := _stale(t) or wake_from_zero(obs, t.limits) or _no_rate(t):
         return _Outcome(d, ps)
     t = _track(t)
     if d := _out_of_bounds(t):

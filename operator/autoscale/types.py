@@ -45,6 +45,10 @@ class PoolObservation:
     # Arrival rate in consecutive equal slices of the window (e.g. 6 x 10 s), oldest first: lets the policy
     # size prefill for bursts shorter than the window. None: the policy treats arrivals as Poisson.
     arrival_rate_slices_rps: tuple[float, ...] | None = None
+    # Requests the router holds because this pool has no worker (scaled to zero, waking), and how long the
+    # oldest has waited (seconds): the demand a pool at zero cannot report itself.
+    held_requests: float | None = None
+    held_oldest_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,11 @@ CASES = [
     ("bad-hf-repo", _with("model.source", {"huggingFace": {"repoId": "no-slash"}}),
      "spec.model.source.huggingFace.repoId"),
     ("zero-router-replicas", _with("router.replicas", 0), "spec.router.replicas"),
+    # a pool at zero wakes only through the autoscaler
+    ("min-zero-without-autoscaling", _with("decode", {"replicas": 0, "minReplicas": 0}),
+     "minReplicas 0 needs autoscaling.enabled"),
+    ("prefill-min-zero-without-autoscaling", _with("prefill", {"minReplicas": 0}), "minReplicas 0 needs autoscaling.enabled"),
+    ("negative-wake-queue", _with("router.wakeQueue", {"maxRequests": -1}), "spec.router.wakeQueue.maxRequests"),
     # podTemplate: nothing over the operator's own fields, nothing the restricted profile forbids
     ("overlay-selector-label", _with("prefill.podTemplate", {"labels": {"serving.tandem.dev/pool": "x"}}),
      "spec.prefill.podTemplate.labels"),
@@ -95,6 +100,17 @@ def test_invalid_object_rejected_naming_the_field(control_plane, obj, field):
     assert out.returncode != 0, f"accepted: {obj['spec']}"
     assert "is invalid" in out.stderr or "Invalid value" in out.stderr or "Required value" in out.stderr, out.stderr
     assert field in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("spec", [
+    {"autoscaling": {"enabled": True}, "prefill": {"replicas": 0, "minReplicas": 0}, "decode": {"replicas": 0, "minReplicas": 0}},
+    {"mode": "colocated", "prefill": {"replicas": 0, "minReplicas": 0}},  # colocated: the prefill pool is unused
+], ids=["autoscaled", "colocated-unused-prefill"])
+def test_a_pool_at_zero_is_accepted_where_something_can_wake_it(control_plane, spec):
+    obj = copy.deepcopy(VALID)
+    obj["spec"].update(spec)
+    out = control_plane.kubectl("create", "--dry-run=server", "-o", "yaml", "-f", "-", input=yaml.safe_dump(obj))
+    assert yaml.safe_load(out.stdout)["spec"]["router"]["wakeQueue"] == {"maxRequests": 64, "timeoutSeconds": 300}
 
 
 def test_unknown_field_rejected(control_plane):

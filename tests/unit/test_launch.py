@@ -7,7 +7,7 @@ import pytest
 from tandem import launch
 from tandem.spec import InferenceServiceSpec
 from tandem.v1 import common_pb2 as C
-from tandem.worker.router.dispatch import build_backend
+from tandem.worker.router.backend_args import build_backend
 from tandem.worker.router.main import build_parser, check_args
 from tandem.worker.serve.main import parse_args
 from tandem.worker.serve.wire import offered_transports

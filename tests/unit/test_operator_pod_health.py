@@ -76,3 +76,12 @@ def test_a_pool_scaled_to_zero_is_not_ready_and_not_degraded():
     assert (_cond(st, "Ready")["status"], _cond(st, "Ready")["reason"]) == ("False", "NoReplicas")
     assert "decode scaled to 0" in _cond(st, "Ready")["message"]
     assert _cond(st, "Degraded")["status"] == "False" and _cond(st, "Progressing")["status"] == "False"
+
+
+def test_a_pool_at_zero_that_the_autoscaler_wakes_is_ready_resting():
+    deps = {"prefill": _dep(0, 0), "decode": _dep(0, 0), "router": _dep(1, 1)}
+    st = service_status(1, deps, {"prefill": 0, "decode": 0, "router": 1}, {}, "e", "T", wakes={"prefill", "decode"})
+    ready = _cond(st, "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "ScaledToZero") and "prefill, decode" in ready["message"]
+    st = service_status(1, deps, {"prefill": 0, "decode": 0, "router": 1}, {}, "e", "T", wakes={"decode"})
+    assert (_cond(st, "Ready")["status"], _cond(st, "Ready")["reason"]) == ("False", "NoReplicas")  # prefill cannot wake

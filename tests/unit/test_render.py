@@ -116,7 +116,7 @@ def _pod_templates(spec: InferenceServiceSpec) -> dict[str, dict]:
 
 @pytest.mark.parametrize("patch", [
     {"autoscaling": {"enabled": True, "windowSeconds": 300, "scaleDownCooldownSeconds": 1}},
-    {"decode": {"replicas": 3, "maxReplicas": 8}, "prefill": {"minReplicas": 0}},
+    {"decode": {"replicas": 3, "minReplicas": 2, "maxReplicas": 8}, "prefill": {"maxReplicas": 6}},  # min 0 needs autoscaling
     {"router": {"replicas": 3}},
 ], ids=["autoscaling", "pool-replicas", "router-replicas"])
 def test_edits_the_pods_do_not_consume_leave_every_pod_template_alone(gpu_spec, patch):

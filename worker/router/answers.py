@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 from tandem import names
 from tandem.worker.router import openai_schema as oa
 from tandem.worker.router.admission import Admission
-from tandem.worker.router.backend import Timing
+from tandem.worker.router.backend import COLD_START_S, Timing
 from tandem.worker.router.choices import Generations
 from tandem.worker.router.errors import error_of
 from tandem.worker.router.metrics import STATUS_CLIENT_GONE, RequestClock
@@ -70,9 +70,11 @@ class StreamEnd:
 def timing_headers(timing: Timing) -> dict[str, str]:
     """How many retries the request took and where its prompt ran; never which workers (their addresses
     are the cluster's, not the client's to know)."""
+    cold_start_s = timing.extra.get(COLD_START_S)
     headers = {
         "X-Tandem-Retries": str(timing.retries) if timing.retries else "",
         names.PREFILL_ROUTE_HEADER: timing.prefill,
+        names.COLD_START_HEADER: f"{cold_start_s * 1000:.0f}" if cold_start_s else "",
     }
     return {k: v for k, v in headers.items() if v}
 

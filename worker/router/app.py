@@ -147,6 +147,7 @@ def create_app(
     metrics = RouterMetrics(
         service_name, backend.queue_depth, slo=slo, routable_workers=backend.routable_workers,
         discovery_stale=getattr(backend, "discovery_stale", None), model_name=served_name,
+        wake_queue=getattr(backend, "wake_queue", None),
     )  # fmt: skip
     admission = Admission(max_queued_requests)
     limits = limits or RequestLimits()

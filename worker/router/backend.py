@@ -29,6 +29,9 @@ class Timing:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+COLD_START_S = "cold_start_s"  # Timing.extra key: seconds the request waited for a pool to wake from zero
+
+
 class BackendError(Exception):
     """A request the backend could not serve; `status` is the HTTP status to answer with."""
 

@@ -33,7 +33,7 @@ from tandem.worker.api.params import SamplingParams
 from tandem.worker.api.tls import TlsConfig
 from tandem.worker.api.wire import FINISH_NAMES, params_to_proto, top_logprobs_from_proto
 from tandem.worker.kv_transport.handshake import DEFAULT_LEASE_MS, check_compatible
-from tandem.worker.router.backend import BackendError, Timing, TokenOut
+from tandem.worker.router.backend import COLD_START_S, BackendError, Timing, TokenOut
 from tandem.worker.router.disaggregation import (
     DisaggregationMode,
     DisaggregationPolicy,
@@ -43,6 +43,7 @@ from tandem.worker.router.disaggregation import (
 )
 from tandem.worker.router.membership import STUBS, Pools, Worker
 from tandem.worker.router.selection import pick_decode, pick_prefill
+from tandem.worker.router.wake_queue import WakeLimits, WakeQueue
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +66,14 @@ class GrpcBackend:
         tls: TlsConfig | None = None,
         disaggregation: DisaggregationPolicy | None = None,
         tpot_slo_s: float = 0.0,
+        wake: WakeLimits | None = None,
     ):
         self.mode, self.block_size, self.max_attempts = mode, block_size, max_attempts
         self.disaggregation = disaggregation or DisaggregationPolicy()
         self.tpot_slo_s = tpot_slo_s  # what conditional disaggregation keeps local prefills from breaking
         self.poll_interval_s, self.lease_ms = poll_interval_s, lease_ms
         self.pools = Pools(addresses, workers_file, tls)
+        self.wake_queue = WakeQueue(wake)
         self.inflight = 0
         self._poller: asyncio.Task | None = None
 
@@ -78,7 +81,11 @@ class GrpcBackend:
     async def start(self) -> None:
         await self.pools.refresh()
         await self.pools.poll_all()
-        self._poller = asyncio.create_task(self.pools.poll_forever(self.poll_interval_s))
+        self._poller = asyncio.create_task(self.pools.poll_forever(self._poll_interval))
+
+    def _poll_interval(self) -> float:
+        """Poll faster while requests wait for a pool to wake: they start once its first worker answers."""
+        return min(self.poll_interval_s, WAKE_POLL_INTERVAL_S) if len(self.wake_queue) else self.poll_interval_s
 
     async def close(self) -> None:
         if self._poller:
@@ -87,11 +94,32 @@ class GrpcBackend:
                 await self._poller
         await self.pools.close()
 
+    def needed_roles(self) -> list[str]:
+        """The pools every request needs (conditional disaggregation prefills locally when prefill has none)."""
+        if self.mode == "colocated":
+            return ["colocated"]
+        if self.disaggregation.mode is DisaggregationMode.always:
+            return ["prefill", "decode"]
+        return ["decode"]  # never: every prompt is prefilled where it decodes; conditional: it may be
+
     def ready(self) -> bool:
-        needed = ["colocated"] if self.mode == "colocated" else ["prefill", "decode"]
-        if self.mode != "colocated" and self.disaggregation.mode is DisaggregationMode.never:
-            needed = ["decode"]  # every prompt is prefilled where it decodes
-        return all(any(v.routable for v in self.pools.views(r)) for r in needed)
+        """Every needed pool can take a request now, or has no worker at all and requests wait for it to
+        wake (a pool scaled to zero must not take the router out of its Service). Workers that joined and
+        never answered keep it unready, as at start."""
+        never = self.disaggregation.mode is DisaggregationMode.never
+        roles = self.needed_roles() if self.mode == "colocated" or never else ["prefill", "decode"]
+        holds = self.wake_queue.limits.max_requests > 0
+        return all(self._routable(r) or (holds and not self.pools.workers[r]) for r in roles)
+
+    def _routable(self, role: str) -> bool:
+        return any(v.routable for v in self.pools.views(role))
+
+    def _may_wake(self, role: str) -> bool:
+        """No worker of `role` is routable and none has failed: the pool is at zero, going there (its last
+        workers drain) or its workers are starting (joined, never answered). A pool whose workers failed is
+        refused at once, not held."""
+        members = self.pools.workers[role].values()
+        return not self._routable(role) and all(w.info is None or w.view.draining for w in members)
 
     def queue_depth(self) -> int:
         return self.inflight
@@ -123,6 +151,11 @@ class GrpcBackend:
     ) -> AsyncIterator[TokenOut]:
         self.inflight += 1
         try:
+            waking = [r for r in self.needed_roles() if self._may_wake(r)]
+            if waking:  # a pool at zero: wait for its first worker instead of refusing (wake_queue.py)
+                waited = await self.wake_queue.hold(waking, lambda r: not self._may_wake(r))
+                if waited:
+                    timing.extra[COLD_START_S] = waited
             tried: set[str] = set()
             for attempt in range(self.max_attempts):
                 timing.retries = attempt
@@ -356,33 +389,9 @@ def _note_unavailable(worker: Worker, e: aio.AioRpcError) -> None:
 
 
 PICK_WAIT_S = 3.0  # how long a request waits for a routable worker of a role before its 503
+WAKE_POLL_INTERVAL_S = 0.1  # the worker poll interval while requests wait for a pool to wake
 
 
 def _raise_client_error(e: aio.AioRpcError) -> None:
     if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
         raise BackendError(e.details() or "invalid request", status=400) from None
-
-
-def build_backend(args) -> GrpcBackend:
-    """From `tandem router` arguments."""
-
-    def split(value: str | list[str] | None) -> list[str]:
-        if isinstance(value, list):
-            return value
-        return [a for a in (value or "").split(",") if a]
-
-    addresses = {"prefill": split(args.prefill), "decode": split(args.decode), "colocated": split(args.colocated)}
-    tls = TlsConfig.optional(getattr(args, "tls_dir", None), service=getattr(args, "service", ""))
-    defaults = DisaggregationPolicy()
-    policy = DisaggregationPolicy(
-        mode=getattr(args, "disaggregation", defaults.mode),
-        local_prefill_max_tokens=getattr(args, "local_prefill_max_tokens", defaults.local_prefill_max_tokens),
-        prefill_queue_tokens=getattr(args, "prefill_queue_tokens", defaults.prefill_queue_tokens),
-        local_prefill_max_tpot_fraction=getattr(
-            args, "local_prefill_max_tpot_fraction", defaults.local_prefill_max_tpot_fraction
-        ),
-    )
-    return GrpcBackend(
-        args.mode, addresses, getattr(args, "workers_file", None), lease_ms=args.kv_lease_ms, tls=tls,
-        disaggregation=policy, tpot_slo_s=getattr(args, "slo_tpot_ms", 0.0) / 1000,
-    )  # fmt: skip

@@ -19,6 +19,8 @@ def check_args(args: RouterOptions | argparse.Namespace) -> str | None:
     """Why the worker addresses cannot serve the mode, or None when they can."""
     if args.max_queued < 1:
         return "--max-queued must be >= 1"
+    if args.max_held < 0 or args.hold_timeout <= 0:
+        return "--max-held must be >= 0 and --hold-timeout positive"
     if args.kv_lease_ms < 1:
         return "--kv-lease-ms must be >= 1"
     if args.max_body_bytes < 1 or args.body_timeout <= 0:
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from tandem.worker.hf.tokenizer import Tokenizer
     from tandem.worker.router.app import create_app
     from tandem.worker.router.auth import ApiKeys
-    from tandem.worker.router.dispatch import build_backend
+    from tandem.worker.router.backend_args import build_backend
     from tandem.worker.router.http_server import ServerLimits, uvicorn_config
 
     try:

@@ -191,9 +191,10 @@ class Pools:
         for _, ch in self.renewed_away:
             await ch.close()
 
-    async def poll_forever(self, interval_s: float) -> None:
+    async def poll_forever(self, interval_s: float | Callable[[], float]) -> None:
+        """Refresh and poll every `interval_s` (or as often as it says each round)."""
         while True:
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(interval_s() if callable(interval_s) else interval_s)
             try:
                 await self.refresh()
                 await self.close_retired()
@@ -217,9 +218,9 @@ class Pools:
 async def poll(w: Worker) -> None:
     """One worker's health and load into its view (its Handshake first, once)."""
     try:
-        if w.info is None:
-            w.info = (await w.stub.Handshake(common_pb2.HandshakeRequest(), timeout=2)).worker  # type: ignore[attr-defined]
+        info = w.info or (await w.stub.Handshake(common_pb2.HandshakeRequest(), timeout=2)).worker  # type: ignore[attr-defined]
         load = await w.stub.Load(common_pb2.LoadRequest(), timeout=2)  # type: ignore[attr-defined]
+        w.info = info  # known once it also reported its load: until then it is still starting
     except aio.AioRpcError as e:
         if e.code() == grpc.StatusCode.UNAVAILABLE:
             w.view.healthy = False  # out of rotation until it answers (a request failure also waits out a window)

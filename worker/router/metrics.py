@@ -23,6 +23,8 @@ from tandem.names import (
     REQUEST_PROMPT_TOKENS,
     REQUESTS_TOTAL,
     ROUTER_DISCOVERY_STALE,
+    ROUTER_HELD_OLDEST_SECONDS,
+    ROUTER_HELD_REQUESTS,
     ROUTER_QUEUE_DEPTH,
     ROUTER_ROUTABLE_WORKERS,
     SLO_OBJECTIVE_RATIO,
@@ -36,6 +38,7 @@ from tandem.names import (
     TTFT_SECONDS,
 )
 from tandem.slo import Slo
+from tandem.worker.router.wake_queue import WakeQueue
 
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600)
 
@@ -81,6 +84,7 @@ class RouterMetrics:
         routable_workers: Callable[[], dict[str, int]] | None = None,
         discovery_stale: Callable[[], float] | None = None,
         model_name: str = "model",
+        wake_queue: WakeQueue | None = None,
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.slo = slo or Slo()
@@ -146,6 +150,8 @@ class RouterMetrics:
                 labels, registry=r,
             )  # fmt: skip
             stale.labels(**self.labels).set_function(discovery_stale)
+        if wake_queue is not None:
+            self._held_gauges(wake_queue)
         target = Gauge(SLO_TARGET_SECONDS, "The SLO's latency target", (*labels, "slo"), registry=r)
         objective = Gauge(
             SLO_OBJECTIVE_RATIO, "Fraction of requests that must meet the SLO's target", (*labels, "slo"), registry=r
@@ -160,6 +166,21 @@ class RouterMetrics:
         for name in (SLO_TTFT, SLO_TPOT):  # both outcomes exist from the start, so ratios are 0, not absent
             for met in ("true", "false"):
                 self.slo_requests.labels(**self.labels, slo=name, met=met)
+
+    def _held_gauges(self, queue: WakeQueue) -> None:
+        """Requests held for a pool with no worker, and the oldest hold's age, by pool (wake_queue.py)."""
+        labels = (*METRIC_LABELS, "role")
+        count = Gauge(ROUTER_HELD_REQUESTS, "Requests held while a pool they need has no worker (scaled to zero, waking)",
+                      labels, registry=self.registry)  # fmt: skip
+        age = Gauge(ROUTER_HELD_OLDEST_SECONDS, "How long the oldest request held for a pool has waited",
+                    labels, registry=self.registry)  # fmt: skip
+
+        def of(read: Callable[[str], float], role: str) -> Callable[[], float]:
+            return lambda: read(role)
+
+        for role in ("prefill", "decode", "colocated"):
+            count.labels(**self.labels, role=role).set_function(of(queue.held, role))
+            age.labels(**self.labels, role=role).set_function(of(queue.oldest_s, role))
 
     def start_request(self, clock: Callable[[], float] = time.perf_counter) -> RequestClock:
         self.arrivals.inc()

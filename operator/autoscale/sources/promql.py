@@ -79,6 +79,9 @@ def pool_queries(pool: Pool, namespace: str, service: str, window: str, percenti
         ),
         "kv_usage": ratio(gauge_sum(names.KV_BLOCKS_USED, w), gauge_sum(names.KV_BLOCKS_TOTAL, w)),
     }
+    held_for = f'role{op}"{pool_value if pool_value is not None else pool.value}"'  # the router's gauges, by pool
+    out["held_requests"] = f"sum by ({r.by}) ({names.ROUTER_HELD_REQUESTS}{r.render(held_for)})"
+    out["held_oldest_s"] = f"max by ({r.by}) ({names.ROUTER_HELD_OLDEST_SECONDS}{r.render(held_for)})"
     if pool in (Pool.prefill, Pool.colocated):
         out["ttft_ms"] = quantile(names.TTFT_SECONDS, q, r, window)
         out["queued_prompt_tokens"] = gauge_sum(names.PREFILL_QUEUED_TOKENS, w)

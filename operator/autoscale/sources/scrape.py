@@ -139,6 +139,14 @@ def figures(pool: Pool, router: list[Window], workers: list[Window], percentile:
             _sum(workers, lambda w: w.current(names.KV_BLOCKS_USED)), _sum(workers, lambda w: w.current(names.KV_BLOCKS_TOTAL))
         ),
     }
+    held_for = pool.value
+
+    def for_pool(name: str) -> Callable[[Window], dict[Labels, float]]:
+        return lambda w: {labels: v for labels, v in w.current(name).items() if dict(labels).get("role") == held_for}
+
+    out["held_requests"] = _sum(router, for_pool(names.ROUTER_HELD_REQUESTS))
+    oldest = [v for w in router for v in for_pool(names.ROUTER_HELD_OLDEST_SECONDS)(w).values()]
+    out["held_oldest_s"] = max(oldest) if oldest else None
     if pool in (Pool.prefill, Pool.colocated):
         out["ttft_ms"] = quantile(router, names.TTFT_SECONDS, q)
         out["queued_prompt_tokens"] = _sum(workers, lambda w: w.current(names.PREFILL_QUEUED_TOKENS))
