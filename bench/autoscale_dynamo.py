@@ -37,13 +37,17 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tandem.trace import AZURE_ATTRIBUTION, diurnal, load_trace, scale_rate, to_mooncake_jsonl
+from bench._anchor_plot import write_pareto_plot
+from bench._anchor_search import Point, box_search, cost_at, pareto, staircase
+from tandem.trace import AZURE_ATTRIBUTION, diurnal, load_trace, scale_rate, to_mooncake_jsonl, windows
+
+__all__ = ["Point", "box_search", "cost_at", "pareto", "staircase"]  # the arithmetic, re-exported for callers
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ("azure_llm_2023_conv.csv", "azure_llm_2023_code.csv")
@@ -69,72 +73,6 @@ class Case:
     startup_s: float
     max_gpus: int
     init: str = "1,1"  # the pools a scaling policy starts from
-
-
-@dataclass(frozen=True)
-class Point:
-    family: str  # static | dynamo | tandem
-    setting: str
-    gpu_hours: float
-    attainment: float
-    reversals_per_hour: float = 0.0
-    ttft_p90_ms: float = 0.0
-    tpot_p90_ms: float = 0.0
-
-
-# --- pure: the frontier and the search ----------------------------------------------------------------------
-
-
-def pareto(points: Iterable[Point]) -> list[Point]:
-    """Points no other point beats on both cost and attainment, cheapest first."""
-    front: list[Point] = []
-    for p in sorted(points, key=lambda p: (p.gpu_hours, -p.attainment)):
-        if not front or p.attainment > front[-1].attainment:
-            front.append(p)
-    return front
-
-
-def cost_at(points: Iterable[Point], target: float) -> tuple[float | None, str]:
-    """GPU-hours a family needs for `target` attainment: its cheapest setting that reaches it, or linear
-    interpolation on its Pareto front between the settings on either side; (None, why) if unreachable."""
-    front = pareto(points)
-    above = [p for p in front if p.attainment >= target]
-    if not above:
-        best = max((p.attainment for p in front), default=0.0)
-        return None, f"unreachable (best {best:.1%})"
-    first = above[0]
-    below = [p for p in front if p.attainment < target and p.gpu_hours < first.gpu_hours]
-    if not below:
-        return first.gpu_hours, first.setting
-    lo = below[-1]
-    share = (target - lo.attainment) / (first.attainment - lo.attainment)
-    return lo.gpu_hours + share * (first.gpu_hours - lo.gpu_hours), f"between {lo.setting} and {first.setting}"
-
-
-def staircase(evaluate: Callable[[int, int], float], target: float, max_gpus: int) -> list[tuple[int, int, float]]:
-    """Every (P, D, attainment) evaluated while walking the boundary of the pools that reach `target`: for
-    P = 1, 2, ... the fewest D that reaches it (a binary search below the last P's, since it never grows
-    with P), until no larger P can be cheaper than the best pool found. Attainment grows with P and D."""
-    seen: list[tuple[int, int, float]] = []
-
-    def reaches(p: int, d: int) -> bool:
-        att = evaluate(p, d)
-        seen.append((p, d, att))
-        return att >= target
-
-    best, d_hi = max_gpus + 1, max_gpus - 1
-    for p in range(1, max_gpus):
-        if p + 1 >= best or min(d_hi, max_gpus - p) < 1:
-            break  # every pool from here on costs at least the best one
-        d_hi = min(d_hi, max_gpus - p)
-        if not reaches(p, d_hi):
-            continue  # more prefill needed at this many decode workers
-        lo, hi = 1, d_hi  # the fewest D in [lo, hi] that reaches the target is hi or below
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if reaches(p, mid) else (mid + 1, hi)
-        d_hi, best = hi, min(best, p + hi)
-    return seen
 
 
 # --- I/O: the replay ---------------------------------------------------------------------------------------
@@ -197,23 +135,46 @@ def _job(args: tuple[str, Case, str, str, dict[str, Any]]) -> tuple[Case, Point]
     )  # fmt: skip
 
 
-def traces(folder: Path, scales: list[float], out_dir: Path, day_hour_s: float = 0.0) -> list[tuple[str, str]]:
-    """(label, Mooncake JSONL path) of each Azure trace at each rate scale, and as a diurnal day if asked."""
+DAY_LOW, DAY_HIGH = 1.0, 8.0  # the diurnal curve's rate factors at 04:00 and 16:00
+
+
+def variants(requests: list[Any], short: str, scales: list[float], day_hour_s: float = 0.0,
+             window_count: int = 0) -> list[tuple[str, list[Any]]]:  # fmt: skip
+    """(label, requests) of one trace: at each rate scale; cut into `window_count` windows, each at each
+    scale; and as a diurnal day if asked."""
+    made = [(f"{short} x{k:g}", scale_rate(requests, k)) for k in scales]
+    if window_count > 1:
+        for i, (start, part) in enumerate(windows(requests, window_count)):
+            when = f"min {start / 60:.0f}-{(start + max(r.arrival_s for r in part)) / 60:.0f}" if part else "empty"
+            made += [(f"{short} x{k:g} window {i + 1}/{window_count} ({when})", scale_rate(part, k)) for k in scales if part]
+    if day_hour_s:
+        made.append((f"{short} day ({24 * day_hour_s / 3600:g} h)", diurnal(requests, 24, DAY_LOW, DAY_HIGH, day_hour_s)))
+    return made
+
+
+def traces(folder: Path, scales: list[float], out_dir: Path, day_hour_s: float = 0.0,
+           window_count: int = 0) -> list[tuple[str, str]]:  # fmt: skip
+    """(label, Mooncake JSONL path) of every variant of each Azure trace (`variants`)."""
     made = []
     for name in TRACES:
-        requests = load_trace(folder / name)
         short = name.removeprefix("azure_llm_2023_").removesuffix(".csv")
-        variants = [(f"{short} x{k:g}", scale_rate(requests, k)) for k in scales]
-        if day_hour_s:
-            variants.append((f"{short} day ({24 * day_hour_s / 3600:g} h)", diurnal(requests, 24, 1.0, 8.0, day_hour_s)))
-        for label, reqs in variants:
-            path = out_dir / (label.replace(" ", "_").replace("(", "").replace(")", "") + ".jsonl")
+        for label, reqs in variants(load_trace(folder / name), short, scales, day_hour_s, window_count):
+            slug = "".join(c if c.isalnum() or c in "._-" else "_" for c in label)
+            path = out_dir / f"{slug}.jsonl"
             path.write_text("\n".join(to_mooncake_jsonl(reqs)) + "\n")
             made.append((label, str(path)))
     return made
 
 
-def static_search(replay_dir: str, case: Case, target: float, cache: dict[str, dict[str, Any]]) -> list[Point]:
+def peak_label(day_label: str) -> str:
+    """The label of the rate-scaled hour the day's peak replays: `conv day (6 h)` -> `conv x8`."""
+    return f"{day_label.split(' day ')[0]} x{DAY_HIGH:g}"
+
+
+def static_search(replay_dir: str, case: Case, target: float, cache: dict[str, dict[str, Any]],
+                  box: tuple[int, int] | None = None) -> list[Point]:  # fmt: skip
+    """The fixed pools replayed finding the cheapest that reaches `target`: the staircase over the whole
+    budget, or `box_search` inside (P, D) <= `box`."""
     memo: dict[tuple[int, int], Point] = {}
 
     def evaluate(p: int, d: int) -> float:
@@ -223,7 +184,10 @@ def static_search(replay_dir: str, case: Case, target: float, cache: dict[str, d
             print(f"{case.label} ttft {case.slo_ttft_ms:g}: {memo[(p, d)]}", file=sys.stderr, flush=True)
         return memo[(p, d)].attainment
 
-    staircase(evaluate, target, case.max_gpus)
+    if box:
+        box_search(evaluate, target, *box)
+    else:
+        staircase(evaluate, target, case.max_gpus)
     return list(memo.values())
 
 
@@ -292,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--day-hour-s", type=float, default=0.0,
                    help="also a diurnal day of each trace (rate x1 at 04:00 to x8 at 16:00), each hour of the curve "
                         "this long (900: the day's curve in 6 h; 3600: a real day); 0: none")  # fmt: skip
+    p.add_argument("--windows", type=int, default=0,
+                   help="also each trace cut into this many consecutive windows, each a case at each rate scale")
     p.add_argument("--slo-ttft-ms", default="2000,1000")
     p.add_argument("--slo-tpot-ms", type=float, default=50.0)
     p.add_argument("--startup-s", default="60", help="cold starts to replay (the static search ignores them)")
@@ -303,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "throughput and latency modes) for long traces")  # fmt: skip
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--json", help="write every point and the summary rows here")
+    p.add_argument("--plot", help="write the Pareto plot (GPU-hours against joint attainment per family) here, PNG")
     p.add_argument("--cache", help="a JSON file of replays already run (read, then extended): reruns reuse them")
     p.add_argument("--crosscheck", action="store_true", help="tandem simulate vs Dynamo's replay on fixed pools")
     return p
@@ -313,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     families = set(a.families.split(","))
     scales = [float(x) for x in a.rate_scales.split(",") if x]
     with tempfile.TemporaryDirectory(prefix="tandem-anchor-") as tmp:
-        made = traces(Path(a.traces), scales, Path(tmp), a.day_hour_s)
+        made = traces(Path(a.traces), scales, Path(tmp), a.day_hour_s, a.windows)
         if a.crosscheck:
             slo = float(a.slo_ttft_ms.split(",")[0])
             checks = [Case(path, label, slo, a.slo_tpot_ms, 0.0, a.max_gpus) for label, path in made]
@@ -333,15 +300,24 @@ def main(argv: list[str] | None = None) -> int:
         with ProcessPoolExecutor(a.jobs) as pool:
             statics: dict[tuple[str, float], list[Point]] = {}
             if "static" in families:  # one search per trace and SLO: a fixed pool has no cold start
-                futures = {(c.trace, c.slo_ttft_ms): c for c in cases}
-                done = {k: pool.submit(static_search, a.replay_dir, c, a.target, cache) for k, c in futures.items()}
-                statics = {k: f.result() for k, f in done.items()}
-                for k, c in futures.items():
-                    for pt in statics[k]:
-                        cache[cache_key(c, pt.setting, {})] = asdict(pt)
+                days = {(c.trace, c.slo_ttft_ms): c for c in cases if " day " in c.label}
+                hours = {(c.trace, c.slo_ttft_ms): c for c in cases if " day " not in c.label}
+                statics = _static_searches(pool, a.replay_dir, hours, a.target, cache, {})
+                _save(a.cache, cache)
+                # a day's search stays inside the box of its peak hour's cheapest pool (the day never runs faster)
+                by_label = {(c.label, c.slo_ttft_ms): k for k, c in hours.items()}
+                boxes = {}
+                for k, c in days.items():
+                    peak = by_label.get((peak_label(c.label), c.slo_ttft_ms))
+                    pool_size = _cheapest(statics[peak], a.target) if peak else None
+                    if pool_size is None:
+                        raise SystemExit(f"{c.label}: the day's fixed-pool search is bounded by the peak hour's; "
+                                         f"add {DAY_HIGH:g} to --rate-scales")  # fmt: skip
+                    boxes[k] = tuple(int(x) for x in pool_size.split(","))
+                statics |= _static_searches(pool, a.replay_dir, days, a.target, cache, boxes)
                 _save(a.cache, cache)
             # every scaling policy starts warm, from the cheapest fixed pool of its case (1,1 if none)
-            cases = [replace(c, init=_cheapest(statics.get((c.trace, c.slo_ttft_ms), []), a.target)) for c in cases]
+            cases = [replace(c, init=_cheapest(statics.get((c.trace, c.slo_ttft_ms), []), a.target) or "1,1") for c in cases]
             points = {c: list(statics.get((c.trace, c.slo_ttft_ms), [])) for c in cases}
             jobs = []
             for job in _jobs(a.replay_dir, cases, families, a.quick):
@@ -358,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarise(points, a.target)
     print(render(rows, a.target))
     print(f"\nTraces: {AZURE_ATTRIBUTION}")
+    if a.plot:
+        panels = {f"{c.label}, TTFT {c.slo_ttft_ms / 1000:g} s, cold start {c.startup_s:g} s": ps for c, ps in points.items()}
+        print(f"Pareto plot: {write_pareto_plot(panels, a.plot, a.target)}")
     if a.json:
         Path(a.json).write_text(json.dumps({
             "rows": rows,
@@ -366,15 +345,29 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _static_searches(pool: ProcessPoolExecutor, replay_dir: str, cases: dict[tuple[str, float], Case], target: float,
+                     cache: dict[str, dict[str, Any]], boxes: dict[tuple[str, float], tuple[int, ...]],
+                     ) -> dict[tuple[str, float], list[Point]]:  # fmt: skip
+    """Each case's fixed-pool search, in parallel; every replay joins the cache as its search ends."""
+    done = {k: pool.submit(static_search, replay_dir, c, target, cache, boxes.get(k)) for k, c in cases.items()}
+    found = {}
+    for k, future in done.items():
+        found[k] = future.result()
+        for pt in found[k]:
+            cache[cache_key(cases[k], pt.setting, {})] = asdict(pt)
+    return found
+
+
 def _save(path: str | None, cache: dict[str, dict[str, Any]]) -> None:
     if path:
         Path(path).write_text(json.dumps(cache))
 
 
-def _cheapest(points: list[Point], target: float) -> str:
+def _cheapest(points: list[Point], target: float) -> str | None:
+    """The cheapest fixed pool that reaches `target`, as "P,D"; None if none does."""
     reaching = [p for p in points if p.attainment >= target]
     if not reaching:
-        return "1,1"
+        return None
     return min(reaching, key=lambda p: p.gpu_hours).setting.removeprefix("static:")
 
 
