@@ -44,10 +44,14 @@ def cost_at(points: Iterable[Point], target: float) -> tuple[float | None, str]:
     return lo.gpu_hours + share * (first.gpu_hours - lo.gpu_hours), f"between {lo.setting} and {first.setting}"
 
 
-def staircase(evaluate: Callable[[int, int], float], target: float, max_gpus: int) -> list[tuple[int, int, float]]:
+def staircase(
+    evaluate: Callable[[int, int], float], target: float, max_gpus: int, hint: tuple[int, int] | None = None
+) -> list[tuple[int, int, float]]:
     """Every (P, D, attainment) evaluated while walking the boundary of the pools that reach `target`: for
-    P = 1, 2, ... the fewest D that reaches it (a binary search below the last P's, since it never grows
-    with P), until no larger P can be cheaper than the best pool found. Attainment grows with P and D."""
+    P = 1, 2, ... the fewest D that reaches it among the pools cheaper than the best found (a binary search
+    below the last P's, since it never grows with P), until no larger P can be cheaper. Attainment grows with
+    P and D. A `hint` (a pool believed to reach the target, e.g. from an earlier run) is evaluated first; if it
+    reaches, only cheaper pools are walked, so the answer is the same with fewer evaluations."""
     seen: list[tuple[int, int, float]] = []
 
     def reaches(p: int, d: int) -> bool:
@@ -56,10 +60,12 @@ def staircase(evaluate: Callable[[int, int], float], target: float, max_gpus: in
         return att >= target
 
     best, d_hi = max_gpus + 1, max_gpus - 1
+    if hint and sum(hint) <= max_gpus and reaches(*hint):
+        best = sum(hint)
     for p in range(1, max_gpus):
         if p + 1 >= best or min(d_hi, max_gpus - p) < 1:
             break  # every pool from here on costs at least the best one
-        d_hi = min(d_hi, max_gpus - p)
+        d_hi = min(d_hi, max_gpus - p, best - p - 1)  # only pools cheaper than the best found
         if not reaches(p, d_hi):
             continue  # more prefill needed at this many decode workers
         lo, hi = 1, d_hi  # the fewest D in [lo, hi] that reaches the target is hi or below

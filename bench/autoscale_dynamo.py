@@ -54,6 +54,8 @@ TRACES = ("azure_llm_2023_conv.csv", "azure_llm_2023_code.csv")
 TANDEM_SETTINGS = [
     {"margin": m, "stabilization_s": s} for m, s in itertools.product((0.5, 0.8), (180.0, 600.0))
 ]
+HPA_POLICY = "module:tandem.anchors_hpa.hpa_policy"
+HPA_SETTINGS = [{"target": t} for t in (0.3, 0.6, 0.9)]  # of the engine's token budget / sequence limit per pod
 DYNAMO_SETTINGS: list[tuple[str, dict[str, Any]]] = [
     ("dynamo:throughput", {}),
     ("dynamo:latency", {}),
@@ -99,7 +101,7 @@ def replay_once(replay_dir: str, case: Case, policy: str, options: dict[str, Any
     if policy.startswith("dynamo") and options:
         argv += ["--planner-json", json.dumps(options)]
     if policy.startswith("module:"):
-        os.environ["TANDEM_ANCHOR_OPTIONS"] = json.dumps(options or {})
+        os.environ["TANDEM_HPA_OPTIONS" if policy == HPA_POLICY else "TANDEM_ANCHOR_OPTIONS"] = json.dumps(options or {})
     return dict(replay.run(_harness_args(replay, argv)))
 
 
@@ -166,15 +168,25 @@ def traces(folder: Path, scales: list[float], out_dir: Path, day_hour_s: float =
     return made
 
 
+def parse_hints(text: str) -> dict[str, tuple[int, int]]:
+    """`conv x8=3,1;code x8=7,1` -> {label: (P, D)}."""
+    hints = {}
+    for item in filter(None, (x.strip() for x in text.split(";"))):
+        label, _, pools = item.rpartition("=")
+        p, d = (int(x) for x in pools.split(","))
+        hints[label.strip()] = (p, d)
+    return hints
+
+
 def peak_label(day_label: str) -> str:
     """The label of the rate-scaled hour the day's peak replays: `conv day (6 h)` -> `conv x8`."""
     return f"{day_label.split(' day ')[0]} x{DAY_HIGH:g}"
 
 
 def static_search(replay_dir: str, case: Case, target: float, cache: dict[str, dict[str, Any]],
-                  box: tuple[int, int] | None = None) -> list[Point]:  # fmt: skip
+                  box: tuple[int, ...] | None = None, hint: tuple[int, int] | None = None) -> list[Point]:  # fmt: skip
     """The fixed pools replayed finding the cheapest that reaches `target`: the staircase over the whole
-    budget, or `box_search` inside (P, D) <= `box`."""
+    budget (walking only pools cheaper than `hint` when that reaches it), or `box_search` inside (P, D) <= `box`."""
     memo: dict[tuple[int, int], Point] = {}
 
     def evaluate(p: int, d: int) -> float:
@@ -185,9 +197,9 @@ def static_search(replay_dir: str, case: Case, target: float, cache: dict[str, d
         return memo[(p, d)].attainment
 
     if box:
-        box_search(evaluate, target, *box)
+        box_search(evaluate, target, box[0], box[1])
     else:
-        staircase(evaluate, target, case.max_gpus)
+        staircase(evaluate, target, case.max_gpus, hint)
     return list(memo.values())
 
 
@@ -263,7 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-s", default="60", help="cold starts to replay (the static search ignores them)")
     p.add_argument("--max-gpus", type=int, default=16)
     p.add_argument("--target", type=float, default=0.95, help="joint SLO attainment to compare at")
-    p.add_argument("--families", default="static,dynamo,tandem")
+    p.add_argument("--families", default="static,dynamo,hpa,tandem")
+    p.add_argument("--pool-hints", default="",
+                   help="'LABEL=P,D;...': a fixed pool believed to reach the target per case (from an earlier run); "
+                        "the search then walks only cheaper pools, and the same answer costs fewer replays")  # fmt: skip
     p.add_argument("--quick", action="store_true",
                    help="two settings per scaling family (tandem margin 0.8 at stabilisation 180 and 600 s; Dynamo's "
                         "throughput and latency modes) for long traces")  # fmt: skip
@@ -302,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             if "static" in families:  # one search per trace and SLO: a fixed pool has no cold start
                 days = {(c.trace, c.slo_ttft_ms): c for c in cases if " day " in c.label}
                 hours = {(c.trace, c.slo_ttft_ms): c for c in cases if " day " not in c.label}
-                statics = _static_searches(pool, a.replay_dir, hours, a.target, cache, {})
+                statics = _static_searches(pool, a.replay_dir, hours, a.target, cache, {}, parse_hints(a.pool_hints))
                 _save(a.cache, cache)
                 # a day's search stays inside the box of its peak hour's cheapest pool (the day never runs faster)
                 by_label = {(c.label, c.slo_ttft_ms): k for k, c in hours.items()}
@@ -310,10 +325,11 @@ def main(argv: list[str] | None = None) -> int:
                 for k, c in days.items():
                     peak = by_label.get((peak_label(c.label), c.slo_ttft_ms))
                     pool_size = _cheapest(statics[peak], a.target) if peak else None
-                    if pool_size is None:
-                        raise SystemExit(f"{c.label}: the day's fixed-pool search is bounded by the peak hour's; "
-                                         f"add {DAY_HIGH:g} to --rate-scales")  # fmt: skip
-                    boxes[k] = tuple(int(x) for x in pool_size.split(","))
+                    hint = parse_hints(a.pool_hints).get(peak_label(c.label))
+                    if pool_size is None and hint is None:
+                        raise SystemExit(f"{c.label}: the day's fixed-pool search is bounded by the peak hour's pool; "
+                                         f"add {DAY_HIGH:g} to --rate-scales or give it in --pool-hints")  # fmt: skip
+                    boxes[k] = tuple(int(x) for x in pool_size.split(",")) if pool_size else hint
                 statics |= _static_searches(pool, a.replay_dir, days, a.target, cache, boxes)
                 _save(a.cache, cache)
             # every scaling policy starts warm, from the cheapest fixed pool of its case (1,1 if none)
@@ -347,9 +363,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _static_searches(pool: ProcessPoolExecutor, replay_dir: str, cases: dict[tuple[str, float], Case], target: float,
                      cache: dict[str, dict[str, Any]], boxes: dict[tuple[str, float], tuple[int, ...]],
-                     ) -> dict[tuple[str, float], list[Point]]:  # fmt: skip
+                     hints: dict[str, tuple[int, int]] | None = None) -> dict[tuple[str, float], list[Point]]:  # fmt: skip
     """Each case's fixed-pool search, in parallel; every replay joins the cache as its search ends."""
-    done = {k: pool.submit(static_search, replay_dir, c, target, cache, boxes.get(k)) for k, c in cases.items()}
+    hints = hints or {}
+    done = {k: pool.submit(static_search, replay_dir, c, target, cache, boxes.get(k), hints.get(c.label))
+            for k, c in cases.items()}  # fmt: skip
     found = {}
     for k, future in done.items():
         found[k] = future.result()
@@ -371,7 +389,7 @@ def _cheapest(points: list[Point], target: float) -> str | None:
     return min(reaching, key=lambda p: p.gpu_hours).setting.removeprefix("static:")
 
 
-QUICK_SETTINGS = {"tandem": [TANDEM_SETTINGS[1], TANDEM_SETTINGS[3]], "dynamo": DYNAMO_SETTINGS[:2]}
+QUICK_SETTINGS = {"tandem": [TANDEM_SETTINGS[2], TANDEM_SETTINGS[3]], "dynamo": DYNAMO_SETTINGS[:2], "hpa": HPA_SETTINGS[1:2]}
 
 
 def _jobs(
@@ -379,12 +397,14 @@ def _jobs(
 ) -> list[tuple[str, Case, str, str, dict[str, Any]]]:
     dynamo = QUICK_SETTINGS["dynamo"] if quick else DYNAMO_SETTINGS
     tandem = QUICK_SETTINGS["tandem"] if quick else TANDEM_SETTINGS
+    hpa = QUICK_SETTINGS["hpa"] if quick else HPA_SETTINGS
     return [
             (replay_dir, c, fam, pol, opt)
             for c in cases
             for fam, pol, opt in (
                 [("dynamo", pol, opt) for pol, opt in dynamo] * ("dynamo" in families)
                 + [("tandem", "module:tandem.anchors.dynamo_policy", opt) for opt in tandem] * ("tandem" in families)
+                + [("hpa", HPA_POLICY, opt) for opt in hpa] * ("hpa" in families)
             )
     ]  # fmt: skip
 
@@ -393,7 +413,7 @@ def summarise(points: dict[Case, list[Point]], target: float) -> list[dict[str, 
     rows = []
     for case, ps in points.items():
         row: dict[str, Any] = {"trace": case.label, "slo_ttft_ms": case.slo_ttft_ms, "startup_s": case.startup_s}
-        for family in ("static", "dynamo", "tandem"):
+        for family in ("static", "dynamo", "hpa", "tandem"):
             mine = [p for p in ps if p.family == family]
             if not mine:
                 continue
@@ -405,8 +425,9 @@ def summarise(points: dict[Case, list[Point]], target: float) -> list[dict[str, 
             row[f"{family}_reversals_per_hour"] = cheapest.reversals_per_hour if cheapest else None
         if row.get("tandem") and row.get("static"):
             row["tandem_vs_static"] = row["tandem"] / row["static"]
-        if row.get("tandem") and row.get("dynamo"):
-            row["tandem_vs_dynamo"] = row["tandem"] / row["dynamo"]
+        for other in ("dynamo", "hpa"):
+            if row.get("tandem") and row.get(other):
+                row[f"tandem_vs_{other}"] = row["tandem"] / row[other]
         rows.append(row)
     return rows
 
@@ -419,13 +440,13 @@ def render(rows: list[dict[str, Any]], target: float) -> str:
         how = r.get(f"{family}_how", "")
         return how if r.get(family) is None else f"{r[family]:.2f} ({how})"
 
-    head = (f"| trace | TTFT SLO ms | cold start s | cheapest fixed pool GPU-h at {target:.0%} | Dynamo planner | tandem "
-            "| tandem / fixed | tandem / Dynamo | tandem reversals/h |")  # fmt: skip
-    lines = [head, "| " + " | ".join(["---"] * 9) + " |"]
+    head = (f"| trace | TTFT SLO ms | cold start s | cheapest fixed pool GPU-h at {target:.0%} | Dynamo planner | HPA "
+            "| tandem | tandem / fixed | tandem / Dynamo | tandem reversals/h |")  # fmt: skip
+    lines = [head, "| " + " | ".join(["---"] * 10) + " |"]
     for r in rows:
         lines.append(
             f"| {r['trace']} | {r['slo_ttft_ms']:g} | {r['startup_s']:g} | {cost(r, 'static')} "
-            f"| {cost(r, 'dynamo')} | {cost(r, 'tandem')} "
+            f"| {cost(r, 'dynamo')} | {cost(r, 'hpa')} | {cost(r, 'tandem')} "
             f"| {fmt(r.get('tandem_vs_static'))} | {fmt(r.get('tandem_vs_dynamo'))} | {fmt(r.get('tandem_reversals_per_hour'))} |"
         )  # fmt: skip
     return "\n".join(lines)

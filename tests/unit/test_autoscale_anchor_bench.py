@@ -1,5 +1,5 @@
 """The autoscaling benchmark in Dynamo's replay, its parts that need no Dynamo: trace windows, the bounded
-fixed-pool search for the day, the case labels and the Pareto plot."""
+fixed-pool search for the day, the case labels, the Pareto plot and the HPA baseline as a loop policy."""
 
 import itertools
 import random
@@ -10,7 +10,9 @@ import pytest
 from bench._anchor_plot import front_series, write_pareto_plot
 from bench._anchor_search import Point, box_search, staircase
 from bench.autoscale_dynamo import peak_label, variants
+from tandem.anchors_hpa import HpaPolicy
 from tandem.trace import TraceRequest, windows
+from tests.unit.test_autoscale_anchor import CTX, tick
 
 
 def test_windows_cut_the_trace_into_equal_consecutive_parts():
@@ -74,6 +76,9 @@ def test_box_search_walks_the_short_side():
     boxed = len(calls)
     assert boxed <= 4  # one binary search over P at D = 1
     assert len(staircase(attainment, 0.95, 16)) > 2 * boxed  # the open staircase tries P = 1, 2, ... first
+    hinted = staircase(attainment, 0.95, 16, hint=(7, 1))  # exact: every pool cheaper than the hint is walked
+    assert min((p + d, p, d) for p, d, a in hinted if a >= 0.95) == (6, 5, 1)
+    assert boxed < len(hinted) < len(staircase(attainment, 0.95, 16))
 
 
 def test_the_pareto_plot_draws_each_familys_front_per_case(tmp_path):
@@ -89,3 +94,44 @@ def test_the_pareto_plot_draws_each_familys_front_per_case(tmp_path):
     assert (width, height) == (round(5.2 * 3 * 110), round(4.2 * 2 * 110))  # 4 panels: 3 across, 2 down
     with pytest.raises(ValueError):
         write_pareto_plot({}, tmp_path / "empty.png", 0.95)
+
+
+def test_hpa_in_the_loop_scales_on_the_ratio_over_ready_pods_and_waits_out_its_stabilisation():
+    hpa = HpaPolicy(CTX, target=0.5)  # prefill: 4096 queued tokens per pod; decode: 128 running sequences
+    assert hpa.initial_tick_ms() == 15_000
+    # 4 x the target waits on one ready prefill pod: x4 at once (within the double-or-+4 limit)
+    out = hpa.on_tick(tick(15_000.0, queued=4 * 4096, running=100))
+    assert (out["target_prefill"], out["target_decode"], out["next_tick_ms"]) == (4, None, 30_000.0)
+    # 1 ready + 3 starting, 2 x the target on the ready one: the missing pods count as 0%, so the ratio over
+    # all four is 0.5 -- a reversal of the direction, which the HPA does not make
+    assert hpa.on_tick(tick(30_000.0, queued=2 * 4096, p=1, starting_p=3))["target_prefill"] is None
+    # decode: 300 running on one pod = 2.3 x 128 -> 3 pods
+    assert hpa.on_tick(tick(45_000.0, queued=0, running=300, p=4))["target_decode"] == 3
+    # the queue empties: the 4 prefill pods stay for the 300 s window of larger recommendations, then go to 1
+    quiet = [hpa.on_tick(tick(t * 1000.0, queued=0, running=100, p=4, d=3)) for t in range(60, 400, 15)]
+    down = [i for i, o in enumerate(quiet) if o["target_prefill"] is not None]
+    assert down and 60 + 15 * down[0] >= 30 + 300 and quiet[down[0]]["target_prefill"] == 1
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_hint_that_reaches_leaves_the_staircases_answer_and_saves_replays(seed):
+    rng = random.Random(seed)
+    need = sorted((rng.randint(1, 8) for _ in range(12)), reverse=True)
+    attainment = _monotone(need)
+
+    def cheapest(seen):
+        return min(p + d for p, d, a in seen if a >= 0.95)
+
+    open_walk = staircase(attainment, 0.95, 12)
+    best = min(((p, d) for p, d, a in open_walk if a >= 0.95), key=sum)
+    hinted = staircase(attainment, 0.95, 12, hint=(best[0] + 1, best[1] + 1))  # a pool that reaches, not the best
+    assert cheapest(hinted) == cheapest(open_walk)
+    assert len(hinted) <= len(open_walk) + 1
+    assert len(staircase(attainment, 0.95, 12, hint=(1, 1))) >= len(open_walk)  # a hint that fails changes nothing
+
+
+def test_pool_hints_parse():
+    from bench.autoscale_dynamo import parse_hints
+
+    assert parse_hints("conv x8=3,1; code x8 window 1/3 (min 0-19)=7,2;") == {"conv x8": (3, 1), "code x8 window 1/3 (min 0-19)": (7, 2)}
+    assert parse_hints("") == {}
