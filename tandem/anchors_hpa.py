@@ -18,7 +18,7 @@ import os
 from collections import deque
 from typing import Any
 
-from tandem.operator.autoscale.sim.baselines import hpa_recommendation
+from tandem.operator.autoscale.hpa_rule import hpa_recommendation
 from tandem.operator.autoscale.sources.replay_tick import pool_counts
 from tandem.operator.autoscale.types import Pool
 
