@@ -10,22 +10,29 @@ same `decide` the operator runs, fed only what the loop's per-tick metrics hold.
 
 For each trace, rate scale, TTFT SLO and cold start, every policy is swept over its knob:
 - static (P, D): the cheapest pool reaching the attainment target, found by a staircase search over the
-  (P, D) grid in hindsight (attainment only grows with either count);
+  (P, D) grid in hindsight (attainment only grows with either count; `--pool-hints` names a pool known to
+  reach it, so only cheaper pools are walked);
 - Dynamo's planner: its load-based modes (throughput, latency) and the load mode at two threshold pairs
   (its SLA mode needs a package that is not installable here);
+- HPA: Kubernetes' HorizontalPodAutoscaler rules on per-pod queue and batch metrics (`tandem.anchors_hpa`),
+  at three targets;
 - tandem: SLO margin x scale-down stabilisation.
 A family's cost at the target is its cheapest setting that reaches it, or the GPU-hours interpolated on
 its Pareto front between the settings on either side, or "unreachable". Dynamo's replay is
-deterministic, so one run per setting is the figure.
+deterministic, so one run per setting is the figure. `--plot FILE` draws each case's settings and fronts
+(GPU-hours against joint attainment).
 
 `--crosscheck` instead replays fixed pools through both `tandem simulate` (the H200 profile converted) and
 Dynamo's replay, and prints TTFT and TPOT p50 / p90 of each side by side with their ratio (target: within 25%).
 
 Traces are the Azure LLM inference traces (conversation and code, one hour each) at their own rate and at
 `--rate-scales` times it (whole copies shifted by fractions of 10 s, so the rate curve above 10 s keeps
-its shape), and with `--day-hour-s` as a diurnal day (`tandem.trace.diurnal`: hour h of the curve replays
-the next stretch of the trace at a rate factor on a cosine from x1 at 04:00 to x8 at 16:00), converted to
-Mooncake JSONL with no shared prefixes (the traces carry no prompt text).
+its shape); with `--windows N` also each cut into N consecutive windows (each its own case, its own
+hindsight pool); and with `--day-hour-s` as a diurnal day (`tandem.trace.diurnal`: hour h of the curve
+replays the next stretch of the trace at a rate factor on a cosine from x1 at 04:00 to x8 at 16:00),
+whose fixed-pool search stays inside the peak hour's cheapest pool (the x8 hour's, from this run or
+`--pool-hints`): `box_search`. All converted to Mooncake JSONL with no shared prefixes (the traces carry
+no prompt text).
 """
 
 from __future__ import annotations
