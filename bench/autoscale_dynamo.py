@@ -38,19 +38,18 @@ no prompt text).
 from __future__ import annotations
 
 import argparse
-import importlib
 import itertools
 import json
-import os
 import sys
 import tempfile
-from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from bench._anchor_crosscheck import CROSSCHECK_SHAPES, crosscheck, render_crosscheck
 from bench._anchor_plot import write_pareto_plot
+from bench._anchor_replay import HPA_POLICY, Case, cache_key, replay_once
 from bench._anchor_search import Point, box_search, cost_at, pareto, staircase
 from tandem.trace import AZURE_ATTRIBUTION, diurnal, load_trace, scale_rate, to_mooncake_jsonl, windows
 
@@ -61,7 +60,6 @@ TRACES = ("azure_llm_2023_conv.csv", "azure_llm_2023_code.csv")
 TANDEM_SETTINGS = [
     {"margin": m, "stabilization_s": s} for m, s in itertools.product((0.5, 0.8), (180.0, 600.0))
 ]
-HPA_POLICY = "module:tandem.anchors_hpa.hpa_policy"
 HPA_SETTINGS = [{"target": t} for t in (0.3, 0.6, 0.9)]  # of the engine's token budget / sequence limit per pod
 DYNAMO_SETTINGS: list[tuple[str, dict[str, Any]]] = [
     ("dynamo:throughput", {}),
@@ -71,67 +69,6 @@ DYNAMO_SETTINGS: list[tuple[str, dict[str, Any]]] = [
     ("dynamo:load", {"prefill_scale_up_queue_tokens": 4096, "prefill_scale_down_queue_tokens": 256,
                      "decode_scale_up_kv_rate": 0.5, "decode_scale_down_kv_rate": 0.2}),
 ]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Case:
-    trace: str  # Mooncake JSONL path
-    label: str  # e.g. conv x8
-    slo_ttft_ms: float
-    slo_tpot_ms: float
-    startup_s: float
-    max_gpus: int
-    init: str = "1,1"  # the pools a scaling policy starts from
-
-
-# --- I/O: the replay ---------------------------------------------------------------------------------------
-
-_replay: Any = None
-
-
-def _load_replay(replay_dir: str) -> Any:
-    global _replay
-    if _replay is None:
-        sys.path.insert(0, replay_dir)
-        # the harness (a script, not a distribution): Dynamo's mocker + Rust loop, fixed pools, its planner,
-        # external policies
-        _replay = importlib.import_module("replay")
-    return _replay
-
-
-def replay_once(replay_dir: str, case: Case, policy: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One replay through the harness, in this process (its Rust loop runs single-threaded)."""
-    replay = _load_replay(replay_dir)
-    argv = ["--trace", case.trace, "--policy", policy, "--slo-ttft-ms", str(case.slo_ttft_ms),
-            "--slo-tpot-ms", str(case.slo_tpot_ms), "--startup-s", str(case.startup_s),
-            "--max-gpus", str(case.max_gpus), "--init", case.init]  # fmt: skip
-    if policy.startswith("dynamo") and options:
-        argv += ["--planner-json", json.dumps(options)]
-    if policy.startswith("module:"):
-        os.environ["TANDEM_HPA_OPTIONS" if policy == HPA_POLICY else "TANDEM_ANCHOR_OPTIONS"] = json.dumps(options or {})
-    return dict(replay.run(_harness_args(replay, argv)))
-
-
-def _harness_args(replay: Any, argv: list[str]) -> argparse.Namespace:
-    """The harness's argparse Namespace for `argv`, built by its own parser (captured from its main)."""
-    captured: dict[str, argparse.Namespace] = {}
-
-    def grab(a: argparse.Namespace) -> dict[str, Any]:
-        captured["ns"] = a
-        return {}
-
-    real_run, replay.run = replay.run, grab
-    try:
-        replay.main(argv)
-    finally:
-        replay.run = real_run
-    return captured["ns"]
-
-
-def cache_key(case: Case, policy: str, options: dict[str, Any]) -> str:
-    """What makes a replay's result: the trace (by label), SLO, cold start, budget, start and the policy."""
-    return json.dumps([case.label, case.slo_ttft_ms, case.slo_tpot_ms, case.startup_s, case.max_gpus,
-                       "" if policy.startswith("static") else case.init, policy, options], sort_keys=True)  # fmt: skip
 
 
 def _job(args: tuple[str, Case, str, str, dict[str, Any]]) -> tuple[Case, Point]:
@@ -208,63 +145,6 @@ def static_search(replay_dir: str, case: Case, target: float, cache: dict[str, d
     else:
         staircase(evaluate, target, case.max_gpus, hint)
     return list(memo.values())
-
-
-CROSSCHECK_SHAPES = ((1, 1), (1, 2), (2, 1), (2, 2))
-
-
-def crosscheck(replay_dir: str, case: Case, shapes: Iterable[tuple[int, int]]) -> list[dict[str, Any]]:
-    """Fixed pools through tandem's simulator and Dynamo's replay: latency percentiles of each."""
-    from tandem.operator.autoscale.sim.baselines import static_controller
-    from tandem.operator.autoscale.sim.replay import summarise as sim_summary
-    from tandem.operator.autoscale.sim.simulator import SimConfig, simulate
-    from tandem.operator.autoscale.types import Pool
-    from tandem.profile import profile_named
-    from tandem.slo import Slo
-    from tandem.trace import load_trace as read
-
-    profile, trace = profile_named(None), read(case.trace)
-    rows = []
-    for p, d in shapes:
-        replay = _load_replay(replay_dir)
-        with tempfile.NamedTemporaryFile(suffix=".json") as dump:
-            argv = ["--trace", case.trace, "--policy", f"static:{p},{d}", "--dump", dump.name,
-                    "--slo-ttft-ms", str(case.slo_ttft_ms), "--slo-tpot-ms", str(case.slo_tpot_ms)]  # fmt: skip
-            replay.run(_harness_args(replay, argv))
-            theirs = json.loads(Path(dump.name).read_text())["summary"]
-        sizes = {Pool.prefill: p, Pool.decode: d}
-        config = SimConfig(profile=profile, cold_start_s=0.0, initial=sizes)
-        result = simulate(trace, config, static_controller(sizes))
-        ours = _percentiles(result)
-        row: dict[str, Any] = {"trace": case.label, "pools": f"{p}P+{d}D",
-                               "sim_attainment": sim_summary("static", result, Slo(case.slo_ttft_ms, case.slo_tpot_ms, 90))["slo_attainment"]}  # fmt: skip
-        for metric, key in (("ttft_p50", "median_ttft_ms"), ("ttft_p90", "p90_ttft_ms"),
-                            ("tpot_p50", "median_tpot_ms"), ("tpot_p90", "p90_tpot_ms")):  # fmt: skip
-            row[f"{metric}_dynamo"], row[f"{metric}_tandem"] = float(theirs[key]), ours[metric]
-            row[f"{metric}_ratio"] = ours[metric] / float(theirs[key]) if theirs[key] else None
-        rows.append(row)
-        print(row, file=sys.stderr)
-    return rows
-
-
-def _percentiles(result: Any) -> dict[str, float]:
-    from tandem.operator.autoscale.sim.metrics import percentile
-
-    done = [r for r in result.requests if r.first_token_s is not None and r.finish_s is not None and not r.failed]
-    ttft = [(r.first_token_s - r.arrival_s) * 1000 for r in done]
-    tpot = [(r.finish_s - r.first_token_s) / (r.output_len - 1) * 1000 for r in done if r.output_len > 1]
-    return {"ttft_p50": percentile(ttft, 50), "ttft_p90": percentile(ttft, 90),
-            "tpot_p50": percentile(tpot, 50), "tpot_p90": percentile(tpot, 90)}  # fmt: skip
-
-
-def render_crosscheck(rows: list[dict[str, Any]]) -> str:
-    lines = ["| trace | pools | TTFT p50 ms (tandem / Dynamo) | TTFT p90 ms | TPOT p50 ms | TPOT p90 ms |",
-             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-    for r in rows:
-        cells = [f"{r[m + '_tandem']:.1f} / {r[m + '_dynamo']:.1f} ({r[m + '_ratio']:.2f}x)"
-                 for m in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")]  # fmt: skip
-        lines.append(f"| {r['trace']} | {r['pools']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
