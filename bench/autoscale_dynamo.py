@@ -99,11 +99,13 @@ def variants(requests: list[Any], short: str, scales: list[float], day_hour_s: f
 
 
 def traces(folder: Path, scales: list[float], out_dir: Path, day_hour_s: float = 0.0,
-           window_count: int = 0) -> list[tuple[str, str]]:  # fmt: skip
-    """(label, Mooncake JSONL path) of every variant of each Azure trace (`variants`)."""
+           window_count: int = 0, only: tuple[str, ...] = ("conv", "code")) -> list[tuple[str, str]]:  # fmt: skip
+    """(label, Mooncake JSONL path) of every variant of each Azure trace named in `only` (`variants`)."""
     made = []
     for name in TRACES:
         short = name.removeprefix("azure_llm_2023_").removesuffix(".csv")
+        if short not in only:
+            continue
         for label, reqs in variants(load_trace(folder / name), short, scales, day_hour_s, window_count):
             slug = "".join(c if c.isalnum() or c in "._-" else "_" for c in label)
             path = out_dir / f"{slug}.jsonl"
@@ -155,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--day-hour-s", type=float, default=0.0,
                    help="also a diurnal day of each trace (rate x1 at 04:00 to x8 at 16:00), each hour of the curve "
                         "this long (900: the day's curve in 6 h; 3600: a real day); 0: none")  # fmt: skip
+    p.add_argument("--start-small", action="store_true",
+                   help="scaling policies start from 1P+1D (as a day starts at night), not the cheapest fixed pool")
+    p.add_argument("--trace-names", default="conv,code", help="which Azure traces (conv, code)")
     p.add_argument("--windows", type=int, default=0,
                    help="also each trace cut into this many consecutive windows, each a case at each rate scale")
     p.add_argument("--slo-ttft-ms", default="2000,1000")
@@ -182,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     families = set(a.families.split(","))
     scales = [float(x) for x in a.rate_scales.split(",") if x]
     with tempfile.TemporaryDirectory(prefix="tandem-anchor-") as tmp:
-        made = traces(Path(a.traces), scales, Path(tmp), a.day_hour_s, a.windows)
+        made = traces(Path(a.traces), scales, Path(tmp), a.day_hour_s, a.windows, tuple(a.trace_names.split(",")))
         if a.crosscheck:
             slo = float(a.slo_ttft_ms.split(",")[0])
             checks = [Case(path, label, slo, a.slo_tpot_ms, 0.0, a.max_gpus) for label, path in made]
@@ -219,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
                     boxes[k] = tuple(int(x) for x in pool_size.split(",")) if pool_size else hint
                 statics |= _static_searches(pool, a.replay_dir, days, a.target, cache, boxes)
                 _save(a.cache, cache)
-            # every scaling policy starts warm, from the cheapest fixed pool of its case (1,1 if none)
-            cases = [replace(c, init=_cheapest(statics.get((c.trace, c.slo_ttft_ms), []), a.target) or "1,1") for c in cases]
+            # every scaling policy starts warm, from the cheapest fixed pool of its case (1,1 if none or --start-small)
+            cheapest = {k: _cheapest(ps, a.target) for k, ps in statics.items()}
+            cases = [replace(c, init="1,1" if a.start_small else cheapest.get((c.trace, c.slo_ttft_ms)) or "1,1") for c in cases]
             points = {c: list(statics.get((c.trace, c.slo_ttft_ms), [])) for c in cases}
             jobs = []
             for job in _jobs(a.replay_dir, cases, families, a.quick):
