@@ -70,8 +70,10 @@ def _harness_args(replay: Any, argv: list[str]) -> argparse.Namespace:
 
 
 def cache_key(case: Case, policy: str, options: dict[str, Any]) -> str:
-    """What makes a replay's result: the trace (by label), SLO, cold start, budget, start and the policy."""
-    return json.dumps([case.label, case.slo_ttft_ms, case.slo_tpot_ms, case.startup_s, case.max_gpus,
-                       "" if policy.startswith("static") else case.init, policy, options], sort_keys=True)  # fmt: skip
+    """What makes a replay's result: the trace (by label), SLO, budget, the policy and, for a scaling policy,
+    its cold start and start (a fixed pool starts whole and never adds a worker, so neither changes it)."""
+    static = policy.startswith("static")
+    return json.dumps([case.label, case.slo_ttft_ms, case.slo_tpot_ms, 0.0 if static else case.startup_s,
+                       case.max_gpus, "" if static else case.init, policy, options], sort_keys=True)  # fmt: skip
 
 

@@ -135,3 +135,15 @@ def test_pool_hints_parse():
 
     assert parse_hints("conv x8=3,1; code x8 window 1/3 (min 0-19)=7,2;") == {"conv x8": (3, 1), "code x8 window 1/3 (min 0-19)": (7, 2)}
     assert parse_hints("") == {}
+
+
+def test_a_fixed_pools_replay_is_cached_once_for_every_cold_start():
+    from dataclasses import replace
+
+    from bench._anchor_replay import Case, cache_key
+
+    cold = Case("t.jsonl", "conv day (2 h)", 2000.0, 50.0, 60.0, 16, init="2,1")
+    warm = replace(cold, startup_s=0.0, init="1,1")
+    assert cache_key(cold, "static:2,1", {}) == cache_key(warm, "static:2,1", {})
+    assert cache_key(cold, "module:tandem.anchors.dynamo_policy", {}) != cache_key(warm, "module:tandem.anchors.dynamo_policy", {})
+    assert cache_key(cold, "static:2,1", {}) != cache_key(replace(cold, slo_ttft_ms=1000.0), "static:2,1", {})
