@@ -10,46 +10,57 @@ same `decide` the operator runs, fed only what the loop's per-tick metrics hold.
 
 For each trace, rate scale, TTFT SLO and cold start, every policy is swept over its knob:
 - static (P, D): the cheapest pool reaching the attainment target, found by a staircase search over the
-  (P, D) grid in hindsight (attainment only grows with either count);
+  (P, D) grid in hindsight (attainment only grows with either count; `--pool-hints` names a pool known to
+  reach it, so only cheaper pools are walked);
 - Dynamo's planner: its load-based modes (throughput, latency) and the load mode at two threshold pairs
   (its SLA mode needs a package that is not installable here);
+- HPA: Kubernetes' HorizontalPodAutoscaler rules on per-pod queue and batch metrics (`tandem.anchors_hpa`),
+  at three targets;
 - tandem: SLO margin x scale-down stabilisation.
 A family's cost at the target is its cheapest setting that reaches it, or the GPU-hours interpolated on
 its Pareto front between the settings on either side, or "unreachable". Dynamo's replay is
-deterministic, so one run per setting is the figure.
+deterministic, so one run per setting is the figure. `--plot FILE` draws each case's settings and fronts
+(GPU-hours against joint attainment).
 
 `--crosscheck` instead replays fixed pools through both `tandem simulate` (the H200 profile converted) and
 Dynamo's replay, and prints TTFT and TPOT p50 / p90 of each side by side with their ratio (target: within 25%).
 
 Traces are the Azure LLM inference traces (conversation and code, one hour each) at their own rate and at
 `--rate-scales` times it (whole copies shifted by fractions of 10 s, so the rate curve above 10 s keeps
-its shape), and with `--day-hour-s` as a diurnal day (`tandem.trace.diurnal`: hour h of the curve replays
-the next stretch of the trace at a rate factor on a cosine from x1 at 04:00 to x8 at 16:00), converted to
-Mooncake JSONL with no shared prefixes (the traces carry no prompt text).
+its shape); with `--windows N` also each cut into N consecutive windows (each its own case, its own
+hindsight pool); and with `--day-hour-s` as a diurnal day (`tandem.trace.diurnal`: hour h of the curve
+replays the next stretch of the trace at a rate factor on a cosine from x1 at 04:00 to x8 at 16:00),
+whose fixed-pool search stays inside the peak hour's cheapest pool (the x8 hour's, from this run or
+`--pool-hints`): `box_search`. All converted to Mooncake JSONL with no shared prefixes (the traces carry
+no prompt text).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import itertools
 import json
-import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from tandem.trace import AZURE_ATTRIBUTION, diurnal, load_trace, scale_rate, to_mooncake_jsonl
+from bench._anchor_crosscheck import CROSSCHECK_SHAPES, crosscheck, render_crosscheck
+from bench._anchor_plot import write_pareto_plot
+from bench._anchor_replay import HPA_POLICY, Case, cache_key, replay_once
+from bench._anchor_search import Point, box_search, cost_at, pareto, staircase
+from tandem.trace import AZURE_ATTRIBUTION, diurnal, load_trace, scale_rate, to_mooncake_jsonl, windows
+
+__all__ = ["Point", "box_search", "cost_at", "pareto", "staircase"]  # the arithmetic, re-exported for callers
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ("azure_llm_2023_conv.csv", "azure_llm_2023_code.csv")
 TANDEM_SETTINGS = [
     {"margin": m, "stabilization_s": s} for m, s in itertools.product((0.5, 0.8), (180.0, 600.0))
 ]
+HPA_SETTINGS = [{"target": t} for t in (0.3, 0.6, 0.9)]  # of the engine's token budget / sequence limit per pod
 DYNAMO_SETTINGS: list[tuple[str, dict[str, Any]]] = [
     ("dynamo:throughput", {}),
     ("dynamo:latency", {}),
@@ -58,133 +69,6 @@ DYNAMO_SETTINGS: list[tuple[str, dict[str, Any]]] = [
     ("dynamo:load", {"prefill_scale_up_queue_tokens": 4096, "prefill_scale_down_queue_tokens": 256,
                      "decode_scale_up_kv_rate": 0.5, "decode_scale_down_kv_rate": 0.2}),
 ]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Case:
-    trace: str  # Mooncake JSONL path
-    label: str  # e.g. conv x8
-    slo_ttft_ms: float
-    slo_tpot_ms: float
-    startup_s: float
-    max_gpus: int
-    init: str = "1,1"  # the pools a scaling policy starts from
-
-
-@dataclass(frozen=True)
-class Point:
-    family: str  # static | dynamo | tandem
-    setting: str
-    gpu_hours: float
-    attainment: float
-    reversals_per_hour: float = 0.0
-    ttft_p90_ms: float = 0.0
-    tpot_p90_ms: float = 0.0
-
-
-# --- pure: the frontier and the search ----------------------------------------------------------------------
-
-
-def pareto(points: Iterable[Point]) -> list[Point]:
-    """Points no other point beats on both cost and attainment, cheapest first."""
-    front: list[Point] = []
-    for p in sorted(points, key=lambda p: (p.gpu_hours, -p.attainment)):
-        if not front or p.attainment > front[-1].attainment:
-            front.append(p)
-    return front
-
-
-def cost_at(points: Iterable[Point], target: float) -> tuple[float | None, str]:
-    """GPU-hours a family needs for `target` attainment: its cheapest setting that reaches it, or linear
-    interpolation on its Pareto front between the settings on either side; (None, why) if unreachable."""
-    front = pareto(points)
-    above = [p for p in front if p.attainment >= target]
-    if not above:
-        best = max((p.attainment for p in front), default=0.0)
-        return None, f"unreachable (best {best:.1%})"
-    first = above[0]
-    below = [p for p in front if p.attainment < target and p.gpu_hours < first.gpu_hours]
-    if not below:
-        return first.gpu_hours, first.setting
-    lo = below[-1]
-    share = (target - lo.attainment) / (first.attainment - lo.attainment)
-    return lo.gpu_hours + share * (first.gpu_hours - lo.gpu_hours), f"between {lo.setting} and {first.setting}"
-
-
-def staircase(evaluate: Callable[[int, int], float], target: float, max_gpus: int) -> list[tuple[int, int, float]]:
-    """Every (P, D, attainment) evaluated while walking the boundary of the pools that reach `target`: for
-    P = 1, 2, ... the fewest D that reaches it (a binary search below the last P's, since it never grows
-    with P), until no larger P can be cheaper than the best pool found. Attainment grows with P and D."""
-    seen: list[tuple[int, int, float]] = []
-
-    def reaches(p: int, d: int) -> bool:
-        att = evaluate(p, d)
-        seen.append((p, d, att))
-        return att >= target
-
-    best, d_hi = max_gpus + 1, max_gpus - 1
-    for p in range(1, max_gpus):
-        if p + 1 >= best or min(d_hi, max_gpus - p) < 1:
-            break  # every pool from here on costs at least the best one
-        d_hi = min(d_hi, max_gpus - p)
-        if not reaches(p, d_hi):
-            continue  # more prefill needed at this many decode workers
-        lo, hi = 1, d_hi  # the fewest D in [lo, hi] that reaches the target is hi or below
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if reaches(p, mid) else (mid + 1, hi)
-        d_hi, best = hi, min(best, p + hi)
-    return seen
-
-
-# --- I/O: the replay ---------------------------------------------------------------------------------------
-
-_replay: Any = None
-
-
-def _load_replay(replay_dir: str) -> Any:
-    global _replay
-    if _replay is None:
-        sys.path.insert(0, replay_dir)
-        # the harness (a script, not a distribution): Dynamo's mocker + Rust loop, fixed pools, its planner,
-        # external policies
-        _replay = importlib.import_module("replay")
-    return _replay
-
-
-def replay_once(replay_dir: str, case: Case, policy: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One replay through the harness, in this process (its Rust loop runs single-threaded)."""
-    replay = _load_replay(replay_dir)
-    argv = ["--trace", case.trace, "--policy", policy, "--slo-ttft-ms", str(case.slo_ttft_ms),
-            "--slo-tpot-ms", str(case.slo_tpot_ms), "--startup-s", str(case.startup_s),
-            "--max-gpus", str(case.max_gpus), "--init", case.init]  # fmt: skip
-    if policy.startswith("dynamo") and options:
-        argv += ["--planner-json", json.dumps(options)]
-    if policy.startswith("module:"):
-        os.environ["TANDEM_ANCHOR_OPTIONS"] = json.dumps(options or {})
-    return dict(replay.run(_harness_args(replay, argv)))
-
-
-def _harness_args(replay: Any, argv: list[str]) -> argparse.Namespace:
-    """The harness's argparse Namespace for `argv`, built by its own parser (captured from its main)."""
-    captured: dict[str, argparse.Namespace] = {}
-
-    def grab(a: argparse.Namespace) -> dict[str, Any]:
-        captured["ns"] = a
-        return {}
-
-    real_run, replay.run = replay.run, grab
-    try:
-        replay.main(argv)
-    finally:
-        replay.run = real_run
-    return captured["ns"]
-
-
-def cache_key(case: Case, policy: str, options: dict[str, Any]) -> str:
-    """What makes a replay's result: the trace (by label), SLO, cold start, budget, start and the policy."""
-    return json.dumps([case.label, case.slo_ttft_ms, case.slo_tpot_ms, case.startup_s, case.max_gpus,
-                       "" if policy.startswith("static") else case.init, policy, options], sort_keys=True)  # fmt: skip
 
 
 def _job(args: tuple[str, Case, str, str, dict[str, Any]]) -> tuple[Case, Point]:
@@ -197,23 +81,58 @@ def _job(args: tuple[str, Case, str, str, dict[str, Any]]) -> tuple[Case, Point]
     )  # fmt: skip
 
 
-def traces(folder: Path, scales: list[float], out_dir: Path, day_hour_s: float = 0.0) -> list[tuple[str, str]]:
-    """(label, Mooncake JSONL path) of each Azure trace at each rate scale, and as a diurnal day if asked."""
+DAY_LOW, DAY_HIGH = 1.0, 8.0  # the diurnal curve's rate factors at 04:00 and 16:00
+
+
+def variants(requests: list[Any], short: str, scales: list[float], day_hour_s: float = 0.0,
+             window_count: int = 0) -> list[tuple[str, list[Any]]]:  # fmt: skip
+    """(label, requests) of one trace: at each rate scale; cut into `window_count` windows, each at each
+    scale; and as a diurnal day if asked."""
+    made = [(f"{short} x{k:g}", scale_rate(requests, k)) for k in scales]
+    if window_count > 1:
+        for i, (start, part) in enumerate(windows(requests, window_count)):
+            when = f"min {start / 60:.0f}-{(start + max(r.arrival_s for r in part)) / 60:.0f}" if part else "empty"
+            made += [(f"{short} x{k:g} window {i + 1}/{window_count} ({when})", scale_rate(part, k)) for k in scales if part]
+    if day_hour_s:
+        made.append((f"{short} day ({24 * day_hour_s / 3600:g} h)", diurnal(requests, 24, DAY_LOW, DAY_HIGH, day_hour_s)))
+    return made
+
+
+def traces(folder: Path, scales: list[float], out_dir: Path, day_hour_s: float = 0.0,
+           window_count: int = 0, only: tuple[str, ...] = ("conv", "code")) -> list[tuple[str, str]]:  # fmt: skip
+    """(label, Mooncake JSONL path) of every variant of each Azure trace named in `only` (`variants`)."""
     made = []
     for name in TRACES:
-        requests = load_trace(folder / name)
         short = name.removeprefix("azure_llm_2023_").removesuffix(".csv")
-        variants = [(f"{short} x{k:g}", scale_rate(requests, k)) for k in scales]
-        if day_hour_s:
-            variants.append((f"{short} day ({24 * day_hour_s / 3600:g} h)", diurnal(requests, 24, 1.0, 8.0, day_hour_s)))
-        for label, reqs in variants:
-            path = out_dir / (label.replace(" ", "_").replace("(", "").replace(")", "") + ".jsonl")
+        if short not in only:
+            continue
+        for label, reqs in variants(load_trace(folder / name), short, scales, day_hour_s, window_count):
+            slug = "".join(c if c.isalnum() or c in "._-" else "_" for c in label)
+            path = out_dir / f"{slug}.jsonl"
             path.write_text("\n".join(to_mooncake_jsonl(reqs)) + "\n")
             made.append((label, str(path)))
     return made
 
 
-def static_search(replay_dir: str, case: Case, target: float, cache: dict[str, dict[str, Any]]) -> list[Point]:
+def parse_hints(text: str) -> dict[str, tuple[int, int]]:
+    """`conv x8=3,1;code x8=7,1` -> {label: (P, D)}."""
+    hints = {}
+    for item in filter(None, (x.strip() for x in text.split(";"))):
+        label, _, pools = item.rpartition("=")
+        p, d = (int(x) for x in pools.split(","))
+        hints[label.strip()] = (p, d)
+    return hints
+
+
+def peak_label(day_label: str) -> str:
+    """The label of the rate-scaled hour the day's peak replays: `conv day (6 h)` -> `conv x8`."""
+    return f"{day_label.split(' day ')[0]} x{DAY_HIGH:g}"
+
+
+def static_search(replay_dir: str, case: Case, target: float, cache: dict[str, dict[str, Any]],
+                  box: tuple[int, ...] | None = None, hint: tuple[int, int] | None = None) -> list[Point]:  # fmt: skip
+    """The fixed pools replayed finding the cheapest that reaches `target`: the staircase over the whole
+    budget (walking only pools cheaper than `hint` when that reaches it), or `box_search` inside (P, D) <= `box`."""
     memo: dict[tuple[int, int], Point] = {}
 
     def evaluate(p: int, d: int) -> float:
@@ -223,65 +142,11 @@ def static_search(replay_dir: str, case: Case, target: float, cache: dict[str, d
             print(f"{case.label} ttft {case.slo_ttft_ms:g}: {memo[(p, d)]}", file=sys.stderr, flush=True)
         return memo[(p, d)].attainment
 
-    staircase(evaluate, target, case.max_gpus)
+    if box:
+        box_search(evaluate, target, box[0], box[1])
+    else:
+        staircase(evaluate, target, case.max_gpus, hint)
     return list(memo.values())
-
-
-CROSSCHECK_SHAPES = ((1, 1), (1, 2), (2, 1), (2, 2))
-
-
-def crosscheck(replay_dir: str, case: Case, shapes: Iterable[tuple[int, int]]) -> list[dict[str, Any]]:
-    """Fixed pools through tandem's simulator and Dynamo's replay: latency percentiles of each."""
-    from tandem.operator.autoscale.sim.baselines import static_controller
-    from tandem.operator.autoscale.sim.replay import summarise as sim_summary
-    from tandem.operator.autoscale.sim.simulator import SimConfig, simulate
-    from tandem.operator.autoscale.types import Pool
-    from tandem.profile import profile_named
-    from tandem.slo import Slo
-    from tandem.trace import load_trace as read
-
-    profile, trace = profile_named(None), read(case.trace)
-    rows = []
-    for p, d in shapes:
-        replay = _load_replay(replay_dir)
-        with tempfile.NamedTemporaryFile(suffix=".json") as dump:
-            argv = ["--trace", case.trace, "--policy", f"static:{p},{d}", "--dump", dump.name,
-                    "--slo-ttft-ms", str(case.slo_ttft_ms), "--slo-tpot-ms", str(case.slo_tpot_ms)]  # fmt: skip
-            replay.run(_harness_args(replay, argv))
-            theirs = json.loads(Path(dump.name).read_text())["summary"]
-        sizes = {Pool.prefill: p, Pool.decode: d}
-        config = SimConfig(profile=profile, cold_start_s=0.0, initial=sizes)
-        result = simulate(trace, config, static_controller(sizes))
-        ours = _percentiles(result)
-        row: dict[str, Any] = {"trace": case.label, "pools": f"{p}P+{d}D",
-                               "sim_attainment": sim_summary("static", result, Slo(case.slo_ttft_ms, case.slo_tpot_ms, 90))["slo_attainment"]}  # fmt: skip
-        for metric, key in (("ttft_p50", "median_ttft_ms"), ("ttft_p90", "p90_ttft_ms"),
-                            ("tpot_p50", "median_tpot_ms"), ("tpot_p90", "p90_tpot_ms")):  # fmt: skip
-            row[f"{metric}_dynamo"], row[f"{metric}_tandem"] = float(theirs[key]), ours[metric]
-            row[f"{metric}_ratio"] = ours[metric] / float(theirs[key]) if theirs[key] else None
-        rows.append(row)
-        print(row, file=sys.stderr)
-    return rows
-
-
-def _percentiles(result: Any) -> dict[str, float]:
-    from tandem.operator.autoscale.sim.metrics import percentile
-
-    done = [r for r in result.requests if r.first_token_s is not None and r.finish_s is not None and not r.failed]
-    ttft = [(r.first_token_s - r.arrival_s) * 1000 for r in done]
-    tpot = [(r.finish_s - r.first_token_s) / (r.output_len - 1) * 1000 for r in done if r.output_len > 1]
-    return {"ttft_p50": percentile(ttft, 50), "ttft_p90": percentile(ttft, 90),
-            "tpot_p50": percentile(tpot, 50), "tpot_p90": percentile(tpot, 90)}  # fmt: skip
-
-
-def render_crosscheck(rows: list[dict[str, Any]]) -> str:
-    lines = ["| trace | pools | TTFT p50 ms (tandem / Dynamo) | TTFT p90 ms | TPOT p50 ms | TPOT p90 ms |",
-             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-    for r in rows:
-        cells = [f"{r[m + '_tandem']:.1f} / {r[m + '_dynamo']:.1f} ({r[m + '_ratio']:.2f}x)"
-                 for m in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")]  # fmt: skip
-        lines.append(f"| {r['trace']} | {r['pools']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -292,17 +157,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--day-hour-s", type=float, default=0.0,
                    help="also a diurnal day of each trace (rate x1 at 04:00 to x8 at 16:00), each hour of the curve "
                         "this long (900: the day's curve in 6 h; 3600: a real day); 0: none")  # fmt: skip
+    p.add_argument("--start-small", action="store_true",
+                   help="scaling policies start from 1P+1D (as a day starts at night), not the cheapest fixed pool")
+    p.add_argument("--trace-names", default="conv,code", help="which Azure traces (conv, code)")
+    p.add_argument("--windows", type=int, default=0,
+                   help="also each trace cut into this many consecutive windows, each a case at each rate scale")
     p.add_argument("--slo-ttft-ms", default="2000,1000")
     p.add_argument("--slo-tpot-ms", type=float, default=50.0)
     p.add_argument("--startup-s", default="60", help="cold starts to replay (the static search ignores them)")
     p.add_argument("--max-gpus", type=int, default=16)
     p.add_argument("--target", type=float, default=0.95, help="joint SLO attainment to compare at")
-    p.add_argument("--families", default="static,dynamo,tandem")
+    p.add_argument("--families", default="static,dynamo,hpa,tandem")
+    p.add_argument("--pool-hints", default="",
+                   help="'LABEL=P,D;...': a fixed pool believed to reach the target per case (from an earlier run); "
+                        "the search then walks only cheaper pools, and the same answer costs fewer replays")  # fmt: skip
     p.add_argument("--quick", action="store_true",
                    help="two settings per scaling family (tandem margin 0.8 at stabilisation 180 and 600 s; Dynamo's "
                         "throughput and latency modes) for long traces")  # fmt: skip
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--json", help="write every point and the summary rows here")
+    p.add_argument("--plot", help="write the Pareto plot (GPU-hours against joint attainment per family) here, PNG")
     p.add_argument("--cache", help="a JSON file of replays already run (read, then extended): reruns reuse them")
     p.add_argument("--crosscheck", action="store_true", help="tandem simulate vs Dynamo's replay on fixed pools")
     return p
@@ -313,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     families = set(a.families.split(","))
     scales = [float(x) for x in a.rate_scales.split(",") if x]
     with tempfile.TemporaryDirectory(prefix="tandem-anchor-") as tmp:
-        made = traces(Path(a.traces), scales, Path(tmp), a.day_hour_s)
+        made = traces(Path(a.traces), scales, Path(tmp), a.day_hour_s, a.windows, tuple(a.trace_names.split(",")))
         if a.crosscheck:
             slo = float(a.slo_ttft_ms.split(",")[0])
             checks = [Case(path, label, slo, a.slo_tpot_ms, 0.0, a.max_gpus) for label, path in made]
@@ -333,15 +207,26 @@ def main(argv: list[str] | None = None) -> int:
         with ProcessPoolExecutor(a.jobs) as pool:
             statics: dict[tuple[str, float], list[Point]] = {}
             if "static" in families:  # one search per trace and SLO: a fixed pool has no cold start
-                futures = {(c.trace, c.slo_ttft_ms): c for c in cases}
-                done = {k: pool.submit(static_search, a.replay_dir, c, a.target, cache) for k, c in futures.items()}
-                statics = {k: f.result() for k, f in done.items()}
-                for k, c in futures.items():
-                    for pt in statics[k]:
-                        cache[cache_key(c, pt.setting, {})] = asdict(pt)
+                days = {(c.trace, c.slo_ttft_ms): c for c in cases if " day " in c.label}
+                hours = {(c.trace, c.slo_ttft_ms): c for c in cases if " day " not in c.label}
+                statics = _static_searches(pool, a.replay_dir, hours, a.target, cache, {}, parse_hints(a.pool_hints))
                 _save(a.cache, cache)
-            # every scaling policy starts warm, from the cheapest fixed pool of its case (1,1 if none)
-            cases = [replace(c, init=_cheapest(statics.get((c.trace, c.slo_ttft_ms), []), a.target)) for c in cases]
+                # a day's search stays inside the box of its peak hour's cheapest pool (the day never runs faster)
+                by_label = {(c.label, c.slo_ttft_ms): k for k, c in hours.items()}
+                boxes = {}
+                for k, c in days.items():
+                    peak = by_label.get((peak_label(c.label), c.slo_ttft_ms))
+                    pool_size = _cheapest(statics[peak], a.target) if peak else None
+                    hint = parse_hints(a.pool_hints).get(peak_label(c.label))
+                    if pool_size is None and hint is None:
+                        raise SystemExit(f"{c.label}: the day's fixed-pool search is bounded by the peak hour's pool; "
+                                         f"add {DAY_HIGH:g} to --rate-scales or give it in --pool-hints")  # fmt: skip
+                    boxes[k] = tuple(int(x) for x in pool_size.split(",")) if pool_size else hint
+                statics |= _static_searches(pool, a.replay_dir, days, a.target, cache, boxes)
+                _save(a.cache, cache)
+            # every scaling policy starts warm, from the cheapest fixed pool of its case (1,1 if none or --start-small)
+            cheapest = {k: _cheapest(ps, a.target) for k, ps in statics.items()}
+            cases = [replace(c, init="1,1" if a.start_small else cheapest.get((c.trace, c.slo_ttft_ms)) or "1,1") for c in cases]
             points = {c: list(statics.get((c.trace, c.slo_ttft_ms), [])) for c in cases}
             jobs = []
             for job in _jobs(a.replay_dir, cases, families, a.quick):
@@ -358,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarise(points, a.target)
     print(render(rows, a.target))
     print(f"\nTraces: {AZURE_ATTRIBUTION}")
+    if a.plot:
+        panels = {f"{c.label}, TTFT {c.slo_ttft_ms / 1000:g} s, cold start {c.startup_s:g} s": ps for c, ps in points.items()}
+        print(f"Pareto plot: {write_pareto_plot(panels, a.plot, a.target)}")
     if a.json:
         Path(a.json).write_text(json.dumps({
             "rows": rows,
@@ -366,19 +254,35 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _static_searches(pool: ProcessPoolExecutor, replay_dir: str, cases: dict[tuple[str, float], Case], target: float,
+                     cache: dict[str, dict[str, Any]], boxes: dict[tuple[str, float], tuple[int, ...]],
+                     hints: dict[str, tuple[int, int]] | None = None) -> dict[tuple[str, float], list[Point]]:  # fmt: skip
+    """Each case's fixed-pool search, in parallel; every replay joins the cache as its search ends."""
+    hints = hints or {}
+    done = {k: pool.submit(static_search, replay_dir, c, target, cache, boxes.get(k), hints.get(c.label))
+            for k, c in cases.items()}  # fmt: skip
+    found = {}
+    for k, future in done.items():
+        found[k] = future.result()
+        for pt in found[k]:
+            cache[cache_key(cases[k], pt.setting, {})] = asdict(pt)
+    return found
+
+
 def _save(path: str | None, cache: dict[str, dict[str, Any]]) -> None:
     if path:
         Path(path).write_text(json.dumps(cache))
 
 
-def _cheapest(points: list[Point], target: float) -> str:
+def _cheapest(points: list[Point], target: float) -> str | None:
+    """The cheapest fixed pool that reaches `target`, as "P,D"; None if none does."""
     reaching = [p for p in points if p.attainment >= target]
     if not reaching:
-        return "1,1"
+        return None
     return min(reaching, key=lambda p: p.gpu_hours).setting.removeprefix("static:")
 
 
-QUICK_SETTINGS = {"tandem": [TANDEM_SETTINGS[1], TANDEM_SETTINGS[3]], "dynamo": DYNAMO_SETTINGS[:2]}
+QUICK_SETTINGS = {"tandem": [TANDEM_SETTINGS[2], TANDEM_SETTINGS[3]], "dynamo": DYNAMO_SETTINGS[:2], "hpa": HPA_SETTINGS[1:2]}
 
 
 def _jobs(
@@ -386,12 +290,14 @@ def _jobs(
 ) -> list[tuple[str, Case, str, str, dict[str, Any]]]:
     dynamo = QUICK_SETTINGS["dynamo"] if quick else DYNAMO_SETTINGS
     tandem = QUICK_SETTINGS["tandem"] if quick else TANDEM_SETTINGS
+    hpa = QUICK_SETTINGS["hpa"] if quick else HPA_SETTINGS
     return [
             (replay_dir, c, fam, pol, opt)
             for c in cases
             for fam, pol, opt in (
                 [("dynamo", pol, opt) for pol, opt in dynamo] * ("dynamo" in families)
                 + [("tandem", "module:tandem.anchors.dynamo_policy", opt) for opt in tandem] * ("tandem" in families)
+                + [("hpa", HPA_POLICY, opt) for opt in hpa] * ("hpa" in families)
             )
     ]  # fmt: skip
 
@@ -400,7 +306,7 @@ def summarise(points: dict[Case, list[Point]], target: float) -> list[dict[str, 
     rows = []
     for case, ps in points.items():
         row: dict[str, Any] = {"trace": case.label, "slo_ttft_ms": case.slo_ttft_ms, "startup_s": case.startup_s}
-        for family in ("static", "dynamo", "tandem"):
+        for family in ("static", "dynamo", "hpa", "tandem"):
             mine = [p for p in ps if p.family == family]
             if not mine:
                 continue
@@ -412,8 +318,9 @@ def summarise(points: dict[Case, list[Point]], target: float) -> list[dict[str, 
             row[f"{family}_reversals_per_hour"] = cheapest.reversals_per_hour if cheapest else None
         if row.get("tandem") and row.get("static"):
             row["tandem_vs_static"] = row["tandem"] / row["static"]
-        if row.get("tandem") and row.get("dynamo"):
-            row["tandem_vs_dynamo"] = row["tandem"] / row["dynamo"]
+        for other in ("dynamo", "hpa"):
+            if row.get("tandem") and row.get(other):
+                row[f"tandem_vs_{other}"] = row["tandem"] / row[other]
         rows.append(row)
     return rows
 
@@ -426,13 +333,13 @@ def render(rows: list[dict[str, Any]], target: float) -> str:
         how = r.get(f"{family}_how", "")
         return how if r.get(family) is None else f"{r[family]:.2f} ({how})"
 
-    head = (f"| trace | TTFT SLO ms | cold start s | cheapest fixed pool GPU-h at {target:.0%} | Dynamo planner | tandem "
-            "| tandem / fixed | tandem / Dynamo | tandem reversals/h |")  # fmt: skip
-    lines = [head, "| " + " | ".join(["---"] * 9) + " |"]
+    head = (f"| trace | TTFT SLO ms | cold start s | cheapest fixed pool GPU-h at {target:.0%} | Dynamo planner | HPA "
+            "| tandem | tandem / fixed | tandem / Dynamo | tandem reversals/h |")  # fmt: skip
+    lines = [head, "| " + " | ".join(["---"] * 10) + " |"]
     for r in rows:
         lines.append(
             f"| {r['trace']} | {r['slo_ttft_ms']:g} | {r['startup_s']:g} | {cost(r, 'static')} "
-            f"| {cost(r, 'dynamo')} | {cost(r, 'tandem')} "
+            f"| {cost(r, 'dynamo')} | {cost(r, 'hpa')} | {cost(r, 'tandem')} "
             f"| {fmt(r.get('tandem_vs_static'))} | {fmt(r.get('tandem_vs_dynamo'))} | {fmt(r.get('tandem_reversals_per_hour'))} |"
         )  # fmt: skip
     return "\n".join(lines)

@@ -166,3 +166,21 @@ def diurnal(
         shifted = [TraceRequest(r.arrival_s - start + h * hour_s, r.input_len, r.output_len) for r in window]
         day += scale_rate(shifted, factor)
     return sorted(day, key=lambda r: r.arrival_s)
+
+
+def windows(requests: list[TraceRequest], count: int) -> list[tuple[float, list[TraceRequest]]]:
+    """The trace cut into `count` consecutive windows of equal length, each as (its start in the trace, its
+    requests with times from the window's start): every request in exactly one window."""
+    if count < 1:
+        raise ValueError(f"window count must be at least 1, got {count}")
+    if not requests:
+        return []
+    span = max(r.arrival_s for r in requests) + 1e-9
+    length = span / count
+    cut: list[list[TraceRequest]] = [[] for _ in range(count)]
+    for r in requests:
+        cut[min(int(r.arrival_s / length), count - 1)].append(r)
+    return [
+        (i * length, [TraceRequest(r.arrival_s - i * length, r.input_len, r.output_len) for r in rs])
+        for i, rs in enumerate(cut)
+    ]

@@ -31,6 +31,7 @@ from tandem.operator.autoscale.capacity import (
 )
 from tandem.operator.autoscale.config import PolicyConfig, PoolLimits
 from tandem.operator.autoscale.flip import FlipState, decide_with_flips
+from tandem.operator.autoscale.hpa_rule import hpa_recommendation
 from tandem.operator.autoscale.policy import PolicyState, decide
 from tandem.operator.autoscale.sim.simulator import Control, Controller, Snapshot
 from tandem.operator.autoscale.types import Pool
@@ -166,23 +167,6 @@ class Hpa:
         # Up at once; down only to the largest recommendation of the stabilisation window.
         desired = recommendation if recommendation > current else min(current, max(v for _, v in history))
         return _clamp(desired, self.limits[pool])
-
-
-def hpa_recommendation(ready: int, missing: int, metric: float, target: float, tolerance: float) -> int:
-    """The HPA's replica count from the mean metric of its ready pods, with its missing-pods rule: pods not
-    ready yet count as using 0% of the target on the way up and 100% on the way down, and a change that
-    they reverse or bring within the tolerance does not happen."""
-    current = ready + missing
-    ratio = metric / target
-    if abs(ratio - 1) <= tolerance:
-        return current
-    if not missing:
-        return math.ceil(ready * ratio)
-    assumed = 0.0 if ratio > 1 else target
-    ratio_all = (metric * ready + assumed * missing) / (target * current)
-    if abs(ratio_all - 1) <= tolerance or (ratio_all > 1) != (ratio > 1):
-        return current
-    return math.ceil(current * ratio_all)
 
 
 def static_sizes(
