@@ -15,10 +15,9 @@ first, wake.py):
    the stabilisation window, only if the fewer replicas still meet the SLO with margin, not while the
    pool's past quiet spells were shorter than the wait plus a cold start (a removal that must be undone
    within a cold start costs more than it saves), by up to `down_step_fraction` of the pool per step;
-5. min/max per pool, then an optional GPU budget shared by the pools, given to the pool whose
-   predicted latency (as a share of its SLO) drops most per replica.
+5. min/max per pool, then an optional GPU budget shared by the pools (budget.py).
 
-Each rule is a function of the pool's tick (`_stale`, `_out_of_bounds`, ..., `_step_down`) that returns a
+Each rule is a function of the pool's tick (`_stale`, `_out_of_bounds`, ..., `step_down`) that returns a
 Decision with its reason, or None; `_decide_pool` runs them in order and carries the state between them.
 """
 
@@ -26,38 +25,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from dataclasses import dataclass, replace
 
 from tandem.operator.autoscale import forecast as fc
-from tandem.operator.autoscale.config import PolicyConfig, PoolLimits
+from tandem.operator.autoscale.budget import apply_budget
+from tandem.operator.autoscale.config import PolicyConfig
+from tandem.operator.autoscale.pool_tick import QUIET_SPELLS, Plan, PolicyState, PoolState, Push, Tick, hold
+from tandem.operator.autoscale.scale_down import DOWN_RULES, steady, step_down
 from tandem.operator.autoscale.sizing import Sizing, missing, size_pool
 from tandem.operator.autoscale.types import Decision, Pool, PoolObservation
 from tandem.operator.autoscale.wake import holds_demand, wake_from_zero
-
-QUIET_SPELLS = 5  # how many past quiet spells the break-even rule weighs (their median)
-
-
-@dataclass(frozen=True)
-class PoolState:
-    """What the policy remembers of one pool between calls."""
-
-    forecaster: fc.RateForecaster | None = None
-    target: int | None = None  # the last decided count, until the pool reaches it
-    target_since_s: float = -math.inf
-    last_change_s: float = -math.inf
-    last_direction: int = 0  # +1 up, -1 down, 0 none yet
-    low_since_s: float | None = None  # since when the need stayed below the current count
-    idle_since_s: float | None = None  # since when the pool saw no traffic
-    last_queue_tokens: float | None = None
-    last_queue_at_s: float | None = None
-    up_since_s: float | None = None  # since when a forecast alone has asked for more replicas
-    quiet_spells_s: tuple[float, ...] = ()  # lengths of the last spells with the need below the count
-
-
-@dataclass(frozen=True)
-class PolicyState:
-    pools: dict[Pool, PoolState] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -77,7 +54,7 @@ def decide(
     }
     decisions = {pool: o.decision for pool, o in outcomes.items()}
     if config.gpu_budget is not None:
-        decisions = _apply_budget(decisions, outcomes, config)
+        decisions = apply_budget(decisions, {pool: o.latency_share for pool, o in outcomes.items()}, config)
     pools = dict(state.pools)
     for pool, o in outcomes.items():
         pools[pool] = _record(o.state, decisions[pool], now_s)
@@ -96,56 +73,6 @@ def _record(ps: PoolState, d: Decision, now_s: float) -> PoolState:
 # None to let the next rule speak. What the policy remembers changes only in `_decide_pool`, between rules.
 
 
-@dataclass(frozen=True)
-class _Tick:
-    """One pool at one call: its observation, the settings, the clock and what the policy remembers."""
-
-    obs: PoolObservation
-    cfg: PolicyConfig
-    now_s: float
-    ps: PoolState
-    arriving: bool = False  # capacity asked for is still on its way: only a larger need moves the pool now
-
-    @property
-    def current(self) -> int:
-        return self.obs.replicas.ready + self.obs.replicas.starting  # starting replicas are capacity on its way
-
-    @property
-    def limits(self) -> PoolLimits:
-        return self.cfg.limits_for(self.obs.pool)
-
-    def hold(self, code: str, why: str, **details: float) -> Decision:
-        return _hold(self.obs, self.current, code, why, **details)
-
-    def move(self, desired: int, code: str, why: str, details: dict[str, float] | None = None) -> Decision:
-        pool, current = self.obs.pool, self.current
-        return Decision(pool, current, desired, f"{pool} {current}->{desired}: {why}", code, details or {})
-
-
-class _Push(NamedTuple):
-    """A reactive term: the replicas the present calls for, why, and its reason code ('' when none)."""
-
-    replicas: int
-    why: str
-    code: str
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """What the pool needs this tick: the capacity model's sizing, the reactive and predictive terms, the target."""
-
-    sizing: Sizing
-    text: str  # "predicted 12 req/s (holt) needs 2.4 replicas at batch 24": the tail of most reasons
-    details: dict[str, float]
-    push: _Push
-    predictive: int
-    target: int
-
-
-def _hold(obs: PoolObservation, current: int, code: str, why: str, **details: float) -> Decision:
-    return Decision(obs.pool, current, current, f"{obs.pool} holds at {current}: {why}", code, dict(details))
-
-
 def _required(obs: PoolObservation) -> tuple[str, ...]:
     if obs.pool == Pool.prefill:
         return ("prompt_tokens_mean", "ttft_ms")
@@ -157,23 +84,23 @@ def _required(obs: PoolObservation) -> tuple[str, ...]:
 # Guards: before any sizing.
 
 
-def _stale(t: _Tick) -> Decision | None:
+def _stale(t: Tick) -> Decision | None:
     age = t.now_s - t.obs.at_s
     return t.hold("MetricsStale", f"metrics are {age:.0f} s old") if age > t.cfg.stale_after_s else None
 
 
-def _no_rate(t: _Tick) -> Decision | None:
+def _no_rate(t: Tick) -> Decision | None:
     return t.hold("MetricsUnavailable", "arrival rate missing") if missing(t.obs.arrival_rate_rps) else None
 
 
-def _out_of_bounds(t: _Tick) -> Decision | None:
+def _out_of_bounds(t: Tick) -> Decision | None:
     lo, hi = t.limits.min_replicas, t.limits.max_replicas
     if lo <= t.current <= hi:
         return None
     return t.move(min(max(t.current, lo), hi), "Bounds", f"bounds are {lo}..{hi}")
 
 
-def _metrics_absent(t: _Tick) -> Decision | None:
+def _metrics_absent(t: Tick) -> Decision | None:
     absent = [name for name in _required(t.obs) if missing(getattr(t.obs, name))]
     return t.hold("MetricsUnavailable", "missing " + ", ".join(absent)) if absent else None
 
@@ -185,25 +112,25 @@ def _is_idle(obs: PoolObservation) -> bool:
 # Up: the target is above the current count.
 
 
-def _arriving_covers(t: _Tick, p: _Plan) -> Decision | None:
+def _arriving_covers(t: Tick, p: Plan) -> Decision | None:
     if not t.arriving or max(p.sizing.need.replicas, p.sizing.now_need) > t.current:
         return None
     r = t.obs.replicas
     return t.hold("InFlight", f"waiting for {t.ps.target} (ready {r.ready}, starting {r.starting}, draining {r.draining})")
 
 
-def _up_cooldown(t: _Tick, p: _Plan) -> Decision | None:
+def _up_cooldown(t: Tick, p: Plan) -> Decision | None:
     since = t.now_s - t.ps.last_change_s
     if t.ps.last_direction > 0 and since < t.cfg.scale_up_cooldown_s:
         return t.hold("Cooldown", f"scaled up {since:.0f} s ago; " + p.text)
     return None
 
 
-def _forecast_only(t: _Tick, p: _Plan) -> bool:
+def _forecast_only(t: Tick, p: Plan) -> bool:
     return not (p.push.replicas > t.current and p.push.code)
 
 
-def _confirming(t: _Tick, p: _Plan) -> Decision | None:
+def _confirming(t: Tick, p: Plan) -> Decision | None:
     """A forecast alone goes up once it held for `up_confirm_s` (the tick's state says since when it asks)."""
     since = t.ps.up_since_s
     if since is None or t.now_s - since >= t.cfg.up_confirm_s:
@@ -211,90 +138,19 @@ def _confirming(t: _Tick, p: _Plan) -> Decision | None:
     return t.hold("Confirming", f"{p.text}; confirming for {t.cfg.up_confirm_s:.0f} s before going up", **p.details)
 
 
-def _scale_up(t: _Tick, p: _Plan) -> Decision:
+def _scale_up(t: Tick, p: Plan) -> Decision:
     push = p.push
     code = push.code if push.replicas >= p.sizing.need.replicas and push.code else "Forecast"
     why = f"{push.why}; {p.text}" if push.why else p.text
     return t.move(p.target, code, why, p.details)
 
 
-# Down: the target is at or below the current count.
-
-
-def _steady(t: _Tick, p: _Plan) -> Decision | None:
-    if p.target == t.current or t.current <= t.limits.min_replicas:
-        return t.hold("Steady", p.text, **p.details)
-    return None
-
-
-def _last_change_in_flight(t: _Tick, p: _Plan) -> Decision | None:
-    r = t.obs.replicas
-    if not (t.arriving or r.draining):
-        return None
-    why = f"{p.text}; waiting for the last change (starting {r.starting}, draining {r.draining}) before going down"
-    return t.hold("InFlight", why, **p.details)
-
-
-def _low_for(t: _Tick) -> float:
-    """How long the need has stayed below the count (the tick's state holds since when)."""
-    return t.now_s - t.ps.low_since_s if t.ps.low_since_s is not None else 0.0
-
-
-def _stabilizing(t: _Tick, p: _Plan) -> Decision | None:
-    waited, window = _low_for(t), t.cfg.stabilization_s
-    if waited >= window:
-        return None
-    return t.hold("Stabilizing", f"{p.text}; stabilizing {waited:.0f}/{window:.0f} s before going down", **p.details)
-
-
-def _down_cooldown(t: _Tick, p: _Plan) -> Decision | None:
-    since = t.now_s - t.ps.last_change_s
-    if t.ps.last_direction < 0 and since < t.cfg.scale_down_cooldown_s:
-        return t.hold("Cooldown", f"{p.text}; stepped down {since:.0f} s ago", **p.details)
-    return None
-
-
-def _above_margin(t: _Tick, p: _Plan) -> Decision | None:
-    s, margin = p.sizing, t.cfg.margin
-    if s.observed_ms <= margin * s.slo_ms:
-        return None
-    why = f"{s.label} {s.observed_ms:.0f} ms is above {margin:.0%} of the {s.slo_ms:.0f} ms SLO; {p.text}"
-    return t.hold("NoMargin", why, **p.details)
-
-
-def _break_even(t: _Tick, p: _Plan) -> Decision | None:
-    """Of the past quiet spells that outlasted this one so far, the typical one ends too soon for a removed
-    replica to stay away longer than the cold start it costs to bring it back."""
-    waited, cold = _low_for(t), t.cfg.cold_start
-    longer = sorted(s for s in t.ps.quiet_spells_s if s > waited)
-    if not longer or longer[len(longer) // 2] - waited >= cold:
-        return None
-    left = longer[len(longer) // 2] - waited
-    why = (f"{p.text}; quiet spells this long ended about {left:.0f} s later, within a {cold:.0f} s "
-           "cold start: a replica removed now would be wanted back before it paid off")  # fmt: skip
-    return t.hold("BreakEven", why, **p.details)
-
-
-def _step_down(t: _Tick, p: _Plan) -> Decision:
-    """Down by up to `down_step_fraction` of the pool, to the fewest replicas that keep the SLO with margin."""
-    current, share, label = t.current, p.sizing.latency_share, p.sizing.label
-    bound = max(p.target, t.limits.min_replicas, current - max(1, math.floor(current * t.cfg.down_step_fraction)))
-    desired = next((n for n in range(bound, current) if share(n) <= t.cfg.margin * t.cfg.hysteresis), current)
-    if desired == current:
-        why = f"{current - 1} replicas would run at {share(current - 1):.0%} of the {label} SLO; {p.text}"
-        return t.hold("NoMargin", why, **p.details)
-    return t.move(desired, "ScaleDown", f"{p.text}; {desired} replicas keep {label} at {share(desired):.0%} of the SLO", p.details)
-
-
-_DOWN_RULES = (_last_change_in_flight, _stabilizing, _down_cooldown, _above_margin, _break_even)
-
-
-def _first(rules: tuple[Callable[[_Tick, _Plan], Decision | None], ...], t: _Tick, p: _Plan) -> Decision | None:
+def _first(rules: tuple[Callable[[Tick, Plan], Decision | None], ...], t: Tick, p: Plan) -> Decision | None:
     return next((d for rule in rules if (d := rule(t, p)) is not None), None)
 
 
 def _decide_pool(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: float) -> _Outcome:
-    t = _Tick(obs, cfg, now_s, ps)
+    t = Tick(obs, cfg, now_s, ps)
     if d := _stale(t) or wake_from_zero(obs, t.limits) or _no_rate(t):
         return _Outcome(d, ps)
     t = _track(t)
@@ -324,13 +180,13 @@ def _decide_pool(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: 
         return _Outcome(_scale_up(t, p), replace(t.ps, up_since_s=None), share)
 
     t = replace(t, ps=replace(t.ps, up_since_s=None))
-    if d := _steady(t, p):
+    if d := steady(t, p):
         return _Outcome(d, _end_quiet_spell(t.ps, now_s), share)
     t = replace(t, ps=replace(t.ps, low_since_s=now_s if t.ps.low_since_s is None else t.ps.low_since_s))
-    return _Outcome(_first(_DOWN_RULES, t, p) or _step_down(t, p), t.ps, share)
+    return _Outcome(_first(DOWN_RULES, t, p) or step_down(t, p), t.ps, share)
 
 
-def _track(t: _Tick) -> _Tick:
+def _track(t: Tick) -> Tick:
     """The forecaster sees the rate; a target is forgotten once reached, given up on, or nothing moves."""
     rate, ps, r = float(t.obs.arrival_rate_rps), t.ps, t.obs.replicas  # type: ignore[arg-type]
     forecaster = fc.start(rate, t.obs.at_s) if ps.forecaster is None else fc.observe(ps.forecaster, rate, t.obs.at_s)
@@ -343,7 +199,7 @@ def _track(t: _Tick) -> _Tick:
     return replace(t, ps=ps, arriving=arriving)
 
 
-def _plan(t: _Tick, stalled: str) -> _Plan:
+def _plan(t: Tick, stalled: str) -> Plan:
     """Size the pool for the larger of the rate now and the rate forecast one cold start ahead; add what the
     present calls for (`_push`); a forecast alone moves up only past a tolerance band."""
     obs, cfg, current = t.obs, t.cfg, t.current
@@ -373,36 +229,36 @@ def _plan(t: _Tick, stalled: str) -> _Plan:
         loose = min(cfg.margin * (1 + cfg.up_tolerance), 0.95)
         predictive = max(current, size_pool(obs, cfg, floor_rate, loose).need.replicas)
     target = min(max(predictive, push.replicas, t.limits.min_replicas), t.limits.max_replicas)
-    return _Plan(s, text + lagging, details, push, predictive, target)
+    return Plan(s, text + lagging, details, push, predictive, target)
 
 
-def _push(t: _Tick, s: Sizing, stalled: str) -> tuple[_Push, str]:
+def _push(t: Tick, s: Sizing, stalled: str) -> tuple[Push, str]:
     """The reactive term, strongest last: an SLO breach the present load still implies, the running batch,
     a growing prefill queue, a stall. Also a note for a breach the present load no longer implies."""
     current, lagging = t.current, ""
-    push = _Push(0, "", "")
+    push = Push(0, "", "")
     breach = _breach(t, s)
     if breach:
         push = breach
     elif s.observed_ms > s.slo_ms:
         lagging = f"; {_breach_text(t, s)} but the present {s.now_source} implies {s.now_ms:.0f} ms"
     if s.now_need > max(push.replicas, s.need.replicas, current):
-        push = _Push(s.now_need, f"{t.obs.running_sequences:.0f} running sequences need {s.now_need} replicas", "RunningBatch")
+        push = Push(s.now_need, f"{t.obs.running_sequences:.0f} running sequences need {s.now_need} replicas", "RunningBatch")
     growing = _queue_growing(t.obs, t.ps, t.cfg, current)
     if growing and push.replicas <= current:
-        push = _Push(current + 1, growing, "QueueGrowing")
+        push = Push(current + 1, growing, "QueueGrowing")
     if stalled and push.replicas <= current:
-        push = _Push(current + 1, stalled, "Stalled")
+        push = Push(current + 1, stalled, "Stalled")
     elif stalled:
         push = push._replace(why=f"{stalled}: {push.why}")
     return push, lagging
 
 
-def _breach_text(t: _Tick, s: Sizing) -> str:
+def _breach_text(t: Tick, s: Sizing) -> str:
     return f"{s.label} p{t.cfg.slo.percentile:g} {s.observed_ms:.0f} ms > {s.slo_ms:.0f} ms SLO"
 
 
-def _breach(t: _Tick, s: Sizing) -> _Push | None:
+def _breach(t: Tick, s: Sizing) -> Push | None:
     """Latency percentiles lag (a TPOT sample is a whole generation old): a breach acts only while the pool's
     present backlog or batch still implies a latency above the margin. Replicas shorten only the wait, never
     a prompt's own service time: prefill acts on the wait part, in proportion (a queue drains faster with
@@ -416,7 +272,7 @@ def _breach(t: _Tick, s: Sizing) -> _Push | None:
         ratio_step = current + 1
     else:
         ratio_step = math.ceil(current * (s.observed_ms - s.service_ms) / allowed_wait)
-    return _Push(min(2 * current, max(current + 1, ratio_step)), _breach_text(t, s), "SLOBreach")
+    return Push(min(2 * current, max(current + 1, ratio_step)), _breach_text(t, s), "SLOBreach")
 
 
 def _end_quiet_spell(ps: PoolState, now_s: float) -> PoolState:
@@ -451,11 +307,11 @@ def _idle(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: float, 
     ps = replace(ps, idle_since_s=idle_since)
     floor = cfg.limits_for(obs.pool).min_replicas
     if current <= floor:
-        return _Outcome(_hold(obs, current, "Idle", "no traffic, at the minimum"), ps, lambda n: 0.0)
+        return _Outcome(hold(obs, current, "Idle", "no traffic, at the minimum"), ps, lambda n: 0.0)
     waited = now_s - idle_since
     if waited < cfg.stabilization_s:
         why = f"no traffic for {waited:.0f} s; down to {floor} after {cfg.stabilization_s:.0f} s"
-        return _Outcome(_hold(obs, current, "Idle", why), ps, lambda n: 0.0)
+        return _Outcome(hold(obs, current, "Idle", why), ps, lambda n: 0.0)
     why = f"no traffic for {waited:.0f} s"
     decision = Decision(obs.pool, current, floor, f"{obs.pool} {current}->{floor}: {why}", "ScaleDownIdle")
     return _Outcome(decision, ps, lambda n: 0.0)
@@ -476,49 +332,3 @@ def _queue_growing(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, curre
         return ""
     growth = (float(q) - ps.last_queue_tokens) / dt  # type: ignore[arg-type]
     return f"prefill queue {q:.0f} tokens grows {growth:.0f} tokens/s and takes {drain_s:.1f} s to drain"
-
-
-# --- the shared GPU budget ---------------------------------------------------------------------------------
-
-_SATURATED = 1000.0  # a pool that cannot keep up at all ranks above any latency share
-
-
-def _apply_budget(
-    decisions: dict[Pool, Decision], outcomes: dict[Pool, _Outcome], cfg: PolicyConfig
-) -> dict[Pool, Decision]:
-    """Cut the desired counts to the budget: each GPU goes to the pool whose SLO gains most from it."""
-    assert cfg.gpu_budget is not None
-    gpus = {p: cfg.limits_for(p).gpus_per_replica for p in decisions}
-    wanted = sum(d.desired * gpus[p] for p, d in decisions.items())
-    if wanted <= cfg.gpu_budget:
-        return decisions
-    alloc = {p: min(cfg.limits_for(p).min_replicas, d.desired) for p, d in decisions.items()}
-    left = cfg.gpu_budget - sum(alloc[p] * gpus[p] for p in alloc)
-
-    def shortfall(p: Pool, n: int) -> float:
-        """Predicted latency / SLO; past saturation, a large number that still falls with every replica."""
-        share = outcomes[p].latency_share
-        value = 0.0 if share is None else share(n)
-        if math.isinf(value):
-            return _SATURATED + max(decisions[p].details.get("load_replicas", 0.0) - n, 0.0) + 1.0
-        return min(value, _SATURATED)
-
-    def gain(p: Pool) -> float:
-        drop = shortfall(p, alloc[p]) - shortfall(p, alloc[p] + 1)
-        return drop / gpus[p] if gpus[p] else math.inf
-
-    while True:
-        open_pools = [p for p in alloc if alloc[p] < decisions[p].desired and gpus[p] <= left]
-        if not open_pools:
-            break
-        best = max(open_pools, key=lambda p: (gain(p), decisions[p].desired - alloc[p]))
-        alloc[best] += 1
-        left -= gpus[best]
-    out = {}
-    for p, d in decisions.items():
-        if alloc[p] >= d.desired:
-            out[p] = d
-            continue
-        why = f"{d.reason}; GPU budget {cfg.gpu_budget} allows {alloc[p]}"
-        out[p] = Decision(p, d.current, alloc[p], why.replace(f"{d.current}->{d.desired}", f"{d.current}->{alloc[p]}"), "GPUBudget", d.details)
-    return out
