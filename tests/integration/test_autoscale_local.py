@@ -13,6 +13,7 @@ from tandem.operator.autoscale.types import Pool
 from tandem.operator.local.autoscale import LocalAutoscaleThread, local_autoscaler
 from tandem.operator.local.scale import LocalPools
 from tandem.operator.local.up import free_port_block, serving
+from tandem.profile import save_profile, shipped_profile
 from tandem.spec import parse_object
 from tests.integration.stacks import spec
 from tests.integration.test_drain_scaling import StreamingLoad
@@ -67,16 +68,19 @@ def test_a_tpot_breach_is_answered_by_flipping_a_spare_prefill_worker(tiny_model
     obj["spec"]["decode"].update(minReplicas=1, maxReplicas=2)
     # a TPOT no CPU run meets, a TTFT every one does: decode breaches, prefill has a worker to spare
     obj["spec"]["slo"] = {"ttftMs": 60000, "tpotMs": 1, "percentile": 90}
+    # a profile whose prefill is 20x the shipped CPU one: whatever rate this host's speed gives one client,
+    # the prefill pool's own capacity model needs well under one of its two workers, so one is spare
+    profile = tmp_path / "cheap-prefill.json"
+    save_profile(shipped_profile().scaled(prefill=20, note="prefill never the bottleneck"), profile)
     obj["spec"]["autoscaling"] = {"enabled": True, "intervalSeconds": 2, "windowSeconds": 8, "stabilizationSeconds": 600,
-                                  "scaleUpCooldownSeconds": 0, "flip": {"enabled": True, "flipSeconds": 2}}  # fmt: skip
+                                  "scaleUpCooldownSeconds": 0, "flip": {"enabled": True, "flipSeconds": 2},
+                                  "profile": str(profile)}  # fmt: skip
     svc = parse_object(obj)
     base = free_port_block(8)
     with serving(svc, tmp_path, port=base, worker_port=base + 2) as (stack, url):
         pools = LocalPools(stack, svc, Path.cwd(), tmp_path / "workers.json")
         loop = LocalAutoscaleThread(local_autoscaler(pools, svc, Path.cwd()), 2, echo=False).start()
         try:
-            # one client: prefill is busy a fraction of each request, so its capacity model finds a replica to
-            # spare at any host speed (with three, a fast host's rate needs both prefill workers, and no flip)
             with StreamingLoad(url, clients=1) as load:
                 try:
                     _wait("a prefill worker serving decode",
