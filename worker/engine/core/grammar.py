@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import llguidance
-import llguidance.torch as llt
 import torch
 
 from tandem.worker.api.params import InvalidRequest, SamplingParams
@@ -83,6 +82,8 @@ def constraint_for(
 
 def allowed_tokens(constraints: list[TokenConstraint], vocab_size: int, eos_token_ids: tuple[int, ...]) -> torch.Tensor:
     """[M, V] bool on the host: True where each constraint lets the token through."""
+    import llguidance.torch as llt  # here, not at the top: it imports torch._dynamo, 3 s of every worker's start
+
     words = llt.allocate_token_bitmask(len(constraints), vocab_size)  # all bits set: everything allowed
     for i, c in enumerate(constraints):
         if c.matcher is None:
