@@ -34,7 +34,7 @@ def test_a_keyless_router_behind_a_load_balancer_gets_a_warning_event(control_pl
     (event,) = wait_for(lambda: _exposed(cp, ns), 60, "an ExposedWithoutAPIKeys Warning Event")  # the next resync
     assert "Service public (LoadBalancer)" in event["message"] and "inside" not in event["message"]
     assert "spec.security.apiKeys" in event["message"]
-    time.sleep(25)  # two more resyncs (10 s each in these tests): the same exposure is not warned again
+    time.sleep(12)  # another resync (10 s in these tests): the same exposure is not warned again
     assert len(_exposed(cp, ns)) == 1
     _expose(cp, ns, "debug", "NodePort")
     wait_for(lambda: len(_exposed(cp, ns)) == 2, 60, "a second event for the new way in")
@@ -50,5 +50,5 @@ def test_api_keys_silence_the_warning(control_plane, operator, namespace):
     cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(obj))
     wait_for(lambda: ready_at_current_generation(cp, ns), 180, "Ready")
     _expose(cp, ns, "public", "LoadBalancer")
-    time.sleep(25)  # two resyncs
+    time.sleep(12)  # a resync (10 s in these tests) after the Service appeared
     assert _exposed(cp, ns) == []
