@@ -5,7 +5,6 @@ and with `autoscaling.flip` warm workers flipped between the pools (SetRole)."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from tandem.operator.autoscale.sources.prometheus import PrometheusSource
 from tandem.operator.autoscale.sources.scrape import ScrapeSource
 from tandem.operator.autoscale.types import Decision, Pool, Replicas
 from tandem.operator.local.scale import LocalPools
+from tandem.periodic import Every
 from tandem.profile import load_profile, shipped_profile
 from tandem.spec import InferenceService, Mode
 
@@ -68,27 +68,20 @@ class LocalAutoscaleThread:
     def __init__(self, autoscaler: Autoscaler, interval_s: float, echo: bool = True):
         self.autoscaler, self.interval_s, self.echo = autoscaler, interval_s, echo
         self.ticks: list[Tick] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="autoscaler", daemon=True)
+        self._every = Every(interval_s, self._tick, "autoscaler")
 
     def start(self) -> LocalAutoscaleThread:
-        self._thread.start()
+        self._every.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
+        self._every.stop(join_s=30)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                tick = self.autoscaler.tick(time.time())
-            except Exception:  # keep scaling whatever one tick did
-                log.exception("autoscaler tick failed")
-                continue
-            self.ticks.append(tick)
-            if self.echo:
-                for d in tick.applied:
-                    print(f"autoscaler: {d.reason} [{d.reason_code}]", flush=True)
-                for f in tick.flips:
-                    print(f"autoscaler: {f.reason} [{f.reason_code}]", flush=True)
+    def _tick(self) -> None:
+        tick = self.autoscaler.tick(time.time())
+        self.ticks.append(tick)
+        if self.echo:
+            for d in tick.applied:
+                print(f"autoscaler: {d.reason} [{d.reason_code}]", flush=True)
+            for f in tick.flips:
+                print(f"autoscaler: {f.reason} [{f.reason_code}]", flush=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from tandem.periodic import Every
 from tandem.v1 import common_pb2, decode_pb2
 from tandem.worker.api.params import InvalidRequest, SamplingParams
 from tandem.worker.api.wire import params_from_proto
@@ -95,13 +96,11 @@ class DecodeServicer:
         self._generating = 0  # local-prefill Generate streams accepted and not yet ended
         self.stream_slots: Slots | None = None  # the server's bound on token streams, when it has one
         self.load_of: Callable[[], common_pb2.LoadReport] | None = None  # the worker's current role's report
-        self._stop = threading.Event()
-        self._expiry = threading.Thread(target=self._expire_loop, args=(expire_every_s,), daemon=True)
-        self._expiry.start()
+        self._expiry = Every(expire_every_s, self._expire, "kv-lease-expiry").start()
 
     def close(self) -> None:
         """Stop the expiry thread and unlink the shared-memory staging rings (the worker is exiting)."""
-        self._stop.set()
+        self._expiry.stop()
         for pool in self.staging.values():
             pool.close()
 
@@ -302,14 +301,14 @@ class DecodeServicer:
         self.receiver.abort(request_id=request_id, reason="token stream closed")
         self.loop.abort(request_id, "abort")
 
-    def _expire_loop(self, every_s: float) -> None:
-        while not self._stop.wait(every_s):
-            self.receiver.expire()
-            with self._lock:
-                stale = unclaimed_expired(self._outputs, time.monotonic())
-            for request_id in stale:
-                log.info("no token stream opened for %r within its lease: dropped", request_id)
-                self._drop(request_id, reason="no token stream within the lease")
+    def _expire(self) -> None:
+        """Give up reservations and unclaimed token queues whose lease ran out."""
+        self.receiver.expire()
+        with self._lock:
+            stale = unclaimed_expired(self._outputs, time.monotonic())
+        for request_id in stale:
+            log.info("no token stream opened for %r within its lease: dropped", request_id)
+            self._drop(request_id, reason="no token stream within the lease")
 
     @property
     def num_pending(self) -> int:

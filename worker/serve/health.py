@@ -4,7 +4,6 @@ round, its steps not failing one after another), readiness that and not draining
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
@@ -12,6 +11,7 @@ from grpc_health.v1 import health, health_pb2
 
 from tandem import names
 from tandem.options import ENGINE_STALL_S
+from tandem.periodic import Every
 from tandem.worker.engine.runner.engine_loop import EngineLoop
 
 log = logging.getLogger(__name__)
@@ -49,8 +49,7 @@ class HealthWatch:
         self.loop, self.health, self.draining = loop, health_servicer, draining
         self.every_s, self.stall_s = every_s, stall_s
         self.problem: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="health-watch", daemon=True)
+        self._every = Every(every_s, self.check, "health-watch")
 
     def check(self) -> str | None:
         """Set both statuses from the engine's state now; returns the problem, if any."""
@@ -65,15 +64,8 @@ class HealthWatch:
 
     def start(self) -> HealthWatch:
         self.check()
-        self._thread.start()
+        self._every.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            try:
-                self.check()
-            except Exception:  # keep watching whatever one check did
-                log.exception("health check failed")
+        self._every.stop()

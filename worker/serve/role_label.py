@@ -6,10 +6,10 @@ takes its label's role, not its Deployment's."""
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
 
 from tandem import names
+from tandem.periodic import Every
 from tandem.worker.serve.roles import DrainTimedOut, RoleRefused, RoleSwitch
 
 log = logging.getLogger(__name__)
@@ -28,9 +28,8 @@ class RoleLabelWatch:
     """Reads the labels file every `every_s` seconds and flips the worker when the role it names changes."""
 
     def __init__(self, path: str | Path, roles: RoleSwitch, every_s: float = 1.0) -> None:
-        self.path, self.roles, self.every_s = Path(path), roles, every_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="role-label", daemon=True)
+        self.path, self.roles = Path(path), roles
+        self._every = Every(every_s, self.check, "role-label")
         self._refused: str | None = None  # a role already refused: said once, not every second
 
     def check(self) -> str | None:
@@ -50,15 +49,8 @@ class RoleLabelWatch:
         return wanted
 
     def start(self) -> RoleLabelWatch:
-        self._thread.start()
+        self._every.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            try:
-                self.check()
-            except Exception:  # keep watching whatever one check did
-                log.exception("role label check failed")
+        self._every.stop()
