@@ -20,9 +20,9 @@ from pathlib import Path
 
 import grpc
 
-from tandem.identity import OPERATOR, peer_name
+from tandem.identity import OPERATOR
 from tandem.operator.autoscale.types import Replicas
-from tandem.operator.local.flip import fewest_running, set_roles, with_role
+from tandem.operator.local.flip import dial_worker, fewest_running, set_roles, with_role
 from tandem.operator.local.plan import ProcessPlan, local_tls_root, worker_plan, workers_document
 from tandem.operator.local.up import LocalStack, free_port_block
 from tandem.spec import InferenceService
@@ -234,11 +234,7 @@ def dial(p: ProcessPlan, as_role: str = OPERATOR) -> grpc.Channel:
     """A new channel to a planned worker: mutual TLS with the stack's certificate of `as_role` (a sibling of
     the worker's own folder), asking for the worker's role, when the plan gives it one; else plaintext."""
     tls_dir, service = _flag(p.argv, "--tls-dir"), _flag(p.argv, "--service") or ""
-    if tls_dir is None:
-        return grpc.insecure_channel(p.address)
-    d = Path(tls_dir).parent / as_role
-    creds = grpc.ssl_channel_credentials((d / "ca.crt").read_bytes(), (d / "tls.key").read_bytes(), (d / "tls.crt").read_bytes())
-    return grpc.secure_channel(p.address, creds, options=[("grpc.ssl_target_name_override", peer_name(p.role, service))])
+    return dial_worker(p.address, p.role, service, None if tls_dir is None else Path(tls_dir).parent, as_role)
 
 
 class WorkerChannels:

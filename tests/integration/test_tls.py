@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tandem.identity import Identity, peer_name
 from tandem.operator.certs import Authority, write_dir, write_local
+from tandem.operator.local.flip import dial_worker
 from tandem.v1 import (
     common_pb2,
     decode_pb2,
@@ -43,16 +44,9 @@ def _workers(stack) -> list[tuple[str, str]]:
     return [(p.role, p.address) for p in stack[0].plans if p.role in ("prefill", "decode")]
 
 
-def _creds(d) -> grpc.ChannelCredentials:
-    return grpc.ssl_channel_credentials(
-        (d / "ca.crt").read_bytes(), (d / "tls.key").read_bytes(), (d / "tls.crt").read_bytes()
-    )
-
-
 def _dial(address: str, certs, as_role: str, to_role: str) -> grpc.Channel:
     """A channel with the run's certificate of `as_role`, asking the server for `to_role`'s."""
-    return grpc.secure_channel(address, _creds(certs / as_role),
-                               options=[("grpc.ssl_target_name_override", peer_name(to_role, SERVICE))])
+    return dial_worker(address, to_role, SERVICE, certs, as_role)
 
 
 def _load(role: str, channel: grpc.Channel) -> common_pb2.LoadReport:
