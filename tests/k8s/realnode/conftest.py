@@ -91,14 +91,15 @@ def tiny_model_dir() -> Path:
 
 
 def tiny_service(namespace: str, image: str, model_pv: str) -> str:
-    """The PV/PVC holding the tiny model and an InferenceService on it: router, 1 prefill, 2 decode, no GPU."""
+    """The PV/PVC holding the tiny model and an InferenceService on it: router, 1 prefill, 2 decode, no GPU,
+    with role flips on (each worker follows its role label through a downward-API file)."""
     isvc = {
         "apiVersion": "serving.tandem.dev/v1alpha1", "kind": "InferenceService",
         "metadata": {"name": SERVICE, "namespace": namespace},
         "spec": {
             "model": {"source": {"pvc": {"claimName": "models", "path": "tiny"}}, "servedName": "tiny",
                       "dtype": "float32", "maxContextLength": 2048},
-            "mode": "disaggregated", "image": image,
+            "mode": "disaggregated", "image": image, "roleFlip": True,
             "prefill": {"replicas": 1, "resources": {"gpus": 0}},
             "decode": {"replicas": 2, "minReplicas": 1, "maxReplicas": 2, "resources": {"gpus": 0}},
             "slo": {"ttftMs": 5000, "tpotMs": 1000, "percentile": 90},

@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 
 from tandem import names
+from tandem.operator.pod_role import PODINFO_MOUNT
 from tests.k8s.conftest import wait_for
 from tests.k8s.realnode.conftest import SERVICE, is_ready, pods
 
@@ -71,6 +72,15 @@ def stream_chat(port: int, max_tokens: int, timeout: float = 600) -> dict:
                 if choice.get("finish_reason"):
                     out["finish"] = choice["finish_reason"]
     return out
+
+
+def one_stream(cp, ns: str) -> dict:
+    """A 16-token streamed chat completion through the router's Service, retried until one is answered."""
+    pf = PortForward(cp, ns, f"svc/{SERVICE}-router", names.HTTP_PORT)
+    try:
+        return wait_for(lambda: stream_chat(pf.port, 16), 120, "a streamed answer", interval=2)
+    finally:
+        pf.close()
 
 
 def test_pods_ready_through_their_real_probes(real_cluster, tiny):
@@ -147,18 +157,41 @@ def test_downward_api_files_present(real_cluster, tiny):
                 if it.get("fieldRef", {}).get("fieldPath") == "metadata.name":
                     assert text == name
                 checked += 1
-    if checked == 0:
-        pytest.skip("the operator renders no downward-API volume into its pods (nothing to check)")
+        if p["metadata"]["labels"][names.LABEL_POOL] in ("prefill", "decode"):
+            labels = exec_in(cp, tiny, name, "cat", f"{PODINFO_MOUNT}/labels").stdout
+            assert f'{names.LABEL_ROLE}="{p["metadata"]["labels"][names.LABEL_ROLE]}"' in labels, (name, labels)
+    assert checked >= 3, "every worker pod of a roleFlip service mounts its labels file"
+
+
+def _took_role(cp, ns: str, pod: str, role: str) -> str | None:
+    """The worker's log line saying it now serves `role`, if it has one."""
+    text = cp.kubectl("logs", "-n", ns, pod, check=False).stdout
+    return next((line for line in text.splitlines() if f"now a {role} worker" in line), None)
+
+
+def test_a_relabelled_pod_takes_its_new_role_and_the_router_uses_it(real_cluster, tiny):
+    """A flip as the operator makes it on a running pod: the decode pod's role label becomes prefill, the
+    kubelet rewrites the downward-API file, the worker drains and switches, the prefill Service finds it,
+    and requests are still answered; relabelled back, it serves decode again. Prints how long each took
+    (the kubelet's default sync period bounds it)."""
+    cp = real_cluster.cp
+    pod = pods(cp, tiny, "decode")[0]["metadata"]["name"]
+    for role in ("prefill", "decode"):
+        start = time.monotonic()
+        cp.kubectl("label", "pod", "-n", tiny, pod, "--overwrite", f"{names.LABEL_ROLE}={role}")
+        line = wait_for(lambda r=role: _took_role(cp, tiny, pod, r), 180, f"{pod} serving {role}", interval=1)
+        print(f"\n{pod}: label -> {role}: serving it after {time.monotonic() - start:.1f} s ({line.strip()})")
+        if role == "prefill":
+            endpoints = cp.kubectl("get", "endpointslices", "-n", tiny, "-o", "json").stdout
+            assert pod in endpoints
+        out = one_stream(cp, tiny)
+        assert out["done"] and out["finish"] == "length", out
 
 
 def test_streamed_request_through_the_router_service(real_cluster, tiny):
     """A streamed chat completion through `kubectl port-forward svc/<router>`: router -> prefill -> decode
     over the pod network (workers found through DNS), answered to the end."""
-    pf = PortForward(real_cluster.cp, tiny, f"svc/{SERVICE}-router", names.HTTP_PORT)
-    try:
-        out = wait_for(lambda: stream_chat(pf.port, 16), 120, "a streamed answer", interval=2)
-    finally:
-        pf.close()
+    out = one_stream(real_cluster.cp, tiny)
     assert out["done"] and out["finish"] == "length", out
     assert len(out["pieces"]) >= 8, out
 
