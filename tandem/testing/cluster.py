@@ -5,8 +5,6 @@ tests and bench/operator.py (a source checkout: it applies the repository's CRDs
 from __future__ import annotations
 
 import atexit
-import datetime as dt
-import ipaddress
 import json
 import os
 import shutil
@@ -19,6 +17,8 @@ import time
 from pathlib import Path
 
 import yaml
+
+from tandem.testing.cluster_certs import write_certs
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = ROOT / "tests" / "k8s" / "build-controlplane.sh"
@@ -52,71 +52,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _write_certs(d: Path) -> None:
-    """A CA, the API server's serving certificate, and the service-account key pair."""
-    try:
-        import cryptography  # noqa: F401
-    except ImportError:
-        _write_certs_openssl(d)
-        return
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-    from cryptography.x509.oid import NameOID
-
-    def key():
-        return rsa.generate_private_key(public_exponent=65537, key_size=2048)
-
-    def pem_key(k):
-        return k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
-                               serialization.NoEncryption())
-
-    now = dt.datetime.now(dt.UTC)
-    ca_key = key()
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tandem-test-ca")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(hours=1))
-          .not_valid_after(now + dt.timedelta(days=2))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    srv_key = key()
-    sans: list[x509.GeneralName] = [
-        x509.DNSName(n) for n in ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc")
-    ]
-    sans += [x509.IPAddress(ipaddress.ip_address(LOOPBACK)), x509.IPAddress(ipaddress.ip_address("10.96.0.1"))]
-    srv = (x509.CertificateBuilder()
-           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-           .issuer_name(ca_name).public_key(srv_key.public_key()).serial_number(x509.random_serial_number())
-           .not_valid_before(now - dt.timedelta(hours=1)).not_valid_after(now + dt.timedelta(days=2))
-           .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-           .sign(ca_key, hashes.SHA256()))
-    (d / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    (d / "ca.key").write_bytes(pem_key(ca_key))
-    (d / "apiserver.crt").write_bytes(srv.public_bytes(serialization.Encoding.PEM))
-    (d / "apiserver.key").write_bytes(pem_key(srv_key))
-    sa = key()
-    (d / "sa.key").write_bytes(pem_key(sa))
-    (d / "sa.pub").write_bytes(sa.public_key().public_bytes(serialization.Encoding.PEM,
-                                                            serialization.PublicFormat.SubjectPublicKeyInfo))
-
-
-def _write_certs_openssl(d: Path) -> None:
-    """The same files through the openssl command, for environments without the cryptography package."""
-    sans = "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:127.0.0.1,IP:10.96.0.1"
-    (d / "san.ext").write_text(f"subjectAltName={sans}\n")
-    for cmd in (
-        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-         "-subj", "/CN=tandem-test-ca"],
-        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key", "-out", "apiserver.csr",
-         "-subj", "/CN=kube-apiserver"],
-        ["x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-         "-out", "apiserver.crt", "-days", "2", "-extfile", "san.ext"],
-        ["genrsa", "-out", "sa.key", "2048"],
-        ["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"],
-    ):
-        subprocess.run(["openssl", *cmd], cwd=d, check=True, capture_output=True)
-
-
 def fake_gpu_node(name: str, gpus: int = 8) -> dict:
     """A node kwok keeps Ready, with nvidia.com/gpu capacity."""
     capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
@@ -137,8 +72,11 @@ def fake_gpu_node(name: str, gpus: int = 8) -> dict:
 class ControlPlane:
     """One throwaway cluster. start() returns when the API is ready and fake nodes exist."""
 
-    def __init__(self, bin_dir: Path, workdir: Path | None = None, nodes: int = 4):
+    def __init__(self, bin_dir: Path, workdir: Path | None = None, nodes: int = 4, serve_on: str | None = None):
+        """serve_on: an address of this machine (a real node's pod bridge) where the API server also answers,
+        for pods that call it (an in-cluster operator); its certificate names that address too."""
         self.bin = bin_dir
+        self.serve_on = serve_on
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="tandem-k8s-"))
         self.nodes = nodes
         self.procs: dict[str, subprocess.Popen] = {}
@@ -177,7 +115,7 @@ class ControlPlane:
 
     def _prepare(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
-        _write_certs(self.dir)
+        write_certs(self.dir, LOOPBACK, self.serve_on)
         lines = [f'{tok},{user},{user}-uid,"{groups}"' if groups else f"{tok},{user},{user}-uid"
                  for user, (tok, groups) in USERS.items()]
         (self.dir / "tokens.csv").write_text("\n".join(lines) + "\n")
@@ -221,7 +159,8 @@ class ControlPlane:
         self._spawn("kube-apiserver", [
             str(self.bin / "kube-apiserver"),
             f"--etcd-servers={etcd_url}",
-            f"--bind-address={LOOPBACK}", f"--advertise-address={LOOPBACK}", f"--secure-port={self.port}",
+            f"--bind-address={'0.0.0.0' if self.serve_on else LOOPBACK}",
+            f"--advertise-address={self.serve_on or LOOPBACK}", f"--secure-port={self.port}",
             f"--tls-cert-file={d / 'apiserver.crt'}", f"--tls-private-key-file={d / 'apiserver.key'}",
             f"--client-ca-file={d / 'ca.crt'}",
             f"--token-auth-file={d / 'tokens.csv'}",

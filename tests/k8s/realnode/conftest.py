@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,7 @@ def real_cluster():
     except RuntimeError as e:
         pytest.skip(str(e))
     node_bin, images = build("operator", "worker")
-    cp = ControlPlane(cp_bin, nodes=1)
+    cp = ControlPlane(cp_bin, nodes=1, serve_on=GATEWAY)  # an in-cluster operator calls it on the bridge
     node = dns = None
     try:
         start_control_plane(cp)
@@ -120,9 +121,10 @@ def tiny_service(namespace: str, image: str, model_pv: str) -> str:
     ])
 
 
-@pytest.fixture(scope="module")
-def tiny(real_cluster, real_operator):
-    """A restricted namespace running the tiny InferenceService, every pod Ready on the real node."""
+@contextmanager
+def tiny_namespace(real_cluster: RealCluster):
+    """A restricted namespace running the tiny InferenceService, every pod Ready on the real node (whichever
+    operator reconciles it); deleted on the way out."""
     cp = real_cluster.cp
     ns = f"rn-{uuid.uuid4().hex[:6]}"
     cp.kubectl("create", "namespace", ns)
@@ -137,6 +139,13 @@ def tiny(real_cluster, real_operator):
     finally:
         cp.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False, timeout=150)
         shutil.rmtree(model, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tiny(real_cluster, real_operator):
+    """The tiny InferenceService, reconciled by the operator running as a process on this machine."""
+    with tiny_namespace(real_cluster) as ns:
+        yield ns
 
 
 def pods(cp: ControlPlane, ns: str, pool: str | None = None) -> list[dict]:
