@@ -23,18 +23,20 @@ RELEASE, NS = "tandem", "tandem-system"
 def test_the_charts_operator_in_a_pod_serves_an_inference_service(real_cluster):
     cp = real_cluster.cp
     repo, tag = real_cluster.images["OPERATOR"][0].rsplit(":", 1)
-    # no replicas until the pod can reach the API server; the CRDs are the control plane's already
+    # one replica; the CRDs are the control plane's already
     helm(cp, "install", RELEASE, str(CHART), "-n", NS, "--create-namespace", "--set", f"image.repository={repo}",
-         "--set", f"image.tag={tag}", "--set", "image.pullPolicy=Never", "--set", "replicas=0",
+         "--set", f"image.tag={tag}", "--set", "image.pullPolicy=Never", "--set", "replicas=1",
          "--set", "crds.install=false", "--set", "resyncSeconds=10")
     try:
+        # the rollout this starts replaces the first pod, which cannot reach the API server
         cp.kubectl("set", "env", f"deployment/{RELEASE}", "-n", NS, f"KUBERNETES_SERVICE_HOST={GATEWAY}",
                    f"KUBERNETES_SERVICE_PORT={cp.port}")
-        cp.kubectl("scale", f"deployment/{RELEASE}", "-n", NS, "--replicas=1")
+        cp.kubectl("rollout", "status", f"deployment/{RELEASE}", "-n", NS, "--timeout=300s", timeout=320)
 
         def operator_pod() -> dict | None:
             items = json.loads(cp.kubectl("get", "pods", "-n", NS, "-o", "json").stdout)["items"]
-            return next((p for p in items if is_ready(p)), None)
+            env = lambda p: {e["name"] for e in p["spec"]["containers"][0].get("env", [])}  # noqa: E731
+            return next((p for p in items if is_ready(p) and "KUBERNETES_SERVICE_HOST" in env(p)), None)
 
         pod = wait_for(operator_pod, 300, "the operator pod Ready (its /healthz probe)", interval=2)
         name = pod["metadata"]["name"]
