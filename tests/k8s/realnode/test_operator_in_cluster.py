@@ -35,8 +35,7 @@ def test_the_charts_operator_in_a_pod_serves_an_inference_service(real_cluster):
 
         def operator_pod() -> dict | None:
             items = json.loads(cp.kubectl("get", "pods", "-n", NS, "-o", "json").stdout)["items"]
-            env = lambda p: {e["name"] for e in p["spec"]["containers"][0].get("env", [])}  # noqa: E731
-            return next((p for p in items if is_ready(p) and "KUBERNETES_SERVICE_HOST" in env(p)), None)
+            return next((p for p in items if is_ready(p) and _told_the_api_address(p)), None)
 
         pod = wait_for(operator_pod, 300, "the operator pod Ready (its /healthz probe)", interval=2)
         name = pod["metadata"]["name"]
@@ -54,6 +53,10 @@ def test_the_charts_operator_in_a_pod_serves_an_inference_service(real_cluster):
         assert ns in log, "the in-cluster operator's log never names the namespace it reconciled"
     finally:
         helm(cp, "uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "2m", check=False)
+
+
+def _told_the_api_address(pod: dict) -> bool:
+    return any(e["name"] == "KUBERNETES_SERVICE_HOST" for e in pod["spec"]["containers"][0].get("env", []))
 
 
 def _lease_holder(cp) -> str | None:
