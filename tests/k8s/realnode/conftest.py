@@ -33,6 +33,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.realnode)
+            # the first test also waits for the session's node: builds, and importing the images into containerd
+            item.add_marker(pytest.mark.timeout(1800))
             if os.environ.get(ENABLE) != "1":
                 item.add_marker(pytest.mark.skip(reason=(
                     f"real-node tests build images and a kubelet and start containerd (minutes, root): "

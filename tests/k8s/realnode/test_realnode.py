@@ -11,14 +11,11 @@ import threading
 import time
 import urllib.request
 
-import pytest
-
 from tandem import names
 from tandem.operator.pod_role import PODINFO_MOUNT
 from tests.k8s.conftest import wait_for
 from tests.k8s.realnode.conftest import SERVICE, is_ready, pods
 
-pytestmark = pytest.mark.timeout(1800)
 # Long enough that the victim is still streaming when the scale-down reaches it (400 took ~7 s here).
 STREAM_TOKENS = 1500
 
