@@ -30,8 +30,17 @@ def restricted(container: dict[str, Any], shm: bool) -> dict[str, Any]:
     return {**container, "volumeMounts": mounts, "securityContext": dict(CONTAINER_SECURITY)}
 
 
-def scratch_volumes(pool: str) -> list[dict[str, Any]]:
+def shm_size(pool: str, flips: bool = False) -> str | None:
+    """The /dev/shm a pool's pods get (None: none); a worker that may flip to decode lends decode's staging
+    rings once it does (a prefill pod with decode's rings in a prefill-sized /dev/shm dies of SIGBUS)."""
+    if pool not in SHM_SIZE:
+        return None
+    return SHM_SIZE[names.POOL_DECODE] if flips else SHM_SIZE[pool]
+
+
+def scratch_volumes(shm: str | None) -> list[dict[str, Any]]:
+    """The writable scratch volume, and a memory-backed /dev/shm of size `shm` when given."""
     out: list[dict[str, Any]] = [{"name": "scratch", "emptyDir": {"sizeLimit": SCRATCH_SIZE}}]
-    if pool in SHM_SIZE:
-        out.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE[pool]}})
+    if shm:
+        out.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}})
     return out

@@ -38,7 +38,7 @@ from tandem.operator.pod_role import (
     role_labels,
     role_selector,
 )
-from tandem.operator.pod_security import POD_SECURITY, SCRATCH, SHM_SIZE, restricted, scratch_volumes
+from tandem.operator.pod_security import POD_SECURITY, SCRATCH, restricted, scratch_volumes, shm_size
 from tandem.operator.pod_tls import tls_dir, tls_volumes
 from tandem.operator.probes import router_probes, worker_lifecycle, worker_probes
 from tandem.spec import InferenceServiceSpec
@@ -109,13 +109,13 @@ def _pod_template(
     service: str, pool: str, container: dict[str, Any],
     volumes: list[dict[str, Any]], init_containers: list[dict[str, Any]],
     node_selector: dict[str, str], tolerations: list[dict[str, Any]], affinity: dict[str, Any] | None,
+    shm: str | None = None,
 ) -> dict[str, Any]:
-    shm = pool in SHM_SIZE
     pod_spec: dict[str, Any] = {
         "securityContext": dict(POD_SECURITY),
         "automountServiceAccountToken": False,  # no tandem process talks to the API server from a pod
-        "containers": [restricted(container, shm)],
-        "volumes": [*volumes, *scratch_volumes(pool)],
+        "containers": [restricted(container, shm is not None)],
+        "volumes": [*volumes, *scratch_volumes(shm)],
     }
     if init_containers:
         home = [{"name": "HOME", "value": SCRATCH}, {"name": "HF_HOME", "value": f"{SCRATCH}/hf"}]  # downloads
@@ -174,7 +174,8 @@ def worker_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
         **worker_probes(),
     }
     template = apply_overlay(_pod_template(service, pool, container, volumes, model_init_containers(spec),
-                                           ps.node_selector, ps.tolerations, ps.affinity), ps.pod_template)
+                                           ps.node_selector, ps.tolerations, ps.affinity,
+                                           shm_size(pool, flips=follows_label(spec, pool))), ps.pod_template)
     # the longest generation the spec allows must finish inside the grace period
     template["spec"]["terminationGracePeriodSeconds"] = termination_grace_seconds(spec)
     return _deployment(child_name(service, pool), namespace, service, uid, pool, replicas, template)

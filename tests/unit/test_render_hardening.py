@@ -76,6 +76,22 @@ def test_every_pod_is_restricted(which):
             assert shm["medium"] == "Memory" and shm["sizeLimit"] == pod_security.SHM_SIZE[pool]
 
 
+def _shm_of(pod: dict) -> str:
+    mounts = {m["mountPath"]: m["name"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    return {v["name"]: v for v in pod["spec"]["volumes"]}[mounts["/dev/shm"]]["emptyDir"]["sizeLimit"]
+
+
+def test_a_prefill_pod_that_may_flip_has_room_for_decodes_staging_rings():
+    """With roleFlip a prefill worker builds decode's staging rings too, in /dev/shm: a prefill-sized one
+    killed the worker with SIGBUS on a real node."""
+    base = _specs()["gpu"].model_dump(by_alias=True)
+    flipping = _pods(InferenceServiceSpec.model_validate({**base, "roleFlip": True}))
+    fixed = _pods(_specs()["gpu"])
+    decode_size = pod_security.SHM_SIZE[names.POOL_DECODE]
+    assert _shm_of(flipping["prefill"]) == _shm_of(flipping["decode"]) == decode_size
+    assert _shm_of(fixed["prefill"]) == pod_security.SHM_SIZE[names.POOL_PREFILL] != decode_size
+
+
 def test_restricted_checker_catches_a_violation():
     pod = _pods(_specs()["gpu"])["decode"]
     pod["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = True
