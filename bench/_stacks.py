@@ -139,10 +139,11 @@ def timed_completion(url: str, prompt_ids: list[int], max_tokens: int, timeout_s
         "temperature": 0,
         "ignore_eos": True,
         "stream": True,
+        "stream_options": {"include_usage": True},
     }
     start = time.perf_counter()
     first = None
-    chunks = 0
+    tokens = 0  # from the usage chunk: a chunk carries the text of every token since the last whole character
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout_s, trust_env=False) as resp:
         if resp.status_code != 200:
             raise RuntimeError(f"router answered {resp.status_code}: {resp.read().decode()[:300]}")
@@ -152,14 +153,14 @@ def timed_completion(url: str, prompt_ids: list[int], max_tokens: int, timeout_s
             chunk = json.loads(line[6:])
             if "error" in chunk:
                 raise RuntimeError(chunk["error"]["message"])
-            if any(c.get("text") for c in chunk.get("choices") or []):
-                chunks += 1
-                if first is None:
-                    first = time.perf_counter()
+            if first is None and any(c.get("text") for c in chunk.get("choices") or []):
+                first = time.perf_counter()
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
     end = time.perf_counter()
     if first is None:
         raise RuntimeError("no tokens came back")
-    return Timed(first - start, end - start, chunks)
+    return Timed(first - start, end - start, tokens)
 
 
 def median(values: Sequence[float]) -> float:
