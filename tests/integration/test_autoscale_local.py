@@ -5,6 +5,7 @@ adds decode, and once the load stops both pools return to their minimum, with no
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,21 @@ from tests.integration.stacks import spec
 from tests.integration.test_drain_scaling import StreamingLoad
 
 pytestmark = pytest.mark.slow
+
+
+@contextmanager
+def autoscaled(obj: dict, tmp_path: Path):
+    """The spec's local stack with its autoscaler ticking every 2 s: (the pools, the loop, the router's URL)."""
+    svc = parse_object(obj)
+    base = free_port_block(8)
+    with serving(svc, tmp_path, port=base, worker_port=base + 2) as (stack, url):
+        pools = LocalPools(stack, svc, Path.cwd(), tmp_path / "workers.json")
+        loop = LocalAutoscaleThread(local_autoscaler(pools, svc, Path.cwd()), 2, echo=False).start()
+        try:
+            yield pools, loop, url
+        finally:
+            loop.stop()
+            pools.close()
 
 
 def _wait(what: str, ok, timeout_s: float) -> None:
@@ -37,20 +53,12 @@ def test_slo_breaches_grow_each_pool_and_idle_returns_both_to_min(tiny_model_dir
     obj["spec"]["slo"] = {"ttftMs": 1, "tpotMs": 1, "percentile": 90}
     obj["spec"]["autoscaling"] = {"enabled": True, "intervalSeconds": 2, "windowSeconds": 8, "stabilizationSeconds": 4,
                                   "scaleUpCooldownSeconds": 0, "scaleDownCooldownSeconds": 2}  # fmt: skip
-    svc = parse_object(obj)
-    base = free_port_block(8)
-    with serving(svc, tmp_path, port=base, worker_port=base + 2) as (stack, url):
-        pools = LocalPools(stack, svc, Path.cwd(), tmp_path / "workers.json")
-        loop = LocalAutoscaleThread(local_autoscaler(pools, svc, Path.cwd()), 2, echo=False).start()
-        try:
-            with StreamingLoad(url, clients=3) as load:
-                _wait("both pools at 2 ready", lambda: all(pools.replicas(r).ready == 2 for r in ("prefill", "decode")), 300)
-            _wait("both pools back to 1, drains done",
-                  lambda: all(len(pools.members(r)) == 1 for r in ("prefill", "decode")) and not pools.leaving and pools.reap() == [],
-                  300)  # fmt: skip
-        finally:
-            loop.stop()
-            pools.close()
+    with autoscaled(obj, tmp_path) as (pools, loop, url):
+        with StreamingLoad(url, clients=3) as load:
+            _wait("both pools at 2 ready", lambda: all(pools.replicas(r).ready == 2 for r in ("prefill", "decode")), 300)
+        _wait("both pools back to 1, drains done",
+              lambda: all(len(pools.members(r)) == 1 for r in ("prefill", "decode")) and not pools.leaving and pools.reap() == [],
+              300)  # fmt: skip
     assert load.failures == [], f"{len(load.failures)} failed of {load.ok + len(load.failures)}: {load.failures[:5]}"
     applied = [d for t in loop.ticks for d in t.applied]
     ups = {d.pool: d for d in applied if d.desired > d.current}
@@ -75,23 +83,14 @@ def test_a_tpot_breach_is_answered_by_flipping_a_spare_prefill_worker(tiny_model
     obj["spec"]["autoscaling"] = {"enabled": True, "intervalSeconds": 2, "windowSeconds": 8, "stabilizationSeconds": 600,
                                   "scaleUpCooldownSeconds": 0, "flip": {"enabled": True, "flipSeconds": 2},
                                   "profile": str(profile)}  # fmt: skip
-    svc = parse_object(obj)
-    base = free_port_block(8)
-    with serving(svc, tmp_path, port=base, worker_port=base + 2) as (stack, url):
-        pools = LocalPools(stack, svc, Path.cwd(), tmp_path / "workers.json")
-        loop = LocalAutoscaleThread(local_autoscaler(pools, svc, Path.cwd()), 2, echo=False).start()
+    with autoscaled(obj, tmp_path) as (pools, loop, url), StreamingLoad(url, clients=1) as load:
         try:
-            with StreamingLoad(url, clients=1) as load:
-                try:
-                    _wait("a prefill worker serving decode",
-                          lambda: any(p.name.startswith("prefill-") for p in pools.members("decode")), 300)  # fmt: skip
-                except AssertionError as e:
-                    last = [(d.reason_code, d.reason) for t in loop.ticks[-2:] for d in t.decisions.values()]
-                    raise AssertionError(f"{e}; the last decisions: {last}") from None
-                _wait("requests served after the flip", lambda: load.ok >= 10, 120)
-        finally:
-            loop.stop()
-            pools.close()
+            _wait("a prefill worker serving decode",
+                  lambda: any(p.name.startswith("prefill-") for p in pools.members("decode")), 300)  # fmt: skip
+        except AssertionError as e:
+            last = [(d.reason_code, d.reason) for t in loop.ticks[-2:] for d in t.decisions.values()]
+            raise AssertionError(f"{e}; the last decisions: {last}") from None
+        _wait("requests served after the flip", lambda: load.ok >= 10, 120)
     assert load.failures == [], f"{len(load.failures)} failed of {load.ok + len(load.failures)}: {load.failures[:5]}"
     flips = [f for t in loop.ticks for f in t.flips]
     assert flips and flips[0].reason_code == "FlippedToDecode", flips
