@@ -19,7 +19,7 @@ COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-deps /wheels/*.whl && rm -rf /wheels \
  && pip install --no-cache-dir \
       "kopf>=1.37,<2" "kubernetes>=30,<36" "pydantic>=2.7,<3" "PyYAML>=6,<7" "httpx>=0.27,<1" \
-      "rich>=13,<16" "prometheus-client>=0.20,<1" "urllib3>=1.26,<3" "cryptography>=42"
+      "rich>=13,<16" "prometheus-client>=0.20,<1" "urllib3>=1.26,<3" "cryptography>=42" "numpy>=1.26,<3"
 # uid/gid 1000: what the chart's pod securityContext runs as (runAsNonRoot, read-only root filesystem)
 RUN groupadd --gid 1000 tandem && useradd --uid 1000 --gid 1000 --no-create-home --shell /usr/sbin/nologin tandem
 USER 1000:1000
