@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest_plugins = ["tests.slow_guard", "pytester"]
+
+K8S = Path(__file__).resolve().parent / "k8s"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The Kubernetes tests run last (their order kept): on a fresh machine the control plane they need may
+    still be building, and CI builds it in the background while everything else runs."""
+    items.sort(key=lambda item: K8S in Path(str(item.fspath)).resolve().parents)
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,12 @@ BUILD_HELM="${TANDEM_BUILD_HELM:-0}"
 cache="${TANDEM_CACHE:-$HOME/.cache/tandem}"
 bin="$cache/controlplane/${K8S_VERSION}-${ETCD_VERSION}-${KWOK_VERSION}/bin"
 mkdir -p "$bin"
+# One build at a time: a second caller (the test session while CI's own build runs) waits, then finds the
+# binaries and does nothing.
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"$bin/../.build.lock"
+  flock 9
+fi
 
 if ! command -v go >/dev/null 2>&1; then
   echo "build-controlplane: go is not installed" >&2
@@ -49,14 +55,15 @@ install_mod() {
   rm -rf "$tmp"
 }
 
+# helm first: the chart's unit tests (helm lint and template) look for it while the rest still builds
+if [[ "$BUILD_HELM" == "1" ]]; then
+  install_mod helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
+fi
 build_k8s etcd ./cmd/etcd "$ETCD_VERSION"
 build_k8s kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$K8S_VERSION"
 build_k8s kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$K8S_VERSION"
 build_k8s kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$K8S_VERSION"
 build_k8s kubectl k8s.io/kubernetes/cmd/kubectl "$K8S_VERSION"
 install_mod kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION"
-if [[ "$BUILD_HELM" == "1" ]]; then
-  install_mod helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
-fi
 
 echo "$bin"

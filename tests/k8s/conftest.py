@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import time
@@ -24,12 +25,29 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.k8s)
 
 
+@functools.cache
+def _binaries() -> Path | RuntimeError:
+    """The control plane's bin folder, built (or a running build waited for) once per session."""
+    try:
+        return find_binaries()
+    except RuntimeError as e:
+        return e
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Before the first k8s test and outside its timeout: the binaries (on a fresh machine CI builds them in
+    the background while the tests before tests/k8s run, and this waits for that build to finish)."""
+    if HERE in Path(str(item.fspath)).resolve().parents:
+        _binaries()
+    yield
+
+
 @pytest.fixture(scope="session")
 def control_plane():
-    try:
-        bin_dir = find_binaries()
-    except RuntimeError as e:
-        pytest.skip(str(e))
+    bin_dir = _binaries()
+    if isinstance(bin_dir, RuntimeError):
+        pytest.skip(str(bin_dir))
     cp = ControlPlane(bin_dir)
     try:
         cp.start()
