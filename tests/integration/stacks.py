@@ -5,6 +5,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
+
 from tandem.operator.local.plan import ProcessPlan
 from tandem.operator.local.scale import WorkerChannels
 from tandem.operator.local.up import free_port_block, serving
@@ -26,6 +28,18 @@ def spec(name: str, model_dir: Path, mode: str = "disaggregated", prefill: int =
             "engine": {"blockSize": 16, "numKvBlocks": 512, "threads": 1, **engine},
         },
     }
+
+
+def greedy_tokens(url: str, prompt: str, n: int = 24, timeout_s: float = 120) -> list[str]:
+    """The `n` tokens (as the logprobs list names them) of a greedy completion of `prompt`, ignoring EOS."""
+    r = httpx.post(
+        f"{url}/v1/completions",
+        json={"model": "tiny", "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, "logprobs": 1},
+        timeout=timeout_s,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == n
+    return r.json()["choices"][0]["logprobs"]["tokens"]
 
 
 @contextmanager

@@ -4,10 +4,9 @@ of a colocated worker with the same options."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
-from tests.integration.stacks import running_stack, spec
+from tests.integration.stacks import greedy_tokens, running_stack, spec
 
 pytestmark = pytest.mark.slow
 
@@ -35,23 +34,11 @@ def colocated(tiny_model_dir, tmp_path_factory):
         yield s
 
 
-def _greedy(url: str, prompt: str, n: int = 24) -> list[int]:
-    r = httpx.post(
-        f"{url}/v1/completions",
-        json={"model": "tiny", "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, "logprobs": 1},
-        timeout=60,
-    )
-    assert r.status_code == 200, r.text
-    choice = r.json()["choices"][0]
-    assert r.json()["usage"]["completion_tokens"] == n
-    return choice["logprobs"]["tokens"]
-
-
 def test_quantized_disaggregated_equals_quantized_colocated_token_for_token(disagg, colocated):
     long_prompt = " ".join(f"word{i}" for i in range(120))  # several 32-token chunks and 16-token blocks
     shared = "The quick brown fox jumps over the lazy dog. " * 6
     for prompt in ["Hello", long_prompt, shared + "First ending.", shared + "Second ending, reusing the prefix."]:
-        assert _greedy(disagg[1], prompt) == _greedy(colocated[1], prompt), prompt[:40]
+        assert greedy_tokens(disagg[1], prompt) == greedy_tokens(colocated[1], prompt), prompt[:40]
 
 
 def test_the_workers_run_int8_weights_and_an_8_bit_cache(disagg):

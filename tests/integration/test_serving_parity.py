@@ -5,11 +5,10 @@ with the KV pushed from prefill to decode between them."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
-from tests.integration.stacks import running_stack, spec
+from tests.integration.stacks import greedy_tokens, running_stack, spec
 
 pytestmark = pytest.mark.slow
 
@@ -37,22 +36,11 @@ def stacks(request, tmp_path_factory):
         yield d, c, ranks
 
 
-def _greedy(url: str, prompt: str, n: int = 24) -> list[str]:
-    r = httpx.post(
-        f"{url}/v1/completions",
-        json={"model": "tiny", "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, "logprobs": 1},
-        timeout=120,
-    )
-    assert r.status_code == 200, r.text
-    assert r.json()["usage"]["completion_tokens"] == n
-    return r.json()["choices"][0]["logprobs"]["tokens"]
-
-
 def test_disaggregated_equals_one_rank_colocated_token_for_token(stacks):
     (disagg_stack, disagg), (_, colocated), ranks = stacks
     long_prompt = " ".join(f"word{i}" for i in range(90))  # several 32-token chunks and 16-token blocks
     for prompt in ["Hello", long_prompt, "The quick brown fox jumps over the lazy dog."]:
-        assert _greedy(disagg, prompt) == _greedy(colocated, prompt), prompt[:40]
+        assert greedy_tokens(disagg, prompt) == greedy_tokens(colocated, prompt), prompt[:40]
     workers = [p for p in disagg_stack.plans if p.role in ("prefill", "decode")]
     tp = [p.argv[p.argv.index("--tensor-parallel") + 1] if "--tensor-parallel" in p.argv else "1" for p in workers]
     assert tp == [str(ranks)] * len(workers), tp
