@@ -107,7 +107,7 @@ def test_bench_measures_injected_delays(server, endpoint: str, tmp_path: Path) -
     # above is wide because client and server share one busy machine (and one GIL); TTFT also pays for
     # the connection. What must hold: TTFT sits at the injected TTFT, not at ITL, and vice versa.
     ttft, itl, tpot = summary["ttft_ms"], summary["itl_ms"], summary["tpot_ms"]
-    assert 1000 * TTFT_S <= ttft["p50"] < 1000 * TTFT_S + 300
+    assert 1000 * TTFT_S <= ttft["p50"] < 1000 * TTFT_S + 1000  # a disk-busy host once gave 674 ms
     assert 1000 * ITL_S * 0.8 <= itl["p50"] < 1000 * ITL_S + 60
     assert 1000 * ITL_S * 0.8 <= tpot["p50"] < 1000 * ITL_S + 60
     assert ttft["p50"] > 2 * itl["p50"]

@@ -125,6 +125,7 @@ def test_killed_mid_scale_converges_to_the_written_replicas(control_plane, opera
     assert condition(get_json(cp, "tsvc", "grow", namespace=ns), "Degraded")["status"] == "False"
 
 
+@pytest.mark.slow  # an API server restart and the operator's lease ride-out: about 50 s quiet, 120 s loaded
 @pytest.mark.parametrize("lease", ["exits", "rides-out"])
 def test_api_server_restart_under_a_running_operator_converges(control_plane, operator, namespace, lease):
     """`exits`: the test's 6 s lease runs out while the API is down, so the leader exits by the lease rule
