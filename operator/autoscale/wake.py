@@ -7,14 +7,10 @@ the router holds requests for is never idle (its first replica may still be star
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from tandem.launch import worker_pools
+from tandem.operator.autoscale.config import PoolLimits
 from tandem.operator.autoscale.types import Decision, PoolObservation
 from tandem.spec import InferenceServiceSpec
-
-if TYPE_CHECKING:  # the reconciler imports this module, and the operator image has no numpy (config -> profile)
-    from tandem.operator.autoscale.config import PoolLimits
 
 WAKE_FROM_ZERO = "WakeFromZero"  # the reason code of a decision that starts a pool's first replica
 
