@@ -144,7 +144,7 @@ def report(result: dict) -> str:
         f"lengths / {cfg['length_scale']:g}, capped at {cfg['max_input_len']} in / {cfg['max_output_len']} out; "
         f"model hidden {cfg['hidden']}, {cfg['layers']} layers, float32, {cfg['threads']} torch thread per worker; "
         f"conditional: localPrefillMaxTokens {cfg['local_prefill_max_tokens']}, prefillQueueTokens "
-        f"{cfg['prefill_queue_tokens']}"
+        f"{cfg['prefill_queue_tokens']}, mixedDecodeRatio {cfg.get('mixed_decode_ratio', 0):g}"
         + (
             f"; conditional-slo: the same, its router told a TPOT SLO of {cfg['slo_aware_tpot_ms']:g} ms with "
             f"localPrefillMaxTpotFraction {cfg['slo_aware_fraction']:g}"

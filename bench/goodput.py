@@ -90,6 +90,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--local-prefill-max-tokens", type=int, default=32, help="conditional mode's threshold")
     p.add_argument("--prefill-queue-tokens", type=int, default=512, help="conditional mode's saturation bound")
     p.add_argument(
+        "--mixed-decode-ratio", type=float, default=0.5,
+        help="conditional mode's mixedDecodeRatio: the prefill worker runs whole requests while it has fewer "
+        "than this fraction of the decode worker's streams (0: off)",
+    )  # fmt: skip
+    p.add_argument(
         "--stall-free-tokens", type=int, default=None,
         help="engine.maxPrefillTokensWithDecodes of the --stall-free stacks (default: off)",
     )  # fmt: skip
@@ -127,7 +132,7 @@ def stack_objects(model_dir: Path, args: argparse.Namespace) -> dict[str, dict]:
     common = dict(threads=args.threads, num_kv_blocks=2048, max_context=args.max_input_len + args.max_output_len + 64)
     conditional = {"disaggregation": {
         "mode": "conditional", "localPrefillMaxTokens": args.local_prefill_max_tokens,
-        "prefillQueueTokens": args.prefill_queue_tokens,
+        "prefillQueueTokens": args.prefill_queue_tokens, "mixedDecodeRatio": args.mixed_decode_ratio,
     }}  # fmt: skip
     stall_free = set(args.stall_free.split(",")) if args.stall_free_tokens else set()
     if stall_free - set(MODES):

@@ -302,6 +302,11 @@ class RouterOptions(_Options):
         "conditional: no local prefill on a decode worker whose streams' recent TPOT is above this fraction of "
         "--slo-tpot-ms (0: no check)",
     )  # fmt: skip
+    mixed_decode_ratio: float = opt(
+        _DISAGGREGATION.mixed_decode_ratio,
+        "conditional: a prefill worker runs whole requests itself while it has fewer than this fraction of the decode "
+        "worker's streams and its queue has room (0: never)",
+    )  # fmt: skip
     prefill: list[str] = opt(help="prefill worker addresses, comma-separated", factory=list)
     decode: list[str] = opt(help="decode worker addresses, comma-separated", factory=list)
     colocated: list[str] = opt(help="colocated worker addresses, comma-separated", factory=list)
@@ -340,4 +345,5 @@ class RouterOptions(_Options):
         d = spec.router.disaggregation
         return replace(opts, disaggregation=d.mode, local_prefill_max_tokens=d.local_prefill_max_tokens,
                        prefill_queue_tokens=d.prefill_queue_tokens,
-                       local_prefill_max_tpot_fraction=d.local_prefill_max_tpot_fraction)  # fmt: skip
+                       local_prefill_max_tpot_fraction=d.local_prefill_max_tpot_fraction,
+                       mixed_decode_ratio=d.mixed_decode_ratio)  # fmt: skip

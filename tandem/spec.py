@@ -195,6 +195,9 @@ class DisaggregationSpec(_Spec):
     # conditional: a decode worker takes no local prefill while its streams' recent TPOT is above this
     # fraction of slo.tpotMs (a local prefill stalls every running sequence); 0 turns the check off
     local_prefill_max_tpot_fraction: float = Field(default=0.0, ge=0, le=1)
+    # conditional: a prefill worker runs whole requests itself (both phases, Splitwise's mixed pool) while it
+    # has fewer than this fraction of the decode worker's streams and its own queue has room; 0 turns it off
+    mixed_decode_ratio: float = Field(default=0.0, ge=0, le=1)
 
 
 class WakeQueueSpec(_Spec):

@@ -1,7 +1,8 @@
 """Conditional disaggregation through `tandem up`: a short prompt is prefilled on the decode worker, a long one
 on the prefill pool, as the X-Tandem-Prefill header, the router's metrics and the workers' own prefill
-counters show; greedy text is the same whichever way a prompt ran, and a decode worker killed under a local
-prefill ends the stream with an error."""
+counters show; while the decode worker streams, the next request runs whole on the prefill worker; greedy
+text is the same whichever way a prompt ran, and a decode worker killed under a local prefill ends the stream
+with an error."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.slow
 THRESHOLD = 32
 SHORT = "Hello there, how are you?"
 LONG = " ".join(f"word{i}" for i in range(200))
+FRESH = " ".join(f"item{i}" for i in range(200))  # a long prompt no worker has cached
 
 
 def _with_router(obj: dict, disaggregation: dict) -> dict:
@@ -33,7 +35,8 @@ def _with_router(obj: dict, disaggregation: dict) -> dict:
 def conditional(tiny_model_dir, tmp_path_factory):
     obj = _with_router(
         spec("cond", tiny_model_dir, prefillChunkTokens=32),
-        {"mode": "conditional", "localPrefillMaxTokens": THRESHOLD, "prefillQueueTokens": 100_000},
+        {"mode": "conditional", "localPrefillMaxTokens": THRESHOLD, "prefillQueueTokens": 100_000,
+         "mixedDecodeRatio": 1.0},  # a request sent one at a time never finds the decode worker busy
     )
     with running_stack(obj, tmp_path_factory.mktemp("cond")) as s:
         yield s
@@ -104,6 +107,24 @@ def test_short_prompts_run_on_the_decode_worker_and_long_ones_disaggregated(cond
     assert _greedy(never[1], LONG) == (long_text, long_len, "local")
     _wait_idle(stack)
     _wait_idle(never[0])
+
+
+def test_a_busy_decode_worker_s_next_request_runs_whole_on_the_prefill_worker(conditional, never):
+    stack, url = conditional
+    body = {"model": "tiny", "prompt": SHORT, "max_tokens": 3000, "temperature": 0, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as first:  # occupies the decode worker
+        assert first.headers[names.PREFILL_ROUTE_HEADER] == "local"
+        lines = first.iter_lines()  # held: a dropped iterator would close the response
+        next(lines)
+        prefilled = _prefilled(stack, "prefill")
+        text, prompt_len, route = _greedy(url, FRESH)
+        assert route == "mixed"
+        assert _busy(stack, "decode", "running_sequences") is not None, "the first stream ended early"
+    # the client left the first stream: the router aborts it on the decode worker
+    assert _metric(url, names.REQUESTS_TOTAL, prefill="mixed", status="200") == 1
+    _until(lambda: _prefilled(stack, "prefill") >= prefilled + prompt_len, "the prefill worker did not run the prompt")
+    assert _greedy(never[1], FRESH) == (text, prompt_len, "local")  # the same text, prefilled and decoded anywhere
+    _wait_idle(stack)
 
 
 def test_a_decode_worker_killed_under_a_local_prefill_ends_the_stream_with_an_error(conditional):

@@ -1,5 +1,6 @@
 """Conditional disaggregation: short prompts and a saturated prefill pool go local, long prompts to the prefill
-pool, and no prompt goes local onto a decode worker whose streams are near the TPOT SLO."""
+pool, no prompt goes local onto a decode worker whose streams are near the TPOT SLO, and a busy decode worker's
+overflow runs whole on an idle prefill worker."""
 
 from tandem.worker.router.disaggregation import (
     REASON_DECODE_TPOT,
@@ -15,6 +16,7 @@ from tandem.worker.router.disaggregation import (
     decode_has_room,
     decode_tpot_has_headroom,
     observe_tpot,
+    pick_mixed,
     prefill_saturated,
 )
 from tandem.worker.router.selection import WorkerView
@@ -121,3 +123,40 @@ def test_recent_tpot_follows_the_gaps_and_forgets_an_old_stall():
     for _ in range(30):
         recent = observe_tpot(recent, 0.030)
     assert abs(recent - 0.030) < 0.001
+
+
+MIXED = POLICY.model_copy(update={"mixed_decode_ratio": 0.5})
+
+
+def _prefill(address: str = "p", streams: int = 0, queued: int = 0, free: int = 100) -> WorkerView:
+    return WorkerView(address, queued_prompt_tokens=queued, inflight_requests=streams, free_kv_blocks=free,
+                      total_kv_blocks=100)  # fmt: skip
+
+
+def test_a_prefill_worker_takes_whole_requests_only_while_the_decode_worker_has_twice_its_streams():
+    assert pick_mixed(MIXED, [_prefill()], _decode(0.02, streams=1), 5) is None  # a quiet decode worker keeps it
+    assert pick_mixed(MIXED, [_prefill()], _decode(0.02, streams=2), 5).address == "p"
+    assert pick_mixed(MIXED, [_prefill(streams=1)], _decode(0.02, streams=3), 5) is None
+    assert pick_mixed(MIXED, [_prefill(streams=1)], _decode(0.02, streams=4), 5).address == "p"
+    # of two that qualify, the one with fewer streams, then the shorter queue
+    two = [_prefill("p1", streams=1), _prefill("p2", queued=100), _prefill("p3")]
+    assert pick_mixed(MIXED, two, _decode(0.02, streams=8), 5).address == "p3"
+
+
+def test_a_prefill_worker_without_room_or_past_its_tpot_takes_no_whole_request():
+    busy = _decode(0.02, streams=8)
+    assert pick_mixed(MIXED, [_prefill(queued=1001)], busy, 5) is None  # its queue is past prefillQueueTokens
+    assert pick_mixed(MIXED, [_prefill(free=4)], busy, 5) is None  # no blocks for the request
+    assert pick_mixed(MIXED, [WorkerView("p", draining=True)], busy, 5) is None
+    slow = WorkerView("p", inflight_requests=1, recent_tpot_s=0.045)
+    aware = MIXED.model_copy(update={"local_prefill_max_tpot_fraction": 0.8})
+    assert pick_mixed(aware, [slow], busy, 5, tpot_slo_s=TPOT_SLO_S) is None
+    assert pick_mixed(MIXED, [slow], busy, 5, tpot_slo_s=TPOT_SLO_S) is slow  # the TPOT check is off
+
+
+def test_only_conditional_mode_with_a_ratio_mixes():
+    busy = _decode(0.02, streams=8)
+    assert DisaggregationPolicy().mixed_decode_ratio == 0
+    assert pick_mixed(POLICY, [_prefill()], busy, 5) is None
+    for mode in (DisaggregationMode.always, DisaggregationMode.never):
+        assert pick_mixed(MIXED.model_copy(update={"mode": mode}), [_prefill()], busy, 5) is None

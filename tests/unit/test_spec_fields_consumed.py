@@ -41,6 +41,7 @@ VALUES: dict[str, list[Any]] = {
     "security.networkPolicy.metricsFrom": [[], [{"namespaceSelector": {}}]],
     "autoscaling.prometheusUrl": [ABSENT, "http://prometheus.monitoring:9090"],
     "router.disaggregation.localPrefillMaxTpotFraction": [0.0, 0.8],
+    "router.disaggregation.mixedDecodeRatio": [0.0, 0.5],
     **{f"{pool}.podTemplate.{field}": values for pool in ("router", "prefill", "decode") for field, values in {
         "imagePullSecrets": [[], [{"name": "registry"}]],
         "volumes": [[], [{"name": "cache", "emptyDir": {}}]],

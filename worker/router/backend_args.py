@@ -27,6 +27,7 @@ def build_backend(args) -> GrpcBackend:
         local_prefill_max_tpot_fraction=getattr(
             args, "local_prefill_max_tpot_fraction", defaults.local_prefill_max_tpot_fraction
         ),
+        mixed_decode_ratio=getattr(args, "mixed_decode_ratio", defaults.mixed_decode_ratio),
     )
     wake = WakeLimits(getattr(args, "max_held", WakeLimits.max_requests), getattr(args, "hold_timeout", WakeLimits.timeout_s))
     return GrpcBackend(

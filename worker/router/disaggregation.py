@@ -17,6 +17,14 @@ the SLO prefills nothing locally (the prompt goes to the prefill pool). Under a 
 then behaves like `always`; under a loose one the rules above run as they are.
 
 Otherwise `disaggregated`. Mode `always` and `never` bypass the rules. The policy is the spec's `router.disaggregation`.
+
+Before any of that, conditional asks where the request decodes. With one prefill and one decode worker
+against two colocated ones, the split loses under a loose TPOT SLO: the decode worker saturates while the
+prefill worker idles. With `mixed_decode_ratio` set, a prefill worker runs a whole request itself (both
+phases, no transfer: Splitwise's mixed pool) while it has fewer than that fraction of the decode worker's
+streams, its queue is within `prefill_queue_tokens`, it has the blocks, and (with the TPOT check on) its own
+streams' TPOT has headroom. The counts are the router's own streams, so a quiet decode worker keeps every
+request and the prefill pool decodes only the overflow.
 """
 
 from __future__ import annotations
@@ -29,7 +37,9 @@ from tandem.spec import DisaggregationMode
 from tandem.spec import DisaggregationSpec as DisaggregationPolicy
 from tandem.worker.router.selection import WorkerView
 
-__all__ = ["DisaggregationMode", "DisaggregationPolicy", "PrefillDecision", "PrefillRoute", "choose_prefill"]
+__all__ = [
+    "DisaggregationMode", "DisaggregationPolicy", "PrefillDecision", "PrefillRoute", "choose_prefill", "pick_mixed",
+]
 
 
 class PrefillRoute(StrEnum):
@@ -37,6 +47,7 @@ class PrefillRoute(StrEnum):
 
     disaggregated = "disaggregated"
     local = "local"
+    mixed = "mixed"  # both phases on a prefill worker
 
 
 # Why a route was chosen (for logs and tests).
@@ -109,3 +120,27 @@ def choose_prefill(
     if prefill_saturated(prefill_workers, bound) and decode_has_room(decode, blocks_needed, bound):
         return PrefillDecision(PrefillRoute.local, REASON_PREFILL_SATURATED)
     return PrefillDecision(PrefillRoute.disaggregated, REASON_LONG_PROMPT)
+
+
+def pick_mixed(
+    policy: DisaggregationPolicy,
+    prefill_workers: Iterable[WorkerView],
+    decode: WorkerView,
+    blocks_needed: int,
+    tpot_slo_s: float = 0.0,
+) -> WorkerView | None:
+    """The prefill worker that runs this whole request itself, or None (the decode worker keeps it): the one
+    with the fewest of the router's streams among those under `mixed_decode_ratio` x the decode worker's,
+    with room in their queue and blocks for the request."""
+    ratio = policy.mixed_decode_ratio
+    if policy.mode is not DisaggregationMode.conditional or ratio <= 0:
+        return None
+    fraction = policy.local_prefill_max_tpot_fraction
+    candidates = [
+        p for p in prefill_workers
+        if p.routable and p.inflight_requests + 1 <= ratio * decode.inflight_requests
+        and queued_tokens(p) <= policy.prefill_queue_tokens
+        and (p.total_kv_blocks == 0 or p.free_kv_blocks >= blocks_needed)
+        and decode_tpot_has_headroom(p, tpot_slo_s, fraction)
+    ]  # fmt: skip
+    return min(candidates, key=lambda p: (p.inflight_requests, queued_tokens(p), p.last_picked, p.address), default=None)

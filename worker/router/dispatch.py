@@ -40,6 +40,7 @@ from tandem.worker.router.disaggregation import (
     PrefillRoute,
     choose_prefill,
     observe_tpot,
+    pick_mixed,
 )
 from tandem.worker.router.membership import STUBS, Pools, Worker
 from tandem.worker.router.selection import pick_decode, pick_prefill
@@ -227,6 +228,15 @@ class GrpcBackend:
     async def _disaggregated(self, request_id, prompt_ids, params, timing, tried) -> AsyncIterator[TokenOut]:
         blocks = self._blocks_needed(len(prompt_ids) + params.max_tokens)
         decode = await self._pick_or_wait("decode", tried, blocks)
+        untried = [v for v in self.pools.views("prefill") if v.address not in tried]
+        mixed = pick_mixed(self.disaggregation, untried, decode.view, blocks, self.tpot_slo_s)
+        if mixed is not None:  # the decode pool is the busier: a prefill worker runs this request whole
+            timing.prefill = PrefillRoute.mixed.value
+            mixed.last_picked = time.monotonic()
+            worker = self.pools.workers["prefill"][mixed.address]
+            async for token in self._generate_on(worker, request_id, prompt_ids, params, timing, tried):
+                yield token
+            return
         decision = choose_prefill(
             self.disaggregation, len(prompt_ids), self.pools.views("prefill"), decode.view, blocks,
             tpot_slo_s=self.tpot_slo_s,
@@ -395,3 +405,4 @@ WAKE_POLL_INTERVAL_S = 0.1  # the worker poll interval while requests wait for a
 def _raise_client_error(e: aio.AioRpcError) -> None:
     if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
         raise BackendError(e.details() or "invalid request", status=400) from None
+

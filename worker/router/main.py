@@ -29,8 +29,8 @@ def check_args(args: RouterOptions | argparse.Namespace) -> str | None:
         return "--max-connections, --header-timeout and --keep-alive-timeout must be positive"
     if args.local_prefill_max_tokens < 0 or args.prefill_queue_tokens < 0:
         return "--local-prefill-max-tokens and --prefill-queue-tokens must be >= 0"
-    if not 0 <= args.local_prefill_max_tpot_fraction <= 1:
-        return "--local-prefill-max-tpot-fraction must be in [0, 1]"
+    if not 0 <= args.local_prefill_max_tpot_fraction <= 1 or not 0 <= args.mixed_decode_ratio <= 1:
+        return "--local-prefill-max-tpot-fraction and --mixed-decode-ratio must be in [0, 1]"
     if args.workers_file:
         return None  # the file names the workers, possibly later
     if args.mode == "disaggregated" and args.disaggregation == DisaggregationMode.never and not args.decode:

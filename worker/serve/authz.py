@@ -28,6 +28,7 @@ SELF = "self"  # the worker's own role, calling from its own pod (loopback)
 
 CALLERS: dict[str, frozenset[str]] = {
     "/tandem.v1.PrefillService/Prefill": ROUTER,
+    "/tandem.v1.PrefillService/Generate": ROUTER,
     "/tandem.v1.DecodeService/Reserve": ROUTER,
     "/tandem.v1.DecodeService/StreamTokens": ROUTER,
     "/tandem.v1.DecodeService/Generate": ROUTER,

@@ -23,6 +23,7 @@ from tandem.worker.engine.runner.engine_loop import EngineLoop, StreamEnd
 from tandem.worker.kv_transport.base import DecodeUnreachable, KvLayout, KvSender, KvTransferError
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS, StreamKvSender, staging_for
 from tandem.worker.kv_transport.handshake import check_compatible, reserve_transport
+from tandem.worker.serve.colocated import generate_tokens
 from tandem.worker.serve.decode_channels import DecodeChannels
 from tandem.worker.serve.drain import refuse_while_draining
 from tandem.worker.serve.kv_push import LayerKvReader
@@ -112,6 +113,7 @@ class PrefillServicer:
         self._lock = threading.Lock()
         self.draining = False
         self._inflight = 0  # Prefill RPCs accepted and not yet answered
+        self._generating = 0  # whole requests (Generate streams) accepted and not yet ended
         loop.engine.layer_hook = self._after_layer
         self._kv_reader = LayerKvReader(loop.engine.kv)
         self.load_of: Callable[[], common_pb2.LoadReport] | None = None  # the worker's current role's report
@@ -122,9 +124,10 @@ class PrefillServicer:
         self.loop.engine.layer_hook = self._after_layer if active else None
 
     def busy(self) -> int:
-        """Prefills accepted and not yet answered (their KV may still be on its way)."""
+        """Prefills accepted and not yet answered (their KV may still be on its way), and whole requests
+        still streaming."""
         with self._lock:
-            return self._inflight
+            return self._inflight + self._generating
 
     # --- RPCs ---------------------------------------------------------------------------------
     def Handshake(self, request: common_pb2.HandshakeRequest, context: grpc.ServicerContext) -> common_pb2.HandshakeReply:
@@ -153,6 +156,19 @@ class PrefillServicer:
         finally:
             with self._lock:
                 self._inflight -= 1
+
+    def Generate(self, request: common_pb2.GenerateRequest, context: grpc.ServicerContext):
+        """Both phases here, as a colocated worker would (the router's mixed route, when the decode pool is the
+        busier one); the stream closing aborts the sequence and frees its blocks."""
+        with self._lock:
+            if self.draining:
+                refuse_while_draining(context, "prefill worker")
+            self._generating += 1
+        try:
+            yield from generate_tokens(self.loop, request, context)
+        finally:
+            with self._lock:
+                self._generating -= 1
 
     def _prefill(self, request: prefill_pb2.PrefillRequest, context: grpc.ServicerContext) -> prefill_pb2.PrefillReply:
         arrived = time.perf_counter()

@@ -45,6 +45,11 @@ class PrefillServiceStub:
                 request_serializer=tandem_dot_v1_dot_prefill__pb2.PrefillRequest.SerializeToString,
                 response_deserializer=tandem_dot_v1_dot_prefill__pb2.PrefillReply.FromString,
                 _registered_method=True)
+        self.Generate = channel.unary_stream(
+                '/tandem.v1.PrefillService/Generate',
+                request_serializer=tandem_dot_v1_dot_common__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_common__pb2.TokenEvent.FromString,
+                _registered_method=True)
         self.Load = channel.unary_unary(
                 '/tandem.v1.PrefillService/Load',
                 request_serializer=tandem_dot_v1_dot_common__pb2.LoadRequest.SerializeToString,
@@ -67,6 +72,15 @@ class PrefillServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Generate(self, request, context):
+        """Both phases of a whole request on this worker, streaming its tokens: no reservation, no KV transfer. The
+        router's conditional disaggregation sends a request here when the decode pool is the busier one
+        (Splitwise's mixed pool); the stream closing aborts the sequence and frees its blocks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Load(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -85,6 +99,11 @@ def add_PrefillServiceServicer_to_server(servicer, server):
                     servicer.Prefill,
                     request_deserializer=tandem_dot_v1_dot_prefill__pb2.PrefillRequest.FromString,
                     response_serializer=tandem_dot_v1_dot_prefill__pb2.PrefillReply.SerializeToString,
+            ),
+            'Generate': grpc.unary_stream_rpc_method_handler(
+                    servicer.Generate,
+                    request_deserializer=tandem_dot_v1_dot_common__pb2.GenerateRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_common__pb2.TokenEvent.SerializeToString,
             ),
             'Load': grpc.unary_unary_rpc_method_handler(
                     servicer.Load,
@@ -146,6 +165,33 @@ class PrefillService:
             '/tandem.v1.PrefillService/Prefill',
             tandem_dot_v1_dot_prefill__pb2.PrefillRequest.SerializeToString,
             tandem_dot_v1_dot_prefill__pb2.PrefillReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Generate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tandem.v1.PrefillService/Generate',
+            tandem_dot_v1_dot_common__pb2.GenerateRequest.SerializeToString,
+            tandem_dot_v1_dot_common__pb2.TokenEvent.FromString,
             options,
             channel_credentials,
             insecure,
