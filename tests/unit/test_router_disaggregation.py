@@ -154,6 +154,16 @@ def test_a_prefill_worker_without_room_or_past_its_tpot_takes_no_whole_request()
     assert pick_mixed(MIXED, [slow], busy, 5, tpot_slo_s=TPOT_SLO_S) is slow  # the TPOT check is off
 
 
+def test_a_prompt_bound_for_the_decode_worker_goes_mixed_only_to_a_queue_no_longer_than_its_own():
+    busy = _decode(0.02, streams=8)
+    backed_up = _prefill(queued=400)  # a long prompt ahead: a short prompt would wait behind it
+    assert pick_mixed(MIXED, [backed_up], busy, 5, route=LOCAL) is None
+    assert pick_mixed(MIXED, [backed_up], busy, 5, route=DISAGG) is backed_up  # its prompt waits there anyway
+    assert pick_mixed(MIXED, [_prefill()], busy, 5, route=LOCAL).address == "p"
+    queued_decode = WorkerView("d", queued_prompt_tokens=500, inflight_requests=8)
+    assert pick_mixed(MIXED, [backed_up], queued_decode, 5, route=LOCAL) is backed_up
+
+
 def test_only_conditional_mode_with_a_ratio_mixes():
     busy = _decode(0.02, streams=8)
     assert DisaggregationPolicy().mixed_decode_ratio == 0

@@ -24,7 +24,8 @@ prefill worker idles. With `mixed_decode_ratio` set, a prefill worker runs a who
 phases, no transfer: Splitwise's mixed pool) while it has fewer than that fraction of the decode worker's
 streams, its queue is within `prefill_queue_tokens`, it has the blocks, and (with the TPOT check on) its own
 streams' TPOT has headroom. The counts are the router's own streams, so a quiet decode worker keeps every
-request and the prefill pool decodes only the overflow.
+request and the prefill pool decodes only the overflow. A short prompt that would prefill on the decode
+worker goes mixed only if that does not queue it behind longer prompts.
 """
 
 from __future__ import annotations
@@ -128,18 +129,22 @@ def pick_mixed(
     decode: WorkerView,
     blocks_needed: int,
     tpot_slo_s: float = 0.0,
+    route: PrefillRoute = PrefillRoute.disaggregated,
 ) -> WorkerView | None:
     """The prefill worker that runs this whole request itself, or None (the decode worker keeps it): the one
     with the fewest of the router's streams among those under `mixed_decode_ratio` x the decode worker's,
-    with room in their queue and blocks for the request."""
+    with room in their queue and blocks for the request. `route` is where its prompt would run otherwise
+    (choose_prefill's answer): a prompt bound for the decode worker goes mixed only to a prefill worker whose
+    queue is no longer than the decode worker's, so the mixed route never makes a first token wait longer."""
     ratio = policy.mixed_decode_ratio
     if policy.mode is not DisaggregationMode.conditional or ratio <= 0:
         return None
     fraction = policy.local_prefill_max_tpot_fraction
+    max_queue = queued_tokens(decode) if route is PrefillRoute.local else policy.prefill_queue_tokens
     candidates = [
         p for p in prefill_workers
         if p.routable and p.inflight_requests + 1 <= ratio * decode.inflight_requests
-        and queued_tokens(p) <= policy.prefill_queue_tokens
+        and queued_tokens(p) <= min(max_queue, policy.prefill_queue_tokens)
         and (p.total_kv_blocks == 0 or p.free_kv_blocks >= blocks_needed)
         and decode_tpot_has_headroom(p, tpot_slo_s, fraction)
     ]  # fmt: skip

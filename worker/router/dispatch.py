@@ -228,8 +228,12 @@ class GrpcBackend:
     async def _disaggregated(self, request_id, prompt_ids, params, timing, tried) -> AsyncIterator[TokenOut]:
         blocks = self._blocks_needed(len(prompt_ids) + params.max_tokens)
         decode = await self._pick_or_wait("decode", tried, blocks)
+        decision = choose_prefill(
+            self.disaggregation, len(prompt_ids), self.pools.views("prefill"), decode.view, blocks,
+            tpot_slo_s=self.tpot_slo_s,
+        )  # fmt: skip
         untried = [v for v in self.pools.views("prefill") if v.address not in tried]
-        mixed = pick_mixed(self.disaggregation, untried, decode.view, blocks, self.tpot_slo_s)
+        mixed = pick_mixed(self.disaggregation, untried, decode.view, blocks, self.tpot_slo_s, decision.route)
         if mixed is not None:  # the decode pool is the busier: a prefill worker runs this request whole
             timing.prefill = PrefillRoute.mixed.value
             mixed.last_picked = time.monotonic()
@@ -237,10 +241,6 @@ class GrpcBackend:
             async for token in self._generate_on(worker, request_id, prompt_ids, params, timing, tried):
                 yield token
             return
-        decision = choose_prefill(
-            self.disaggregation, len(prompt_ids), self.pools.views("prefill"), decode.view, blocks,
-            tpot_slo_s=self.tpot_slo_s,
-        )  # fmt: skip
         timing.prefill = decision.route.value
         if decision.route is PrefillRoute.local:  # no transfer: the decode worker prefills the prompt itself
             async for token in self._generate_on(decode, request_id, prompt_ids, params, timing, tried):
