@@ -90,7 +90,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--local-prefill-max-tokens", type=int, default=32, help="conditional mode's threshold")
     p.add_argument("--prefill-queue-tokens", type=int, default=512, help="conditional mode's saturation bound")
     p.add_argument(
-        "--mixed-decode-ratio", type=float, default=0.5,
+        "--mixed-decode-ratio", type=float, default=1.0,
         help="conditional mode's mixedDecodeRatio: the prefill worker runs whole requests while it has fewer "
         "than this fraction of the decode worker's streams (0: off)",
     )  # fmt: skip
