@@ -140,11 +140,12 @@ def pick_mixed(
     if policy.mode is not DisaggregationMode.conditional or ratio <= 0:
         return None
     fraction = policy.local_prefill_max_tpot_fraction
-    max_queue = queued_tokens(decode) if route is PrefillRoute.local else policy.prefill_queue_tokens
+    bound = policy.prefill_queue_tokens
+    max_queue = min(queued_tokens(decode), bound) if route is PrefillRoute.local else bound
     candidates = [
         p for p in prefill_workers
         if p.routable and p.inflight_requests + 1 <= ratio * decode.inflight_requests
-        and queued_tokens(p) <= min(max_queue, policy.prefill_queue_tokens)
+        and queued_tokens(p) <= max_queue
         and (p.total_kv_blocks == 0 or p.free_kv_blocks >= blocks_needed)
         and decode_tpot_has_headroom(p, tpot_slo_s, fraction)
     ]  # fmt: skip
