@@ -35,10 +35,18 @@ def failed_reconciles(log: str, ns: str, name: str) -> int:
     return len(re.findall(rf"reconcile {re.escape(ns)}/{re.escape(name)} failed", log))
 
 
+def quota_refuses_services(cp, ns: str) -> bool:
+    """A quota binds only once the quota controller has counted it: probe admission with a dry run."""
+    out = cp.kubectl("create", "service", "clusterip", "probe", "--tcp=80", "--dry-run=server", "-n", ns,
+                     check=False)
+    return out.returncode != 0 and "exceeded quota" in out.stderr
+
+
 def test_refused_child_degrades_with_the_servers_message_builds_nothing_and_backs_off(control_plane, operator,
                                                                                          namespace):
     cp, ns = control_plane, namespace
     cp.kubectl("create", "quota", "no-services", "--hard=services=0", "-n", ns)
+    wait_for(lambda: quota_refuses_services(cp, ns), 60, "the quota to bind")
     _apply(cp, ns, "q", {})
     obj = wait_for(lambda: degraded(cp, ns, "q", "ApplyFailed"), 60, "Degraded ApplyFailed")
     for ctype in ("Degraded", "Ready", "Progressing"):
