@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator
 import grpc
 from grpc import aio
 
-from tandem import names
 from tandem.v1 import (
     common_pb2,
     decode_pb2,
@@ -45,6 +44,13 @@ from tandem.worker.router.disaggregation import (
 from tandem.worker.router.membership import STUBS, Pools, Worker
 from tandem.worker.router.selection import pick_decode, pick_prefill
 from tandem.worker.router.wake_queue import WakeLimits, WakeQueue
+from tandem.worker.router.worker_errors import (
+    is_draining,
+    kv_link_failed,
+    note_unavailable,
+    note_unreachable,
+    raise_client_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -280,8 +286,8 @@ class GrpcBackend:
                 timeout=10,
             )
         except aio.AioRpcError as e:
-            _raise_client_error(e)
-            _note_unavailable(decode, e)
+            raise_client_error(e)
+            note_unavailable(decode, e)
             raise _Retry(f"reserve on {decode.view.address}: {e.code().name} {e.details()}") from None
         except asyncio.CancelledError:  # the client left while the blocks were being reserved: free them now
             await _abort_decode(decode, transfer_id, request_id, "the request ended during its reservation")
@@ -308,8 +314,11 @@ class GrpcBackend:
                 prefill.view.inflight_prompt_tokens -= len(prompt_ids)
                 ended = True
                 await _abort_decode(decode, transfer_id, request_id, "prefill failed")
-                _raise_client_error(e)
-                _note_unavailable(decode if kv_link_failed(e) else prefill, e)
+                raise_client_error(e)
+                if kv_link_failed(e):
+                    await note_unreachable(decode, e)
+                else:
+                    note_unavailable(prefill, e)
                 raise _Retry(f"prefill on {prefill.view.address}: {e.code().name} {e.details()}") from None
             prefill.view.inflight_prompt_tokens -= len(prompt_ids)
             async for token in _relay(stream, decode):
@@ -367,7 +376,7 @@ async def _relay(call, worker: Worker) -> AsyncIterator[TokenOut]:
                     return
                 raise _Retry(f"{worker.view.address}: the stream ended with {reason}: {event.error or 'no token'}")
     except aio.AioRpcError as e:
-        _raise_client_error(e)
+        raise_client_error(e)
         if is_draining(e):
             worker.view.draining = True
         elif e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
@@ -375,34 +384,5 @@ async def _relay(call, worker: Worker) -> AsyncIterator[TokenOut]:
         raise _Retry(f"{worker.view.address}: {e.code().name} {e.details()}") from None
 
 
-def is_draining(e: aio.AioRpcError) -> bool:
-    """The worker refused because it drains (it says so in trailing metadata), not because it failed."""
-    return any(key == names.DRAINING_METADATA_KEY and value == "1" for key, value in (e.trailing_metadata() or ()))
-
-
-KV_TRANSFER_FAILED = "KV transfer failed"  # how a prefill worker reports that its push to the decode worker broke
-
-
-def kv_link_failed(e: aio.AioRpcError) -> bool:
-    """The prefill worker ran the prompt but could not reach the decode worker: the decode side (or the
-    link to it) is what failed, and a healthy prefill worker stays in rotation."""
-    details = e.details() or ""
-    full = "RESOURCE_EXHAUSTED" in details  # the decode worker was at its limit: full, not failed
-    return e.code() == grpc.StatusCode.UNAVAILABLE and details.startswith(KV_TRANSFER_FAILED) and not full
-
-
-def _note_unavailable(worker: Worker, e: aio.AioRpcError) -> None:
-    if is_draining(e):
-        worker.view.draining = True  # out of rotation now; its next load report says the same
-    elif e.code() == grpc.StatusCode.UNAVAILABLE:
-        worker.mark_failed()
-
-
 PICK_WAIT_S = 3.0  # how long a request waits for a routable worker of a role before its 503
 WAKE_POLL_INTERVAL_S = 0.1  # the worker poll interval while requests wait for a pool to wake
-
-
-def _raise_client_error(e: aio.AioRpcError) -> None:
-    if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
-        raise BackendError(e.details() or "invalid request", status=400) from None
-

@@ -1,0 +1,49 @@
+"""How the router reads a worker's gRPC error: a bad request (the client's fault), a worker that drains, one
+that is full, one that failed, or a KV link that broke between a prefill and a decode worker."""
+
+from __future__ import annotations
+
+import grpc
+from grpc import aio
+
+from tandem import names
+from tandem.v1 import common_pb2
+from tandem.worker.router.backend import BackendError
+from tandem.worker.router.membership import Worker
+
+
+def raise_client_error(e: aio.AioRpcError) -> None:
+    if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+        raise BackendError(e.details() or "invalid request", status=400) from None
+
+
+def is_draining(e: aio.AioRpcError) -> bool:
+    """The worker refused because it drains (it says so in trailing metadata), not because it failed."""
+    return any(key == names.DRAINING_METADATA_KEY and value == "1" for key, value in (e.trailing_metadata() or ()))
+
+
+KV_TRANSFER_FAILED = "KV transfer failed"  # how a prefill worker reports that its push to the decode worker broke
+
+
+def kv_link_failed(e: aio.AioRpcError) -> bool:
+    """The prefill worker ran the prompt but could not reach the decode worker: the decode side (or the
+    link to it) is what failed, and a healthy prefill worker stays in rotation."""
+    details = e.details() or ""
+    full = "RESOURCE_EXHAUSTED" in details  # the decode worker was at its limit: full, not failed
+    return e.code() == grpc.StatusCode.UNAVAILABLE and details.startswith(KV_TRANSFER_FAILED) and not full
+
+
+def note_unavailable(worker: Worker, e: aio.AioRpcError) -> None:
+    if is_draining(e):
+        worker.view.draining = True  # out of rotation now; its next load report says the same
+    elif e.code() == grpc.StatusCode.UNAVAILABLE:
+        worker.mark_failed()
+
+
+async def note_unreachable(decode: Worker, e: aio.AioRpcError) -> None:
+    """A prefill worker could not push to this decode worker: out of rotation only if the router cannot reach
+    it either. One link that broke (a connect that timed out under load) is not a dead worker."""
+    try:
+        await decode.stub.Load(common_pb2.LoadRequest(), timeout=1)  # type: ignore[attr-defined]
+    except aio.AioRpcError:
+        note_unavailable(decode, e)
