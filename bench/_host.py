@@ -24,6 +24,13 @@ def busy_ticks(stat_first_line: str) -> int:
     return sum(fields[:8]) - idle
 
 
+def steal_ticks(stat_first_line: str) -> int:
+    """Clock ticks the hypervisor gave the host's CPUs to other machines, from /proc/stat's `cpu` line (pure):
+    busy time no process here can be blamed for, and no process here can stop."""
+    fields = stat_first_line.split()[1:]
+    return int(fields[7]) if len(fields) > 7 else 0
+
+
 def process_ticks(stat_line: str) -> int:
     """User plus system clock ticks of one process, from its /proc/PID/stat line (pure)."""
     fields = stat_line.rsplit(")", 1)[1].split()
@@ -52,13 +59,27 @@ class CpuMeter:
 
     pids: Callable[[], Iterable[int]]
     _start: tuple[float, int, int] | None = None
+    _steal: tuple[float, int] | None = None  # at start: (wall, steal ticks)
 
     def start(self) -> CpuMeter:
         try:
-            self._start = (time.monotonic(), busy_ticks(_read("/proc/stat")), _ours(self.pids()))
+            stat = _read("/proc/stat")
+            self._start = (time.monotonic(), busy_ticks(stat), _ours(self.pids()))
+            self._steal = (self._start[0], steal_ticks(stat))
         except OSError:
-            self._start = None
+            self._start = self._steal = None
         return self
+
+    def steal_share(self) -> float | None:
+        """The share of the CPU capacity the hypervisor gave to other machines since start(): part of share()."""
+        if self._steal is None:
+            return None
+        wall0, steal0 = self._steal
+        try:
+            steal = steal_ticks(_read("/proc/stat"))
+        except OSError:
+            return None
+        return foreign_share(steal - steal0, 0, (time.monotonic() - wall0) * TICKS * (os.cpu_count() or 1))
 
     def share(self) -> float | None:
         if self._start is None:

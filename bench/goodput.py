@@ -177,12 +177,13 @@ def main(argv: list[str]) -> int:
     per_trace = []
     loads: list[float] = [os.getloadavg()[0]]
     foreign: list[float | None] = []
+    steal: list[float | None] = []
     with tempfile.TemporaryDirectory(prefix="tandem-goodput-") as tmp:
         model_dir = make_model(Path(tmp) / "model", ModelShape(args.hidden, args.layers))
         vocab = load_vocabulary(model_dir)
         with running_stacks(stack_objects(model_dir, args), Path(tmp) / "logs") as running:
             for path, trace in loaded:
-                per_trace.append(sweep_trace(path, trace, running, shaping, multipliers, vocab, seeds, args, loads, foreign))
+                per_trace.append(sweep_trace(path, trace, running, shaping, multipliers, vocab, seeds, args, loads, foreign, steal))
     result = {
         "attainment_target": ATTAINMENT,
         "scales": [float(s) for s in args.scales.split(",")],
@@ -196,6 +197,7 @@ def main(argv: list[str]) -> int:
         "wall_s": time.monotonic() - started,
         "load_average": loads,
         "foreign_cpu_share": foreign,
+        "steal_cpu_share": steal,
     }
     print(report(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -205,7 +207,7 @@ def main(argv: list[str]) -> int:
 
 
 def sweep_trace(path: Path, trace: list[RequestSpec], running: dict, shaping: LengthShaping, multipliers: list[float], vocab: Vocabulary,
-                seeds, args: argparse.Namespace, loads: list[float], foreign: list[float | None]) -> dict:  # fmt: skip
+                seeds, args: argparse.Namespace, loads: list[float], foreign: list[float | None], steal: list[float | None]) -> dict:  # fmt: skip
     """Idle latencies, then every repeat of the rate grid, mode after mode, on one trace."""
     med_in, med_out = median_lengths(thinned(trace, min(len(trace), 1000), shaping))
     for _, url in running.values():  # warm up at this trace's lengths: first calls pay for lazy init
@@ -232,6 +234,7 @@ def sweep_trace(path: Path, trace: list[RequestSpec], running: dict, shaping: Le
                 meter = CpuMeter(lambda: [os.getpid(), *(p.pid for s, _ in running.values() for p in s.running.values())]).start()
                 outcome = run(url, specs, vocab, next(seeds), args.request_timeout)
                 foreign.append(meter.share())
+                steal.append(meter.steal_share())
                 probe = Probe(mode, repeat, rate, tuple(
                     Latency(r.ok, r.ttft_s, r.tpot_s, r.input_len) for r in outcome.results
                 ))  # fmt: skip
