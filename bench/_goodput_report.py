@@ -172,12 +172,11 @@ def report(result: dict) -> str:
             f"CPU share other processes used during each probe: median {statistics.median(foreign):.0%}, "
             f"max {max(foreign):.0%} (a verdict needs <= {QUIET_FOREIGN_SHARE:.0%})"
         )
-    steal = [f for f in result.get("steal_cpu_share") or [] if f is not None]
-    if steal:
-        lines.append(
-            f"  of which the hypervisor gave to other machines (steal): median {statistics.median(steal):.0%}, "
-            f"max {max(steal):.0%}"
-        )
+    for key, what in (("steal_cpu_share", "the hypervisor gave to other machines (steal)"),
+                      ("interrupt_cpu_share", "interrupt work (irq, softirq: mostly the bench's own loopback traffic)")):  # fmt: skip
+        part = [f for f in result.get(key) or [] if f is not None]
+        if part:
+            lines.append(f"  of which {what}: median {statistics.median(part):.0%}, max {max(part):.0%}")
     busy = busy_reason(loads, foreign, cfg.get("quiet_load", float("inf"))) if loads or foreign else None
     if busy:
         lines.append(f"No verdict: the host was busy ({busy}); rerun on a quiet host.")

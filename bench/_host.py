@@ -24,11 +24,16 @@ def busy_ticks(stat_first_line: str) -> int:
     return sum(fields[:8]) - idle
 
 
-def steal_ticks(stat_first_line: str) -> int:
-    """Clock ticks the hypervisor gave the host's CPUs to other machines, from /proc/stat's `cpu` line (pure):
-    busy time no process here can be blamed for, and no process here can stop."""
+STAT_COLUMNS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")  # of /proc/stat's cpu line
+
+
+def stat_column(stat_first_line: str, name: str) -> int:
+    """One column of /proc/stat's `cpu` line, in clock ticks (pure; 0 where an old kernel lacks it). `steal`
+    is time the hypervisor gave to other machines; `irq` and `softirq` are interrupt work no process is
+    charged for (with IRQ time accounting), most of it the benchmark's own loopback traffic."""
     fields = stat_first_line.split()[1:]
-    return int(fields[7]) if len(fields) > 7 else 0
+    i = STAT_COLUMNS.index(name)
+    return int(fields[i]) if len(fields) > i else 0
 
 
 def process_ticks(stat_line: str) -> int:
@@ -59,27 +64,26 @@ class CpuMeter:
 
     pids: Callable[[], Iterable[int]]
     _start: tuple[float, int, int] | None = None
-    _steal: tuple[float, int] | None = None  # at start: (wall, steal ticks)
+    _stat: str = ""  # /proc/stat's cpu line at start
 
     def start(self) -> CpuMeter:
         try:
-            stat = _read("/proc/stat")
-            self._start = (time.monotonic(), busy_ticks(stat), _ours(self.pids()))
-            self._steal = (self._start[0], steal_ticks(stat))
+            self._stat = _read("/proc/stat")
+            self._start = (time.monotonic(), busy_ticks(self._stat), _ours(self.pids()))
         except OSError:
-            self._start = self._steal = None
+            self._start = None
         return self
 
-    def steal_share(self) -> float | None:
-        """The share of the CPU capacity the hypervisor gave to other machines since start(): part of share()."""
-        if self._steal is None:
+    def column_share(self, *names: str) -> float | None:
+        """The share of the CPU capacity that these /proc/stat columns took since start(): part of share()."""
+        if self._start is None:
             return None
-        wall0, steal0 = self._steal
         try:
-            steal = steal_ticks(_read("/proc/stat"))
+            stat = _read("/proc/stat")
         except OSError:
             return None
-        return foreign_share(steal - steal0, 0, (time.monotonic() - wall0) * TICKS * (os.cpu_count() or 1))
+        ticks = sum(stat_column(stat, n) - stat_column(self._stat, n) for n in names)
+        return foreign_share(ticks, 0, (time.monotonic() - self._start[0]) * TICKS * (os.cpu_count() or 1))
 
     def share(self) -> float | None:
         if self._start is None:

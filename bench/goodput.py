@@ -178,12 +178,13 @@ def main(argv: list[str]) -> int:
     loads: list[float] = [os.getloadavg()[0]]
     foreign: list[float | None] = []
     steal: list[float | None] = []
+    interrupts: list[float | None] = []
     with tempfile.TemporaryDirectory(prefix="tandem-goodput-") as tmp:
         model_dir = make_model(Path(tmp) / "model", ModelShape(args.hidden, args.layers))
         vocab = load_vocabulary(model_dir)
         with running_stacks(stack_objects(model_dir, args), Path(tmp) / "logs") as running:
             for path, trace in loaded:
-                per_trace.append(sweep_trace(path, trace, running, shaping, multipliers, vocab, seeds, args, loads, foreign, steal))
+                per_trace.append(sweep_trace(path, trace, running, shaping, multipliers, vocab, seeds, args, loads, foreign, steal, interrupts))
     result = {
         "attainment_target": ATTAINMENT,
         "scales": [float(s) for s in args.scales.split(",")],
@@ -198,6 +199,7 @@ def main(argv: list[str]) -> int:
         "load_average": loads,
         "foreign_cpu_share": foreign,
         "steal_cpu_share": steal,
+        "interrupt_cpu_share": interrupts,
     }
     print(report(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -207,7 +209,7 @@ def main(argv: list[str]) -> int:
 
 
 def sweep_trace(path: Path, trace: list[RequestSpec], running: dict, shaping: LengthShaping, multipliers: list[float], vocab: Vocabulary,
-                seeds, args: argparse.Namespace, loads: list[float], foreign: list[float | None], steal: list[float | None]) -> dict:  # fmt: skip
+                seeds, args: argparse.Namespace, loads: list[float], foreign: list[float | None], steal: list[float | None], interrupts: list[float | None]) -> dict:  # fmt: skip
     """Idle latencies, then every repeat of the rate grid, mode after mode, on one trace."""
     med_in, med_out = median_lengths(thinned(trace, min(len(trace), 1000), shaping))
     for _, url in running.values():  # warm up at this trace's lengths: first calls pay for lazy init
@@ -234,7 +236,8 @@ def sweep_trace(path: Path, trace: list[RequestSpec], running: dict, shaping: Le
                 meter = CpuMeter(lambda: [os.getpid(), *(p.pid for s, _ in running.values() for p in s.running.values())]).start()
                 outcome = run(url, specs, vocab, next(seeds), args.request_timeout)
                 foreign.append(meter.share())
-                steal.append(meter.steal_share())
+                steal.append(meter.column_share("steal"))
+                interrupts.append(meter.column_share("irq", "softirq"))
                 probe = Probe(mode, repeat, rate, tuple(
                     Latency(r.ok, r.ttft_s, r.tpot_s, r.input_len) for r in outcome.results
                 ))  # fmt: skip

@@ -5,7 +5,7 @@ import importlib.util
 from pathlib import Path
 
 from bench._goodput_sweep import Goodput
-from bench._host import busy_reason, busy_ticks, foreign_share, process_ticks, steal_ticks
+from bench._host import busy_reason, busy_ticks, foreign_share, process_ticks, stat_column
 from bench.disagg_idle import COLOCATED, DISAGGREGATED, cpu_per_token, run_summary, verdict
 from bench.goodput_dynamo import AGGREGATED, best_split, cell, latencies, pools, share_local
 from tandem.trace import TraceRequest
@@ -49,7 +49,8 @@ def test_the_verdict_uses_the_worst_run_and_is_withheld_when_the_host_was_busy()
 
 def test_host_cpu_accounting():
     assert busy_ticks("cpu  100 5 50 1000 20 3 2 7 0 0") == 100 + 5 + 50 + 3 + 2 + 7
-    assert steal_ticks("cpu  100 5 50 1000 20 3 2 7 0 0") == 7 and steal_ticks("cpu  100 5 50 1000") == 0
+    assert stat_column("cpu  100 5 50 1000 20 3 2 7 0 0", "steal") == 7
+    assert stat_column("cpu  100 5 50 1000 20 3 2 7 0 0", "softirq") == 2 and stat_column("cpu  100 5 50 1000", "steal") == 0
     line = "4242 (python -m tandem) S 1 2 3 4 5 6 7 8 9 10 250 40 0 0 20 0 9"
     assert process_ticks(line) == 290
     assert foreign_share(busy_ticks=500, our_ticks=300, capacity_ticks=2000) == 0.1
