@@ -57,9 +57,11 @@ def test_a_busy_host_gets_its_load_printed_and_no_verdict():
     assert "lowest where TPOT SLO" in text and "No verdict" not in text  # the load is the bench's own
     # every request has a 100-token prompt and TTFT 0.1 s: none is short at the threshold of 32
     assert "t.csv: no completed prompt of <= 32 tokens at 4 req/s to compare" in text
-    busy = {**quiet, "foreign_cpu_share": [0.01, 0.35]}
+    busy = {**quiet, "foreign_cpu_share": [0.01, 0.35], "steal_cpu_share": [0.0, 0.30], "interrupt_cpu_share": [None]}
     text = report(busy)
     assert "No verdict: the host was busy (other processes used 35% of the CPUs (> 10%))" in text
+    assert "of which the hypervisor gave to other machines (steal): median 15%, max 30%" in text
+    assert "interrupt work" not in text  # not measured: not printed
     assert "lowest where TPOT SLO" not in text
     unmeasured = {**quiet, "foreign_cpu_share": [None], "load_average": [1.0, 4.2]}
     assert "No verdict: the host was busy (load average reached 4.20 (> 2))" in report(unmeasured)
