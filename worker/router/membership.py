@@ -61,6 +61,7 @@ class Worker:
     unhealthy_until: float = 0.0
     in_use: int = 0  # request attempts holding this worker (its channel must stay open)
     reported_role: str | None = None  # the role its last load report named
+    link_suspect_until: float = 0.0  # a KV push to it broke this recently: the next one that breaks fails it
 
     def mark_failed(self) -> None:
         self.view.healthy = False

@@ -3,6 +3,8 @@ that is full, one that failed, or a KV link that broke between a prefill and a d
 
 from __future__ import annotations
 
+import time
+
 import grpc
 from grpc import aio
 
@@ -40,9 +42,18 @@ def note_unavailable(worker: Worker, e: aio.AioRpcError) -> None:
         worker.mark_failed()
 
 
+LINK_SUSPECT_S = 10.0  # a second KV link failure to one decode worker this soon after the first fails it
+
+
 async def note_unreachable(decode: Worker, e: aio.AioRpcError) -> None:
-    """A prefill worker could not push to this decode worker: out of rotation only if the router cannot reach
-    it either. One link that broke (a connect that timed out under load) is not a dead worker."""
+    """A prefill worker could not push to this decode worker. Out of rotation if the router cannot reach it
+    either, or if a push to it already broke in the last LINK_SUSPECT_S (the link stays broken); one push
+    that broke once (a connect that timed out under load) does not take a live worker out."""
+    now = time.monotonic()
+    if now < decode.link_suspect_until:
+        note_unavailable(decode, e)
+        return
+    decode.link_suspect_until = now + LINK_SUSPECT_S
     try:
         await decode.stub.Load(common_pb2.LoadRequest(), timeout=1)  # type: ignore[attr-defined]
     except aio.AioRpcError:
