@@ -9,9 +9,8 @@ import grpc
 from grpc import aio
 
 from tandem import names
-from tandem.v1 import common_pb2
 from tandem.worker.router.backend import BackendError
-from tandem.worker.router.membership import Worker
+from tandem.worker.router.membership import Worker, poll
 
 
 def raise_client_error(e: aio.AioRpcError) -> None:
@@ -47,14 +46,11 @@ LINK_SUSPECT_S = 10.0  # a second KV link failure to one decode worker this soon
 
 async def note_unreachable(decode: Worker, e: aio.AioRpcError) -> None:
     """A prefill worker could not push to this decode worker. Out of rotation if the router cannot reach it
-    either, or if a push to it already broke in the last LINK_SUSPECT_S (the link stays broken); one push
-    that broke once (a connect that timed out under load) does not take a live worker out."""
+    either (or it drains), or if a push to it already broke in the last LINK_SUSPECT_S (the link stays
+    broken); one push that broke once (a connect that timed out under load) does not take a live worker out."""
     now = time.monotonic()
     if now < decode.link_suspect_until:
         note_unavailable(decode, e)
         return
     decode.link_suspect_until = now + LINK_SUSPECT_S
-    try:
-        await decode.stub.Load(common_pb2.LoadRequest(), timeout=1)  # type: ignore[attr-defined]
-    except aio.AioRpcError:
-        note_unavailable(decode, e)
+    await poll(decode)  # the router asks it itself: a dead one leaves rotation, a draining one says so
