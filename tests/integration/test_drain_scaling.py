@@ -110,7 +110,7 @@ def _cycles(pools: LocalPools, role: str, cycles: int) -> list[tuple[str, int, i
     for i in range(cycles):
         _wait_ready(pools, role, serving + 1)
         time.sleep(0.5)  # the router has seen the new worker and sends it work too
-        held = {p.name: pools.load(p) for p in pools.members(role)}
+        held = _busiest_moment(pools, role)
         victim = max(held, key=lambda n: _held(held[n]))
         pools.drain([victim])
         if i < cycles - 1:
@@ -121,6 +121,17 @@ def _cycles(pools: LocalPools, role: str, cycles: int) -> list[tuple[str, int, i
             time.sleep(0.1)
         drained.append((victim, _held(held[victim]), pools.exited[victim]))
     return drained
+
+
+def _busiest_moment(pools: LocalPools, role: str, within_s: float = 5.0) -> dict:
+    """Each member's load report, sampled until one holds work (a prefill holds a prompt for a few steps
+    only, so one snapshot often finds them all idle) or `within_s` passes."""
+    deadline = time.monotonic() + within_s
+    while True:
+        held = {p.name: pools.load(p) for p in pools.members(role)}
+        if any(_held(r) > 0 for r in held.values()) or time.monotonic() >= deadline:
+            return held
+        time.sleep(0.02)
 
 
 def _held(report) -> int:
