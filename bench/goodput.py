@@ -176,15 +176,13 @@ def main(argv: list[str]) -> int:
     loaded = [(path, load_trace(path)) for path in traces]  # a missing trace fails before any stack starts
     per_trace = []
     loads: list[float] = [os.getloadavg()[0]]
-    foreign: list[float | None] = []
-    steal: list[float | None] = []
-    interrupts: list[float | None] = []
+    host: dict[str, list[float | None]] = {"foreign_cpu_share": [], "steal_cpu_share": [], "interrupt_cpu_share": []}
     with tempfile.TemporaryDirectory(prefix="tandem-goodput-") as tmp:
         model_dir = make_model(Path(tmp) / "model", ModelShape(args.hidden, args.layers))
         vocab = load_vocabulary(model_dir)
         with running_stacks(stack_objects(model_dir, args), Path(tmp) / "logs") as running:
             for path, trace in loaded:
-                per_trace.append(sweep_trace(path, trace, running, shaping, multipliers, vocab, seeds, args, loads, foreign, steal, interrupts))
+                per_trace.append(sweep_trace(path, trace, running, shaping, multipliers, vocab, seeds, args, loads, host))
     result = {
         "attainment_target": ATTAINMENT,
         "scales": [float(s) for s in args.scales.split(",")],
@@ -197,9 +195,7 @@ def main(argv: list[str]) -> int:
         "trace_attribution": attribution_for(traces[0]) or AZURE_ATTRIBUTION,
         "wall_s": time.monotonic() - started,
         "load_average": loads,
-        "foreign_cpu_share": foreign,
-        "steal_cpu_share": steal,
-        "interrupt_cpu_share": interrupts,
+        **host,
     }
     print(report(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -209,7 +205,7 @@ def main(argv: list[str]) -> int:
 
 
 def sweep_trace(path: Path, trace: list[RequestSpec], running: dict, shaping: LengthShaping, multipliers: list[float], vocab: Vocabulary,
-                seeds, args: argparse.Namespace, loads: list[float], foreign: list[float | None], steal: list[float | None], interrupts: list[float | None]) -> dict:  # fmt: skip
+                seeds, args: argparse.Namespace, loads: list[float], host: dict[str, list[float | None]]) -> dict:  # fmt: skip
     """Idle latencies, then every repeat of the rate grid, mode after mode, on one trace."""
     med_in, med_out = median_lengths(thinned(trace, min(len(trace), 1000), shaping))
     for _, url in running.values():  # warm up at this trace's lengths: first calls pay for lazy init
@@ -235,9 +231,9 @@ def sweep_trace(path: Path, trace: list[RequestSpec], running: dict, shaping: Le
                 loads.append(os.getloadavg()[0])
                 meter = CpuMeter(lambda: [os.getpid(), *(p.pid for s, _ in running.values() for p in s.running.values())]).start()
                 outcome = run(url, specs, vocab, next(seeds), args.request_timeout)
-                foreign.append(meter.share())
-                steal.append(meter.column_share("steal"))
-                interrupts.append(meter.column_share("irq", "softirq"))
+                host["foreign_cpu_share"].append(meter.share())
+                host["steal_cpu_share"].append(meter.column_share("steal"))
+                host["interrupt_cpu_share"].append(meter.column_share("irq", "softirq"))
                 probe = Probe(mode, repeat, rate, tuple(
                     Latency(r.ok, r.ttft_s, r.tpot_s, r.input_len) for r in outcome.results
                 ))  # fmt: skip

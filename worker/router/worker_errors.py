@@ -14,6 +14,7 @@ from tandem.worker.router.membership import Worker, poll
 
 
 def raise_client_error(e: aio.AioRpcError) -> None:
+    """A request the worker refused as invalid is the client's: a 400 with the worker's reason, no retry."""
     if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
         raise BackendError(e.details() or "invalid request", status=400) from None
 
@@ -35,6 +36,7 @@ def kv_link_failed(e: aio.AioRpcError) -> bool:
 
 
 def note_unavailable(worker: Worker, e: aio.AioRpcError) -> None:
+    """Out of rotation: a draining worker at once, an unreachable one for the failure window."""
     if is_draining(e):
         worker.view.draining = True  # out of rotation now; its next load report says the same
     elif e.code() == grpc.StatusCode.UNAVAILABLE:
