@@ -58,6 +58,7 @@ def generate_tokens(loop: EngineLoop, request: common_pb2.GenerateRequest, conte
         stream = loop.submit(list(request.prompt_token_ids), params, request.request_id)
     except InvalidRequest as e:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-    context.add_callback(lambda: loop.abort(request.request_id, "abort"))
+    if not context.add_callback(lambda: loop.abort_soon(request.request_id, "abort")):
+        loop.abort_soon(request.request_id, "abort")  # the RPC ended before the callback could be added
     for index, item in enumerate(EngineLoop.iterate(stream)):
         yield token_event(request.request_id, item, index)

@@ -213,7 +213,8 @@ class DecodeServicer:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no reservation or sequence for {request.request_id}")
             return
         stream = output.queue
-        context.add_callback(lambda: self._client_gone(request.request_id))
+        if not context.add_callback(lambda: self._client_gone(request.request_id)):
+            self._client_gone(request.request_id)  # the RPC ended before the callback could be added
         try:
             for index, item in enumerate(EngineLoop.iterate(stream)):
                 yield token_event(request.request_id, item, index)
@@ -277,7 +278,7 @@ class DecodeServicer:
         if pending is None:
             return
         self._give_back_ring(pending)
-        self.loop.call(lambda e: e.release(pending.block_table))
+        self.loop.post(lambda e: e.release(pending.block_table))  # may run in a gRPC callback: never wait a step
         if output is not None:
             output.queue.put(StreamEnd("error", f"KV transfer did not complete: {released.reason}"))
         log.info("released reservation %r: %r", released.reservation.transfer_id, released.reason)
@@ -299,7 +300,7 @@ class DecodeServicer:
     def _client_gone(self, request_id: str) -> None:
         """The token stream ended (finished, or the router went away): stop the work and free its blocks."""
         self.receiver.abort(request_id=request_id, reason="token stream closed")
-        self.loop.abort(request_id, "abort")
+        self.loop.abort_soon(request_id, "abort")
 
     def _expire(self) -> None:
         """Give up reservations and unclaimed token queues whose lease ran out."""

@@ -214,7 +214,8 @@ class PrefillServicer:
                 stream = self.loop.submit(prompt, params, request.request_id)
             except InvalidRequest as e:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            context.add_callback(lambda: self.loop.abort(request.request_id, "abort"))
+            if not context.add_callback(lambda: self.loop.abort_soon(request.request_id, "abort")):
+                self.loop.abort_soon(request.request_id, "abort")  # the RPC ended before the callback was added
             first = next(EngineLoop.iterate(stream))
             computed = time.perf_counter()
             if isinstance(first, StreamEnd):

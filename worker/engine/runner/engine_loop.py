@@ -107,6 +107,21 @@ class EngineLoop:
         self.call(admit)
 
     def abort(self, request_id: str, reason: str = "abort") -> bool:
+        """End a request and free its blocks; True if the engine held it. Waits for the step in progress."""
+        return self.call(self._aborter(request_id, reason))
+
+    def abort_soon(self, request_id: str, reason: str = "abort") -> None:
+        """Queue an abort without waiting: for gRPC callbacks, which all run on the server's one polling thread,
+        so a callback that waits out a step delays every other cancellation (and the server) by a step."""
+        self.post(self._aborter(request_id, reason))
+
+    def post(self, fn: Callable[[Engine], object]) -> None:
+        """Run `fn(engine)` on the engine thread between steps without waiting for it; a failure is logged."""
+        done: Future = Future()
+        done.add_done_callback(_log_failure)
+        self._commands.put((fn, done))
+
+    def _aborter(self, request_id: str, reason: str) -> Callable[[Engine], bool]:
         def abort(engine: Engine) -> bool:
             found = engine.abort(request_id)
             stream = self._streams.pop(request_id, None)
@@ -114,7 +129,7 @@ class EngineLoop:
                 stream.put(StreamEnd(reason))
             return found
 
-        return self.call(abort)
+        return abort
 
     @staticmethod
     def iterate(stream: TokenQueue, timeout_s: float = 600.0) -> Iterator[StepOutput | StreamEnd]:
@@ -179,3 +194,8 @@ class EngineLoop:
             self.engine.abort(request_id)
             stream.put(StreamEnd("error", message))
         self._streams.clear()
+
+
+def _log_failure(done: Future) -> None:
+    if done.exception() is not None:
+        log.error("posted engine command failed: %s", done.exception())
