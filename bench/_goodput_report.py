@@ -177,6 +177,13 @@ def report(result: dict) -> str:
         part = [f for f in result.get(key) or [] if f is not None]
         if part:
             lines.append(f"  of which {what}: median {statistics.median(part):.0%}, max {max(part):.0%}")
+    reruns = result.get("rerun") or []
+    if reruns:
+        worst = max(r["foreign_cpu_share"] for r in reruns)
+        lines.append(
+            f"  {len(reruns)} attempts thrown away and run again (other work took up to {worst:.0%} of the CPUs); "
+            "the shares above are the kept attempts'"
+        )
     busy = busy_reason(loads, foreign, cfg.get("quiet_load", float("inf"))) if loads or foreign else None
     if busy:
         lines.append(f"No verdict: the host was busy ({busy}); rerun on a quiet host.")

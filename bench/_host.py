@@ -7,6 +7,9 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 QUIET_FOREIGN_SHARE = 0.1  # other processes may use at most this share of the host's CPUs for a verdict
@@ -85,6 +88,14 @@ class CpuMeter:
         ticks = sum(stat_column(stat, n) - stat_column(self._stat, n) for n in names)
         return foreign_share(ticks, 0, (time.monotonic() - self._start[0]) * TICKS * (os.cpu_count() or 1))
 
+    def shares(self) -> dict[str, float | None]:
+        """share() and the parts of it a reader asks about next: hypervisor steal and interrupt work."""
+        return {
+            "foreign_cpu_share": self.share(),
+            "steal_cpu_share": self.column_share("steal"),
+            "interrupt_cpu_share": self.column_share("irq", "softirq"),
+        }
+
     def share(self) -> float | None:
         if self._start is None:
             return None
@@ -95,6 +106,28 @@ class CpuMeter:
             return None
         capacity = (time.monotonic() - wall0) * TICKS * (os.cpu_count() or 1)
         return foreign_share(busy - busy0, ours - ours0, capacity)
+
+
+def quietly(
+    measure: Callable[[], T],
+    meter: Callable[[], CpuMeter],
+    reruns: int,
+    quiet: float = QUIET_FOREIGN_SHARE,
+    before: Callable[[], object] = lambda: None,
+) -> tuple[T, dict[str, float | None], list[dict[str, float | None]]]:
+    """Run `measure` under a fresh meter (after `before`, unmetered), and again (at most `reruns` more times)
+    while other work took more than `quiet` of the CPUs during it. Returns the last result, its host shares,
+    and the shares of the attempts thrown away: a burst of other work costs a rerun, not the run's verdict."""
+    discarded: list[dict[str, float | None]] = []
+    while True:
+        before()
+        running = meter().start()
+        result = measure()
+        shares = running.shares()
+        foreign = shares["foreign_cpu_share"]
+        if foreign is None or foreign <= quiet or len(discarded) >= reruns:
+            return result, shares, discarded
+        discarded.append(shares)
 
 
 def foreign_share(busy_ticks: int, our_ticks: int, capacity_ticks: float) -> float:

@@ -19,7 +19,9 @@ scale moves (where disaggregation pays). The spread is the min-max over repeats.
 
 The host's 1-minute load average is sampled before every probe and the share of its CPUs that processes
 other than the benchmark's used is measured over every probe (Linux /proc); both are printed beside the
-tables. When other processes used more than 10% of the CPUs during any probe (where that cannot be read:
+tables. A probe (or idle measurement) during which other work took more than 10% of the CPUs is run again,
+at most --reruns times, and only the last attempt is kept: on a shared host a burst of hypervisor steal
+costs a rerun rather than the verdict. When a kept probe still saw more than 10% (where that cannot be read:
 when the load average went above --quiet-load, default the CPU count), the verdict lines are withheld: on a
 busy host the stacks compete with other work for the cores, and the ratios say more about that than about
 the modes.
@@ -40,7 +42,7 @@ from pathlib import Path
 
 from bench._goodput_report import plot, report
 from bench._goodput_sweep import Latency, Probe
-from bench._host import CpuMeter
+from bench._host import CpuMeter, quietly
 from bench._stacks import SERVED_NAME, ModelShape, make_model, running_stacks, service_object, wait_idle
 from bench._trace_shape import (
     LengthShaping,
@@ -119,6 +121,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--threads", type=int, default=1, help="torch threads of every worker")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--reruns", type=int, default=2,
+        help="times a probe (or idle measurement) is run again while other work took more than 10%% of the CPUs",
+    )  # fmt: skip
     p.add_argument("--quiet-load", type=float, default=float(os.cpu_count() or 2),
                    help="where other processes' CPU time cannot be read: the highest 1-minute load average "
                    "the verdict is called at")  # fmt: skip
@@ -176,7 +182,7 @@ def main(argv: list[str]) -> int:
     loaded = [(path, load_trace(path)) for path in traces]  # a missing trace fails before any stack starts
     per_trace = []
     loads: list[float] = [os.getloadavg()[0]]
-    host: dict[str, list[float | None]] = {"foreign_cpu_share": [], "steal_cpu_share": [], "interrupt_cpu_share": []}
+    host: dict[str, list] = {"foreign_cpu_share": [], "steal_cpu_share": [], "interrupt_cpu_share": [], "rerun": []}
     with tempfile.TemporaryDirectory(prefix="tandem-goodput-") as tmp:
         model_dir = make_model(Path(tmp) / "model", ModelShape(args.hidden, args.layers))
         vocab = load_vocabulary(model_dir)
@@ -205,12 +211,28 @@ def main(argv: list[str]) -> int:
 
 
 def sweep_trace(path: Path, trace: list[RequestSpec], running: dict, shaping: LengthShaping, multipliers: list[float], vocab: Vocabulary,
-                seeds, args: argparse.Namespace, loads: list[float], host: dict[str, list[float | None]]) -> dict:  # fmt: skip
+                seeds, args: argparse.Namespace, loads: list[float], host: dict[str, list]) -> dict:  # fmt: skip
     """Idle latencies, then every repeat of the rate grid, mode after mode, on one trace."""
     med_in, med_out = median_lengths(thinned(trace, min(len(trace), 1000), shaping))
     for _, url in running.values():  # warm up at this trace's lengths: first calls pay for lazy init
         run(url, [RequestSpec(0.0, med_in, med_out)] * 2, vocab, next(seeds), args.request_timeout)
-    idle = {mode: idle_latency(url, med_in, med_out, args.idle_repeat, vocab, next(seeds)) for mode, (_, url) in running.items()}
+    def meter() -> CpuMeter:
+        return CpuMeter(lambda: [os.getpid(), *(p.pid for s, _ in running.values() for p in s.running.values())])
+
+    def measured(what: str, measure, before=lambda: None):
+        """`measure()` run again while other work disturbed it; its host shares (and the reruns') kept."""
+        result, shares, discarded = quietly(measure, meter, args.reruns, before=before)
+        for key, value in shares.items():
+            host[key].append(value)
+        host["rerun"] += [{"what": what, **d} for d in discarded]
+        for d in discarded:
+            print(f"  rerun {what}: other work took {d['foreign_cpu_share']:.0%} of the CPUs", flush=True)
+        return result
+
+    idle = {
+        mode: measured(f"idle {mode}", lambda url=url: idle_latency(url, med_in, med_out, args.idle_repeat, vocab, next(seeds)))
+        for mode, (_, url) in running.items()
+    }  # fmt: skip
     base = slo_from_idle(list(idle.values()), 1.0, 1.0)
     service_rate = 1.0 / (base.ttft_s + max(0, med_out - 1) * base.tpot_s)
     rates = [round(m * service_rate, 3) for m in multipliers]
@@ -227,13 +249,16 @@ def sweep_trace(path: Path, trace: list[RequestSpec], running: dict, shaping: Le
             order = modes[repeat % len(modes) :] + modes[: repeat % len(modes)]
             for mode in order:
                 stack, url = running[mode]
-                wait_idle(stack)
-                loads.append(os.getloadavg()[0])
-                meter = CpuMeter(lambda: [os.getpid(), *(p.pid for s, _ in running.values() for p in s.running.values())]).start()
-                outcome = run(url, specs, vocab, next(seeds), args.request_timeout)
-                host["foreign_cpu_share"].append(meter.share())
-                host["steal_cpu_share"].append(meter.column_share("steal"))
-                host["interrupt_cpu_share"].append(meter.column_share("irq", "softirq"))
+
+                def settle(stack=stack):
+                    wait_idle(stack)
+                    loads.append(os.getloadavg()[0])
+
+                outcome = measured(
+                    f"{mode} at {rate} req/s",
+                    lambda url=url, specs=specs: run(url, specs, vocab, next(seeds), args.request_timeout),
+                    before=settle,
+                )
                 probe = Probe(mode, repeat, rate, tuple(
                     Latency(r.ok, r.ttft_s, r.tpot_s, r.input_len) for r in outcome.results
                 ))  # fmt: skip

@@ -2,10 +2,14 @@
 of equal GPU count, the replay's rows read as latencies, and the best split."""
 
 import importlib.util
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from bench._goodput_sweep import Goodput
-from bench._host import busy_reason, busy_ticks, foreign_share, process_ticks, stat_column
+from bench._host import CpuMeter, busy_reason, busy_ticks, foreign_share, process_ticks, quietly, stat_column
 from bench.disagg_idle import COLOCATED, DISAGGREGATED, cpu_per_token, run_summary, verdict
 from bench.goodput_dynamo import AGGREGATED, best_split, cell, latencies, pools, share_local
 from tandem.trace import TraceRequest
@@ -57,6 +61,34 @@ def test_host_cpu_accounting():
     assert foreign_share(busy_ticks=200, our_ticks=300, capacity_ticks=2000) == 0.0
     assert busy_reason([9.0], [0.05], quiet_load=2.0) is None
     assert busy_reason([9.0], [None], quiet_load=2.0) == "load average reached 9.00 (> 2)"
+
+
+def test_a_measurement_disturbed_by_other_work_is_run_again_and_the_quiet_one_kept():
+    def meter() -> CpuMeter:
+        return CpuMeter(lambda: [os.getpid()])
+
+    background = meter().start()
+    time.sleep(0.5)
+    # one process spinning through a whole attempt takes about 1 / cpus of the host, above what else runs here
+    quiet = (background.share() or 0.0) + 0.4 / (os.cpu_count() or 1)
+    attempts: list[str] = []
+
+    def measure() -> str:
+        if not attempts:  # the first attempt shares the host with a process the meter does not own
+            subprocess.run([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 0.5: pass"], check=True)
+            attempts.append("disturbed")
+        else:
+            time.sleep(0.5)
+            attempts.append("quiet")
+        return attempts[-1]
+
+    result, shares, discarded = quietly(measure, meter, reruns=5, quiet=quiet)
+    assert result == "quiet" and attempts[0] == "disturbed"
+    assert discarded[0]["foreign_cpu_share"] > quiet and shares["foreign_cpu_share"] <= quiet
+    assert len(discarded) == len(attempts) - 1 and set(shares) == {"foreign_cpu_share", "steal_cpu_share", "interrupt_cpu_share"}
+    attempts.clear()
+    result, shares, discarded = quietly(measure, meter, reruns=0, quiet=quiet)
+    assert (result, discarded) == ("disturbed", []) and shares["foreign_cpu_share"] > quiet  # no rerun left: kept
 
 
 def test_cpu_per_token_is_the_difference_over_the_tokens_of_each_stack():

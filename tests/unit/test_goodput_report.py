@@ -63,6 +63,10 @@ def test_a_busy_host_gets_its_load_printed_and_no_verdict():
     assert "of which the hypervisor gave to other machines (steal): median 15%, max 30%" in text
     assert "interrupt work" not in text  # not measured: not printed
     assert "lowest where TPOT SLO" not in text
+    rerun = {**quiet, "rerun": [{"what": "colocated at 1 req/s", "foreign_cpu_share": 0.31}, {"foreign_cpu_share": 0.12}]}
+    text = report(rerun)
+    assert "2 attempts thrown away and run again (other work took up to 31% of the CPUs)" in text
+    assert "lowest where TPOT SLO" in text  # the kept attempts were quiet: the verdict stands
     unmeasured = {**quiet, "foreign_cpu_share": [None], "load_average": [1.0, 4.2]}
     assert "No verdict: the host was busy (load average reached 4.20 (> 2))" in report(unmeasured)
 
