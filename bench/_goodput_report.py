@@ -181,7 +181,8 @@ def report(result: dict) -> str:
     if reruns:
         worst = max(r["foreign_cpu_share"] for r in reruns)
         lines.append(
-            f"  {len(reruns)} attempts thrown away and run again (other work took up to {worst:.0%} of the CPUs); "
+            f"  {len(reruns)} attempt{'s' * (len(reruns) != 1)} thrown away and run again (other work took up to "
+            f"{worst:.0%} of the CPUs); "
             "the shares above are the kept attempts'"
         )
     busy = busy_reason(loads, foreign, cfg.get("quiet_load", float("inf"))) if loads or foreign else None
