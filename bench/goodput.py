@@ -89,7 +89,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--length-scale", type=float, default=4.0, help="divide trace lengths by this")
     p.add_argument("--max-input-len", type=int, default=512)
     p.add_argument("--max-output-len", type=int, default=64)
-    p.add_argument("--local-prefill-max-tokens", type=int, default=32, help="conditional mode's threshold")
+    p.add_argument(
+        "--local-prefill-max-tokens", type=int, default=512,
+        help="conditional mode's threshold (default: the spec's, localPrefillMaxTokens 512)",
+    )  # fmt: skip
+    p.add_argument("--short-prompt-tokens", type=int, default=32, help="the longest prompt the short-prompt table counts")
     p.add_argument("--prefill-queue-tokens", type=int, default=512, help="conditional mode's saturation bound")
     p.add_argument(
         "--mixed-decode-ratio", type=float, default=1.0,

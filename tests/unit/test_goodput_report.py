@@ -81,3 +81,7 @@ def test_the_short_prompt_verdict_compares_ttft_p90_at_the_top_rate():
         probe["requests"] = [{"ok": True, "ttft_s": ttft, "tpot_s": 0.02, "input_len": 20} for _ in range(10)]
     assert short_prompt_verdict(trace, 32).endswith("conditional 70 ms vs colocated 50 ms (MISSED)")
     assert short_prompt_verdict(trace, 10).startswith("t.csv: no completed prompt")
+    assert "TTFT p90 (ms) of prompts of at most 32 tokens" in report(result)  # older runs: the rule's threshold
+    result["config"].update(local_prefill_max_tokens=512, short_prompt_tokens=24)
+    text = report(result)
+    assert "TTFT p90 (ms) of prompts of at most 24 tokens" in text and "localPrefillMaxTokens 512" in text
