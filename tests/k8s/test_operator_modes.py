@@ -47,8 +47,13 @@ def test_autoscaler_on_means_the_operator_owns_pool_replicas(control_plane, oper
     wait_for(lambda: get_json(cp, "tpool", "a-decode", namespace=ns)["spec"]["replicas"] == 2, 30,
              "pool clamped to maxReplicas")
     wait_for(lambda: deployment(cp, ns, "decode", "a")["spec"]["replicas"] == 2, 30, "deployment follows")
-    events = get_json(cp, "events", "--field-selector", "involvedObject.name=a,reason=ReplicasClamped",
-                      namespace=ns)["items"]
-    (event,) = [e for e in events if e["involvedObject"]["kind"] == "InferenceService"]
+
+    def clamped() -> list[dict]:  # the Event is written after the pool and Deployment, so it may come later
+        events = get_json(cp, "events", "--field-selector", "involvedObject.name=a,reason=ReplicasClamped",
+                          namespace=ns)["items"]
+        return [e for e in events if e["involvedObject"]["kind"] == "InferenceService"]
+
+    wait_for(lambda: clamped(), 30, "ReplicasClamped Event")
+    (event,) = clamped()
     assert event["type"] == "Warning"
     assert "decode: replicas 5 set to 2" in event["message"] and "maxReplicas 2" in event["message"]
