@@ -100,8 +100,9 @@ def test_apply_creates_ready_gpu_pools(control_plane, llama):
     assert not any(k.startswith("kopf") for k in isvc["metadata"].get("annotations") or {})
     assert set(isvc["status"]) == {"observedGeneration", "conditions", "pools", "routerEndpoint", "workers", "coldStart"}
     assert {s["cache"] for p in isvc["status"]["coldStart"].values() for s in p["samples"]} == {"none"}  # a PVC source
-    events = cp.kubectl("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={SERVICE}").stdout
-    assert "Reconciled" in events and "Ready" in events
+    wait_for(lambda: {"Reconciled", "Ready"} <= set(cp.kubectl(  # Events are written after the status they report
+        "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={SERVICE}").stdout.split()),
+        30, "Reconciled and Ready Events")
     header, row = cp.kubectl("get", "tsvc", SERVICE, "-n", ns).stdout.splitlines()[:2]
     assert header.split()[:6] == ["NAME", "READY", "REASON", "MODE", "WORKERS", "ROUTER"]
     assert row.split()[:8] == [SERVICE, "True", "AllPoolsReady", "disaggregated", "prefill", "1/1", "decode", "2/2"]
