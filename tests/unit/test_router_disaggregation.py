@@ -164,6 +164,27 @@ def test_a_prompt_bound_for_the_decode_worker_goes_mixed_only_to_a_queue_no_long
     assert pick_mixed(MIXED, [backed_up], queued_decode, 5, route=LOCAL) is backed_up
 
 
+def test_a_prompt_bound_for_the_decode_worker_is_placed_as_on_colocated_workers():
+    even = MIXED.model_copy(update={"mixed_decode_ratio": 1.0})
+    idle = WorkerView("d")
+    assert pick_mixed(even, [_prefill()], idle, 5, route=LOCAL) is None  # a tie: the decode worker keeps it
+    one = WorkerView("d", inflight_requests=1)
+    assert pick_mixed(even, [_prefill()], one, 5, route=LOCAL).address == "p"  # fewer streams
+    assert pick_mixed(MIXED, [_prefill()], one, 5, route=LOCAL).address == "p"  # 1 of 2 streams once it lands
+    assert pick_mixed(MIXED, [_prefill()], one, 5, route=DISAGG) is None  # a long prompt: below 0.5 x 1 only
+    queued = WorkerView("d", queued_prompt_tokens=300, inflight_requests=1)
+    assert pick_mixed(even, [_prefill(streams=1, queued=100)], queued, 5, route=LOCAL).address == "p"  # shorter queue
+    assert pick_mixed(even, [_prefill(streams=2)], queued, 5, route=LOCAL) is None  # past the ratio, however idle
+    assert pick_mixed(MIXED, [_prefill(streams=1)], WorkerView("d", queued_prompt_tokens=300, inflight_requests=2),
+                      5, route=LOCAL) is None  # at 0.5 it may hold half the decode worker's streams once this one lands
+    # short prompts that never finish alternate, as a colocated router would place them
+    decode, prefill = WorkerView("d"), _prefill()
+    for _ in range(6):
+        chosen = pick_mixed(even, [prefill], decode, 5, route=LOCAL) or decode
+        chosen.inflight_requests += 1
+    assert (decode.inflight_requests, prefill.inflight_requests) == (3, 3)
+
+
 def test_only_conditional_mode_with_a_ratio_mixes():
     busy = _decode(0.02, streams=8)
     assert DisaggregationPolicy().mixed_decode_ratio == 0

@@ -24,8 +24,10 @@ prefill worker idles. With `mixed_decode_ratio` set, a prefill worker runs a who
 phases, no transfer: Splitwise's mixed pool) while it has fewer than that fraction of the decode worker's
 streams, its queue is within `prefill_queue_tokens`, it has the blocks, and (with the TPOT check on) its own
 streams' TPOT has headroom. The counts are the router's own streams, so a quiet decode worker keeps every
-request and the prefill pool decodes only the overflow. A short prompt that would prefill on the decode
-worker goes mixed only if that does not queue it behind longer prompts.
+request and the prefill pool decodes only the overflow. A prompt that would prefill on the decode worker
+anyway (a short one) is placed as a colocated router places it: on the worker with the fewest prompt tokens
+queued, then the fewest streams, the decode worker on a tie; a prefill worker counts while it would then
+have at most the ratio x the decode worker's streams.
 """
 
 from __future__ import annotations
@@ -131,22 +133,29 @@ def pick_mixed(
     tpot_slo_s: float = 0.0,
     route: PrefillRoute = PrefillRoute.disaggregated,
 ) -> WorkerView | None:
-    """The prefill worker that runs this whole request itself, or None (the decode worker keeps it): the one
-    with the fewest of the router's streams among those under `mixed_decode_ratio` x the decode worker's,
-    with room in their queue and blocks for the request. `route` is where its prompt would run otherwise
-    (choose_prefill's answer): a prompt bound for the decode worker goes mixed only to a prefill worker whose
-    queue is no longer than the decode worker's, so the mixed route never makes a first token wait longer."""
+    """The prefill worker that runs this whole request itself, or None (the decode worker keeps it). `route`
+    is where its prompt would run otherwise (choose_prefill's answer). A prompt bound for the prefill pool
+    anyway goes to the one with the fewest of the router's streams among those under `mixed_decode_ratio` x
+    the decode worker's, with room in their queue and blocks for the request. A prompt bound for the decode
+    worker is placed as on colocated workers: the fewest prompt tokens queued, then the fewest streams, among
+    the decode worker (which wins a tie) and the prefill workers that would stay within the ratio."""
     ratio = policy.mixed_decode_ratio
     if policy.mode is not DisaggregationMode.conditional or ratio <= 0:
         return None
     fraction = policy.local_prefill_max_tpot_fraction
     bound = policy.prefill_queue_tokens
-    max_queue = min(queued_tokens(decode), bound) if route is PrefillRoute.local else bound
+    local = route is PrefillRoute.local
+    streams_after = decode.inflight_requests + 1 if local else decode.inflight_requests
     candidates = [
         p for p in prefill_workers
-        if p.routable and p.inflight_requests + 1 <= ratio * decode.inflight_requests
-        and queued_tokens(p) <= max_queue
+        if p.routable and p.inflight_requests + 1 <= ratio * streams_after
+        and queued_tokens(p) <= bound
         and (p.total_kv_blocks == 0 or p.free_kv_blocks >= blocks_needed)
         and decode_tpot_has_headroom(p, tpot_slo_s, fraction)
     ]  # fmt: skip
-    return min(candidates, key=lambda p: (p.inflight_requests, queued_tokens(p), p.last_picked, p.address), default=None)
+    if not local:
+        return min(candidates, key=lambda p: (p.inflight_requests, queued_tokens(p), p.last_picked, p.address), default=None)
+    best = min(candidates, key=lambda p: (queued_tokens(p), p.inflight_requests, p.last_picked, p.address), default=None)
+    if best is None or (queued_tokens(best), best.inflight_requests) >= (queued_tokens(decode), decode.inflight_requests):
+        return None
+    return best
