@@ -16,8 +16,29 @@ ROOT = Path(__file__).resolve().parents[2]
 CRDS = ROOT / "charts/tandem/files/crds"  # the one copy: the chart templates it, kubectl apply -f takes it as is
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML keeps the last of two equal keys; the API server's decoder may refuse the file. Refuse it here."""
+
+
+def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict:
+    keys = [loader.construct_object(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"]  # `<<` may be overridden
+    twice = sorted({str(k) for k in keys if keys.count(k) > 1})
+    if twice:
+        raise yaml.constructor.ConstructorError(None, None, f"duplicate keys {twice}", node.start_mark)
+    return loader.construct_mapping(node, deep=True)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
 def _crd(name: str) -> dict:
-    return yaml.safe_load((CRDS / name).read_text())
+    return yaml.load((CRDS / name).read_text(), Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
+def test_the_strict_loader_refuses_a_key_given_twice():
+    with pytest.raises(yaml.constructor.ConstructorError, match="duplicate keys"):
+        yaml.load("a: {b: 1, b: 2}", Loader=_StrictLoader)  # noqa: S506
+    assert yaml.load("a: {b: 1, c: [{b: 2}]}", Loader=_StrictLoader) == {"a": {"b": 1, "c": [{"b": 2}]}}  # noqa: S506
 
 
 def _schema() -> dict:
