@@ -11,6 +11,7 @@ from tandem.worker.api.params import InvalidRequest
 from tandem.worker.api.wire import params_from_proto
 from tandem.worker.engine.runner.engine_loop import EngineLoop
 from tandem.worker.serve.drain import refuse_while_draining
+from tandem.worker.serve.rpc_end import on_rpc_end
 from tandem.worker.serve.wire import load_report, token_event
 
 
@@ -58,7 +59,6 @@ def generate_tokens(loop: EngineLoop, request: common_pb2.GenerateRequest, conte
         stream = loop.submit(list(request.prompt_token_ids), params, request.request_id)
     except InvalidRequest as e:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-    if not context.add_callback(lambda: loop.abort_soon(request.request_id, "abort")):
-        loop.abort_soon(request.request_id, "abort")  # the RPC ended before the callback could be added
+    on_rpc_end(context, lambda: loop.abort_soon(request.request_id, "abort"))
     for index, item in enumerate(EngineLoop.iterate(stream)):
         yield token_event(request.request_id, item, index)

@@ -40,6 +40,7 @@ from tandem.worker.kv_transport.reservations import Released
 from tandem.worker.kv_transport.staging import StagingPool, StagingRing
 from tandem.worker.serve.colocated import generate_tokens
 from tandem.worker.serve.drain import refuse_while_draining
+from tandem.worker.serve.rpc_end import on_rpc_end
 from tandem.worker.serve.rpc_limits import Slots
 from tandem.worker.serve.wire import load_report, token_event
 
@@ -213,8 +214,7 @@ class DecodeServicer:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no reservation or sequence for {request.request_id}")
             return
         stream = output.queue
-        if not context.add_callback(lambda: self._client_gone(request.request_id)):
-            self._client_gone(request.request_id)  # the RPC ended before the callback could be added
+        on_rpc_end(context, lambda: self._client_gone(request.request_id))
         try:
             for index, item in enumerate(EngineLoop.iterate(stream)):
                 yield token_event(request.request_id, item, index)

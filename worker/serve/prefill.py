@@ -28,6 +28,7 @@ from tandem.worker.serve.decode_channels import DecodeChannels
 from tandem.worker.serve.drain import refuse_while_draining
 from tandem.worker.serve.kv_push import LayerKvReader
 from tandem.worker.serve.metrics import WorkerMetrics
+from tandem.worker.serve.rpc_end import on_rpc_end
 from tandem.worker.serve.wire import load_report
 
 log = logging.getLogger(__name__)
@@ -214,8 +215,7 @@ class PrefillServicer:
                 stream = self.loop.submit(prompt, params, request.request_id)
             except InvalidRequest as e:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            if not context.add_callback(lambda: self.loop.abort_soon(request.request_id, "abort")):
-                self.loop.abort_soon(request.request_id, "abort")  # the RPC ended before the callback was added
+            on_rpc_end(context, lambda: self.loop.abort_soon(request.request_id, "abort"))
             first = next(EngineLoop.iterate(stream))
             computed = time.perf_counter()
             if isinstance(first, StreamEnd):
