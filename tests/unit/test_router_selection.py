@@ -1,4 +1,4 @@
-"""Worker selection: prefill by queued prompt tokens, decode by room and running sequences, never an unhealthy or draining one."""
+"""Worker selection: prefill (and colocated) by queued prompt tokens then streams, decode by room and running sequences, never an unhealthy or draining one."""
 
 import pytest
 
@@ -15,6 +15,14 @@ def test_prefill_goes_to_the_shortest_queue_and_skips_bad_workers():
     assert pick_prefill(ws).address == "b"
     assert pick_prefill(ws, exclude={"b"}).address == "a"
     assert pick_prefill(ws[2:]) is None
+
+
+def test_of_equal_queues_a_prompt_goes_where_it_stalls_the_fewest_streams():
+    streaming = WorkerView("a", inflight_requests=2, last_picked=0.0)  # picked longest ago, but decoding two
+    quiet = WorkerView("b", inflight_requests=0, last_picked=5.0)
+    assert pick_prefill([streaming, quiet]).address == "b"
+    quiet.queued_prompt_tokens = 1  # a prompt ahead outranks the streams: its wait is the first token's
+    assert pick_prefill([streaming, quiet]).address == "a"
 
 
 def test_decode_needs_room_then_prefers_fewer_running():

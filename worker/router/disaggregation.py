@@ -38,7 +38,7 @@ from enum import StrEnum
 
 from tandem.spec import DisaggregationMode
 from tandem.spec import DisaggregationSpec as DisaggregationPolicy
-from tandem.worker.router.selection import WorkerView
+from tandem.worker.router.selection import WorkerView, pick_prefill
 
 __all__ = [
     "DisaggregationMode", "DisaggregationPolicy", "PrefillDecision", "PrefillRoute", "choose_prefill", "pick_mixed",
@@ -155,7 +155,7 @@ def pick_mixed(
     ]  # fmt: skip
     if not local:
         return min(candidates, key=lambda p: (p.inflight_requests, queued_tokens(p), p.last_picked, p.address), default=None)
-    best = min(candidates, key=lambda p: (queued_tokens(p), p.inflight_requests, p.last_picked, p.address), default=None)
+    best = pick_prefill(candidates)  # as a colocated router would pick among them
     if best is None or (queued_tokens(best), best.inflight_requests) >= (queued_tokens(decode), decode.inflight_requests):
         return None
     return best

@@ -28,12 +28,14 @@ class WorkerView:
 
 
 def pick_prefill(workers: Iterable[WorkerView], exclude: Set[str] = frozenset()) -> WorkerView | None:
-    """The prefill worker with the fewest prompt tokens ahead of this one; ties go to the one picked
-    longest ago."""
+    """The prefill (or colocated) worker with the fewest prompt tokens ahead of this one, then the fewest of
+    the router's streams on it (a prompt prefilled there stalls each of them for its whole prefill); ties go
+    to the one picked longest ago."""
     candidates = [w for w in workers if w.routable and w.address not in exclude]
     if not candidates:
         return None
-    return min(candidates, key=lambda w: (w.queued_prompt_tokens + w.inflight_prompt_tokens, w.last_picked, w.address))
+    return min(candidates, key=lambda w: (w.queued_prompt_tokens + w.inflight_prompt_tokens, w.inflight_requests,
+                                          w.last_picked, w.address))  # fmt: skip
 
 
 def pick_decode(
