@@ -45,6 +45,8 @@ def test_three_mode_runs_report_as_before_and_a_fourth_mode_gets_its_columns_and
     assert len(verdicts) == 2
     # at 3x idle TPOT (30 ms) colocated holds to rate 1 only, the SLO-aware stack like disaggregated to 2
     assert "MISSED" in verdicts[0] and "met" in verdicts[1].split("lowest where")[1]
+    # each sweep judged on its own line part: conditional tied colocated (1.00x) in both
+    assert "both SLOs at s x idle: 1.00x (met); TTFT at 5x idle, TPOT at s x idle: 1.00x (met);" in verdicts[0]
 
 
 def test_a_busy_host_gets_its_load_printed_and_no_verdict():
