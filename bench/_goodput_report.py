@@ -120,7 +120,8 @@ def short_prompt_verdict(trace: dict, threshold: int, mode: str = "conditional")
 
 
 def _judged(ratio: float | None, bar: float) -> str:
-    return "-" if ratio is None else f"{ratio:.2f}x ({'met' if ratio >= bar else 'MISSED'})"
+    """The ratio against its bar, judged at the two decimals printed (0.998 reads 1.00x and meets 1)."""
+    return "-" if ratio is None else f"{ratio:.2f}x ({'met' if round(ratio, 2) >= bar else 'MISSED'})"
 
 
 def verdict(trace: dict, scales: list[float], target: float, mode: str = "conditional") -> str:

@@ -87,3 +87,11 @@ def test_the_short_prompt_verdict_compares_ttft_p90_at_the_top_rate():
     result["config"].update(local_prefill_max_tokens=512, short_prompt_tokens=24)
     text = report(result)
     assert "TTFT p90 (ms) of prompts of at most 24 tokens" in text and "localPrefillMaxTokens 512" in text
+
+
+def test_a_ratio_is_judged_as_printed():
+    from bench._goodput_report import _judged
+
+    assert _judged(0.998, 1.0) == "1.00x (met)"  # a tie to two decimals is not a miss
+    assert _judged(0.994, 1.0) == "0.99x (MISSED)"
+    assert _judged(None, 1.0) == "-"
