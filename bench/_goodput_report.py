@@ -18,7 +18,8 @@ from bench._goodput_sweep import (
 from bench._host import QUIET_FOREIGN_SHARE, busy_reason
 from tandem.slo import Slo
 
-MODES = ("colocated", "disaggregated", "conditional", "conditional-slo")  # table order; a run may omit the last
+CONTROL = "colocated-control"  # a second colocated stack, identical to the first: the A/A control
+MODES = ("colocated", "disaggregated", "conditional", "conditional-slo", CONTROL)  # table order; the last two optional
 CONDITIONAL_MODES = ("conditional", "conditional-slo")
 FIXED_TTFT_SCALE = 5.0  # the second sweep: TTFT at 5x idle, the TPOT scale moves
 TIGHT_TPOT_SCALE = 3.0  # the target's "tight TPOT": 3x idle or less
@@ -148,6 +149,31 @@ def verdict(trace: dict, scales: list[float], target: float, mode: str = "condit
     )
 
 
+def within_control(trace: dict, scales: list[float], target: float, mode: str = "conditional") -> str | None:
+    """The same target, read against the A/A control where the run has one: a point misses only when `mode`'s
+    median ratio is below both 1 and the lowest repeat ratio of two identical colocated stacks there (what
+    this host's noise alone does to a ratio). None without a control."""
+    if CONTROL not in modes_of(trace):
+        return None
+    probes, base = probes_of(trace), Slo.from_seconds(**trace["slo_base"])
+    judged, below = 0, []
+    for title, points in sweeps(scales).items():
+        for point, s in zip(points, scales, strict=True):
+            g = goodputs(probes, base, point, target)
+            ours, control = ratios(g[mode], g["colocated"]), ratios(g[CONTROL], g["colocated"])
+            if not ours or not control:
+                continue
+            judged += 1
+            med, floor = round(spread(ours).median, 2), round(min(control), 2)
+            if med < min(1.0, floor):
+                below.append(f"{title} at s = {s:g}: {med:.2f}x, control {floor:.2f}x")
+    return (
+        f"{trace['trace']}: {mode} / colocated below both 1 and the A/A control's lowest repeat "
+        f"({CONTROL} / colocated) at {len(below)} of {judged} points{': ' if below else ''}{'; '.join(below)} "
+        f"({'MISSED' if below else 'met'})"
+    )
+
+
 def report(result: dict) -> str:
     cfg = result["config"]
     lines = [
@@ -206,6 +232,13 @@ def report(result: dict) -> str:
             for t in result["traces"]
             for mode in CONDITIONAL_MODES
             if mode in modes_of(t)
+        ]
+        lines += [
+            line
+            for t in result["traces"]
+            for mode in CONDITIONAL_MODES
+            if mode in modes_of(t)
+            and (line := within_control(t, result["scales"], result["attainment_target"], mode)) is not None
         ]
         lines += [
             short_prompt_verdict(t, short_prompt_tokens(cfg), mode)

@@ -17,6 +17,11 @@ time), and goodput is the rate where >= 90% of the requests sent stop meeting bo
 grid (bench/_goodput_sweep.py). Two sweeps: one scale for both SLOs, and TTFT fixed at 5x while the TPOT
 scale moves (where disaggregation pays). The spread is the min-max over repeats.
 
+With --control a fourth stack runs: two more colocated workers, configured like the first pair (an A/A
+control). Its ratio to colocated is what the host's noise alone does to a ratio at each point, and the
+verdict adds a line that counts a point as a miss only where conditional's median ratio is below both 1
+and the control's lowest repeat there.
+
 The host's 1-minute load average is sampled before every probe and the share of its CPUs that processes
 other than the benchmark's used is measured over every probe (Linux /proc); both are printed beside the
 tables. A probe (or idle measurement) during which other work took more than 10% of the CPUs is run again,
@@ -62,7 +67,8 @@ from tandem.slo import Slo
 ATTAINMENT = 0.9
 COLOCATED, DISAGGREGATED, CONDITIONAL = "colocated", "disaggregated", "conditional"
 SLO_AWARE = "conditional-slo"  # conditional whose router keeps local prefills off decode workers near its TPOT SLO
-MODES = (COLOCATED, DISAGGREGATED, CONDITIONAL, SLO_AWARE)
+CONTROL = "colocated-control"  # a second colocated stack like the first: the A/A control of --control
+MODES = (COLOCATED, DISAGGREGATED, CONDITIONAL, SLO_AWARE, CONTROL)
 TRACES = ("../shared/traces/azure_llm_2023_conv.csv", "../shared/traces/azure_llm_2023_code.csv")
 
 
@@ -113,6 +119,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "localPrefillMaxTpotFraction --slo-aware-fraction (default: not run)",
     )  # fmt: skip
     p.add_argument("--slo-aware-fraction", type=float, default=0.8)
+    p.add_argument(
+        "--control", action="store_true",
+        help="add a second colocated stack, identical to the first (an A/A control): its ratio to colocated is "
+        "what this host's noise alone does to a ratio, and the verdict also reads conditional against it",
+    )  # fmt: skip
     p.add_argument("--rates", default="0.6,1.2,2.4,4", help="probed rates, multiples of the idle service rate")
     p.add_argument("--scales", default="1.5,2,3,5,8", help="SLO scales (multiples of the idle latencies)")
     p.add_argument("--repeats", type=int, default=3, help="runs of the whole rate grid per mode")
@@ -162,6 +173,10 @@ def stack_objects(model_dir: Path, args: argparse.Namespace) -> dict[str, dict]:
             "goodput-cond", model_dir, mode="disaggregated", router=conditional, engine=engine(CONDITIONAL), **common
         ),
     }
+    if args.control:
+        stacks[CONTROL] = service_object(
+            "goodput-colo-b", model_dir, mode="colocated", decode=2, engine=engine(CONTROL), **common
+        )
     if args.slo_aware_tpot_ms:
         aware = {"disaggregation": {**conditional["disaggregation"], "localPrefillMaxTpotFraction": args.slo_aware_fraction}}
         stacks[SLO_AWARE] = service_object(
@@ -237,7 +252,7 @@ def sweep_trace(path: Path, trace: list[RequestSpec], running: dict, shaping: Le
         mode: measured(f"idle {mode}", lambda url=url: idle_latency(url, med_in, med_out, args.idle_repeat, vocab, next(seeds)))
         for mode, (_, url) in running.items()
     }  # fmt: skip
-    base = slo_from_idle(list(idle.values()), 1.0, 1.0)
+    base = slo_from_idle([s for m, s in idle.items() if m != CONTROL], 1.0, 1.0)  # the control leaves the SLO as it is
     service_rate = 1.0 / (base.ttft_s + max(0, med_out - 1) * base.tpot_s)
     rates = [round(m * service_rate, 3) for m in multipliers]
     print(f"{path.name}: median {med_in} in / {med_out} out; idle " + ", ".join(

@@ -95,3 +95,19 @@ def test_a_ratio_is_judged_as_printed():
     assert _judged(0.998, 1.0) == "1.00x (met)"  # a tie to two decimals is not a miss
     assert _judged(0.994, 1.0) == "0.99x (MISSED)"
     assert _judged(None, 1.0) == "-"
+
+
+def test_with_an_a_a_control_a_point_misses_only_below_both_one_and_the_control():
+    from bench._goodput_report import CONTROL, within_control
+
+    # TPOT SLO 30 ms: colocated holds to rate 2 (goodput 2.2), conditional to rate 1 (1.1): 0.5x colocated
+    modes = {"colocated": [0.02, 0.02, 0.05], "disaggregated": [0.02, 0.02, 0.05], "conditional": [0.02, 0.05, 0.09]}
+    noisy = _result({**modes, CONTROL: [0.05, 0.05, 0.09]})  # the identical stack missed even rate 1 once
+    trace = noisy["traces"][0]
+    assert within_control(trace, [3.0], 0.9).endswith("at 0 of 2 points (met)")
+    steady = _result({**modes, CONTROL: [0.02, 0.02, 0.05]})["traces"][0]
+    line = within_control(steady, [3.0], 0.9)
+    assert "at 2 of 2 points" in line and "0.50x, control 1.00x" in line and line.endswith("(MISSED)")
+    assert within_control(_result(modes)["traces"][0], [3.0], 0.9) is None  # no control, no such line
+    text = report(noisy)
+    assert f"| {CONTROL} / colocated |" in text and "A/A control" in text
