@@ -151,8 +151,9 @@ def verdict(trace: dict, scales: list[float], target: float, mode: str = "condit
 
 def within_control(trace: dict, scales: list[float], target: float, mode: str = "conditional") -> str | None:
     """The same target, read against the A/A control where the run has one: a point misses only when `mode`'s
-    median ratio is below both 1 and the lowest repeat ratio of two identical colocated stacks there (what
-    this host's noise alone does to a ratio). None without a control."""
+    median ratio is below both 1 and what this host's noise alone did to a ratio there, the lowest repeat
+    ratio of two identical colocated stacks read both ways (which of them is "colocated" is arbitrary: a
+    control at 1.25x is colocated at 0.80x of the control). None without a control."""
     if CONTROL not in modes_of(trace):
         return None
     probes, base = probes_of(trace), Slo.from_seconds(**trace["slo_base"])
@@ -164,7 +165,8 @@ def within_control(trace: dict, scales: list[float], target: float, mode: str = 
             if not ours or not control:
                 continue
             judged += 1
-            med, floor = round(spread(ours).median, 2), round(min(control), 2)
+            worst = min(min(control), 1 / max(control)) if max(control) > 0 else 0.0
+            med, floor = round(spread(ours).median, 2), round(worst, 2)
             if med < min(1.0, floor):
                 below.append(f"{title} at s = {s:g}: {med:.2f}x, control {floor:.2f}x")
     return (

@@ -20,7 +20,8 @@ scale moves (where disaggregation pays). The spread is the min-max over repeats.
 With --control a fourth stack runs: two more colocated workers, configured like the first pair (an A/A
 control). Its ratio to colocated is what the host's noise alone does to a ratio at each point, and the
 verdict adds a line that counts a point as a miss only where conditional's median ratio is below both 1
-and the control's lowest repeat there.
+and the control's lowest repeat there, read both ways (a control at 1.25x colocated is colocated at 0.80x
+the control).
 
 The host's 1-minute load average is sampled before every probe and the share of its CPUs that processes
 other than the benchmark's used is measured over every probe (Linux /proc); both are printed beside the

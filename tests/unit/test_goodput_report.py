@@ -108,6 +108,8 @@ def test_with_an_a_a_control_a_point_misses_only_below_both_one_and_the_control(
     steady = _result({**modes, CONTROL: [0.02, 0.02, 0.05]})["traces"][0]
     line = within_control(steady, [3.0], 0.9)
     assert "at 2 of 2 points" in line and "0.50x, control 1.00x" in line and line.endswith("(MISSED)")
+    lucky = _result({**modes, CONTROL: [0.02, 0.02, 0.02]})["traces"][0]  # the control beat colocated: 4 / 2.2
+    assert "0.50x, control 0.55x" in within_control(lucky, [3.0], 0.9)  # read both ways: colocated at 0.55x of it
     assert within_control(_result(modes)["traces"][0], [3.0], 0.9) is None  # no control, no such line
     text = report(noisy)
     assert f"| {CONTROL} / colocated |" in text and "A/A control" in text
