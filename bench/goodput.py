@@ -46,7 +46,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from bench._goodput_report import plot, report
+from bench._goodput_report import CONTROL, plot, report
 from bench._goodput_sweep import Latency, Probe
 from bench._host import CpuMeter, quietly
 from bench._stacks import SERVED_NAME, ModelShape, make_model, running_stacks, service_object, wait_idle
@@ -68,7 +68,6 @@ from tandem.slo import Slo
 ATTAINMENT = 0.9
 COLOCATED, DISAGGREGATED, CONDITIONAL = "colocated", "disaggregated", "conditional"
 SLO_AWARE = "conditional-slo"  # conditional whose router keeps local prefills off decode workers near its TPOT SLO
-CONTROL = "colocated-control"  # a second colocated stack like the first: the A/A control of --control
 MODES = (COLOCATED, DISAGGREGATED, CONDITIONAL, SLO_AWARE, CONTROL)
 TRACES = ("../shared/traces/azure_llm_2023_conv.csv", "../shared/traces/azure_llm_2023_code.csv")
 
