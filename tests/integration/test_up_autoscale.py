@@ -1,8 +1,10 @@
-"""`tandem up` with `autoscaling.enabled`, run as users run it: the command's own autoscaler grows both pools
-under load that breaches the SLOs, returns them to their minimum once the load stops, and no request fails."""
+"""`tandem up` with `autoscaling.enabled`, run as users run it: the command's own autoscaler grows each pool
+on its own SLO under load that breaches both, returns them to their minimum once the load stops, and no
+request fails."""
 
 from __future__ import annotations
 
+import re
 import signal
 from pathlib import Path
 
@@ -13,6 +15,9 @@ from tests.integration.test_drain_scaling import StreamingLoad
 from tests.integration.test_supervisor import routable, start_tandem_up, wait_for
 
 pytestmark = pytest.mark.slow
+
+# what `tandem up` prints for each applied decision: "autoscaler: decode 1->2: TPOT p90 ... [SLOBreach]"
+DECISION = re.compile(r"autoscaler: (prefill|decode) (\d+)->(\d+): (.*) \[(\w+)\]$")
 
 
 def autoscaled_spec(tiny_model_dir) -> dict:
@@ -36,7 +41,12 @@ def test_tandem_up_scales_both_pools_on_its_slo_and_back(tiny_model_dir, tmp_pat
                      lambda: routable(url, "prefill") == 2 and routable(url, "decode") == 2, 300)  # fmt: skip
         wait_for("each pool back to one", lambda: routable(url, "prefill") == 1 and routable(url, "decode") == 1, 300)
         said = [line for line in log_path.read_text().splitlines() if line.startswith("autoscaler: ")]
-        assert any("TTFT" in line for line in said) and len(said) >= 4, said  # up and down, in each pool
+        moves = [m.groups() for m in map(DECISION.match, said) if m]
+        ups = {pool: (why, code) for pool, current, desired, why, code in moves if int(desired) > int(current)}
+        downs = {pool for pool, current, desired, _, _ in moves if int(desired) < int(current)}
+        assert set(ups) == {"prefill", "decode"} and downs == {"prefill", "decode"}, said
+        assert "TTFT" in ups["prefill"][0], said  # each pool grew on its own SLO
+        assert "TPOT" in ups["decode"][0] or ups["decode"][1] == "RunningBatch", said
         up.send_signal(signal.SIGTERM)
         assert up.wait(timeout=30) == 0
     finally:
