@@ -125,24 +125,27 @@ def _judged(ratio: float | None, bar: float) -> str:
     return "-" if ratio is None else f"{ratio:.2f}x ({'met' if round(ratio, 2) >= bar else 'MISSED'})"
 
 
+def _sweep_ratios(trace: dict, scales: list[float], target: float) -> Iterator[tuple[str, tuple[float, float], float, dict[str, list[float]]]]:
+    """Each sweep point as (sweep title, (TTFT scale, TPOT scale), s, every other mode's per-repeat ratios to
+    colocated); a mode whose ratio is undefined there (colocated had no goodput) has an empty list."""
+    probes, base = probes_of(trace), Slo.from_seconds(**trace["slo_base"])
+    for title, points in sweeps(scales).items():
+        for point, s in zip(points, scales, strict=True):
+            g = goodputs(probes, base, point, target)
+            yield title, point, s, {m: ratios(g[m], g["colocated"]) for m in g if m != "colocated"}
+
+
 def verdict(trace: dict, scales: list[float], target: float, mode: str = "conditional") -> str:
     """The targets: a conditional mode never below colocated (median over repeats, every point; each sweep
     judged on its own), and >= 1.5x colocated where the TPOT SLO is at most 3x idle."""
-    probes, base = probes_of(trace), Slo.from_seconds(**trace["slo_base"])
-    lowest: dict[str, float | None] = {}
+    medians: dict[str, list[float]] = {title: [] for title in sweeps(scales)}
     tight = []
-    for title, points in sweeps(scales).items():
-        medians = []
-        for point in points:
-            g = goodputs(probes, base, point, target)
-            r = ratios(g[mode], g["colocated"])
-            if not r:
-                continue
-            medians.append(spread(r).median)
+    for title, point, _, r in _sweep_ratios(trace, scales, target):
+        if r[mode]:
+            medians[title].append(spread(r[mode]).median)
             if point[1] <= TIGHT_TPOT_SCALE:
-                tight.append(medians[-1])
-        lowest[title] = min(medians, default=None)
-    per_sweep = "; ".join(f"{title}: {_judged(worst, 1.0)}" for title, worst in lowest.items())
+                tight.append(medians[title][-1])
+    per_sweep = "; ".join(f"{title}: {_judged(min(m, default=None), 1.0)}" for title, m in medians.items())
     return (
         f"{trace['trace']}: lowest {mode} / colocated median ratio, {per_sweep}; "
         f"lowest where TPOT SLO <= {TIGHT_TPOT_SCALE:g}x idle: {_judged(min(tight, default=None), 1.5)}"
@@ -156,19 +159,16 @@ def within_control(trace: dict, scales: list[float], target: float, mode: str = 
     control at 1.25x is colocated at 0.80x of the control). None without a control."""
     if CONTROL not in modes_of(trace):
         return None
-    probes, base = probes_of(trace), Slo.from_seconds(**trace["slo_base"])
     judged, below = 0, []
-    for title, points in sweeps(scales).items():
-        for point, s in zip(points, scales, strict=True):
-            g = goodputs(probes, base, point, target)
-            ours, control = ratios(g[mode], g["colocated"]), ratios(g[CONTROL], g["colocated"])
-            if not ours or not control:
-                continue
-            judged += 1
-            worst = min(min(control), 1 / max(control)) if max(control) > 0 else 0.0
-            med, floor = round(spread(ours).median, 2), round(worst, 2)
-            if med < min(1.0, floor):
-                below.append(f"{title} at s = {s:g}: {med:.2f}x, control {floor:.2f}x")
+    for title, _, s, r in _sweep_ratios(trace, scales, target):
+        ours, control = r[mode], r[CONTROL]
+        if not ours or not control:
+            continue
+        judged += 1
+        worst = min(min(control), 1 / max(control)) if max(control) > 0 else 0.0
+        med, floor = round(spread(ours).median, 2), round(worst, 2)
+        if med < min(1.0, floor):
+            below.append(f"{title} at s = {s:g}: {med:.2f}x, control {floor:.2f}x")
     return (
         f"{trace['trace']}: {mode} / colocated below both 1 and the A/A control's lowest repeat "
         f"({CONTROL} / colocated) at {len(below)} of {judged} points{': ' if below else ''}{'; '.join(below)} "
@@ -229,25 +229,11 @@ def report(result: dict) -> str:
     if busy:
         lines.append(f"No verdict: the host was busy ({busy}); rerun on a quiet host.")
     else:
-        lines += [
-            verdict(t, result["scales"], result["attainment_target"], mode)
-            for t in result["traces"]
-            for mode in CONDITIONAL_MODES
-            if mode in modes_of(t)
-        ]
-        lines += [
-            line
-            for t in result["traces"]
-            for mode in CONDITIONAL_MODES
-            if mode in modes_of(t)
-            and (line := within_control(t, result["scales"], result["attainment_target"], mode)) is not None
-        ]
-        lines += [
-            short_prompt_verdict(t, short_prompt_tokens(cfg), mode)
-            for t in result["traces"]
-            for mode in CONDITIONAL_MODES
-            if mode in modes_of(t)
-        ]
+        judged = [(t, mode) for t in result["traces"] for mode in CONDITIONAL_MODES if mode in modes_of(t)]
+        scales, target = result["scales"], result["attainment_target"]
+        lines += [verdict(t, scales, target, mode) for t, mode in judged]
+        lines += [line for t, mode in judged if (line := within_control(t, scales, target, mode)) is not None]
+        lines += [short_prompt_verdict(t, short_prompt_tokens(cfg), mode) for t, mode in judged]
     lines += [f"wall time {result['wall_s']:.0f} s", f"Trace: {result['trace_attribution']}"]
     return "\n".join(lines)
 
