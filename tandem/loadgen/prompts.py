@@ -45,24 +45,27 @@ WORDS: tuple[str, ...] = tuple(
 
 @dataclass(frozen=True)
 class Vocabulary:
-    """Words to build prompts from and how many tokens each costs (with its leading space)."""
+    """Words to build prompts from and how many tokens each costs (with its leading space). A prompt also
+    costs its first word without a space before it (`first_costs`, None: as `costs`) and the special tokens
+    the tokenizer adds to every prompt (`special_tokens`: a BOS), which a server counts as prompt tokens."""
 
     words: tuple[str, ...]
     costs: tuple[int, ...]
+    first_costs: tuple[int, ...] | None = None
+    special_tokens: int = 0
 
 
 DEFAULT_VOCABULARY = Vocabulary(WORDS, (1,) * len(WORDS))
 MIN_SINGLE_TOKEN_WORDS = 32  # below this, keep multi-token words too, for variety
 
 
-def vocabulary_for(count_tokens: Callable[[str], int]) -> Vocabulary:
+def vocabulary_for(count_tokens: Callable[[str], int], special_tokens: int = 0) -> Vocabulary:
     """Calibrate WORDS to a tokenizer: keep the words that are one token after a space when there are
-    enough of them, otherwise keep every word with its real cost."""
+    enough of them, otherwise keep every word with its real cost; `special_tokens` as on Vocabulary."""
     costs = [max(1, count_tokens(" " + w)) for w in WORDS]
     single = tuple(w for w, c in zip(WORDS, costs, strict=True) if c == 1)
-    if len(single) >= MIN_SINGLE_TOKEN_WORDS:
-        return Vocabulary(single, (1,) * len(single))
-    return Vocabulary(WORDS, tuple(costs))
+    words, kept = (single, (1,) * len(single)) if len(single) >= MIN_SINGLE_TOKEN_WORDS else (WORDS, tuple(costs))
+    return Vocabulary(words, kept, tuple(max(1, count_tokens(w)) for w in words), special_tokens)
 
 
 def load_vocabulary(tokenizer_path: str | Path) -> Vocabulary:
@@ -73,22 +76,30 @@ def load_vocabulary(tokenizer_path: str | Path) -> Vocabulary:
     if path.is_dir():
         path = path / "tokenizer.json"
     tok = tokenizers.Tokenizer.from_file(str(path))
-    return vocabulary_for(lambda text: len(tok.encode(text, add_special_tokens=False).ids))
+
+    def count(text: str, special: bool = False) -> int:
+        return len(tok.encode(text, add_special_tokens=special).ids)
+
+    return vocabulary_for(count, special_tokens=count("the", special=True) - count("the"))
 
 
 def prompt_for_tokens(n: int, rng: random.Random, vocab: Vocabulary = DEFAULT_VOCABULARY) -> str:
-    """A prompt of random words costing about n tokens in `vocab` (exactly n with the default or a
-    single-token vocabulary, up to tokenizer effects at word joins and, for chat, the template).
+    """A prompt of random words costing about n tokens as a server counts them, its special tokens included
+    (exactly n with the default or a calibrated single-token vocabulary, up to tokenizer effects at word
+    joins and, for chat, the template; at least one word even where n leaves no room for one).
     Random words keep prefix caches from sharing prompts between requests."""
     if n < 1:
         raise ValueError("n must be >= 1")
+    budget = n - vocab.special_tokens
+    first = vocab.first_costs or vocab.costs
     cheapest = min(vocab.costs)
     words: list[str] = []
     total = 0
-    while total < n and (not words or n - total >= cheapest):
+    while not words or (total < budget and budget - total >= cheapest):
         i = rng.randrange(len(vocab.words))
-        if words and total + vocab.costs[i] > n:
+        cost = vocab.costs[i] if words else first[i]
+        if total + cost > budget and (words or cost > min(first)):
             continue  # too long for what is left; the cheapest words still fit, so this ends
         words.append(vocab.words[i])
-        total += vocab.costs[i]
+        total += cost
     return " ".join(words)
