@@ -92,13 +92,13 @@ def prompt_for_tokens(n: int, rng: random.Random, vocab: Vocabulary = DEFAULT_VO
         raise ValueError("n must be >= 1")
     budget = n - vocab.special_tokens
     first = vocab.first_costs or vocab.costs
-    cheapest = min(vocab.costs)
+    cheapest, cheapest_first = min(vocab.costs), min(first)
     words: list[str] = []
     total = 0
     while not words or (total < budget and budget - total >= cheapest):
         i = rng.randrange(len(vocab.words))
         cost = vocab.costs[i] if words else first[i]
-        if total + cost > budget and (words or cost > min(first)):
+        if total + cost > budget and (words or cost > cheapest_first):
             continue  # too long for what is left; the cheapest words still fit, so this ends
         words.append(vocab.words[i])
         total += cost
