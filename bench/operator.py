@@ -4,7 +4,8 @@
 
 Starts its own loopback cluster (tandem/testing/cluster.py; builds the binaries on first use). Bench objects
 keep prefill and decode at 0 replicas (router 1) so the 2-core test machine measures the operator, not
-kwok. Prints one line per figure.
+kwok; a pool at 0 needs the autoscaler on (admission refuses it otherwise), so it is on with a tick of an
+hour, which no run lasts. Prints one line per figure.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def bench_object(name: str) -> dict:
     pool = {"replicas": 0, "minReplicas": 0, "maxReplicas": 4, "resources": {"gpus": 1}}
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService", "metadata": {"name": name},
             "spec": {"model": {"source": {"path": "/models/m"}, "servedName": name},
-                     "prefill": pool, "decode": pool}}
+                     "prefill": pool, "decode": pool,
+                     "autoscaling": {"enabled": True, "intervalSeconds": 3600}}}
 
 
 class ChildWatcher:
