@@ -69,4 +69,4 @@ def test_an_8_bit_cache_with_flex_attention_is_refused_by_the_spec_and_the_crd()
     (rule,) = schema["engine"]["x-kubernetes-validations"]
     assert "kvCacheDtype" in rule["rule"] and "flex" in rule["rule"] and "sdpa" in rule["message"]
     assert schema["engine"]["properties"]["kvCacheDtype"]["enum"] == ["auto", "int8"]
-    assert schema["model"]["properties"]["quantization"]["enum"] == ["none", "int8"]
+    assert schema["model"]["properties"]["quantization"]["enum"] == ["none", "int8", "fp8"]
