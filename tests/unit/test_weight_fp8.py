@@ -171,13 +171,15 @@ def test_block_wise_and_other_checkpoint_quantizations_are_refused(tiny_model_di
 
 
 def test_a_gpu_without_fp8_is_refused_with_the_reason(monkeypatch):
-    # the capability query is the edge faked here; tests/gpu runs the real one
+    # the device queries are the edge faked here; tests/gpu runs the real ones
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(weight_fp8, "_row_wise_scaled_mm_works", lambda device: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
     problem = fp8_problem("cuda")
     assert problem is not None and "compute capability 8.9 or newer" in problem and "A100" in problem and "8.0" in problem
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert fp8_problem("cuda") is None
+    monkeypatch.undo()
     assert fp8_problem("cpu") is None  # this torch's CPU _scaled_mm serves (the tests above run it)
     assert "meta" in (fp8_problem("meta") or "")
     with pytest.raises(ValueError, match="quantization fp8 needs"):

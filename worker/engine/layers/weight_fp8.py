@@ -9,7 +9,8 @@ writing bfloat16, so a decode step reads one byte per weight and the tensor core
 What is quantized is what int8 quantizes (weight_int8): every decoder projection and an untied lm_head;
 the embeddings stay in the model's dtype. On CUDA the FP8 matmul needs compute capability 8.9 (Ada,
 Hopper) or newer, and dimensions that are multiples of 16; a layer whose dimensions are not runs the same
-math through a dequantized weight. On the CPU, `_scaled_mm` is probed once (recent torch has it).
+math through a dequantized weight. The row-wise `_scaled_mm` is probed once per device (recent torch has
+it on the CPU too, where the tests run it).
 """
 
 from __future__ import annotations
@@ -60,20 +61,24 @@ def fp8_problem(device: torch.device | str) -> str | None:
                 f"model.quantization fp8 needs a GPU with FP8 tensor cores (compute capability 8.9 or newer: "
                 f"Ada, Hopper, Blackwell); {name} has {major}.{minor}. Use quantization int8 or none on this GPU"
             )
+    if device.type in ("cuda", "cpu") and _row_wise_scaled_mm_works(str(device)):
         return None
-    if device.type == "cpu" and _cpu_scaled_mm_works():
-        return None
-    return f"model.quantization fp8 needs torch._scaled_mm on {device.type}, which this torch {torch.__version__} lacks"
+    return (
+        f"model.quantization fp8 needs torch._scaled_mm with row-wise scales on {device}, which this torch "
+        f"{torch.__version__} lacks"
+    )
 
 
 @functools.cache
-def _cpu_scaled_mm_works() -> bool:
-    a = torch.ones(2, 16).to(FP8)
+def _row_wise_scaled_mm_works(device: str) -> bool:
+    """One small row-wise scaled FP8 matmul on `device` runs and is right (probed once per device)."""
+    a = torch.ones(16, 16, device=device).to(FP8)
+    scale_a, scale_b = torch.ones(16, 1, device=device), torch.full((1, 16), 2.0, device=device)
     try:
-        y = torch._scaled_mm(a, a.t(), torch.ones(2, 1), torch.ones(1, 2), out_dtype=OUT_DTYPE)
+        y = torch._scaled_mm(a, a.t(), scale_a, scale_b, out_dtype=OUT_DTYPE)
     except (RuntimeError, NotImplementedError):
         return False
-    return bool((y.float() == 16).all())
+    return bool((y.float() == 32).all())
 
 
 def check_fp8(device: torch.device | str) -> None:
