@@ -59,13 +59,15 @@ def test_fp8_logits_stay_within_the_bound_of_bf16(tiny_model_dir):
 
 @needs_fp8
 def test_fp8_weights_with_cuda_graphs(tiny_model_dir):
-    model = load_model(tiny_model_dir, "bfloat16", "cuda", quantization="fp8")
+    # float32 activations: a bf16 difference between the paths could flip an e4m3 rounding and, with this tiny
+    # model's flat logits, a token (the compiled step on the CPU: 59 of 59 tokens equal, logits within 0.004)
+    model = load_model(tiny_model_dir, "float32", "cuda", quantization="fp8")
     graphs = Engine(model, EngineConfig(**SMALL, decode_step="cudaGraphs"))
     warm_up(graphs)
     run = run_lockstep(Engine(model, EngineConfig(**SMALL)), graphs, requests(6, longest=12))
     assert run.static_steps > 5 and graphs.blocks.num_used == 0
     pairs = [(a, b) for rid in run.tokens[0] for a, b in zip(run.tokens[0][rid], run.tokens[1][rid], strict=True)]
-    assert sum(a == b for a, b in pairs) >= 0.9 * len(pairs)  # bf16: padding may flip a near tie
+    assert sum(a == b for a, b in pairs) >= 0.9 * len(pairs), run.max_logit_diff
 
 
 @pytest.mark.skipif(HAS_FP8, reason="this GPU has FP8 tensor cores: the refusal is for older ones")
