@@ -13,6 +13,10 @@ through the real loading path. Reported:
 - a mixture of experts (Mixtral layout, 8 experts, top 2, at the same hidden size, 8 layers; `--no-moe`
   skips it): prefill time of one `--prefill-tokens` prompt and decode tokens/s at batch 1 and `--batch`.
 
+- FP8 weights at Llama-3.1-8B's shape (`--no-fp8` skips; bench/fp8_rows.py): ms per decode step at batch 1
+  and 64 (context 512) and 49 (context 3,072), and a 2,134-token prefill, each beside vLLM's FP8 figure on
+  an H200 from tandem/profiles/h200-llama-3.1-8b-fp8.json.
+
 - tensor parallelism (`--tensor-parallel 2`, 0 skips): the same model split across that many GPUs (NCCL),
   prefill time and decode tokens/s at batch 1 and `--batch`, each with its runs; skipped, saying so, on a
   host with fewer GPUs (the dry run: that many gloo processes on the CPU).
@@ -37,6 +41,7 @@ import torch
 
 from bench._roofline import Result, decode_bandwidth, median_of, prefill_utilisation
 from bench.engine_timing import random_prompts, time_engine
+from bench.fp8_rows import fp8_rows, write_llama_8b_shaped
 from tandem.worker.devtools.tiny import (
     BOS,
     EOS,
@@ -280,6 +285,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="decode-step modes to compare at batch 1 and --batch (eager, compiled, cudaGraphs; empty: none)",
     )  # fmt: skip
     p.add_argument("--no-moe", action="store_true", help="skip the mixture-of-experts rows")
+    p.add_argument("--no-fp8", action="store_true", help="skip the FP8 rows (Llama-3.1-8B shape, beside vLLM FP8)")
     p.add_argument("--tensor-parallel", type=int, default=2, help="ranks of the tensor-parallel rows (0: skip them)")
     p.add_argument("--dry-run", action="store_true", help="run on the CPU at a tiny size: checks the code, not the GPU")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
@@ -305,6 +311,9 @@ def main(argv: list[str]) -> int:
                 moe_dir = create_tiny_model(Path(tmp) / "moe", TinySpec(arch="mixtral", layers=2))
                 results += moe_rows(args, moe_dir, "cpu")
             results += tp_rows(args, model_dir, "cpu")
+            if not args.no_fp8:
+                points = ((1, args.context), (args.batch, args.context))
+                results += fp8_rows(args, model_dir, "cpu", points, args.prefill_tokens)
             print_results(results, "dry run on the CPU, tiny model: not a measurement")
         return 0
     if not torch.cuda.is_available():
@@ -323,6 +332,10 @@ def main(argv: list[str]) -> int:
         gc.collect()
         torch.cuda.empty_cache()
         results += tp_rows(args, model_dir, "cuda")
+        if not args.no_fp8:
+            gc.collect()
+            torch.cuda.empty_cache()
+            results += fp8_rows(args, write_llama_8b_shaped(Path(tmp) / "llama-3.1-8b"), "cuda")
     caption = (
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}; batch-1 decode after {args.context} "
         f"prompt tokens, {args.new_tokens} new tokens; median of {args.repeats}"

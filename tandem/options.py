@@ -199,7 +199,7 @@ class WorkerOptions(_Options):
     worker_id: str | None = opt(None)
     dtype: Dtype = opt(Dtype.float32)
     device: str | None = opt(None, "torch device (default: cuda when available, else cpu)")
-    quantization: Quantization = opt(Quantization.none, "weights: int8 quantizes every decoder projection and an untied lm_head as the checkpoint loads")
+    quantization: Quantization = opt(Quantization.none, "weights: int8 or fp8 (e4m3, FP8 matmuls; compute capability 8.9+) quantizes every decoder projection and an untied lm_head as the checkpoint loads")
     max_model_len: int | None = opt(None)
     tensor_parallel: int | None = opt(None, "ranks the model is split across (the pool's resources.gpus): one GPU each, or CPU processes where there is no GPU (default: 1)")
     # Engine knobs: named as in EngineSpec and EngineConfig, so that they flow through by name.

@@ -90,10 +90,13 @@ class ModelSource(_Spec):
 
 class Quantization(StrEnum):
     """Weight quantization applied as the checkpoint loads: `int8` stores every decoder projection and an
-    untied lm_head as int8 with one scale per output channel (the embeddings stay in `dtype`)."""
+    untied lm_head as int8 with one scale per output channel (the embeddings stay in `dtype`); `fp8` stores
+    them as float8 e4m3 with one scale per output channel and runs FP8 matmuls (activations quantized per
+    token), on GPUs of compute capability 8.9 or newer (Ada, Hopper); an FP8 checkpoint loads as stored."""
 
     none = "none"
     int8 = "int8"
+    fp8 = "fp8"
 
 
 class ModelSpec(_Spec):

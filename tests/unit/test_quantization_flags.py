@@ -43,6 +43,12 @@ def test_rendered_worker_deployments_carry_both_options():
         assert (args.quantization, args.kv_cache_dtype, args.kv_compression) == ("int8", "int8", "int8")
 
 
+def test_fp8_weights_reach_the_worker():
+    spec = parse_object(_obj({"quantization": "fp8"})).spec
+    (container,) = render.worker_deployment(spec, "q", "ml", "u", names.POOL_DECODE, 1)["spec"]["template"]["spec"]["containers"]
+    assert parse_args(container["args"][1:]).quantization == "fp8"
+
+
 def test_tandem_up_command_lines_carry_both_options():
     procs = plan(parse_object(QUANTIZED), Path("/srv"), port=9000, first_worker_port=9100, cpus=2)
     workers = [parse_args(p.argv[4:]) for p in procs if p.role != "router"]
@@ -69,4 +75,4 @@ def test_an_8_bit_cache_with_flex_attention_is_refused_by_the_spec_and_the_crd()
     (rule,) = schema["engine"]["x-kubernetes-validations"]
     assert "kvCacheDtype" in rule["rule"] and "flex" in rule["rule"] and "sdpa" in rule["message"]
     assert schema["engine"]["properties"]["kvCacheDtype"]["enum"] == ["auto", "int8"]
-    assert schema["model"]["properties"]["quantization"]["enum"] == ["none", "int8"]
+    assert schema["model"]["properties"]["quantization"]["enum"] == ["none", "int8", "fp8"]

@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 
 from tandem.worker.engine.core.grammar import GRAMMAR_TOKENIZER_FILE, GrammarVocab
-from tandem.worker.engine.layers.weight_int8 import QUANTIZATIONS, quantize_model
+from tandem.worker.engine.layers import weight_fp8, weight_int8
 from tandem.worker.engine.models.llama import Transformer, rope_inv_freq
 from tandem.worker.engine.models.registry import model_module
 from tandem.worker.engine.runner.engine import Engine, EngineConfig
@@ -30,6 +30,7 @@ DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
     "bfloat16": torch.bfloat16,
 }
+QUANTIZATIONS = ("none", "int8", "fp8")  # model.quantization: weights as stored, int8 or fp8 (see layers/weight_*)
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -116,11 +117,50 @@ def load_state_dict(
                         f"{path.name}: tensor {name} has shape {list(got)}, expected {list(want)}"
                     )
                 tensor = f.get_tensor(name)
+                if tensor.dtype == weight_fp8.FP8:
+                    if shard is not None:
+                        raise ModelLoadError(f"{model_dir}: FP8 checkpoints cannot be split across tensor-parallel ranks yet")
+                    state.update(_fp8_weight(name, tensor, files, device))
+                    continue
                 state[name] = (shard(name, tensor) if shard is not None else tensor).to(target)
-    ordered = {name: state[name] for name in shapes}
+    ordered = {name: state[name] for name in shapes} | {n: t for n, t in state.items() if n not in shapes}
     if config.tie_word_embeddings:
         ordered["lm_head.weight"] = ordered["model.embed_tokens.weight"]
     return ordered
+
+
+def _fp8_weight(name: str, q: torch.Tensor, files: dict[str, Path], device: str | torch.device) -> dict[str, torch.Tensor]:
+    """An FP8 checkpoint's layer: its e4m3 `weight` as stored, `weight_scale` as one float32 per output channel
+    (a per-tensor scale repeated), and `input_scale` (static activations) when the checkpoint has one."""
+    prefix = name.removesuffix("weight")
+    if prefix + "weight_scale_inv" in files:
+        raise ModelLoadError(f"{name}: block-wise FP8 scales (weight_scale_inv) are not supported; per-tensor and per-channel are")
+    if prefix + "weight_scale" not in files:
+        raise ModelLoadError(f"{name} is float8_e4m3fn but the checkpoint has no {prefix}weight_scale")
+    scale = _read(files, prefix + "weight_scale", device).float().reshape(-1)
+    if scale.numel() not in (1, q.shape[0]):
+        raise ModelLoadError(f"{prefix}weight_scale has {scale.numel()} values; expected 1 or {q.shape[0]} (one per output channel)")
+    out = {name: q, prefix + "weight_scale": scale.expand(q.shape[0]).contiguous()}
+    if prefix + "input_scale" in files:
+        out[prefix + "input_scale"] = _read(files, prefix + "input_scale", device).float().reshape(())
+    return out
+
+
+def _read(files: dict[str, Path], name: str, device: str | torch.device) -> torch.Tensor:
+    with safe_open(str(files[name]), framework="pt", device=str(device)) as f:
+        return f.get_tensor(name)
+
+
+def dequantized(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """An FP8 checkpoint's state with each e4m3 weight times its scales, in `dtype` (scales dropped)."""
+    out = {}
+    for name, t in state.items():
+        if name.endswith((".weight_scale", ".input_scale")):
+            continue
+        if t.dtype == weight_fp8.FP8:
+            t = weight_fp8.dequantize_weight(t, state[name.removesuffix("weight") + "weight_scale"], dtype)
+        out[name] = t
+    return out
 
 
 def load_checkpoint(
@@ -135,21 +175,41 @@ def load_model(
     model_dir: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu", quantization: str = "none"
 ) -> Transformer:
     """Our Transformer with the checkpoint's weights (no random init: parameters start on `meta`), its
-    linear layers quantized to int8 as they load when `quantization` is `int8` (see weight_int8)."""
+    linear layers quantized as they load when `quantization` is `int8` (see weight_int8) or `fp8` (see
+    weight_fp8). An FP8 checkpoint keeps its e4m3 weights and scales with `fp8`; otherwise it is dequantized."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
+    if quantization == "fp8":
+        weight_fp8.check_fp8(device)
     target = parse_dtype(dtype)
     config, state = load_checkpoint(model_dir, target, device)
     with torch.device("meta"):
         model: Transformer = model_module(config.architecture).Model(config)
+    if quantization == "fp8":
+        _fp8_layers_as_stored(model, state)
+    else:
+        state = dequantized(state, target)
     model.load_state_dict(state, strict=True, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.inv_freq = rope_inv_freq(config).to(device)  # a non-persistent buffer, still on `meta`
     del state
     if quantization == "int8":
-        quantize_model(model)
+        weight_int8.quantize_model(model)
+    elif quantization == "fp8" and config.checkpoint_quantization != "fp8":  # an FP8 checkpoint's own choice stands
+        weight_fp8.quantize_model(model)
     return model.eval()
+
+
+def _fp8_layers_as_stored(model: Transformer, state: dict[str, torch.Tensor]) -> None:
+    """Swap each (meta) linear layer whose checkpoint weights are e4m3 for an `Fp8Linear` to load them into;
+    a fused layer (q/k/v, gate/up) looks at its first part."""
+    prefixes = {id(m): f"{n}." if n else "" for n, m in model.named_modules()}
+    for parent, name, linear in weight_fp8.fp8_linears(model):
+        source = f"{prefixes[id(parent)]}{getattr(parent, 'fused_parts', {}).get(name, (name,))[0]}."
+        weight = state.get(source + "weight")
+        if weight is not None and weight.dtype == weight_fp8.FP8:
+            setattr(parent, name, weight_fp8.Fp8Linear.empty(linear, static_input=source + "input_scale" in state))
 
 
 def build_engine(

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.worker.engine.models.registry import ARCHITECTURES
+from tandem.worker.hf.quantization import UnsupportedQuantization, checkpoint_quantization
 
 
 class ModelLoadError(ValueError):
@@ -41,6 +42,7 @@ class ModelConfig:
     norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1 (Mixtral always does)
     decoder_sparse_step: int = 1  # every this many layers is sparse (Qwen2-MoE)
     mlp_only_layers: tuple[int, ...] = ()  # layers that keep a dense MLP (Qwen2-MoE)
+    checkpoint_quantization: str = "none"  # none | fp8: how the checkpoint stores its linear weights
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether `layer`'s MLP is routed experts (the rule transformers' Qwen2-MoE and Mixtral follow)."""
@@ -90,6 +92,7 @@ class ModelConfig:
             norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
             decoder_sparse_step=hf.get("decoder_sparse_step") or 1,
             mlp_only_layers=tuple(hf.get("mlp_only_layers") or ()),
+            checkpoint_quantization=_checkpoint_quantization(hf),
         )
         config = cls(**{**fields, **family.fixed})
         if config.num_experts and not 0 < config.num_experts_per_tok <= config.num_experts:
@@ -109,6 +112,13 @@ class ModelConfig:
             raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
         except KeyError as e:
             raise ModelLoadError(f"{path}: missing required key {e.args[0]!r}") from None
+
+
+def _checkpoint_quantization(hf: dict[str, Any]) -> str:
+    try:
+        return checkpoint_quantization(hf)
+    except UnsupportedQuantization as e:
+        raise ModelLoadError(str(e)) from None
 
 
 def served_context_length(model_max_positions: int, requested: int | None) -> int:

@@ -29,9 +29,14 @@ def pack(x: torch.Tensor) -> torch.Tensor:
 def unpack(packed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[..., D + 4] uint8 -> [..., D] in `dtype`."""
     d = packed.shape[-1] - SCALE_BYTES
-    flat = packed.reshape(-1, d + SCALE_BYTES)
-    q = flat[:, :d].view(torch.int8)
-    scale = flat[:, d:].contiguous().view(torch.float32)  # [N, 1]
+    flat = packed.reshape(-1, d + SCALE_BYTES)  # contiguous rows
+    q = flat.view(torch.int8)[:, :d]
+    # Reinterpret whole rows, then slice: inductor's CUDA lowering cannot take view(dtype) of a column slice
+    # made contiguous (a stale stride), which the compiled decode step with this cache would need.
+    if d % SCALE_BYTES == 0:
+        scale = flat.view(torch.float32)[:, d // SCALE_BYTES :]  # [N, 1]
+    else:
+        scale = flat[:, d:].contiguous().view(torch.float32)
     return (q.float() * scale).to(dtype).view(*packed.shape[:-1], d)
 
 

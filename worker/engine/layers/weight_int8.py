@@ -24,7 +24,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-QUANTIZATIONS = ("none", "int8")
 QUANTIZE_LM_HEAD = True  # an untied lm_head is the largest matrix of a small model; tied, it stays as is
 KERNEL_K_MULTIPLE = 8
 

@@ -71,14 +71,19 @@ def fuse_on_load(module: nn.Module, fused: str, parts: tuple[str, ...]) -> None:
 
     The checkpoint's tensors are concatenated along the output dimension as the state dict is loaded
     (as gpt-fast does), so checkpoints keep their names and each layer runs one matmul instead of several.
+    An FP8 checkpoint's per-channel `weight_scale`s are concatenated the same way; the parts share one input,
+    so their static `input_scale`s merge into the largest (as vLLM does). `module.fused_parts` names them.
     """
 
     def hook(state_dict: dict, prefix: str, *args: object) -> None:
-        for kind in ("weight", "bias"):
+        for kind in ("weight", "bias", "weight_scale", "input_scale"):
             names = [f"{prefix}{p}.{kind}" for p in parts]
             if all(n in state_dict for n in names):
-                state_dict[f"{prefix}{fused}.{kind}"] = torch.cat([state_dict.pop(n) for n in names])
+                tensors = [state_dict.pop(n) for n in names]
+                merged = torch.stack(tensors).amax() if kind == "input_scale" else torch.cat(tensors)
+                state_dict[f"{prefix}{fused}.{kind}"] = merged
 
+    vars(module).setdefault("fused_parts", {})[fused] = parts
     module._register_load_state_dict_pre_hook(hook)
 
 

@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tandem.worker.engine.layers import weight_fp8, weight_int8
 from tandem.worker.engine.layers.attention import AttentionBatch
 from tandem.worker.engine.layers.kv_cache import KvCache
-from tandem.worker.engine.layers.weight_int8 import quantize_model
 from tandem.worker.engine.loading import load_state_dict, parse_dtype
 from tandem.worker.engine.models.llama import LayerHook, Transformer, rope_inv_freq
 from tandem.worker.engine.models.registry import model_module
@@ -65,7 +65,10 @@ def load_shard(model_dir: str | Path, dtype: str, device: torch.device, quantiza
     model.gather_vocab = functools.partial(group.gather_last, size=config.vocab_size)
     del state
     if quantization == "int8":
-        quantize_model(model)
+        weight_int8.quantize_model(model)
+    elif quantization == "fp8":  # each rank quantizes its own slice, per output channel
+        weight_fp8.check_fp8(device)
+        weight_fp8.quantize_model(model)
     return model.eval()
 
 
