@@ -128,9 +128,21 @@ def write_model(model_dir: Path, tiny: bool) -> Path:
         from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
 
         return create_tiny_model(model_dir, TinySpec(layers=2))
+    import torch
+
     from bench.gpu_engine import LLAMA_3_1_8B, LLAMA_3_1_ROPE_SCALING, write_llama_shaped
 
-    return write_llama_shaped(model_dir, LLAMA_3_1_8B, LLAMA_3_1_ROPE_SCALING, device="cuda")
+    written = write_llama_shaped(model_dir, LLAMA_3_1_8B, LLAMA_3_1_ROPE_SCALING, device="cuda")  # drawn on the GPU: seconds
+    torch.cuda.empty_cache()  # the draws' memory goes back before the workers start on the same GPU
+    return written
+
+
+def tokenizer_vocab(model_dir: Path) -> int:
+    """Token ids a prompt may name: the router checks them against the tokenizer's vocabulary (the 8B shape's
+    config counts Llama-3's 128256; the tiny tokenizer covers its first ids)."""
+    import tokenizers
+
+    return tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
 
 
 def kv_block_bytes(model_dir: Path, dtype: str) -> int:
@@ -307,7 +319,7 @@ def main(argv: list[str]) -> int:
         model_dir = write_model(Path(tmp) / "model", args.tiny)
         print(f"model written in {time.monotonic() - t:.1f} s; trace median {med_in} in / {med_out} out", flush=True)
         vocab = load_vocabulary(model_dir)
-        vocab_ids = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+        vocab_ids = tokenizer_vocab(model_dir)
         for mode in (COLOCATED, DISAGGREGATED):
             t = time.monotonic()
             obj = stack_object(mode, model_dir, args, max_context)
