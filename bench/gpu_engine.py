@@ -109,10 +109,12 @@ def write_llama_1b_shaped(model_dir: Path, seed: int = 0) -> Path:
 
 
 def write_llama_shaped(model_dir: Path, spec: TinySpec, rope_scaling: dict, seed: int = 0, device: str = "cpu") -> Path:
-    """Random weights (drawn on `device`) at a Llama-3 shape and its full vocab (128256; the tiny tokenizer covers
-    its first ids)."""
+    """Random weights (drawn on `device`) at a Llama-3 shape and its full vocab (128256): the tiny tokenizer, with
+    one added token per id past its own, so every id the model can sample decodes to text (a served stream
+    whose ids decoded to nothing would carry no content to time)."""
     model_dir.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer()
+    tok.add_tokens([f"<|t{i}|>" for i in range(tok.get_vocab_size(with_added_tokens=True), LLAMA_3_2_1B_VOCAB)])
     config = hf_config(spec, LLAMA_3_2_1B_VOCAB, tok.token_to_id(BOS), tok.token_to_id(EOS))
     config["rope_scaling"] = rope_scaling
     write_safetensors(random_state_dict(ModelConfig.from_hf(config), seed, spec.dtype, device), model_dir)

@@ -57,3 +57,23 @@ def test_a_quantization_the_engine_lacks_is_refused_before_anything_runs(tmp_pat
     trace = tmp_path / "never-read.csv"  # refused first: the trace is not even opened
     assert main(["--tiny", "--trace", str(trace), "--quantization", "fp8"]) == 2
     assert "--quantization fp8: the engine loads only" in capsys.readouterr().err
+
+
+def test_the_llama_3_shaped_model_decodes_every_id_it_can_sample_to_text(tmp_path: Path):
+    """The served stream is timed on its text: a model whose vocabulary outruns its tokenizer would stream
+    tokens with no text, and the load generator would time nothing."""
+    import json
+
+    import tokenizers
+
+    from bench.gpu_engine import LLAMA_3_1_ROPE_SCALING, write_llama_shaped
+    from tandem.worker.devtools.tiny import TinySpec
+
+    shape = TinySpec(layers=1, hidden=64, heads=2, kv_heads=1, intermediate=128, dtype="bfloat16")
+    model_dir = write_llama_shaped(tmp_path, shape, LLAMA_3_1_ROPE_SCALING)
+    config = json.loads((model_dir / "config.json").read_text())
+    tok = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    assert tok.get_vocab_size(with_added_tokens=True) == config["vocab_size"] == 128256
+    assert config["rope_scaling"]["factor"] == 8.0  # Llama 3.1's
+    for token_id in (500, 1200, 64000, 128255):
+        assert tok.decode([token_id]), token_id
