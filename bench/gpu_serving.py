@@ -10,10 +10,12 @@ colocated worker, then one prefill and one decode worker. Each replays the trace
 project's load generator at the `--rates` in turn (rows evenly spaced over the trace, lengths capped, its
 arrival pattern stretched to the rate; each probe bounded by `--probe-seconds` of arrivals and
 `--max-requests`), and stops after the first rate where fewer than half the requests met the SLO (past
-saturation). Each probe prints TTFT and TPOT p50/p90 and SLO attainment at the README's SLO (tandem.slo),
-the decode (or colocated) worker's mean batch over the probe, and the engine alone's decode step time at that
-batch (timed in this process afterwards, at the trace's median prompt length), so the stack's overhead is
-a column. Goodput per mode is read from the probed rates as bench.goodput reads it.
+saturation), or once the run has spent its mode's share of `--budget-s` (default 400 s: 40% for the
+colocated stack, 80% with the disaggregated one). Each probe prints TTFT and TPOT p50/p90 and SLO attainment
+at the README's SLO (tandem.slo), the decode (or colocated) worker's mean batch over the probe, and the
+engine alone's decode step time at that batch (timed in this process afterwards, at the trace's median
+prompt length), so the stack's overhead is a column. Goodput per mode is read from the probed rates as
+bench.goodput reads it.
 
 On the disaggregated stack, prompts of each `--kv-lengths` are sent one at a time; the prefill worker's
 tandem_kv_transfer_* metrics give per prompt its KV bytes, span (first chunk to the commit's acknowledgement)
@@ -67,6 +69,8 @@ from tandem.spec import Quantization
 
 COLOCATED, DISAGGREGATED = "colocated", "disaggregated"
 BLOCK_SIZE = 16
+# Of --budget-s, the share by whose end no new probe of a mode starts (the rest: the KV rows, the engine alone)
+BUDGET_SHARE = {"colocated": 0.4, "disaggregated": 0.8}
 COPY_MIN_BYTES = 64 << 20  # the copy floor's bandwidth is measured on at least this much (a small copy is all overhead)
 # (GPU default, --tiny default) of each knob the dry run shrinks
 SIZES = {
@@ -79,6 +83,7 @@ SIZES = {
     "kv_lengths": ("512,2048,8192", "32,64,128"),
     "kv_repeats": (3, 1),
     "kv_gib": (24.0, 0.02),
+    "budget_s": (400.0, 300.0),
 }
 
 
@@ -97,6 +102,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--kv-lengths", help="prompt lengths of the KV transfer rows")
     p.add_argument("--kv-repeats", type=int, help="prompts per KV length (after one untimed)")
     p.add_argument("--kv-gib", type=float, help="KV cache per worker, GiB (two workers share the GPU)")
+    p.add_argument("--budget-s", type=float, help="seconds the whole run aims at: past a mode's share no new rate is probed")
     p.add_argument("--request-timeout", type=float, default=60.0, help="seconds without a byte before a request fails")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="write the results as JSON here")
@@ -205,11 +211,14 @@ def startup_rows(mode: str, stack, ready_s: float) -> list[dict]:
 
 
 def probe_rates(mode: str, stack, url: str, trace: list[RequestSpec], shaping: LengthShaping, vocab: Vocabulary,
-                args: argparse.Namespace) -> list[dict]:  # fmt: skip
-    """Each rate in turn until one is past saturation; a row per rate."""
+                args: argparse.Namespace, stop_at: float) -> list[dict]:  # fmt: skip
+    """Each rate in turn until one is past saturation, or the monotonic clock passes `stop_at`; a row per rate."""
     (decoder,) = [p for p in stack.plans if p.role in ("decode", "colocated")]
-    rows = []
+    rows: list[dict] = []
     for i, rate in enumerate(float(r) for r in args.rates.split(",")):
+        if rows and time.monotonic() > stop_at:
+            print(f"  {mode}: rates from {rate:g} req/s skipped, past this mode's share of --budget-s", flush=True)
+            break
         n = min(len(trace), requests_for_rate(rate, args.probe_seconds, args.min_requests, args.max_requests))
         specs = at_rate(thinned(trace, n, shaping), rate)
         wait_idle(stack)
@@ -329,7 +338,8 @@ def main(argv: list[str]) -> int:
                 print(f"{mode}: ready in {ready_s:.1f} s", flush=True)
                 startup += startup_rows(mode, stack, ready_s)
                 run(url, [RequestSpec(0.0, med_in, med_out)] * 2, vocab, 7, args.request_timeout)  # first calls' lazy init
-                probes += probe_rates(mode, stack, url, trace, shaping, vocab, args)
+                stop_at = started + args.budget_s * BUDGET_SHARE[mode]
+                probes += probe_rates(mode, stack, url, trace, shaping, vocab, args, stop_at)
                 if mode == DISAGGREGATED:
                     kv_raw = kv_pushes(stack, url, kv_lengths, args.kv_repeats, vocab_ids, rng)
         steps = engine_steps(model_dir, args, {1} | {engine_batch(r["mean_batch"]) for r in probes}, med_in)
