@@ -177,6 +177,19 @@ def scrape_metric(port: int, name: str) -> float:
     return total
 
 
+def metric_samples(port: int, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Every sample of `name` at a worker's Prometheus endpoint, by its labels (sorted (name, value) pairs)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5, trust_env=False).text
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    }
+
+
 def worker_load(p: ProcessPlan) -> common_pb2.LoadReport:
     """A worker's load report, asked with the stack's own identity (mutual TLS unless the spec turned it off)."""
     channel = dial(p)

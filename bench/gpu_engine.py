@@ -95,14 +95,34 @@ MOE_SHAPE = TinySpec(
 )
 
 
+LLAMA_3_1_8B = TinySpec(
+    layers=32,
+    hidden=4096,
+    heads=32,
+    kv_heads=8,
+    intermediate=14336,
+    max_positions=131072,
+    dtype="bfloat16",
+    rope_theta=500000.0,
+)
+LLAMA_3_1_ROPE_SCALING = {**LLAMA_3_ROPE_SCALING, "factor": 8.0}
+
+
 def write_llama_1b_shaped(model_dir: Path, seed: int = 0) -> Path:
     """The tiny-model writer at Llama-3.2-1B's shape and full vocab (the tiny tokenizer covers its first ids)."""
+    return write_llama_shaped(model_dir, LLAMA_3_2_1B, LLAMA_3_ROPE_SCALING, seed)
+
+
+def write_llama_shaped(model_dir: Path, spec: TinySpec, rope_scaling: dict, seed: int = 0, device: str = "cpu") -> Path:
+    """Random weights (drawn on `device`) at a Llama-3 shape and its full vocab (128256): the tiny tokenizer, with
+    one added token per id past its own, so every id the model can sample decodes to text (a served stream
+    whose ids decoded to nothing would carry no content to time)."""
     model_dir.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer()
-    spec = LLAMA_3_2_1B
+    tok.add_tokens([f"<|t{i}|>" for i in range(tok.get_vocab_size(with_added_tokens=True), LLAMA_3_2_1B_VOCAB)])
     config = hf_config(spec, LLAMA_3_2_1B_VOCAB, tok.token_to_id(BOS), tok.token_to_id(EOS))
-    config["rope_scaling"] = LLAMA_3_ROPE_SCALING
-    write_safetensors(random_state_dict(ModelConfig.from_hf(config), seed, spec.dtype), model_dir)
+    config["rope_scaling"] = rope_scaling
+    write_safetensors(random_state_dict(ModelConfig.from_hf(config), seed, spec.dtype, device), model_dir)
     tok.save(str(model_dir / "tokenizer.json"))
     (model_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return model_dir

@@ -63,8 +63,11 @@ LENGTH_BUCKETS = tuple(float(2**i) for i in range(2, 18))
 # Prefill metrics
 PREFILL_QUEUED_TOKENS = "tandem_prefill_queued_tokens"
 PREFILL_TOKENS_TOTAL = "tandem_prefill_tokens_total"
+# KV pushed to decode workers, by `transport` (grpc | shm | cuda_ipc): bytes, and per prompt the time from its
+# first chunk to the commit's acknowledgement (span) and from its first token to that acknowledgement (tail)
 KV_TRANSFER_BYTES_TOTAL = "tandem_kv_transfer_bytes_total"
 KV_TRANSFER_SECONDS = "tandem_kv_transfer_seconds"
+KV_TRANSFER_TAIL_SECONDS = "tandem_kv_transfer_tail_seconds"
 # Decode metrics
 DECODE_RUNNING_SEQUENCES = "tandem_decode_running_sequences"
 KV_BLOCKS_USED = "tandem_kv_blocks_used"

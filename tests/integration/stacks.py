@@ -52,10 +52,19 @@ def running_stack(obj: dict, log_dir: Path):
 _CHANNELS = WorkerChannels()  # kept across calls: one TLS handshake per worker, not per load report
 
 
+def _stub(p: ProcessPlan):
+    stub = (prefill_pb2_grpc.PrefillServiceStub if p.role == "prefill" else decode_pb2_grpc.DecodeServiceStub)
+    return stub(_CHANNELS.get(p))
+
+
 def load(p: ProcessPlan) -> common_pb2.LoadReport:
     """A worker's load report, asked with the stack's own identity."""
-    stub = (prefill_pb2_grpc.PrefillServiceStub if p.role == "prefill" else decode_pb2_grpc.DecodeServiceStub)
-    return stub(_CHANNELS.get(p)).Load(common_pb2.LoadRequest(), timeout=5)
+    return _stub(p).Load(common_pb2.LoadRequest(), timeout=5)
+
+
+def worker_info(p: ProcessPlan) -> common_pb2.WorkerInfo:
+    """What a worker says of itself at a handshake (its KV layout, its transports)."""
+    return _stub(p).Handshake(common_pb2.HandshakeRequest(), timeout=5).worker
 
 
 def metrics_targets(stack, service: str, namespace: str = "default") -> list[Target]:

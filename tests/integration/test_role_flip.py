@@ -34,7 +34,7 @@ def _kv_bytes_pushed(pools: LocalPools, name: str) -> float:
     """KV bytes a worker pushed as a prefill worker (its metrics port, the prefill pool's series)."""
     (p,) = [p for p in pools.stack.plans if p.name == name]
     text = httpx.get(f"http://{p.address.rsplit(':', 1)[0]}:{p.metrics_port}/metrics", timeout=5).text
-    prefix = f'{names.KV_TRANSFER_BYTES_TOTAL}{{pool="prefill",service="{SERVICE}"}}'
+    prefix = f'{names.KV_TRANSFER_BYTES_TOTAL}{{pool="prefill",service="{SERVICE}",'  # every transport
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
 
 

@@ -54,3 +54,22 @@ def test_vllm_named_engine_series_follow_the_engine(tiny_model_dir):
         names.PREFIX_CACHE_QUERIED_TOKENS_TOTAL, labels) > 0
     assert vllm(names.VLLM_PREFIX_CACHE_HITS + "_total") == metrics.registry.get_sample_value(
         names.PREFIX_CACHE_HIT_TOKENS_TOTAL, labels) > 0
+
+
+def test_kv_pushes_are_counted_by_transport_and_move_with_the_pool():
+    metrics = WorkerMetrics("svc", "prefill")
+    metrics.kv_pushed("shm", 4096, span_s=0.02, tail_s=0.001)
+    metrics.kv_pushed("shm", 1024, span_s=0.01, tail_s=0.002)
+    metrics.kv_pushed("grpc", 512, span_s=0.03, tail_s=0.004)
+
+    def sample(name: str, transport: str, pool: str = "prefill") -> float | None:
+        return metrics.registry.get_sample_value(name, {"service": "svc", "pool": pool, "transport": transport})
+
+    assert (sample(names.KV_TRANSFER_BYTES_TOTAL, "shm"), sample(names.KV_TRANSFER_BYTES_TOTAL, "grpc")) == (5120, 512)
+    assert sample(names.KV_TRANSFER_SECONDS + "_count", "shm") == 2
+    assert sample(names.KV_TRANSFER_SECONDS + "_sum", "shm") == 0.03
+    assert sample(names.KV_TRANSFER_TAIL_SECONDS + "_sum", "grpc") == 0.004
+    metrics.set_pool("decode")  # a flip: the worker counts in one pool only
+    assert sample(names.KV_TRANSFER_BYTES_TOTAL, "shm") is None
+    metrics.kv_pushed("shm", 64, span_s=0.01, tail_s=0.001)
+    assert sample(names.KV_TRANSFER_BYTES_TOTAL, "shm", pool="decode") == 64

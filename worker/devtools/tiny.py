@@ -202,18 +202,19 @@ def hf_config(spec: TinySpec, vocab_size: int, bos_id: int, eos_id: int) -> dict
 
 
 def random_state_dict(
-    config: ModelConfig, seed: int, dtype: str | torch.dtype = torch.float32
+    config: ModelConfig, seed: int, dtype: str | torch.dtype = torch.float32, device: str = "cpu"
 ) -> dict[str, torch.Tensor]:
-    """Seeded random weights: normal(0, 0.02) matrices and biases, norm weights near 1.
+    """Seeded random weights: normal(0, 0.02) matrices and biases, norm weights near 1, on the CPU (drawn on
+    `device`: a GPU draws a billion-parameter model in seconds, the CPU in minutes; the draws differ by device).
 
     Biases and norm weights are perturbed (HF starts them at 0 and 1) so a loader or model that drops
     them would change the logits and fail parity tests.
     """
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     state = {}
     for name, shape in expected_shapes(config).items():
-        noise = torch.randn(shape, generator=gen, dtype=torch.float32) * 0.02
-        state[name] = (1.0 + noise if name.endswith("norm.weight") else noise).to(parse_dtype(dtype))
+        noise = torch.randn(shape, generator=gen, dtype=torch.float32, device=device) * 0.02
+        state[name] = (1.0 + noise if name.endswith("norm.weight") else noise).to(parse_dtype(dtype)).cpu()
     return state
 
 

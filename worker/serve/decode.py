@@ -35,6 +35,7 @@ from tandem.worker.kv_transport.handshake import (
     reserve_transport,
     reserve_transports,
 )
+from tandem.worker.kv_transport.pairing_log import PairingLog, transport_label
 from tandem.worker.kv_transport.receiver import Committed, KvReceiver
 from tandem.worker.kv_transport.reservations import Released
 from tandem.worker.kv_transport.staging import StagingPool, StagingRing
@@ -97,6 +98,7 @@ class DecodeServicer:
         self._generating = 0  # local-prefill Generate streams accepted and not yet ended
         self.stream_slots: Slots | None = None  # the server's bound on token streams, when it has one
         self.load_of: Callable[[], common_pb2.LoadReport] | None = None  # the worker's current role's report
+        self.pairings = PairingLog(log)
         self._expiry = Every(expire_every_s, self._expire, "kv-lease-expiry").start()
 
     def close(self) -> None:
@@ -120,10 +122,10 @@ class DecodeServicer:
         peer = request.peer
         if not peer.num_layers:  # no peer named: nothing to check or choose
             return common_pb2.HandshakeReply(worker=self.info, transport=common_pb2.KV_TRANSPORT_UNSPECIFIED)
+        transport = reserve_transport(peer.transports, peer.host_id, self.info, peer.cuda_device_uuid)
+        self.pairings.note(peer.worker_id, transport, "handshake: KV from prefill worker %s would come over %s", peer.worker_id)
         return common_pb2.HandshakeReply(  # the transport a Reserve from this peer would be granted
-            worker=self.info,
-            problems=check_compatible(peer, self.info),
-            transport=reserve_transport(peer.transports, peer.host_id, self.info, peer.cuda_device_uuid),
+            worker=self.info, problems=check_compatible(peer, self.info), transport=transport
         )
 
     def Reserve(self, request: decode_pb2.ReserveRequest, context: grpc.ServicerContext) -> decode_pb2.ReserveReply:
@@ -178,6 +180,9 @@ class DecodeServicer:
             self.loop.call(lambda e: e.release(block_table))
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "every staging ring is in use")
         assert transport is not None  # context.abort raised otherwise
+        asked = ", ".join(transport_label(t) for t in request.transports) or "grpc"
+        self.pairings.note(request.prefill_host_id, transport, "KV from prefill workers on host %r (offering %s) comes over %s",
+                           request.prefill_host_id, asked)
         res.staging = ring
         with self._lock:
             self._pending[request.transfer_id] = Pending(request.request_id, prompt, params, block_table, ring, transport)

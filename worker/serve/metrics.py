@@ -11,6 +11,8 @@ from tandem import names
 from tandem.worker.engine.core.scheduler import SchedulerOutput
 from tandem.worker.engine.runner.engine import Engine
 
+KV_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
 
 class WorkerMetrics:
     def __init__(self, service: str, pool: str, registry: CollectorRegistry | None = None, model_name: str = "model"):
@@ -30,11 +32,18 @@ class WorkerMetrics:
 
         self.queued_prompt_tokens = bind(Gauge(names.PREFILL_QUEUED_TOKENS, "Prompt tokens waiting to be prefilled", labels, registry=r))
         self.prefill_tokens = bind(Counter(names.PREFILL_TOKENS_TOTAL, "Prompt tokens prefilled", labels, registry=r))
-        self.kv_bytes = bind(Counter(names.KV_TRANSFER_BYTES_TOTAL, "KV cache bytes pushed to decode workers", labels, registry=r))
-        self.kv_seconds = bind(
-            Histogram(names.KV_TRANSFER_SECONDS, "Prefill-to-commit time of a KV transfer", labels, registry=r,
-                      buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-        )
+        per_transport = [*labels, "transport"]  # grpc | shm | cuda_ipc: what the pair used for that prompt
+        self._kv_bytes = Counter(names.KV_TRANSFER_BYTES_TOTAL, "KV cache bytes pushed to decode workers, by the "
+                                 "transport the prefill and decode worker used", per_transport, registry=r)
+        self._kv_seconds = Histogram(
+            names.KV_TRANSFER_SECONDS, "Per prompt pushed to a decode worker: from its first KV chunk read for the push "
+            "to the decode worker's acknowledgement of the commit (the last chunk and the first token); overlaps the "
+            "compute of the prompt's later layers", per_transport, registry=r, buckets=KV_BUCKETS)  # fmt: skip
+        self._kv_tail = Histogram(
+            names.KV_TRANSFER_TAIL_SECONDS, "Per prompt pushed to a decode worker: from its first token computed (its "
+            "last layer done) to the decode worker's acknowledgement of the commit; the transfer time the compute "
+            "did not hide", per_transport, registry=r, buckets=KV_BUCKETS)  # fmt: skip
+        self._per_transport = [self._kv_bytes, self._kv_seconds, self._kv_tail]
         self.running = bind(Gauge(names.DECODE_RUNNING_SEQUENCES, "Sequences in the running batch", labels, registry=r))
         self.kv_used = bind(Gauge(names.KV_BLOCKS_USED, "KV cache blocks in use", labels, registry=r))
         self.kv_total = bind(Gauge(names.KV_BLOCKS_TOTAL, "KV cache blocks in the pool", labels, registry=r))
@@ -81,6 +90,14 @@ class WorkerMetrics:
         self.held.set_function(busy)
         return self
 
+    def kv_pushed(self, transport: str, nbytes: int, span_s: float, tail_s: float) -> None:
+        """One prompt's KV pushed and committed over `transport`: its bytes, its span (first chunk to the commit's
+        acknowledgement) and its tail (first token to that acknowledgement)."""
+        labels = {"service": self.service, "pool": self.pool, "transport": transport}
+        self._kv_bytes.labels(**labels).inc(nbytes)
+        self._kv_seconds.labels(**labels).observe(span_s)
+        self._kv_tail.labels(**labels).observe(tail_s)
+
     def set_pool(self, pool: str) -> None:
         """Label every series with `pool` from now on (the worker changed role); the old pool's are dropped,
         so the worker counts in one pool only."""
@@ -94,6 +111,8 @@ class WorkerMetrics:
                 setattr(self, name, parent.labels(service=self.service, pool=pool))
         for m in self._series:
             m.remove(*(old[label] for label in names.METRIC_LABELS))
+        for m in self._per_transport:  # only this worker's pool has series: all of them are the old pool's
+            m.clear()
         self.pool = pool
         if self._engine is not None:
             self.watch(self._engine)

@@ -23,6 +23,7 @@ from tandem.worker.engine.runner.engine_loop import EngineLoop, StreamEnd
 from tandem.worker.kv_transport.base import DecodeUnreachable, KvLayout, KvSender, KvTransferError
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS, StreamKvSender, staging_for
 from tandem.worker.kv_transport.handshake import check_compatible, reserve_transport
+from tandem.worker.kv_transport.pairing_log import PairingLog, transport_label
 from tandem.worker.serve.colocated import generate_tokens
 from tandem.worker.serve.decode_channels import DecodeChannels
 from tandem.worker.serve.drain import refuse_while_draining
@@ -43,6 +44,7 @@ class Transfer:
     decode_blocks: list[int]
     next_block: int = -1  # first local block index not yet pushed (all layers)
     kv_bytes: int = 0  # KV payload pushed, whatever the transport
+    first_pushed: float | None = None  # perf_counter when its first chunk was queued
     errors: list[Exception] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -118,6 +120,7 @@ class PrefillServicer:
         loop.engine.layer_hook = self._after_layer
         self._kv_reader = LayerKvReader(loop.engine.kv)
         self.load_of: Callable[[], common_pb2.LoadReport] | None = None  # the worker's current role's report
+        self.pairings = PairingLog(log)
 
     def activate(self, active: bool) -> None:
         """Take (or give up) the engine's layer hook: only a worker that prefills now needs it, and without
@@ -135,11 +138,9 @@ class PrefillServicer:
         peer = request.peer
         if not peer.num_layers:  # no peer named: nothing to check or choose
             return common_pb2.HandshakeReply(worker=self.info, transport=common_pb2.KV_TRANSPORT_UNSPECIFIED)
-        return common_pb2.HandshakeReply(
-            worker=self.info,
-            problems=check_compatible(self.info, peer),
-            transport=reserve_transport(self.info.transports, self.info.host_id, peer, self.info.cuda_device_uuid),
-        )
+        transport = reserve_transport(self.info.transports, self.info.host_id, peer, self.info.cuda_device_uuid)
+        self.pairings.note(peer.worker_id, transport, "handshake: KV to decode worker %s would go over %s", peer.worker_id)
+        return common_pb2.HandshakeReply(worker=self.info, problems=check_compatible(self.info, peer), transport=transport)
 
     def Load(self, request: common_pb2.LoadRequest, context: grpc.ServicerContext) -> common_pb2.LoadReport:
         return self.load_of() if self.load_of is not None else self.own_load()
@@ -208,6 +209,7 @@ class PrefillServicer:
             timeout_s=push_timeout_s(reservation.lease_deadline_ms, time.time()),
         )
         transfer = Transfer(sender, reservation.first_block_index, list(reservation.block_ids))
+        self.pairings.note(request.decode_address, sender.transport, "KV to decode worker %s goes over %s", request.decode_address)
         with self._lock:
             self._transfers[request.request_id] = transfer
         try:
@@ -233,9 +235,8 @@ class PrefillServicer:
         if reply.status != decode_pb2.PUSH_KV_STATUS_COMMITTED:
             context.abort(grpc.StatusCode.ABORTED, f"decode worker refused the KV: {reply.error}")
         done = time.perf_counter()
-        if self.metrics is not None:
-            self.metrics.kv_bytes.inc(transfer.kv_bytes)
-            self.metrics.kv_seconds.observe(done - arrived)
+        if self.metrics is not None and transfer.first_pushed is not None:
+            self.metrics.kv_pushed(transport_label(sender.transport), transfer.kv_bytes, done - transfer.first_pushed, done - computed)
         return prefill_pb2.PrefillReply(
             first_token=first.token_id,
             first_token_logprob=first.logprob,
@@ -258,6 +259,8 @@ class PrefillServicer:
             lo, hi = blocks_to_push(seq.num_computed + n, len(seq.prompt_ids), bs, transfer.next_block)
             if hi > lo:
                 try:
+                    if transfer.first_pushed is None:
+                        transfer.first_pushed = time.perf_counter()
                     to_host = transfer.sender.transport != common_pb2.KV_TRANSPORT_CUDA_IPC
                     k, v, ready = self._kv_reader.read(layer, seq.block_table[lo:hi], to_host)
                     first = transfer.first_block
