@@ -55,8 +55,8 @@ def test_a_kv_row_sets_the_tail_against_one_copy_at_the_device_bandwidth():
 
 def test_a_quantization_the_engine_lacks_is_refused_before_anything_runs(tmp_path: Path, capsys):
     trace = tmp_path / "never-read.csv"  # refused first: the trace is not even opened
-    assert main(["--tiny", "--trace", str(trace), "--quantization", "fp8"]) == 2
-    assert "--quantization fp8: the engine loads only" in capsys.readouterr().err
+    assert main(["--tiny", "--trace", str(trace), "--quantization", "awq"]) == 2
+    assert "--quantization awq: the engine loads only" in capsys.readouterr().err
 
 
 def test_the_llama_3_shaped_model_decodes_every_id_it_can_sample_to_text(tmp_path: Path):
