@@ -8,12 +8,15 @@ modules of their own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic.alias_generators import to_snake
 
 from tandem.slo import DEFAULT as DEFAULT_SLO
 from tandem.slo import Slo
@@ -71,6 +74,9 @@ class HuggingFaceSource(_Spec):
     token_secret_ref: SecretKeyRef | None = None
 
 
+SOURCE_EXACTLY_ONE = "spec.model.source must set exactly one of path, pvc, hostPath, image, huggingFace"
+
+
 class ModelSource(_Spec):
     """Exactly one of: a local/in-pod path, a PVC, a host path, an image, or a Hugging Face repo."""
 
@@ -84,7 +90,7 @@ class ModelSource(_Spec):
     def _exactly_one(self) -> ModelSource:
         chosen = [k for k in ("path", "pvc", "host_path", "image", "hugging_face") if getattr(self, k)]
         if len(chosen) != 1:
-            raise ValueError(f"model.source needs exactly one of path, pvc, hostPath, image, huggingFace; got {chosen}")
+            raise ValueError(f"{SOURCE_EXACTLY_ONE}; got {chosen}")
         return self
 
 
@@ -96,11 +102,16 @@ class Quantization(StrEnum):
     int8 = "int8"
 
 
+# The longest context any served model family has: Llama 4 Scout's 10M tokens. Past it a value is a typo (its
+# KV cache alone would need terabytes); the model's own limit is checked once its config is read.
+MAX_CONTEXT_LENGTH = 10_000_000
+
+
 class ModelSpec(_Spec):
     source: ModelSource
     served_name: str
     dtype: Dtype = Dtype.bfloat16
-    max_context_length: int = Field(default=4096, gt=0)
+    max_context_length: int = Field(default=4096, gt=0, le=MAX_CONTEXT_LENGTH)
     quantization: Quantization = Quantization.none
 
 
@@ -111,6 +122,8 @@ class Resources(_Spec):
 
 
 TENSOR_PARALLEL_SIZES = (0, 1, 2, 4, 8, 16, 32, 64)
+GPUS_POWER_OF_TWO = ("resources.gpus must be 0, 1 or a power of two up to 64: a worker splits the model across its "
+                     "GPUs (tensor parallel) by powers of two")  # fmt: skip
 
 
 class WorkerResources(Resources):
@@ -122,8 +135,7 @@ class WorkerResources(Resources):
     @classmethod
     def _splits(cls, gpus: int) -> int:
         if gpus not in TENSOR_PARALLEL_SIZES:
-            raise ValueError(f"resources.gpus must be 0, 1 or a power of two up to 64 (a worker splits the model "
-                             f"across its GPUs by powers of two), got {gpus}")  # fmt: skip
+            raise ValueError(f"{GPUS_POWER_OF_TWO}; got {gpus}")
         return gpus
 
 
@@ -166,8 +178,14 @@ class PoolSpec(_Spec):
     @model_validator(mode="after")
     def _bounds(self) -> PoolSpec:
         if not self.min_replicas <= self.max_replicas:
-            raise ValueError("minReplicas must be <= maxReplicas")
+            raise ValueError(MIN_ABOVE_MAX)
+        if not self.min_replicas <= self.replicas <= self.max_replicas:
+            raise ValueError(REPLICAS_OUT_OF_BOUNDS)
         return self
+
+
+MIN_ABOVE_MAX = "minReplicas must be less than or equal to maxReplicas"
+REPLICAS_OUT_OF_BOUNDS = "replicas must be between minReplicas and maxReplicas"
 
 
 class RouterResources(Resources):
@@ -228,7 +246,7 @@ class SloSpec(_Spec):
 
 
 AUTOSCALING_FLIP_NEEDS_ROLE_FLIP = (
-    "autoscaling.flip.enabled needs roleFlip: true (workers that hold certificates for both roles) and mode "
+    "spec.autoscaling.flip.enabled needs roleFlip: true (workers that hold certificates for both roles) and mode "
     "disaggregated"
 )
 
@@ -303,12 +321,72 @@ class InferenceServiceSpec(_Spec):
     @model_validator(mode="after")
     def _zero_needs_autoscaling(self) -> InferenceServiceSpec:
         pools = {"decode": self.decode} if self.mode is Mode.colocated else {"prefill": self.prefill, "decode": self.decode}
-        if not self.autoscaling.enabled and any(p.min_replicas == 0 for p in pools.values()):
-            raise ValueError(MIN_ZERO_NEEDS_AUTOSCALING)
+        for pool, p in pools.items():
+            if not self.autoscaling.enabled and p.min_replicas == 0:
+                raise ValueError(f"spec.{pool}.{MIN_ZERO_NEEDS_AUTOSCALING}")
+        return self
+
+    @model_validator(mode="after")
+    def _nothing_the_mode_ignores(self) -> InferenceServiceSpec:
+        for rule in IGNORED_BY_MODE:
+            if rule.applies(self):
+                for path in rule.fields:
+                    if _at(self, path) != _at(_DEFAULTS, path):
+                        raise ValueError(rule.message(path))
         return self
 
 
 MIN_ZERO_NEEDS_AUTOSCALING = "minReplicas 0 needs autoscaling.enabled: only the autoscaler wakes a pool from zero"
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """Settings a mode never reads: refused unless left at their default, so a spec says only what runs.
+    `when` is the mode in words and `cel` the same test over the CRD's `self` (the spec); `fields` the
+    settings, as the YAML spells their paths below spec."""
+
+    when: str
+    applies: Callable[[InferenceServiceSpec], bool]
+    cel: str
+    fields: tuple[str, ...]
+    why: str
+
+    def message(self, path: str) -> str:
+        return f"spec.{path} is ignored in {self.when}: {self.why}"
+
+
+_POOL_FIELDS = ("replicas", "minReplicas", "maxReplicas", "resources.gpus", "resources.cpu", "resources.memory",
+                "nodeSelector", "tolerations", "affinity", "env", "podTemplate")  # fmt: skip
+_CONDITIONAL_ONLY = ("localPrefillMaxTokens", "prefillQueueTokens", "localPrefillMaxTpotFraction", "mixedDecodeRatio")
+_COLOCATED = "has(self.mode) && self.mode == 'colocated'"
+
+IGNORED_BY_MODE = (
+    Ignored("mode colocated", lambda s: s.mode is Mode.colocated, _COLOCATED,
+            tuple(f"prefill.{f}" for f in _POOL_FIELDS), "one pool serves both phases, sized by spec.decode"),
+    Ignored("mode colocated", lambda s: s.mode is Mode.colocated, _COLOCATED,
+            tuple(f"router.disaggregation.{f}" for f in ("mode", *_CONDITIONAL_ONLY)),
+            "every prompt is prefilled where it decodes"),
+    Ignored("mode colocated", lambda s: s.mode is Mode.colocated, _COLOCATED,
+            ("kvTransfer.transport", "kvTransfer.compression", "kvTransfer.leaseMs"), "no KV moves between workers"),
+    Ignored("mode colocated", lambda s: s.mode is Mode.colocated, _COLOCATED, ("roleFlip",),
+            "only a disaggregated service's workers change role"),
+    Ignored("router.disaggregation.mode always or never",
+            lambda s: s.mode is Mode.disaggregated and s.router.disaggregation.mode is not DisaggregationMode.conditional,
+            "(!has(self.mode) || self.mode == 'disaggregated') && !(has(self.router) && has(self.router.disaggregation)"
+            " && has(self.router.disaggregation.mode) && self.router.disaggregation.mode == 'conditional')",
+            tuple(f"router.disaggregation.{f}" for f in _CONDITIONAL_ONLY), "only mode conditional reads it"),
+)  # fmt: skip
+
+
+def _at(spec: BaseModel, path: str) -> Any:
+    """The value at a YAML path below spec (`prefill.resources.gpus`)."""
+    node: Any = spec
+    for alias in path.split("."):
+        node = getattr(node, to_snake(alias))
+    return node
+
+
+_DEFAULTS = InferenceServiceSpec.model_construct()
 
 
 class InferenceService(BaseModel):

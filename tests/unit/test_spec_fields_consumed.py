@@ -32,6 +32,8 @@ PENDING: set[str] = set()
 # Values for fields whose schema alone does not give two valid, different ones.
 VALUES: dict[str, list[Any]] = {
     "model.source.huggingFace.repoId": ["org/a", "org/b"],
+    "prefill.minReplicas": [0, 1],  # at most replicas (1)
+    "decode.minReplicas": [0, 1],
     "prefill.tolerations": [[], [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]],
     "decode.tolerations": [[], [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]],
     "prefill.env": [[], [{"name": "A", "value": "1"}]],
@@ -69,6 +71,8 @@ CONTEXT: list[tuple[str, dict[str, Any]]] = [
     ("autoscaling.enabled", {}),
     ("autoscaling.flip.", {"roleFlip": True}),  # the autoscaler flips only workers that can take both roles
     ("engine.speculative.draftModel.", {"engine": {"speculative": {"method": "draft"}}}),
+    *((f"router.disaggregation.{f}", {"router": {"disaggregation": {"mode": "conditional"}}}) for f in (
+        "localPrefillMaxTokens", "prefillQueueTokens", "localPrefillMaxTpotFraction", "mixedDecodeRatio")),  # only it reads them
     *((f"{pool}.podTemplate.volumeMounts", {pool: {"podTemplate": {"volumes": [{"name": "cache", "emptyDir": {}}]}}})
       for pool in ("router", "prefill", "decode")),
     ("gateway.", {"gateway": {"parentRefs": [{"name": "gw"}], "endpointPickerRef": {"name": "epp"}}}),
