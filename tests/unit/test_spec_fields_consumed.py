@@ -9,6 +9,7 @@ have an effect the test asks for its removal from the list.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,8 @@ def values_for(path: str, schema: dict[str, Any]) -> list[Any]:
     if kind == "string":
         if any("isQuantity" in r.get("rule", "") for r in schema.get("x-kubernetes-validations", [])):
             return ["1", "2"]
+        if "pattern" in schema and not re.search(schema["pattern"], "/v1"):  # a name
+            return ["v1", "v2"]
         return ["/v1", "/v2"]  # absolute, so path-like fields accept it too
     if kind == "object" and "additionalProperties" in schema:
         return [{}, {"k": "v"}]
