@@ -240,6 +240,8 @@ class PodTemplateOverlay(_Spec):
 
 
 MIN_ABOVE_MAX = "minReplicas must be less than or equal to maxReplicas"
+# The API server's alone: `tandem up` starts a pool below minReplicas (no prefill worker under
+# disaggregation mode never), which on Kubernetes takes minReplicas 0 and the autoscaler.
 REPLICAS_OUT_OF_BOUNDS = "replicas must be between minReplicas and maxReplicas"
 
 
@@ -272,8 +274,6 @@ class PoolSpec(_Spec):
     def _bounds(self) -> PoolSpec:
         if not self.min_replicas <= self.max_replicas:
             raise ValueError(MIN_ABOVE_MAX)
-        if not self.min_replicas <= self.replicas <= self.max_replicas:
-            raise ValueError(REPLICAS_OUT_OF_BOUNDS)
         return self
 
 

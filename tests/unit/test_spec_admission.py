@@ -23,7 +23,6 @@ REFUSED = [
     ("decode-min-zero", _spec(decode={"replicas": 0, "minReplicas": 0}), "spec.decode.minReplicas 0 needs autoscaling"),
     ("prefill-min-zero", _spec(prefill={"minReplicas": 0}), "spec.prefill.minReplicas 0 needs autoscaling"),
     ("colocated-decode-min-zero", _spec(mode="colocated", decode={"minReplicas": 0}), "spec.decode.minReplicas 0"),
-    ("replicas-above-max", _spec(decode={"replicas": 5}), "replicas must be between minReplicas and maxReplicas"),
     ("min-above-max", _spec(prefill={"minReplicas": 5, "replicas": 5}), "minReplicas must be less than or equal to"),
     ("colocated-prefill-replicas", _spec(mode="colocated", prefill={"replicas": 2, "maxReplicas": 8}),
      "spec.prefill.replicas is ignored in mode colocated: one pool serves both phases, sized by spec.decode"),
