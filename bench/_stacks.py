@@ -75,8 +75,9 @@ def service_object(
     engine: dict | None = None,
 ) -> dict:
     """An InferenceService object for the local backend: float32 on CPU, `threads` torch threads per
-    worker. In colocated mode `decode` replicas is the number of colocated workers; `router` is the
-    spec's router section (e.g. its disaggregation); `engine` adds to the engine section."""
+    worker. In colocated mode `decode` replicas is the number of colocated workers (`prefill` and
+    `transport` are left out); `router` is the spec's router section (e.g. its disaggregation); `engine`
+    adds to the engine section."""
     obj = {
         "apiVersion": "serving.tandem.dev/v1alpha1",
         "kind": "InferenceService",
@@ -89,12 +90,12 @@ def service_object(
                 "maxContextLength": max_context,
             },
             "mode": mode,
-            "prefill": {"replicas": prefill, "resources": {"gpus": 0}},
             "decode": {"replicas": decode, "resources": {"gpus": 0}},
-            "kvTransfer": {"transport": transport},
             "engine": {"blockSize": 16, "numKvBlocks": num_kv_blocks, "threads": threads, **(engine or {})},
         },
     }
+    if mode != "colocated":  # colocated has neither a prefill pool nor a KV transfer: their settings are refused
+        obj["spec"] |= {"prefill": {"replicas": prefill, "resources": {"gpus": 0}}, "kvTransfer": {"transport": transport}}
     if router:
         obj["spec"]["router"] = router
     return obj

@@ -5,24 +5,33 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from tandem.spec_base import Spec
+from tandem.spec_base import Spec, cel, rules
+
+API_KEYS_NEED_A_SOURCE = "security.apiKeys needs secretName (Kubernetes) or file (local)"
+TLS_OFF_TAKES_NO_SOURCE = "security.tls: mode off takes no secretName or dir"
 
 
 class ApiKeysSpec(Spec):
     """Router API keys (`Authorization: Bearer`), one per line: the `key` of Secret `secretName` on
     Kubernetes, or the file `file` locally. Probes stay open; /metrics too unless `protectMetrics`."""
 
+    model_config = ConfigDict(json_schema_extra=rules(cel("has(self.secretName) || has(self.file)", API_KEYS_NEED_A_SOURCE)))
+
     secret_name: str | None = Field(default=None, min_length=1)
+    """Secret holding the keys, one per line, mounted into the router pods."""
     key: str = Field(default="api-keys", min_length=1)
+    """Key of the keys file in the Secret."""
     file: str | None = Field(default=None, min_length=1)
+    """A local keys file (tandem up only)."""
     protect_metrics: bool = False
+    """Require a key on /metrics too."""
 
     @model_validator(mode="after")
     def _one_source(self) -> ApiKeysSpec:
         if not (self.secret_name or self.file):
-            raise ValueError("security.apiKeys needs secretName (Kubernetes) or file (local)")
+            raise ValueError(API_KEYS_NEED_A_SOURCE)
         return self
 
 
@@ -38,9 +47,17 @@ class TlsSpec(Spec):
     `<secretName>-<role>` (tls.crt, tls.key, ca.crt) or, locally, `dir` holds folders `<dir>/<role>/`.
     `tls: off` is short for `tls: {mode: off}`."""
 
+    model_config = ConfigDict(json_schema_extra=rules(
+        cel("self.mode != 'off' || (!has(self.secretName) && !has(self.dir))", TLS_OFF_TAKES_NO_SOURCE, ".mode")))
+
     mode: TlsMode = TlsMode.auto
+    """auto: mutual TLS, certificates issued by the operator unless secretName names them; off: plaintext gRPC
+    (a Warning Event says so)."""
     secret_name: str | None = Field(default=None, min_length=1)
+    """Prefix of cert-manager-style Secrets <secretName>-<role> (tls.crt, tls.key, ca.crt; role router,
+    prefill, decode or colocated) used instead of the operator's own."""
     dir: str | None = Field(default=None, min_length=1)
+    """A local folder with one folder per role holding tls.crt, tls.key and ca.crt (tandem up only)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -54,7 +71,7 @@ class TlsSpec(Spec):
     @model_validator(mode="after")
     def _sources_need_tls(self) -> TlsSpec:
         if self.mode is TlsMode.off and (self.secret_name or self.dir):
-            raise ValueError("security.tls: mode off takes no secretName or dir")
+            raise ValueError(TLS_OFF_TAKES_NO_SOURCE)
         return self
 
     @property
@@ -72,10 +89,16 @@ class NetworkPolicySpec(Spec):
     `metricsFrom` (NetworkPolicyPeers; default: Prometheus pods in any namespace) to the metrics ports."""
 
     enabled: bool = True
+    """Render the NetworkPolicies."""
     metrics_from: list[dict[str, Any]] = Field(default_factory=lambda: [dict(PROMETHEUS_PEER)])
+    """NetworkPolicyPeers allowed to scrape the metrics ports (default: Prometheus pods in any namespace)."""
 
 
 class SecuritySpec(Spec):
     api_keys: ApiKeysSpec | None = None
+    """Require Authorization: Bearer API keys at the router (probes stay open)."""
     tls: TlsSpec = Field(default_factory=TlsSpec)
+    """Mutual TLS on every gRPC hop (router to workers, prefill to decode), with per-role certificates the
+    operator issues; on unless mode is off."""
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+    """One NetworkPolicy per pool: clients to the router, the router to the workers, prefill to decode."""

@@ -16,6 +16,9 @@ from tests.prometheus import Target
 
 
 def spec(name: str, model_dir: Path, mode: str = "disaggregated", prefill: int = 1, decode: int = 1, **engine) -> dict:
+    pools = {"decode": {"replicas": decode, "resources": {"gpus": 0}}}
+    if mode != "colocated":  # colocated's one pool is spec.decode; a prefill setting is refused
+        pools["prefill"] = {"replicas": prefill, "resources": {"gpus": 0}}
     return {
         "apiVersion": "serving.tandem.dev/v1alpha1",
         "kind": "InferenceService",
@@ -23,8 +26,7 @@ def spec(name: str, model_dir: Path, mode: str = "disaggregated", prefill: int =
         "spec": {
             "model": {"source": {"path": str(model_dir)}, "servedName": "tiny", "dtype": "float32", "maxContextLength": 4096},
             "mode": mode,
-            "prefill": {"replicas": prefill, "resources": {"gpus": 0}},
-            "decode": {"replicas": decode, "resources": {"gpus": 0}},
+            **pools,
             "engine": {"blockSize": 16, "numKvBlocks": 512, "threads": 1, **engine},
         },
     }

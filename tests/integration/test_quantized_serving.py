@@ -17,7 +17,8 @@ QUANTIZED = {"prefillChunkTokens": 32, "kvCacheDtype": "int8"}
 def _spec(name: str, model_dir, mode: str, transport: str = "grpc") -> dict:
     obj = spec(name, model_dir, mode=mode, **QUANTIZED)
     obj["spec"]["model"]["quantization"] = "int8"
-    obj["spec"]["kvTransfer"] = {"transport": transport, "compression": "int8"}
+    if mode == "disaggregated":  # colocated moves no KV and refuses a kvTransfer section
+        obj["spec"]["kvTransfer"] = {"transport": transport, "compression": "int8"}
     return obj
 
 

@@ -32,10 +32,17 @@ def _with(path: str, value):
 
 _DELETE = object()
 
+
+def _colocated(**spec):
+    obj = copy.deepcopy(VALID)
+    obj["spec"].update(mode="colocated", **spec)
+    return obj
+
+
 CASES = [
     # (id, object, text the error must contain)
-    ("replicas-above-max", _with("decode", {"replicas": 5, "maxReplicas": 4}), "spec.decode"),
-    ("min-above-max", _with("prefill", {"replicas": 2, "minReplicas": 3, "maxReplicas": 2}), "spec.prefill"),
+    ("replicas-above-max", _with("decode", {"replicas": 5, "maxReplicas": 4}), "spec.decode.replicas"),
+    ("min-above-max", _with("prefill", {"replicas": 2, "minReplicas": 3, "maxReplicas": 2}), "spec.prefill.minReplicas"),
     ("negative-replicas", _with("prefill.replicas", -1), "spec.prefill.replicas"),
     ("zero-ttft", _with("slo.ttftMs", 0), "spec.slo.ttftMs"),
     ("negative-tpot", _with("slo.tpotMs", -5), "spec.slo.tpotMs"),
@@ -58,8 +65,24 @@ CASES = [
     ("zero-router-replicas", _with("router.replicas", 0), "spec.router.replicas"),
     # a pool at zero wakes only through the autoscaler
     ("min-zero-without-autoscaling", _with("decode", {"replicas": 0, "minReplicas": 0}),
-     "minReplicas 0 needs autoscaling.enabled"),
-    ("prefill-min-zero-without-autoscaling", _with("prefill", {"minReplicas": 0}), "minReplicas 0 needs autoscaling.enabled"),
+     "spec.decode.minReplicas: Invalid value"),
+    ("prefill-min-zero-without-autoscaling", _with("prefill", {"minReplicas": 0}), "spec.prefill.minReplicas: Invalid value"),
+    ("colocated-min-zero-without-autoscaling", _colocated(decode={"minReplicas": 0, "replicas": 0}),
+     "spec.decode.minReplicas"),
+    ("context-past-any-model", _with("model.maxContextLength", 1_000_000_000_000), "spec.model.maxContextLength"),
+    ("flip-without-role-flip", _with("autoscaling.flip", {"enabled": True}), "spec.autoscaling.flip.enabled"),
+    # settings the chosen mode never reads (tandem.spec.IGNORED_BY_MODE), each refused naming the field
+    ("colocated-prefill-pool", _colocated(prefill={"replicas": 2, "maxReplicas": 8, "resources": {"gpus": 4}}),
+     "spec.prefill.replicas: Invalid value"),
+    ("colocated-prefill-gpus", _colocated(prefill={"resources": {"gpus": 4}}), "spec.prefill.resources.gpus"),
+    ("colocated-prefill-min-zero", _colocated(prefill={"replicas": 0, "minReplicas": 0}), "spec.prefill.replicas"),
+    ("colocated-prefill-overlay", _colocated(prefill={"nodeSelector": {"a": "b"}}), "spec.prefill.nodeSelector"),
+    ("colocated-disaggregation", _colocated(router={"disaggregation": {"mode": "conditional"}}),
+     "spec.router.disaggregation.mode"),
+    ("colocated-kv-transfer", _colocated(kvTransfer={"compression": "int8"}), "spec.kvTransfer.compression"),
+    ("colocated-role-flip", _colocated(roleFlip=True), "spec.roleFlip"),
+    ("conditional-knob-under-always", _with("router.disaggregation", {"localPrefillMaxTokens": 64}),
+     "spec.router.disaggregation.localPrefillMaxTokens"),
     ("negative-wake-queue", _with("router.wakeQueue", {"maxRequests": -1}), "spec.router.wakeQueue.maxRequests"),
     # podTemplate: nothing over the operator's own fields, nothing the restricted profile forbids
     ("overlay-selector-label", _with("prefill.podTemplate", {"labels": {"serving.tandem.dev/pool": "x"}}),
@@ -104,13 +127,22 @@ def test_invalid_object_rejected_naming_the_field(control_plane, obj, field):
 
 @pytest.mark.parametrize("spec", [
     {"autoscaling": {"enabled": True}, "prefill": {"replicas": 0, "minReplicas": 0}, "decode": {"replicas": 0, "minReplicas": 0}},
-    {"mode": "colocated", "prefill": {"replicas": 0, "minReplicas": 0}},  # colocated: the prefill pool is unused
-], ids=["autoscaled", "colocated-unused-prefill"])
+    {"mode": "colocated", "decode": {"replicas": 0, "minReplicas": 0}, "autoscaling": {"enabled": True}},
+], ids=["autoscaled", "colocated-autoscaled"])
 def test_a_pool_at_zero_is_accepted_where_something_can_wake_it(control_plane, spec):
     obj = copy.deepcopy(VALID)
     obj["spec"].update(spec)
     out = control_plane.kubectl("create", "--dry-run=server", "-o", "yaml", "-f", "-", input=yaml.safe_dump(obj))
     assert yaml.safe_load(out.stdout)["spec"]["router"]["wakeQueue"] == {"maxRequests": 64, "timeoutSeconds": 300}
+
+
+@pytest.mark.parametrize("obj", [
+    _colocated(prefill={"replicas": 1, "resources": {"gpus": 1}}, decode={"replicas": 2}),  # prefill's defaults
+    _with("router.disaggregation", {"mode": "conditional", "localPrefillMaxTokens": 64, "mixedDecodeRatio": 0.5}),
+    _with("model.maxContextLength", 10_000_000),
+], ids=["colocated-prefill-at-defaults", "conditional-knobs", "longest-context"])
+def test_what_the_mode_reads_is_accepted(control_plane, obj):
+    control_plane.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(obj))
 
 
 def test_unknown_field_rejected(control_plane):

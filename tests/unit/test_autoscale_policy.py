@@ -209,7 +209,7 @@ def test_config_from_spec():
         {
             "model": {"source": {"path": "/m"}, "servedName": "m"},
             "prefill": {"minReplicas": 1, "maxReplicas": 6},
-            "decode": {"minReplicas": 2, "maxReplicas": 9, "resources": {"gpus": 2}},
+            "decode": {"replicas": 2, "minReplicas": 2, "maxReplicas": 9, "resources": {"gpus": 2}},
             "slo": {"ttftMs": 800, "tpotMs": 40, "percentile": 95},
             "autoscaling": {"enabled": True, "stabilizationSeconds": 240, "gpuBudget": 20, "sloMarginPercent": 75},
         }

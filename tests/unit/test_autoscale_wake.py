@@ -123,7 +123,7 @@ async def test_the_direct_scrape_reads_the_held_requests_of_each_pool():
         ({"decode": {"replicas": 0, "minReplicas": 0}}, True),
         ({"prefill": {"minReplicas": 0}}, True),
         ({"prefill": {"minReplicas": 0}, "autoscaling": {"enabled": True}}, False),
-        ({"mode": "colocated", "prefill": {"replicas": 0, "minReplicas": 0}}, False),  # colocated: prefill unused
+        ({"mode": "colocated", "decode": {"minReplicas": 0}}, True),  # colocated's one pool is spec.decode
     ],
 )
 def test_min_zero_needs_the_autoscaler_to_wake_the_pool(patch, refused):

@@ -18,9 +18,9 @@ def _svc(mode: str = "disaggregated", source: dict | None = None, prefill: int =
         "spec": {
             "model": {"source": source or {"path": "models/tiny"}, "servedName": "tiny", "dtype": "float32"},
             "mode": mode,
-            "prefill": {"replicas": prefill, "resources": {"gpus": 0}},
             "decode": {"replicas": decode, "resources": {"gpus": 0}},
-            "kvTransfer": {"transport": "grpc"},
+            **({} if mode == "colocated" else {  # colocated refuses the settings it ignores
+                "prefill": {"replicas": prefill, "resources": {"gpus": 0}}, "kvTransfer": {"transport": "grpc"}}),
         },
     })  # fmt: skip
 

@@ -22,7 +22,7 @@ def _specs() -> dict[str, InferenceServiceSpec]:
     hf = {**base, "model": {**base["model"], "source": {"huggingFace": {"repoId": "org/m"}}}}
     image = {**base, "model": {**base["model"], "source": {"image": "models/m:1"}},
              "security": {"tls": {"secretName": "t"}, "apiKeys": {"secretName": "k"}}}
-    colo = {**base, "mode": "colocated"}
+    colo = {**{k: v for k, v in base.items() if k not in ("prefill", "kvTransfer")}, "mode": "colocated"}
     return {"gpu": gpu, **{k: InferenceServiceSpec.model_validate(v) for k, v in
                            {"hf": hf, "image": image, "colocated": colo}.items()}}
 

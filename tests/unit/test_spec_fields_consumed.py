@@ -9,6 +9,7 @@ have an effect the test asks for its removal from the list.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ PENDING: set[str] = set()
 # Values for fields whose schema alone does not give two valid, different ones.
 VALUES: dict[str, list[Any]] = {
     "model.source.huggingFace.repoId": ["org/a", "org/b"],
+    "prefill.minReplicas": [0, 1],  # at most replicas (1)
+    "decode.minReplicas": [0, 1],
     "prefill.tolerations": [[], [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]],
     "decode.tolerations": [[], [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]],
     "prefill.env": [[], [{"name": "A", "value": "1"}]],
@@ -69,6 +72,8 @@ CONTEXT: list[tuple[str, dict[str, Any]]] = [
     ("autoscaling.enabled", {}),
     ("autoscaling.flip.", {"roleFlip": True}),  # the autoscaler flips only workers that can take both roles
     ("engine.speculative.draftModel.", {"engine": {"speculative": {"method": "draft"}}}),
+    *((f"router.disaggregation.{f}", {"router": {"disaggregation": {"mode": "conditional"}}}) for f in (
+        "localPrefillMaxTokens", "prefillQueueTokens", "localPrefillMaxTpotFraction", "mixedDecodeRatio")),  # only it reads them
     *((f"{pool}.podTemplate.volumeMounts", {pool: {"podTemplate": {"volumes": [{"name": "cache", "emptyDir": {}}]}}})
       for pool in ("router", "prefill", "decode")),
     ("gateway.", {"gateway": {"parentRefs": [{"name": "gw"}], "endpointPickerRef": {"name": "epp"}}}),
@@ -112,6 +117,8 @@ def values_for(path: str, schema: dict[str, Any]) -> list[Any]:
     if kind == "string":
         if any("isQuantity" in r.get("rule", "") for r in schema.get("x-kubernetes-validations", [])):
             return ["1", "2"]
+        if "pattern" in schema and not re.search(schema["pattern"], "/v1"):  # a name
+            return ["v1", "v2"]
         return ["/v1", "/v2"]  # absolute, so path-like fields accept it too
     if kind == "object" and "additionalProperties" in schema:
         return [{}, {"k": "v"}]
