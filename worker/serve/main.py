@@ -98,7 +98,7 @@ def main(argv: list[str]) -> int:
     num_blocks = kv_plan.num_blocks
     engine, _ = engine_for_model(model, args.model_dir, dataclasses.replace(engine_config, num_kv_blocks=num_blocks))
     started, warmup_s = time.monotonic(), 0.0
-    if args.compile or args.decode_step != "eager" or (args.attention == "flex" and device.startswith("cuda")):
+    if args.compile or args.decode_step != "eager" or (args.attention in ("flex", "triton") and device.startswith("cuda")):
         from tandem.worker.engine.runner.compiled import warm_up
 
         log.info("warming up compiled graphs (%d steps)", warm_up(engine))  # before the health check says ready

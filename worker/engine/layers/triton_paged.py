@@ -18,6 +18,8 @@ starts its running softmax from it.
 
 Which backend the engine uses by default (sdpa, flex or this one) awaits a measurement on the GPU; on the CPU
 this runs only under Triton's interpreter (`TRITON_INTERPRET=1`, set before this module is imported): tests.
+The interpreter's `tl.dot` misreads bfloat16 and float16 operands, so there the dot products run in float32
+(the loads, the 8-bit unpacking, masks and merges are the GPU's code).
 """
 
 from __future__ import annotations
@@ -59,11 +61,11 @@ def _paged_attention(
     Q, K, V, KScale, VScale, Table, KvLens, QLens, QStarts, TileSeq, TileQ0, KNew, VNew,
     Out, PartOut, PartLse,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_sb, stride_ss, stride_sh,
-    stride_tb, stride_nt, stride_nh, stride_ot, stride_oh, stride_pt, stride_ph, stride_ps,
+    stride_tb, stride_knt, stride_knh, stride_vnt, stride_vnh, stride_ot, stride_oh, stride_pt, stride_ph, stride_ps,
     qk_scale,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SPLIT_KEYS: tl.constexpr, SPLITS: tl.constexpr,
-    ONE_QUERY: tl.constexpr, HAS_NEW: tl.constexpr, INT8: tl.constexpr, IEEE: tl.constexpr,
+    ONE_QUERY: tl.constexpr, HAS_NEW: tl.constexpr, INT8: tl.constexpr, IEEE: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -89,14 +91,16 @@ def _paged_attention(
     d_ok = d < HEAD_DIM
     q = tl.load(Q + (q_start + qi)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+    if DOT_F32:
+        q = q.to(tl.float32)
     dot_dtype = q.dtype
 
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     if HAS_NEW:  # the row's own key and value, not in the cache yet: the first split starts from it
-        k_new = tl.load(KNew + seq * stride_nt + kvh * stride_nh + d, mask=d_ok, other=0.0).to(tl.float32)
-        v_new = tl.load(VNew + seq * stride_nt + kvh * stride_nh + d, mask=d_ok, other=0.0).to(tl.float32)
+        k_new = tl.load(KNew + seq * stride_knt + kvh * stride_knh + d, mask=d_ok, other=0.0).to(tl.float32)
+        v_new = tl.load(VNew + seq * stride_vnt + kvh * stride_vnh + d, mask=d_ok, other=0.0).to(tl.float32)
         s_new = tl.sum(q.to(tl.float32) * k_new[None, :], axis=1) * qk_scale
         first = split == 0
         m = tl.where(first, s_new, m)
@@ -119,8 +123,8 @@ def _paged_attention(
             scale_at = page.to(tl.int64) * stride_sb + (key % PAGE) * stride_ss + kvh * stride_sh + HEAD_DIM // 4
             k_scale = tl.load(KScale + scale_at, mask=key_ok, other=0.0)
             v_scale = tl.load(VScale + scale_at, mask=key_ok, other=0.0)
-            k = k.to(dot_dtype)
-            v = v.to(dot_dtype)
+        k = k.to(dot_dtype)
+        v = v.to(dot_dtype)
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -228,6 +232,7 @@ def _launch(
         raise ValueError(f"the split count must be a power of two, got {splits}")
     split_keys = -(-table.shape[1] * page // splits)
     split_keys = -(-split_keys // BLOCK_N) * BLOCK_N
+    dot_f32 = interpreted() and q.dtype != torch.float32  # the interpreter's tl.dot misreads 16-bit floats
     out = torch.empty_like(q)
     if splits > 1:
         part_out = torch.empty(t, nh, splits, block_d, dtype=torch.float32, device=q.device)
@@ -248,12 +253,12 @@ def _launch(
         q, k, v, k_scale, v_scale, table, kv_lens, *ints, kn, vn, out, part_out, part_lse,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
         k_scale.stride(0), k_scale.stride(1), k_scale.stride(2),
-        table.stride(0), kn.stride(0), kn.stride(1), out.stride(0), out.stride(1),
+        table.stride(0), kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), out.stride(0), out.stride(1),
         part_lse.stride(0), part_lse.stride(1), part_lse.stride(2) if splits > 1 else 0,
         scale * LOG2E,
         GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=rows, BLOCK_N=BLOCK_N, PAGE=page,
         SPLIT_KEYS=split_keys, SPLITS=splits, ONE_QUERY=one_query, HAS_NEW=has_new, INT8=int8,
-        IEEE=q.dtype == torch.float32,
+        IEEE=q.dtype == torch.float32 or dot_f32, DOT_F32=dot_f32,
     )  # fmt: skip
     if splits > 1:
         _merge_splits[(t, nh)](
@@ -294,3 +299,18 @@ def paged_attention(
     one = layout.longest_query == 1 and tiles == q.shape[0]
     return _launch(q, k_cache, v_cache, table, layout.kv_lens, scale, tiles, layout.rows, one, layout, None, None,
                    splits)  # fmt: skip
+
+
+@torch.library.custom_op("tandem::paged_decode_attention", mutates_args=())
+def paged_decode_op(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor, kv_lens: torch.Tensor,
+    scale: float, k_new: torch.Tensor, v_new: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """`paged_decode_attention` with a new key per row, as one operator: torch.compile keeps it whole (it neither
+    traces into the launch nor into the interpreter) and a CUDA graph captures its kernels."""
+    return paged_decode_attention(q, k_cache, v_cache, table, kv_lens, scale, k_new, v_new)
+
+
+@paged_decode_op.register_fake
+def _(q, k_cache, v_cache, table, kv_lens, scale, k_new, v_new):  # noqa: ANN001, ANN202 (the op's shape rule)
+    return torch.empty_like(q)
