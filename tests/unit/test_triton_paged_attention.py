@@ -169,3 +169,12 @@ def test_the_backend_is_refused_off_cuda_without_the_interpreter(monkeypatch):
     check_backend("sdpa", torch.device("cpu"))
     with pytest.raises(ValueError, match="one of sdpa, flex, triton"):
         check_backend("paged", torch.device("cpu"))
+
+
+def test_a_worker_on_the_cpu_refuses_the_backend_before_loading(monkeypatch, capsys):
+    from tandem.worker.serve.main import main
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    argv = ["--role", "decode", "--model-dir", "/nonexistent", "--device", "cpu", "--attention", "triton"]
+    assert main(argv) == 2
+    assert "triton attention backend needs a CUDA device" in capsys.readouterr().err
