@@ -9,25 +9,29 @@ step's rows (new key not in the cache yet, through the custom op). Shapes stay t
 from __future__ import annotations
 
 import os
+import sys
 
-os.environ["TRITON_INTERPRET"] = "1"  # read when a kernel is defined: before triton_paged is imported
+import pytest
+import torch
 
-import importlib  # noqa: E402
-import sys  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+if not torch.cuda.is_available() and "triton" not in sys.modules:
+    # Triton reads this as it defines kernels, its own library's included: before anything imports it. On a host
+    # without CUDA nothing else runs Triton, so it stays on for the rest of the process.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 pytest.importorskip("triton", reason="triton is not installed (it comes with torch's Linux wheels)")
 
+from tandem.worker.engine.layers import triton_paged as tp  # noqa: E402
 from tandem.worker.engine.layers.attention import AttentionBatch, attend, check_backend  # noqa: E402
 from tandem.worker.engine.layers.kv_int8 import pack  # noqa: E402
 from tandem.worker.engine.layers.static_decode import StaticDecodeBatch, as_stored, static_decode_attention  # noqa: E402
 
-_MODULE = "tandem.worker.engine.layers.triton_paged"
-if _MODULE in sys.modules:  # imported earlier in this process without the interpreter: define the kernels again
-    importlib.reload(sys.modules[_MODULE])
-tp = importlib.import_module(_MODULE)
+pytestmark = pytest.mark.skipif(
+    not tp.interpreted(),
+    reason="Triton's interpreter is off: this host has CUDA (tests/gpu/test_triton_attention_cuda.py runs the "
+    "kernel there), or triton was imported before this module could turn the interpreter on",
+)
+
 
 PAGE = 8
 POOL = 24

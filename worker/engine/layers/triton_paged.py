@@ -17,7 +17,8 @@ step's cache does not hold its new token yet: `k_new`/`v_new` give each row one 
 starts its running softmax from it.
 
 Which backend the engine uses by default (sdpa, flex or this one) awaits a measurement on the GPU; on the CPU
-this runs only under Triton's interpreter (`TRITON_INTERPRET=1`, set before this module is imported): tests.
+this runs only under Triton's interpreter (`TRITON_INTERPRET=1`, set before triton is first imported: its own
+library functions are wrapped then): tests.
 The interpreter's `tl.dot` misreads bfloat16 and float16 operands, so there the dot products run in float32
 (the loads, the 8-bit unpacking, masks and merges are the GPU's code).
 """
@@ -221,6 +222,8 @@ def _launch(
     scale: float, tiles: int, rows: int, one_query: bool, layout: TileLayout | None,
     k_new: torch.Tensor | None, v_new: torch.Tensor | None, splits: int | None,
 ) -> torch.Tensor:  # fmt: skip
+    q = q if q.stride(-1) == 1 else q.contiguous()  # the kernel steps along head_dim by one element
+    k_new, v_new = (x if x is None or x.stride(-1) == 1 else x.contiguous() for x in (k_new, v_new))
     t, nh, d = q.shape
     _, page, kvh, _ = k_cache.shape
     group = nh // kvh
