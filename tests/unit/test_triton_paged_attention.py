@@ -158,8 +158,9 @@ def test_an_engine_on_the_triton_backend_decodes_as_the_sdpa_one(tmp_path):
 def test_the_split_count_comes_from_shapes_and_fills_the_gpu():
     assert tp.num_splits(programs=512, max_keys=8192) == 1  # enough programs already
     assert tp.num_splits(programs=8, max_keys=128) == 1  # too short to split
-    assert tp.num_splits(programs=8, max_keys=4096) == 16  # one row of a long context: 16 splits of 256 keys
+    assert tp.num_splits(programs=8, max_keys=1024) == 8  # one row: splits of 128 keys
     assert tp.num_splits(programs=8, max_keys=1 << 20) == 32  # capped by the program target
+    assert tp.num_splits(programs=64, max_keys=4096) == 4
     with pytest.raises(ValueError, match="power of two"):
         q = torch.zeros(1, 1, 64)
         tp.paged_decode_attention(q, torch.zeros(1, PAGE, 1, 64), torch.zeros(1, PAGE, 1, 64),

@@ -37,7 +37,7 @@ BLOCK_N = 32  # keys per inner tile
 DECODE_ROWS = 16  # the smallest query tile tl.dot takes
 CHUNK_ROWS = 64  # query tile of a prompt chunk
 SPLIT_TARGET_PROGRAMS = 256  # split long contexts until about this many programs run (an H200 has 132 SMs)
-MIN_SPLIT_KEYS = 256  # a split reads at least this many keys
+MIN_SPLIT_KEYS = 128  # a split reads at least this many keys
 
 
 def interpreted() -> bool:
@@ -79,9 +79,9 @@ def _paged_attention(
     else:
         seq = tl.load(TileSeq + tile)
         q0 = tl.load(TileQ0 + tile)
-        q_len = tl.load(QLens + seq)
-        q_start = tl.load(QStarts + seq)
-    kv_len = tl.load(KvLens + seq)  # keys in the cache this sequence attends to
+        q_len = tl.load(QLens + seq).to(tl.int32)
+        q_start = tl.load(QStarts + seq).to(tl.int32)
+    kv_len = tl.load(KvLens + seq).to(tl.int32)  # keys in the cache this sequence attends to
 
     rows = tl.arange(0, BLOCK_M)
     qi = q0 + rows // GROUP  # query of each row, within its sequence
@@ -260,7 +260,7 @@ def _launch(
         part_lse.stride(0), part_lse.stride(1), part_lse.stride(2) if splits > 1 else 0,
         scale * LOG2E,
         GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=rows, BLOCK_N=BLOCK_N, PAGE=page,
-        SPLIT_KEYS=split_keys, SPLITS=splits, ONE_QUERY=one_query, HAS_NEW=has_new, INT8=int8,
+        SPLIT_KEYS=split_keys, SPLITS=splits, ONE_QUERY=one_query, HAS_NEW=int(has_new), INT8=int8,
         IEEE=q.dtype == torch.float32 or dot_f32, DOT_F32=dot_f32,
     )  # fmt: skip
     if splits > 1:
