@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -183,3 +184,45 @@ def test_a_worker_on_the_cpu_refuses_the_backend_before_loading(monkeypatch, cap
     argv = ["--role", "decode", "--model-dir", "/nonexistent", "--device", "cpu", "--attention", "triton"]
     assert main(argv) == 2
     assert "triton attention backend needs a CUDA device" in capsys.readouterr().err
+
+
+COMPILE_FOR_H200 = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tandem.worker.engine.layers import triton_paged as tp
+
+POINTERS = {"Table": "i64", "KvLens": "i64", "QLens": "i32", "QStarts": "i32", "TileSeq": "i32", "TileQ0": "i32",
+            "PartOut": "fp32", "PartLse": "fp32"}
+for dtype, int8, splits, one, new, d, group in [("bf16", False, 1, True, 0, 128, 4), ("bf16", True, 4, True, 1, 64, 8),
+                                                 ("bf16", True, 2, False, 0, 128, 6), ("fp32", False, 1, False, 0, 64, 1)]:
+    kv = "i8" if int8 else dtype
+    types = {**{n: dtype for n in ("Q", "KNew", "VNew", "Out")}, "K": kv, "V": kv,
+             "KScale": "fp32" if int8 else dtype, "VScale": "fp32" if int8 else dtype, **POINTERS}
+    consts = dict(GROUP=group, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=16 if one else 64, BLOCK_N=tp.BLOCK_N, PAGE=16,
+                  SPLIT_KEYS=256, SPLITS=splits, ONE_QUERY=one, HAS_NEW=new, INT8=int8, IEEE=dtype == "fp32",
+                  DOT_F32=False)
+    sig = {n: "*" + types[n] if n in types else "fp32" if n == "qk_scale" else "i32" for n in tp._paged_attention.arg_names}
+    triton.compile(ASTSource(tp._paged_attention, {**sig, **dict.fromkeys(consts, "constexpr")}, consts),
+                   target=GPUTarget("cuda", 90, 32))
+consts = dict(HEAD_DIM=128, BLOCK_D=128, SPLITS=8)
+sig = {n: "*fp32" if n.startswith("Part") else "*bf16" if n == "Out" else "i32" for n in tp._merge_splits.arg_names}
+triton.compile(ASTSource(tp._merge_splits, {**sig, **dict.fromkeys(consts, "constexpr")}, consts),
+               target=GPUTarget("cuda", 90, 32))
+print("compiled")
+"""
+
+
+def test_the_kernels_compile_for_an_h200_without_one(tmp_path):
+    """The interpreter does not compile: Triton's own compiler and its bundled ptxas build the kernels for
+    sm_90 (an H200) here, decode and chunk tiles, both caches, split and not, and the merge."""
+    import subprocess
+
+    import triton
+
+    if not (Path(triton.__file__).parent / "backends/nvidia/bin/ptxas").exists():
+        pytest.skip("this triton has no bundled ptxas to compile for an NVIDIA target")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_H200], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
