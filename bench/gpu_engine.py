@@ -16,6 +16,9 @@ through the real loading path. Reported:
 - FP8 weights at Llama-3.1-8B's shape (`--no-fp8` skips; bench/fp8_rows.py): ms per decode step at batch 1
   and 64 (context 512) and 49 (context 3,072), and a 2,134-token prefill, each beside vLLM's FP8 figure on
   an H200 from tandem/profiles/h200-llama-3.1-8b-fp8.json.
+- decode attention alone, each backend side by side (`sdpa`, `flex`, `triton`; general path and the static
+  step captured as a CUDA graph), at batch 1/16/64 and context 512/4096, ms and % of the copy floor it
+  measures (bench/attention_backends.py; `--attention-backends ''` skips it);
 
 - tensor parallelism (`--tensor-parallel 2`, 0 skips): the same model split across that many GPUs (NCCL),
   prefill time and decode tokens/s at batch 1 and `--batch`, each with its runs; skipped, saying so, on a
@@ -39,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from bench import attention_backends
 from bench._roofline import Result, decode_bandwidth, median_of, prefill_utilisation
 from bench.engine_timing import random_prompts, time_engine
 from bench.fp8_rows import fp8_rows, write_llama_8b_shaped
@@ -192,7 +196,7 @@ def run(args: argparse.Namespace, model_dir: Path, device: str = "cuda") -> list
 def utilisation(model: torch.nn.Module, args: argparse.Namespace) -> list[Result]:
     """Bandwidth and FLOP utilisation and batch decode tokens/s on the general path (`--attention`, `--compile`)."""
     engine = Engine(model, engine_config(args), eos_token_ids=())
-    if args.compile or args.attention == "flex":
+    if args.compile or args.attention in ("flex", "triton"):
         compiled_warm_up(engine)  # compile outside the timed runs
     vocab = model.config.vocab_size
     time_engine(engine, random_prompts(4, args.context, vocab, seed=1), 8)  # warm up kernels and allocator
@@ -288,6 +292,15 @@ def print_results(results: list[Result], caption: str) -> None:
     Console().print(table)
 
 
+def attention_rows(args: argparse.Namespace, device: torch.device, caption: str) -> dict | None:
+    """The attention backends side by side (printed as their own table); their JSON, or None when skipped."""
+    if not args.backends:
+        return None
+    rows, bandwidth = attention_backends.run(args, device)
+    attention_backends.print_table(rows, caption)
+    return attention_backends.as_json(rows, bandwidth)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
@@ -298,7 +311,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--prefill-tokens", type=int, default=2048)
     p.add_argument("--batch", type=int, default=64, help="batch size of the decode tokens/s run")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--attention", choices=["sdpa", "flex"], default="sdpa", help="the engine's attention backend")
+    p.add_argument(
+        "--attention", choices=["sdpa", "flex", "triton"], default="sdpa",
+        help="the engine's attention backend (the decode-step rows use it too: triton or sdpa)",
+    )  # fmt: skip
+    attention_backends.add_arguments(p, shapes="llama-3.2-1b")
     p.add_argument("--compile", action="store_true", help="torch.compile norms and MLPs (warmed up first)")
     p.add_argument(
         "--decode-steps", default="eager,cudaGraphs",
@@ -315,6 +332,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown decode steps {sorted(unknown)}; choose from {', '.join(DECODE_STEPS)}")
     args.dtype = "bfloat16"
+    attention_backends.finish_arguments(args, args.dry_run)
     if args.dry_run:  # small enough for a CPU in a minute or two
         args.context, args.new_tokens, args.prefill_tokens, args.batch, args.repeats = 24, 6, 48, 4, 1
         args.dtype = "float32"
@@ -335,6 +353,7 @@ def main(argv: list[str]) -> int:
                 points = ((1, args.context), (args.batch, args.context))
                 results += fp8_rows(args, model_dir, "cpu", points, args.prefill_tokens)
             print_results(results, "dry run on the CPU, tiny model: not a measurement")
+        attention_rows(args, torch.device("cpu"), "dry run on the CPU, tiny shape: not a measurement")
         return 0
     if not torch.cuda.is_available():
         print(
@@ -361,8 +380,11 @@ def main(argv: list[str]) -> int:
         f"prompt tokens, {args.new_tokens} new tokens; median of {args.repeats}"
     )
     print_results(results, caption)
+    gc.collect()
+    torch.cuda.empty_cache()
+    attention = attention_rows(args, torch.device("cuda"), caption.split(";")[0])
     if args.out is not None:
-        data = {"caption": caption, "results": [{**asdict(r), "met": r.met} for r in results]}
+        data = {"caption": caption, "results": [{**asdict(r), "met": r.met} for r in results], "attention": attention}
         args.out.write_text(json.dumps(data, indent=2) + "\n")
     return 0
 

@@ -14,6 +14,7 @@ from tandem.spec_base import Spec, cel, rules
 class AttentionBackend(StrEnum):
     sdpa = "sdpa"  # the reference: each context gathered from the paged cache, then SDPA
     flex = "flex"  # FlexAttention reading the paged cache in place (compiled on CUDA)
+    triton = "triton"  # our Triton kernel reading the paged cache in place, the 8-bit one too (CUDA only)
 
 
 class SpeculativeMethod(StrEnum):
@@ -62,7 +63,7 @@ class SpeculativeSpec(Spec):
 
 class KvCacheDtype(StrEnum):
     """How the paged KV cache stores keys and values: `auto` in model.dtype; `int8` as int8 with one
-    float32 scale per token and head (about twice the sequences in the same memory; sdpa attention only).
+    float32 scale per token and head (about twice the sequences in the same memory; sdpa or triton attention).
     With an int8 cache, kvTransfer.compression int8 is a no-op: the blocks travel as they are stored."""
 
     auto = "auto"
@@ -82,7 +83,7 @@ class DecodeStep(StrEnum):
 
 
 KV_INT8_NEEDS_SDPA = (
-    "engine.kvCacheDtype int8 needs engine.attention sdpa: the flex backend reads the cache in place and "
+    "engine.kvCacheDtype int8 needs engine.attention sdpa or triton: the flex backend reads the cache in place and "
     "cannot unpack 8-bit pages"
 )
 

@@ -22,7 +22,7 @@ def static_engine(model: Transformer, compile: bool, **overrides) -> Engine:
         assert runner is not None
         engine.decode_step = DecodeStepRunner(
             model, engine.kv.k, engine.kv.v, runner.block_size, engine.config.max_running_sequences,
-            engine.max_model_len, runner.scratch_block, engine.staging, compile=False,
+            engine.max_model_len, runner.scratch_block, engine.staging, compile=False, attention=runner.attention,
         )  # fmt: skip
     return engine
 

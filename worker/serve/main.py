@@ -23,6 +23,7 @@ from tandem.options import SPECULATIVE_TOKENS, WorkerOptions
 from tandem.v1 import colocated_pb2_grpc, prefill_pb2_grpc
 from tandem.worker.api.metrics_http import serve_metrics
 from tandem.worker.api.tls import TlsConfig, add_port
+from tandem.worker.engine.layers.attention import check_backend
 from tandem.worker.engine.loading import engine_for_model, load_model
 from tandem.worker.engine.models.llama import Transformer
 from tandem.worker.engine.runner.decode_graphs import check_decode_step
@@ -69,6 +70,7 @@ def main(argv: list[str]) -> int:
     try:
         engine_config = _engine_config(args)
         check_decode_step(args.decode_step, torch.device(device))
+        check_backend(args.attention, torch.device(device))
     except ValueError as e:  # the spec refuses these combinations first; a hand-written command line may not
         print(f"tandem worker: {e}", file=sys.stderr)
         return 2
@@ -98,7 +100,8 @@ def main(argv: list[str]) -> int:
     num_blocks = kv_plan.num_blocks
     engine, _ = engine_for_model(model, args.model_dir, dataclasses.replace(engine_config, num_kv_blocks=num_blocks))
     started, warmup_s = time.monotonic(), 0.0
-    if args.compile or args.decode_step != "eager" or (args.attention == "flex" and device.startswith("cuda")):
+    reads_in_place = args.attention in ("flex", "triton")  # compiled on first use: warm up before serving
+    if args.compile or args.decode_step != "eager" or (reads_in_place and device.startswith("cuda")):
         from tandem.worker.engine.runner.compiled import warm_up
 
         log.info("warming up compiled graphs (%d steps)", warm_up(engine))  # before the health check says ready

@@ -10,11 +10,16 @@ layer reuses it. Two backends:
   long KV sequence of pages; a block mask lists, per sequence, the physical pages it owns (its page
   table), and the mask maps each physical slot back to its logical position for causality. Nothing
   is gathered. Compiled on CUDA; elsewhere it runs eagerly (correct, slow: for tests).
+- `triton`: our own Triton kernel (triton_paged) for the whole step, reading the cache in place through the
+  block table, the 8-bit cache included; the static decode step (decode_graphs) runs it too. CUDA only (on the
+  CPU, Triton's interpreter runs it for tests). The default stays `sdpa` until the three are measured
+  side by side on the GPU (bench/gpu_engine.py).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -26,8 +31,13 @@ from tandem.worker.engine.layers.static_decode import StaticDecodeBatch, static_
 
 if TYPE_CHECKING:
     from tandem.worker.engine.layers.flex_paged import FlexLayout
+    from tandem.worker.engine.layers.triton_paged import TileLayout
 
-BACKENDS = ("sdpa", "flex")
+BACKENDS = ("sdpa", "flex", "triton")
+TRITON_NEEDS_CUDA = (
+    "the triton attention backend needs a CUDA device (on the CPU Triton runs only under its interpreter, "
+    "TRITON_INTERPRET=1, for tests); use sdpa or flex"
+)
 SHORT_QUERY_TOKENS = 17  # sequences with at most this many new tokens attend as one padded batch (sdpa)
 
 
@@ -48,6 +58,7 @@ class AttentionBatch:
     starts: list[int] = field(init=False)  # first flat token of each sequence
     decode_rows: list[int] = field(init=False)  # sequences with few new tokens, attended as one batch
     _flex: FlexLayout | None = field(init=False, default=None, repr=False)
+    _tiles: TileLayout | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -106,8 +117,25 @@ class AttentionBatch:
             self._flex = flex_layout(self, num_pool_blocks)
         return self._flex
 
+    # --- what the triton backend needs -------------------------------------------------------------
+    def tile_layout(self, group: int) -> TileLayout:
+        """The step's query tiles for `group` query heads per KV head, built by the first layer that asks."""
+        if self._tiles is None:
+            from tandem.worker.engine.layers.triton_paged import tile_layout
+
+            self._tiles = tile_layout(self.query_lens, self.context_lens, group, self.device)
+        return self._tiles
+
 
 StepBatch: TypeAlias = AttentionBatch | StaticDecodeBatch  # a step's layout: any step, or a padded pure-decode batch
+
+
+def check_backend(backend: str, device: torch.device) -> None:
+    """Refuse a backend this device cannot run (triton off CUDA, unless Triton's interpreter is on)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"attention must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ValueError(TRITON_NEEDS_CUDA)
 
 
 def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: StepBatch) -> None:
@@ -146,6 +174,11 @@ def attend(
         from tandem.worker.engine.layers.flex_paged import flex_paged_attention
 
         return flex_paged_attention(q, k_cache, v_cache, batch.flex_layout(k_cache.shape[0]), scale)
+    if batch.backend == "triton":
+        from tandem.worker.engine.layers.triton_paged import paged_attention
+
+        layout = batch.tile_layout(q.shape[1] // k_cache.shape[2])
+        return paged_attention(q, k_cache, v_cache, batch.pages, layout, scale)
     return sdpa_paged_attention(q, k_new, v_new, k_cache, v_cache, batch, scale)
 
 

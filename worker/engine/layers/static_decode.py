@@ -6,7 +6,8 @@ mask built from a tensor, and the new token's own key and value join as one more
 `scaled_dot_product_attention` covers the batch. The pass does not write the cache: each layer's new keys
 and values are kept on the batch (`new_kv`) and the runner writes them after it (a compiled graph that
 wrote the cache in place could copy the whole cache). Shapes depend only on the padded batch and table
-width, so the step traces whole (torch.compile) and replays as a CUDA graph.
+width, so the step traces whole (torch.compile) and replays as a CUDA graph. With the `triton` backend the
+rows read their pages in place instead (triton_paged, through a custom op the compiler leaves whole).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class StaticDecodeBatch:
     table: torch.Tensor  # [B, W] pages of each row's context, padded (any page: masked out)
     context_lens: torch.Tensor  # [B] tokens each row attends to, its new one included (>= 1)
     block_size: int
+    backend: str = "sdpa"  # sdpa: gather the pages, then SDPA | triton: read them in place
     new_kv: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # per layer, for the runner
 
 
@@ -45,7 +47,13 @@ def static_decode_attention(
     batch: StaticDecodeBatch,
     scale: float,
 ) -> torch.Tensor:  # [B, NH, D]
-    """Each row's query over its cached context and its own new key: one SDPA for the batch."""
+    """Each row's query over its cached context and its own new key: one SDPA for the batch (or one Triton
+    kernel over the pages in place)."""
+    if batch.backend == "triton":
+        from tandem.worker.engine.layers.triton_paged import paged_decode_op
+
+        k_stored, v_stored = as_stored(k_new, k_cache), as_stored(v_new, v_cache)
+        return paged_decode_op(q, k_cache, v_cache, batch.table, batch.context_lens - 1, scale, k_stored, v_stored)
     b, width = batch.table.shape
     kvh, d = k_new.shape[1], q.shape[2]
     pages = batch.table.reshape(-1)

@@ -66,9 +66,11 @@ class DecodeStepRunner:
         staging: HostStaging,
         compile: bool = True,
         cuda_graphs: bool = False,
+        attention: str = "sdpa",  # sdpa gathers each row's pages; triton reads them in place (others: sdpa)
     ):
         self.model, self.k, self.v = model, k_caches, v_caches
         self.block_size, self.scratch_block, self.staging = block_size, scratch_block, staging
+        self.attention = "triton" if attention == "triton" else "sdpa"
         self.device = k_caches[0].device
         if cuda_graphs and self.device.type != "cuda":
             raise ValueError(CUDA_GRAPHS_NEED_CUDA)
@@ -101,7 +103,7 @@ class DecodeStepRunner:
         table: torch.Tensor,
     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """(logits [B, V] float32, each layer's new keys and values): the pass reads the cache, never writes it."""
-        batch = StaticDecodeBatch(slot_mapping, table, context_lens, self.block_size)
+        batch = StaticDecodeBatch(slot_mapping, table, context_lens, self.block_size, self.attention)
         hidden = self.model(input_ids, positions, self.k, self.v, batch)
         return self.model.logits(hidden), batch.new_kv
 

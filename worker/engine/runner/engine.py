@@ -23,7 +23,7 @@ from tandem.worker.engine.core.grammar import GrammarVocab, constrain_logits, co
 from tandem.worker.engine.core.sampling import sample, sampling_probs
 from tandem.worker.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tandem.worker.engine.core.sequence import Sequence
-from tandem.worker.engine.layers.attention import BACKENDS
+from tandem.worker.engine.layers.attention import BACKENDS, check_backend
 from tandem.worker.engine.layers.kv_int8 import KV_INT8_NEEDS_SDPA, is_packed
 from tandem.worker.engine.models.llama import Transformer
 from tandem.worker.engine.runner.decode_graphs import DECODE_STEPS, DecodeStepRunner, check_decode_step
@@ -45,7 +45,7 @@ class EngineConfig:
     max_model_len: int | None = None  # defaults to the model's max positions
     enable_prefix_caching: bool = True
     prefix_cache_seed: str = ""  # the model's identity: roots every prefix hash chain
-    attention: str = "sdpa"  # sdpa (reference: gathers each context) | flex (reads the paged cache in place)
+    attention: str = "sdpa"  # sdpa (reference: gathers each context) | flex | triton (both read the cache in place)
     speculative: SpeculativeConfig | None = None  # draft tokens verified per decode step (None: off)
     kv_cache_dtype: str = "auto"  # auto: the model's dtype | int8 (values and per-token-head scales, kv_int8)
     decode_step: str = "eager"  # eager | compiled | cudaGraphs: pure-decode steps padded and compiled (decode_graphs)
@@ -88,6 +88,7 @@ class Engine:
         self.dtype = next(model.parameters()).dtype
         self.max_model_len = served_context_length(model.config.max_position_embeddings, config.max_model_len)
         check_decode_step(config.decode_step, self.device)
+        check_backend(config.attention, self.device)
         static_decode = config.decode_step != "eager"  # its padding rows write to one more page, past the pool
         self.kv = model.kv_cache(  # tensor parallel: this rank's KV heads, read and written across the ranks
             config.num_kv_blocks + int(static_decode), config.block_size, self.dtype, self.device, config.kv_cache_dtype
@@ -117,6 +118,7 @@ class Engine:
             self.decode_step = DecodeStepRunner(
                 model, self.kv.k, self.kv.v, config.block_size, config.max_running_sequences, self.max_model_len,
                 scratch_block=config.num_kv_blocks, staging=self.staging, cuda_graphs=config.decode_step == "cudaGraphs",
+                attention=config.attention,
             )  # fmt: skip
 
     def _proposer(self, spec: SpeculativeConfig) -> Proposer:
