@@ -155,6 +155,8 @@ async def completion_chunks(
     gens: Generations, req: oa.CompletionRequest, rid: str, created: int, model: str
 ) -> AsyncIterator[Chunk]:
     def chunk(choices: list[dict], usage: dict | None = None) -> dict:
+        if usage is None and req.continuous_usage:
+            usage = gens.usage()  # the counts so far, on every chunk
         return oa.completion_object(rid, created, model, choices, usage, chunk=True, usage_field=req.include_usage)
 
     offsets = [0] * len(gens.each)
@@ -188,6 +190,8 @@ async def chat_chunks(
     gens: Generations, req: oa.ChatCompletionRequest, rid: str, created: int, model: str
 ) -> AsyncIterator[Chunk]:
     def chunk(choices: list[dict], usage: dict | None = None) -> dict:
+        if usage is None and req.continuous_usage:
+            usage = gens.usage()  # the counts so far, on every chunk
         return oa.chat_object(rid, created, model, choices, usage, chunk=True, usage_field=req.include_usage)
 
     def content(i: int, d: TextDelta) -> Chunk:

@@ -39,7 +39,13 @@ STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)  # every field a reques
 
 class StreamOptions(BaseModel):
     model_config = STRICT
-    include_usage: bool = False
+    include_usage: bool | None = None  # unset: off, unless continuous_usage_stats asks for usage (as vLLM)
+    # vLLM's extension: every chunk carries the usage so far, not only the last
+    continuous_usage_stats: bool = False
+
+    @property
+    def usage_wanted(self) -> bool:
+        return bool(self.include_usage) or (self.include_usage is None and self.continuous_usage_stats)
 
 
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
@@ -93,7 +99,12 @@ class SamplingRequest(BaseModel):
 
     @property
     def include_usage(self) -> bool:
-        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+        return bool(self.stream and self.stream_options and self.stream_options.usage_wanted)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Every streamed chunk carries the usage so far (vLLM's semantics: only with usage wanted at all)."""
+        return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
