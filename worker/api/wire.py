@@ -27,6 +27,10 @@ def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
         ignore_eos=p.ignore_eos,
         min_tokens=p.min_tokens,
         top_logprobs=p.top_logprobs,
+        min_p=p.min_p,
+        repetition_penalty=p.repetition_penalty,
+        presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty,
     )
     if p.grammar is not None:
         msg.grammar = p.grammar
@@ -52,6 +56,10 @@ def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
         grammar=msg.grammar if msg.HasField("grammar") else None,
         min_tokens=msg.min_tokens,
         top_logprobs=msg.top_logprobs,
+        min_p=msg.min_p,
+        repetition_penalty=msg.repetition_penalty or 1.0,  # unset (an older sender): off
+        presence_penalty=msg.presence_penalty,
+        frequency_penalty=msg.frequency_penalty,
     )
 
 
