@@ -44,6 +44,7 @@ class SamplingParams:
     # The router's alone (the text it sends, never on the wire), as `stop`
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    return_tokens_as_token_ids: bool = False  # logprobs name each token "token_id:<id>"
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or not 1 <= self.max_tokens <= UINT32_MAX:

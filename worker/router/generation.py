@@ -44,8 +44,8 @@ class Generation:
         )
         self._first: TokenOut | None = None
         self._started = False
-        self._decoder = StreamDecoder(tokenizer, prompt_ids)
-        self._stops = StopStringFilter(params.stop)
+        self._decoder = StreamDecoder(tokenizer, prompt_ids, params.skip_special_tokens)
+        self._stops = StopStringFilter(params.stop, params.include_stop_str_in_output)
 
     async def start(self) -> None:
         if not self._started:
@@ -62,6 +62,8 @@ class Generation:
 
     def _logprob(self, token: TokenOut) -> TokenLogprob:
         def text(token_id: int) -> str:
+            if self.params.return_tokens_as_token_ids:
+                return f"token_id:{token_id}"
             return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
         top = [TokenLogprob(text(t), lp) for t, lp in token.top_logprobs]

@@ -57,8 +57,11 @@ class StopStringFilter:
     Once a stop string appears, everything from its start on is dropped and `stopped` turns true.
     """
 
-    def __init__(self, stops: Sequence[str]) -> None:
+    def __init__(self, stops: Sequence[str], include_stop: bool = False) -> None:
+        """`include_stop`: the stop string that ended the text is kept at its end (vLLM's
+        include_stop_str_in_output)."""
         self.stops = [s for s in stops if s]
+        self.include_stop = include_stop
         self.pending = ""
         self.stopped = False
 
@@ -70,6 +73,8 @@ class StopStringFilter:
         cut = find_stop(text, self.stops)
         if cut is not None:
             self.pending, self.stopped = "", True
+            if self.include_stop:
+                return text[: cut + max(len(s) for s in self.stops if text.startswith(s, cut))]
             return text[:cut]
         keep = holdback_length(text, self.stops)
         self.pending = text[len(text) - keep :] if keep else ""
