@@ -82,7 +82,9 @@ CHAT_PROBES: dict[str, object] = {
     "parallel_tool_calls": False, "metadata": {"a": "b"},
 }  # fmt: skip
 COMPLETION_PROBES: dict[str, object] = {"prompt_embeds": "x", "suffix": "x", "best_of": 2, "add_special_tokens": False}
-BESIDE = {"continue_final_message": {"add_generation_prompt": False}}  # what a probe needs set in both requests
+# what a probe needs set in both requests: chat's echo repeats a last assistant message
+BESIDE = {"continue_final_message": {"add_generation_prompt": False},
+          "echo": {"messages": [*CHAT, {"role": "assistant", "content": "Sure:"}]}}  # fmt: skip
 # implemented, with no effect a scripted answer shows on the tiny model's template: their own tests below
 OWN_TESTS = {"documents", "chat_template_kwargs"}
 
@@ -90,7 +92,8 @@ OWN_TESTS = {"documents", "chat_template_kwargs"}
 def _cases():
     for path, own in (("/v1/completions", COMPLETION_PROBES), ("/v1/chat/completions", CHAT_PROBES)):
         for field, value in {**SHARED_PROBES, **own}.items():
-            yield path, field, {field: value}, BESIDE.get(field, {})
+            beside = BESIDE.get(field, {}) if path.endswith("chat/completions") or field != "echo" else {}
+            yield path, field, {field: value}, beside
         for dotted, value in NESTED_PROBES.items():
             key = dotted.split(".")[1]
             beside = {} if key in ("json", "choice", "grammar", "json_object") else {"regex": "a+"}
@@ -99,14 +102,16 @@ def _cases():
 
 
 async def _seen(app, backend, path: str, body: dict):
-    """What a request made the router do: its status, the error's param, and what the backend was sent
-    (prompt ids, sampling parameters) and the answer's id kind."""
+    """What a request made the router do: its status, the error's param, what the backend was sent (prompt
+    ids, sampling parameters), the answer's id kind and its text."""
     before = len(backend.calls)
     r = await post(app, path, body)
     if r.status_code != 200:
         return r.status_code, r.json()["error"]["param"], None
     _, prompt_ids, params = backend.calls[before]
-    return 200, None, (prompt_ids, params, r.json()["id"].endswith("-probe-id"))
+    choice = r.json()["choices"][0]
+    text = choice["text"] if "text" in choice else choice["message"]["content"]
+    return 200, None, (prompt_ids, params, r.json()["id"].endswith("-probe-id"), text)
 
 
 @pytest.mark.asyncio
@@ -203,3 +208,35 @@ async def test_two_output_constraints_are_refused_naming_the_second(tok):
     bad = {**ENDPOINTS["/v1/completions"], "guided_regex": "(unclosed"}
     r = await post(app, "/v1/completions", bad)
     assert r.status_code == 400 and r.json()["error"]["param"] == "guided_regex"
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("stream", [False, True])
+async def test_echo_puts_the_prompt_before_the_answer(tok, stream):
+    app = create_app(ScriptedBackend(tok), tok, SERVED)
+    ids_prompt = tok.encode("Once upon a time", add_special_tokens=False)
+    for prompt, echoed in (("Once upon a time", "Once upon a time"), (ids_prompt, "Once upon a time")):
+        r = await post(app, "/v1/completions", {"model": SERVED, "prompt": prompt, "echo": True, "stream": stream})
+        if stream:
+            chunks = sse_events(r.text)[:-1]
+            assert chunks[0]["choices"][0]["text"] == echoed
+            text = "".join(c["choices"][0]["text"] for c in chunks)
+        else:
+            text = r.json()["choices"][0]["text"]
+        assert text == echoed + ANSWER
+    chat = {"model": SERVED, "messages": [*CHAT, {"role": "assistant", "content": "Sure:"}], "echo": True,
+            "add_generation_prompt": False, "continue_final_message": True, "stream": stream}  # fmt: skip
+    r = await post(app, "/v1/chat/completions", chat)
+    if stream:
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in sse_events(r.text)[:-1])
+    else:
+        text = r.json()["choices"][0]["message"]["content"]
+    assert text == "Sure:" + ANSWER
+
+
+@pytest.mark.asyncio
+async def test_echo_with_logprobs_is_refused_naming_echo(tok):
+    """What evaluation harnesses send for log-likelihood: the prompt's logprobs, which are not computed."""
+    app = create_app(ScriptedBackend(tok), tok, SERVED)
+    r = await post(app, "/v1/completions", {"model": SERVED, "prompt": "Hi", "echo": True, "logprobs": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"

@@ -19,7 +19,6 @@ REFUSED_UNLESS: dict[str, tuple[Any, ...]] = {
     # OpenAI's
     "logit_bias": (None, {}),
     "suffix": (None, ""),
-    "echo": (False,),
     "store": (None, False),
     "service_tier": (None, "auto", "default"),
     "modalities": (None, ["text"]),
@@ -97,6 +96,9 @@ def check_sampling(req: SamplingRequest) -> None:
     if rf is not None and (rf.type == "json_schema") != (rf.json_schema is not None):
         raise ApiError(400, "response_format: json_schema is required with (and only with) type json_schema",
                        param="response_format")  # fmt: skip
+    if req.echo and req.wants_logprobs():
+        raise ApiError(400, "echo with logprobs needs the prompt's logprobs, which this server does not compute",
+                       param="echo")  # fmt: skip
     constraints = req.constraints()
     if len(constraints) > 1:
         first, second = constraints[0][0], constraints[1][0]
@@ -123,6 +125,8 @@ def check_chat(req: ChatCompletionRequest) -> None:
     if req.forces_tool_call() and req.constraints():
         param = req.constraints()[0][0]
         raise ApiError(400, f"{param} cannot be combined with a forced tool call", param=param)
+    if req.echo and req.tools and req.tool_choice != "none":
+        raise ApiError(400, "echo cannot be combined with tool calls", param="echo")
     if req.forces_tool_call() and req.ignore_eos:
         raise ApiError(400, "ignore_eos cannot be combined with structured output", param="ignore_eos")
     if req.continue_final_message and req.add_generation_prompt:
