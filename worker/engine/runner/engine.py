@@ -241,14 +241,15 @@ class Engine:
         drawn = [i for i, (s, d) in enumerate(to_sample) if not (d and not s.params.greedy)]
         rows = [firsts[i] + j for i in drawn for j in range(len(to_sample[i][1]) + 1)]
         seqs = [to_sample[i][0] for i in drawn for _ in range(len(to_sample[i][1]) + 1)]
-        # each row's output so far, for the penalties: a draft row's includes the drafts before it
-        outputs = [s.output_ids + d[:j] for s, d in (to_sample[i] for i in drawn) for j in range(len(d) + 1)]
         tokens: list[int] = []
         logprobs: list[float] = []
         tops: list[list[tuple[int, float]]] = []
         if rows:
             picked = logits.index_select(0, torch.tensor(rows, device=logits.device)) if len(rows) < row else logits
-            picked = apply_penalties(picked, [s.params for s in seqs], [s.prompt_ids for s in seqs], outputs)
+            if any(s.params.penalized for s in seqs):
+                # each row's output so far: a draft row's includes the drafts before it
+                outputs = [s.output_ids + d[:j] for s, d in (to_sample[i] for i in drawn) for j in range(len(d) + 1)]
+                picked = apply_penalties(picked, [s.params for s in seqs], [s.prompt_ids for s in seqs], outputs)
             picked = constrain_logits(picked, [s.constraint for s in seqs], self.eos_token_ids)
             tokens, logprobs = sample(picked, [s.params for s in seqs], [s.generator for s in seqs])
             tops = top_logprobs(picked, [s.params.top_logprobs if s.params.logprobs else 0 for s in seqs])
@@ -296,8 +297,9 @@ class Engine:
     def _verify_sampled(self, seq: Sequence, draft: list[int], logits: torch.Tensor) -> tuple[list[int], list[float]]:
         """The tokens a speculative-sampling verify emits, padded to one per row (only a prefix is emitted)."""
         n = len(logits)
-        logits = apply_penalties(logits, [seq.params] * n, [seq.prompt_ids] * n,
-                                 [seq.output_ids + draft[:j] for j in range(n)])  # fmt: skip
+        if seq.params.penalized:
+            logits = apply_penalties(logits, [seq.params] * n, [seq.prompt_ids] * n,
+                                     [seq.output_ids + draft[:j] for j in range(n)])  # fmt: skip
         emitted = verify_sampled(sampling_probs(logits, [seq.params] * n), draft, seq.generator)
         logprobs = [0.0] * len(emitted)
         if seq.params.logprobs:
