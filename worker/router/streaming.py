@@ -54,7 +54,8 @@ def holdback_length(text: str, stops: Sequence[str]) -> int:
 class StopStringFilter:
     """Feeds decoded text pieces; releases only text that can no longer become part of a stop string.
 
-    Once a stop string appears, everything from its start on is dropped and `stopped` turns true.
+    Once a stop string appears, everything from its start (or, with `include_stop`, its end) on is dropped and
+    `stopped` turns true.
     """
 
     def __init__(self, stops: Sequence[str], include_stop: bool = False) -> None:
