@@ -11,6 +11,10 @@ MAX_TOP_LOGPROBS = 20  # alternatives per token, as OpenAI's API bounds them
 MAX_REPETITION_PENALTY = 10.0  # far past any useful value (vLLM only asks > 0); bounds what a float may do
 
 
+# A prompt's logprobs, per position but the first: (its token's logprob, that token's rank, the likeliest there)
+PromptLogprobs = list[tuple[float, int, list[tuple[int, float]]]]
+
+
 class InvalidRequest(ValueError):
     """A request the engine refuses, with a message fit for a 400 response."""
 
@@ -41,6 +45,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # The prompt's own logprobs, each position's with this many alternatives (None: not computed). A prompt
+    # that asks runs whole, past the prefix cache, on the worker that answers (no KV transfer).
+    prompt_logprobs: int | None = None
     # The router's alone (the text it sends, never on the wire), as `stop`
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -67,6 +74,8 @@ class SamplingParams:
             raise InvalidRequest(f"min_tokens must be in [0, {UINT32_MAX}], got {self.min_tokens!r}")
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequest(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequest(f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.prompt_logprobs!r}")
         if not 0.0 <= self.min_p <= 1.0:
             raise InvalidRequest(f"min_p must be in [0, 1], got {self.min_p!r}")
         if not 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
