@@ -112,3 +112,27 @@ def test_langchain_extra_body_fields_are_accepted(client):
         extra_body={"repetition_penalty": 1.1, "skip_special_tokens": True, "top_k": 20, "min_p": 0.05},
     )  # fmt: skip
     assert done.choices[0].finish_reason in ("stop", "length") and done.usage.completion_tokens >= 1
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_transformers_does(client, tiny_model_dir):
+    """lm-eval-harness's log-likelihood request (echo, logprobs, one token) on the disaggregated stack: the
+    prompt runs where it is answered, and its tokens' logprobs are transformers' on the same checkpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt_ids = Tokenizer.from_dir(tiny_model_dir).encode(PROMPT)
+    raw = client.completions.with_raw_response.create(
+        model="tiny", prompt=prompt_ids, echo=True, logprobs=1, max_tokens=1, temperature=0
+    )
+    assert raw.headers["X-Tandem-Prefill"] == "local"  # scored where it is answered: no KV transfer
+    scored = raw.parse().choices[0].logprobs.token_logprobs[: len(prompt_ids)]
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt_ids])).logits[0], dim=-1)
+    assert scored[0] is None
+    assert scored[1:] == pytest.approx([float(ref[p - 1, t]) for p, t in enumerate(prompt_ids[1:], 1)], abs=1e-3)
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=1, extra_body={"prompt_logprobs": 2}
+    )
+    scores = chat.model_extra["prompt_logprobs"]
+    assert scores[0] is None and all(len(s) in (2, 3) for s in scores[1:])  # two alternatives, and the token

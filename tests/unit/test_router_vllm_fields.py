@@ -235,8 +235,38 @@ async def test_echo_puts_the_prompt_before_the_answer(tok, stream):
 
 
 @pytest.mark.asyncio
-async def test_echo_with_logprobs_is_refused_naming_echo(tok):
-    """What evaluation harnesses send for log-likelihood: the prompt's logprobs, which are not computed."""
-    app = create_app(ScriptedBackend(tok), tok, SERVED)
-    r = await post(app, "/v1/completions", {"model": SERVED, "prompt": "Hi", "echo": True, "logprobs": 1})
+async def test_echo_with_logprobs_scores_the_prompt_first_as_evaluation_harnesses_read_it(tok):
+    """lm-eval-harness's log-likelihood request: echo, logprobs, the prompt's tokens scored before the answer's."""
+    backend = ScriptedBackend(tok, "Hello world")
+    app = create_app(backend, tok, SERVED)
+    prompt_ids = tok.encode("Once upon a time")
+    body = {"model": SERVED, "prompt": "Once upon a time", "echo": True, "logprobs": 1, "max_tokens": 2}
+    choice = (await post(app, "/v1/completions", body)).json()["choices"][0]
+    lp = choice["logprobs"]
+    assert choice["text"] == "Once upon a time" + "Hello world"
+    assert backend.calls[0][2].prompt_logprobs == 1  # the workers were asked to score the prompt
+    assert lp["tokens"] == [tok.decode([t], skip_special_tokens=False) for t in prompt_ids] + ["Hello", " world"]
+    n = len(prompt_ids)
+    assert lp["token_logprobs"] == pytest.approx([None] + [-0.01 * p for p in range(1, n)] + [-0.1, -0.2])
+    assert lp["top_logprobs"][0] is None and len(lp["top_logprobs"][1]) == 1 + 1  # one alternative, and the token
+    assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][0] == 0
+    r = await post(app, "/v1/completions", {**body, "stream": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("path", list(ENDPOINTS))
+async def test_prompt_logprobs_in_vllms_shape(tok, path):
+    backend = ScriptedBackend(tok)
+    app = create_app(backend, tok, SERVED)
+    body = (await post(app, path, {**ENDPOINTS[path], "prompt_logprobs": 2, "max_tokens": 3})).json()
+    prompt_ids = backend.calls[0][1]
+    scores = body["choices"][0]["prompt_logprobs"] if path == "/v1/completions" else body["prompt_logprobs"]
+    assert len(scores) == len(prompt_ids) and scores[0] is None
+    for p, entry in enumerate(scores[1:], 1):
+        mine = entry[str(prompt_ids[p])]
+        assert mine["logprob"] == pytest.approx(-0.01 * p)
+        assert mine["decoded_token"] == tok.decode([prompt_ids[p]], skip_special_tokens=False)
+        assert entry["3"]["rank"] == (1 if prompt_ids[p] != 3 else 2)  # the harness's likeliest is token 3
+    r = await post(app, path, {**ENDPOINTS[path], "prompt_logprobs": 1, "stream": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"

@@ -148,10 +148,12 @@ def echoed(req: oa.SamplingRequest, gens: Generations) -> str:
 
 def answer_completion(whole: list[TextDelta], gens: Generations, req: oa.CompletionRequest, rid: str, model: str) -> Chunk:
     echo = echoed(req, gens)
-    choices = [
-        oa.completion_choice(echo + d.text, d.finish_reason, oa.completion_logprobs(d.logprobs, 0) if req.wants_logprobs() else None, i)
-        for i, d in enumerate(whole)
-    ]  # fmt: skip
+    choices = []
+    for i, (d, gen) in enumerate(zip(whole, gens.each, strict=True)):
+        entries = (gen.prompt_entries() if req.echo else []) + d.logprobs  # echo: the prompt's scores first
+        lp = oa.completion_logprobs(entries, 0) if req.wants_logprobs() else None
+        extra = {} if req.prompt_logprobs is None else {"prompt_logprobs": gen.prompt_logprobs_field()}
+        choices.append(oa.completion_choice(echo + d.text, d.finish_reason, lp, i, **extra))
     return oa.completion_object(rid, oa.now_s(), model, choices, gens.usage(), chunk=False)
 
 
@@ -164,7 +166,10 @@ def answer_chat(whole: list[TextDelta], gens: Generations, req: oa.ChatCompletio
         tool_calls = [c.as_openai() for c in calls] if calls else None
         content = None if calls else echo + d.text
         choices.append(oa.chat_choice(content, chat_finish_reason(d.finish_reason, calls), lp, i, tool_calls))
-    return oa.chat_object(rid, oa.now_s(), model, choices, gens.usage(), chunk=False)
+    body = oa.chat_object(rid, oa.now_s(), model, choices, gens.usage(), chunk=False)
+    if req.prompt_logprobs is not None:  # vLLM: the prompt's, once for the request
+        body["prompt_logprobs"] = gens.each[0].prompt_logprobs_field()
+    return body
 
 
 async def completion_chunks(

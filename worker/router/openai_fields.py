@@ -33,7 +33,6 @@ REFUSED_UNLESS: dict[str, tuple[Any, ...]] = {
     "use_beam_search": (False,),
     "length_penalty": (1.0,),
     "spaces_between_special_tokens": (True,),
-    "prompt_logprobs": (None,),
     "allowed_token_ids": (None,),
     "bad_words": (None, []),
     "guided_whitespace_pattern": (None,),
@@ -96,9 +95,8 @@ def check_sampling(req: SamplingRequest) -> None:
     if rf is not None and (rf.type == "json_schema") != (rf.json_schema is not None):
         raise ApiError(400, "response_format: json_schema is required with (and only with) type json_schema",
                        param="response_format")  # fmt: skip
-    if req.echo and req.wants_logprobs():
-        raise ApiError(400, "echo with logprobs needs the prompt's logprobs, which this server does not compute",
-                       param="echo")  # fmt: skip
+    if req.prompt_logprobs is not None and req.stream:
+        raise ApiError(400, "prompt_logprobs are not available when stream is true", param="prompt_logprobs")
     constraints = req.constraints()
     if len(constraints) > 1:
         first, second = constraints[0][0], constraints[1][0]
@@ -109,6 +107,8 @@ def check_sampling(req: SamplingRequest) -> None:
 
 def check_completion(req: CompletionRequest) -> None:
     check_sampling(req)
+    if req.echo and req.logprobs is not None and req.stream:
+        raise ApiError(400, "echo with logprobs is not available when stream is true", param="echo")
     if req.best_of not in (None, req.n):
         raise ApiError(400, "best_of is not supported (leave it unset, or equal to n)", param="best_of")
     if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], str | list):
@@ -125,6 +125,9 @@ def check_chat(req: ChatCompletionRequest) -> None:
     if req.forces_tool_call() and req.constraints():
         param = req.constraints()[0][0]
         raise ApiError(400, f"{param} cannot be combined with a forced tool call", param=param)
+    if req.echo and req.logprobs:
+        raise ApiError(400, "echo with logprobs is only for completions (the prompt's logprobs: prompt_logprobs)",
+                       param="echo")  # fmt: skip
     if req.echo and req.tools and req.tool_choice != "none":
         raise ApiError(400, "echo cannot be combined with tool calls", param="echo")
     if req.forces_tool_call() and req.ignore_eos:

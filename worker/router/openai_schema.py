@@ -195,7 +195,12 @@ class SamplingRequest(VllmSamplingExtensions):
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             return_tokens_as_token_ids=bool(self.return_tokens_as_token_ids),
+            prompt_logprobs=self.prompt_alternatives(),
         )
+
+    def prompt_alternatives(self) -> int | None:
+        """How many alternatives beside each prompt token's logprob (None: the prompt is not scored)."""
+        return self.prompt_logprobs
 
 
 class CompletionRequest(SamplingRequest, VllmCompletionExtensions):
@@ -207,6 +212,12 @@ class CompletionRequest(SamplingRequest, VllmCompletionExtensions):
 
     def check_supported(self) -> None:
         openai_fields.check_completion(self)
+
+    def prompt_alternatives(self) -> int | None:
+        """vLLM: echo with logprobs scores the prompt too, with as many alternatives."""
+        if self.prompt_logprobs is None and self.echo and self.logprobs is not None:
+            return self.logprobs
+        return self.prompt_logprobs
 
     def wants_logprobs(self) -> bool:
         return self.logprobs is not None

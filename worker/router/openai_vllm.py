@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tandem.worker.api.params import MAX_REPETITION_PENALTY, UINT32_MAX
+from tandem.worker.api.params import MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS, UINT32_MAX
 
 MAX_REQUEST_ID = 256
 MAX_CHOICES_LISTED = 256  # guided_choice: the strings the output must be one of
@@ -43,7 +43,7 @@ class VllmSamplingExtensions(BaseModel):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     truncate_prompt_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
-    prompt_logprobs: int | None = None
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     allowed_token_ids: list[TokenIdValue] | None = None
     bad_words: list[str] | None = None
     add_special_tokens: bool | None = None  # unset: the endpoint's default (completions true, chat false)

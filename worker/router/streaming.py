@@ -13,7 +13,7 @@ SSE_DONE = "data: [DONE]\n\n"
 @dataclass
 class TokenLogprob:
     token: str
-    logprob: float
+    logprob: float | None  # None: a prompt's first token, which nothing predicts
     top: list[TokenLogprob] = field(default_factory=list)  # the likeliest tokens at this position, best first
 
 
