@@ -105,3 +105,27 @@ def test_prefix_cache_hit_gives_same_tokens(pair):
     assert engine.blocks.num_free == free_before
     assert list(first.values())[0] == hf_greedy(hf, shared + [7, 8, 9], 64)
     assert out == hf_greedy(hf, second_prompt, 64)
+
+
+def test_prompt_logprobs_match_transformers_across_chunks_and_past_the_prefix_cache(pair):
+    """Each prompt token's logprob, rank and likeliest alternatives, as transformers' logits give them, with the
+    prompt run in chunks and run again (its blocks cached: it still runs whole)."""
+    hf, ours = pair
+    prompt = _prompt(21, seed=5)
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    engine = engine_for(ours, prefill_chunk_tokens=8)
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True, prompt_logprobs=3)
+    for run in range(2):
+        rid = engine.add_request(prompt, params, request_id=f"r{run}")
+        firsts = []
+        while engine.has_work():
+            firsts += [o for o in engine.step() if o.request_id == rid and o.prompt_logprobs is not None]
+        (first,) = firsts
+        assert first.prompt_logprobs is not None and len(first.prompt_logprobs) == len(prompt) - 1
+        for p, (lp, rank, top) in enumerate(first.prompt_logprobs, start=1):
+            want = ref[p - 1]
+            assert lp == pytest.approx(float(want[prompt[p]]), abs=1e-4)
+            assert rank == int((want > want[prompt[p]]).sum()) + 1
+            assert [t for t, _ in top] == want.topk(3).indices.tolist()
+    assert engine.blocks.prefix_hit_tokens == 0  # neither run reused the cache

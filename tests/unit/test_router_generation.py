@@ -22,6 +22,8 @@ def test_stop_string_decisions():
     assert f.stopped and f.finish("tail") == ""
     g = StopStringFilter(["<end>"])
     assert g.feed("a <e") == "a " and g.finish("") == "<e"  # a prefix that never completed is released
+    kept = StopStringFilter(["<end>"], include_stop=True)  # the stop string is kept, nothing after it
+    assert [kept.feed(p) for p in ["hi <", "e", "nd> more"]] == ["hi ", "", "<end>"] and kept.stopped
 
 
 # ---- completions ----

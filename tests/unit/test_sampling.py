@@ -1,11 +1,11 @@
-"""The sampler: greedy is argmax, seeds reproduce, top-k and top-p never pick outside their set."""
+"""The sampler: greedy is argmax, seeds reproduce, top-k, top-p and min-p never pick outside their set, penalties."""
 
 from __future__ import annotations
 
 import torch
 
 from tandem.worker.api.params import SamplingParams
-from tandem.worker.engine.core.sampling import sample
+from tandem.worker.engine.core.sampling import apply_penalties, filter_min_p, sample
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -65,3 +65,45 @@ def test_top_k_and_top_p_stay_inside_their_sets():
     for _ in range(200):
         (t,), _ = sample(logits, [SamplingParams(temperature=1.0, top_p=0.9)], [g])
         assert t in (0, 1)
+
+
+# ---- vLLM's knobs: penalties and min-p, checked against transformers' processors ----
+
+
+def test_repetition_penalty_matches_transformers_over_prompt_and_output():
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    logits = torch.randn(2, 50, generator=_gen(1))
+    prompt, output = [3, 7, 7, 11], [20, 3]
+    params = [SamplingParams(repetition_penalty=1.3), SamplingParams(repetition_penalty=0.7)]
+    got = apply_penalties(logits, params, [prompt, prompt], [output, output])
+    history = torch.tensor([prompt + output])
+    for i, p in enumerate(params):
+        want = RepetitionPenaltyLogitsProcessor(p.repetition_penalty)(history, logits[i : i + 1].clone())
+        assert torch.allclose(got[i], want[0])
+    assert not torch.equal(got, logits)
+
+
+def test_presence_and_frequency_penalties_count_the_output_only():
+    logits = torch.zeros(1, 8)
+    p = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
+    got = apply_penalties(logits, [p], [[1, 2]], [[5, 5, 5, 6]])[0]
+    assert got.tolist() == [0, 0, 0, 0, 0, -(0.5 + 3 * 0.25), -(0.5 + 0.25), 0]  # prompt tokens 1, 2 untouched
+
+
+def test_a_penalty_changes_the_greedy_pick_and_rows_without_one_are_left_alone():
+    logits = torch.tensor([[2.0, 1.9, 0.0], [2.0, 1.9, 0.0]])
+    params = [SamplingParams(temperature=0.0, repetition_penalty=1.2), SamplingParams(temperature=0.0)]
+    penalized = apply_penalties(logits, params, [[0], [0]], [[], []])
+    assert sample(penalized, params, [None, None])[0] == [1, 0]
+    assert torch.equal(penalized[1], logits[1])
+
+
+def test_min_p_matches_transformers_and_never_samples_below_the_floor():
+    from transformers.generation.logits_process import MinPLogitsWarper
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.12, 0.08]]))
+    want = MinPLogitsWarper(0.2)(torch.tensor([[0]]), logits.clone())
+    assert torch.equal(torch.isinf(filter_min_p(logits, torch.tensor([0.2]))), torch.isinf(want))
+    drawn = {sample(logits, [SamplingParams(min_p=0.2)], [_gen(s)])[0][0] for s in range(200)}
+    assert drawn == {0, 1, 2}  # 0.08 < 0.2 x 0.5: never drawn; the other three all are

@@ -162,3 +162,18 @@ def test_speculation_matches_transformers_greedy():
         assert got[f"r{i}"][0] == hf_greedy(hf, prompt, 40)
     assert engine.speculator is not None and engine.speculator.accepted_tokens > 0
 
+
+
+def test_penalties_see_the_drafts_before_each_verified_row(tiny_model):
+    """A penalized greedy sequence speculates to the very output it has without speculation: each draft row
+    is penalized by the output as it stands at that row, drafts included."""
+    prompt = seeded_prompt(12, 5)
+    params = SamplingParams(max_tokens=24, repetition_penalty=1.3, presence_penalty=0.5, **GREEDY)
+    plain = run_to_completion(_engine(tiny_model, k=None), [(prompt, params)])["r0"]
+    assert plain[0] != _reference(tiny_model, prompt, 24)  # the penalties changed the answer
+    engine = _engine(tiny_model)
+    assert engine.speculator is not None
+    engine.speculator.proposer = Scripted(prompt + plain[0], right=3, vocab=tiny_model.config.vocab_size)
+    engine.speculator.policy = BackoffPolicy(min_acceptance=0.0, first_pause_steps=1)  # never back off here
+    assert run_to_completion(engine, [(prompt, params)])["r0"] == plain
+    assert engine.speculator.accepted_tokens > 5

@@ -8,6 +8,11 @@ UINT32_MAX = 2**32 - 1  # the wire's bound on token ids, top_k and max_tokens (t
 UINT64_MAX = 2**64 - 1  # the wire's bound on seeds
 MAX_CACHE_SALT = 1024
 MAX_TOP_LOGPROBS = 20  # alternatives per token, as OpenAI's API bounds them
+MAX_REPETITION_PENALTY = 10.0  # far past any useful value (vLLM only asks > 0); bounds what a float may do
+
+
+# A prompt's logprobs, per position but the first: (its token's logprob, that token's rank, the likeliest there)
+PromptLogprobs = list[tuple[float, int, list[tuple[int, float]]]]
 
 
 class InvalidRequest(ValueError):
@@ -33,6 +38,20 @@ class SamplingParams:
     grammar: str | None = None
     min_tokens: int = 0
     top_logprobs: int = 0  # the most likely alternatives reported beside each token (needs logprobs)
+    # vLLM's sampling knobs (their semantics): min_p drops tokens below min_p x the likeliest one's
+    # probability; repetition_penalty divides (or, when negative, multiplies) the logits of every token the
+    # prompt or output holds; presence and frequency penalties subtract from the logits of output tokens.
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # The prompt's own logprobs, each position's with this many alternatives (None: not computed). A prompt
+    # that asks runs whole, past the prefix cache, on the worker that answers (no KV transfer).
+    prompt_logprobs: int | None = None
+    # The router's alone (the text it sends, never on the wire), as `stop`
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    return_tokens_as_token_ids: bool = False  # logprobs name each token "token_id:<id>"
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or not 1 <= self.max_tokens <= UINT32_MAX:
@@ -55,9 +74,25 @@ class SamplingParams:
             raise InvalidRequest(f"min_tokens must be in [0, {UINT32_MAX}], got {self.min_tokens!r}")
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequest(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequest(f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.prompt_logprobs!r}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise InvalidRequest(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise InvalidRequest(
+                f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY}], got {self.repetition_penalty!r}"
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise InvalidRequest(f"{name} must be in [-2, 2], got {getattr(self, name)!r}")
         if self.grammar is not None and self.ignore_eos:
             raise InvalidRequest("a grammar ends the output with EOS: ignore_eos cannot be set with it")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Some penalty changes the logits by the tokens seen so far."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0

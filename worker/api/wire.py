@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tandem.v1 import common_pb2
-from tandem.worker.api.params import SamplingParams
+from tandem.worker.api.params import PromptLogprobs, SamplingParams
 
 FINISH_REASONS = {
     "stop": common_pb2.FINISH_REASON_STOP,
@@ -27,6 +27,10 @@ def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
         ignore_eos=p.ignore_eos,
         min_tokens=p.min_tokens,
         top_logprobs=p.top_logprobs,
+        min_p=p.min_p,
+        repetition_penalty=p.repetition_penalty,
+        presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty,
     )
     if p.grammar is not None:
         msg.grammar = p.grammar
@@ -34,6 +38,8 @@ def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
         msg.seed = p.seed
     if p.cache_salt is not None:
         msg.cache_salt = p.cache_salt
+    if p.prompt_logprobs is not None:
+        msg.prompt_logprobs = p.prompt_logprobs
     return msg
 
 
@@ -52,6 +58,11 @@ def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
         grammar=msg.grammar if msg.HasField("grammar") else None,
         min_tokens=msg.min_tokens,
         top_logprobs=msg.top_logprobs,
+        min_p=msg.min_p,
+        repetition_penalty=msg.repetition_penalty or 1.0,  # unset (an older sender): off
+        presence_penalty=msg.presence_penalty,
+        frequency_penalty=msg.frequency_penalty,
+        prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
     )
 
 
@@ -61,3 +72,11 @@ def top_logprobs_to_proto(top: list[tuple[int, float]]) -> list[common_pb2.Token
 
 def top_logprobs_from_proto(msgs: Iterable[common_pb2.TokenLogprob]) -> list[tuple[int, float]]:
     return [(m.token_id, m.logprob) for m in msgs]
+
+
+def prompt_logprobs_to_proto(entries: PromptLogprobs) -> list[common_pb2.PromptLogprob]:
+    return [common_pb2.PromptLogprob(logprob=lp, rank=rank, top=top_logprobs_to_proto(top)) for lp, rank, top in entries]
+
+
+def prompt_logprobs_from_proto(msgs: Iterable[common_pb2.PromptLogprob]) -> PromptLogprobs:
+    return [(m.logprob, m.rank, top_logprobs_from_proto(m.top)) for m in msgs]

@@ -179,31 +179,49 @@ class Tokenizer:
         messages: Sequence[dict[str, Any]],
         add_generation_prompt: bool = True,
         tools: Sequence[dict[str, Any]] | None = None,
+        *,
+        continue_final_message: bool = False,
+        documents: Sequence[dict[str, str]] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> str:
         """The prompt text for a chat, rendered by the model's own template (`tools` as transformers hands
-        them to it: OpenAI-shaped tool dicts, or None)."""
+        them to it: OpenAI-shaped tool dicts, or None). As transformers: `documents` reach the template,
+        `extra` are more variables for it, and `continue_final_message` leaves the last message open, the
+        text cut right after its content."""
         if self._template is None:
             raise ChatTemplateError("this model has no chat template (tokenizer_config.json chat_template)")
+        variables = {**self.special_tokens, "bos_token": self.bos_token or "", "eos_token": self.eos_token or ""}
         try:
-            return self._template.render(
-                messages=list(messages),
-                tools=None if tools is None else list(tools),
-                add_generation_prompt=add_generation_prompt,
-                **{**self.special_tokens, "bos_token": self.bos_token or "", "eos_token": self.eos_token or ""},
-            )
+            text = self._template.render({
+                **(extra or {}), **variables, "messages": list(messages),
+                "tools": None if tools is None else list(tools),
+                "documents": None if documents is None else list(documents),
+                "add_generation_prompt": add_generation_prompt,
+            })  # fmt: skip
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"chat template failed: {e}") from None
+        if continue_final_message:
+            final = str(messages[-1].get("content") or "").strip() if messages else ""
+            at = text.rfind(final) if final else -1
+            if at < 0:
+                raise ChatTemplateError("continue_final_message: the final message is not in the rendered chat")
+            text = text[: at + len(final)]
+        return text
 
     def encode_chat(
         self,
         messages: Sequence[dict[str, Any]],
         add_generation_prompt: bool = True,
         tools: Sequence[dict[str, Any]] | None = None,
+        *,
+        add_special_tokens: bool = False,
+        **options: Any,
     ) -> list[int]:
         """Token ids of a chat, as transformers' `apply_chat_template(tokenize=True)`: the rendered text
-        carries its own special tokens, so none are added."""
-        text = self.apply_chat_template(messages, add_generation_prompt, tools)
-        return self.encode(text, add_special_tokens=False)
+        carries its own special tokens, so none are added (unless `add_special_tokens`, vLLM's option);
+        `options` as `apply_chat_template` takes them."""
+        text = self.apply_chat_template(messages, add_generation_prompt, tools, **options)
+        return self.encode(text, add_special_tokens=add_special_tokens)
 
 
 class StreamDecoder:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from tandem.worker.api.params import UINT32_MAX
 from tandem.worker.hf.tokenizer import Tokenizer
 from tandem.worker.router import openai_schema as oa
 
@@ -68,7 +69,7 @@ def check_prompt_fits(req: oa.SamplingRequest, token_bytes: int, max_model_len: 
     """400 for a prompt that cannot fit the served context whatever the tokeniser makes of it."""
     if max_model_len is None:
         return
-    least = min_prompt_tokens(req, token_bytes)
+    least = min(min_prompt_tokens(req, token_bytes), req.truncate_prompt_tokens or UINT32_MAX)
     if least >= max_model_len:
         raise oa.ApiError(
             400,
@@ -111,7 +112,7 @@ def resolve_max_tokens(
 def completion_prompt_ids(req: oa.CompletionRequest, tokenizer: Tokenizer) -> list[int]:
     prompt = req.single_prompt()
     if isinstance(prompt, str):
-        ids = tokenizer.encode(prompt)
+        ids = tokenizer.encode(prompt, add_special_tokens=req.add_special_tokens is not False)
     else:
         bad = [i for i in prompt if not 0 <= i < tokenizer.vocab_size]
         if bad:
@@ -119,9 +120,12 @@ def completion_prompt_ids(req: oa.CompletionRequest, tokenizer: Tokenizer) -> li
         ids = list(prompt)
     if not ids:
         raise oa.ApiError(400, "prompt is empty", param="prompt")
-    return ids
+    return req.truncated(ids)
 
 
 def chat_prompt_ids(req: oa.ChatCompletionRequest, tokenizer: Tokenizer) -> list[int]:
     messages = [m.for_template() for m in req.messages]
-    return tokenizer.encode_chat(messages, add_generation_prompt=True, tools=req.tool_dicts())
+    ids = tokenizer.encode_chat(
+        messages, tools=req.tool_dicts(), add_special_tokens=bool(req.add_special_tokens), **req.template_options()
+    )
+    return req.truncated(ids)

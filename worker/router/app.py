@@ -91,8 +91,9 @@ class Serving:
             )
             params = await anyio.to_thread.run_sync(req.sampling_params, max_tokens)  # a grammar compiles here
             clock.on_prompt(len(prompt_ids))
-            rid = oa.new_id(id_kind)
+            rid = oa.new_id(id_kind)  # the workers know a request by the router's id, never a client's
             gen = Generations(self.backend, self.tokenizer, rid, prompt_ids, params, clock, req.n)
+            rid = req.response_id(rid)
             if not req.stream:
                 body = await until_disconnect(request, answer(gen, req, rid))
                 clock.finish("200")

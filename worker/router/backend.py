@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tandem.worker.api.params import SamplingParams
+from tandem.worker.api.params import PromptLogprobs, SamplingParams
 
 
 @dataclass
@@ -15,6 +15,7 @@ class TokenOut:
     logprob: float
     finish_reason: str | None = None  # "stop" | "length" | "abort" on the last token
     top_logprobs: list[tuple[int, float]] = field(default_factory=list)  # the likeliest tokens here, best first
+    prompt_logprobs: PromptLogprobs | None = None  # on the first token, when the params ask
 
 
 @dataclass

@@ -41,6 +41,7 @@ class Generations:
         self, backend: Backend, tokenizer: Tokenizer, request_id: str, prompt_ids: Sequence[int],
         params: SamplingParams, clock: RequestClock, n: int,
     ) -> None:  # fmt: skip
+        self.tokenizer, self.prompt_ids = tokenizer, list(prompt_ids)
         self.each = [
             Generation(backend, tokenizer, request_id if i == 0 else f"{request_id}-{i}", prompt_ids,
                        choice_params(params, i), clock if i == 0 else None)
@@ -131,33 +132,58 @@ def chat_finish_reason(reason: str | None, calls: list[ToolCall] | None) -> str 
     return "tool_calls" if calls else reason
 
 
+def echoed(req: oa.SamplingRequest, gens: Generations) -> str:
+    """The text `echo` puts before each choice's: completions the prompt (as the workers saw it); chat, as vLLM,
+    the last message when it is the assistant's (the answer continues it)."""
+    if not req.echo:
+        return ""
+    if isinstance(req, oa.ChatCompletionRequest):
+        last = req.messages[-1]
+        return last.for_template()["content"] if last.role == "assistant" else ""
+    prompt = req.single_prompt() if isinstance(req, oa.CompletionRequest) else None
+    if isinstance(prompt, str) and req.truncate_prompt_tokens is None:
+        return prompt
+    return gens.tokenizer.decode(gens.prompt_ids)
+
+
 def answer_completion(whole: list[TextDelta], gens: Generations, req: oa.CompletionRequest, rid: str, model: str) -> Chunk:
-    choices = [
-        oa.completion_choice(d.text, d.finish_reason, oa.completion_logprobs(d.logprobs, 0) if req.wants_logprobs() else None, i)
-        for i, d in enumerate(whole)
-    ]  # fmt: skip
+    echo = echoed(req, gens)
+    choices = []
+    for i, (d, gen) in enumerate(zip(whole, gens.each, strict=True)):
+        entries = (gen.prompt_entries() if req.echo else []) + d.logprobs  # echo: the prompt's scores first
+        lp = oa.completion_logprobs(entries, 0) if req.wants_logprobs() else None
+        extra = {} if req.prompt_logprobs is None else {"prompt_logprobs": gen.prompt_logprobs_field()}
+        choices.append(oa.completion_choice(echo + d.text, d.finish_reason, lp, i, **extra))
     return oa.completion_object(rid, oa.now_s(), model, choices, gens.usage(), chunk=False)
 
 
 def answer_chat(whole: list[TextDelta], gens: Generations, req: oa.ChatCompletionRequest, rid: str, model: str) -> Chunk:
-    reading = ToolReading.of(req)
+    reading, echo = ToolReading.of(req), echoed(req, gens)
     choices = []
     for i, d in enumerate(whole):
         calls = reading.calls(d.text, d.finish_reason)
         lp = oa.chat_logprobs(d.logprobs) if req.wants_logprobs() and not calls else None
         tool_calls = [c.as_openai() for c in calls] if calls else None
-        content = None if calls else d.text
+        content = None if calls else echo + d.text
         choices.append(oa.chat_choice(content, chat_finish_reason(d.finish_reason, calls), lp, i, tool_calls))
-    return oa.chat_object(rid, oa.now_s(), model, choices, gens.usage(), chunk=False)
+    body = oa.chat_object(rid, oa.now_s(), model, choices, gens.usage(), chunk=False)
+    if req.prompt_logprobs is not None:  # vLLM: the prompt's, once for the request
+        body["prompt_logprobs"] = gens.each[0].prompt_logprobs_field()
+    return body
 
 
 async def completion_chunks(
     gens: Generations, req: oa.CompletionRequest, rid: str, created: int, model: str
 ) -> AsyncIterator[Chunk]:
     def chunk(choices: list[dict], usage: dict | None = None) -> dict:
+        if usage is None and req.continuous_usage:
+            usage = gens.usage()  # the counts so far, on every chunk
         return oa.completion_object(rid, created, model, choices, usage, chunk=True, usage_field=req.include_usage)
 
     offsets = [0] * len(gens.each)
+    if echo := echoed(req, gens):
+        for i in range(len(gens.each)):
+            yield chunk([oa.completion_choice(echo, None, None, i)])
     async for i, d in deltas_by_choice(gens):
         lp = oa.completion_logprobs(d.logprobs, offsets[i]) if req.wants_logprobs() else None
         offsets[i] += sum(len(e.token) for e in d.logprobs)
@@ -188,6 +214,8 @@ async def chat_chunks(
     gens: Generations, req: oa.ChatCompletionRequest, rid: str, created: int, model: str
 ) -> AsyncIterator[Chunk]:
     def chunk(choices: list[dict], usage: dict | None = None) -> dict:
+        if usage is None and req.continuous_usage:
+            usage = gens.usage()  # the counts so far, on every chunk
         return oa.chat_object(rid, created, model, choices, usage, chunk=True, usage_field=req.include_usage)
 
     def content(i: int, d: TextDelta) -> Chunk:
@@ -196,8 +224,11 @@ async def chat_chunks(
 
     reading = ToolReading.of(req)
     held = [HeldText(holding=reading.tools is not None) for _ in gens.each]
+    echo = echoed(req, gens)
     for i in range(len(gens.each)):
         yield chunk([oa.chat_delta_choice({"role": "assistant", "content": ""}, None, None, i)])
+        if echo:
+            yield chunk([oa.chat_delta_choice({"content": echo}, None, None, i)])
     async for i, d in deltas_by_choice(gens):
         h = held[i]
         if h.holding:

@@ -30,7 +30,12 @@ from tandem.v1 import (
 )
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.api.tls import TlsConfig
-from tandem.worker.api.wire import FINISH_NAMES, params_to_proto, top_logprobs_from_proto
+from tandem.worker.api.wire import (
+    FINISH_NAMES,
+    params_to_proto,
+    prompt_logprobs_from_proto,
+    top_logprobs_from_proto,
+)
 from tandem.worker.kv_transport.handshake import DEFAULT_LEASE_MS, check_compatible
 from tandem.worker.router.backend import COLD_START_S, BackendError, Timing, TokenOut
 from tandem.worker.router.disaggregation import (
@@ -238,8 +243,10 @@ class GrpcBackend:
             self.disaggregation, len(prompt_ids), self.pools.views("prefill"), decode.view, blocks,
             tpot_slo_s=self.tpot_slo_s,
         )  # fmt: skip
+        # a prompt scored for its logprobs runs where it is answered: its scores come with the first token
+        route = PrefillRoute.local if params.prompt_logprobs is not None else decision.route
         untried = [v for v in self.pools.views("prefill") if v.address not in tried]
-        mixed = pick_mixed(self.disaggregation, untried, decode.view, blocks, self.tpot_slo_s, decision.route)
+        mixed = pick_mixed(self.disaggregation, untried, decode.view, blocks, self.tpot_slo_s, route)
         if mixed is not None:  # the decode pool is the busier: a prefill worker runs this request whole
             timing.prefill = PrefillRoute.mixed.value
             mixed.last_picked = time.monotonic()
@@ -247,8 +254,8 @@ class GrpcBackend:
             async for token in self._generate_on(worker, request_id, prompt_ids, params, timing, tried):
                 yield token
             return
-        timing.prefill = decision.route.value
-        if decision.route is PrefillRoute.local:  # no transfer: the decode worker prefills the prompt itself
+        timing.prefill = route.value
+        if route is PrefillRoute.local:  # no transfer: the decode worker prefills the prompt itself
             async for token in self._generate_on(decode, request_id, prompt_ids, params, timing, tried):
                 yield token
             return
@@ -367,7 +374,8 @@ async def _relay(call, worker: Worker) -> AsyncIterator[TokenOut]:
                     worker.view.recent_tpot_s = observe_tpot(worker.view.recent_tpot_s, now - last_token_at)
                 last_token_at = now
                 reason = FINISH_NAMES.get(event.finish_reason) if event.finish_reason else None
-                yield TokenOut(event.token_id, event.logprob, reason, top_logprobs_from_proto(event.top_logprobs))
+                prompt = prompt_logprobs_from_proto(event.prompt_logprobs)
+                yield TokenOut(event.token_id, event.logprob, reason, top_logprobs_from_proto(event.top_logprobs), prompt)
                 if reason:
                     return
             elif event.finish_reason:

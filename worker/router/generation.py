@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import anyio
 
-from tandem.worker.api.params import SamplingParams
+from tandem.worker.api.params import PromptLogprobs, SamplingParams
 from tandem.worker.hf.tokenizer import StreamDecoder, Tokenizer
 from tandem.worker.router.backend import Backend, BackendError, Timing, TokenOut
 from tandem.worker.router.metrics import RequestClock
@@ -35,6 +36,8 @@ class Generation:
         """`clock` times the request (None: another generation of the same request does)."""
         self.tokenizer, self.params, self.clock = tokenizer, params, clock
         self.prompt_tokens = len(prompt_ids)
+        self.prompt_ids = list(prompt_ids)
+        self.prompt_logprobs: PromptLogprobs | None = None  # from the first token, when the params ask
         self.completion_tokens = 0
         self.timing = Timing()
         if clock is not None:
@@ -44,8 +47,8 @@ class Generation:
         )
         self._first: TokenOut | None = None
         self._started = False
-        self._decoder = StreamDecoder(tokenizer, prompt_ids)
-        self._stops = StopStringFilter(params.stop)
+        self._decoder = StreamDecoder(tokenizer, prompt_ids, params.skip_special_tokens)
+        self._stops = StopStringFilter(params.stop, params.include_stop_str_in_output)
 
     async def start(self) -> None:
         if not self._started:
@@ -60,17 +63,40 @@ class Generation:
         with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
             await aclose()
 
-    def _logprob(self, token: TokenOut) -> TokenLogprob:
-        def text(token_id: int) -> str:
-            return self.tokenizer.decode([token_id], skip_special_tokens=False)
+    def token_text(self, token_id: int) -> str:
+        """A token as logprobs name it."""
+        if self.params.return_tokens_as_token_ids:
+            return f"token_id:{token_id}"
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-        top = [TokenLogprob(text(t), lp) for t, lp in token.top_logprobs]
-        return TokenLogprob(text(token.token_id), token.logprob, top)
+    def _logprob(self, token: TokenOut) -> TokenLogprob:
+        top = [TokenLogprob(self.token_text(t), lp) for t, lp in token.top_logprobs]
+        return TokenLogprob(self.token_text(token.token_id), token.logprob, top)
+
+    def prompt_entries(self) -> list[TokenLogprob]:
+        """The prompt's tokens with their logprobs (the first has none: nothing comes before it)."""
+        scores = self.prompt_logprobs or []
+        entries = [TokenLogprob(self.token_text(self.prompt_ids[0]), None)] if self.prompt_ids else []
+        for token_id, (lp, _, top) in zip(self.prompt_ids[1:], scores, strict=False):
+            entries.append(TokenLogprob(self.token_text(token_id), lp, [TokenLogprob(self.token_text(t), v) for t, v in top]))
+        return entries
+
+    def prompt_logprobs_field(self) -> list[dict[str, dict[str, Any]] | None]:
+        """vLLM's `prompt_logprobs`: per prompt token (the first: null) its id's logprob, rank and decoded text,
+        and the likeliest tokens there, ranked."""
+        out: list[dict[str, dict[str, Any]] | None] = [None] if self.prompt_ids else []
+        for token_id, (lp, rank, top) in zip(self.prompt_ids[1:], self.prompt_logprobs or [], strict=False):
+            ranked = {str(t): {"logprob": v, "rank": i, "decoded_token": self.token_text(t)} for i, (t, v) in enumerate(top, 1)}
+            ranked[str(token_id)] = {"logprob": lp, "rank": rank, "decoded_token": self.token_text(token_id)}
+            out.append(ranked)
+        return out
 
     async def deltas(self) -> AsyncIterator[TextDelta]:
         """Text as it becomes safe to send; the last delta carries the finish reason."""
         await self.start()
         token, held = self._first, []
+        if token is not None:
+            self.prompt_logprobs = token.prompt_logprobs
         while token is not None:
             self.completion_tokens += 1
             if self.clock is not None:

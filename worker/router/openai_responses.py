@@ -35,7 +35,9 @@ def completion_logprobs(entries: list[TokenLogprob], text_offset: int) -> dict[s
     return {
         "tokens": [e.token for e in entries],
         "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [{**{t.token: t.logprob for t in e.top}, e.token: e.logprob} for e in entries],
+        "top_logprobs": [
+            None if e.logprob is None else {**{t.token: t.logprob for t in e.top}, e.token: e.logprob} for e in entries
+        ],
         "text_offset": offsets,
     }
 
@@ -77,8 +79,10 @@ def chat_object(
     )
 
 
-def completion_choice(text: str, finish_reason: str | None, logprobs: dict | None, index: int = 0) -> dict[str, Any]:
-    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+def completion_choice(
+    text: str, finish_reason: str | None, logprobs: dict | None, index: int = 0, **extra: Any
+) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason, **extra}
 
 
 def chat_message(content: str | None, tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:

@@ -27,6 +27,11 @@ from tandem.worker.router.openai_responses import completion_object as completio
 from tandem.worker.router.openai_responses import new_id as new_id
 from tandem.worker.router.openai_responses import now_s as now_s
 from tandem.worker.router.openai_responses import usage as usage
+from tandem.worker.router.openai_vllm import (
+    VllmChatExtensions,
+    VllmCompletionExtensions,
+    VllmSamplingExtensions,
+)
 
 MAX_LOGPROBS = MAX_TOP_LOGPROBS  # the most alternatives OpenAI's API lets a client ask for
 MAX_CHOICES = 16  # n: answers per request, each a generation of its own
@@ -35,11 +40,34 @@ MAX_STOP_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 256
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seeds OpenAI clients (and vLLM) accept
 STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)  # every field a request may carry is declared
+# vLLM's guided decoding fields, each one kind of constraint on the output
+GUIDED_FIELDS = (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                 ("guided_grammar", "grammar"))  # fmt: skip
 
 
 class StreamOptions(BaseModel):
     model_config = STRICT
-    include_usage: bool = False
+    include_usage: bool | None = None  # unset: off, unless continuous_usage_stats asks for usage (as vLLM)
+    # vLLM's extension: every chunk carries the usage so far, not only the last
+    continuous_usage_stats: bool = False
+
+    @property
+    def usage_wanted(self) -> bool:
+        return bool(self.include_usage) or (self.include_usage is None and self.continuous_usage_stats)
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = STRICT
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None  # the grammar enforces the schema either way
+
+
+class ResponseFormat(BaseModel):
+    model_config = STRICT
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
@@ -47,10 +75,11 @@ TokenId = Annotated[int, Field(ge=0, le=UINT32_MAX)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 
-class SamplingRequest(BaseModel):
-    """Fields shared by completions and chat completions, each range-checked here so that nothing a client
-    sends fails later on the wire. Every field is either implemented or refused with a 400 naming it
-    (`check_supported`) when set to anything but its no-op value; an unknown field is a 400 too."""
+class SamplingRequest(VllmSamplingExtensions):
+    """Fields shared by completions and chat completions (OpenAI's, and vLLM's extensions), each range-checked
+    here so that nothing a client sends fails later on the wire. Every field is implemented, accepted as a
+    no-op, or refused with a 400 naming it (`check_supported`) when set to anything but its no-op value; an
+    unknown field is a 400 too."""
 
     model_config = STRICT
 
@@ -73,6 +102,7 @@ class SamplingRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     # vLLM's extension: prefix-cache blocks are shared only between requests with the same salt
     cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT)
+    response_format: ResponseFormat | None = None  # chat's, and vLLM's on completions
 
     def check_supported(self) -> None:
         """A 400 naming the first field set to something this server does not do (openai_fields.py)."""
@@ -93,7 +123,12 @@ class SamplingRequest(BaseModel):
 
     @property
     def include_usage(self) -> bool:
-        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+        return bool(self.stream and self.stream_options and self.stream_options.usage_wanted)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Every streamed chunk carries the usage so far (vLLM's semantics: only with usage wanted at all)."""
+        return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
@@ -105,9 +140,35 @@ class SamplingRequest(BaseModel):
         """How many most likely tokens to report beside each one (top_logprobs)."""
         raise NotImplementedError
 
+    def constraints(self) -> list[tuple[str, str, Any]]:
+        """(field, kind, value) of each constraint on the output the request sets (at most one is allowed)."""
+        found = [(f, k, getattr(self, f)) for f, k in GUIDED_FIELDS if getattr(self, f) is not None]
+        so = self.structured_outputs
+        if so is not None:
+            for kind in ("json", "regex", "choice", "grammar", "json_object"):
+                value = getattr(so, "json_" if kind == "json" else kind)
+                if value not in (None, False):
+                    found.append((f"structured_outputs.{kind}", kind, value))
+        rf = self.response_format
+        if rf is not None and rf.type != "text":
+            found.append(("response_format", "response_format", rf.model_dump(by_alias=True)))
+        return found
+
     def grammar(self) -> str | None:
         """The llguidance grammar the output must match (None: free text)."""
-        return None
+        from tandem.worker.router import structured  # llguidance only for requests that ask for structure
+
+        found = self.constraints()
+        return structured.constraint_grammar(*found[0]) if found else None
+
+    def response_id(self, own: str) -> str:
+        """The answer's id: the router's own (`kind-hex`), or, as vLLM, `kind-<request_id>` from the client's."""
+        return own if self.request_id is None else f"{own.split('-', 1)[0]}-{self.request_id}"
+
+    def truncated(self, prompt_ids: list[int]) -> list[int]:
+        """vLLM's truncate_prompt_tokens: only the prompt's last tokens are kept."""
+        k = self.truncate_prompt_tokens
+        return prompt_ids if k is None or len(prompt_ids) <= k else prompt_ids[-k:]
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         """Engine parameters; raises InvalidRequest for values the engine refuses."""
@@ -127,10 +188,22 @@ class SamplingRequest(BaseModel):
             grammar=self.grammar(),
             min_tokens=self.min_tokens,
             top_logprobs=self.alternatives(),
+            min_p=self.min_p or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            return_tokens_as_token_ids=bool(self.return_tokens_as_token_ids),
+            prompt_logprobs=self.prompt_alternatives(),
         )
 
+    def prompt_alternatives(self) -> int | None:
+        """How many alternatives beside each prompt token's logprob (None: the prompt is not scored)."""
+        return self.prompt_logprobs
 
-class CompletionRequest(SamplingRequest):
+
+class CompletionRequest(SamplingRequest, VllmCompletionExtensions):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
@@ -139,6 +212,12 @@ class CompletionRequest(SamplingRequest):
 
     def check_supported(self) -> None:
         openai_fields.check_completion(self)
+
+    def prompt_alternatives(self) -> int | None:
+        """vLLM: echo with logprobs scores the prompt too, with as many alternatives."""
+        if self.prompt_logprobs is None and self.echo and self.logprobs is not None:
+            return self.logprobs
+        return self.prompt_logprobs
 
     def wants_logprobs(self) -> bool:
         return self.logprobs is not None
@@ -233,33 +312,18 @@ class NamedToolChoice(BaseModel):
     function: NamedFunction
 
 
-class JsonSchemaFormat(BaseModel):
-    model_config = STRICT
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: str | None = None
-    schema_: dict[str, Any] | None = Field(None, alias="schema")
-    strict: bool | None = None  # the grammar enforces the schema either way
-
-
-class ResponseFormat(BaseModel):
-    model_config = STRICT
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-
-class ChatCompletionRequest(SamplingRequest):
+class ChatCompletionRequest(SamplingRequest, VllmChatExtensions):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     max_completion_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
-    response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None  # at most one call is made: true (may) and false (one) both hold
     metadata: dict[str, str] | None = None  # an operator's tags: no effect on the answer
     safety_identifier: str | None = None  # as `user`
     prompt_cache_key: str | None = None  # prefixes are cached by their tokens whatever the key
-    # not implemented: refused unless at their no-op values (openai_fields.NO_OP_VALUES)
+    # not implemented: refused unless at their no-op values (openai_fields.REFUSED_UNLESS)
     store: bool | None = None
     service_tier: str | None = None
     modalities: list[str] | None = None
@@ -276,10 +340,6 @@ class ChatCompletionRequest(SamplingRequest):
 
     def forces_tool_call(self) -> bool:
         return bool(self.tools) and self.tool_choice not in (None, "auto", "none")
-
-    def grammar_wanted(self) -> bool:
-        rf = self.response_format
-        return self.forces_tool_call() or (rf is not None and rf.type != "text")
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -303,5 +363,13 @@ class ChatCompletionRequest(SamplingRequest):
 
         if self.forces_tool_call():
             return structured.tool_choice_grammar(self.tool_dicts(), self.tool_choice_value())
-        rf = self.response_format
-        return structured.response_format_grammar(None if rf is None else rf.model_dump(by_alias=True))
+        return super().grammar()
+
+    def template_options(self) -> dict[str, Any]:
+        """What vLLM's chat extensions hand the chat template."""
+        return {
+            "add_generation_prompt": self.add_generation_prompt,
+            "continue_final_message": self.continue_final_message,
+            "documents": self.documents,
+            "extra": self.chat_template_kwargs or {},
+        }

@@ -13,7 +13,7 @@ SSE_DONE = "data: [DONE]\n\n"
 @dataclass
 class TokenLogprob:
     token: str
-    logprob: float
+    logprob: float | None  # None: a prompt's first token, which nothing predicts
     top: list[TokenLogprob] = field(default_factory=list)  # the likeliest tokens at this position, best first
 
 
@@ -54,11 +54,15 @@ def holdback_length(text: str, stops: Sequence[str]) -> int:
 class StopStringFilter:
     """Feeds decoded text pieces; releases only text that can no longer become part of a stop string.
 
-    Once a stop string appears, everything from its start on is dropped and `stopped` turns true.
+    Once a stop string appears, everything from its start (or, with `include_stop`, its end) on is dropped and
+    `stopped` turns true.
     """
 
-    def __init__(self, stops: Sequence[str]) -> None:
+    def __init__(self, stops: Sequence[str], include_stop: bool = False) -> None:
+        """`include_stop`: the stop string that ended the text is kept at its end (vLLM's
+        include_stop_str_in_output)."""
         self.stops = [s for s in stops if s]
+        self.include_stop = include_stop
         self.pending = ""
         self.stopped = False
 
@@ -70,6 +74,8 @@ class StopStringFilter:
         cut = find_stop(text, self.stops)
         if cut is not None:
             self.pending, self.stopped = "", True
+            if self.include_stop:
+                return text[: cut + max(len(s) for s in self.stops if text.startswith(s, cut))]
             return text[:cut]
         keep = holdback_length(text, self.stops)
         self.pending = text[len(text) - keep :] if keep else ""

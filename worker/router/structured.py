@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import llguidance
 
@@ -47,6 +47,33 @@ def response_format_grammar(response_format: dict[str, Any] | None) -> str | Non
         return json_schema_grammar({"type": "object"}, "response_format")
     schema = response_format["json_schema"].get("schema") or {"type": "object"}
     return json_schema_grammar(schema, "response_format.json_schema.schema")
+
+
+def constraint_grammar(param: str, kind: str, value: Any) -> str:
+    """llguidance's grammar for one constraint on the output, named by the field `param` that set it:
+    vLLM's json (a schema, or its JSON text), json_object, regex, choice (the output is one of the strings),
+    grammar (Lark or GBNF), or a `response_format`."""
+    if kind == "response_format":
+        grammar = response_format_grammar(value)
+        assert grammar is not None
+        return grammar
+    if kind in ("json", "json_object"):
+        schema = {"type": "object"} if kind == "json_object" else value
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise ApiError(400, f"{param}: not JSON: {e}", param=param) from None
+        return json_schema_grammar(schema, param)
+    formats: dict[str, Literal["regex", "choice", "grammar"]] = {"regex": "regex", "choice": "choice", "grammar": "grammar"}
+    try:
+        grammar = llguidance.grammar_from(formats[kind], json.dumps(value) if kind == "choice" else value)
+    except ValueError as e:
+        raise ApiError(400, f"{param}: {e}", param=param) from None
+    error = llguidance.LLMatcher.validate_grammar(grammar)
+    if error:
+        raise ApiError(400, f"{param}: the {kind} cannot be enforced: {error}", param=param)
+    return grammar
 
 
 def tool_call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:

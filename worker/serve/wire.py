@@ -7,7 +7,7 @@ import socket
 import torch
 
 from tandem.v1 import common_pb2
-from tandem.worker.api.wire import FINISH_REASONS, top_logprobs_to_proto
+from tandem.worker.api.wire import FINISH_REASONS, prompt_logprobs_to_proto, top_logprobs_to_proto
 from tandem.worker.engine.runner.engine import Engine, StepOutput
 from tandem.worker.engine.runner.engine_loop import LoadSnapshot, StreamEnd
 from tandem.worker.kv_transport import transports
@@ -33,6 +33,7 @@ def token_event(request_id: str, item: StepOutput | StreamEnd, index: int) -> co
         index=index,
         has_token=True,
         top_logprobs=top_logprobs_to_proto(item.top_logprobs),
+        prompt_logprobs=prompt_logprobs_to_proto(item.prompt_logprobs or []),
     )
 
 

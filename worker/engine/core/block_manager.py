@@ -118,13 +118,14 @@ class BlockManager:
             self.ref_counts[block] += 1
 
     def allocate_prompt(
-        self, token_ids: Sequence[int], extra_tokens: int = 0, cache_salt: str | None = None
+        self, token_ids: Sequence[int], extra_tokens: int = 0, cache_salt: str | None = None, reuse: bool = True
     ) -> tuple[list[int], int]:
-        """Blocks for a prompt (+ room for `extra_tokens`), reusing cached prefix blocks of the same salt.
+        """Blocks for a prompt (+ room for `extra_tokens`), reusing cached prefix blocks of the same salt
+        (unless not `reuse`: a prompt whose every position must run).
 
         Returns (block table, number of tokens already in the cache).
         """
-        cached = self.cached_prefix(token_ids, cache_salt)
+        cached = self.cached_prefix(token_ids, cache_salt) if reuse else []
         need = self.blocks_needed(len(token_ids) + extra_tokens) - len(cached)
         if need > self.num_free - sum(1 for b in cached if self.ref_counts[b] == 0):
             raise OutOfBlocks(f"need {need} KV blocks, {self.num_free} free")

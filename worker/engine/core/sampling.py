@@ -1,4 +1,4 @@
-"""The batched sampler, on the logits' device: greedy, temperature, top-k, top-p, seeds.
+"""The batched sampler, on the logits' device: penalties, greedy, temperature, min-p, top-k, top-p, seeds.
 
 The whole batch is filtered with one sort; a token is drawn as argmax(probs / E) with E ~ Exp(1)
 (the exponential race, equal in law to a categorical draw), so unseeded rows share one noise draw and a
@@ -25,11 +25,43 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return logits.masked_fill(drop | (logits < kth), float("-inf"))
 
 
+def apply_penalties(
+    logits: torch.Tensor, params: list[SamplingParams], prompts: list[list[int]], outputs: list[list[int]]
+) -> torch.Tensor:
+    """Each row's logits after its penalties, as vLLM applies them ([N, V]; rows without one unchanged):
+    repetition_penalty over the tokens of the prompt and the output so far, presence and frequency
+    penalties over the output's."""
+    rows = [i for i, p in enumerate(params) if p.penalized]
+    if not rows:
+        return logits
+    logits, device, vocab = logits.clone(), logits.device, logits.shape[-1]
+    for i in rows:
+        p, row = params[i], logits[i]
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(prompts[i]) | set(outputs[i])), dtype=torch.long, device=device)
+            picked = row[seen]
+            row[seen] = torch.where(picked > 0, picked / p.repetition_penalty, picked * p.repetition_penalty)
+        if outputs[i] and (p.presence_penalty or p.frequency_penalty):
+            counts = torch.bincount(torch.tensor(outputs[i], device=device), minlength=vocab)[:vocab].to(row.dtype)
+            row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+    return logits
+
+
+def filter_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Mask to -inf the tokens less likely than min_p x each row's likeliest ([M, V]; 0 keeps all)."""
+    probs = logits.softmax(-1)
+    floor = probs.amax(-1, keepdim=True) * min_p[:, None]
+    return logits.masked_fill(probs < floor, float("-inf"))
+
+
 def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Each row's distribution after its temperature, top-k and top-p ([M, V]; rows with temperature > 0)."""
+    """Each row's distribution after its temperature, min-p, top-k and top-p ([M, V]; rows with
+    temperature > 0), in vLLM's order."""
     device = logits.device
     temps = torch.tensor([p.temperature for p in params], device=device)
     scaled = logits / temps[:, None]
+    if any(p.min_p > 0.0 for p in params):
+        scaled = filter_min_p(scaled, torch.tensor([p.min_p for p in params], device=device))
     if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
         top_k = torch.tensor([p.top_k for p in params], device=device)
         top_p = torch.tensor([p.top_p for p in params], device=device)

@@ -98,7 +98,9 @@ class Scheduler:
                 break
             seq = self.waiting[0]
             try:
-                seq.block_table, cached = self.blocks.allocate_prompt(seq.token_ids, cache_salt=seq.params.cache_salt)
+                seq.block_table, cached = self.blocks.allocate_prompt(
+                    seq.token_ids, cache_salt=seq.params.cache_salt, reuse=seq.params.prompt_logprobs is None
+                )  # a prompt scored for its logprobs runs whole
             except OutOfBlocks:
                 break
             self.waiting.popleft()

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tandem.worker.api.params import InvalidRequest, SamplingParams
+from tandem.worker.api.params import InvalidRequest, PromptLogprobs, SamplingParams
 from tandem.worker.engine.core.block_manager import BlockManager
 from tandem.worker.engine.core.grammar import GrammarVocab, constrain_logits, constraint_for, top_logprobs
-from tandem.worker.engine.core.sampling import sample, sampling_probs
+from tandem.worker.engine.core.sampling import apply_penalties, sample, sampling_probs
 from tandem.worker.engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tandem.worker.engine.core.sequence import Sequence
 from tandem.worker.engine.layers.attention import BACKENDS, check_backend
@@ -68,6 +68,7 @@ class StepOutput:
     logprob: float
     finish_reason: str | None
     top_logprobs: list[tuple[int, float]] = field(default_factory=list)  # (token id, logprob), best first
+    prompt_logprobs: PromptLogprobs | None = None  # on the first token, when its params ask
 
 
 # Called after each layer: (layer index, what ran this step).
@@ -220,9 +221,28 @@ class Engine:
                 layer_hook(layer, sched)
 
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv.k, self.kv.v, inputs.batch, hook)
+        self._score_prompts(sched, hidden)
         if not inputs.num_sampled:
             return None
         return self.model.logits(hidden.index_select(0, inputs.sample_rows))  # stays on the device
+
+    def _score_prompts(self, sched: SchedulerOutput, hidden: torch.Tensor) -> None:
+        """Record, for the sequences whose params ask, the logprobs of the prompt tokens this step's rows
+        predict (the row at position p scores the token at p + 1), with their rank and the likeliest there."""
+        at = 0  # each sequence's first row: its own tokens, then its drafts (step_inputs' order)
+        for seq, n, draft in zip(sched.seqs, sched.num_new_tokens, sched.drafts, strict=True):
+            start, k = seq.num_computed, seq.params.prompt_logprobs
+            positions = [] if k is None else [p for p in range(start, start + n - len(draft)) if p + 1 < len(seq.prompt_ids)]
+            if positions:
+                rows = torch.tensor([at + p - start for p in positions], device=hidden.device)
+                logp = torch.log_softmax(self.model.logits(hidden.index_select(0, rows)).float(), dim=-1)
+                targets = torch.tensor([seq.prompt_ids[p + 1] for p in positions], device=hidden.device)
+                picked = logp.gather(1, targets[:, None])
+                ranks = (logp > picked).sum(-1) + 1
+                tops = top_logprobs(logp, [k or 0] * len(positions))
+                for p, lp, rank, top in zip(positions, picked[:, 0].tolist(), ranks.tolist(), tops, strict=True):
+                    seq.prompt_scores[p + 1] = (lp, rank, top)
+            at += n
 
     def _update(self, sched: SchedulerOutput, logits: torch.Tensor | None) -> list[StepOutput]:
         to_sample: list[tuple[Sequence, list[int]]] = []  # with each, its drafts (one logits row more)
@@ -248,6 +268,10 @@ class Engine:
         tops: list[list[tuple[int, float]]] = []
         if rows:
             picked = logits.index_select(0, torch.tensor(rows, device=logits.device)) if len(rows) < row else logits
+            if any(s.params.penalized for s in seqs):
+                # each row's output so far: a draft row's includes the drafts before it
+                outputs = [s.output_ids + d[:j] for s, d in (to_sample[i] for i in drawn) for j in range(len(d) + 1)]
+                picked = apply_penalties(picked, [s.params for s in seqs], [s.prompt_ids for s in seqs], outputs)
             picked = constrain_logits(picked, [s.constraint for s in seqs], self.eos_token_ids)
             tokens, logprobs = sample(picked, [s.params for s in seqs], [s.generator for s in seqs])
             tops = top_logprobs(picked, [s.params.top_logprobs if s.params.logprobs else 0 for s in seqs])
@@ -294,7 +318,11 @@ class Engine:
 
     def _verify_sampled(self, seq: Sequence, draft: list[int], logits: torch.Tensor) -> tuple[list[int], list[float]]:
         """The tokens a speculative-sampling verify emits, padded to one per row (only a prefix is emitted)."""
-        emitted = verify_sampled(sampling_probs(logits, [seq.params] * len(logits)), draft, seq.generator)
+        n = len(logits)
+        if seq.params.penalized:
+            logits = apply_penalties(logits, [seq.params] * n, [seq.prompt_ids] * n,
+                                     [seq.output_ids + draft[:j] for j in range(n)])  # fmt: skip
+        emitted = verify_sampled(sampling_probs(logits, [seq.params] * n), draft, seq.generator)
         logprobs = [0.0] * len(emitted)
         if seq.params.logprobs:
             rows = torch.log_softmax(logits[: len(emitted)], dim=-1)
@@ -308,7 +336,10 @@ class Engine:
         if reason is not None:
             self.scheduler.finish(seq, reason)
             self.seqs.pop(seq.request_id, None)
-        return StepOutput(seq.request_id, token, logprob, reason, top or [])
+        prompt = None
+        if seq.params.prompt_logprobs is not None and len(seq.output_ids) == 1:
+            prompt = [seq.prompt_scores[p] for p in range(1, len(seq.prompt_ids))]
+        return StepOutput(seq.request_id, token, logprob, reason, top or [], prompt)
 
     def _finish_reason(self, seq: Sequence) -> str | None:
         p, token = seq.params, seq.output_ids[-1]
