@@ -3,13 +3,16 @@ prompt prefilled on the prefill pool, so the first token is sampled there and th
 guidellm's exact request bodies (streamed, continuous usage), and vLLM's sampling knobs through the official
 openai client's extra_body, their tokens checked against the engine run in process with the same parameters.
 
-guidellm itself is not installed for this: its 0.8.1 release pulls 33 packages (datasets, pandas, pyarrow,
-sanic among them) and downgrades click and multidict, so its request bodies are replayed as it builds them
-(guidellm/backends/openai/request_handlers.py)."""
+guidellm is not a test dependency (its 0.8.1 release pulls 33 packages, datasets, pandas, pyarrow and sanic
+among them, and downgrades click and multidict): its own `guidellm run` runs in an environment of its own
+through `uv tool run` (uv installs this project in CI), and its request bodies are also replayed as it builds
+them (guidellm/backends/openai/request_handlers.py), so a refusal shows the field it names."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 
 import httpx
 import openai
@@ -25,6 +28,8 @@ from tests.integration.stacks import running_stack, spec
 pytestmark = pytest.mark.slow
 
 OUTPUT_TOKENS = 12
+GUIDELLM_VERSION = "0.8.1"
+GUIDELLM_REQUESTS = 8
 PROMPT = "The quick brown fox jumps over the lazy dog and then"
 # guidellm 0.8.1's bodies for a synthetic request of OUTPUT_TOKENS output tokens, streamed
 GUIDELLM_STREAM = {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
@@ -136,3 +141,21 @@ def test_echo_with_logprobs_scores_the_prompt_as_transformers_does(client, tiny_
     )
     scores = chat.model_extra["prompt_logprobs"]
     assert scores[0] is None and all(len(s) in (2, 3) for s in scores[1:])  # two alternatives, and the token
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="guidellm runs in its own environment through uv, not on PATH")
+@pytest.mark.parametrize("path", list(GUIDELLM))
+def test_guidellm_benchmarks_the_stack_with_no_failed_request(stack, tiny_model_dir, tmp_path, path):
+    out = tmp_path / "guidellm.json"
+    cmd = ["uv", "tool", "run", "--from", f"guidellm=={GUIDELLM_VERSION}", "guidellm", "run",
+           "--backend", f"kind=openai_http,target={stack},model=tiny,request_format={path}",
+           "--profile", "kind=synchronous", "--constraint", f"kind=max_requests,count={GUIDELLM_REQUESTS}",
+           "--data", f"kind=synthetic_text,prompt_tokens=32,output_tokens={OUTPUT_TOKENS}",
+           "--tokenizer", f"kind=hf_auto,model={tiny_model_dir}",
+           "--output", f"kind=json,path={out}", "--disable-console"]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    (benchmark,) = json.loads(out.read_text())["benchmarks"]
+    totals = benchmark["metrics"]["request_totals"]
+    assert totals == {"successful": GUIDELLM_REQUESTS, "errored": 0, "incomplete": 0, "total": GUIDELLM_REQUESTS}
+    assert benchmark["metrics"]["time_to_first_token_ms"]["successful"]["count"] == GUIDELLM_REQUESTS
