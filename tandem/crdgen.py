@@ -1,6 +1,7 @@
 """Write the CRDs from the spec types: pydantic's JSON schema made structural for Kubernetes, plus the names,
-printer columns and subresources declared here. `python -m tandem.crdgen` rewrites the chart's CRD files;
-`--check` only says whether they are current (tests/unit/test_crd_drift.py)."""
+printer columns and subresources declared here. `python -m tandem.crdgen` rewrites the chart's CRD files and
+the field reference drawn from them (docs/inferenceservice.md, tandem.specdoc); `--check` only says whether
+they are current (tests/unit/test_crd_drift.py, tests/unit/test_spec_doc_drift.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from tandem import names
+from tandem import names, specdoc
 from tandem.spec import API_GROUP, API_VERSION, KIND, InferenceServiceSpec
 from tandem.spec_pool import TandemPoolSpec, TandemPoolStatus
 from tandem.spec_status import InferenceServiceStatus
@@ -192,9 +193,18 @@ CRDS = (
 )  # fmt: skip
 
 
+ROOT = Path(__file__).resolve().parent.parent  # a source checkout's
+EXAMPLE = "examples/tiny.yaml"  # the reference's minimal example
+
+
 def repo_crds_dir() -> Path:
     """The chart's CRD folder of a source checkout (crds/ at the top is a link to it)."""
-    return Path(__file__).resolve().parent.parent / "charts" / "tandem" / "files" / "crds"
+    return ROOT / "charts" / "tandem" / "files" / "crds"
+
+
+def repo_doc() -> Path:
+    """The field reference of a source checkout."""
+    return ROOT / "docs" / "inferenceservice.md"
 
 
 def stale(out_dir: Path) -> list[str]:
@@ -202,19 +212,30 @@ def stale(out_dir: Path) -> list[str]:
     return [c.file for c in CRDS if not (out_dir / c.file).exists() or (out_dir / c.file).read_text() != c.render()]
 
 
+def reference() -> str:
+    """docs/inferenceservice.md: every field and admission rule, from the CRDs, with the minimal example."""
+    service, pool = (c.document() for c in CRDS)
+    return specdoc.render(service, pool, EXAMPLE, (ROOT / EXAMPLE).read_text())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tandem.crdgen", description=__doc__)
     parser.add_argument("--out", type=Path, default=repo_crds_dir(), help="the CRD folder (default: the chart's)")
+    parser.add_argument("--doc", type=Path, default=repo_doc(), help="the field reference (default: docs/'s)")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is out of date")
     ns = parser.parse_args(argv)
+    doc = reference()
     if ns.check:
-        old = stale(ns.out)
-        for name in old:
-            print(f"{ns.out / name} is out of date: run python -m tandem.crdgen", file=sys.stderr)
+        old = [ns.out / name for name in stale(ns.out)]
+        old += [] if ns.doc.exists() and ns.doc.read_text() == doc else [ns.doc]
+        for path in old:
+            print(f"{path} is out of date: run python -m tandem.crdgen", file=sys.stderr)
         return 1 if old else 0
     for c in CRDS:
         (ns.out / c.file).write_text(c.render())
         print(ns.out / c.file)
+    ns.doc.write_text(doc)
+    print(ns.doc)
     return 0
 
 
