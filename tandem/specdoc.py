@@ -30,7 +30,8 @@ class Row:
     description: str
 
     def line(self) -> str:
-        return "| " + " | ".join((f"`{self.path}`", self.kind, self.default, self.bounds, prose(self.description))) + " |"
+        cells = (f"`{self.path}`", self.kind, self.default, self.bounds)
+        return "| " + " | ".join((*(c.replace("|", "\\|") for c in cells), prose(self.description))) + " |"
 
 
 def prose(text: str) -> str:

@@ -133,5 +133,7 @@ def test_rules_shared_by_sections_are_said_once():
         ["spec.{prefill,decode}.env[]", "spec.router.podTemplate", "spec.mode"]  # fmt: skip
 
 
-def test_angle_brackets_survive_markdown():
+def test_angle_brackets_and_pipes_survive_markdown():
     assert specdoc.prose("named <name>-router | x") == "named `<name>-router` \\| x"
+    assert specdoc.Row("a", "string", "", specdoc.bounds({"pattern": "^(a|b)$"}), "").line() == \
+        "| `a` | string |  | matches `^(a\\|b)$` |  |"  # fmt: skip
