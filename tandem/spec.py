@@ -149,8 +149,10 @@ class ModelSpec(_Spec):
     """Longest sequence (prompt plus output tokens) served; longer prompts are refused with 400. At most
     10,000,000 (the longest context of any model family, Llama 4 Scout's)."""
     quantization: Quantization = Quantization.none
-    """none, or int8: weight-only int8 (one scale per output channel) for every decoder projection and an
-    untied lm_head, quantized as the checkpoint loads; the embeddings stay in dtype."""
+    """none, int8 or fp8, for every decoder projection and an untied lm_head, quantized as the checkpoint loads
+    (the embeddings stay in dtype): int8 weight-only with one scale per output channel; fp8 e4m3 weights with
+    per-channel scales and per-token activations through scaled matmuls (GPUs of compute capability 8.9 or
+    more; FP8 checkpoints load as stored)."""
 
 
 class Resources(_Spec):

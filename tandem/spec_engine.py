@@ -114,7 +114,7 @@ class EngineSpec(Spec):
     """CPU threads per worker for torch; unset: the cores shared evenly."""
     attention: AttentionBackend = AttentionBackend.sdpa
     """Attention over the paged KV cache: sdpa gathers each context (the reference), flex reads the cache in
-    place (compiled on CUDA)."""
+    place (compiled on CUDA), triton reads it in place through our own kernel (CUDA only)."""
     compile: bool = False
     """torch.compile the model's per-token layers on CUDA; the worker warms them up before it reports ready."""
     decode_step: DecodeStep = DecodeStep.eager
@@ -127,7 +127,7 @@ class EngineSpec(Spec):
     sequence whose drafts keep failing decodes plainly for a while. Unset: off."""
     kv_cache_dtype: KvCacheDtype = KvCacheDtype.auto
     """KV cache storage: auto in model.dtype; int8 with one float32 scale per token and head (about twice the
-    sequences in the same memory; sdpa only; kvTransfer.compression is then a no-op)."""
+    sequences in the same memory; sdpa or triton attention; kvTransfer.compression is then a no-op)."""
 
     @model_validator(mode="after")
     def _kv_cache_readable(self) -> EngineSpec:
