@@ -9,6 +9,7 @@ import datetime as dt
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from pydantic import ValidationError
@@ -147,15 +148,13 @@ class Reconciler:
         # Never reconciled: its children can only be ones we created, which the cache holds. (A crash between
         # creating children and writing status is covered: apply is idempotent, create falls back on 409.)
         reader.first_time = "observedGeneration" not in previous
+        meta = isvc["metadata"]
+        seen = Observed(name, namespace, meta["uid"], meta.get("generation", 1), previous, Findings())
         try:
             spec = with_defaults(InferenceServiceSpec.model_validate(isvc.get("spec") or {}), process_defaults())
         except ValidationError as e:
-            meta = isvc["metadata"]
-            seen = Observed(name, namespace, meta["uid"], meta.get("generation", 1), previous, Findings())
             self._report_blocked(reader, isvc, seen, ("InvalidSpec", str(e).splitlines()[0]), str(e), out)
             return out
-        meta = isvc["metadata"]
-        seen = Observed(name, namespace, meta["uid"], meta.get("generation", 1), previous, Findings())
         try:
             for look in range(2):
                 seen = self.observe(reader, isvc, spec)
@@ -204,8 +203,8 @@ class Reconciler:
         if spec.security.api_keys is None and self.exposure.needs_listing(key, reader.fresh):
             services = self.kube.list("Service", namespace, "")
         return Observed(name, namespace, uid, generation, previous, findings,
-                        pools=dict(zip(pools, live_pools, strict=True)),
-                        children=dict(zip(keys, live_children, strict=True)), labelled=labelled,
+                        pools=MappingProxyType(dict(zip(pools, live_pools, strict=True))),
+                        children=MappingProxyType(dict(zip(keys, live_children, strict=True))), labelled=labelled,
                         tls_issued=key in self.issued, model_cache=process_model_cache(),
                         operator_peer=operator_peer(), services=services,
                         exposed=self.exposure.services.get(key, ()), warned=self.exposure.warned.get(key))
