@@ -149,6 +149,22 @@ def test_a_name_owned_by_someone_else_blocks_and_writes_no_child():
 
 
 def test_a_blocking_preflight_finding_writes_nothing():
-    cause = ("ModelVolumeMissing", "PersistentVolumeClaim m does not exist")
+    cause = ("ModelSourceNotFound", "PersistentVolumeClaim m does not exist")
     p = plan(SPEC, Observed(NAME, NS, UID, 1, {}, Findings(blocked=cause)))
     assert p.blocked == cause and p.empty
+
+
+def test_a_router_exposed_without_api_keys_is_warned_of_once():
+    first = plan(SPEC, _first_look())
+    pools, children = _world_after(first)
+    labels = children[("Deployment", "s-router")]["spec"]["template"]["metadata"]["labels"]
+    lb = {"metadata": {"name": "public"}, "spec": {"type": "LoadBalancer", "selector": labels}}
+    listed = replace(_first_look(), services=[lb])
+    warned = report(SPEC, listed, first, Rollout(pools, children), [], [], NOW)
+    assert warned.exposed == ("Service public (LoadBalancer)",)
+    assert [e for e in warned.events if e[0] == "ExposedWithoutAPIKeys"] == [
+        ("ExposedWithoutAPIKeys", warned.warning, "Warning")]
+    # the next look, not listed again: what was found is remembered, and the warning already given
+    again = replace(_first_look(), exposed=warned.exposed, warned=warned.warning)
+    quiet = report(SPEC, again, first, Rollout(pools, children), [], [], NOW)
+    assert quiet.warning == warned.warning and not [e for e in quiet.events if e[0] == "ExposedWithoutAPIKeys"]
