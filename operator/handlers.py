@@ -9,29 +9,48 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from kubernetes import client
 
 from tandem.operator.cache import ObjectCache
 from tandem.operator.health import HEARTBEAT
 from tandem.operator.kube import Kube
 from tandem.operator.queue import ReconcileQueue
-from tandem.operator.reconcile import reconcile
+from tandem.operator.reconcile import Reconciler
 from tandem.spec import API_GROUP, API_VERSION, KIND
 
 log = logging.getLogger("tandem.operator")
 
-KUBE = Kube()
-CACHE = ObjectCache()
 CHILD_EVENT_DELAY = float(os.environ.get("TANDEM_CHILD_EVENT_DELAY", "0.05"))
 # kopf retries a failed API request with these pauses, then lets the error stop the operator; its default
 # (about a minute in all) is shorter than an API server restart or upgrade can take. About ten minutes here.
 API_RETRY_BACKOFFS = (1, 1, 2, 3, 5, 8, 13, 21, *[30] * 20)
-QUEUE: ReconcileQueue | None = None
-_RESYNC: asyncio.Task[None] | None = None
-_BEATS: list[asyncio.Task[None]] = []
-_AUTOSCALE: asyncio.Task[None] | None = None
+
+
+@dataclass
+class Runtime:
+    """What the handlers share, made once at startup and kept on kopf's memo: the API client, the watch
+    cache, the reconciler, its queue, and the background tasks."""
+
+    kube: Kube
+    cache: ObjectCache
+    queue: ReconcileQueue
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @classmethod
+    def start(cls) -> Runtime:
+        kube, cache = Kube(), ObjectCache()
+        reconciler = Reconciler(kube, cache)
+        queue = ReconcileQueue(reconciler.reconcile, concurrency=int(os.environ.get("TANDEM_OPERATOR_WORKERS", "8")))
+        rt = cls(kube, cache, queue)
+        loop = asyncio.get_running_loop()
+        rt.tasks.append(loop.create_task(queue.resync_forever(float(os.environ.get("TANDEM_RESYNC_SECONDS", "60")))))
+        rt.tasks.append(loop.create_task(_beat_forever()))
+        rt.tasks.append(_start_autoscaler(kube, cache))
+        return rt
 
 
 def parent_of(meta: dict[str, Any]) -> str | None:
@@ -49,7 +68,7 @@ def _owned(meta: dict[str, Any], **_: Any) -> bool:
 @kopf.on.login()
 def login(**_: Any) -> kopf.ConnectionInfo:
     """kopf connects with the same credentials the Kubernetes client loaded (kubeconfig or in-cluster)."""
-    cfg = KUBE.api.configuration
+    cfg = client.Configuration.get_default_copy()  # the one every Kube() client is made with
     auth = cfg.auth_settings().get("BearerToken") or {}
     scheme, _sep, token = str(auth.get("value") or "").partition(" ")
     return kopf.ConnectionInfo(
@@ -64,18 +83,12 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 
 
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    global QUEUE, _RESYNC
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.error_backoffs = API_RETRY_BACKOFFS
-    QUEUE = ReconcileQueue(lambda ns, name, fresh: reconcile(KUBE, ns, name, CACHE, fresh),
-                           concurrency=int(os.environ.get("TANDEM_OPERATOR_WORKERS", "8")))
-    _RESYNC = asyncio.get_running_loop().create_task(
-        QUEUE.resync_forever(float(os.environ.get("TANDEM_RESYNC_SECONDS", "60"))))
-    _BEATS.append(asyncio.get_running_loop().create_task(_beat_forever()))
-    _start_autoscaler()
+    memo.tandem = Runtime.start()
 
 
 async def _beat_forever() -> None:
@@ -85,50 +98,51 @@ async def _beat_forever() -> None:
         await asyncio.sleep(5)
 
 
-def _start_autoscaler() -> None:
+def _start_autoscaler(kube: Kube, cache: ObjectCache) -> asyncio.Task[None]:
     """The SLO autoscaler for InferenceServices with autoscaling on (it writes nothing for the others)."""
-    global _AUTOSCALE
     from prometheus_client import start_http_server
 
     from tandem.operator.autoscale.kube_loop import KubeAutoscalers, prometheus_url_from_env
 
-    autoscalers = KubeAutoscalers(KUBE, CACHE, prometheus_url_from_env())
+    autoscalers = KubeAutoscalers(kube, cache, prometheus_url_from_env())
     port = int(os.environ.get("TANDEM_OPERATOR_METRICS_PORT", "0"))
     if port:
         start_http_server(port, addr=os.environ.get("TANDEM_OPERATOR_METRICS_ADDR", "0.0.0.0"),
                           registry=autoscalers.metrics.registry)
-    _AUTOSCALE = asyncio.get_running_loop().create_task(autoscalers.run_forever())
+    return asyncio.get_running_loop().create_task(autoscalers.run_forever())
 
 
 @kopf.on.cleanup()
-async def stop(**_: Any) -> None:
-    for task in (_RESYNC, _AUTOSCALE, *_BEATS):
-        if task:
-            task.cancel()
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    rt: Runtime | None = getattr(memo, "tandem", None)
+    for task in rt.tasks if rt else ():
+        task.cancel()
 
 
 @kopf.on.event(API_GROUP, API_VERSION, "inferenceservices")  # type: ignore[arg-type]
-async def service_event(type: str, event: dict[str, Any], name: str, namespace: str, **_: Any) -> None:
-    assert QUEUE is not None
+async def service_event(type: str, event: dict[str, Any], name: str, namespace: str, memo: kopf.Memo,
+                        **_: Any) -> None:
+    rt: Runtime = memo.tandem
     key = (namespace, name)
     if type == "DELETED":
-        CACHE.forget(event["object"], KIND)
-        QUEUE.forget(key)
+        rt.cache.forget(event["object"], KIND)
+        rt.queue.forget(key)
         return
-    CACHE.put(event["object"], KIND)
-    QUEUE.known.add(key)
-    QUEUE.trigger(key, generation=(event["object"].get("metadata") or {}).get("generation"))
+    rt.cache.put(event["object"], KIND)
+    rt.queue.known.add(key)
+    rt.queue.trigger(key, generation=(event["object"].get("metadata") or {}).get("generation"))
 
 
 async def _child_event(type: str, event: dict[str, Any], meta: dict[str, Any], namespace: str,
-                       resource: kopf.Resource, **_: Any) -> None:
+                       resource: kopf.Resource, memo: kopf.Memo, **_: Any) -> None:
+    rt: Runtime = memo.tandem
     if type == "DELETED":
-        CACHE.forget(event["object"], resource.kind)
+        rt.cache.forget(event["object"], resource.kind)
     else:
-        CACHE.put(event["object"], resource.kind)
+        rt.cache.put(event["object"], resource.kind)
     parent = parent_of(meta)
-    if parent and QUEUE is not None:
-        QUEUE.trigger((namespace, parent), delay=CHILD_EVENT_DELAY)
+    if parent:
+        rt.queue.trigger((namespace, parent), delay=CHILD_EVENT_DELAY)
 
 
 for _resource in (
