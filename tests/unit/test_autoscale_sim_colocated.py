@@ -9,9 +9,12 @@ import pytest
 
 from tandem.operator.autoscale.capacity import DecodeLoad, PrefillLoad, decode_tpot_ms
 from tandem.operator.autoscale.colocated import colocated_tpot_ms, colocated_ttft_ms
+from tandem.operator.autoscale.config import PoolLimits
 from tandem.operator.autoscale.sim.colocated import simulate_colocated
+from tandem.operator.autoscale.sim.replay import Scenario, run
 from tandem.operator.autoscale.sim.simulator import SimConfig
 from tandem.operator.autoscale.types import Pool
+from tandem.slo import Slo
 from tandem.trace import TraceRequest
 from tests.unit.autoscale_fixtures import linear_profile
 
@@ -56,3 +59,14 @@ def test_simulated_tpot_is_the_colocated_model(rate, replicas):
     assert tpot == pytest.approx(colocated_tpot_ms(PROFILE, replicas, prefill, decode), rel=0.2)
     assert tpot > 1.2 * decode_tpot_ms(PROFILE, replicas, decode)  # the split's decode pool has no prefill in its steps
     assert ttfts[int(0.9 * len(ttfts))] == pytest.approx(colocated_ttft_ms(PROFILE, replicas, prefill, decode, 90), rel=0.35)
+
+
+def test_static_colocated_policy_bills_only_its_workers():
+    """`tandem simulate --policy static-colocated`: the colocated model's count for the peak minute, held fixed."""
+    limits = {Pool.prefill: PoolLimits(1, 8), Pool.decode: PoolLimits(1, 8)}
+    trace = poisson(4.0, 200, prompt=1000, output=50)
+    result, summary = run("static-colocated", trace, Scenario(PROFILE, Slo(ttft_ms=500, tpot_ms=30), limits))
+    n = result.timeline[0][2]
+    assert n >= 1 and {(p, d) for _, p, d in result.timeline} == {(0, n)}
+    assert summary["failed"] == 0 and summary["scaling_actions"] == 0
+    assert result.gpu_seconds == pytest.approx(n * result.duration_s)
