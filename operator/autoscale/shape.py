@@ -12,7 +12,8 @@ drains (a generation at the observed TPOT) and flips (`flip_s`), and the GPUs sa
 exceed those GPU-seconds. At the trough this collapses a split service to one colocated GPU.
 
 Not yet wired into the live loop, the simulator or the runtime: the per-pool policy still sizes whichever
-shape the spec fixes; this rule says which shape it should be and why.
+shape the spec fixes, and `tandem simulate` replays fixed colocated workers (sim/colocated.py) without
+this rule; it says which shape the service should have and why.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from enum import Enum
 from tandem.operator.autoscale.capacity import (
     MAX_REPLICAS_SEARCHED,
     DecodeLoad,
+    Need,
     PrefillLoad,
     decode_need,
     prefill_need,
@@ -108,9 +110,10 @@ def decide_shape(load: ShapeLoad, current: Shape, since_change_s: float, cfg: Sh
     need_now, other = (split, colocated) if current.split else (colocated, split)
     gpus_now, gpus_other = _gpus(need_now, cfg), _gpus(other, cfg)
     details = {"current_need_gpus": float(gpus_now), "other_need_gpus": float(gpus_other)}
-    if gpus_other > min((1 - cfg.band) * gpus_now, gpus_now - 1):
-        text = f"Kept {current}: it needs {_described(need_now, cfg)}; {_described(other, cfg)} saves less than {cfg.band:.0%}"
-        return _keep(current, text, details)
+    if _unreachable(other) or gpus_other > min((1 - cfg.band) * gpus_now, gpus_now - 1):
+        now = "it needs " + _described(need_now, cfg) if not _unreachable(need_now) else _described(need_now, cfg)
+        then = _described(other, cfg) if _unreachable(other) else f"{_described(other, cfg)} saves less than {cfg.band:.0%}"
+        return _keep(current, f"Kept {current}: {now}; {then}", details)
     action = ShapeAction.collapse if current.split else ShapeAction.split
     why = _why(load, current, colocated, split, cfg)
     if since_change_s < cfg.dwell_s:
@@ -136,12 +139,17 @@ def _loads(load: ShapeLoad) -> tuple[PrefillLoad, DecodeLoad]:
 
 
 def _sized(load: ShapeLoad, cfg: ShapeConfig) -> tuple[Shape, Shape]:
-    """Colocated workers and the split that meet both SLOs within the margin (a count at the search's end
-    means no count does)."""
+    """Colocated workers and the split that meet both SLOs within the margin; a count of
+    MAX_REPLICAS_SEARCHED says no count does (the capacity model's need misses its target)."""
     prefill, decode = _loads(load)
-    colocated = colocated_need(cfg.profile, prefill, decode, cfg.slo, cfg.margin).replicas
-    p = prefill_need(cfg.profile, prefill, cfg.slo, cfg.margin).replicas
-    d = decode_need(cfg.profile, decode, cfg.slo, cfg.margin).replicas
+    slo, share = cfg.slo, cfg.margin
+
+    def count(need: Need, target_ms: float) -> int:
+        return need.replicas if need.latency_ms <= target_ms * share * (1 + 1e-9) else MAX_REPLICAS_SEARCHED
+
+    colocated = count(colocated_need(cfg.profile, prefill, decode, slo, share), slo.tpot_ms)
+    p = count(prefill_need(cfg.profile, prefill, slo, share), slo.ttft_ms)
+    d = count(decode_need(cfg.profile, decode, slo, share), slo.tpot_ms)
     return Shape(colocated=max(colocated, 1)), Shape(prefill=max(p, 1), decode=max(d, 1))
 
 
@@ -153,9 +161,14 @@ def _keep(current: Shape, reason: str, details: dict[str, float]) -> ShapeDecisi
     return ShapeDecision(ShapeAction.keep, current, current, reason, details)
 
 
+def _unreachable(shape: Shape) -> bool:
+    """No count of this kind meets the SLO (the capacity search ran to its end)."""
+    return max(shape.colocated, shape.prefill, shape.decode) >= MAX_REPLICAS_SEARCHED
+
+
 def _described(shape: Shape, cfg: ShapeConfig) -> str:
     """A shape and its GPUs ("2P+3D at 5 GPUs"), or that no count of its kind meets the SLO."""
-    if max(shape.colocated, shape.prefill, shape.decode) >= MAX_REPLICAS_SEARCHED:
+    if _unreachable(shape):
         return f"no {'split' if shape.split else 'count of colocated workers'} meets the SLO"
     return f"{shape} at {_gpus(shape, cfg)} GPUs"
 
@@ -173,6 +186,6 @@ def _why(load: ShapeLoad, current: Shape, colocated: Shape, split: Shape, cfg: S
         head = f"TPOT {p} {load.tpot_ms:.0f} ms > {slo.tpot_ms:.0f} ms under prefill interference"
     else:
         head = f"{load.rate_rps:.2g} req/s"
-    if max(colocated.colocated, 1) >= MAX_REPLICAS_SEARCHED:
+    if _unreachable(colocated):
         return f"{head}; {split} serves it at {_gpus(split, cfg)} GPUs, no count of colocated workers meets the SLO"
     return f"{head}; {split} serves it at {_gpus(split, cfg)} GPUs, {colocated} would need {_gpus(colocated, cfg)}"

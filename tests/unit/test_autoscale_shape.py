@@ -114,6 +114,33 @@ CASES = [
         config={"horizon_s": 5.0},
     ),
     Case(
+        "a TPOT below the idle step: no shape meets it, so nothing moves",
+        LONG,
+        Shape(prefill=1, decode=2),
+        tpot_x_idle(0.9),
+        ShapeAction.keep,
+        Shape(prefill=1, decode=2),
+        "Kept 1P+2D: no split meets the SLO; no count of colocated workers meets the SLO",
+    ),
+    Case(
+        "prompts too long for colocated workers' TTFT: a split is kept however large",
+        ShapeLoad(rate_rps=1, prompt_tokens_mean=7000, output_tokens_mean=100, prompt_tokens_p90=7000, tpot_ms=5.0),
+        Shape(prefill=1, decode=1),
+        Slo(ttft_ms=177, tpot_ms=50),  # 0.8 x 177 = 142 ms: a 139 ms prompt fits, with a 4.7 ms decode step not
+        ShapeAction.keep,
+        Shape(prefill=1, decode=1),
+        "Kept 1P+1D: it needs 2P+1D at 3 GPUs; no count of colocated workers meets the SLO",
+    ),
+    Case(
+        "the same prompts on colocated workers split: no count of them meets the TTFT",
+        ShapeLoad(rate_rps=1, prompt_tokens_mean=7000, output_tokens_mean=100, prompt_tokens_p90=7000, tpot_ms=5.0),
+        Shape(colocated=2),
+        Slo(ttft_ms=177, tpot_ms=50),
+        ShapeAction.split,
+        Shape(prefill=2, decode=1),
+        "Split: 1 req/s; 2P+1D serves it at 3 GPUs, no count of colocated workers meets the SLO",
+    ),
+    Case(
         "a quiet service already colocated stays so",
         ShapeLoad(rate_rps=0.4, prompt_tokens_mean=1000, output_tokens_mean=200, tpot_ms=5.0),
         Shape(colocated=1),
