@@ -31,6 +31,8 @@ from tandem.operator.autoscale.capacity import (
 )
 from tandem.operator.autoscale.colocated import colocated_need, colocated_tpot_ms
 from tandem.operator.autoscale.config import PolicyConfig
+from tandem.operator.autoscale.sizing import missing
+from tandem.operator.autoscale.types import Pool, PoolObservation
 from tandem.profile import Profile
 from tandem.slo import Slo
 
@@ -76,6 +78,27 @@ class ShapeLoad:
     prefix_hit_rate: float = 0.0
     ttft_ms: float | None = None  # observed
     tpot_ms: float | None = None  # observed
+
+    @classmethod
+    def observed(cls, observations: dict[Pool, PoolObservation]) -> ShapeLoad | None:
+        """The load from the policy's own observations: requests and prompts where prefill runs (the prefill or
+        colocated pool), outputs and TPOT where decode runs; None while a metric the rule needs is missing."""
+        front = observations.get(Pool.colocated) or observations.get(Pool.prefill)
+        back = observations.get(Pool.colocated) or observations.get(Pool.decode)
+        if front is None or back is None:
+            return None
+        needed = (front.arrival_rate_rps, front.prompt_tokens_mean, back.output_tokens_mean)
+        if any(missing(v) for v in needed):
+            return None
+        rate, prompt, output = (float(v) for v in needed)  # type: ignore[arg-type]
+
+        def present(v: float | None) -> float | None:
+            return None if missing(v) else v
+
+        return cls(
+            rate, prompt, output, present(front.prompt_tokens_p90), present(front.prefix_hit_rate) or 0.0,
+            present(front.ttft_ms), present(back.tpot_ms),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from tandem.operator.autoscale.capacity import DecodeLoad, PrefillLoad, prefill_
 from tandem.operator.autoscale.colocated import colocated_need, colocated_tpot_ms, colocated_ttft_ms
 from tandem.operator.autoscale.config import PolicyConfig
 from tandem.operator.autoscale.shape import Shape, ShapeAction, ShapeConfig, ShapeLoad, decide_shape
+from tandem.operator.autoscale.types import Pool, PoolObservation, Replicas
 from tandem.profile import shipped_profile
 from tandem.slo import Slo
 from tests.unit.autoscale_fixtures import linear_profile
@@ -173,6 +174,21 @@ def test_config_from_the_policy_carries_its_slo_margin_and_flip_time():
     slo = Slo(ttft_ms=2000, tpot_ms=40)
     cfg = ShapeConfig.from_policy(PolicyConfig(slo=slo, profile=H200, limits={}, margin=0.7, flip_s=5.0), dwell_s=60.0)
     assert (cfg.slo, cfg.margin, cfg.flip_s, cfg.dwell_s) == (slo, 0.7, 5.0, 60.0)
+
+
+def test_the_load_comes_from_the_policys_observations():
+    def obs(pool: Pool, **kw: float) -> PoolObservation:
+        return PoolObservation(pool=pool, at_s=0.0, window_s=60.0, replicas=Replicas(1), **kw)  # type: ignore[arg-type]
+
+    split = {
+        Pool.prefill: obs(Pool.prefill, arrival_rate_rps=3.0, prompt_tokens_mean=900, prompt_tokens_p90=1500, ttft_ms=120),
+        Pool.decode: obs(Pool.decode, arrival_rate_rps=3.0, prompt_tokens_mean=900, output_tokens_mean=150, tpot_ms=6.0),
+    }
+    assert ShapeLoad.observed(split) == ShapeLoad(3.0, 900, 150, 1500, 0.0, 120, 6.0)
+    colocated = {Pool.colocated: obs(Pool.colocated, arrival_rate_rps=0.4, prompt_tokens_mean=1000, output_tokens_mean=200, tpot_ms=math.nan)}
+    assert ShapeLoad.observed(colocated) == ShapeLoad(0.4, 1000, 200)  # NaN counts as missing
+    assert ShapeLoad.observed({Pool.prefill: split[Pool.prefill]}) is None
+    assert ShapeLoad.observed({**split, Pool.decode: obs(Pool.decode, arrival_rate_rps=3.0)}) is None
 
 
 def test_a_shape_is_colocated_or_split_not_both():
