@@ -135,17 +135,19 @@ def decode_max_batch(profile: Profile, context_tokens: float, tpot_target_ms: fl
     return best
 
 
-def decode_tpot_ms(profile: Profile, replicas: int, load: DecodeLoad) -> float:
-    """TPOT with the load spread over `replicas`: the batch b solving b = rate/N x output x step(b) (Little)."""
+def decode_tpot_ms(profile: Profile, replicas: int, load: DecodeLoad, stretch: float = 1.0) -> float:
+    """TPOT with the load spread over `replicas`: the batch b solving b = rate/N x output x step(b) (Little).
+
+    `stretch` scales every step (a colocated worker's steps also carry prefill work, colocated.py)."""
     ctx = load.context_tokens
     if load.rate_rps <= 0:
-        return profile.decode_step_ms(1, ctx)
+        return profile.decode_step_ms(1, ctx) * stretch
     if replicas <= 0:
         return math.inf
     per_replica = load.rate_rps / replicas * load.output_tokens_mean / 1000  # sequences per ms of step
 
     def excess(b: float) -> float:
-        return per_replica * profile.decode_step_ms(b, ctx) - b
+        return per_replica * profile.decode_step_ms(b, ctx) * stretch - b
 
     cap = float(decode_batch_cap(profile, ctx))
     if excess(cap) > 0:
@@ -154,7 +156,7 @@ def decode_tpot_ms(profile: Profile, replicas: int, load: DecodeLoad) -> float:
     for _ in range(50):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if excess(mid) > 0 else (lo, mid)
-    return profile.decode_step_ms(max(hi, 1.0), ctx)
+    return profile.decode_step_ms(max(hi, 1.0), ctx) * stretch
 
 
 def decode_need(profile: Profile, load: DecodeLoad, slo: Slo, target_share: float) -> Need:

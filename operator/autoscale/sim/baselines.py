@@ -29,6 +29,7 @@ from tandem.operator.autoscale.capacity import (
     decode_need,
     prefill_need,
 )
+from tandem.operator.autoscale.colocated import colocated_need
 from tandem.operator.autoscale.config import PolicyConfig, PoolLimits
 from tandem.operator.autoscale.flip import FlipState, decide_with_flips
 from tandem.operator.autoscale.hpa_rule import hpa_recommendation
@@ -175,6 +176,24 @@ def static_sizes(
     """Fixed pool sizes for the trace's peak minute (or its mean rate) by the capacity model."""
     if not trace:
         return {p: limits[p].min_replicas for p in POOLS}
+    prefill, decode = trace_load(trace, slo, peak)
+    p = prefill_need(profile, prefill, slo, margin).replicas
+    d = decode_need(profile, decode, slo, margin).replicas
+    return {Pool.prefill: _clamp(p, limits[Pool.prefill]), Pool.decode: _clamp(d, limits[Pool.decode])}
+
+
+def static_colocated_size(
+    trace: list[TraceRequest], profile: Profile, slo: Slo, limits: PoolLimits, margin: float, peak: bool
+) -> int:
+    """Fixed colocated workers for the trace's peak minute (or its mean rate) by the colocated capacity model."""
+    if not trace:
+        return limits.min_replicas
+    prefill, decode = trace_load(trace, slo, peak)
+    return _clamp(colocated_need(profile, prefill, decode, slo, margin).replicas, limits)
+
+
+def trace_load(trace: list[TraceRequest], slo: Slo, peak: bool) -> tuple[PrefillLoad, DecodeLoad]:
+    """A trace's load at its peak minute's rate (or its mean rate), with its prompt and output lengths."""
     duration = max(trace[-1].arrival_s, 1.0)
     if peak:
         minute = 60.0
@@ -188,9 +207,7 @@ def static_sizes(
     prompt_mean = sum(prompts) / len(prompts)
     prompt_p = prompts[min(len(prompts) - 1, int(len(prompts) * slo.percentile / 100))]
     output_mean = sum(r.output_len for r in trace) / len(trace)
-    p = prefill_need(profile, PrefillLoad(rate, prompt_mean, prompt_p), slo, margin).replicas
-    d = decode_need(profile, DecodeLoad(rate, prompt_mean, output_mean), slo, margin).replicas
-    return {Pool.prefill: _clamp(p, limits[Pool.prefill]), Pool.decode: _clamp(d, limits[Pool.decode])}
+    return PrefillLoad(rate, prompt_mean, prompt_p), DecodeLoad(rate, prompt_mean, output_mean)
 
 
 def static_controller(sizes: dict[Pool, int]) -> Controller:

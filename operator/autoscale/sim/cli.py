@@ -1,4 +1,5 @@
-"""`tandem simulate`: replay a request trace through both pools under one or more autoscaling policies."""
+"""`tandem simulate`: replay a request trace through both pools under one or more autoscaling policies (or on
+fixed colocated workers, `static-colocated`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.operator.autoscale.config import PoolLimits
-from tandem.operator.autoscale.sim.replay import POLICIES, Scenario, run
+from tandem.operator.autoscale.sim.replay import COLOCATED_POLICIES, POLICIES, Scenario, run
 from tandem.operator.autoscale.sim.simulator import SimResult, scale_trace
 from tandem.operator.autoscale.types import Pool
 from tandem.profile import profile_named
@@ -31,18 +32,21 @@ COLUMNS = (
 )
 
 
+KNOWN = POLICIES + COLOCATED_POLICIES
+
+
 def _policies(text: str) -> list[str]:
-    names = list(POLICIES) if text == "all" else [p.strip() for p in text.split(",") if p.strip()]
-    unknown = [n for n in names if n not in POLICIES]
+    names = list(KNOWN) if text == "all" else [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [n for n in names if n not in KNOWN]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown policy {', '.join(unknown)}; choose from {', '.join(POLICIES)} or all")
+        raise argparse.ArgumentTypeError(f"unknown policy {', '.join(unknown)}; choose from {', '.join(KNOWN)} or all")
     return names
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__)
     p.add_argument("--trace", required=True, help="Azure-style CSV or JSONL (timestamp, input and output lengths)")
-    p.add_argument("--policy", type=_policies, default=["tandem"], help=f"{', '.join(POLICIES)}, a comma list, or all")
+    p.add_argument("--policy", type=_policies, default=["tandem"], help=f"{', '.join(KNOWN)}, a comma list, or all")
     p.add_argument("--profile", help="a `tandem profile` JSON or a shipped profile name (default: h200-llama-3.1-8b-fp8, Dynamo's H200 data)")
     p.add_argument("--profile-speedup", type=float, default=1.0, help="what-if: prefill and decode this much faster")
     p.add_argument("--prefill-speedup", type=float, default=1.0, help="what-if: prefill this much faster (again)")

@@ -10,10 +10,12 @@ from tandem.operator.autoscale.config import PolicyConfig, PoolLimits
 from tandem.operator.autoscale.sim.baselines import (
     DynamoPlanner,
     Hpa,
+    static_colocated_size,
     static_controller,
     static_sizes,
     tandem_controller,
 )
+from tandem.operator.autoscale.sim.colocated import simulate_colocated
 from tandem.operator.autoscale.sim.flipping import simulate_with_flips
 from tandem.operator.autoscale.sim.metrics import percentile
 from tandem.operator.autoscale.sim.simulator import Controller, SimConfig, SimResult
@@ -23,6 +25,8 @@ from tandem.slo import Slo
 from tandem.trace import TraceRequest
 
 POLICIES = ("tandem", "tandem-flips", "dynamo", "hpa", "static-peak", "static-mean")
+# Fixed colocated workers for the trace's peak minute (sim/colocated.py), counted as the decode pool's replicas.
+COLOCATED_POLICIES = ("static-colocated",)
 
 
 @dataclass(frozen=True)
@@ -67,12 +71,16 @@ def build(policy: str, trace: list[TraceRequest], sc: Scenario) -> tuple[Control
     if policy in ("static-peak", "static-mean"):
         sizes = static_sizes(trace, sc.profile, sc.slo, sc.limits, sc.margin, peak=policy == "static-peak")
         return static_controller(sizes), replace(base, initial=sizes)
-    raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    if policy == "static-colocated":
+        n = static_colocated_size(trace, sc.profile, sc.slo, sc.limits[Pool.decode], sc.margin, peak=True)
+        return static_controller({Pool.decode: n}), replace(base, initial={Pool.decode: n})
+    raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES + COLOCATED_POLICIES)}")
 
 
 def run(policy: str, trace: list[TraceRequest], sc: Scenario) -> tuple[SimResult, dict[str, Any]]:
     controller, config = build(policy, trace, sc)
-    result = simulate_with_flips(trace, config, controller)
+    simulate = simulate_colocated if policy in COLOCATED_POLICIES else simulate_with_flips
+    result = simulate(trace, config, controller)
     return result, summarise(policy, result, sc.slo)
 
 

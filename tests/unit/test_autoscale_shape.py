@@ -1,0 +1,242 @@
+"""The shape rule as a table: collapse at the trough, split under a tight TPOT, colocated under a loose one, and
+hysteresis, dwell and the cost of a change keeping the shape; the colocated capacity model checked by hand."""
+
+import math
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from tandem.operator.autoscale.capacity import DecodeLoad, PrefillLoad, prefill_ttft_ms
+from tandem.operator.autoscale.colocated import colocated_need, colocated_tpot_ms, colocated_ttft_ms
+from tandem.operator.autoscale.config import PolicyConfig
+from tandem.operator.autoscale.shape import Shape, ShapeAction, ShapeConfig, ShapeLoad, decide_shape
+from tandem.operator.autoscale.types import Pool, PoolObservation, Replicas
+from tandem.profile import shipped_profile
+from tandem.slo import Slo
+from tests.unit.autoscale_fixtures import linear_profile
+
+H200 = shipped_profile("h200-llama-3.1-8b-fp8")  # NVIDIA's measured H200 profile: idle step about 4.6 ms
+LONG = ShapeLoad(rate_rps=10, prompt_tokens_mean=4000, output_tokens_mean=200, prompt_tokens_p90=6000, tpot_ms=9.0)
+IDLE_STEP_MS = H200.decode_step_ms(1, LONG.prompt_tokens_mean + LONG.output_tokens_mean / 2)
+
+
+def tpot_x_idle(factor: float) -> Slo:
+    """TTFT 2 s and a TPOT of `factor` times the idle decode step at the long prompts' context."""
+    return Slo(ttft_ms=2000, tpot_ms=factor * IDLE_STEP_MS, percentile=90)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    load: ShapeLoad
+    current: Shape
+    slo: Slo
+    want: ShapeAction
+    want_target: Shape
+    want_reason: str  # a fragment of the reason
+    since_change_s: float = 3600.0
+    config: dict[str, float] = field(default_factory=dict)
+
+
+CASES = [
+    Case(
+        "quiet load collapses a split to one colocated worker",
+        ShapeLoad(rate_rps=0.4, prompt_tokens_mean=1000, output_tokens_mean=200, prompt_tokens_p90=1500, tpot_ms=6.0),
+        Shape(prefill=1, decode=1),
+        Slo(ttft_ms=2000, tpot_ms=50),
+        ShapeAction.collapse,
+        Shape(colocated=1),
+        "Collapsed: 0.4 req/s fits 1 colocated worker at TPOT p90 5 ms <= 50 ms; the split needs 1P+1D at 2 GPUs",
+    ),
+    Case(
+        "tight TPOT (1.5x idle) under long prompts splits",
+        LONG,
+        Shape(colocated=6),
+        tpot_x_idle(1.5),
+        ShapeAction.split,
+        Shape(prefill=1, decode=2),
+        "Split: TPOT p90 9 ms > 7 ms under prefill interference; 1P+2D serves it at 3 GPUs, 6 colocated would need 6",
+    ),
+    Case(
+        "loose TPOT (8x idle) keeps colocated workers: the split saves nothing",
+        LONG,
+        Shape(colocated=2),
+        tpot_x_idle(8),
+        ShapeAction.keep,
+        Shape(colocated=2),
+        "Kept 2 colocated: it needs 2 colocated at 2 GPUs; 1P+1D at 2 GPUs saves less than 10%",
+    ),
+    Case(
+        "loose TPOT (8x idle) collapses a split that colocated workers serve on fewer GPUs",
+        replace(LONG, prompt_tokens_mean=2000, prompt_tokens_p90=3000),
+        Shape(prefill=1, decode=1),
+        tpot_x_idle(8),
+        ShapeAction.collapse,
+        Shape(colocated=1),
+        "Collapsed: 10 req/s fits 1 colocated worker",
+    ),
+    Case(
+        "inside the hysteresis band (4P+6D against 11 colocated) keeps",
+        ShapeLoad(rate_rps=40, prompt_tokens_mean=4000, output_tokens_mean=500, prompt_tokens_p90=6000, tpot_ms=12.0),
+        Shape(colocated=11),
+        tpot_x_idle(3),
+        ShapeAction.keep,
+        Shape(colocated=11),
+        "Kept 11 colocated: it needs 11 colocated at 11 GPUs; 4P+6D at 10 GPUs saves less than 10%",
+    ),
+    Case(
+        "the same load with no band splits",
+        ShapeLoad(rate_rps=40, prompt_tokens_mean=4000, output_tokens_mean=500, prompt_tokens_p90=6000, tpot_ms=12.0),
+        Shape(colocated=11),
+        tpot_x_idle(3),
+        ShapeAction.split,
+        Shape(prefill=4, decode=6),
+        "Split: 40 req/s; 4P+6D serves it at 10 GPUs, 11 colocated would need 11",
+        config={"band": 0.0},
+    ),
+    Case(
+        "a change just made keeps the shape for the dwell",
+        LONG,
+        Shape(colocated=6),
+        tpot_x_idle(1.5),
+        ShapeAction.keep,
+        Shape(colocated=6),
+        "Kept 6 colocated: would split (TPOT p90 9 ms > 7 ms",
+        since_change_s=30.0,
+    ),
+    Case(
+        "a change whose cost the saving does not repay keeps",
+        ShapeLoad(rate_rps=0.4, prompt_tokens_mean=1000, output_tokens_mean=200, prompt_tokens_p90=1500, tpot_ms=6.0),
+        Shape(prefill=1, decode=1),
+        Slo(ttft_ms=2000, tpot_ms=50),
+        ShapeAction.keep,
+        Shape(prefill=1, decode=1),
+        "but the change costs 6 GPU-s (2 workers drain 1.2 s + flip 2 s) and saves 5 GPU-s in 5 s",
+        config={"horizon_s": 5.0},
+    ),
+    Case(
+        "a TPOT below the idle step: no shape meets it, so nothing moves",
+        LONG,
+        Shape(prefill=1, decode=2),
+        tpot_x_idle(0.9),
+        ShapeAction.keep,
+        Shape(prefill=1, decode=2),
+        "Kept 1P+2D: no split meets the SLO; no count of colocated workers meets the SLO",
+    ),
+    Case(
+        "prompts too long for colocated workers' TTFT: a split is kept however large",
+        ShapeLoad(rate_rps=1, prompt_tokens_mean=7000, output_tokens_mean=100, prompt_tokens_p90=7000, tpot_ms=5.0),
+        Shape(prefill=1, decode=1),
+        Slo(ttft_ms=177, tpot_ms=50),  # 0.8 x 177 = 142 ms: a 139 ms prompt fits, with a 4.7 ms decode step not
+        ShapeAction.keep,
+        Shape(prefill=1, decode=1),
+        "Kept 1P+1D: it needs 2P+1D at 3 GPUs; no count of colocated workers meets the SLO",
+    ),
+    Case(
+        "the same prompts on colocated workers split: no count of them meets the TTFT",
+        ShapeLoad(rate_rps=1, prompt_tokens_mean=7000, output_tokens_mean=100, prompt_tokens_p90=7000, tpot_ms=5.0),
+        Shape(colocated=2),
+        Slo(ttft_ms=177, tpot_ms=50),
+        ShapeAction.split,
+        Shape(prefill=2, decode=1),
+        "Split: 1 req/s; 2P+1D serves it at 3 GPUs, no count of colocated workers meets the SLO",
+    ),
+    Case(
+        "a quiet service already colocated stays so",
+        ShapeLoad(rate_rps=0.4, prompt_tokens_mean=1000, output_tokens_mean=200, tpot_ms=5.0),
+        Shape(colocated=1),
+        Slo(ttft_ms=2000, tpot_ms=50),
+        ShapeAction.keep,
+        Shape(colocated=1),
+        "Kept 1 colocated",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_shape_rule(case: Case):
+    cfg = ShapeConfig(slo=case.slo, profile=H200, **case.config)  # type: ignore[arg-type]
+    d = decide_shape(case.load, case.current, case.since_change_s, cfg)
+    assert (d.action, d.target) == (case.want, case.want_target), d.reason
+    assert case.want_reason in d.reason
+    assert d.current == case.current
+
+
+def test_hysteresis_holds_either_way_at_the_crossover():
+    """Where neither shape saves the band, both directions keep: the service cannot flap."""
+    load = CASES[4].load
+    cfg = ShapeConfig(slo=tpot_x_idle(3), profile=H200)
+    assert decide_shape(load, Shape(colocated=11), 3600, cfg).action == ShapeAction.keep
+    assert decide_shape(load, Shape(prefill=4, decode=6), 3600, cfg).action == ShapeAction.keep
+
+
+def test_config_from_the_policy_carries_its_slo_margin_and_flip_time():
+    slo = Slo(ttft_ms=2000, tpot_ms=40)
+    cfg = ShapeConfig.from_policy(PolicyConfig(slo=slo, profile=H200, limits={}, margin=0.7, flip_s=5.0), dwell_s=60.0)
+    assert (cfg.slo, cfg.margin, cfg.flip_s, cfg.dwell_s) == (slo, 0.7, 5.0, 60.0)
+
+
+def test_the_load_comes_from_the_policys_observations():
+    def obs(pool: Pool, **kw: float) -> PoolObservation:
+        return PoolObservation(pool=pool, at_s=0.0, window_s=60.0, replicas=Replicas(1), **kw)  # type: ignore[arg-type]
+
+    split = {
+        Pool.prefill: obs(Pool.prefill, arrival_rate_rps=3.0, prompt_tokens_mean=900, prompt_tokens_p90=1500, ttft_ms=120),
+        Pool.decode: obs(Pool.decode, arrival_rate_rps=3.0, prompt_tokens_mean=900, output_tokens_mean=150, tpot_ms=6.0),
+    }
+    assert ShapeLoad.observed(split) == ShapeLoad(3.0, 900, 150, 1500, 0.0, 120, 6.0)
+    colocated = {Pool.colocated: obs(Pool.colocated, arrival_rate_rps=0.4, prompt_tokens_mean=1000, output_tokens_mean=200, tpot_ms=math.nan)}
+    assert ShapeLoad.observed(colocated) == ShapeLoad(0.4, 1000, 200)  # NaN counts as missing
+    assert ShapeLoad.observed({Pool.prefill: split[Pool.prefill]}) is None
+    assert ShapeLoad.observed({**split, Pool.decode: obs(Pool.decode, arrival_rate_rps=3.0)}) is None
+
+
+def test_a_shape_is_colocated_or_split_not_both():
+    with pytest.raises(ValueError, match="not both"):
+        Shape(colocated=1, decode=1)
+    assert (str(Shape(prefill=2, decode=3)), str(Shape(colocated=4))) == ("2P+3D", "4 colocated")
+
+
+# --- the colocated capacity model, by hand on round numbers (prefill 0.1 ms/token, step 10 + 0.5 b ms) ---
+
+
+def test_colocated_tpot_is_the_decode_step_stretched_by_the_prefill_share():
+    p = linear_profile()
+    prefill = PrefillLoad(rate_rps=2.0, prompt_tokens_mean=1000, prompt_tokens_p=1000)  # u = 2 x 100 ms = 0.2
+    decode = DecodeLoad(rate_rps=2.0, prompt_tokens_mean=1000, output_tokens_mean=100)
+    # step = (10 + 0.5 b) / 0.8 with b = 2 x 100 x step / 1000 = 0.2 step  ->  0.7 step = 10
+    assert colocated_tpot_ms(p, 1, prefill, decode) == pytest.approx(10 / 0.7, rel=1e-4)
+    assert colocated_tpot_ms(p, 2, prefill, decode) < colocated_tpot_ms(p, 1, prefill, decode)
+    saturated = replace(prefill, rate_rps=10.0)  # 10 x 100 ms: prefill alone fills every step
+    assert colocated_tpot_ms(p, 1, saturated, replace(decode, rate_rps=10.0)) == math.inf
+
+
+def test_colocated_ttft_adds_a_decode_step_per_chunk_to_the_prefill_queue():
+    p = linear_profile()  # chunk 512: a 1000-token prompt rides two steps
+    prefill = PrefillLoad(rate_rps=2.0, prompt_tokens_mean=1000, prompt_tokens_p=1000)
+    decode = DecodeLoad(rate_rps=2.0, prompt_tokens_mean=1000, output_tokens_mean=100)
+    tpot = colocated_tpot_ms(p, 4, prefill, decode)
+    batch = 2.0 / 4 * 100 * tpot / 1000
+    want = prefill_ttft_ms(p, 4, prefill, 90) + 2 * p.decode_step_ms(batch, 1050)
+    assert colocated_ttft_ms(p, 4, prefill, decode, 90) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("rate", [0.5, 5.0, 30.0])
+def test_colocated_need_is_the_fewest_workers_meeting_both_targets(rate):
+    p = linear_profile()
+    slo = Slo(ttft_ms=500, tpot_ms=30)
+    prefill = PrefillLoad(rate_rps=rate, prompt_tokens_mean=1000, prompt_tokens_p=1500)
+    decode = DecodeLoad(rate_rps=rate, prompt_tokens_mean=1000, output_tokens_mean=100)
+
+    def fits(n: int) -> bool:
+        return colocated_tpot_ms(p, n, prefill, decode) <= 24 and colocated_ttft_ms(p, n, prefill, decode, 90) <= 400
+
+    need = colocated_need(p, prefill, decode, slo, 0.8)
+    assert fits(need.replicas)
+    assert need.replicas == 1 or not fits(need.replicas - 1)
+
+
+def test_colocated_need_says_when_no_count_meets_the_slo():
+    p = linear_profile()  # the idle step alone is 10.5 ms
+    need = colocated_need(p, PrefillLoad(1.0, 100, 100), DecodeLoad(1.0, 100, 10), Slo(ttft_ms=500, tpot_ms=10), 0.8)
+    assert need.latency_ms == math.inf
