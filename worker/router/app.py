@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -151,8 +151,28 @@ def create_app(
         wake_queue=getattr(backend, "wake_queue", None),
     )  # fmt: skip
     admission = Admission(max_queued_requests)
-    limits = limits or RequestLimits()
     token_bytes = max_token_bytes(tokenizer.backend.get_vocab(with_added_tokens=True))
+    app = FastAPI(
+        title="tandem router", lifespan=backend_lifespan(backend), docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None, openapi_url="/openapi.json" if docs else None,
+    )  # fmt: skip
+    app.state.metrics, app.state.admission, app.state.backend = metrics, admission, backend
+    if api_keys is not None:  # probes stay open; /metrics too unless protect_metrics
+        app.add_middleware(RequireApiKey, keys=api_keys, protect_metrics=protect_metrics)
+    add_error_handlers(app)
+    serving = Serving(
+        backend, tokenizer, served_name, max_model_len, limits or RequestLimits(), admission, metrics, token_bytes
+    )
+    add_completion_routes(app, serving)
+    add_model_routes(app, served_name, max_model_len)
+    add_probe_routes(app, backend, admission)
+    if public_metrics:
+        add_metrics_route(app, metrics)
+    return app
+
+
+def backend_lifespan(backend: Backend) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: the backend starts before the first request and closes after the last."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -162,16 +182,12 @@ def create_app(
         finally:
             await backend.close()
 
-    app = FastAPI(
-        title="tandem router", lifespan=lifespan, docs_url="/docs" if docs else None,
-        redoc_url="/redoc" if docs else None, openapi_url="/openapi.json" if docs else None,
-    )  # fmt: skip
-    app.state.metrics, app.state.admission, app.state.backend = metrics, admission, backend
-    if api_keys is not None:  # probes stay open; /metrics too unless protect_metrics
-        app.add_middleware(RequireApiKey, keys=api_keys, protect_metrics=protect_metrics)
+    return lifespan
 
-    add_error_handlers(app)
-    serve = Serving(backend, tokenizer, served_name, max_model_len, limits, admission, metrics, token_bytes).serve
+
+def add_completion_routes(app: FastAPI, serving: Serving) -> None:
+    """OpenAI's completions and chat completions, answered whole or streamed, and their bodies in the docs."""
+    serve, served_name = serving.serve, serving.served_name
 
     async def answer_completion(gen: Generations, req: oa.CompletionRequest, rid: str) -> dict[str, Any]:
         return choices.answer_completion(await choices.collect(gen), gen, req, rid, served_name)
@@ -193,12 +209,24 @@ def create_app(
             lambda gen, req, rid: choices.chat_chunks(gen, req, rid, oa.now_s(), served_name),
         )  # fmt: skip
 
+    document_request_bodies(
+        app, {"/v1/completions": oa.CompletionRequest, "/v1/chat/completions": oa.ChatCompletionRequest}
+    )
+
+
+def add_model_routes(app: FastAPI, served_name: str, max_model_len: int | None) -> None:
+    """The one model this router serves, as OpenAI's model list."""
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         card = {"id": served_name, "object": "model", "created": oa.now_s(), "owned_by": "tandem"}
         if max_model_len is not None:
             card["max_model_len"] = max_model_len
         return {"object": "list", "data": [card]}
+
+
+def add_probe_routes(app: FastAPI, backend: Backend, admission: Admission) -> None:
+    """Liveness (the event loop answers) and readiness (a worker to route to), for Kubernetes' probes."""
 
     @app.get(names.LIVENESS_PATH)
     async def livez() -> dict[str, str]:  # answered by the event loop: no worker needed to be alive
@@ -211,14 +239,11 @@ def create_app(
         body = {"status": "ok" if ready else "unavailable", "in_flight": admission.in_flight}
         return JSONResponse(body, status_code=200 if ready else 503)
 
-    if public_metrics:
 
-        @app.get("/metrics")
-        async def metrics_endpoint() -> Response:
-            payload, content_type = metrics.exposition()
-            return Response(payload, media_type=content_type)
+def add_metrics_route(app: FastAPI, metrics: RouterMetrics) -> None:
+    """`/metrics` on the app's own port, in Prometheus' text format."""
 
-    document_request_bodies(
-        app, {"/v1/completions": oa.CompletionRequest, "/v1/chat/completions": oa.ChatCompletionRequest}
-    )
-    return app
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        payload, content_type = metrics.exposition()
+        return Response(payload, media_type=content_type)

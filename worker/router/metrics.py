@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -54,6 +55,8 @@ VLLM_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30
 # A stream that fails after it started counts with the error's status; a client that went away, 499.
 STATUS_CLIENT_GONE = "499"
 
+WORKER_ROLES = ("prefill", "decode", "colocated")  # the `role` label of the per-pool gauges
+
 
 def mean_time_per_output_token(first_token_s: float, last_token_s: float, tokens: int) -> float | None:
     """TPOT of one request: decode time spread over the tokens after the first; None below two tokens."""
@@ -90,97 +93,124 @@ class RouterMetrics:
         self.slo = slo or Slo()
         self.labels = {"service": service, "pool": POOL_ROUTER}
         assert tuple(self.labels) == METRIC_LABELS
-        r, labels = self.registry, METRIC_LABELS
-        self.ttft = Histogram(
-            TTFT_SECONDS,
-            "Request arrival at the router to the first token out, by where the prompt ran",
-            (*labels, PREFILL_ROUTE_LABEL),
-            registry=r,
-            buckets=TTFT_BUCKETS,
-        )
-        self.tpot = Histogram(
-            TPOT_SECONDS,
-            "Per-request mean time per output token after the first",
-            labels,
-            registry=r,
-            buckets=TOKEN_BUCKETS,
-        ).labels(**self.labels)
-        self.itl = Histogram(
-            ITL_SECONDS, "Time between consecutive output tokens", labels, registry=r, buckets=TOKEN_BUCKETS
-        ).labels(**self.labels)
-        self.e2e = Histogram(
-            E2E_SECONDS,
-            "Request arrival to the last token of a completed request",
-            labels,
-            registry=r,
-            buckets=E2E_BUCKETS,
-        ).labels(**self.labels)
-        self.vllm = VllmRequestMetrics(r, model_name)
-        self.requests = Counter(
-            REQUESTS_TOTAL, "Requests by final HTTP status and where the prompt ran",
-            (*labels, "status", PREFILL_ROUTE_LABEL), registry=r,
-        )  # fmt: skip
-        self.arrivals = Counter(REQUEST_ARRIVALS_TOTAL, "Requests that reached the router", labels, registry=r).labels(
-            **self.labels
-        )
-        self.prompt_tokens = Histogram(
-            REQUEST_PROMPT_TOKENS, "Prompt length of admitted requests (tokens)", labels, registry=r,
-            buckets=LENGTH_BUCKETS,
-        ).labels(**self.labels)  # fmt: skip
-        self.output_tokens = Histogram(
-            REQUEST_OUTPUT_TOKENS, "Output length of completed requests (tokens)", labels, registry=r,
-            buckets=LENGTH_BUCKETS,
-        ).labels(**self.labels)  # fmt: skip
-        depth = Gauge(
-            ROUTER_QUEUE_DEPTH, "Requests admitted by the router and not yet finished", labels, registry=r
-        )
-        depth.labels(**self.labels).set_function(queue_depth)
-        if routable_workers is not None:
-            workers = Gauge(
-                ROUTER_ROUTABLE_WORKERS, "Workers the router can route to, by pool", (*labels, "role"), registry=r
-            )
-            def count(role: str) -> Callable[[], float]:
-                return lambda: routable_workers().get(role, 0)
-
-            for role in ("prefill", "decode", "colocated"):
-                workers.labels(**self.labels, role=role).set_function(count(role))
-        if discovery_stale is not None:
-            stale = Gauge(
-                ROUTER_DISCOVERY_STALE, "Worker names whose last lookup failed, served from their last good addresses",
-                labels, registry=r,
-            )  # fmt: skip
-            stale.labels(**self.labels).set_function(discovery_stale)
+        self.ttft, self.tpot, self.itl, self.e2e = self._latencies()
+        self.vllm = VllmRequestMetrics(self.registry, model_name)
+        self.requests, self.arrivals, self.prompt_tokens, self.output_tokens = self._request_counts()
+        self._load_gauges(queue_depth, routable_workers, discovery_stale)
         if wake_queue is not None:
             self._held_gauges(wake_queue)
-        target = Gauge(SLO_TARGET_SECONDS, "The SLO's latency target", (*labels, "slo"), registry=r)
+        self.slo_requests = self._slo_series()
+
+    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        """A histogram under this router's labels alone."""
+        return Histogram(name, doc, METRIC_LABELS, registry=self.registry, buckets=buckets).labels(
+            **self.labels
+        )
+
+    def _latencies(self) -> tuple[Histogram, Histogram, Histogram, Histogram]:
+        """TTFT (by where the prompt ran), TPOT, inter-token and end-to-end latency."""
+        ttft = Histogram(
+            TTFT_SECONDS,
+            "Request arrival at the router to the first token out, by where the prompt ran",
+            (*METRIC_LABELS, PREFILL_ROUTE_LABEL),
+            registry=self.registry,
+            buckets=TTFT_BUCKETS,
+        )
+        tpot = self._histogram(
+            TPOT_SECONDS, "Per-request mean time per output token after the first", TOKEN_BUCKETS
+        )
+        itl = self._histogram(ITL_SECONDS, "Time between consecutive output tokens", TOKEN_BUCKETS)
+        e2e = self._histogram(
+            E2E_SECONDS, "Request arrival to the last token of a completed request", E2E_BUCKETS
+        )
+        return ttft, tpot, itl, e2e
+
+    def _request_counts(self) -> tuple[Counter, Counter, Histogram, Histogram]:
+        """Requests by outcome, arrivals, and the prompt and output lengths."""
+        requests = Counter(
+            REQUESTS_TOTAL,
+            "Requests by final HTTP status and where the prompt ran",
+            (*METRIC_LABELS, "status", PREFILL_ROUTE_LABEL),
+            registry=self.registry,
+        )
+        arrivals = Counter(
+            REQUEST_ARRIVALS_TOTAL, "Requests that reached the router", METRIC_LABELS, registry=self.registry
+        )
+        prompt_tokens = self._histogram(
+            REQUEST_PROMPT_TOKENS, "Prompt length of admitted requests (tokens)", LENGTH_BUCKETS
+        )
+        output_tokens = self._histogram(
+            REQUEST_OUTPUT_TOKENS, "Output length of completed requests (tokens)", LENGTH_BUCKETS
+        )
+        return requests, arrivals.labels(**self.labels), prompt_tokens, output_tokens
+
+    def _load_gauges(
+        self,
+        queue_depth: Callable[[], float],
+        routable_workers: Callable[[], dict[str, int]] | None,
+        discovery_stale: Callable[[], float] | None,
+    ) -> None:
+        """Read when scraped: requests in the router, workers it can route to by pool, names served stale."""
+        self._gauge(ROUTER_QUEUE_DEPTH, "Requests admitted by the router and not yet finished", queue_depth)
+        if routable_workers is not None:
+            self._by_role(
+                ROUTER_ROUTABLE_WORKERS,
+                "Workers the router can route to, by pool",
+                lambda role: routable_workers().get(role, 0),
+            )
+        if discovery_stale is not None:
+            self._gauge(
+                ROUTER_DISCOVERY_STALE,
+                "Worker names whose last lookup failed, served from their last good addresses",
+                discovery_stale,
+            )
+
+    def _gauge(self, name: str, doc: str, read: Callable[[], float]) -> None:
+        """A gauge under this router's labels alone, read when scraped."""
+        Gauge(name, doc, METRIC_LABELS, registry=self.registry).labels(**self.labels).set_function(read)
+
+    def _held_gauges(self, queue: WakeQueue) -> None:
+        """Requests held for a pool with no worker, and the oldest hold's age, by pool (wake_queue.py)."""
+        self._by_role(
+            ROUTER_HELD_REQUESTS,
+            "Requests held while a pool they need has no worker (scaled to zero, waking)",
+            queue.held,
+        )
+        self._by_role(
+            ROUTER_HELD_OLDEST_SECONDS,
+            "How long the oldest request held for a pool has waited",
+            queue.oldest_s,
+        )
+
+    def _by_role(self, name: str, doc: str, read: Callable[[str], float]) -> None:
+        """A gauge with one series per worker role, each read when scraped."""
+        gauge = Gauge(name, doc, (*METRIC_LABELS, "role"), registry=self.registry)
+        for role in WORKER_ROLES:
+            gauge.labels(**self.labels, role=role).set_function(partial(read, role))
+
+    def _slo_series(self) -> Counter:
+        """The SLO's targets and objective, and completed requests by whether they met each target."""
+        labels = (*METRIC_LABELS, "slo")
+        target = Gauge(SLO_TARGET_SECONDS, "The SLO's latency target", labels, registry=self.registry)
         objective = Gauge(
-            SLO_OBJECTIVE_RATIO, "Fraction of requests that must meet the SLO's target", (*labels, "slo"), registry=r
+            SLO_OBJECTIVE_RATIO,
+            "Fraction of requests that must meet the SLO's target",
+            labels,
+            registry=self.registry,
         )
         for name, seconds in ((SLO_TTFT, self.slo.ttft_s), (SLO_TPOT, self.slo.tpot_s)):
             target.labels(**self.labels, slo=name).set(seconds)
             objective.labels(**self.labels, slo=name).set(self.slo.objective)
-        self.slo_requests = Counter(
-            SLO_REQUESTS_TOTAL, "Completed requests judged against the SLO, by whether they met it",
-            (*labels, "slo", "met"), registry=r,
-        )  # fmt: skip
+        slo_requests = Counter(
+            SLO_REQUESTS_TOTAL,
+            "Completed requests judged against the SLO, by whether they met it",
+            (*labels, "met"),
+            registry=self.registry,
+        )
         for name in (SLO_TTFT, SLO_TPOT):  # both outcomes exist from the start, so ratios are 0, not absent
             for met in ("true", "false"):
-                self.slo_requests.labels(**self.labels, slo=name, met=met)
-
-    def _held_gauges(self, queue: WakeQueue) -> None:
-        """Requests held for a pool with no worker, and the oldest hold's age, by pool (wake_queue.py)."""
-        labels = (*METRIC_LABELS, "role")
-        count = Gauge(ROUTER_HELD_REQUESTS, "Requests held while a pool they need has no worker (scaled to zero, waking)",
-                      labels, registry=self.registry)  # fmt: skip
-        age = Gauge(ROUTER_HELD_OLDEST_SECONDS, "How long the oldest request held for a pool has waited",
-                    labels, registry=self.registry)  # fmt: skip
-
-        def of(read: Callable[[str], float], role: str) -> Callable[[], float]:
-            return lambda: read(role)
-
-        for role in ("prefill", "decode", "colocated"):
-            count.labels(**self.labels, role=role).set_function(of(queue.held, role))
-            age.labels(**self.labels, role=role).set_function(of(queue.oldest_s, role))
+                slo_requests.labels(**self.labels, slo=name, met=met)
+        return slo_requests
 
     def start_request(self, clock: Callable[[], float] = time.perf_counter) -> RequestClock:
         self.arrivals.inc()

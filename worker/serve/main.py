@@ -10,9 +10,11 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent import futures
-from dataclasses import replace
-from typing import cast
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
 import grpc
 import torch
@@ -20,11 +22,12 @@ from grpc_health.v1 import health, health_pb2_grpc
 
 from tandem.identity import FLIPPABLE, Identity
 from tandem.options import SPECULATIVE_TOKENS, WorkerOptions
-from tandem.v1 import colocated_pb2_grpc, prefill_pb2_grpc
+from tandem.v1 import colocated_pb2_grpc, common_pb2, prefill_pb2_grpc
 from tandem.worker.api.metrics_http import serve_metrics
 from tandem.worker.api.tls import TlsConfig, add_port
 from tandem.worker.engine.layers.attention import check_backend
 from tandem.worker.engine.loading import engine_for_model, load_model
+from tandem.worker.engine.memory import KvCachePlan, plan_kv_cache
 from tandem.worker.engine.models.llama import Transformer
 from tandem.worker.engine.runner.decode_graphs import check_decode_step
 from tandem.worker.engine.runner.engine import EngineConfig
@@ -51,54 +54,98 @@ def parse_args(argv: list[str]) -> WorkerOptions:
     return opts if opts.device else replace(opts, device="cuda" if torch.cuda.is_available() else "cpu")
 
 
+class BadOptions(Exception):
+    """Options this worker cannot start with (a check, the model or the memory refused them): `main` says why
+    and exits with status 2 before it serves anything."""
+
+
+@contextmanager
+def options_checked() -> Iterator[None]:
+    """A ValueError raised inside is the options' fault: it leaves as BadOptions."""
+    try:
+        yield
+    except ValueError as e:
+        raise BadOptions(str(e)) from e
+
+
+@dataclass
+class Prepared:
+    """What the checks and the load leave for the engine: the model, its config and the KV cache's plan."""
+
+    transports: list[int]
+    engine_config: EngineConfig
+    model: Transformer
+    kv_plan: KvCachePlan
+    loaded_s: float
+
+
+@dataclass
+class Started:
+    """A started worker: what its drain waits on and its exit stops."""
+
+    server: grpc.Server
+    services: dict
+    loop: EngineLoop
+    drainer: Drainer
+    watches: list[object]  # held to the end: a gRPC server stops when it is collected
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    device = args.device or "cpu"  # parse_args chose one
-    logging.basicConfig(level=os.environ.get("TANDEM_LOG_LEVEL", "INFO").upper(), format="%(asctime)s %(role)s %(levelname)s %(message)s")
-    role_field = RoleField(args.role)
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(role_field)
+    role_field = log_with_role(args.role)
     try:
-        transports = offered_transports(args.kv_transport, device)
-    except ValueError as e:
+        prepared = prepare(args)
+    except BadOptions as e:
         print(f"tandem worker: {e}", file=sys.stderr)
         return 2
+    loop, metrics = start_engine(args, prepared)
+    started = start_serving(args, loop, metrics, prepared.transports, role_field, prepared.kv_plan.num_blocks)
+    serve_until_drained(started)
+    return 0
+
+
+def log_with_role(role: str) -> RoleField:
+    """Logging at the level the environment asks, each line with the worker's role (SetRole changes it)."""
+    logging.basicConfig(level=os.environ.get("TANDEM_LOG_LEVEL", "INFO").upper(), format="%(asctime)s %(role)s %(levelname)s %(message)s")
+    role_field = RoleField(role)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(role_field)
+    return role_field
+
+
+def prepare(args: WorkerOptions) -> Prepared:
+    """Check the options, load the model, size its KV cache; BadOptions for what this worker cannot serve."""
+    device = args.device or "cpu"  # parse_args chose one
+    with options_checked():
+        transports = offered_transports(args.kv_transport, device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from tandem.worker.engine.memory import KvCacheTooSmall, plan_kv_cache
-
-    try:
+    with options_checked():  # the spec refuses these combinations first; a hand-written command line may not
         engine_config = _engine_config(args)
         check_decode_step(args.decode_step, torch.device(device))
         check_backend(args.attention, torch.device(device))
-    except ValueError as e:  # the spec refuses these combinations first; a hand-written command line may not
-        print(f"tandem worker: {e}", file=sys.stderr)
-        return 2
     started = time.monotonic()
-    try:
+    with options_checked():  # a model the pool's GPUs cannot split, or more ranks than devices
         model = _load(args, device)
-    except ValueError as e:  # a model the pool's GPUs cannot split, or more ranks than devices
-        print(f"tandem worker: {e}", file=sys.stderr)
-        return 2
     loaded_s = time.monotonic() - started
-    try:
+    with options_checked():  # a draft of the model's first layers needs the model to count them
         if engine_config.speculative is not None:
             engine_config.speculative.check_model(model.config.num_layers)
-    except ValueError as e:  # a draft of the model's first layers needs the model to count them
-        print(f"tandem worker: {e}", file=sys.stderr)
-        return 2
     if args.compile:
         from tandem.worker.engine.runner.compiled import compile_layers
 
         compile_layers(model)
-    try:  # after the weights: the cache takes what they and the largest batch leave
+    with options_checked():  # after the weights: the cache takes what they and the largest batch leave
         kv_plan = plan_kv_cache(model, engine_config, args.num_kv_blocks, args.kv_cache_memory_percent)
-    except KvCacheTooSmall as e:
-        print(f"tandem worker: {e}", file=sys.stderr)
-        return 2
     log.info("%s; KV stored as %s, weights quantization %s", kv_plan.describe(), args.kv_cache_dtype, args.quantization)
-    num_blocks = kv_plan.num_blocks
-    engine, _ = engine_for_model(model, args.model_dir, dataclasses.replace(engine_config, num_kv_blocks=num_blocks))
+    return Prepared(transports, engine_config, model, kv_plan, loaded_s)
+
+
+def start_engine(args: WorkerOptions, prepared: Prepared) -> tuple[EngineLoop, WorkerMetrics]:
+    """The engine around the loaded model, warmed up where it compiles, watched by its metrics, running."""
+    device = args.device or "cpu"
+    engine_config = dataclasses.replace(prepared.engine_config, num_kv_blocks=prepared.kv_plan.num_blocks)
+    engine, _ = engine_for_model(prepared.model, args.model_dir, engine_config)
     started, warmup_s = time.monotonic(), 0.0
     reads_in_place = args.attention in ("flex", "triton")  # compiled on first use: warm up before serving
     if args.compile or args.decode_step != "eager" or (reads_in_place and device.startswith("cuda")):
@@ -107,81 +154,135 @@ def main(argv: list[str]) -> int:
         log.info("warming up compiled graphs (%d steps)", warm_up(engine))  # before the health check says ready
         warmup_s = time.monotonic() - started
     metrics = WorkerMetrics(args.service, args.role, model_name=args.served_name).watch(engine)
-    metrics.startup["load"].set(loaded_s)
+    metrics.startup["load"].set(prepared.loaded_s)
     metrics.startup["warmup"].set(warmup_s)
-    log.info("started: weights loaded in %.2f s, warmed up in %.2f s", loaded_s, warmup_s)
+    log.info("started: weights loaded in %.2f s, warmed up in %.2f s", prepared.loaded_s, warmup_s)
     if args.metrics_port:
         serve_metrics(args.metrics_port, args.host, metrics.registry)
-    loop = EngineLoop(engine, on_step=metrics.on_step).start()
+    return EngineLoop(engine, on_step=metrics.on_step).start(), metrics
+
+
+def start_serving(
+    args: WorkerOptions,
+    loop: EngineLoop,
+    metrics: WorkerMetrics,
+    transports: list[int],
+    role_field: RoleField,
+    num_blocks: int,
+) -> Started:
+    """The gRPC server with this worker's services, health, roles and drain, started and announced (READY)."""
     worker_id = args.worker_id or f"{args.role}-{uuid.uuid4().hex[:8]}"
-    info = worker_info(engine, worker_id, args.role, args.served_name, transports)
-    # Work RPCs are bounded (past the bound: RESOURCE_EXHAUSTED at once) and the pool keeps threads for
-    # control RPCs, so Load, Abort, Drain and health never queue behind token streams.
-    limits = rpc_limits(args.max_running_sequences, args.max_streams, args.max_transfers)
-    limiter = RpcLimiter(limits)
+    info = worker_info(loop.engine, worker_id, args.role, args.served_name, transports)
     tls = TlsConfig.optional(args.tls_dir, service=args.service)
     me = own_identity(tls, args.role, args.service)
-    # with mutual TLS, each caller's role decides what it may call, checked before any slot is taken
-    authz = [Authorizer(me)] if tls is not None else []
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=limits.threads, thread_name_prefix="grpc"),
-        interceptors=[*authz, limiter], options=BULK_CHANNEL_OPTIONS,
-    )  # fmt: skip
+    server, limiter = _grpc_server(args, me, tls)
     services = _add_servicers(server, args, loop, info, metrics, tls)
     decode = services.get("decode")
     if decode is not None:
         decode.stream_slots = limiter.slots["streams"]  # a Reserve needs a stream to follow it
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    roles: RoleSwitch | FixedRole
-    if args.role == "colocated":
-        roles, held = FixedRole(args.role), services[args.role]
-    else:  # the role is state: SetRole drains one service's work and opens the other's, on the same engine
-        certified = (me.roles & FLIPPABLE) if tls is not None else None
-        def on_switch(role: str) -> None:
-            metrics.set_pool(role)
-            role_field.role = role
-
-        roles = held = RoleSwitch(services, args.role, info, health_servicer, certified, args.drain_timeout,
-                                  on_switch=on_switch)  # fmt: skip
-        for servicer in services.values():
-            servicer.load_of = roles.load
+    certified = (me.roles & FLIPPABLE) if tls is not None else None
+    roles, held = _roles(args, services, info, health_servicer, certified, metrics, role_field)
     metrics.watch_held(held.busy)
     drainer = Drainer(held, health_servicer, args.drain_timeout)
     add_drain_service(server, drainer, roles)
     port = add_port(server, f"{args.host}:{args.port}", tls, args.tls_dir)
     server.start()
+    watches = _watch(args, loop, health_servicer, drainer, roles)
+    limits = limiter.limits
+    log.info("gRPC: %d token streams, %d KV pushes, %d transfers at once, %d control threads",
+             limits.streams, limits.pushes, limits.transfers, limits.control)  # fmt: skip
+    log.info("%s worker %s serving %s on %s:%d (%d KV blocks)", args.role, worker_id, args.served_name, args.host, port, num_blocks)
+    print(f"READY {args.role} {args.host}:{port}", flush=True)
+    return Started(server, services, loop, drainer, watches)
+
+
+def _grpc_server(args: WorkerOptions, me: Identity, tls: TlsConfig | None) -> tuple[grpc.Server, RpcLimiter]:
+    """The server, its threads and its interceptors. Work RPCs are bounded (past the bound: RESOURCE_EXHAUSTED
+    at once) and the pool keeps threads for control RPCs, so Load, Abort, Drain and health never queue behind
+    token streams; with mutual TLS, each caller's role decides what it may call, checked before any slot is
+    taken."""
+    limiter = RpcLimiter(rpc_limits(args.max_running_sequences, args.max_streams, args.max_transfers))
+    authz = [Authorizer(me)] if tls is not None else []
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=limiter.limits.threads, thread_name_prefix="grpc"),
+        interceptors=[*authz, limiter], options=BULK_CHANNEL_OPTIONS,
+    )  # fmt: skip
+    return server, limiter
+
+
+def _roles(
+    args: WorkerOptions,
+    services: dict,
+    info: common_pb2.WorkerInfo,
+    health_servicer: health.HealthServicer,
+    certified: frozenset[str] | None,
+    metrics: WorkerMetrics,
+    role_field: RoleField,
+) -> tuple[RoleSwitch | FixedRole, Any]:
+    """Who answers SetRole, and what the exit drain waits on: a colocated worker keeps its one role; a
+    prefill or decode worker's role is state (SetRole drains one service's work and opens the other's, on
+    the same engine)."""
+    if args.role == "colocated":
+        return FixedRole(args.role), services[args.role]
+
+    def on_switch(role: str) -> None:
+        metrics.set_pool(role)
+        role_field.role = role
+
+    roles = RoleSwitch(
+        services, args.role, info, health_servicer, certified, args.drain_timeout, on_switch=on_switch
+    )
+    for servicer in services.values():
+        servicer.load_of = roles.load
+    return roles, roles
+
+
+def _watch(
+    args: WorkerOptions,
+    loop: EngineLoop,
+    health_servicer: health.HealthServicer,
+    drainer: Drainer,
+    roles: RoleSwitch | FixedRole,
+) -> list[object]:
+    """What watches a started worker: its probes' own server, the engine's health and, in Kubernetes, the
+    pod's role label."""
+    watches: list[object] = []
     if args.health_port:  # the health service alone, on its own server and threads (and in plaintext)
         probes = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="health"))
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, probes)
         probes.add_insecure_port(f"{args.host}:{args.health_port}")
         probes.start()
-    HealthWatch(loop, health_servicer, drainer.started.is_set, stall_s=args.engine_stall_seconds).start()
+        watches.append(probes)
+    health_watch = HealthWatch(
+        loop, health_servicer, drainer.started.is_set, stall_s=args.engine_stall_seconds
+    )
+    watches.append(health_watch.start())
     if args.role_file and isinstance(roles, RoleSwitch):  # Kubernetes: the pod's role label is its role
         from tandem.worker.serve.role_label import RoleLabelWatch
 
         watch = RoleLabelWatch(args.role_file, roles)
         watch.check()  # a pod flipped before it restarted starts in its labelled role
-        watch.start()
-    log.info("gRPC: %d token streams, %d KV pushes, %d transfers at once, %d control threads",
-             limits.streams, limits.pushes, limits.transfers, limits.control)  # fmt: skip
-    log.info("%s worker %s serving %s on %s:%d (%d KV blocks)", args.role, worker_id, args.served_name, args.host, port, num_blocks)
-    print(f"READY {args.role} {args.host}:{port}", flush=True)
+        watches.append(watch.start())
+    return watches
 
-    # SIGTERM (Kubernetes, tandem up) or SIGINT: drain, keep serving what finishes held work, then exit.
+
+def serve_until_drained(started: Started) -> None:
+    """SIGTERM (Kubernetes, tandem up) or SIGINT: drain, keep serving what finishes held work, then exit."""
+    drainer = started.drainer
     signal.signal(signal.SIGTERM, lambda signum, frame: drainer.begin("SIGTERM"))
     signal.signal(signal.SIGINT, lambda signum, frame: drainer.begin("SIGINT"))
     drained = drainer.wait_drained()
     log.info("drained%s; exiting", "" if drained else " (deadline passed)")
     faulthandler.dump_traceback_later(EXIT_WATCHDOG_S, exit=True)  # a stuck thread must not keep the pod
-    server.stop(grace=2.0).wait()
-    loop.stop()
-    for servicer in services.values():
+    started.server.stop(grace=2.0).wait()
+    started.loop.stop()
+    for servicer in started.services.values():
         close = getattr(servicer, "close", None)
         if close is not None:
             close()
     _exit_now(0)
-    return 0
 
 
 def _load(args: WorkerOptions, device: str) -> Transformer:
