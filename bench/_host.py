@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -108,9 +108,18 @@ class CpuMeter:
         return foreign_share(busy - busy0, ours - ours0, capacity)
 
 
+class HostMeter(Protocol):
+    """What `quietly` reads the host through: started before a measurement, its shares read after it
+    (CpuMeter on a real host; a scripted one in a test)."""
+
+    def start(self) -> HostMeter: ...
+
+    def shares(self) -> dict[str, float | None]: ...
+
+
 def quietly(
     measure: Callable[[], T],
-    meter: Callable[[], CpuMeter],
+    meter: Callable[[], HostMeter],
     reruns: int,
     quiet: float = QUIET_FOREIGN_SHARE,
     before: Callable[[], object] = lambda: None,

@@ -26,6 +26,7 @@ class FaultProxy:
         self.upstream = (host, int(port))
         self.fault = Fault()
         self.faults_injected = 0
+        self.accepted = 0  # connections taken: the first says a client (the router's poll) dialled the proxy
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
         self._closed = threading.Event()
@@ -46,6 +47,7 @@ class FaultProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            self.accepted += 1
             try:
                 server = socket.create_connection(self.upstream, timeout=5)
             except OSError:

@@ -37,6 +37,32 @@ def fewest_running(running: Mapping[K, int | None], count: int) -> list[K]:
     return sorted(answering, key=lambda k: running[k] or 0)[: max(0, count)]
 
 
+def flip_waves(roles: Mapping[K, str], flips: Mapping[K, str]) -> tuple[list[list[K]], list[K]]:
+    """In what order `flips` (worker -> new role) may run so that no pool is left without a worker (pure).
+    The waves run one after another, the workers of one wave at once; a worker leaves its pool only while
+    another is there, counting those that came in an earlier wave (one arriving in the same wave is still
+    draining its old role's work). `roles`: the pool each worker is in now. Returns the waves and the
+    flips refused because they would empty their pool."""
+    now = dict(roles)
+    pending = [k for k, to in flips.items() if now.get(k) != to]
+    waves: list[list[K]] = []
+    while pending:
+        left = {role: sum(1 for r in now.values() if r == role) for role in set(now.values())}
+        wave = []
+        for k in pending:
+            source = now.get(k)
+            if source is None or left[source] > 1:
+                wave.append(k)
+                if source is not None:
+                    left[source] -= 1
+        if not wave:
+            break
+        waves.append(wave)
+        now.update({k: flips[k] for k in wave})
+        pending = [k for k in pending if k not in wave]
+    return waves, pending
+
+
 def set_roles(
     channels: Mapping[K, grpc.Channel], role: str, reason: str = "", drain_timeout_s: float = 0.0
 ) -> dict[K, lifecycle_pb2.SetRoleReply | grpc.RpcError]:
@@ -107,6 +133,10 @@ def flip_running_stack(
         chosen = fewest_running({a: running_sequences(c, from_role) for a, c in channels.items()}, count)
         if len(chosen) < count:
             raise ValueError(f"{len(chosen)} {from_role} workers answer, {count} asked to flip")
+        listed = {a: role for role in ("prefill", "decode") for a in doc.get(role, [])}
+        if flip_waves(listed, dict.fromkeys(chosen, to_role))[1]:
+            raise ValueError(f"flipping {count} of the {len(doc.get(from_role, []))} {from_role} workers would "
+                             f"leave the {from_role} pool with none")  # fmt: skip
         replies = set_roles({a: channels[a] for a in chosen}, to_role, reason)
     finally:
         for c in channels.values():

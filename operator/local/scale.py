@@ -9,6 +9,7 @@ its own. The router re-reads the workers file, so it picks up the new set withou
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -20,14 +21,15 @@ from pathlib import Path
 
 import grpc
 
-from tandem.identity import OPERATOR
+from tandem.identity import FLIPPABLE, OPERATOR
 from tandem.operator.autoscale.types import Replicas
-from tandem.operator.local.flip import dial_worker, fewest_running, set_roles, with_role
+from tandem.operator.local.flip import dial_worker, fewest_running, flip_waves, set_roles, with_role
 from tandem.operator.local.plan import ProcessPlan, local_tls_root, worker_plan, workers_document
 from tandem.operator.local.up import LocalStack, free_port_block
 from tandem.spec import InferenceService
 from tandem.v1 import colocated_pb2_grpc, common_pb2, decode_pb2_grpc, lifecycle_pb2, prefill_pb2_grpc
 
+log = logging.getLogger(__name__)
 STUBS = {
     "prefill": prefill_pb2_grpc.PrefillServiceStub,
     "decode": decode_pb2_grpc.DecodeServiceStub,
@@ -125,10 +127,18 @@ class LocalPools:
         return self.flip_workers(chosen, to_role, reason, drain_timeout_s)
 
     def flip_workers(self, worker_names: list[str], to_role: str, reason: str = "", drain_timeout_s: float = 0.0) -> list[ProcessPlan]:
-        """Move these workers to `to_role` (all at once); those that flipped, as planned now."""
+        """Move these workers to `to_role` (at once where they leave a worker behind in their pool; a pool's
+        last worker is not flipped away); those that flipped, as planned now."""
         with self._lock:
             by_name = {p.name: p for p in self.stack.plans if p.name in worker_names}
-        replies = set_roles({n: self.channels.get(p) for n, p in by_name.items()}, to_role, reason or f"to {to_role}", drain_timeout_s)
+            roles = {p.name: p.role for r in FLIPPABLE for p in self.members(r)}
+        waves, refused = flip_waves(roles, dict.fromkeys(by_name, to_role))
+        if refused:
+            log.warning("not flipping %s to %s: each is the last worker of its pool", ", ".join(refused), to_role)
+        replies: dict[str, lifecycle_pb2.SetRoleReply | grpc.RpcError] = {}
+        for wave in waves:
+            replies |= set_roles({n: self.channels.get(by_name[n]) for n in wave}, to_role, reason or f"to {to_role}",
+                                 drain_timeout_s)  # fmt: skip
         flipped: list[ProcessPlan] = []
         with self._lock:
             for name, reply in replies.items():

@@ -50,15 +50,14 @@ def test_client_gone_before_first_token_frees_the_decode_reservation_now(tiny_mo
             report = load(decode)
             if report.reserved_kv_blocks == 0 and report.free_kv_blocks == report.total_kv_blocks:
                 break
-            assert time.monotonic() - gone < 5, f"{held} reserved blocks still held: {report}"
+            # now, not at the lease's expiry: a busy host may take seconds, the lease alone takes LEASE_S
+            assert time.monotonic() - gone < LEASE_S / 2, f"{held} reserved blocks still held: {report}"
             time.sleep(0.05)
-        freed_after_s = time.monotonic() - gone
-        assert freed_after_s < LEASE_S / 6
         host = decode.address.rsplit(":", 1)[0]
         worker_metrics = httpx.get(f"http://{host}:{decode.metrics_port}/metrics", timeout=5).text
         assert _metric(worker_metrics, "tandem_kv_blocks_used") == 0
         prefill = next(p for p in stack.plans if p.role == "prefill")
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + LEASE_S / 2
         while (r := load(prefill)).free_kv_blocks != r.total_kv_blocks:
             assert time.monotonic() < deadline, f"prefill still holds blocks: {r}"
             time.sleep(0.05)

@@ -58,7 +58,10 @@ def _through_proxy(tmp_path, decode, others: tuple[str, ...] = ()) -> FaultProxy
     doc["decode"] = [proxy.address, *others]
     workers_file.with_suffix(".tmp").write_text(json.dumps(doc))
     os.replace(workers_file.with_suffix(".tmp"), workers_file)
-    time.sleep(1.5)  # the router re-reads the file
+    deadline = time.monotonic() + 60
+    while proxy.accepted == 0:  # the router re-read the file and dialled the proxy in the old address's place
+        assert time.monotonic() < deadline, "the router never dialled the proxy"
+        time.sleep(0.05)
     return proxy
 
 

@@ -1,6 +1,6 @@
 """`tandem up` as a supervisor, run as users run it: a worker killed with SIGKILL is restarted while the
-other decode worker keeps serving; SIGTERM stops everything within a few seconds; and SIGKILL of
-`tandem up` itself leaves no child behind."""
+other decode worker keeps serving, and the router routes to it again; SIGTERM stops everything (the drain
+grace, then SIGKILL); and SIGKILL of `tandem up` itself leaves no child behind."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from tests.integration.stacks import spec
 pytestmark = pytest.mark.slow
 
 START_TIMEOUT_S = 240.0
-STOP_WITHIN_S = 8.0  # the workers' drain grace (5 s) and then some, on a loaded machine
+HANG_S = 60.0  # what an expected event may take at most on a busy host before the test calls it a hang
 
 
 def children(pid: int) -> list[int]:
@@ -62,12 +62,17 @@ def wait_for(what: str, check, timeout_s: float):
         time.sleep(0.2)
 
 
-def complete(url: str) -> int:
+def complete_answer(url: str) -> tuple[int, str]:
+    """One short completion: its HTTP status (0 when none came) and body."""
     try:
         r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 4}, timeout=60)
-    except httpx.HTTPError:
-        return 0
-    return r.status_code
+    except httpx.HTTPError as e:
+        return 0, repr(e)
+    return r.status_code, r.text
+
+
+def complete(url: str) -> int:
+    return complete_answer(url)[0]
 
 
 def healthy(url: str) -> bool:
@@ -119,24 +124,20 @@ def test_a_killed_worker_is_restarted_while_the_rest_serves_and_sigterm_stops_al
         assert len(kids) == 4, [cmdline(k) for k in kids]  # router, prefill, two decode workers
         victim = next(k for k in kids if "--role decode" in cmdline(k))
         os.kill(victim, signal.SIGKILL)
-        wait_for("the victim to go", lambda: not alive(victim), 10)
-        assert complete(url) == 200  # the other decode worker serves while the victim restarts
-        replacement = wait_for(
-            "a new decode worker",
-            lambda: [k for k in children(up.pid) if "--role decode" in cmdline(k) and k not in kids],
-            30,
-        )
-        assert len(children(up.pid)) == 4 and up.poll() is None
-        log = (tmp_path / "tandem-up.log").read_text()
-        assert "exited with code -9; restarting in" in log and "restarted (restart 1)" in log
+        wait_for("the victim to go", lambda: not alive(victim), HANG_S)
+        status, body = complete_answer(url)
+        assert status == 200, body  # the other decode worker serves while the victim restarts
+        log = tmp_path / "tandem-up.log"
+        wait_for("the supervisor to restart the victim", lambda: "restarted (restart 1)" in log.read_text(), HANG_S)
+        assert "exited with code -9; restarting in" in log.read_text()
+        replacement = [k for k in children(up.pid) if "--role decode" in cmdline(k) and k not in kids]
+        assert len(replacement) == 1 and len(children(up.pid)) == 4 and up.poll() is None
+        wait_for("the router to route to the restarted worker", lambda: routable(url, "decode") == 2, START_TIMEOUT_S)
+        assert complete(url) == 200
         kids = children(up.pid)
-        assert replacement[0] in kids
-        sent = time.monotonic()
         up.send_signal(signal.SIGTERM)
-        assert up.wait(timeout=30) == 0
-        took = time.monotonic() - sent
-        assert took < STOP_WITHIN_S, f"SIGTERM took {took:.1f}s"
-        wait_for("every child to exit", lambda: not any(alive(k) for k in kids), 5)
+        assert up.wait(timeout=HANG_S) == 0  # the children's drain grace, then SIGKILL: never their whole drain
+        wait_for("every child to exit", lambda: not any(alive(k) for k in kids), HANG_S)
     finally:
         if up.poll() is None:
             up.kill()
@@ -148,7 +149,7 @@ def test_sigkill_of_tandem_up_takes_every_child_with_it(tiny_model_dir, tmp_path
     assert len(kids) == 3
     up.kill()
     up.wait()
-    wait_for("the orphans to die", lambda: not any(alive(k) for k in kids), 10)
+    wait_for("the orphans to die", lambda: not any(alive(k) for k in kids), HANG_S)
 
 
 def test_shared_memory_of_a_killed_run_is_removed_by_the_next_tandem_up(tiny_model_dir, tmp_path):
@@ -161,7 +162,7 @@ def test_shared_memory_of_a_killed_run_is_removed_by_the_next_tandem_up(tiny_mod
     assert segments, "the decode worker lends no shared-memory staging rings"
     os.killpg(first.pid, signal.SIGKILL)  # the whole run at once, resource trackers included
     first.wait()
-    wait_for("the run to die", lambda: not any(alive(k) for k in kids), 10)
+    wait_for("the run to die", lambda: not any(alive(k) for k in kids), HANG_S)
     # they are left now (unless another stack on this host started meanwhile and already swept them)
     second, _ = start_tandem_up(tiny_model_dir, tmp_path / "second", decode=1)
     try:

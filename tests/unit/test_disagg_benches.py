@@ -2,14 +2,10 @@
 of equal GPU count, the replay's rows read as latencies, and the best split."""
 
 import importlib.util
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 from bench._goodput_sweep import Goodput
-from bench._host import CpuMeter, busy_reason, busy_ticks, foreign_share, process_ticks, quietly, stat_column
+from bench._host import busy_reason, busy_ticks, foreign_share, process_ticks, quietly, stat_column
 from bench.disagg_idle import COLOCATED, DISAGGREGATED, cpu_per_token, run_summary, verdict
 from bench.goodput_dynamo import AGGREGATED, best_split, cell, latencies, pools, share_local
 from tandem.trace import TraceRequest
@@ -63,32 +59,44 @@ def test_host_cpu_accounting():
     assert busy_reason([9.0], [None], quiet_load=2.0) == "load average reached 9.00 (> 2)"
 
 
+class ScriptedMeter:
+    """A host meter whose attempts report the other-process CPU shares given, in order (`quietly`'s meter
+    protocol; the real CpuMeter reads /proc in tests/integration/test_host_meter.py). Logs when it is
+    started and read."""
+
+    def __init__(self, foreign: list[float | None], events: list[str]):
+        self.foreign, self.events = foreign, events
+
+    def start(self) -> "ScriptedMeter":
+        self.events.append("start")
+        return self
+
+    def shares(self) -> dict[str, float | None]:
+        self.events.append("read")
+        return {"foreign_cpu_share": self.foreign.pop(0), "steal_cpu_share": 0.0, "interrupt_cpu_share": 0.01}
+
+
+def _quietly(foreign: list[float | None], reruns: int):
+    """`quietly` over a measurement that numbers its attempts, the meter scripted with `foreign`."""
+    events: list[str] = []
+    meter = ScriptedMeter(list(foreign), events)
+
+    def measure() -> int:
+        events.append("measure")
+        return events.count("measure")
+
+    result, shares, discarded = quietly(measure, lambda: meter, reruns, quiet=0.1, before=lambda: events.append("before"))
+    return result, shares["foreign_cpu_share"], [d["foreign_cpu_share"] for d in discarded], events
+
+
 def test_a_measurement_disturbed_by_other_work_is_run_again_and_the_quiet_one_kept():
-    def meter() -> CpuMeter:
-        return CpuMeter(lambda: [os.getpid()])
-
-    background = meter().start()
-    time.sleep(0.5)
-    # one process spinning through a whole attempt takes about 1 / cpus of the host, above what else runs here
-    quiet = (background.share() or 0.0) + 0.4 / (os.cpu_count() or 1)
-    attempts: list[str] = []
-
-    def measure() -> str:
-        if not attempts:  # the first attempt shares the host with a process the meter does not own
-            subprocess.run([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 0.5: pass"], check=True)
-            attempts.append("disturbed")
-        else:
-            time.sleep(0.5)
-            attempts.append("quiet")
-        return attempts[-1]
-
-    result, shares, discarded = quietly(measure, meter, reruns=5, quiet=quiet)
-    assert result == "quiet" and attempts[0] == "disturbed"
-    assert discarded[0]["foreign_cpu_share"] > quiet and shares["foreign_cpu_share"] <= quiet
-    assert len(discarded) == len(attempts) - 1 and set(shares) == {"foreign_cpu_share", "steal_cpu_share", "interrupt_cpu_share"}
-    attempts.clear()
-    result, shares, discarded = quietly(measure, meter, reruns=0, quiet=quiet)
-    assert (result, discarded) == ("disturbed", []) and shares["foreign_cpu_share"] > quiet  # no rerun left: kept
+    result, kept, discarded, events = _quietly([0.4, 0.25, 0.05, 0.0], reruns=5)
+    assert (result, kept, discarded) == (3, 0.05, [0.4, 0.25])  # the third attempt was quiet: no fourth
+    assert events == ["before", "start", "measure", "read"] * 3  # each attempt metered alone, `before` outside
+    assert _quietly([0.4, 0.3], reruns=1)[:3] == (2, 0.3, [0.4])  # no rerun left: the last one is kept
+    assert _quietly([0.4], reruns=0)[:3] == (1, 0.4, [])
+    assert _quietly([0.1], reruns=3)[:3] == (1, 0.1, [])  # at the bound is quiet
+    assert _quietly([None], reruns=3)[:3] == (1, None, [])  # no /proc to read: nothing to rerun for
 
 
 def test_cpu_per_token_is_the_difference_over_the_tokens_of_each_stack():

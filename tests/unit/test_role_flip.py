@@ -214,6 +214,20 @@ def test_the_local_flip_picks_the_least_busy_answering_workers_and_lists_them_un
     assert moved(doc, ["p1"], "decode") == {"prefill": ["p0"], "decode": ["d0", "p1"], "colocated": []}
 
 
+def test_a_flip_never_empties_a_pool_flips_that_would_are_ordered_after_an_arrival_or_refused():
+    from tandem.operator.local.flip import flip_waves
+
+    roles = {"p0": "prefill", "p1": "prefill", "d0": "decode"}
+    assert flip_waves(roles, {"p1": "decode"}) == ([["p1"]], [])
+    assert flip_waves(roles, {"p0": "decode", "p1": "decode"}) == ([["p0"]], ["p1"])  # prefill keeps one
+    assert flip_waves(roles, {"d0": "prefill"}) == ([], ["d0"])  # the only decode worker stays
+    # a swap: d0 leaves only once p1 serves decode (the wave before), never in the same wave
+    assert flip_waves(roles, {"d0": "prefill", "p1": "decode"}) == ([["p1"], ["d0"]], [])
+    one_each = {"p0": "prefill", "d0": "decode"}
+    assert flip_waves(one_each, {"p0": "decode", "d0": "prefill"}) == ([], ["p0", "d0"])  # either would empty its pool
+    assert flip_waves(roles, {"d0": "decode", "gone": "decode"}) == ([["gone"]], [])  # already there / in no pool
+
+
 def test_flip_cli_refuses_a_spec_without_its_run_directory(capsys):
     from tandem import flip_cli
 

@@ -1,7 +1,8 @@
 """The router's wake queue: a request for a pool with no worker is held (bounded, timed) until the pool's
 first worker answers, instead of a 503; past the bounds, 503 with Retry-After and the reason; a request
 cancelled while held (its client left) leaves nothing behind. The real gRPC backend against scripted
-workers on loopback that join through the workers file, as `tandem up` and DNS make them join."""
+workers on loopback that join through the workers file, as `tandem up` and DNS make them join. A retry that
+finds its pool momentarily empty (its only worker began to drain for a flip) is held the same way."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tandem.worker.router.app import create_app
 from tandem.worker.router.backend import COLD_START_S, BackendError, Timing
 from tandem.worker.router.dispatch import GrpcBackend
 from tandem.worker.router.wake_queue import TIMED_OUT_RETRY_AFTER_S, WakeLimits, WakeQueue
+from tandem.worker.serve.drain import refuse_while_draining
 from tests.scripted_workers import serve_on_loopback
 from tests.unit.test_router_stream_ends import EndingDecode, QuickPrefill
 
@@ -71,7 +73,7 @@ async def test_a_request_for_a_pool_at_zero_waits_for_its_first_worker(tmp_path,
         await _until(lambda: backend.wake_queue.held("decode") == 1)
         assert backend.wake_queue.held("prefill") == 0 and backend.wake_queue.oldest_s("decode") > 0
         await asyncio.sleep(0.5)
-        assert not request.done()  # held, not refused after PICK_WAIT_S
+        assert not request.done()  # held, not refused
         _write(tmp_path / "workers.json", **workers)  # the autoscaler started the first decode worker
         assert await asyncio.wait_for(request, 10) == [100, 101, 102]
         assert timing.extra[COLD_START_S] >= 0.5
@@ -109,6 +111,45 @@ async def test_a_worker_that_introduced_itself_but_has_not_reported_its_load_is_
         await _until(lambda: backend.wake_queue.held("decode") == 1)
         _write(tmp_path / "workers.json", prefill=workers["prefill"], decode=addresses)
         assert await asyncio.wait_for(request, 10) == [100, 101, 102]
+    finally:
+        await backend.close()
+        for s in servers:
+            s.stop(0)
+
+
+class FlipsAway(EndingDecode):
+    """The only decode worker, whose flip to prefill begins as a request reaches it: it refuses the
+    reservation as a draining worker does, and reports draining from then on."""
+
+    def __init__(self) -> None:
+        super().__init__(tokens=3, finish=common_pb2.FINISH_REASON_STOP)
+        self.draining = False
+
+    def Reserve(self, request, context):
+        self.draining = True
+        refuse_while_draining(context, "decode worker")
+
+    def Load(self, request, context):
+        return common_pb2.LoadReport(worker_id="d", free_kv_blocks=100, total_kv_blocks=100, draining=self.draining)
+
+
+@pytest.mark.asyncio
+async def test_a_retry_finding_its_pool_momentarily_empty_is_held_until_a_worker_joins_it(tmp_path, workers):
+    """A flip's window: the decode pool's only worker begins to drain under a request, and the worker that
+    takes its place has not joined the pool yet. The retry is held, not refused, and served once it joins."""
+    servers, (leaving,) = serve_on_loopback([(decode_pb2_grpc.add_DecodeServiceServicer_to_server, FlipsAway())])
+    backend = await _backend(tmp_path, WakeLimits(8, 30), prefill=workers["prefill"], decode=[leaving])
+    try:
+        await _until(lambda: backend.routable_workers()["decode"] == 1)
+        timing = Timing()
+        request = asyncio.ensure_future(_generate(backend, timing))
+        await _until(lambda: backend.wake_queue.held("decode") == 1)  # its first attempt was refused: held
+        await asyncio.sleep(0.5)  # polls come and go; the pool has no routable worker yet
+        assert not request.done() and backend.routable_workers()["decode"] == 0
+        _write(tmp_path / "workers.json", prefill=workers["prefill"], decode=[leaving, *workers["decode"]])
+        assert await asyncio.wait_for(request, 10) == [100, 101, 102]
+        assert timing.retries == 1 and timing.decode_worker == workers["decode"][0]
+        assert len(backend.wake_queue) == 0
     finally:
         await backend.close()
         for s in servers:

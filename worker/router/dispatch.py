@@ -127,11 +127,12 @@ class GrpcBackend:
         return any(v.routable for v in self.pools.views(role))
 
     def _may_wake(self, role: str) -> bool:
-        """No worker of `role` is routable and none has failed: the pool is at zero, going there (its last
-        workers drain) or its workers are starting (joined, never answered). A pool whose workers failed is
-        refused at once, not held."""
+        """No worker of `role` is routable, and one may be soon: the pool is at zero or going there (its last
+        workers drain, as a scale-down's or a flip's do), or a worker of it is starting (joined, or moved here
+        by a flip, and never answered). A pool whose workers all failed is refused at once, not held."""
         members = self.pools.workers[role].values()
-        return not self._routable(role) and all(w.info is None or w.view.draining for w in members)
+        starting = any(w.info is None for w in members)
+        return not self._routable(role) and (starting or all(w.view.draining for w in members))
 
     def queue_depth(self) -> int:
         return self.inflight
@@ -188,23 +189,23 @@ class GrpcBackend:
             self.inflight -= 1
 
     async def _pick_or_wait(self, role: str, tried: set[str], blocks_needed: int = 0) -> Worker:
-        """`_pick`, but with no routable worker (a scale-down's victim drains while its replacement is
-        not polled yet, or a worker just changed role to this one) poll every worker at once and wait up to
-        `PICK_WAIT_S` for a new one before refusing with a 503."""
-        deadline = time.monotonic() + PICK_WAIT_S
+        """`_pick`; with no routable worker (a retry after the only one began to drain for a flip or a
+        scale-down, its successor not polled yet), poll every worker at once, then hold the request in the
+        wake queue while the pool is only momentarily empty, until a worker of it answers (within the
+        queue's bounds), instead of refusing with a 503. A pool whose workers failed is refused at once."""
         polled = False
         while True:
             try:
                 return self._pick(role, tried, blocks_needed)
             except BackendError:
-                # wait only for a worker that joined (or moved here) and was never polled; a failed one stays out
-                fresh = any(w.info is None for w in self.pools.workers[role].values())
-                if (polled and not fresh) or time.monotonic() >= deadline:
+                if polled and not self._may_wake(role):
                     raise
-            await self.pools.refresh()
-            await self.pools.poll_all()  # every role: a worker that took this role moves here as it is polled
-            polled = True
-            await asyncio.sleep(0.05)
+            if polled:
+                await self.wake_queue.hold([role], lambda r: not self._may_wake(r))
+            else:
+                await self.pools.refresh()
+                await self.pools.poll_all()  # every role: a worker that took this role moves here as it is polled
+                polled = True
 
     async def _colocated(self, request_id, prompt_ids, params, timing, tried) -> AsyncIterator[TokenOut]:
         worker = await self._pick_or_wait("colocated", tried)
@@ -392,5 +393,4 @@ async def _relay(call, worker: Worker) -> AsyncIterator[TokenOut]:
         raise _Retry(f"{worker.view.address}: {e.code().name} {e.details()}") from None
 
 
-PICK_WAIT_S = 3.0  # how long a request waits for a routable worker of a role before its 503
 WAKE_POLL_INTERVAL_S = 0.1  # the worker poll interval while requests wait for a pool to wake
