@@ -17,24 +17,11 @@ import torch
 
 from bench._roofline import Result
 from bench.engine_timing import random_prompts, time_engine
-from tandem.worker.devtools.tiny import (
-    BOS,
-    EOS,
-    TinySpec,
-    build_tokenizer,
-    hf_config,
-    random_state_dict,
-    write_safetensors,
-)
 from tandem.worker.engine.loading import load_model
 from tandem.worker.engine.runner.compiled import warm_up
 from tandem.worker.engine.runner.engine import Engine, EngineConfig
-from tandem.worker.hf.config import ModelConfig
 
 PROFILE = Path(__file__).resolve().parents[1] / "tandem/profiles/h200-llama-3.1-8b-fp8.json"
-LLAMA_3_1_8B = TinySpec(layers=32, hidden=4096, heads=32, kv_heads=8, intermediate=14336, max_positions=131072,
-                        dtype="bfloat16", rope_theta=500000.0)  # fmt: skip
-LLAMA_3_VOCAB = 128256
 DECODE_POINTS = ((1, 512), (64, 512), (49, 3072))  # (batch, context): the rows
 PREFILL_TOKENS = 2134
 BLOCK_SIZE = 16
@@ -48,16 +35,6 @@ def vllm_figures(profile: dict) -> dict[str, float]:
     batch49 = min((abs(c - 3072), ms) for (b, c), ms in steps.items() if b == 49)[1]
     prefill = next(p["ms"] for p in profile["prefill"] if p["prompt_tokens"] == PREFILL_TOKENS)
     return {"batch 1": batch1, "batch 49": batch49, "prefill": prefill}
-
-
-def write_llama_8b_shaped(model_dir: Path, seed: int = 0) -> Path:
-    model_dir.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer()
-    config = hf_config(LLAMA_3_1_8B, LLAMA_3_VOCAB, tok.token_to_id(BOS), tok.token_to_id(EOS))
-    write_safetensors(random_state_dict(ModelConfig.from_hf(config), seed, LLAMA_3_1_8B.dtype), model_dir)
-    tok.save(str(model_dir / "tokenizer.json"))
-    (model_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return model_dir
 
 
 def fp8_rows(args: argparse.Namespace, model_dir: Path, device: str, points=DECODE_POINTS,

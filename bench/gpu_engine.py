@@ -44,94 +44,20 @@ import torch
 
 from bench import attention_backends
 from bench._roofline import Result, decode_bandwidth, median_of, prefill_utilisation
+from bench._shapes import MOE_SHAPE, write_llama_1b_shaped, write_llama_8b_shaped
 from bench.engine_timing import random_prompts, time_engine
-from bench.fp8_rows import fp8_rows, write_llama_8b_shaped
+from bench.fp8_rows import fp8_rows
 from tandem.worker.devtools.tiny import (
-    BOS,
-    EOS,
     TinySpec,
-    build_tokenizer,
     create_tiny_model,
-    hf_config,
-    random_state_dict,
-    write_safetensors,
 )
 from tandem.worker.engine.loading import load_model
 from tandem.worker.engine.runner.compiled import compile_layers
 from tandem.worker.engine.runner.compiled import warm_up as compiled_warm_up
 from tandem.worker.engine.runner.decode_graphs import DECODE_STEPS
 from tandem.worker.engine.runner.engine import Engine, EngineConfig
-from tandem.worker.hf.config import ModelConfig
 
 BLOCK_SIZE = 16
-LLAMA_3_2_1B = TinySpec(
-    layers=16,
-    hidden=2048,
-    heads=32,
-    kv_heads=8,
-    intermediate=8192,
-    max_positions=131072,
-    tie_embeddings=True,
-    dtype="bfloat16",
-    rope_theta=500000.0,
-)
-LLAMA_3_2_1B_VOCAB = 128256
-LLAMA_3_ROPE_SCALING = {
-    "rope_type": "llama3",
-    "factor": 32.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8192,
-}
-
-
-MOE_SHAPE = TinySpec(
-    arch="mixtral",
-    layers=8,
-    hidden=2048,
-    heads=32,
-    kv_heads=8,
-    intermediate=4096,
-    experts=8,
-    experts_per_token=2,
-    max_positions=32768,
-    dtype="bfloat16",
-)
-
-
-LLAMA_3_1_8B = TinySpec(
-    layers=32,
-    hidden=4096,
-    heads=32,
-    kv_heads=8,
-    intermediate=14336,
-    max_positions=131072,
-    dtype="bfloat16",
-    rope_theta=500000.0,
-)
-LLAMA_3_1_ROPE_SCALING = {**LLAMA_3_ROPE_SCALING, "factor": 8.0}
-
-
-def write_llama_1b_shaped(model_dir: Path, seed: int = 0) -> Path:
-    """The tiny-model writer at Llama-3.2-1B's shape and full vocab (the tiny tokenizer covers its first ids)."""
-    return write_llama_shaped(model_dir, LLAMA_3_2_1B, LLAMA_3_ROPE_SCALING, seed)
-
-
-def write_llama_shaped(model_dir: Path, spec: TinySpec, rope_scaling: dict, seed: int = 0, device: str = "cpu") -> Path:
-    """Random weights (drawn on `device`) at a Llama-3 shape and its full vocab (128256): the tiny tokenizer, with
-    one added token per id past its own, so every id the model can sample decodes to text (a served stream
-    whose ids decoded to nothing would carry no content to time)."""
-    model_dir.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer()
-    tok.add_tokens([f"<|t{i}|>" for i in range(tok.get_vocab_size(with_added_tokens=True), LLAMA_3_2_1B_VOCAB)])
-    config = hf_config(spec, LLAMA_3_2_1B_VOCAB, tok.token_to_id(BOS), tok.token_to_id(EOS))
-    config["rope_scaling"] = rope_scaling
-    write_safetensors(random_state_dict(ModelConfig.from_hf(config), seed, spec.dtype, device), model_dir)
-    tok.save(str(model_dir / "tokenizer.json"))
-    (model_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return model_dir
-
-
 def engine_config(args: argparse.Namespace, decode_step: str = "eager") -> EngineConfig:
     longest = max(args.context, args.prefill_tokens) + args.new_tokens
     return EngineConfig(
@@ -374,7 +300,7 @@ def main(argv: list[str]) -> int:
         if not args.no_fp8:
             gc.collect()
             torch.cuda.empty_cache()
-            results += fp8_rows(args, write_llama_8b_shaped(Path(tmp) / "llama-3.1-8b"), "cuda")
+            results += fp8_rows(args, write_llama_8b_shaped(Path(tmp) / "llama-3.1-8b", device="cuda"), "cuda")
     caption = (
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}; batch-1 decode after {args.context} "
         f"prompt tokens, {args.new_tokens} new tokens; median of {args.repeats}"

@@ -136,9 +136,9 @@ def write_model(model_dir: Path, tiny: bool) -> Path:
         return create_tiny_model(model_dir, TinySpec(layers=2))
     import torch
 
-    from bench.gpu_engine import LLAMA_3_1_8B, LLAMA_3_1_ROPE_SCALING, write_llama_shaped
+    from bench._shapes import write_llama_8b_shaped
 
-    written = write_llama_shaped(model_dir, LLAMA_3_1_8B, LLAMA_3_1_ROPE_SCALING, device="cuda")  # drawn on the GPU: seconds
+    written = write_llama_8b_shaped(model_dir, device="cuda")  # drawn on the GPU: seconds
     torch.cuda.empty_cache()  # the draws' memory goes back before the workers start on the same GPU
     return written
 

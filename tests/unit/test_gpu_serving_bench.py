@@ -66,7 +66,7 @@ def test_the_llama_3_shaped_model_decodes_every_id_it_can_sample_to_text(tmp_pat
 
     import tokenizers
 
-    from bench.gpu_engine import LLAMA_3_1_ROPE_SCALING, write_llama_shaped
+    from bench._shapes import LLAMA_3_1_ROPE_SCALING, write_llama_shaped
     from tandem.worker.devtools.tiny import TinySpec
 
     shape = TinySpec(layers=1, hidden=64, heads=2, kv_heads=1, intermediate=128, dtype="bfloat16")
