@@ -170,7 +170,8 @@ def stack_object(mode: str, model_dir: Path, args: argparse.Namespace, max_conte
     if args.quantization != "none":
         spec["model"]["quantization"] = args.quantization
     for pool in ("prefill", "decode"):
-        spec[pool]["resources"]["gpus"] = 0 if args.tiny else 1
+        if pool in spec:  # a colocated service has no prefill pool
+            spec[pool]["resources"]["gpus"] = 0 if args.tiny else 1
     return obj
 
 

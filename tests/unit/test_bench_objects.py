@@ -29,3 +29,12 @@ MODEL = Path("/models/m")
 def test_a_bench_object_is_one_admission_accepts(obj: dict) -> None:
     svc = parse_object(obj)
     assert svc.name == obj["metadata"]["name"]
+
+
+@pytest.mark.parametrize("mode", ["colocated", "disaggregated"])
+def test_the_serving_bench_asks_for_services_admission_accepts(tiny_model_dir: Path, mode: str) -> None:
+    from bench.gpu_serving import parse_args, stack_object
+
+    args = parse_args(["--tiny", "--trace", "unused.csv"])
+    svc = parse_object(stack_object(mode, tiny_model_dir, args, max_context=1024))
+    assert svc.spec.mode.value == mode
