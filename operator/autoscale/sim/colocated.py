@@ -66,13 +66,7 @@ class ColocatedSimulation(Simulation):
             rep.step_s = (decode_ms + self.profile.prefill_ms(tokens)) / 1000
             self._push(rep.segment_start_s + rep.step_s, "decoded", (rep, rep.version))
             return
-        if not rep.running:
-            rep.step_s = 0.0
-            self._retire_if_drained(rep)
-            return
-        rep.step_s = self.profile.decode_step_ms(len(rep.running), self._context(rep)) / 1000
-        steps = min(r.remaining for r in rep.running)
-        self._push(rep.segment_start_s + steps * rep.step_s, "decoded", (rep, rep.version))
+        self._decode_to_next_finish(rep)
 
     def _chunk(self, rep: Replica) -> tuple[list[Request], int]:
         """The next step's prompt tokens, from the queue's head up to the profile's chunk (a long prompt spans

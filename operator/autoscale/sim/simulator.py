@@ -276,6 +276,11 @@ class Simulation:
             rep.running.append(nxt)
             kv += nxt.input_len + nxt.output_len
         rep.version += 1
+        self._decode_to_next_finish(rep)
+
+    def _decode_to_next_finish(self, rep: Replica) -> None:
+        """Plain decode steps from the segment's start until the batch's first sequence finishes; an idle
+        replica is retired if it drains."""
         if not rep.running:
             rep.step_s = 0.0
             self._retire_if_drained(rep)
