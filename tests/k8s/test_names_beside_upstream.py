@@ -49,8 +49,10 @@ def upstream(control_plane):
 
 
 def group_of(cp, resource: str) -> str:
-    """The API group kubectl resolves a resource name (as typed) to ("" for the core group)."""
-    out = cp.kubectl("explain", resource).stdout
+    """The API group kubectl resolves a resource name (as typed) to ("" for the core group). `kubectl explain`
+    reads the OpenAPI document, which the API server publishes a while after a CRD is Established (longer on a
+    busy host): it is asked again until it answers."""
+    out = wait_for(lambda: cp.kubectl("explain", resource).stdout, 120, f"kubectl explain {resource}")
     found = re.search(r"^GROUP:\s*(\S+)", out, re.M)
     return found.group(1) if found else ""
 
