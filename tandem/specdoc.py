@@ -215,7 +215,7 @@ def render(service: dict[str, Any], pool: dict[str, Any], example_path: str, exa
         "",
         f"`apiVersion: {group}/{version}`, `kind: {service['spec']['names']['kind']}`, short name `{short}`. "
         "This page is generated from the spec types by `python -m tandem.crdgen`, with the CRDs, and a test fails "
-        "when it is out of date; `kubectl explain inferenceservice.spec` shows the same descriptions.",
+        "when it is out of date; `kubectl explain tsvc.spec` shows the same descriptions (the bare `inferenceservice` is KServe's kind where KServe is installed).",
         "",
         "## spec",
         "",
