@@ -20,7 +20,7 @@ For each trace, rate scale, TTFT SLO and cold start, every policy is swept over 
 A family's cost at the target is its cheapest setting that reaches it, or the GPU-hours interpolated on
 its Pareto front between the settings on either side, or "unreachable". Dynamo's replay is
 deterministic, so one run per setting is the figure. `--plot FILE` draws each case's settings and fronts
-(GPU-hours against joint attainment).
+(GPU-hours against joint attainment); with `--plot-from JSON` it draws them from an earlier `--json` without a replay.
 
 `--crosscheck` instead replays fixed pools through both `tandem simulate` (the H200 profile converted) and
 Dynamo's replay, and prints TTFT and TPOT p50 / p90 of each side by side with their ratio (target: within 25%).
@@ -177,13 +177,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--json", help="write every point and the summary rows here")
     p.add_argument("--plot", help="write the Pareto plot (GPU-hours against joint attainment per family) here, PNG")
+    p.add_argument("--plot-from", type=Path,
+                   help="draw --plot from the points of an earlier --json (nothing is replayed)")  # fmt: skip
     p.add_argument("--cache", help="a JSON file of replays already run (read, then extended): reruns reuse them")
     p.add_argument("--crosscheck", action="store_true", help="tandem simulate vs Dynamo's replay on fixed pools")
     return p
 
 
+def panel_title(c: Case) -> str:
+    return f"{c.label}, TTFT {c.slo_ttft_ms / 1000:g} s, cold start {c.startup_s:g} s"
+
+
+def points_from_json(doc: dict[str, Any]) -> dict[str, list[Point]]:
+    """The plot's panels from a --json document's points, each under its case's title."""
+    panels: dict[str, list[Point]] = {}
+    for row in doc["points"]:
+        point = {k: v for k, v in row.items() if k != "case"}
+        panels.setdefault(panel_title(Case(**row["case"])), []).append(Point(**point))
+    return panels
+
+
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    if a.plot_from:
+        if not a.plot:
+            raise SystemExit("--plot-from needs --plot FILE")
+        print(f"Pareto plot: {write_pareto_plot(points_from_json(json.loads(a.plot_from.read_text())), a.plot, a.target)}")
+        return 0
     families = set(a.families.split(","))
     scales = [float(x) for x in a.rate_scales.split(",") if x]
     with tempfile.TemporaryDirectory(prefix="tandem-anchor-") as tmp:
@@ -244,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     print(render(rows, a.target))
     print(f"\nTraces: {AZURE_ATTRIBUTION}")
     if a.plot:
-        panels = {f"{c.label}, TTFT {c.slo_ttft_ms / 1000:g} s, cold start {c.startup_s:g} s": ps for c, ps in points.items()}
+        panels = {panel_title(c): ps for c, ps in points.items()}
         print(f"Pareto plot: {write_pareto_plot(panels, a.plot, a.target)}")
     if a.json:
         Path(a.json).write_text(json.dumps({

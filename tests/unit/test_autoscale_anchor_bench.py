@@ -2,14 +2,16 @@
 fixed-pool search for the day, the case labels, the Pareto plot and the HPA baseline as a loop policy."""
 
 import itertools
+import json
 import random
 import struct
+from pathlib import Path
 
 import pytest
 
 from bench._anchor_plot import front_series, write_pareto_plot
 from bench._anchor_search import Point, box_search, staircase
-from bench.autoscale_dynamo import peak_label, variants
+from bench.autoscale_dynamo import main, peak_label, points_from_json, variants
 from tandem.anchors_hpa import HpaPolicy
 from tandem.trace import TraceRequest, windows
 from tests.unit.test_autoscale_anchor import CTX, tick
@@ -94,6 +96,17 @@ def test_the_pareto_plot_draws_each_familys_front_per_case(tmp_path):
     assert (width, height) == (round(5.2 * 2 * 110), round(4.2 * 110))  # 2 panels side by side
     with pytest.raises(ValueError):
         write_pareto_plot({}, tmp_path / "empty.png", 0.95)
+
+
+def test_plot_from_draws_a_recorded_runs_points_without_a_replay(tmp_path):
+    """--plot-from reads the points of a --json document (the committed tables' points here) into one panel per
+    case and draws them; docs/img/pareto.png is this command's output."""
+    recorded = Path(__file__).resolve().parents[2] / "bench/results/autoscale_dynamo_tables.json"
+    panels = points_from_json(json.loads(recorded.read_text()))
+    assert "conversation x8, TTFT 2 s, cold start 60 s" in panels and len(panels) == 4
+    assert {p.family for ps in panels.values() for p in ps} == {"static", "dynamo", "tandem", "hpa"}
+    assert main(["--plot-from", str(recorded), "--plot", str(tmp_path / "p.png")]) == 0
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_hpa_in_the_loop_scales_on_the_ratio_over_ready_pods_and_waits_out_its_stabilisation():
