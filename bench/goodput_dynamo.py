@@ -185,6 +185,45 @@ def run_trace(replayer: Replayer, path: Path, args: argparse.Namespace, tmp: Pat
     }
 
 
+def rate_of(cell_text: str) -> float | None:
+    """A table cell's goodput per GPU as a number ('>=32.00' counts as 32), None below the grid."""
+    return None if cell_text.startswith("<") else float(cell_text.lstrip(">="))
+
+
+def write_plot(traces: list[dict[str, Any]], path: Path) -> Path:
+    """The goodput curves: per trace, goodput per GPU against the TPOT SLO (TTFT at 5x idle), aggregated and the
+    best disaggregated split, each point of the split named (matplotlib, Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweep = f"TTFT at {FIXED_TTFT_SCALE:g}x idle, TPOT at s x idle"
+    fig, axes = plt.subplots(1, len(traces), figsize=(5.2 * len(traces), 3.8), squeeze=False)
+    for ax, t in zip(axes[0], traces, strict=True):
+        rows = t["tables"][sweep]
+        xs = [r["tpot_scale"] for r in rows]
+        for key, label, colour in (("aggregated", "aggregated", "tab:gray"), ("disaggregated", "disaggregated (best split)", "tab:blue")):
+            ax.plot(xs, [rate_of(r[key]) for r in rows], marker="o", color=colour, label=label)
+        for x, r in zip(xs, rows, strict=True):
+            if rate_of(r["disaggregated"]) is not None:
+                ax.annotate(r["split"], (x, rate_of(r["disaggregated"])), textcoords="offset points", xytext=(0, -12),
+                            ha="center", fontsize=7, color="tab:blue")  # fmt: skip
+        ax.set_xscale("log")
+        ax.minorticks_off()
+        ax.set_xticks(xs, [f"{x:g}x" for x in xs])
+        ax.set_title(f"{t['trace']}, TTFT SLO {FIXED_TTFT_SCALE:g}x idle", fontsize=9)
+        ax.set_xlabel("TPOT SLO (x idle TPOT)")
+        ax.set_ylabel("goodput per GPU (req/s)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def report(result: dict[str, Any]) -> str:
     cfg = result["config"]
     lines = [
@@ -227,11 +266,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--local-prefill-max-tokens", type=int, default=512, help="the conditional rule's threshold")
     p.add_argument("--out", type=Path, default=Path("bench/out/goodput_dynamo.json"))
     p.add_argument("--from-json", type=Path, help="print the tables of an earlier --out; nothing is replayed")
+    p.add_argument("--plot", type=Path, help="draw the goodput curves here (PNG), after a run or from --plot-from")
+    p.add_argument("--plot-from", type=Path, help="a JSON with an --out's traces' tables: draw --plot from it, nothing is replayed")
     return p.parse_args(argv)
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.plot_from:
+        if not args.plot:
+            raise SystemExit("--plot-from needs --plot FILE")
+        print(f"wrote {write_plot(json.loads(args.plot_from.read_text())['traces'], args.plot)}")
+        return 0
     if args.from_json:
         print(report(json.loads(args.from_json.read_text())))
         return 0
@@ -249,6 +295,8 @@ def main(argv: list[str]) -> int:
     print(report(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
+    if args.plot:
+        print(f"wrote {write_plot(traces, args.plot)}")
     return 0
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from bench._goodput_sweep import Goodput
 from bench._host import busy_reason, busy_ticks, foreign_share, process_ticks, quietly, stat_column
 from bench.disagg_idle import COLOCATED, DISAGGREGATED, cpu_per_token, run_summary, verdict
-from bench.goodput_dynamo import AGGREGATED, best_split, cell, latencies, pools, share_local
+from bench.goodput_dynamo import AGGREGATED, best_split, cell, latencies, main, pools, rate_of, share_local
 from tandem.trace import TraceRequest
 
 
@@ -138,3 +138,12 @@ def test_best_split_and_cells():
 def test_share_local_counts_prompts_at_or_under_the_threshold():
     trace = [TraceRequest(0.0, n, 10) for n in (100, 512, 513, 2000)]
     assert share_local(trace, 512) == 0.5
+
+
+def test_goodput_curves_are_drawn_from_a_runs_tables_without_a_replay(tmp_path):
+    """--plot-from reads the traces' tables (the committed rows the disaggregation page reports here) and draws
+    the curves; docs/img/goodput-split.png is this command's output."""
+    assert (rate_of("6.35"), rate_of(">=32.00"), rate_of("< 0.5")) == (6.35, 32.0, None)
+    recorded = Path(__file__).resolve().parents[2] / "bench/results/goodput_dynamo_tables.json"
+    assert main(["--plot-from", str(recorded), "--plot", str(tmp_path / "g.png")]) == 0
+    assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
