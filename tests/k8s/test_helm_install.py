@@ -19,12 +19,16 @@ import yaml
 
 from tandem import names
 from tandem.testing.cluster import ControlPlane, Operator, find_binaries, free_port
+from tests import doc_blocks
 from tests.k8s.conftest import get_json, wait_for
 from tests.k8s.test_operator_lifecycle import EXAMPLE, SERVICE, model_volume, ready_at_current_generation
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts/tandem"
 RELEASE, NS = "tandem", "tandem-system"
+# the docs' runnable `helm install` and `helm test` (docs/kubernetes.md), run as written with the chart's path made absolute
+DOC_INSTALL = [str(CHART) if a == "charts/tandem" else a for a in doc_blocks.docs_command("helm", "install")]
+DOC_TEST = doc_blocks.docs_command("helm", "test")
 CRDS = ("inferenceservices.serving.tandem.dev", "tandempools.serving.tandem.dev")
 CHART_LABEL = f"app.kubernetes.io/instance={RELEASE}"
 
@@ -56,7 +60,9 @@ def helm(cp: ControlPlane, *args: str, check: bool = True, timeout: float = 300)
 
 @pytest.fixture(scope="module")
 def installed(cluster):
-    out = helm(cluster, "install", RELEASE, str(CHART), "--namespace", NS, "--create-namespace", "--wait", "--timeout", "4m")
+    assert DOC_INSTALL[:2] == [RELEASE, str(CHART)] and "--create-namespace" in DOC_INSTALL, DOC_INSTALL
+    assert DOC_INSTALL[DOC_INSTALL.index("-n") + 1] == NS, DOC_INSTALL  # the namespace the tests below look in
+    out = helm(cluster, "install", *DOC_INSTALL, "--wait", "--timeout", "4m")
     return out.stdout
 
 
@@ -144,7 +150,8 @@ def test_helm_test_hook_passes(cluster, chart_operator):
     )
     assert check.returncode == 0, check.stdout + check.stderr
     assert "ok: 1 InferenceService(s) in all namespaces" in check.stdout and f"leads {NS}/{RELEASE}" in check.stdout
-    out = helm(cp, "test", RELEASE, "-n", NS, "--timeout", "3m")
+    assert DOC_TEST == [RELEASE, "-n", NS], DOC_TEST
+    out = helm(cp, "test", *DOC_TEST, "--timeout", "3m")
     assert f"TEST SUITE:     {RELEASE}-check" in out.stdout and "Phase:          Succeeded" in out.stdout, out.stdout
 
 

@@ -1,5 +1,5 @@
 """tandem's kinds beside the Gateway API, its Inference Extension and KServe on one API server: every kubectl
-command the READMEs, the chart's NOTES and the examples give reaches tandem's objects, not theirs."""
+command the READMEs, the docs pages, the chart's NOTES and the examples give reaches tandem's objects, not theirs."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ from tests.k8s.conftest import get_json, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = "serving.tandem.dev"
-DOCS = sorted({str(p.relative_to(ROOT)) for p in [*ROOT.rglob("README.md"), *(ROOT / "examples").glob("*.yaml")]
+# docs/inferenceservice.md is generated from the spec types' descriptions, whose prose names kubectl verbs in passing
+DOCS = sorted({str(p.relative_to(ROOT)) for p in [*ROOT.rglob("README.md"), *(ROOT / "docs").glob("*.md"),
+                                                  *(ROOT / "examples").glob("*.yaml")]
                if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)}
-              | {"charts/tandem/templates/NOTES.txt"})
+              - {"docs/inferenceservice.md"} | {"charts/tandem/templates/NOTES.txt"})
 COMMAND = re.compile(r"kubectl ((?:get|scale|explain|describe|delete|edit|patch|wait|annotate|label|apply) [^`#;|\n]*)")
 pytestmark = pytest.mark.slow  # installs three projects' CRDs (megabytes) on the API server
 SERVICE = "llama-8b"  # examples/inferenceservice-gpu.yaml; `<name>` and `<svc>` in the docs stand for it
@@ -81,7 +83,8 @@ def test_no_upstream_crd_claims_a_tandem_name(upstream):
 def test_every_documented_kubectl_command_reaches_tandem(control_plane, upstream, operator, namespace):
     commands = doc_commands()
     assert {("README.md", "get tsvc,tpool"), ("README.md", f"scale tpool/{SERVICE}-decode --replicas=3"),
-            ("operator/README.md", "explain tsvc.spec")} <= set(commands), commands
+            ("operator/README.md", "explain tsvc.spec"), ("docs/kubernetes.md", "get tsvc,tpool"),
+            ("docs/kubernetes.md", f"scale tpool/{SERVICE}-decode --replicas=3")} <= set(commands), commands
     ns = ["-n", namespace]
     for doc, args in (c for c in commands if c[1].startswith("apply -f")):  # first create what the others address
         out = control_plane.kubectl(*shlex.split(args), *ns, "-o", "name").stdout.split()

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import doc_blocks
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"(?<!!)\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|!\[[^\]]*\]\(([^)\s]+)\)")
@@ -83,3 +85,23 @@ def test_the_readme_reaches_the_local_run_the_kubernetes_install_and_the_crd_ref
     assert {"docs/getting-started.md", "docs/kubernetes.md", "docs/inferenceservice.md"} <= {t.split("#")[0] for t in targets}
     assert {p.name for p in (ROOT / "docs").glob("*.md")} <= {Path(t.split("#")[0]).name for t in targets}, \
         "a docs page the README does not link"
+
+
+def test_runnable_blocks_hold_only_commands_the_tests_run():
+    """A bash block marked `<!-- runnable -->` is run by the k8s tests as written: its kubectl commands by
+    tests/k8s/test_names_beside_upstream.py on the real API server, its `helm install` and `helm test` by
+    tests/k8s/test_helm_install.py. Anything else in one would be a claim no test runs."""
+    commands = {str(p.relative_to(ROOT)): doc_blocks.runnable_commands(p) for p in doc_blocks.DOCS}
+    assert [argv[0] for argv in commands["docs/kubernetes.md"]].count("kubectl") >= 4
+    for page, argvs in commands.items():
+        for argv in argvs:
+            assert argv[0] == "kubectl" or argv[:2] in (["helm", "install"], ["helm", "test"]), (page, argv)
+    assert doc_blocks.docs_command("helm", "install")[:2] == ["tandem", "charts/tandem"]
+    assert doc_blocks.docs_command("helm", "test")[0] == "tandem"
+
+
+def test_the_runnable_marker_is_read(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("<!-- runnable -->\n\n```bash\nkubectl get tsvc  # note\nhelm test x \\\n  -n y\n```\n\n"
+                    "```bash\nkubectl delete everything\n```\n")
+    assert doc_blocks.runnable_commands(page) == [["kubectl", "get", "tsvc"], ["helm", "test", "x", "-n", "y"]]
