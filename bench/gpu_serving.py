@@ -12,7 +12,7 @@ arrival pattern stretched to the rate; each probe bounded by `--probe-seconds` o
 `--max-requests`), and stops after the first rate where fewer than half the requests met the SLO (past
 saturation), or once the run has spent its mode's share of `--budget-s` (default 400 s: 40% for the
 colocated stack, 80% with the disaggregated one). Each probe prints TTFT and TPOT p50/p90 and SLO attainment
-at the README's SLO (tandem.slo), the decode (or colocated) worker's mean batch over the probe, and the
+at the spec's default SLO (tandem.slo), the decode (or colocated) worker's mean batch over the probe, and the
 engine alone's decode step time at that batch (timed in this process afterwards, at the trace's median
 prompt length), so the stack's overhead is a column. Goodput per mode is read from the probed rates as
 bench.goodput reads it.
