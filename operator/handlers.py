@@ -15,11 +15,11 @@ from typing import Any
 import kopf
 from kubernetes import client
 
-from tandem.operator.cache import ObjectCache
-from tandem.operator.health import HEARTBEAT
-from tandem.operator.kube import Kube
-from tandem.operator.queue import ReconcileQueue
 from tandem.operator.reconcile import Reconciler
+from tandem.operator.runtime.cache import ObjectCache
+from tandem.operator.runtime.health import HEARTBEAT
+from tandem.operator.runtime.kube import Kube
+from tandem.operator.runtime.queue import ReconcileQueue
 from tandem.spec import API_GROUP, API_VERSION, KIND
 
 log = logging.getLogger("tandem.operator")

@@ -1,7 +1,7 @@
 """Learned cold starts: a new pod is Ready sooner when its node already has the model (a cache hit) than
 when it must download it (a miss). The policy sizes for capacity one cold start ahead and reads one figure,
 `PolicyConfig.cold_start_s`; this module learns the hit's and the miss's figures apart from the starts the
-operator observed (status.coldStart, operator/cold_start.py) and gives the expected one."""
+operator observed (status.coldStart, operator/status/cold_start.py) and gives the expected one."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tandem.operator.cold_start import pod_cold_start
+from tandem.operator.status.cold_start import pod_cold_start
 
 Body = dict[str, Any]
 HIT_KINDS = ("hit", "none")  # "none": nothing to download (model in the image or on a volume)

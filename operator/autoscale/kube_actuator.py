@@ -21,7 +21,7 @@ from tandem.operator.autoscale.kube_flip import (
     patch_flip,
 )
 from tandem.operator.autoscale.types import Decision, Pool, Replicas
-from tandem.operator.kube import Kube
+from tandem.operator.runtime.kube import Kube
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 Body = dict[str, Any]

@@ -1,4 +1,4 @@
-"""Role flips on Kubernetes, as the autoscaler's actuator does them (operator/flip.py has the operator's
+"""Role flips on Kubernetes, as the autoscaler's actuator does them (operator/status/flip.py has the operator's
 own, for `tandem flip`): a pod's current role is its `serving.tandem.dev/role` label, which the operator
 sets and the worker follows (SetRole, through the downward-API labels file). Deployments select on the pool
 label only, so their ReplicaSets never see a flip. Pools count pods by current role; a decision resizes the
@@ -13,7 +13,7 @@ from typing import Any
 from tandem import names
 from tandem.operator.autoscale.flip import Flip
 from tandem.operator.autoscale.types import Pool
-from tandem.operator.flip import current_role
+from tandem.operator.status.flip import current_role
 
 FLIPPED_AT = "serving.tandem.dev/flipped-at"
 Body = dict[str, Any]
@@ -24,7 +24,7 @@ def home_of(pod: Body) -> str:
 
 
 def role_of(pod: Body) -> str:
-    """The role a pod serves now: its role label, else its pool's (operator/flip.py)."""
+    """The role a pod serves now: its role label, else its pool's (operator/status/flip.py)."""
     return current_role(pod) or ""
 
 

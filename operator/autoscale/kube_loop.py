@@ -30,8 +30,8 @@ from tandem.operator.autoscale.sources.pods import metrics_targets
 from tandem.operator.autoscale.sources.prometheus import PrometheusSource
 from tandem.operator.autoscale.sources.scrape import ScrapeSource, parse
 from tandem.operator.autoscale.types import Pool
-from tandem.operator.cache import ObjectCache
-from tandem.operator.kube import ApiError, Kube
+from tandem.operator.runtime.cache import ObjectCache
+from tandem.operator.runtime.kube import ApiError, Kube
 from tandem.profile import Profile, shipped_profile
 from tandem.spec import KIND, InferenceService, InferenceServiceSpec, Mode, parse_object
 

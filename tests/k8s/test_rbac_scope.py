@@ -179,13 +179,13 @@ def as_operator(control_plane, scoped):
     chart's ServiceAccount's token."""
     from kubernetes import config
 
-    from tandem.operator.kube import Kube
+    from tandem.operator.runtime.kube import Kube
 
     return Kube(config.new_client_from_config(config_file=str(_service_account_kubeconfig(control_plane, scoped))))
 
 
 def _refusal(call) -> str:
-    from tandem.operator.kube import ApiError
+    from tandem.operator.runtime.kube import ApiError
 
     try:
         call()

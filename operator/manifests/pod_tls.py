@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tandem import names
-from tandem.operator.manifest import Manifest, object_metadata
+from tandem.operator.manifests.manifest import Manifest, object_metadata
 from tandem.spec import InferenceServiceSpec
 
 TLS_MOUNT = "/etc/tandem/tls"  # tls.crt, tls.key, ca.crt of the pod's role

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tandem import names
-from tandem.operator.manifest import Manifest, child_name, object_metadata, selector
+from tandem.operator.manifests.manifest import Manifest, child_name, object_metadata, selector
 from tandem.spec import InferenceServiceSpec
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.operator.manifest import HASH_ANNOTATION
+from tandem.operator.manifests.manifest import HASH_ANNOTATION
 
 
 def is_subset(desired: Any, live: Any) -> bool:

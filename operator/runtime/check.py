@@ -9,7 +9,7 @@ import datetime as dt
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tandem.operator.leader import lease_free
+from tandem.operator.runtime.leader import lease_free
 
 GROUP, VERSION, PLURAL = "serving.tandem.dev", "v1alpha1", "inferenceservices"
 

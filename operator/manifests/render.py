@@ -17,8 +17,8 @@ from typing import Any
 
 from tandem import names
 from tandem.launch import router_argv, termination_grace_seconds, worker_argv, worker_pools
-from tandem.operator import gateway
-from tandem.operator.manifest import (
+from tandem.operator.manifests import gateway
+from tandem.operator.manifests.manifest import (
     POOL_API_VERSION,
     POOL_KIND,
     Manifest,
@@ -27,20 +27,26 @@ from tandem.operator.manifest import (
     object_metadata,
     selector,
 )
-from tandem.operator.model_cache import ModelCache
-from tandem.operator.model_source import model_init_containers, model_path, model_volumes
-from tandem.operator.network_policy import network_policy
-from tandem.operator.pod_overlay import apply_overlay
-from tandem.operator.pod_role import (
+from tandem.operator.manifests.network_policy import network_policy
+from tandem.operator.manifests.pod_overlay import apply_overlay
+from tandem.operator.manifests.pod_role import (
     follows_label,
     role_file_args,
     role_label_volumes,
     role_labels,
     role_selector,
 )
-from tandem.operator.pod_security import POD_SECURITY, SCRATCH, restricted, scratch_volumes, shm_size
-from tandem.operator.pod_tls import tls_dir, tls_volumes
-from tandem.operator.probes import router_probes, worker_lifecycle, worker_probes
+from tandem.operator.manifests.pod_security import (
+    POD_SECURITY,
+    SCRATCH,
+    restricted,
+    scratch_volumes,
+    shm_size,
+)
+from tandem.operator.manifests.pod_tls import tls_dir, tls_volumes
+from tandem.operator.manifests.probes import router_probes, worker_lifecycle, worker_probes
+from tandem.operator.model.cache import ModelCache
+from tandem.operator.model.source import model_init_containers, model_path, model_volumes
 from tandem.spec import InferenceServiceSpec
 
 API_KEYS_MOUNT = "/etc/tandem/api-keys"

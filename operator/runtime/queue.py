@@ -7,7 +7,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from tandem.operator.backoff import retry_delay
+from tandem.operator.runtime.backoff import retry_delay
 
 log = logging.getLogger("tandem.operator")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from tandem.operator.cold_start import fetch_report
+from tandem.operator.status.cold_start import fetch_report
 
 Body = dict[str, Any]
 STATES = ("cached", "fetching", "waiting", "failed")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.operator.model_cache import ModelCache
+from tandem.operator.model.cache import ModelCache
 from tandem.spec import InferenceServiceSpec
 
 MODEL_MOUNT = "/models"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from tandem import names
-from tandem.operator.pod_role import FLIPPABLE
+from tandem.operator.manifests.pod_role import FLIPPABLE
 
 Body = dict[str, Any]
 

@@ -8,7 +8,7 @@ from typing import Any
 from tandem import names
 from tandem.identity import peer_name
 from tandem.launch import drain_timeout_seconds, tls_argv
-from tandem.operator.pod_tls import tls_dir
+from tandem.operator.manifests.pod_tls import tls_dir
 from tandem.spec import InferenceServiceSpec
 
 PROBE_TIMEOUT_S = {"startup": 5, "readiness": 3, "liveness": 5}  # the health server answers in milliseconds
