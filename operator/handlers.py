@@ -102,7 +102,7 @@ def _start_autoscaler(kube: Kube, cache: ObjectCache) -> asyncio.Task[None]:
     """The SLO autoscaler for InferenceServices with autoscaling on (it writes nothing for the others)."""
     from prometheus_client import start_http_server
 
-    from tandem.operator.autoscale.kube_loop import KubeAutoscalers, prometheus_url_from_env
+    from tandem.operator.autoscale.backends.kube.loop import KubeAutoscalers, prometheus_url_from_env
 
     autoscalers = KubeAutoscalers(kube, cache, prometheus_url_from_env())
     port = int(os.environ.get("TANDEM_OPERATOR_METRICS_PORT", "0"))

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem import names
-from tandem.operator.autoscale.wake import wakes_from_zero
+from tandem.operator.autoscale.core.wake import wakes_from_zero
 from tandem.operator.manifests import exposure, render
 from tandem.operator.manifests.drift import is_subset, needs_apply
 from tandem.operator.manifests.manifest import selector_string, with_hash

@@ -316,10 +316,10 @@ def _serve_until_stopped(args: argparse.Namespace, svc: InferenceService, stack:
 
 
 def _start_autoscaler(svc: InferenceService, stack: LocalStack, state: Path):
-    """With spec.autoscaling.enabled, the SLO autoscaler resizes the local pools (tandem.operator.local.autoscale)."""
+    """With spec.autoscaling.enabled, the SLO autoscaler resizes the local pools (tandem.operator.autoscale.backends.local.loop)."""
     if not svc.spec.autoscaling.enabled:
         return None
-    from tandem.operator.local.autoscale import LocalAutoscaleThread, local_autoscaler
+    from tandem.operator.autoscale.backends.local.loop import LocalAutoscaleThread, local_autoscaler
     from tandem.operator.local.scale import LocalPools
 
     pools = LocalPools(stack, svc, Path.cwd(), state / "workers.json", threads=svc.spec.engine.threads or 1)

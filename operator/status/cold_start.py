@@ -2,7 +2,7 @@
 scheduled -> image pulled (its first container started) -> model fetched (the `fetch-model` init container,
 a cache hit or a miss by its termination message) -> weights loaded, warmed up and Ready. Kept per pool in
 the InferenceService's status (the last few starts, by pod) for the user and for the autoscaler, which
-learns a hit's and a miss's cold start apart (operator/autoscale/cold_start.py)."""
+learns a hit's and a miss's cold start apart (operator/autoscale/core/cold_start.py)."""
 
 from __future__ import annotations
 

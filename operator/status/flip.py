@@ -1,5 +1,5 @@
 """A worker pod's current role on Kubernetes: its `serving.tandem.dev/role` label, which a flip moves
-(operator/autoscale/kube_flip.py).
+(operator/autoscale/backends/kube/flip.py).
 
 The two Deployments stay the pools' homes: they select on `serving.tandem.dev/pool`, which never changes,
 so a flip leaves their ReplicaSets and pod ownership alone. The worker follows its label (a downward-API

@@ -132,7 +132,7 @@ def test_the_operator_image_installs_what_the_operator_imports_and_no_torch():
              "import tandem.operator.top.cli, tandem.operator.top.kube, tandem.operator.top.prom, tandem.operator.top.scrape\n"
              # what they import inside functions, once running: the leader, the defaults, the autoscaler
              "import tandem.operator.runtime.leader, tandem.operator.model.cache, tandem.operator.manifests.security_defaults\n"
-             "import tandem.operator.autoscale.kube_loop, tandem.operator.top.local\n"
+             "import tandem.operator.autoscale.backends.kube.loop, tandem.operator.top.local\n"
              "print(' '.join(sorted({m.split('.')[0] for m, mod in sys.modules.items() if getattr(mod, '__file__', None)})))")  # fmt: skip (namespace packages: their parts count)
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr

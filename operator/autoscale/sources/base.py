@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from tandem.operator.autoscale.types import Pool, PoolObservation, Replicas
+from tandem.operator.autoscale.core.types import Pool, PoolObservation, Replicas
 
 
 class MetricsUnavailable(Exception):

@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from tandem.operator.autoscale.capacity import (
+from tandem.operator.autoscale.core.capacity import (
     DecodeLoad,
     Need,
     PrefillLoad,
@@ -17,8 +17,8 @@ from tandem.operator.autoscale.capacity import (
     prefill_need,
     prefill_ttft_ms,
 )
-from tandem.operator.autoscale.config import PolicyConfig
-from tandem.operator.autoscale.types import Pool, PoolObservation
+from tandem.operator.autoscale.core.config import PolicyConfig
+from tandem.operator.autoscale.core.types import Pool, PoolObservation
 
 
 def missing(value: float | None) -> bool:

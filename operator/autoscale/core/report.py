@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tandem.operator.autoscale.loop import Tick
-from tandem.operator.autoscale.types import Decision, Pool
+from tandem.operator.autoscale.core.loop import Tick
+from tandem.operator.autoscale.core.types import Decision, Pool
 from tandem.spec import SloSpec
 
 Body = dict[str, Any]

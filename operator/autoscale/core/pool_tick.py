@@ -7,10 +7,10 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from tandem.operator.autoscale import forecast as fc
-from tandem.operator.autoscale.config import PolicyConfig, PoolLimits
-from tandem.operator.autoscale.sizing import Sizing
-from tandem.operator.autoscale.types import Decision, Pool, PoolObservation
+from tandem.operator.autoscale.core import forecast as fc
+from tandem.operator.autoscale.core.config import PolicyConfig, PoolLimits
+from tandem.operator.autoscale.core.sizing import Sizing
+from tandem.operator.autoscale.core.types import Decision, Pool, PoolObservation
 
 QUIET_SPELLS = 5  # how many past quiet spells the break-even rule weighs (their median)
 

@@ -27,14 +27,22 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from tandem.operator.autoscale import forecast as fc
-from tandem.operator.autoscale.budget import apply_budget
-from tandem.operator.autoscale.config import PolicyConfig
-from tandem.operator.autoscale.pool_tick import QUIET_SPELLS, Plan, PolicyState, PoolState, Push, Tick, hold
-from tandem.operator.autoscale.scale_down import DOWN_RULES, steady, step_down
-from tandem.operator.autoscale.sizing import Sizing, missing, size_pool
-from tandem.operator.autoscale.types import Decision, Pool, PoolObservation
-from tandem.operator.autoscale.wake import holds_demand, wake_from_zero
+from tandem.operator.autoscale.core import forecast as fc
+from tandem.operator.autoscale.core.budget import apply_budget
+from tandem.operator.autoscale.core.config import PolicyConfig
+from tandem.operator.autoscale.core.pool_tick import (
+    QUIET_SPELLS,
+    Plan,
+    PolicyState,
+    PoolState,
+    Push,
+    Tick,
+    hold,
+)
+from tandem.operator.autoscale.core.scale_down import DOWN_RULES, steady, step_down
+from tandem.operator.autoscale.core.sizing import Sizing, missing, size_pool
+from tandem.operator.autoscale.core.types import Decision, Pool, PoolObservation
+from tandem.operator.autoscale.core.wake import holds_demand, wake_from_zero
 
 
 @dataclass(frozen=True)

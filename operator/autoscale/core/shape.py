@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from tandem.operator.autoscale.capacity import (
+from tandem.operator.autoscale.core.capacity import (
     MAX_REPLICAS_SEARCHED,
     DecodeLoad,
     Need,
@@ -29,10 +29,10 @@ from tandem.operator.autoscale.capacity import (
     decode_need,
     prefill_need,
 )
-from tandem.operator.autoscale.colocated import colocated_need, colocated_tpot_ms
-from tandem.operator.autoscale.config import PolicyConfig
-from tandem.operator.autoscale.sizing import missing
-from tandem.operator.autoscale.types import Pool, PoolObservation
+from tandem.operator.autoscale.core.colocated import colocated_need, colocated_tpot_ms
+from tandem.operator.autoscale.core.config import PolicyConfig
+from tandem.operator.autoscale.core.sizing import missing
+from tandem.operator.autoscale.core.types import Pool, PoolObservation
 from tandem.profile import Profile
 from tandem.slo import Slo
 

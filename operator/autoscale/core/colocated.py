@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from tandem.operator.autoscale.capacity import (
+from tandem.operator.autoscale.core.capacity import (
     MAX_REPLICAS_SEARCHED,
     DecodeLoad,
     Need,

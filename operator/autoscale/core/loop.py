@@ -9,10 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
-from tandem.operator.autoscale.config import PolicyConfig
-from tandem.operator.autoscale.flip import Flip, FlipState, decide_with_flips
+from tandem.operator.autoscale.core.config import PolicyConfig
+from tandem.operator.autoscale.core.flip import Flip, FlipState, decide_with_flips
+from tandem.operator.autoscale.core.types import Decision, Pool, PoolObservation, Replicas
 from tandem.operator.autoscale.sources.base import MetricSource, MetricsUnavailable, Target
-from tandem.operator.autoscale.types import Decision, Pool, PoolObservation, Replicas
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
-from tandem.operator.autoscale.pool_tick import Plan, Tick
-from tandem.operator.autoscale.types import Decision
+from tandem.operator.autoscale.core.pool_tick import Plan, Tick
+from tandem.operator.autoscale.core.types import Decision
 
 
 def steady(t: Tick, p: Plan) -> Decision | None:

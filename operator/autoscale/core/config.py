@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tandem.operator.autoscale.types import Pool
+from tandem.operator.autoscale.core.types import Pool
 from tandem.profile import Profile
 from tandem.slo import Slo
 from tandem.spec import InferenceServiceSpec, Mode

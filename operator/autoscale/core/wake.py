@@ -8,8 +8,8 @@ the router holds requests for is never idle (its first replica may still be star
 from __future__ import annotations
 
 from tandem.launch import worker_pools
-from tandem.operator.autoscale.config import PoolLimits
-from tandem.operator.autoscale.types import Decision, PoolObservation
+from tandem.operator.autoscale.core.config import PoolLimits
+from tandem.operator.autoscale.core.types import Decision, PoolObservation
 from tandem.spec import InferenceServiceSpec
 
 WAKE_FROM_ZERO = "WakeFromZero"  # the reason code of a decision that starts a pool's first replica

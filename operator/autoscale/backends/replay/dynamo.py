@@ -1,6 +1,6 @@
 """tandem's autoscaling policy as an external policy of Dynamo's replay loop: judged by a simulator it does not own.
 
-    python replay.py --trace T.jsonl --policy module:tandem.anchors.dynamo_policy --startup-s 60
+    python replay.py --trace T.jsonl --policy module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy --startup-s 60
 
 Each tick of Dynamo's loop goes through the same `Autoscaler.tick` the operator runs: a metric source
 (`ReplayTickSource`, which maps the loop's per-tick metrics onto what Prometheus would give; its docstring
@@ -19,11 +19,11 @@ import os
 from dataclasses import asdict, replace
 from typing import Any
 
-from tandem.operator.autoscale.config import PolicyConfig, PoolLimits
-from tandem.operator.autoscale.loop import Autoscaler
+from tandem.operator.autoscale.backends.replay.tick import ReplayTickSource
+from tandem.operator.autoscale.core.config import PolicyConfig, PoolLimits
+from tandem.operator.autoscale.core.loop import Autoscaler
+from tandem.operator.autoscale.core.types import Decision, Pool, Replicas
 from tandem.operator.autoscale.sources.base import Target
-from tandem.operator.autoscale.sources.replay_tick import ReplayTickSource
-from tandem.operator.autoscale.types import Decision, Pool, Replicas
 from tandem.profile import load_profile, shipped_profile
 from tandem.slo import Slo
 
@@ -101,6 +101,6 @@ class DynamoPolicy:
 
 
 def dynamo_policy(ctx: dict[str, Any]) -> DynamoPolicy:
-    """The factory `replay.py --policy module:tandem.anchors.dynamo_policy` calls."""
+    """The factory `replay.py --policy module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy` calls."""
     options = json.loads(os.environ.get("TANDEM_ANCHOR_OPTIONS") or "{}")
     return DynamoPolicy(ctx, options, os.environ.get("TANDEM_ANCHOR_LOG"))

@@ -8,13 +8,13 @@ import logging
 import time
 from pathlib import Path
 
-from tandem.operator.autoscale.config import policy_config
-from tandem.operator.autoscale.flip import Flip
-from tandem.operator.autoscale.loop import Autoscaler, Tick
+from tandem.operator.autoscale.core.config import policy_config
+from tandem.operator.autoscale.core.flip import Flip
+from tandem.operator.autoscale.core.loop import Autoscaler, Tick
+from tandem.operator.autoscale.core.types import Decision, Pool, Replicas
 from tandem.operator.autoscale.sources.base import MetricSource, Target
 from tandem.operator.autoscale.sources.prometheus import PrometheusSource
 from tandem.operator.autoscale.sources.scrape import ScrapeSource
-from tandem.operator.autoscale.types import Decision, Pool, Replicas
 from tandem.operator.local.scale import LocalPools
 from tandem.periodic import Every
 from tandem.profile import load_profile, shipped_profile

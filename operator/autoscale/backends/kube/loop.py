@@ -20,16 +20,16 @@ import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tandem import names
-from tandem.operator.autoscale.cold_start import learn, observed
-from tandem.operator.autoscale.config import policy_config
-from tandem.operator.autoscale.kube_actuator import KubeActuator
-from tandem.operator.autoscale.loop import Autoscaler
-from tandem.operator.autoscale.report import slo_status
+from tandem.operator.autoscale.backends.kube.actuator import KubeActuator
+from tandem.operator.autoscale.backends.kube.pods import metrics_targets
+from tandem.operator.autoscale.core.cold_start import learn, observed
+from tandem.operator.autoscale.core.config import policy_config
+from tandem.operator.autoscale.core.loop import Autoscaler
+from tandem.operator.autoscale.core.report import slo_status
+from tandem.operator.autoscale.core.types import Pool
 from tandem.operator.autoscale.sources.base import MetricSource, MetricsUnavailable, Target
-from tandem.operator.autoscale.sources.pods import metrics_targets
 from tandem.operator.autoscale.sources.prometheus import PrometheusSource
 from tandem.operator.autoscale.sources.scrape import ScrapeSource, parse
-from tandem.operator.autoscale.types import Pool
 from tandem.operator.runtime.cache import ObjectCache
 from tandem.operator.runtime.kube import ApiError, Kube
 from tandem.profile import Profile, shipped_profile

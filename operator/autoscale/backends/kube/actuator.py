@@ -11,8 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tandem import names
-from tandem.operator.autoscale.flip import Flip
-from tandem.operator.autoscale.kube_flip import (
+from tandem.operator.autoscale.backends.kube.flip import (
     by_role,
     flip_aware_costs,
     flip_candidates,
@@ -20,7 +19,8 @@ from tandem.operator.autoscale.kube_flip import (
     home_replicas,
     patch_flip,
 )
-from tandem.operator.autoscale.types import Decision, Pool, Replicas
+from tandem.operator.autoscale.core.flip import Flip
+from tandem.operator.autoscale.core.types import Decision, Pool, Replicas
 from tandem.operator.runtime.kube import Kube
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 
-from tandem.operator.autoscale.config import PolicyConfig
-from tandem.operator.autoscale.types import Decision, Pool
+from tandem.operator.autoscale.core.config import PolicyConfig
+from tandem.operator.autoscale.core.types import Decision, Pool
 
 _SATURATED = 1000.0  # a pool that cannot keep up at all ranks above any latency share
 

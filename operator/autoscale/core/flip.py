@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from tandem.operator.autoscale.config import PolicyConfig
-from tandem.operator.autoscale.policy import PolicyState, decide
-from tandem.operator.autoscale.sizing import Sizing, missing, size_pool
-from tandem.operator.autoscale.types import Decision, Pool, PoolObservation
+from tandem.operator.autoscale.core.config import PolicyConfig
+from tandem.operator.autoscale.core.policy import PolicyState, decide
+from tandem.operator.autoscale.core.sizing import Sizing, missing, size_pool
+from tandem.operator.autoscale.core.types import Decision, Pool, PoolObservation
 
 BREACH_CODES = frozenset({"SLOBreach", "Stalled", "QueueGrowing", "RunningBatch"})
 OTHER = {Pool.prefill: Pool.decode, Pool.decode: Pool.prefill}

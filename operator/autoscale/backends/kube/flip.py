@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tandem import names
-from tandem.operator.autoscale.flip import Flip
-from tandem.operator.autoscale.types import Pool
+from tandem.operator.autoscale.core.flip import Flip
+from tandem.operator.autoscale.core.types import Pool
 from tandem.operator.status.flip import current_role
 
 FLIPPED_AT = "serving.tandem.dev/flipped-at"

@@ -1,7 +1,7 @@
 """Kubernetes' HorizontalPodAutoscaler as an external policy of Dynamo's replay loop: the baseline a user has
 without an LLM-aware autoscaler, judged on the same engine model and trace as tandem and Dynamo's planner.
 
-    python replay.py --trace T.jsonl --policy module:tandem.anchors_hpa.hpa_policy --startup-s 60
+    python replay.py --trace T.jsonl --policy module:tandem.operator.autoscale.backends.replay.hpa.hpa_policy --startup-s 60
 
 Each pool is one HPA on a per-pod custom metric (AverageValue, as a Prometheus adapter serves the engines'
 gauges), synced every 15 s: prefill on its queued prompt tokens per ready pod (target: `target` x the
@@ -18,9 +18,9 @@ import os
 from collections import deque
 from typing import Any
 
-from tandem.operator.autoscale.hpa_rule import hpa_recommendation
-from tandem.operator.autoscale.sources.replay_tick import pool_counts
-from tandem.operator.autoscale.types import Pool
+from tandem.operator.autoscale.backends.replay.tick import pool_counts
+from tandem.operator.autoscale.core.hpa_rule import hpa_recommendation
+from tandem.operator.autoscale.core.types import Pool
 
 SYNC_S = 15.0
 MAX_RUNNING_SEQUENCES = 256  # the engine's sequence limit in Dynamo's H200 profile (vLLM's max_num_seqs)
@@ -76,5 +76,5 @@ class HpaPolicy:
 
 
 def hpa_policy(ctx: dict[str, Any]) -> HpaPolicy:
-    """The factory `replay.py --policy module:tandem.anchors_hpa.hpa_policy` calls."""
+    """The factory `replay.py --policy module:tandem.operator.autoscale.backends.replay.hpa.hpa_policy` calls."""
     return HpaPolicy(ctx, **json.loads(os.environ.get("TANDEM_HPA_OPTIONS") or "{}"))
