@@ -1,1 +1,1 @@
-"""Where a pod's model comes from: the source, the shared download cache, and whether the pods have it."""
+"""Where a pod's model comes from: the source, and the download cache the pods of a Hugging Face source share."""

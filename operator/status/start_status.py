@@ -1,13 +1,12 @@
 """Pure: what the reconciler adds to an InferenceService's status from the pods it read: each pool's cold
 starts, phase by phase (cold_start.py), and for a Hugging Face source the `ModelCached` condition with each
-pool's fetch progress (model/cached.py). Pools whose pods were not read keep what the status said."""
+pool's fetch progress (model_cached.py). Pools whose pods were not read keep what the status said."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from tandem.operator.model import cached
-from tandem.operator.status import cold_start
+from tandem.operator.status import cold_start, model_cached
 
 Body = dict[str, Any]
 CONDITION = "ModelCached"
@@ -27,11 +26,11 @@ def with_pod_starts(status: Body, previous: Body, pods: dict[str, list[Body]], f
     conditions = [c for c in status.get("conditions") or [] if c.get("type") != CONDITION]
     if not fetches:
         return {**out, "conditions": conditions}
-    cache = {**(previous.get("modelCache") or {}), **{p: cached.pool_fetches(f) for p, f in pods.items()}}
+    cache = {**(previous.get("modelCache") or {}), **{p: model_cached.pool_fetches(f) for p, f in pods.items()}}
     cache = {p: v for p, v in cache.items() if p in (status.get("pools") or {})}
     if not cache:
         return out
-    ok, reason, message = cached.condition(cache, now)
+    ok, reason, message = model_cached.condition(cache, now)
     old: Body = next((c for c in previous.get("conditions") or [] if c.get("type") == CONDITION), {})
     flag = "True" if ok else "False"
     cond = {"type": CONDITION, "status": flag, "reason": reason, "message": message, "observedGeneration": generation,

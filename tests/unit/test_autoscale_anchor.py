@@ -11,8 +11,8 @@ import pytest
 from bench.autoscale_dynamo import Point, cost_at, pareto, staircase
 from tandem.operator.autoscale.backends.replay.dynamo import DynamoPolicy, anchor_config
 from tandem.operator.autoscale.backends.replay.tick import ReplayTickSource, weighted_percentile
+from tandem.operator.autoscale.core.source import Target
 from tandem.operator.autoscale.core.types import Pool
-from tandem.operator.autoscale.sources.base import Target
 from tandem.profile import shipped_profile
 from tandem.profile_dynamo import from_dynamo
 from tandem.trace import TraceRequest, parse_jsonl, scale_rate, to_mooncake_jsonl

@@ -10,8 +10,8 @@ from tandem.operator.autoscale.backends.kube.actuator import cold_start_seconds,
 from tandem.operator.autoscale.core.config import policy_config
 from tandem.operator.autoscale.core.loop import Autoscaler, Tick
 from tandem.operator.autoscale.core.report import slo_met, slo_status
+from tandem.operator.autoscale.core.source import MetricsUnavailable, Target
 from tandem.operator.autoscale.core.types import Decision, Pool, PoolObservation, Replicas
-from tandem.operator.autoscale.sources.base import MetricsUnavailable, Target
 from tandem.profile import shipped_profile
 from tandem.spec import InferenceServiceSpec, SloSpec
 

@@ -8,10 +8,10 @@ from prometheus_client import start_http_server
 
 from tandem.operator.autoscale.core.config import PoolLimits
 from tandem.operator.autoscale.core.policy import PolicyState
+from tandem.operator.autoscale.core.source import Target
 from tandem.operator.autoscale.core.types import Pool, PoolObservation, Replicas
 from tandem.operator.autoscale.core.wake import WAKE_FROM_ZERO, wake_from_zero
 from tandem.operator.autoscale.sources import promql
-from tandem.operator.autoscale.sources.base import Target
 from tandem.operator.autoscale.sources.scrape import ScrapeSource
 from tandem.worker.router.metrics import RouterMetrics
 from tandem.worker.router.wake_queue import WakeQueue

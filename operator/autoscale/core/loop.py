@@ -11,8 +11,8 @@ from typing import Protocol, runtime_checkable
 
 from tandem.operator.autoscale.core.config import PolicyConfig
 from tandem.operator.autoscale.core.flip import Flip, FlipState, decide_with_flips
+from tandem.operator.autoscale.core.source import MetricSource, MetricsUnavailable, Target
 from tandem.operator.autoscale.core.types import Decision, Pool, PoolObservation, Replicas
-from tandem.operator.autoscale.sources.base import MetricSource, MetricsUnavailable, Target
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from tandem.operator.autoscale.core.cold_start import learn, observed
 from tandem.operator.autoscale.core.config import policy_config
 from tandem.operator.autoscale.core.loop import Autoscaler
 from tandem.operator.autoscale.core.report import slo_status
+from tandem.operator.autoscale.core.source import MetricSource, MetricsUnavailable, Target
 from tandem.operator.autoscale.core.types import Pool
-from tandem.operator.autoscale.sources.base import MetricSource, MetricsUnavailable, Target
 from tandem.operator.autoscale.sources.prometheus import PrometheusSource
 from tandem.operator.autoscale.sources.scrape import ScrapeSource, parse
 from tandem.operator.runtime.cache import ObjectCache

@@ -11,8 +11,8 @@ from pathlib import Path
 from tandem.operator.autoscale.core.config import policy_config
 from tandem.operator.autoscale.core.flip import Flip
 from tandem.operator.autoscale.core.loop import Autoscaler, Tick
+from tandem.operator.autoscale.core.source import MetricSource, Target
 from tandem.operator.autoscale.core.types import Decision, Pool, Replicas
-from tandem.operator.autoscale.sources.base import MetricSource, Target
 from tandem.operator.autoscale.sources.prometheus import PrometheusSource
 from tandem.operator.autoscale.sources.scrape import ScrapeSource
 from tandem.operator.local.scale import LocalPools

@@ -22,8 +22,8 @@ from typing import Any
 from tandem.operator.autoscale.backends.replay.tick import ReplayTickSource
 from tandem.operator.autoscale.core.config import PolicyConfig, PoolLimits
 from tandem.operator.autoscale.core.loop import Autoscaler
+from tandem.operator.autoscale.core.source import Target
 from tandem.operator.autoscale.core.types import Decision, Pool, Replicas
-from tandem.operator.autoscale.sources.base import Target
 from tandem.profile import load_profile, shipped_profile
 from tandem.slo import Slo
 

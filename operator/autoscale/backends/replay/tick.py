@@ -30,8 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tandem.operator.autoscale.core.source import MetricsUnavailable, Target
 from tandem.operator.autoscale.core.types import Pool, PoolObservation, Replicas
-from tandem.operator.autoscale.sources.base import MetricsUnavailable, Target
 
 
 @dataclass(frozen=True)
