@@ -17,10 +17,10 @@ CROSSCHECK_SHAPES = ((1, 1), (1, 2), (2, 1), (2, 2))
 
 def crosscheck(replay_dir: str, case: Case, shapes: Iterable[tuple[int, int]]) -> list[dict[str, Any]]:
     """Fixed pools through tandem's simulator and Dynamo's replay: latency percentiles of each."""
+    from tandem.operator.autoscale.core.types import Pool
     from tandem.operator.autoscale.sim.baselines import static_controller
     from tandem.operator.autoscale.sim.replay import summarise as sim_summary
     from tandem.operator.autoscale.sim.simulator import SimConfig, simulate
-    from tandem.operator.autoscale.types import Pool
     from tandem.profile import profile_named
     from tandem.slo import Slo
     from tandem.trace import load_trace as read

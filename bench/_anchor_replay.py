@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-HPA_POLICY = "module:tandem.anchors_hpa.hpa_policy"
+HPA_POLICY = "module:tandem.operator.autoscale.backends.replay.hpa.hpa_policy"
 
 
 @dataclass(frozen=True)

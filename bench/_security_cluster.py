@@ -89,7 +89,7 @@ def _reach_rows(cp: ControlPlane) -> list[Row]:
 def _pod_patch_row(cp: ControlPlane) -> Row:
     from kubernetes import config
 
-    from tandem.operator.kube import ApiError, Kube
+    from tandem.operator.runtime.kube import ApiError, Kube
 
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "victim", "namespace": TENANT, "labels": {"app": "x"}},
            "spec": {"containers": [{"name": "c", "image": "busybox"}]}}

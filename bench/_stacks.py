@@ -15,7 +15,7 @@ import httpx
 
 from tandem.operator.local.plan import ProcessPlan
 from tandem.operator.local.scale import dial
-from tandem.operator.local.up import LocalStack, free_port_block, serving
+from tandem.operator.local.stack import LocalStack, free_port_block, serving
 from tandem.spec import parse_object
 from tandem.v1 import colocated_pb2_grpc, common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 

@@ -30,11 +30,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tandem.operator.autoscale.config import PoolLimits
+from tandem.operator.autoscale.core.config import PoolLimits
+from tandem.operator.autoscale.core.types import Pool
 from tandem.operator.autoscale.sim.metrics import percentile
 from tandem.operator.autoscale.sim.replay import POLICIES, Scenario, run
 from tandem.operator.autoscale.sim.simulator import SimConfig, scale_trace, simulate
-from tandem.operator.autoscale.types import Pool
 from tandem.profile import Profile, profile_named, shipped_profile
 from tandem.slo import Slo
 from tandem.trace import AZURE_ATTRIBUTION, TraceRequest, load_trace

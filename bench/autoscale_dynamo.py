@@ -5,7 +5,7 @@
 The referee is NVIDIA Dynamo 1.6.1's offline replay (its mocker engine model in its Rust loop) with NVIDIA's
 measured H200 profile of Llama-3.1-8B-Instruct-FP8, driven through the harness in `--replay-dir` (set-up in
 its README: `pip install --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1` and the planner's imports,
-then `pip install --no-deps -e .` of tandem). tandem runs as `module:tandem.anchors.dynamo_policy`, the
+then `pip install --no-deps -e .` of tandem). tandem runs as `module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy`, the
 same `decide` the operator runs, fed only what the loop's per-tick metrics hold.
 
 For each trace, rate scale, TTFT SLO and cold start, every policy is swept over its knob:
@@ -14,7 +14,7 @@ For each trace, rate scale, TTFT SLO and cold start, every policy is swept over 
   reach it, so only cheaper pools are walked);
 - Dynamo's planner: its load-based modes (throughput, latency) and the load mode at two threshold pairs
   (its SLA mode needs a package that is not installable here);
-- HPA: Kubernetes' HorizontalPodAutoscaler rules on per-pod queue and batch metrics (`tandem.anchors_hpa`),
+- HPA: Kubernetes' HorizontalPodAutoscaler rules on per-pod queue and batch metrics (`tandem.operator.autoscale.backends.replay.hpa`),
   at three targets;
 - tandem: SLO margin x scale-down stabilisation.
 A family's cost at the target is its cheapest setting that reaches it, or the GPU-hours interpolated on
@@ -316,7 +316,7 @@ def _jobs(
             for c in cases
             for fam, pol, opt in (
                 [("dynamo", pol, opt) for pol, opt in dynamo] * ("dynamo" in families)
-                + [("tandem", "module:tandem.anchors.dynamo_policy", opt) for opt in tandem] * ("tandem" in families)
+                + [("tandem", "module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy", opt) for opt in tandem] * ("tandem" in families)
                 + [("hpa", HPA_POLICY, opt) for opt in hpa] * ("hpa" in families)
             )
     ]  # fmt: skip

@@ -34,7 +34,7 @@ import httpx
 from bench._host import load_average
 from bench._stacks import median, service_object
 from tandem.operator.local.scale import LocalPools
-from tandem.operator.local.up import free_port_block, serving
+from tandem.operator.local.stack import free_port_block, serving
 from tandem.spec import parse_object
 
 POLL_S = 0.02

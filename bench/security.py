@@ -137,7 +137,7 @@ def router_rows(url: str, workers: dict[str, str], vocab: int) -> list[Row]:
 
 def kubernetes_router_row() -> Row:
     """What the operator renders for a router in Kubernetes: /metrics on the metrics port, not the API's."""
-    from tandem.operator import render
+    from tandem.operator.manifests import render
     from tandem.spec import InferenceServiceSpec
 
     spec = InferenceServiceSpec.model_validate({"model": {"source": {"path": "/m"}, "servedName": "m"}})

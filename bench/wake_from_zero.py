@@ -27,7 +27,7 @@ import httpx
 import yaml
 
 from tandem import names
-from tandem.operator.local.up import free_port_block
+from tandem.operator.local.stack import free_port_block
 
 START_TIMEOUT_S = 300.0
 

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     load_config(args.kubeconfig)
     if args.check:
-        from tandem.operator.check import check
+        from tandem.operator.runtime.check import check
 
         ok, lines = check(args.namespace, args.lease_name, args.lease_namespace)
         print("\n".join(lines), flush=True)
@@ -67,8 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TANDEM_PROMETHEUS_URL"] = args.prometheus_url  # read by the autoscaler at startup
     if args.metrics_port:
         os.environ["TANDEM_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
-    from tandem.operator.model_cache import process_model_cache
-    from tandem.operator.security_defaults import ENV, OPERATOR_PEER_ENV, operator_peer, process_defaults
+    from tandem.operator.manifests.security_defaults import (
+        ENV,
+        OPERATOR_PEER_ENV,
+        operator_peer,
+        process_defaults,
+    )
+    from tandem.operator.model.cache import process_model_cache
 
     for name, read in ((ENV, process_defaults), (OPERATOR_PEER_ENV, operator_peer)):
         try:
@@ -84,11 +89,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import kopf
 
-    from tandem.operator import (
-        handlers,  # noqa: F401  (registers the handlers)
-        health,
-    )
-    from tandem.operator.leader import Leader
+    from tandem.operator import handlers  # noqa: F401  (registers the handlers)
+    from tandem.operator.runtime import health
+    from tandem.operator.runtime.leader import Leader
 
     if args.health_port is not None:
         health.serve(args.health_port, args.health_host)

@@ -15,11 +15,11 @@ from typing import Any
 import kopf
 from kubernetes import client
 
-from tandem.operator.cache import ObjectCache
-from tandem.operator.health import HEARTBEAT
-from tandem.operator.kube import Kube
-from tandem.operator.queue import ReconcileQueue
 from tandem.operator.reconcile import Reconciler
+from tandem.operator.runtime.cache import ObjectCache
+from tandem.operator.runtime.health import HEARTBEAT
+from tandem.operator.runtime.kube import Kube
+from tandem.operator.runtime.queue import ReconcileQueue
 from tandem.spec import API_GROUP, API_VERSION, KIND
 
 log = logging.getLogger("tandem.operator")
@@ -102,7 +102,7 @@ def _start_autoscaler(kube: Kube, cache: ObjectCache) -> asyncio.Task[None]:
     """The SLO autoscaler for InferenceServices with autoscaling on (it writes nothing for the others)."""
     from prometheus_client import start_http_server
 
-    from tandem.operator.autoscale.kube_loop import KubeAutoscalers, prometheus_url_from_env
+    from tandem.operator.autoscale.backends.kube.loop import KubeAutoscalers, prometheus_url_from_env
 
     autoscalers = KubeAutoscalers(kube, cache, prometheus_url_from_env())
     port = int(os.environ.get("TANDEM_OPERATOR_METRICS_PORT", "0"))

@@ -8,17 +8,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem import names
-from tandem.operator import exposure, render
-from tandem.operator.autoscale.wake import wakes_from_zero
-from tandem.operator.drift import is_subset, needs_apply
-from tandem.operator.flip import role_counts
-from tandem.operator.manifest import selector_string, with_hash
-from tandem.operator.model_cache import ModelCache
-from tandem.operator.pod_health import pod_problems
+from tandem.operator.autoscale.core.wake import wakes_from_zero
+from tandem.operator.manifests import exposure, render
+from tandem.operator.manifests.drift import is_subset, needs_apply
+from tandem.operator.manifests.manifest import selector_string, with_hash
+from tandem.operator.model.cache import ModelCache
 from tandem.operator.pools import clamp_message, desired_pool_replicas
-from tandem.operator.preflight import Findings
-from tandem.operator.start_status import with_pod_starts
-from tandem.operator.status import inference_pool_status, rolled_out, same_status, service_status
+from tandem.operator.status.flip import role_counts
+from tandem.operator.status.pod_health import pod_problems
+from tandem.operator.status.preflight import Findings
+from tandem.operator.status.service import inference_pool_status, rolled_out, same_status, service_status
+from tandem.operator.status.start_status import with_pod_starts
 from tandem.spec import KIND, InferenceServiceSpec, Mode
 
 Body = dict[str, Any]

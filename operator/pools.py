@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.operator.render import pool_spec
+from tandem.operator.manifests.render import pool_spec
 from tandem.spec import InferenceServiceSpec
 
 

@@ -15,11 +15,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from tandem import names
-from tandem.operator import certs, exposure, render
-from tandem.operator.cache import ObjectCache
-from tandem.operator.kube import ApiError, Kube
-from tandem.operator.manifest import selector_string
-from tandem.operator.model_cache import process_model_cache
+from tandem.operator import certs
+from tandem.operator.manifests import exposure, render
+from tandem.operator.manifests.manifest import selector_string
+from tandem.operator.manifests.pod_tls import TLS_ROLES, tls_secret
+from tandem.operator.manifests.security_defaults import operator_peer, process_defaults, with_defaults
+from tandem.operator.model.cache import process_model_cache
 from tandem.operator.plan import (
     CHILD_KINDS,
     Observed,
@@ -36,10 +37,10 @@ from tandem.operator.plan import (
     report,
     serving_counted,
 )
-from tandem.operator.pod_tls import TLS_ROLES, tls_secret
-from tandem.operator.preflight import Facts, Findings, NodeGpus, check, claims_needed, node_gpus
-from tandem.operator.security_defaults import operator_peer, process_defaults, with_defaults
-from tandem.operator.status import rebase
+from tandem.operator.runtime.cache import ObjectCache
+from tandem.operator.runtime.kube import ApiError, Kube
+from tandem.operator.status.preflight import Facts, Findings, NodeGpus, check, claims_needed, node_gpus
+from tandem.operator.status.service import rebase
 from tandem.spec import KIND, InferenceServiceSpec
 
 log = logging.getLogger("tandem.operator")

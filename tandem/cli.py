@@ -16,7 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "drain": ("tandem.worker.serve.drain_cli", "tell a worker to drain and wait until it holds nothing"),
     "flip": ("tandem.flip_cli", "move warm workers between the prefill and decode pools (SetRole)"),
     "router": ("tandem.worker.router.main", "run the OpenAI-compatible router"),
-    "up": ("tandem.operator.local.up", "run an InferenceService spec as local processes"),
+    "up": ("tandem.operator.local.cli", "run an InferenceService spec as local processes"),
     "bench": ("tandem.loadgen.cli", "load generator for any OpenAI-compatible endpoint"),
     "operator": ("tandem.operator.__main__", "run the Kubernetes operator"),
     "top": ("tandem.operator.top.cli", "live view of InferenceServices: replicas, TTFT/TPOT vs SLO, attainment"),

@@ -14,20 +14,10 @@ import sys
 
 import grpc
 
-from tandem.v1 import common_pb2, lifecycle_pb2, lifecycle_pb2_grpc
+from tandem.operator.local.flip import ROLE_ENUMS, set_role
 from tandem.worker.api.tls import TlsConfig, channel
 
-ROLE_ENUMS = {"prefill": common_pb2.WORKER_ROLE_PREFILL, "decode": common_pb2.WORKER_ROLE_DECODE}
 OTHER = {"prefill": "decode", "decode": "prefill"}
-
-
-def set_role(
-    chan: grpc.Channel, role: str, reason: str = "", drain_timeout_s: float = 0.0, timeout_s: float | None = None
-) -> lifecycle_pb2.SetRoleReply:
-    """One SetRole call over `chan`; grpc.RpcError as the worker answered it."""
-    request = lifecycle_pb2.SetRoleRequest(role=ROLE_ENUMS[role], reason=reason, drain_timeout_s=drain_timeout_s)
-    wait = timeout_s if timeout_s is not None else (drain_timeout_s or 600.0) + 10.0
-    return lifecycle_pb2_grpc.LifecycleServiceStub(chan).SetRole(request, timeout=wait)
 
 
 def main(argv: list[str]) -> int:

@@ -1,1 +1,1 @@
-"""The SLO autoscaler: a pure policy over per-pool observations, metric sources, actuators and a trace simulator."""
+"""The SLO autoscaler: a pure core (`core/`), the metric sources the backends share (`sources/`), one folder per backend (`backends/`) and the trace simulator (`sim/`)."""

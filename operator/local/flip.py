@@ -14,11 +14,10 @@ from typing import TypeVar
 
 import grpc
 
-from tandem.flip_cli import set_role
 from tandem.identity import OPERATOR, peer_name
 from tandem.operator.local.plan import local_tls_root
 from tandem.spec import load_file
-from tandem.v1 import common_pb2, decode_pb2_grpc, lifecycle_pb2, prefill_pb2_grpc
+from tandem.v1 import common_pb2, decode_pb2_grpc, lifecycle_pb2, lifecycle_pb2_grpc, prefill_pb2_grpc
 
 log = logging.getLogger(__name__)
 K = TypeVar("K")
@@ -61,6 +60,18 @@ def flip_waves(roles: Mapping[K, str], flips: Mapping[K, str]) -> tuple[list[lis
         now.update({k: flips[k] for k in wave})
         pending = [k for k in pending if k not in wave]
     return waves, pending
+
+
+ROLE_ENUMS = {"prefill": common_pb2.WORKER_ROLE_PREFILL, "decode": common_pb2.WORKER_ROLE_DECODE}
+
+
+def set_role(
+    chan: grpc.Channel, role: str, reason: str = "", drain_timeout_s: float = 0.0, timeout_s: float | None = None
+) -> lifecycle_pb2.SetRoleReply:
+    """One SetRole call over `chan`; grpc.RpcError as the worker answered it."""
+    request = lifecycle_pb2.SetRoleRequest(role=ROLE_ENUMS[role], reason=reason, drain_timeout_s=drain_timeout_s)
+    wait = timeout_s if timeout_s is not None else (drain_timeout_s or 600.0) + 10.0
+    return lifecycle_pb2_grpc.LifecycleServiceStub(chan).SetRole(request, timeout=wait)
 
 
 def set_roles(

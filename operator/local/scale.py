@@ -22,10 +22,10 @@ from pathlib import Path
 import grpc
 
 from tandem.identity import FLIPPABLE, OPERATOR
-from tandem.operator.autoscale.types import Replicas
+from tandem.operator.autoscale.core.types import Replicas
 from tandem.operator.local.flip import dial_worker, fewest_running, flip_waves, set_roles, with_role
 from tandem.operator.local.plan import ProcessPlan, local_tls_root, worker_plan, workers_document
-from tandem.operator.local.up import LocalStack, free_port_block
+from tandem.operator.local.stack import LocalStack, free_port_block
 from tandem.spec import InferenceService
 from tandem.v1 import colocated_pb2_grpc, common_pb2, decode_pb2_grpc, lifecycle_pb2, prefill_pb2_grpc
 

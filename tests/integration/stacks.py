@@ -9,7 +9,7 @@ import httpx
 
 from tandem.operator.local.plan import ProcessPlan
 from tandem.operator.local.scale import WorkerChannels
-from tandem.operator.local.up import free_port_block, serving
+from tandem.operator.local.stack import free_port_block, serving
 from tandem.spec import parse_object
 from tandem.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 from tests.prometheus import Target

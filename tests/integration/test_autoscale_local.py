@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tandem.operator.autoscale.types import Pool
-from tandem.operator.local.autoscale import LocalAutoscaleThread, local_autoscaler
+from tandem.operator.autoscale.backends.local.loop import LocalAutoscaleThread, local_autoscaler
+from tandem.operator.autoscale.core.types import Pool
 from tandem.operator.local.scale import LocalPools
-from tandem.operator.local.up import free_port_block, serving
+from tandem.operator.local.stack import free_port_block, serving
 from tandem.profile import save_profile, shipped_profile
 from tandem.spec import parse_object
 from tests.integration.stacks import spec

@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tandem.operator.autoscale.sources.base import MetricsUnavailable, Target
+from tandem.operator.autoscale.core.source import MetricsUnavailable, Target
+from tandem.operator.autoscale.core.types import Pool, Replicas
 from tandem.operator.autoscale.sources.prometheus import PrometheusSource
 from tandem.operator.autoscale.sources.scrape import ScrapeSource
-from tandem.operator.autoscale.types import Pool, Replicas
 from tandem.operator.local.scale import LocalPools
 from tandem.spec import parse_object
 from tests.integration.stacks import metrics_targets, running_stack, spec

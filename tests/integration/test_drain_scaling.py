@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tandem.operator.local.scale import LocalPools
-from tandem.operator.local.up import free_port_block, serving
+from tandem.operator.local.stack import free_port_block, serving
 from tandem.spec import parse_object
 from tests.integration.stacks import spec
 

@@ -20,7 +20,7 @@ import yaml
 from tandem import flip_cli, names
 from tandem.operator.local.flip import dial_worker
 from tandem.operator.local.scale import LocalPools
-from tandem.operator.local.up import free_port_block, serving
+from tandem.operator.local.stack import free_port_block, serving
 from tandem.spec import parse_object
 from tandem.v1 import common_pb2, decode_pb2_grpc, lifecycle_pb2, lifecycle_pb2_grpc
 from tests.integration.stacks import load, spec

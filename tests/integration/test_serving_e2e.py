@@ -188,7 +188,7 @@ def test_incompatible_workers_are_refused_with_a_clear_error(tiny_model_dir, tmp
     """A prefill worker whose KV layout differs from the decode worker's (block size here) must never
     push: the request fails with a message that names the mismatch."""
     from tandem.operator.local.plan import plan
-    from tandem.operator.local.up import LocalStack, free_port_block
+    from tandem.operator.local.stack import LocalStack, free_port_block
     from tandem.spec import parse_object
 
     base = free_port_block(12)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tandem import names
-from tandem.operator.local.up import free_port_block
+from tandem.operator.local.stack import free_port_block
 from tandem.shm_segments import SHM_DIR, creator_of
 from tests.integration.stacks import spec
 

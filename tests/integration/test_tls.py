@@ -148,7 +148,7 @@ def _start_worker(tiny_model_dir, tmp_path, tls_dir, port):
 
 
 def test_the_plaintext_probe_port_serves_health_and_a_worker_drains_only_for_itself(tiny_model_dir, tmp_path):
-    from tandem.operator.local.up import free_port_block
+    from tandem.operator.local.stack import free_port_block
 
     certs = write_local(tmp_path / "tls", "solo", ("decode", "router"))
     port = free_port_block(2)

@@ -16,7 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tandem import names
-from tandem.operator.local.up import free_port_block
+from tandem.operator.local.stack import free_port_block
 from tandem.v1 import common_pb2, decode_pb2_grpc
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.api.wire import params_to_proto

@@ -12,9 +12,9 @@ from kubernetes import config as kube_config
 
 from tandem import names
 from tandem.launch import drain_timeout_seconds
-from tandem.operator.autoscale.kube_actuator import DELETION_COST, KubeActuator
-from tandem.operator.autoscale.types import Decision, Pool
-from tandem.operator.kube import Kube
+from tandem.operator.autoscale.backends.kube.actuator import DELETION_COST, KubeActuator
+from tandem.operator.autoscale.core.types import Decision, Pool
+from tandem.operator.runtime.kube import Kube
 from tandem.spec import parse_object
 from tests.k8s.conftest import get_json, wait_for
 from tests.k8s.test_operator_lifecycle import condition
@@ -91,7 +91,7 @@ def test_without_metrics_slo_met_is_unknown_and_the_pools_hold(control_plane, op
 def test_status_writes_built_on_a_stale_read_keep_the_other_writers_condition(control_plane, namespace):
     """The reconciler and the autoscaler both write the conditions list; one that read before the other wrote
     gets a conflict from the API server, reads again, and keeps the other's condition."""
-    from tandem.operator.status import rebase
+    from tandem.operator.status.service import rebase
     from tandem.spec import KIND
 
     cp, ns = control_plane, namespace
@@ -118,8 +118,8 @@ def test_status_writes_built_on_a_stale_read_keep_the_other_writers_condition(co
 def test_a_flip_relabels_a_pod_leaves_the_replicasets_alone_and_the_flipped_pod_goes_first(
     control_plane, operator, namespace
 ):
-    from tandem.operator.autoscale.flip import Flip
-    from tandem.operator.autoscale.kube_flip import FLIPPED_AT
+    from tandem.operator.autoscale.backends.kube.flip import FLIPPED_AT
+    from tandem.operator.autoscale.core.flip import Flip
 
     cp, ns = control_plane, namespace
     cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(_svc("flipper", decode=3)))

@@ -13,9 +13,9 @@ import yaml
 from kubernetes import config as kube_config
 
 from tandem import names
-from tandem.operator.autoscale.kube_actuator import KubeActuator
-from tandem.operator.autoscale.types import Decision, Pool
-from tandem.operator.kube import Kube
+from tandem.operator.autoscale.backends.kube.actuator import KubeActuator
+from tandem.operator.autoscale.core.types import Decision, Pool
+from tandem.operator.runtime.kube import Kube
 from tandem.testing.cluster import Operator
 from tests.k8s.conftest import get_json, wait_for
 from tests.k8s.test_careless import obj, pool

@@ -179,13 +179,13 @@ def as_operator(control_plane, scoped):
     chart's ServiceAccount's token."""
     from kubernetes import config
 
-    from tandem.operator.kube import Kube
+    from tandem.operator.runtime.kube import Kube
 
     return Kube(config.new_client_from_config(config_file=str(_service_account_kubeconfig(control_plane, scoped))))
 
 
 def _refusal(call) -> str:
-    from tandem.operator.kube import ApiError
+    from tandem.operator.runtime.kube import ApiError
 
     try:
         call()
@@ -228,8 +228,8 @@ def test_the_operator_may_flip_a_pods_role_label_between_prefill_and_decode_only
     pod = _pod(ns, "flipped")
     pod["metadata"]["labels"]["serving.tandem.dev/role"] = "prefill"
     cp.kubectl("create", "-f", "-", input=json.dumps(pod))
-    from tandem.operator.autoscale.kube_flip import FLIPPED_AT, flip_patch
-    from tandem.operator.autoscale.types import Pool
+    from tandem.operator.autoscale.backends.kube.flip import FLIPPED_AT, flip_patch
+    from tandem.operator.autoscale.core.types import Pool
 
     as_operator.merge_patch("Pod", ns, "flipped", flip_patch(Pool("decode"), "2026-01-01T00:00:00Z"))  # the autoscaler's
     live = get_json(cp, "pod", "flipped", namespace=ns)["metadata"]

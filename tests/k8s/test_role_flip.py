@@ -11,10 +11,10 @@ import yaml
 from kubernetes import config as kube_config
 
 from tandem import names
-from tandem.operator.autoscale.flip import Flip
-from tandem.operator.autoscale.kube_flip import flip_candidates, patch_flip
-from tandem.operator.autoscale.types import Pool
-from tandem.operator.kube import Kube
+from tandem.operator.autoscale.backends.kube.flip import flip_candidates, patch_flip
+from tandem.operator.autoscale.core.flip import Flip
+from tandem.operator.autoscale.core.types import Pool
+from tandem.operator.runtime.kube import Kube
 from tests.k8s.conftest import get_json, wait_for
 from tests.k8s.test_operator_lifecycle import EXAMPLE, SERVICE, model_volume, ready_at_current_generation
 

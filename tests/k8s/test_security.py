@@ -159,7 +159,7 @@ def test_operator_rbac_single_namespace_switch(control_plane, helm, namespace):
 
 
 def test_chart_default_security_reaches_the_operator(helm):
-    from tandem.operator.security_defaults import ENV, parse
+    from tandem.operator.manifests.security_defaults import ENV, parse
 
     docs = helm_template(helm, "sec", "--set", "defaultSecurity.tls.secretName=tandem-tls",
                          "--set", "defaultSecurity.apiKeys.secretName=tandem-keys")  # fmt: skip

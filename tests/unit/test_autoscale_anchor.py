@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from bench.autoscale_dynamo import Point, cost_at, pareto, staircase
-from tandem.anchors import DynamoPolicy, anchor_config
-from tandem.operator.autoscale.sources.base import Target
-from tandem.operator.autoscale.sources.replay_tick import ReplayTickSource, weighted_percentile
-from tandem.operator.autoscale.types import Pool
+from tandem.operator.autoscale.backends.replay.dynamo import DynamoPolicy, anchor_config
+from tandem.operator.autoscale.backends.replay.tick import ReplayTickSource, weighted_percentile
+from tandem.operator.autoscale.core.source import Target
+from tandem.operator.autoscale.core.types import Pool
 from tandem.profile import shipped_profile
 from tandem.profile_dynamo import from_dynamo
 from tandem.trace import TraceRequest, parse_jsonl, scale_rate, to_mooncake_jsonl

@@ -12,7 +12,7 @@ import pytest
 from bench._anchor_plot import front_series, write_pareto_plot
 from bench._anchor_search import Point, box_search, staircase
 from bench.autoscale_dynamo import main, peak_label, points_from_json, variants
-from tandem.anchors_hpa import HpaPolicy
+from tandem.operator.autoscale.backends.replay.hpa import HpaPolicy
 from tandem.trace import TraceRequest, windows
 from tests.unit.test_autoscale_anchor import CTX, tick
 
@@ -158,5 +158,5 @@ def test_a_fixed_pools_replay_is_cached_once_for_every_cold_start():
     cold = Case("t.jsonl", "conv day (2 h)", 2000.0, 50.0, 60.0, 16, init="2,1")
     warm = replace(cold, startup_s=0.0, init="1,1")
     assert cache_key(cold, "static:2,1", {}) == cache_key(warm, "static:2,1", {})
-    assert cache_key(cold, "module:tandem.anchors.dynamo_policy", {}) != cache_key(warm, "module:tandem.anchors.dynamo_policy", {})
+    assert cache_key(cold, "module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy", {}) != cache_key(warm, "module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy", {})
     assert cache_key(cold, "static:2,1", {}) != cache_key(replace(cold, slo_ttft_ms=1000.0), "static:2,1", {})

@@ -4,10 +4,10 @@ import math
 
 import pytest
 
-from tandem.operator.autoscale.config import PoolLimits
+from tandem.operator.autoscale.core.config import PoolLimits
+from tandem.operator.autoscale.core.types import Pool, PoolObservation, Replicas
 from tandem.operator.autoscale.sim.baselines import DynamoPlanner, Hpa, static_sizes
 from tandem.operator.autoscale.sim.simulator import Snapshot
-from tandem.operator.autoscale.types import Pool, PoolObservation, Replicas
 from tandem.slo import Slo
 from tandem.trace import TraceRequest
 from tests.unit.autoscale_fixtures import linear_profile

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from tandem.operator.autoscale.capacity import (
+from tandem.operator.autoscale.core.capacity import (
     DecodeLoad,
     PrefillLoad,
     burst_rate,

@@ -2,10 +2,10 @@
 
 from dataclasses import replace
 
-from tandem.operator.autoscale.config import PoolLimits, policy_config
-from tandem.operator.autoscale.flip import FlipState, Loan, decide_with_flips, lend, with_loan
-from tandem.operator.autoscale.policy import decide
-from tandem.operator.autoscale.types import Pool
+from tandem.operator.autoscale.core.config import PoolLimits, policy_config
+from tandem.operator.autoscale.core.flip import FlipState, Loan, decide_with_flips, lend, with_loan
+from tandem.operator.autoscale.core.policy import decide
+from tandem.operator.autoscale.core.types import Pool
 from tandem.spec import InferenceServiceSpec
 from tests.unit.test_autoscale_policy import CONFIG, NOW, decode, prefill
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tandem.operator.autoscale import forecast as fc
+from tandem.operator.autoscale.core import forecast as fc
 
 
 def _run(values, step_s=15.0):

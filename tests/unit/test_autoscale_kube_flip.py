@@ -2,8 +2,7 @@
 replicas for a count by role, which pods flip, and the deletion costs around a flip."""
 
 from tandem import names
-from tandem.operator.autoscale.flip import Flip
-from tandem.operator.autoscale.kube_flip import (
+from tandem.operator.autoscale.backends.kube.flip import (
     FLIPPED_AT,
     by_role,
     flip_aware_costs,
@@ -11,7 +10,8 @@ from tandem.operator.autoscale.kube_flip import (
     flip_patch,
     home_replicas,
 )
-from tandem.operator.autoscale.types import Pool
+from tandem.operator.autoscale.core.flip import Flip
+from tandem.operator.autoscale.core.types import Pool
 
 
 def pod(name, pool, role=None, deleting=False, flipped=False):

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.operator.autoscale.config import policy_config
-from tandem.operator.autoscale.kube_actuator import cold_start_seconds, deletion_costs, pool_replicas
-from tandem.operator.autoscale.loop import Autoscaler, Tick
-from tandem.operator.autoscale.report import slo_met, slo_status
-from tandem.operator.autoscale.sources.base import MetricsUnavailable, Target
-from tandem.operator.autoscale.types import Decision, Pool, PoolObservation, Replicas
+from tandem.operator.autoscale.backends.kube.actuator import cold_start_seconds, deletion_costs, pool_replicas
+from tandem.operator.autoscale.core.config import policy_config
+from tandem.operator.autoscale.core.loop import Autoscaler, Tick
+from tandem.operator.autoscale.core.report import slo_met, slo_status
+from tandem.operator.autoscale.core.source import MetricsUnavailable, Target
+from tandem.operator.autoscale.core.types import Decision, Pool, PoolObservation, Replicas
 from tandem.profile import shipped_profile
 from tandem.spec import InferenceServiceSpec, SloSpec
 

@@ -5,10 +5,10 @@ from dataclasses import replace
 
 import pytest
 
-from tandem.operator.autoscale.capacity import Slo
-from tandem.operator.autoscale.config import PolicyConfig, PoolLimits, policy_config
-from tandem.operator.autoscale.policy import PolicyState, PoolState, decide
-from tandem.operator.autoscale.types import Pool, PoolObservation, Replicas
+from tandem.operator.autoscale.core.capacity import Slo
+from tandem.operator.autoscale.core.config import PolicyConfig, PoolLimits, policy_config
+from tandem.operator.autoscale.core.policy import PolicyState, PoolState, decide
+from tandem.operator.autoscale.core.types import Pool, PoolObservation, Replicas
 from tandem.spec import InferenceServiceSpec
 from tests.unit.autoscale_fixtures import linear_profile
 

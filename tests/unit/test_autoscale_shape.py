@@ -6,11 +6,11 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from tandem.operator.autoscale.capacity import DecodeLoad, PrefillLoad, prefill_ttft_ms
-from tandem.operator.autoscale.colocated import colocated_need, colocated_tpot_ms, colocated_ttft_ms
-from tandem.operator.autoscale.config import PolicyConfig
-from tandem.operator.autoscale.shape import Shape, ShapeAction, ShapeConfig, ShapeLoad, decide_shape
-from tandem.operator.autoscale.types import Pool, PoolObservation, Replicas
+from tandem.operator.autoscale.core.capacity import DecodeLoad, PrefillLoad, prefill_ttft_ms
+from tandem.operator.autoscale.core.colocated import colocated_need, colocated_tpot_ms, colocated_ttft_ms
+from tandem.operator.autoscale.core.config import PolicyConfig
+from tandem.operator.autoscale.core.shape import Shape, ShapeAction, ShapeConfig, ShapeLoad, decide_shape
+from tandem.operator.autoscale.core.types import Pool, PoolObservation, Replicas
 from tandem.profile import shipped_profile
 from tandem.slo import Slo
 from tests.unit.autoscale_fixtures import linear_profile

@@ -7,13 +7,13 @@ import statistics
 
 import pytest
 
-from tandem.operator.autoscale.capacity import DecodeLoad, PrefillLoad, decode_tpot_ms
-from tandem.operator.autoscale.colocated import colocated_tpot_ms, colocated_ttft_ms
-from tandem.operator.autoscale.config import PoolLimits
+from tandem.operator.autoscale.core.capacity import DecodeLoad, PrefillLoad, decode_tpot_ms
+from tandem.operator.autoscale.core.colocated import colocated_tpot_ms, colocated_ttft_ms
+from tandem.operator.autoscale.core.config import PoolLimits
+from tandem.operator.autoscale.core.types import Pool
 from tandem.operator.autoscale.sim.colocated import simulate_colocated
 from tandem.operator.autoscale.sim.replay import Scenario, run
 from tandem.operator.autoscale.sim.simulator import SimConfig
-from tandem.operator.autoscale.types import Pool
 from tandem.slo import Slo
 from tandem.trace import TraceRequest
 from tests.unit.autoscale_fixtures import linear_profile

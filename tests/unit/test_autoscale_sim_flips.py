@@ -3,11 +3,11 @@ the flip time, is billed throughout; and tandem's policy with flips borrows and 
 
 import pytest
 
-from tandem.operator.autoscale.config import PoolLimits
+from tandem.operator.autoscale.core.config import PoolLimits
+from tandem.operator.autoscale.core.types import Pool, Replicas
 from tandem.operator.autoscale.sim.flipping import simulate_with_flips
 from tandem.operator.autoscale.sim.replay import Scenario, run
 from tandem.operator.autoscale.sim.simulator import Control, SimConfig, Snapshot
-from tandem.operator.autoscale.types import Pool, Replicas
 from tandem.slo import Slo
 from tandem.trace import TraceRequest
 from tests.unit.autoscale_fixtures import linear_profile

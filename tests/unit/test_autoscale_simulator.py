@@ -3,10 +3,10 @@ an idle request's latency is the profile's, cold starts are billed, non-draining
 
 import pytest
 
-from tandem.operator.autoscale.config import PoolLimits
+from tandem.operator.autoscale.core.config import PoolLimits
+from tandem.operator.autoscale.core.types import Pool
 from tandem.operator.autoscale.sim.replay import POLICIES, Scenario, run, summarise
 from tandem.operator.autoscale.sim.simulator import Request, SimConfig, SimResult, scale_trace, simulate
-from tandem.operator.autoscale.types import Pool
 from tandem.slo import Slo
 from tandem.trace import TraceRequest
 from tests.unit.autoscale_fixtures import linear_profile

@@ -11,11 +11,11 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from tandem import names
+from tandem.operator.autoscale.core.source import MetricsUnavailable, Target
+from tandem.operator.autoscale.core.types import Pool, Replicas
 from tandem.operator.autoscale.sources import promql
-from tandem.operator.autoscale.sources.base import MetricsUnavailable, Target
 from tandem.operator.autoscale.sources.prometheus import PrometheusSource
 from tandem.operator.autoscale.sources.scrape import ScrapeSource, histogram_quantile
-from tandem.operator.autoscale.types import Pool, Replicas
 from tandem.worker.router.metrics import RouterMetrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "charts/tandem/dashboards/tandem.json"

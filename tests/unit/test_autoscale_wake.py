@@ -6,13 +6,13 @@ from dataclasses import replace
 import pytest
 from prometheus_client import start_http_server
 
-from tandem.operator.autoscale.config import PoolLimits
-from tandem.operator.autoscale.policy import PolicyState
+from tandem.operator.autoscale.core.config import PoolLimits
+from tandem.operator.autoscale.core.policy import PolicyState
+from tandem.operator.autoscale.core.source import Target
+from tandem.operator.autoscale.core.types import Pool, PoolObservation, Replicas
+from tandem.operator.autoscale.core.wake import WAKE_FROM_ZERO, wake_from_zero
 from tandem.operator.autoscale.sources import promql
-from tandem.operator.autoscale.sources.base import Target
 from tandem.operator.autoscale.sources.scrape import ScrapeSource
-from tandem.operator.autoscale.types import Pool, PoolObservation, Replicas
-from tandem.operator.autoscale.wake import WAKE_FROM_ZERO, wake_from_zero
 from tandem.worker.router.metrics import RouterMetrics
 from tandem.worker.router.wake_queue import WakeQueue
 from tests.unit.test_autoscale_policy import CONFIG, NOW, decode, once
@@ -160,7 +160,7 @@ def test_the_example_starts_both_pools_at_zero_under_the_autoscaler():
     ],
 )
 def test_which_pools_rest_at_zero(patch, wakes):
-    from tandem.operator.autoscale.wake import wakes_from_zero
+    from tandem.operator.autoscale.core.wake import wakes_from_zero
     from tandem.spec import InferenceServiceSpec
 
     spec = InferenceServiceSpec.model_validate({"model": {"source": {"path": "/m"}, "servedName": "m"}, **patch})

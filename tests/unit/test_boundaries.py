@@ -66,7 +66,16 @@ def test_every_package_folder_is_declared_at_any_depth():
         for wing in ("worker", "operator")
         for p in (ROOT / wing).rglob("*/__init__.py")
     } | {".".join(("tandem", *p.parent.relative_to(ROOT / "tandem").parts)) for p in (ROOT / "tandem").rglob("*/__init__.py")}
-    assert folders <= declared, folders - declared
+    assert folders - {"tandem.testing"} <= declared, folders - declared
+
+
+def test_the_test_harnesses_stay_out_of_the_wheel():
+    """`tandem.testing` runs from a checkout (tests/ and bench/ share it); a wheel carries none of it."""
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "tandem.testing" not in setuptools["packages"]
+    assert "testing/*" in setuptools["exclude-package-data"]["tandem"]
 
 
 def test_benchmarks_do_not_import_the_tests():

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from tandem.operator.autoscale.cold_start import ColdStartFigures, learn, observed
-from tandem.operator.cold_start import merge, pod_cold_start, pool_summary
-from tandem.operator.model_cached import condition, pod_fetch_state, pool_fetches
-from tandem.operator.start_status import with_pod_starts
+from tandem.operator.autoscale.core.cold_start import ColdStartFigures, learn, observed
+from tandem.operator.status.cold_start import merge, pod_cold_start, pool_summary
+from tandem.operator.status.model_cached import condition, pod_fetch_state, pool_fetches
+from tandem.operator.status.start_status import with_pod_starts
 
 
 def t(s: int) -> str:

@@ -3,7 +3,7 @@ served model that points at it; without it, no Gateway objects."""
 
 from __future__ import annotations
 
-from tandem.operator import render
+from tandem.operator.manifests import render
 from tandem.spec import InferenceServiceSpec
 
 BASE = {"model": {"source": {"path": "/m"}, "servedName": "llama-3"}}

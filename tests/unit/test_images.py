@@ -20,7 +20,7 @@ import yaml
 from packaging.requirements import Requirement
 
 from tandem.cli import COMMANDS
-from tandem.operator.pod_security import RUN_AS
+from tandem.operator.manifests.pod_security import RUN_AS
 from tandem.spec import InferenceServiceSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,7 +116,7 @@ def test_the_worker_image_has_cuda_torch_and_the_model_downloader():
     assert re.search(r"ARG CUDA_IMAGE=nvidia/cuda:\S+-runtime-", text)
     reqs = {r.name.lower(): r for r in requirements(IMAGES["worker"])}
     assert str(reqs["torch"].specifier) == str(declared()["torch"].specifier)  # the project's torch range
-    source = (ROOT / "operator/model_source.py").read_text()
+    source = (ROOT / "operator/model/source.py").read_text()
     assert '"fetch-model"' in source and "huggingface_hub" in declared()  # installed with the project (`pip install .`)
     assert "COPY worker/ worker/" in text
 
@@ -128,11 +128,11 @@ def test_the_operator_image_installs_what_the_operator_imports_and_no_torch():
         assert name in declared() and req.specifier == declared()[name].specifier, name
     # every third-party module the operator's entry points import (at start and later), with torch unimportable
     probe = ("import sys; sys.modules['torch'] = None\n"
-             "import tandem.cli, tandem.operator.__main__, tandem.operator.handlers, tandem.operator.check\n"
+             "import tandem.cli, tandem.operator.__main__, tandem.operator.handlers, tandem.operator.runtime.check\n"
              "import tandem.operator.top.cli, tandem.operator.top.kube, tandem.operator.top.prom, tandem.operator.top.scrape\n"
              # what they import inside functions, once running: the leader, the defaults, the autoscaler
-             "import tandem.operator.leader, tandem.operator.model_cache, tandem.operator.security_defaults\n"
-             "import tandem.operator.autoscale.kube_loop, tandem.operator.top.local\n"
+             "import tandem.operator.runtime.leader, tandem.operator.model.cache, tandem.operator.manifests.security_defaults\n"
+             "import tandem.operator.autoscale.backends.kube.loop, tandem.operator.top.local\n"
              "print(' '.join(sorted({m.split('.')[0] for m, mod in sys.modules.items() if getattr(mod, '__file__', None)})))")  # fmt: skip (namespace packages: their parts count)
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr

@@ -75,8 +75,8 @@ def test_disaggregation_reaches_the_rendered_router_and_the_local_one():
     in the operator's router Deployment and in `tandem up`'s router process alike."""
     from pathlib import Path
 
-    from tandem.operator import render
     from tandem.operator.local.plan import plan
+    from tandem.operator.manifests import render
     from tandem.spec import DisaggregationMode, InferenceService, Mode
 
     spec = _spec()

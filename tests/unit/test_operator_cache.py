@@ -1,6 +1,6 @@
 """The watch cache never goes backwards and never revives a deleted object from a stale event."""
 
-from tandem.operator.cache import ObjectCache
+from tandem.operator.runtime.cache import ObjectCache
 
 
 def _body(name, rv, uid="u1", **extra):

@@ -115,7 +115,7 @@ def test_pool_scale_subresource():
 
 def test_name_limit_lets_every_child_name_fit_a_dns_label():
     from tandem import names
-    from tandem.operator.render import child_name
+    from tandem.operator.manifests.render import child_name
 
     schema = _crd("inferenceservice.yaml")["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     name = schema["properties"]["metadata"]["properties"]["name"]

@@ -2,11 +2,11 @@
 
 import copy
 
-from tandem.operator import render
-from tandem.operator.drift import is_subset, needs_apply
-from tandem.operator.manifest import with_hash
+from tandem.operator.manifests import render
+from tandem.operator.manifests.drift import is_subset, needs_apply
+from tandem.operator.manifests.manifest import with_hash
 from tandem.operator.pools import desired_pool_replicas
-from tandem.operator.status import rolled_out, same_status, service_status
+from tandem.operator.status.service import rolled_out, same_status, service_status
 from tandem.spec import InferenceServiceSpec
 
 SPEC = InferenceServiceSpec.model_validate({
@@ -122,7 +122,7 @@ def test_blocked_rollout_sets_three_consistent_conditions_and_keeps_pools():
 
 
 def test_api_error_carries_the_servers_reason_and_message():
-    from tandem.operator.kube import ApiError
+    from tandem.operator.runtime.kube import ApiError
 
     e = ApiError(422, '{"kind":"Status","reason":"Invalid","message":"Service \\"a.b-prefill\\" is invalid"}')
     assert (e.status, e.reason, e.message) == (422, "Invalid", 'Service "a.b-prefill" is invalid')

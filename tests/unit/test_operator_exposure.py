@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tandem.operator.exposure import ExposureWatch, external_services, selects, warning
+from tandem.operator.manifests.exposure import ExposureWatch, external_services, selects, warning
 from tandem.spec import InferenceServiceSpec
 
 ROUTER = {"serving.tandem.dev/service": "m", "serving.tandem.dev/pool": "router", "app.kubernetes.io/name": "tandem"}

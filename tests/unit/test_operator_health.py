@@ -3,7 +3,7 @@
 import urllib.error
 import urllib.request
 
-from tandem.operator.health import Heartbeat, serve
+from tandem.operator.runtime.health import Heartbeat, serve
 
 
 def _get(port: int, path: str = "/healthz") -> tuple[int, str]:

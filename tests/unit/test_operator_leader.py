@@ -2,7 +2,7 @@
 
 import datetime as dt
 
-from tandem.operator.leader import lease_free
+from tandem.operator.runtime.leader import lease_free
 
 T = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -17,7 +17,7 @@ def test_lease_rule():
 def test_check_reads_a_live_leader_from_the_lease():
     import datetime as dt
 
-    from tandem.operator.check import lease_problem
+    from tandem.operator.runtime.check import lease_problem
 
     now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     assert lease_problem("op-1", now - dt.timedelta(seconds=5), 15, now) is None

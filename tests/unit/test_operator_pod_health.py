@@ -1,7 +1,7 @@
 """Why a pool's pods do not run, read from pod status the way the kubelet and scheduler write it."""
 
-from tandem.operator.pod_health import pod_problems
-from tandem.operator.status import service_status
+from tandem.operator.status.pod_health import pod_problems
+from tandem.operator.status.service import service_status
 
 
 def _pod(name, conditions=(), containers=(), init=(), deleting=False):

@@ -1,6 +1,6 @@
 """The preflight rule: a missing model claim blocks, a GPU shortfall is reported per pool and never blocks."""
 
-from tandem.operator.preflight import Facts, NodeGpus, check, node_gpus
+from tandem.operator.status.preflight import Facts, NodeGpus, check, node_gpus
 from tandem.spec import InferenceServiceSpec
 
 POOLS = ["prefill", "decode", "router"]

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from tandem.operator.backoff import CAP_SECONDS, is_permanent, retry_delay
-from tandem.operator.kube import ApiError
-from tandem.operator.queue import ReconcileQueue
+from tandem.operator.runtime.backoff import CAP_SECONDS, is_permanent, retry_delay
+from tandem.operator.runtime.kube import ApiError
+from tandem.operator.runtime.queue import ReconcileQueue
 
 
 def test_burst_folds_into_at_most_one_rerun_and_fresh_sticks():

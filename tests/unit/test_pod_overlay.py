@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tandem.operator import render
+from tandem.operator.manifests import render
 from tandem.spec import InferenceServiceSpec
 
 BASE = {"model": {"source": {"pvc": {"claimName": "models"}}, "servedName": "m"}}

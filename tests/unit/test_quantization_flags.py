@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from tandem import names
-from tandem.operator import render
 from tandem.operator.local.plan import plan
+from tandem.operator.manifests import render
 from tandem.spec import InferenceServiceSpec, parse_object
 from tandem.worker.serve.main import parse_args
 

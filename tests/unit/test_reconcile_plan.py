@@ -3,9 +3,9 @@
 import copy
 from dataclasses import replace
 
-from tandem.operator import render
+from tandem.operator.manifests import render
 from tandem.operator.plan import POD_RECHECK_SECONDS, Observed, Plan, Rollout, child_keys, plan, report
-from tandem.operator.preflight import Findings
+from tandem.operator.status.preflight import Findings
 from tandem.spec import InferenceServiceSpec
 
 NAME, NS, UID = "s", "ns", "u1"

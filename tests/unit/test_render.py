@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 
 from tandem import names
-from tandem.operator import manifest, model_source, render
-from tandem.operator.model_cache import ModelCache
+from tandem.operator.manifests import manifest, render
+from tandem.operator.model.cache import ModelCache
+from tandem.operator.model.source import MODEL_MOUNT
 from tandem.spec import InferenceServiceSpec, load_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +77,7 @@ def test_router_args_parse_and_find_pools_through_headless_services(gpu_spec):
     assert check_args(args) is None
     assert args.decode == [f"dns:///llama-decode.ml.svc:{names.GRPC_PORT}"]
     assert args.model_dir == "/models/meta-llama/Llama-3.1-8B-Instruct"
-    assert {"name": "model", "mountPath": model_source.MODEL_MOUNT, "readOnly": True} in c["volumeMounts"]
+    assert {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True} in c["volumeMounts"]
 
 
 def test_router_deployment_http_probes_and_no_gpu(gpu_spec):
@@ -250,7 +251,7 @@ def test_the_cache_applies_to_hf_sources_only():
 
 
 def test_model_cache_settings_are_checked():
-    from tandem.operator.model_cache import ENV_CLAIM, ENV_HOST_PATH, from_env
+    from tandem.operator.model.cache import ENV_CLAIM, ENV_HOST_PATH, from_env
 
     assert from_env({}) is None
     assert from_env({ENV_HOST_PATH: "/c"}) == ModelCache(host_path="/c")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tandem import names
-from tandem.operator import pod_security, render
+from tandem.operator.manifests import pod_security, render
 from tandem.spec import InferenceServiceSpec, load_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,7 +146,7 @@ def test_the_operator_is_admitted_to_every_metrics_port_and_nothing_else(monkeyp
     import json
     import subprocess
 
-    from tandem.operator import security_defaults
+    from tandem.operator.manifests import security_defaults
     from tests.unit.test_chart_values import CHART, _helm
 
     helm = _helm()

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from tandem import names
-from tandem.operator import pod_tls, render
 from tandem.operator.local import plan as local_plan
+from tandem.operator.manifests import pod_tls, render
 from tandem.spec import InferenceService, InferenceServiceSpec
 
 ROOT = Path(__file__).resolve().parents[2]

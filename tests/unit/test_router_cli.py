@@ -43,7 +43,7 @@ def test_router_command_line(capsys):
 
 
 def test_the_rendered_router_keeps_metrics_on_its_metrics_port():
-    from tandem.operator import render
+    from tandem.operator.manifests import render
     from tandem.spec import InferenceServiceSpec
     from tandem.worker.router.main import build_parser
 

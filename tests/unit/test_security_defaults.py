@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.operator import render
-from tandem.operator.security_defaults import ENV, from_env, parse, with_defaults
+from tandem.operator.manifests import render
+from tandem.operator.manifests.security_defaults import ENV, from_env, parse, with_defaults
 from tandem.spec import InferenceServiceSpec
 
 DEFAULTS = parse('{"tls": {"secretName": "tandem-tls"}, "apiKeys": {"secretName": "tandem-keys"}}')

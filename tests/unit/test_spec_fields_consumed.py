@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from tandem.launch import worker_pools
-from tandem.operator import render
-from tandem.operator.autoscale.kube_loop import autoscaler_inputs
+from tandem.operator.autoscale.backends.kube.loop import autoscaler_inputs
 from tandem.operator.local.plan import plan
+from tandem.operator.manifests import render
 from tandem.operator.pools import desired_pool_replicas
 from tandem.spec import InferenceService, InferenceServiceSpec
 

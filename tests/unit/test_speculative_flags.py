@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tandem import names
-from tandem.operator import render
 from tandem.operator.local.plan import plan
+from tandem.operator.manifests import render
 from tandem.spec import InferenceService, InferenceServiceSpec
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.engine.loading import load_model

@@ -1,7 +1,7 @@
 
 
 def test_rebase_keeps_own_conditions_and_takes_the_others_from_the_fresher_read():
-    from tandem.operator.status import rebase
+    from tandem.operator.status.service import rebase
 
     built = {"observedGeneration": 3, "conditions": [{"type": "Ready", "status": "True"},
                                                      {"type": "SLOMet", "status": "False"}]}  # fmt: skip

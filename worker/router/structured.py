@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import llguidance
 
-from tandem.worker.router.openai_schema import ApiError
+from tandem.worker.router.openai_errors import ApiError
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions

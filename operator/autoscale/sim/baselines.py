@@ -22,20 +22,20 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from tandem.operator.autoscale.capacity import (
+from tandem.operator.autoscale.core.capacity import (
     DecodeLoad,
     PrefillLoad,
     decode_max_batch,
     decode_need,
     prefill_need,
 )
-from tandem.operator.autoscale.colocated import colocated_need
-from tandem.operator.autoscale.config import PolicyConfig, PoolLimits
-from tandem.operator.autoscale.flip import FlipState, decide_with_flips
-from tandem.operator.autoscale.hpa_rule import hpa_recommendation
-from tandem.operator.autoscale.policy import PolicyState, decide
+from tandem.operator.autoscale.core.colocated import colocated_need
+from tandem.operator.autoscale.core.config import PolicyConfig, PoolLimits
+from tandem.operator.autoscale.core.flip import FlipState, decide_with_flips
+from tandem.operator.autoscale.core.hpa_rule import hpa_recommendation
+from tandem.operator.autoscale.core.policy import PolicyState, decide
+from tandem.operator.autoscale.core.types import Pool
 from tandem.operator.autoscale.sim.simulator import Control, Controller, Snapshot
-from tandem.operator.autoscale.types import Pool
 from tandem.profile import Profile
 from tandem.slo import Slo
 from tandem.trace import TraceRequest
@@ -61,7 +61,7 @@ def tandem_controller(config: PolicyConfig) -> Controller:
 
 
 def _flipping_controller(config: PolicyConfig) -> Controller:
-    """tandem's policy with role flips (operator/autoscale/flip.py): counts by role, then the flips."""
+    """tandem's policy with role flips (operator/autoscale/core/flip.py): counts by role, then the flips."""
     state = FlipState()
 
     def control(snap: Snapshot) -> Control:

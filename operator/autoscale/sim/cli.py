@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tandem.operator.autoscale.config import PoolLimits
+from tandem.operator.autoscale.core.config import PoolLimits
+from tandem.operator.autoscale.core.types import Pool
 from tandem.operator.autoscale.sim.replay import COLOCATED_POLICIES, POLICIES, Scenario, run
 from tandem.operator.autoscale.sim.simulator import SimResult, scale_trace
-from tandem.operator.autoscale.types import Pool
 from tandem.profile import profile_named
 from tandem.slo import Slo
 from tandem.trace import attribution_for, load_trace

@@ -16,6 +16,7 @@ import math
 from collections.abc import Sequence
 from typing import cast
 
+from tandem.operator.autoscale.core.types import Pool
 from tandem.operator.autoscale.sim.simulator import (
     Controller,
     Replica,
@@ -24,7 +25,6 @@ from tandem.operator.autoscale.sim.simulator import (
     SimResult,
     Simulation,
 )
-from tandem.operator.autoscale.types import Pool
 from tandem.trace import TraceRequest
 
 

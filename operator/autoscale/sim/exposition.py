@@ -10,8 +10,8 @@ import math
 from collections.abc import Mapping
 
 from tandem import names
+from tandem.operator.autoscale.core.types import Pool
 from tandem.operator.autoscale.sources.scrape import Labels, Samples, Snapshot, Window, figures
-from tandem.operator.autoscale.types import Pool
 
 ROUTER_LABELS: Labels = (("pool", names.POOL_ROUTER),)
 

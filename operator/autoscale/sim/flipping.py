@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tandem.operator.autoscale.core.types import Pool
 from tandem.operator.autoscale.sim.simulator import (
     Control,
     Controller,
@@ -14,7 +15,6 @@ from tandem.operator.autoscale.sim.simulator import (
     SimResult,
     Simulation,
 )
-from tandem.operator.autoscale.types import Pool
 from tandem.trace import TraceRequest
 
 

@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tandem.operator.autoscale.types import Pool, PoolObservation
+from tandem.operator.autoscale.core.types import Pool, PoolObservation
 from tandem.profile import Profile
 
 

@@ -6,7 +6,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tandem.operator.autoscale.config import PolicyConfig, PoolLimits
+from tandem.operator.autoscale.core.config import PolicyConfig, PoolLimits
+from tandem.operator.autoscale.core.types import Pool
 from tandem.operator.autoscale.sim.baselines import (
     DynamoPlanner,
     Hpa,
@@ -19,7 +20,6 @@ from tandem.operator.autoscale.sim.colocated import simulate_colocated
 from tandem.operator.autoscale.sim.flipping import simulate_with_flips
 from tandem.operator.autoscale.sim.metrics import percentile
 from tandem.operator.autoscale.sim.simulator import Controller, SimConfig, SimResult
-from tandem.operator.autoscale.types import Pool
 from tandem.profile import Profile
 from tandem.slo import Slo
 from tandem.trace import TraceRequest

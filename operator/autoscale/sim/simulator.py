@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import cast
 
 from tandem import names
+from tandem.operator.autoscale.core.types import Pool, Replicas
 from tandem.operator.autoscale.sim.exposition import Exposition
 from tandem.operator.autoscale.sim.model import Control as Control
 from tandem.operator.autoscale.sim.model import Controller as Controller
@@ -33,7 +34,6 @@ from tandem.operator.autoscale.sim.model import SimConfig as SimConfig
 from tandem.operator.autoscale.sim.model import SimResult as SimResult
 from tandem.operator.autoscale.sim.model import Snapshot as Snapshot
 from tandem.operator.autoscale.sources.observation import observation
-from tandem.operator.autoscale.types import Pool, Replicas
 from tandem.trace import TraceRequest
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from tandem.operator.autoscale.core.types import Pool, PoolObservation, Replicas
 from tandem.operator.autoscale.sources.promql import SECONDS_FIELDS
-from tandem.operator.autoscale.types import Pool, PoolObservation, Replicas
 
 
 def clean(value: float | None) -> float | None:

@@ -6,10 +6,10 @@ from collections.abc import Mapping
 
 import httpx
 
+from tandem.operator.autoscale.core.source import MetricsUnavailable, Target
+from tandem.operator.autoscale.core.types import Pool, PoolObservation, Replicas
 from tandem.operator.autoscale.sources import promql
-from tandem.operator.autoscale.sources.base import MetricsUnavailable, Target
 from tandem.operator.autoscale.sources.observation import observation
-from tandem.operator.autoscale.types import Pool, PoolObservation, Replicas
 
 
 class PrometheusSource:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tandem import names
-from tandem.operator.autoscale.types import Pool
+from tandem.operator.autoscale.core.types import Pool
 
 
 @dataclass(frozen=True)

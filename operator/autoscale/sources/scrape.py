@@ -14,9 +14,9 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tandem import names
-from tandem.operator.autoscale.sources.base import MetricsUnavailable, Target
+from tandem.operator.autoscale.core.source import MetricsUnavailable, Target
+from tandem.operator.autoscale.core.types import Pool, PoolObservation, Replicas
 from tandem.operator.autoscale.sources.observation import observation
-from tandem.operator.autoscale.types import Pool, PoolObservation, Replicas
 
 Labels = tuple[tuple[str, str], ...]
 Samples = dict[tuple[str, Labels], float]

@@ -12,7 +12,7 @@ import time
 import urllib.request
 
 from tandem import names
-from tandem.operator.pod_role import PODINFO_MOUNT
+from tandem.operator.manifests.pod_role import PODINFO_MOUNT
 from tests.k8s.conftest import wait_for
 from tests.k8s.realnode.conftest import SERVICE, is_ready, pods
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from tandem.worker.engine.layers.attention import AttentionBatch
+if TYPE_CHECKING:
+    from tandem.worker.engine.layers.attention import AttentionBatch
 
 Q_BLOCK = 128  # query rows per block-mask row
 

@@ -1,0 +1,1 @@
+"""The autoscaler of `tandem up`: the local processes scraped and resized in a thread."""

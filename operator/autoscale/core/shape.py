@@ -1,0 +1,214 @@
+"""The shape as a decision (pure): colocated workers or a prefill/decode split, whichever serves the load at the SLO
+on fewer GPUs, with hysteresis and a cost for each change.
+
+The rule sizes both shapes for the window's load at the policy's margin (a share of the SLO) with the
+capacity model of the profile in use: the split with capacity.prefill_need and decode_need (at least one
+replica of each), colocated workers with colocated.colocated_need (prefill and decode sharing chunked
+steps). It asks for the other shape only when that needs at most `1 - band` of the GPUs the current one
+needs (at least one fewer), so a load near the crossover does not send the service back and forth; the
+band is on GPUs, not on latency, because near the idle step a latency band would price a tight-TPOT split
+out of reach. A change also waits `dwell_s` after the last one, and its cost must be repaid: every worker
+drains (a generation at the observed TPOT) and flips (`flip_s`), and the GPUs saved over `horizon_s` must
+exceed those GPU-seconds. At the trough this collapses a split service to one colocated GPU.
+
+Not yet wired into the live loop, the simulator or the runtime: the per-pool policy still sizes whichever
+shape the spec fixes, and `tandem simulate` replays fixed colocated workers (sim/colocated.py) without
+this rule; it says which shape the service should have and why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from tandem.operator.autoscale.core.capacity import (
+    MAX_REPLICAS_SEARCHED,
+    DecodeLoad,
+    Need,
+    PrefillLoad,
+    decode_need,
+    prefill_need,
+)
+from tandem.operator.autoscale.core.colocated import colocated_need, colocated_tpot_ms
+from tandem.operator.autoscale.core.config import PolicyConfig
+from tandem.operator.autoscale.core.sizing import missing
+from tandem.operator.autoscale.core.types import Pool, PoolObservation
+from tandem.profile import Profile
+from tandem.slo import Slo
+
+
+class ShapeAction(Enum):
+    keep = "keep"
+    collapse = "collapse"
+    split = "split"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Workers by role: `colocated` ones, or `prefill` plus `decode` ones."""
+
+    colocated: int = 0
+    prefill: int = 0
+    decode: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.colocated, self.prefill, self.decode) < 0 or (self.colocated and (self.prefill or self.decode)):
+            raise ValueError(f"a shape is colocated workers or a split, not both: {self!r}")
+
+    @property
+    def split(self) -> bool:
+        return self.colocated == 0
+
+    @property
+    def workers(self) -> int:
+        return self.colocated + self.prefill + self.decode
+
+    def __str__(self) -> str:
+        return f"{self.prefill}P+{self.decode}D" if self.split else f"{self.colocated} colocated"
+
+
+@dataclass(frozen=True)
+class ShapeLoad:
+    """The window the policy already reads (router-side): arrivals, lengths, and the latencies at the SLO percentile."""
+
+    rate_rps: float
+    prompt_tokens_mean: float
+    output_tokens_mean: float
+    prompt_tokens_p90: float | None = None
+    prefix_hit_rate: float = 0.0
+    ttft_ms: float | None = None  # observed
+    tpot_ms: float | None = None  # observed
+
+    @classmethod
+    def observed(cls, observations: dict[Pool, PoolObservation]) -> ShapeLoad | None:
+        """The load from the policy's own observations: requests and prompts where prefill runs (the prefill or
+        colocated pool), outputs and TPOT where decode runs; None while a metric the rule needs is missing."""
+        front = observations.get(Pool.colocated) or observations.get(Pool.prefill)
+        back = observations.get(Pool.colocated) or observations.get(Pool.decode)
+        if front is None or back is None:
+            return None
+        needed = (front.arrival_rate_rps, front.prompt_tokens_mean, back.output_tokens_mean)
+        if any(missing(v) for v in needed):
+            return None
+        rate, prompt, output = (float(v) for v in needed)  # type: ignore[arg-type]
+
+        def present(v: float | None) -> float | None:
+            return None if missing(v) else v
+
+        return cls(
+            rate, prompt, output, present(front.prompt_tokens_p90), present(front.prefix_hit_rate) or 0.0,
+            present(front.ttft_ms), present(back.tpot_ms),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ShapeConfig:
+    slo: Slo
+    profile: Profile
+    margin: float = 0.8  # the current shape is sized for this share of the SLO (the policy's margin)
+    band: float = 0.1  # the other shape must need at most 1 - band of the current shape's GPUs
+    dwell_s: float = 600.0  # no change sooner than this after the last one
+    flip_s: float = 2.0  # a drained worker serves its new role this long after it was asked to flip
+    horizon_s: float = 1800.0  # the GPU saving over this long must repay the change
+    gpus_per_replica: int = 1
+
+    @classmethod
+    def from_policy(cls, cfg: PolicyConfig, **overrides: float) -> ShapeConfig:
+        """The shape rule's settings from the policy's: its SLO, profile, margin and flip time."""
+        return cls(slo=cfg.slo, profile=cfg.profile, margin=cfg.margin, flip_s=cfg.flip_s, **overrides)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class ShapeDecision:
+    action: ShapeAction
+    current: Shape
+    target: Shape  # the current shape when kept
+    reason: str  # "Collapsed: 0.4 req/s fits 1 colocated worker at TPOT p90 5 ms <= 50 ms; ..."
+    details: dict[str, float] = field(default_factory=dict)
+
+
+def decide_shape(load: ShapeLoad, current: Shape, since_change_s: float, cfg: ShapeConfig) -> ShapeDecision:
+    """Keep the current shape, or collapse to colocated workers, or split, and say why."""
+    colocated, split = _sized(load, cfg)
+    need_now, other = (split, colocated) if current.split else (colocated, split)
+    gpus_now, gpus_other = _gpus(need_now, cfg), _gpus(other, cfg)
+    details = {"current_need_gpus": float(gpus_now), "other_need_gpus": float(gpus_other)}
+    if _unreachable(other) or gpus_other > min((1 - cfg.band) * gpus_now, gpus_now - 1):
+        now = "it needs " + _described(need_now, cfg) if not _unreachable(need_now) else _described(need_now, cfg)
+        then = _described(other, cfg) if _unreachable(other) else f"{_described(other, cfg)} saves less than {cfg.band:.0%}"
+        return _keep(current, f"Kept {current}: {now}; {then}", details)
+    action = ShapeAction.collapse if current.split else ShapeAction.split
+    why = _why(load, current, colocated, split, cfg)
+    if since_change_s < cfg.dwell_s:
+        text = f"Kept {current}: would {action.value} ({why}), but the last change was {since_change_s:.0f} s ago (dwell {cfg.dwell_s:.0f} s)"
+        return _keep(current, text, details)
+    drain_s = load.output_tokens_mean * (load.tpot_ms if load.tpot_ms is not None else cfg.slo.tpot_ms) / 1000
+    cost = current.workers * cfg.gpus_per_replica * (drain_s + cfg.flip_s)
+    saving = (gpus_now - gpus_other) * cfg.horizon_s
+    details |= {"change_cost_gpu_s": cost, "saving_gpu_s": saving}
+    if saving <= cost:
+        text = (
+            f"Kept {current}: would {action.value} ({why}), but the change costs {cost:.0f} GPU-s ({current.workers} "
+            f"workers drain {drain_s:.1f} s + flip {cfg.flip_s:g} s) and saves {saving:.0f} GPU-s in {cfg.horizon_s:.0f} s"
+        )
+        return _keep(current, text, details)
+    return ShapeDecision(action, current, other, f"{'Collapsed' if current.split else 'Split'}: {why}", details)
+
+
+def _loads(load: ShapeLoad) -> tuple[PrefillLoad, DecodeLoad]:
+    p90 = load.prompt_tokens_p90 if load.prompt_tokens_p90 is not None else load.prompt_tokens_mean
+    prefill = PrefillLoad(load.rate_rps, load.prompt_tokens_mean, p90, load.prefix_hit_rate)
+    return prefill, DecodeLoad(load.rate_rps, load.prompt_tokens_mean, load.output_tokens_mean)
+
+
+def _sized(load: ShapeLoad, cfg: ShapeConfig) -> tuple[Shape, Shape]:
+    """Colocated workers and the split that meet both SLOs within the margin; a count of
+    MAX_REPLICAS_SEARCHED says no count does (the capacity model's need misses its target)."""
+    prefill, decode = _loads(load)
+    slo, share = cfg.slo, cfg.margin
+
+    def count(need: Need, target_ms: float) -> int:
+        return need.replicas if need.latency_ms <= target_ms * share * (1 + 1e-9) else MAX_REPLICAS_SEARCHED
+
+    colocated = count(colocated_need(cfg.profile, prefill, decode, slo, share), slo.tpot_ms)
+    p = count(prefill_need(cfg.profile, prefill, slo, share), slo.ttft_ms)
+    d = count(decode_need(cfg.profile, decode, slo, share), slo.tpot_ms)
+    return Shape(colocated=max(colocated, 1)), Shape(prefill=max(p, 1), decode=max(d, 1))
+
+
+def _gpus(shape: Shape, cfg: ShapeConfig) -> int:
+    return shape.workers * cfg.gpus_per_replica
+
+
+def _keep(current: Shape, reason: str, details: dict[str, float]) -> ShapeDecision:
+    return ShapeDecision(ShapeAction.keep, current, current, reason, details)
+
+
+def _unreachable(shape: Shape) -> bool:
+    """No count of this kind meets the SLO (the capacity search ran to its end)."""
+    return max(shape.colocated, shape.prefill, shape.decode) >= MAX_REPLICAS_SEARCHED
+
+
+def _described(shape: Shape, cfg: ShapeConfig) -> str:
+    """A shape and its GPUs ("2P+3D at 5 GPUs"), or that no count of its kind meets the SLO."""
+    if _unreachable(shape):
+        return f"no {'split' if shape.split else 'count of colocated workers'} meets the SLO"
+    return f"{shape} at {_gpus(shape, cfg)} GPUs"
+
+
+def _why(load: ShapeLoad, current: Shape, colocated: Shape, split: Shape, cfg: ShapeConfig) -> str:
+    slo, p = cfg.slo, f"p{cfg.slo.percentile:g}"
+    if current.split:
+        n = colocated.colocated
+        tpot = colocated_tpot_ms(cfg.profile, n, *_loads(load))
+        return (
+            f"{load.rate_rps:.2g} req/s fits {n} colocated worker{'s' if n > 1 else ''} at TPOT {p} {tpot:.0f} ms "
+            f"<= {slo.tpot_ms:.0f} ms; the split needs {_described(split, cfg)}"
+        )
+    if load.tpot_ms is not None and load.tpot_ms > slo.tpot_ms:
+        head = f"TPOT {p} {load.tpot_ms:.0f} ms > {slo.tpot_ms:.0f} ms under prefill interference"
+    else:
+        head = f"{load.rate_rps:.2g} req/s"
+    if _unreachable(colocated):
+        return f"{head}; {split} serves it at {_gpus(split, cfg)} GPUs, no count of colocated workers meets the SLO"
+    return f"{head}; {split} serves it at {_gpus(split, cfg)} GPUs, {colocated} would need {_gpus(colocated, cfg)}"

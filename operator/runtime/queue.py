@@ -1,0 +1,121 @@
+"""Coalescing work queue: at most one reconcile per InferenceService at a time, reruns folded into one,
+failures retried with a per-object backoff."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from tandem.operator.runtime.backoff import retry_delay
+
+log = logging.getLogger("tandem.operator")
+
+Key = tuple[str, str]  # (namespace, name)
+
+
+class ReconcileQueue:
+    """trigger(key) schedules fn(*key, fresh) in a worker thread; triggers during a run cause exactly one rerun.
+
+    `fresh` asks the reconcile to read the API rather than the watch cache; it sticks until a run uses it.
+    After a failure the object waits `backoff(error, failures)` seconds; every trigger in that time (child
+    events, resyncs, our own status writes) folds into that one retry, unless it brings a new generation of
+    the object, which is retried at once.
+    """
+
+    def __init__(self, fn: Callable[[str, str, bool], object], concurrency: int = 8,
+                 backoff: Callable[[BaseException, int], float] = retry_delay):
+        self._fn = fn
+        self._sem = asyncio.Semaphore(concurrency)
+        self._queued: set[Key] = set()
+        self._running: set[Key] = set()
+        self._dirty: set[Key] = set()
+        self._fresh: set[Key] = set()
+        self._backoff = backoff
+        self._failures: dict[Key, int] = {}
+        self._waiting: dict[Key, asyncio.TimerHandle] = {}  # objects in backoff and their retry timer
+        self._generation: dict[Key, int] = {}  # newest generation seen per object
+        self._failed_generation: dict[Key, int | None] = {}
+        self._rechecks: dict[Key, asyncio.TimerHandle] = {}  # a later look the last run asked for
+        self.known: set[Key] = set()
+
+    def trigger(self, key: Key, fresh: bool = False, delay: float = 0.0, generation: int | None = None) -> None:
+        """Queue a reconcile; `delay` lets a burst of events (echoes of our own writes) fold into one.
+
+        `generation` is the object's metadata.generation when the trigger comes from the object itself.
+        """
+        if generation is not None and generation != self._generation.get(key):
+            self._generation[key] = generation
+            self._failures.pop(key, None)  # a new spec starts a new backoff
+        if fresh:
+            self._fresh.add(key)
+        if key in self._waiting:
+            if self._generation.get(key) == self._failed_generation.get(key):
+                return  # folded into the pending retry
+            self._waiting.pop(key).cancel()
+        if key in self._running:
+            self._dirty.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            asyncio.get_running_loop().create_task(self._run(key, delay))
+
+    def forget(self, key: Key) -> None:
+        """The object is gone: drop its backoff and history."""
+        self.known.discard(key)
+        for timers in (self._waiting, self._rechecks):
+            if key in timers:
+                timers.pop(key).cancel()
+        for table in (self._failures, self._generation, self._failed_generation):
+            table.pop(key, None)
+
+    def _recheck(self, key: Key, after: float | None) -> None:
+        """One pending look-again per object: the newest run's request replaces the older one."""
+        if key in self._rechecks:
+            self._rechecks.pop(key).cancel()
+        if after:
+            self._rechecks[key] = asyncio.get_running_loop().call_later(after, self.trigger, key)
+
+    def _retry(self, key: Key) -> None:
+        self._waiting.pop(key, None)
+        self.trigger(key, fresh=True)
+
+    async def _run(self, key: Key, delay: float = 0.0) -> None:
+        if delay:
+            await asyncio.sleep(delay)
+        async with self._sem:
+            self._queued.discard(key)
+            self._running.add(key)
+            fresh = key in self._fresh
+            self._fresh.discard(key)
+            started = self._generation.get(key)
+            try:
+                result = await asyncio.to_thread(self._fn, *key, fresh)
+            except Exception as e:  # retried below; the error is the operator's to report, not to crash on
+                self._failed(key, e, started)
+            else:
+                self._failures.pop(key, None)
+                self._recheck(key, getattr(result, "recheck_after", None))
+            finally:
+                self._running.discard(key)
+        if key in self._dirty:
+            self._dirty.discard(key)
+            self.trigger(key)
+
+    def _failed(self, key: Key, error: Exception, started: int | None) -> None:
+        failures = self._failures[key] = self._failures.get(key, 0) + 1
+        if self._generation.get(key) != started:
+            log.warning("reconcile %s/%s failed, retrying the new generation now: %s", *key, error)
+            return  # the object changed during the run: the dirty rerun tries the new spec
+        wait = self._backoff(error, failures)
+        log.warning("reconcile %s/%s failed (%d in a row), retrying in %.0fs: %s", *key, failures, wait, error)
+        self._dirty.discard(key)
+        self._fresh.add(key)
+        self._failed_generation[key] = started
+        self._waiting[key] = asyncio.get_running_loop().call_later(wait, self._retry, key)
+
+    async def resync_forever(self, interval: float) -> None:
+        """Level-based safety net: reconcile every known InferenceService from fresh reads every `interval` s."""
+        while True:
+            await asyncio.sleep(interval)
+            for key in list(self.known):
+                self.trigger(key, fresh=True)
