@@ -6,7 +6,7 @@ Pods receive everything they use through their template (arguments, environment,
 pod-template change is exactly a change the pods consume: editing `autoscaling` or a pool's replica bounds
 rewrites no template, and `slo` only the router's.
 This module assembles the workloads; each concern they carry has its own module: names, labels and hashes
-(manifest.py), the model's volume and fetch (model_source.py), certificates (pod_tls.py), the restricted
+(manifest.py), the model's volume and fetch (model/source.py), certificates (pod_tls.py), the restricted
 security profile (pod_security.py), probes and preStop (probes.py), NetworkPolicies (network_policy.py), the
 Gateway API objects (gateway.py) and the user's pod overlay (pod_overlay.py).
 """

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.operator.local.up import free_port_block
+from tandem.operator.local.stack import free_port_block
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK_START = re.compile(r"```bash\npip install -e \. && (tandem up [^\n]+)\n```")

@@ -2,7 +2,7 @@
 TandemPool (the one writer while autoscaling is on). Before a pool shrinks, each pod's
 `controller.kubernetes.io/pod-deletion-cost` is set from its running sequences, so the ReplicaSet
 removes the emptiest pod, which then drains (preStop) before it exits. Pools count pods by the role they
-serve now, and a flip relabels pods (kube_flip.py)."""
+serve now, and a flip relabels pods (flip.py)."""
 
 from __future__ import annotations
 
