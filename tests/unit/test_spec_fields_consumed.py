@@ -82,6 +82,7 @@ CONTEXT: list[tuple[str, dict[str, Any]]] = [
 # The rest of the spec one value of a field needs (a method and the section only it takes).
 VALUE_CONTEXT: dict[str, dict[Any, dict[str, Any]]] = {
     "engine.speculative.method": {"draft": {"engine": {"speculative": {"draftModel": {"layers": 1}}}}},
+    "mode": {"auto": {"roleFlip": True, "autoscaling": {"enabled": True}}},
 }
 
 BASE = {"model": {"source": {"path": "/models/m"}, "servedName": "m"}}
