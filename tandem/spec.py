@@ -384,6 +384,18 @@ class FlipSpec(_Spec):
     cold start)."""
 
 
+class ShapeSpec(_Spec):
+    """How mode auto changes the shape: colocated workers or a prefill/decode split, whichever the capacity
+    model says serves the load at the SLO on fewer GPUs."""
+
+    dwell_seconds: int = Field(default=600, ge=0)
+    """No change of shape sooner than this after the last one."""
+    band_percent: int = Field(default=10, ge=0, le=90)
+    """The other shape must need at least this share fewer GPUs (and at least one fewer) than the current one."""
+    horizon_seconds: int = Field(default=1800, gt=0)
+    """The GPUs a change saves over this long must repay its cost (every worker drains and flips)."""
+
+
 class AutoscalingSpec(_Spec):
     enabled: bool = False
     """Turn the built-in autoscaler on; off, kubectl scale, HPA or KEDA own the counts."""
@@ -406,6 +418,8 @@ class AutoscalingSpec(_Spec):
     prometheus_url: str | None = Field(default=None, pattern="^https?://")
     """Prometheus HTTP API the autoscaler reads; unset, the operator's --prometheus-url, else a direct scrape
     of the pods."""
+    shape: ShapeSpec = Field(default_factory=ShapeSpec)
+    """mode auto: when the autoscaler collapses the split to colocated workers or splits them."""
     flip: FlipSpec = Field(default_factory=FlipSpec)
     """Role flips as a scaling action: when one pool breaches its SLO and the other has slack that survives
     losing a worker, a warm worker changes role (drain, then flipSeconds) while new pods start; it flips

@@ -11,14 +11,26 @@ workers start first, flips to decode go before flips away from the decode side, 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from tandem.operator.autoscale.config import PolicyConfig, PoolLimits
 from tandem.operator.autoscale.shape import Shape, ShapeConfig, ShapeDecision, ShapeLoad, decide_shape
 from tandem.operator.autoscale.sizing import missing
 from tandem.operator.autoscale.types import Pool, PoolObservation, Replicas
+from tandem.spec import InferenceServiceSpec, Mode
 
 SPLIT_POOLS = (Pool.prefill, Pool.decode)
 SHAPE_POOLS = (Pool.colocated, Pool.prefill, Pool.decode)
+
+
+def shape_config(spec: InferenceServiceSpec, config: PolicyConfig) -> ShapeConfig | None:
+    """mode auto: the shape rule's settings (the policy's SLO, profile, margin and flip time, the spec's
+    dwell, band and horizon); None for a fixed shape."""
+    if spec.mode != Mode.auto:
+        return None
+    s = spec.autoscaling.shape
+    return ShapeConfig.from_policy(config, dwell_s=s.dwell_seconds, band=s.band_percent / 100,
+                                   horizon_s=s.horizon_seconds, gpus_per_replica=max(spec.decode.resources.gpus, 1))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -59,15 +71,26 @@ def load_of(observations: Mapping[Pool, PoolObservation], shape: Shape) -> Shape
     return ShapeLoad.observed(mine)
 
 
+def within(shape: Shape, limits: Mapping[Pool, PoolLimits]) -> Shape:
+    """`shape` with each pool's count inside its bounds (pure); at least one worker of each kind it has."""
+    def bound(pool: Pool, n: int) -> int:
+        lim = limits.get(pool)
+        return n if lim is None or not n else min(max(n, lim.min_replicas, 1), max(lim.max_replicas, 1))
+
+    return Shape(bound(Pool.colocated, shape.colocated), bound(Pool.prefill, shape.prefill), bound(Pool.decode, shape.decode))
+
+
 def shape_tick(
     observations: Mapping[Pool, PoolObservation],
     replicas: Mapping[Pool, Replicas],
     state: ShapeState,
     cfg: ShapeConfig,
     now_s: float,
+    limits: Mapping[Pool, PoolLimits] | None = None,
 ) -> tuple[ShapeDecision | None, ShapeState]:
     """The shape rule for one tick of a mode auto service: None while a change is in flight or a metric the
-    rule needs is missing; otherwise its decision, and the state for the next tick (a change restarts the dwell)."""
+    rule needs is missing; otherwise its decision, its target within the pools' bounds, and the state for
+    the next tick (a change restarts the dwell)."""
     shape = current_shape(replicas)
     if shape is None or shape.workers == 0:  # settling, or at zero (waking is the per-pool policy's)
         return None, state
@@ -75,6 +98,9 @@ def shape_tick(
     if load is None:
         return None, state
     decision = decide_shape(load, shape, now_s - state.last_change_s, cfg)
+    bounded = within(decision.target, limits) if limits is not None else decision.target
+    if bounded != decision.target:
+        decision = replace(decision, target=bounded, reason=f"{decision.reason}; {bounded} within the pools' bounds")
     if decision.target == decision.current:
         return decision, state
     return decision, ShapeState(last_change_s=now_s)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tandem.operator.autoscale.config import PoolLimits
 from tandem.operator.autoscale.shape import Shape, ShapeAction, ShapeConfig
 from tandem.operator.autoscale.shape_tick import ShapeState, current_shape, load_of, reshape, shape_tick
 from tandem.operator.autoscale.types import Pool, PoolObservation, Replicas
@@ -70,6 +71,9 @@ def test_colocated_workers_that_miss_a_tight_tpot_split_after_the_dwell():
     assert decision is not None and decision.action is ShapeAction.split
     assert decision.target == Shape(prefill=1, decode=2) and state.last_change_s == 1000.0
     assert decision.reason.startswith("Split: TPOT p90 9 ms > 7 ms under prefill interference")
+    capped, _ = shape_tick(heavy, six, ShapeState(), cfg, 1000.0, {Pool.decode: PoolLimits(1, 1), Pool.prefill: PoolLimits(1, 4)})
+    assert capped is not None and capped.target == Shape(prefill=1, decode=1)  # decode's maxReplicas
+    assert capped.reason.endswith("; 1P+1D within the pools' bounds")
 
 
 def test_a_collapse_flips_a_prefill_worker_and_drains_the_rest():
