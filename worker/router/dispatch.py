@@ -109,11 +109,11 @@ class GrpcBackend:
         await self.pools.close()
 
     def needed_roles(self) -> list[str]:
-        """The pools every request needs (conditional disaggregation prefills locally when prefill has none;
-        a routable colocated worker serves a request whole)."""
+        """The pools every request needs (conditional disaggregation and mode auto prefill locally when
+        prefill has none; a routable colocated worker serves a request whole)."""
         if self.mode == "colocated":
             return ["colocated"]
-        if self.disaggregation.mode is DisaggregationMode.always and not self._routable("colocated"):
+        if self.disaggregation.mode is DisaggregationMode.always and self.mode != "auto" and not self._routable("colocated"):
             return ["prefill", "decode"]
         return ["decode"]  # never: every prompt is prefilled where it decodes; conditional: it may be
 
@@ -121,7 +121,7 @@ class GrpcBackend:
         """Every needed pool can take a request now, or has no worker at all and requests wait for it to
         wake (a pool scaled to zero must not take the router out of its Service). Workers that joined and
         never answered keep it unready, as at start."""
-        never = self.disaggregation.mode is DisaggregationMode.never or self._routable("colocated")
+        never = self.disaggregation.mode is DisaggregationMode.never or self.mode == "auto" or self._routable("colocated")
         roles = self.needed_roles() if self.mode == "colocated" or never else ["prefill", "decode"]
         holds = self.wake_queue.limits.max_requests > 0
         return all(self._routable(r) or (holds and not self.pools.workers[r]) for r in roles)
@@ -264,6 +264,8 @@ class GrpcBackend:
         )  # fmt: skip
         # a prompt scored for its logprobs runs where it is answered: its scores come with the first token
         route = PrefillRoute.local if params.prompt_logprobs is not None else decision.route
+        if self.mode == "auto" and not self._routable("prefill"):  # an empty prefill pool is a change of shape
+            route = PrefillRoute.local  # under way (a collapse): the decode worker prefills, nothing waits
         untried = [v for v in self.pools.views("prefill") if v.address not in tried]
         mixed = pick_mixed(self.disaggregation, untried, decode.view, blocks, self.tpot_slo_s, route)
         if mixed is not None:  # the decode pool is the busier: a prefill worker runs this request whole
