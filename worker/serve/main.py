@@ -118,6 +118,8 @@ def prepare(args: WorkerOptions) -> Prepared:
     device = args.device or "cpu"  # parse_args chose one
     with options_checked():
         transports = offered_transports(args.kv_transport, device)
+    if args.role == "colocated":  # no staging rings held for KV it may never receive: inline on gRPC if it flips
+        transports = [common_pb2.KV_TRANSPORT_GRPC]
     if args.threads:
         torch.set_num_threads(args.threads)
     with options_checked():  # the spec refuses these combinations first; a hand-written command line may not
