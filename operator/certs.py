@@ -101,7 +101,7 @@ def write_dir(directory: Path, leaf: Leaf) -> Path:
 
 
 def worker_identity(role: str, service: str, flippable: bool = False) -> Identity:
-    """The identity a process of `role` holds: with role flips on, a prefill or decode worker's names both."""
+    """The identity a process of `role` holds: with role flips on, a worker's names every worker role."""
     return Identity.of(FLIPPABLE, service) if flippable and role in FLIPPABLE else Identity(role, service)
 
 

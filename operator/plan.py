@@ -183,7 +183,7 @@ def deployments_of(name: str, children: Mapping[Key, Body | None]) -> dict[str, 
 
 def serving_counted(spec: InferenceServiceSpec) -> bool:
     """With spec.roleFlip, flipped pods count where they serve now (which costs a read of every pod)."""
-    return spec.role_flip and spec.mode is Mode.disaggregated
+    return spec.role_flip and spec.mode is not Mode.colocated
 
 
 @dataclass(frozen=True)

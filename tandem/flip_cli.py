@@ -1,5 +1,5 @@
-"""`tandem flip`: tell a warm prefill or decode worker to take the other role (SetRole), or flip N workers
-of a running `tandem up` stack from one pool to the other.
+"""`tandem flip`: tell a warm worker to take another role (SetRole: prefill, decode or colocated), or flip N
+workers of a running `tandem up` stack from one pool to another.
 
 A worker changes role in place: it drains the old role's work, then serves the new one with the engine
 and weights it has; the router follows the role it reports. The stack's own identity (the operator's
@@ -27,7 +27,9 @@ def main(argv: list[str]) -> int:
     where.add_argument("--address", help="one worker's gRPC host:port")
     where.add_argument("-f", "--file", help="the InferenceService YAML a `tandem up` runs (with --log-dir)")
     p.add_argument("--log-dir", help="the run directory of that `tandem up` (its --log-dir)")
-    p.add_argument("--count", type=int, default=1, help="with -f: how many workers of the other role to flip")
+    p.add_argument("--count", type=int, default=1, help="with -f: how many workers of the --from role to flip")
+    p.add_argument("--from", dest="from_role", choices=sorted(ROLE_ENUMS), default=None,
+                   help="with -f: the pool to flip workers from (default: the other of prefill and decode)")
     p.add_argument("--reason", default="tandem flip")
     p.add_argument("--drain-timeout", type=float, default=0.0, help="seconds the old role's work may take (0: the worker's)")
     p.add_argument("--tls-dir", default=None, help="with --address, mutual TLS: the operator's tls.crt, tls.key, ca.crt")
@@ -36,10 +38,13 @@ def main(argv: list[str]) -> int:
     if args.file:
         if not args.log_dir:
             p.error("-f needs --log-dir: the run directory of the `tandem up` to change")
+        from_role = args.from_role or OTHER.get(args.to)
+        if from_role is None or from_role == args.to:
+            p.error(f"-f --to {args.to} needs --from: the pool to flip workers from")
         from tandem.operator.local.flip import flip_running_stack
 
         try:
-            flipped = flip_running_stack(args.file, args.log_dir, OTHER[args.to], args.to, args.count, args.reason)
+            flipped = flip_running_stack(args.file, args.log_dir, from_role, args.to, args.count, args.reason)
         except (OSError, ValueError) as e:
             print(f"tandem flip: {e}", file=sys.stderr)
             return 2

@@ -6,7 +6,7 @@ asks the server's certificate for (so the router reaches only a real prefill wor
 prefill worker only a real decode worker), and a URI `spiffe://tandem.internal/service/<service>/role/<role>`,
 which a server reads from the client's certificate to decide which methods it may call. The operator's own
 identity has the role `operator` and no service. A worker that may change role at runtime (SetRole) holds
-one certificate naming both prefill and decode of its service, so it is valid for whichever it has now;
+one certificate naming prefill, decode and colocated of its service, so it is valid for whichever it has now;
 no other combination of roles, and never two services, makes an identity.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 DOMAIN = "tandem.internal"
 ROLES = ("router", "prefill", "decode", "colocated", "operator")
 OPERATOR = "operator"
-FLIPPABLE = frozenset({"prefill", "decode"})  # the roles one worker's certificate may name together
+FLIPPABLE = frozenset({"prefill", "decode", "colocated"})  # the roles one worker's certificate may name together
 _URI_PREFIX = f"spiffe://{DOMAIN}/"
 
 
@@ -88,13 +88,13 @@ def parse_uri(uri: str) -> Identity | None:
 
 
 def from_sans(sans: list[str]) -> Identity | None:
-    """The one tandem identity among a certificate's subject alternative names: one role, or prefill and
-    decode of one service (a worker that may flip); None when none, or any other mix (pure)."""
+    """The one tandem identity among a certificate's subject alternative names: one role, or the worker
+    roles of one service (a worker that may flip); None when none, or any other mix (pure)."""
     found = {i for i in (parse_uri(s) for s in sans) if i is not None}
     if len(found) == 1:
         return found.pop()
     services = {i.service for i in found}
     roles = frozenset(i.role for i in found)
-    if len(services) == 1 and roles == FLIPPABLE:
+    if len(services) == 1 and roles <= FLIPPABLE:  # prefill and decode alone: a certificate issued before colocated flipped
         return Identity.of(roles, services.pop())
     return None

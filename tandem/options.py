@@ -340,7 +340,7 @@ class RouterOptions(_Options):
                    slo_ttft_ms=slo.ttft_ms, slo_tpot_ms=slo.tpot_ms, slo_percentile=slo.percentile,
                    max_held=spec.router.wake_queue.max_requests,
                    hold_timeout=float(spec.router.wake_queue.timeout_seconds), **process)  # fmt: skip
-        if spec.mode is not Mode.disaggregated:
+        if spec.mode is Mode.colocated:
             return opts
         d = spec.router.disaggregation
         return replace(opts, disaggregation=d.mode, local_prefill_max_tokens=d.local_prefill_max_tokens,

@@ -67,6 +67,7 @@ class Dtype(StrEnum):
 class Mode(StrEnum):
     disaggregated = "disaggregated"
     colocated = "colocated"
+    auto = "auto"
 
 
 class SecretKeyRef(_Spec):
@@ -363,7 +364,12 @@ class SloSpec(_Spec):
 
 AUTOSCALING_FLIP_NEEDS_ROLE_FLIP = (
     "spec.autoscaling.flip.enabled needs roleFlip: true (workers that hold certificates for both roles) and mode "
-    "disaggregated"
+    "disaggregated or auto"
+)
+AUTO_NEEDS_AUTOSCALING = (
+    "spec.mode auto needs autoscaling.enabled and roleFlip: true: the autoscaler chooses the shape (colocated "
+    "workers or a prefill/decode split) and changes it by flipping warm workers, which hold certificates for every "
+    "worker role"
 )
 
 
@@ -376,6 +382,18 @@ class FlipSpec(_Spec):
     flip_seconds: int = Field(default=2, ge=0, le=600)
     """How long a drained worker takes to serve its new role (the autoscaler weighs drain plus this against a
     cold start)."""
+
+
+class ShapeSpec(_Spec):
+    """How mode auto changes the shape: colocated workers or a prefill/decode split, whichever the capacity
+    model says serves the load at the SLO on fewer GPUs."""
+
+    dwell_seconds: int = Field(default=600, ge=0)
+    """No change of shape sooner than this after the last one."""
+    band_percent: int = Field(default=10, ge=0, le=90)
+    """The other shape must need at least this share fewer GPUs (and at least one fewer) than the current one."""
+    horizon_seconds: int = Field(default=1800, gt=0)
+    """The GPUs a change saves over this long must repay its cost (every worker drains and flips)."""
 
 
 class AutoscalingSpec(_Spec):
@@ -400,6 +418,8 @@ class AutoscalingSpec(_Spec):
     prometheus_url: str | None = Field(default=None, pattern="^https?://")
     """Prometheus HTTP API the autoscaler reads; unset, the operator's --prometheus-url, else a direct scrape
     of the pods."""
+    shape: ShapeSpec = Field(default_factory=ShapeSpec)
+    """mode auto: when the autoscaler collapses the split to colocated workers or splits them."""
     flip: FlipSpec = Field(default_factory=FlipSpec)
     """Role flips as a scaling action: when one pool breaches its SLO and the other has slack that survives
     losing a worker, a warm worker changes role (drain, then flipSeconds) while new pods start; it flips
@@ -439,8 +459,10 @@ def _spec_rules(schema: dict[str, Any]) -> None:
             f"spec.decode.{MIN_ZERO_NEEDS_AUTOSCALING}", ".decode.minReplicas"),
         cel(f"{autoscaled} || {_COLOCATED} || !has(self.prefill) || !has(self.prefill.minReplicas) || "
             "self.prefill.minReplicas > 0", f"spec.prefill.{MIN_ZERO_NEEDS_AUTOSCALING}", ".prefill.minReplicas"),
-        cel(f"!({flips}) || has(self.roleFlip) && self.roleFlip && (!has(self.mode) || self.mode == 'disaggregated')",
+        cel(f"!({flips}) || has(self.roleFlip) && self.roleFlip && (!has(self.mode) || self.mode != 'colocated')",
             AUTOSCALING_FLIP_NEEDS_ROLE_FLIP, ".autoscaling.flip.enabled"),
+        cel(f"!has(self.mode) || self.mode != 'auto' || {autoscaled} && has(self.roleFlip) && self.roleFlip",
+            AUTO_NEEDS_AUTOSCALING, ".mode"),
         *(rule.crd_rule(path) for rule in IGNORED_BY_MODE for path in rule.fields),
     ]  # fmt: skip
 
@@ -453,7 +475,9 @@ class InferenceServiceSpec(_Spec):
     model: ModelSpec
     """The model to serve."""
     mode: Mode = Mode.disaggregated
-    """colocated runs prefill and decode in one pool (sized by spec.decode), the baseline."""
+    """colocated runs prefill and decode in one pool (sized by spec.decode), the baseline; auto lets the
+    autoscaler choose between colocated workers and the split as the load and the SLO call for (it needs
+    autoscaling.enabled and roleFlip)."""
     image: str = Field(default="tandem-worker:0.1.0", min_length=1, pattern=r"^\S+$")
     """The tandem image every worker and router container runs."""
     router: RouterSpec = Field(default_factory=RouterSpec)
@@ -470,8 +494,8 @@ class InferenceServiceSpec(_Spec):
     """The built-in SLO autoscaler. While enabled it owns each pool's replica count, within minReplicas and
     maxReplicas."""
     role_flip: bool = False
-    """Prefill and decode workers may change role at runtime (the autoscaler, or the serving.tandem.dev/role
-    label): each holds a certificate naming both roles."""
+    """Workers may change role at runtime (the autoscaler, or the serving.tandem.dev/role label): each holds a
+    certificate naming every worker role (prefill, decode, colocated)."""
     kv_transfer: KvTransferSpec = Field(default_factory=KvTransferSpec)
     """How prefill workers hand the KV cache to decode workers."""
     engine: EngineSpec = Field(default_factory=EngineSpec)
@@ -487,8 +511,14 @@ class InferenceServiceSpec(_Spec):
 
     @model_validator(mode="after")
     def _flips_need_workers_that_flip(self) -> InferenceServiceSpec:
-        if self.autoscaling.flip.enabled and (not self.role_flip or self.mode != Mode.disaggregated):
+        if self.autoscaling.flip.enabled and (not self.role_flip or self.mode is Mode.colocated):
             raise ValueError(AUTOSCALING_FLIP_NEEDS_ROLE_FLIP)
+        return self
+
+    @model_validator(mode="after")
+    def _auto_needs_the_autoscaler_and_flips(self) -> InferenceServiceSpec:
+        if self.mode is Mode.auto and not (self.autoscaling.enabled and self.role_flip):
+            raise ValueError(AUTO_NEEDS_AUTOSCALING)
         return self
 
     @model_validator(mode="after")
@@ -555,8 +585,8 @@ IGNORED_BY_MODE = (
     Ignored("mode colocated", lambda s: s.mode is Mode.colocated, _COLOCATED, ("roleFlip",),
             "only a disaggregated service's workers change role"),
     Ignored("router.disaggregation.mode always or never",
-            lambda s: s.mode is Mode.disaggregated and s.router.disaggregation.mode is not DisaggregationMode.conditional,
-            "(!has(self.mode) || self.mode == 'disaggregated') && !(has(self.router) && has(self.router.disaggregation)"
+            lambda s: s.mode is not Mode.colocated and s.router.disaggregation.mode is not DisaggregationMode.conditional,
+            "(!has(self.mode) || self.mode != 'colocated') && !(has(self.router) && has(self.router.disaggregation)"
             " && has(self.router.disaggregation.mode) && self.router.disaggregation.mode == 'conditional')",
             tuple(f"router.disaggregation.{f}" for f in _CONDITIONAL_ONLY), "only mode conditional reads it"),
 )  # fmt: skip

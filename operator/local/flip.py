@@ -36,20 +36,25 @@ def fewest_running(running: Mapping[K, int | None], count: int) -> list[K]:
     return sorted(answering, key=lambda k: running[k] or 0)[: max(0, count)]
 
 
+_SIDE = {"colocated": "decode"}  # a colocated worker stands in for a decode worker (the router's view too)
+
+
 def flip_waves(roles: Mapping[K, str], flips: Mapping[K, str]) -> tuple[list[list[K]], list[K]]:
     """In what order `flips` (worker -> new role) may run so that no pool is left without a worker (pure).
     The waves run one after another, the workers of one wave at once; a worker leaves its pool only while
     another is there, counting those that came in an earlier wave (one arriving in the same wave is still
     draining its old role's work). `roles`: the pool each worker is in now. Returns the waves and the
-    flips refused because they would empty their pool."""
+    flips refused because they would empty their pool. Decode and colocated workers count as one pool here:
+    either takes a request's decode (a colocated one its prompt too)."""
     now = dict(roles)
     pending = [k for k, to in flips.items() if now.get(k) != to]
     waves: list[list[K]] = []
     while pending:
-        left = {role: sum(1 for r in now.values() if r == role) for role in set(now.values())}
+        sides = [_SIDE.get(r, r) for r in now.values()]
+        left = {side: sides.count(side) for side in set(sides)}
         wave = []
         for k in pending:
-            source = now.get(k)
+            source = _SIDE.get(now[k], now[k]) if k in now else None
             if source is None or left[source] > 1:
                 wave.append(k)
                 if source is not None:
@@ -62,7 +67,11 @@ def flip_waves(roles: Mapping[K, str], flips: Mapping[K, str]) -> tuple[list[lis
     return waves, pending
 
 
-ROLE_ENUMS = {"prefill": common_pb2.WORKER_ROLE_PREFILL, "decode": common_pb2.WORKER_ROLE_DECODE}
+ROLE_ENUMS = {
+    "prefill": common_pb2.WORKER_ROLE_PREFILL,
+    "decode": common_pb2.WORKER_ROLE_DECODE,
+    "colocated": common_pb2.WORKER_ROLE_COLOCATED,
+}
 
 
 def set_role(
@@ -144,7 +153,7 @@ def flip_running_stack(
         chosen = fewest_running({a: running_sequences(c, from_role) for a, c in channels.items()}, count)
         if len(chosen) < count:
             raise ValueError(f"{len(chosen)} {from_role} workers answer, {count} asked to flip")
-        listed = {a: role for role in ("prefill", "decode") for a in doc.get(role, [])}
+        listed = {a: role for role in ("prefill", "decode", "colocated") for a in doc.get(role, [])}
         if flip_waves(listed, dict.fromkeys(chosen, to_role))[1]:
             raise ValueError(f"flipping {count} of the {len(doc.get(from_role, []))} {from_role} workers would "
                              f"leave the {from_role} pool with none")  # fmt: skip

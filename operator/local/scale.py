@@ -101,7 +101,7 @@ class LocalPools:
         for _ in range(desired - len(members)):
             started.append(self._start(role).name)
         if desired < len(members):
-            running = {p.name: _running(self.load(p)) for p in members}
+            running = {p.name: running_of(self.load(p)) for p in members}
             drained = self.drain(pick_victims(running, len(members) - desired))
         if started:
             self.write_workers_file()
@@ -123,7 +123,7 @@ class LocalPools:
         Returns the workers that flipped, as planned now: the router follows their reported role, and the
         workers file and the plan say it too (a crashed one restarts in it)."""
         members = self.members(from_role)
-        chosen = fewest_running({p.name: _running(self.load(p)) for p in members}, count)
+        chosen = fewest_running({p.name: running_of(self.load(p)) for p in members}, count)
         return self.flip_workers(chosen, to_role, reason, drain_timeout_s)
 
     def flip_workers(self, worker_names: list[str], to_role: str, reason: str = "", drain_timeout_s: float = 0.0) -> list[ProcessPlan]:
@@ -135,10 +135,15 @@ class LocalPools:
         waves, refused = flip_waves(roles, dict.fromkeys(by_name, to_role))
         if refused:
             log.warning("not flipping %s to %s: each is the last worker of its pool", ", ".join(refused), to_role)
-        replies: dict[str, lifecycle_pb2.SetRoleReply | grpc.RpcError] = {}
-        for wave in waves:
-            replies |= set_roles({n: self.channels.get(by_name[n]) for n in wave}, to_role, reason or f"to {to_role}",
-                                 drain_timeout_s)  # fmt: skip
+        return [p for wave in waves for p in self.flip_wave(wave, to_role, reason, drain_timeout_s)]
+
+    def flip_wave(self, worker_names: list[str], to_role: str, reason: str = "", drain_timeout_s: float = 0.0) -> list[ProcessPlan]:
+        """Move these workers to `to_role` at once, whatever that leaves in their pools (the caller ordered
+        the moves); those that flipped, as planned now."""
+        with self._lock:
+            by_name = {p.name: p for p in self.stack.plans if p.name in worker_names}
+        replies = set_roles({n: self.channels.get(p) for n, p in by_name.items()}, to_role, reason or f"to {to_role}",
+                            drain_timeout_s)  # fmt: skip
         flipped: list[ProcessPlan] = []
         with self._lock:
             for name, reply in replies.items():
@@ -232,7 +237,8 @@ class LocalPools:
             self.leaving.append(Leaving(p, proc, time.monotonic()))
 
 
-def _running(report: common_pb2.LoadReport | None) -> int | None:
+def running_of(report: common_pb2.LoadReport | None) -> int | None:
+    """Sequences a worker holds (running and waiting); None when it did not answer."""
     return None if report is None else report.running_sequences + report.waiting_sequences
 
 

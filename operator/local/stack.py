@@ -32,7 +32,7 @@ from tandem.operator.certs import write_local
 from tandem.operator.local.plan import ProcessPlan, local_tls_root, plan, workers_document
 from tandem.operator.local.supervisor import ChildState
 from tandem.shm_segments import sweep_dead_segments
-from tandem.spec import InferenceService
+from tandem.spec import InferenceService, Mode
 
 STOP_GRACE_S = 5.0
 
@@ -198,7 +198,8 @@ def serving(svc: InferenceService, state: Path, host: str = "127.0.0.1", port: i
         print(f"tandem up: WARNING {svc.name}: security.tls is off; its gRPC ports take plaintext calls from anyone "
               "who can reach them", file=sys.stderr, flush=True)
     elif not svc.spec.security.tls.dir:
-        write_local(tls_root, svc.name, (*worker_pools(svc.spec), names.POOL_ROUTER), flippable=svc.spec.role_flip)
+        shaped = (names.POOL_COLOCATED,) if svc.spec.mode is Mode.auto else ()  # mode auto may start colocated workers
+        write_local(tls_root, svc.name, (*worker_pools(svc.spec), *shaped, names.POOL_ROUTER), flippable=svc.spec.role_flip)
     procs = plan(svc, Path.cwd(), host, port, worker_port, workers_file, tls_root=tls_root)
     workers_file.write_text(json.dumps(workers_document(procs)))
     stack = LocalStack(procs, state)

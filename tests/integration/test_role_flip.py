@@ -141,3 +141,42 @@ def test_a_pod_takes_the_role_its_label_file_names_at_start_and_whenever_it_chan
     finally:
         proc.kill()
         proc.wait()
+
+
+def _prompt_tokens(pools: LocalPools, name: str, pool: str) -> float:
+    """Prompt tokens a worker prefilled while it served `pool` (its metrics port)."""
+    (p,) = [p for p in pools.stack.plans if p.name == name]
+    text = httpx.get(f"http://{p.address.rsplit(':', 1)[0]}:{p.metrics_port}/metrics", timeout=5).text
+    prefix = f'{names.PREFILL_TOKENS_TOTAL}{{pool="{pool}",service="{COLOCATED_SERVICE}"}}'
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+COLOCATED_SERVICE = "cflip"
+
+
+@pytest.mark.timeout(900)
+def test_a_decode_worker_becomes_colocated_and_back_under_load_and_no_request_fails(tiny_model_dir, tmp_path: Path):
+    """A warm decode worker takes the colocated role (SetRole; over mutual TLS, its certificate names every
+    worker role): the router moves it to its colocated pool and runs whole requests there beside the split
+    pools, then it goes back to decode; not one request fails."""
+    obj = spec(COLOCATED_SERVICE, tiny_model_dir, prefill=1, decode=2, prefillChunkTokens=32)
+    obj["spec"]["roleFlip"] = True
+    svc = parse_object(obj)
+    base = free_port_block(8)
+    with serving(svc, tmp_path, port=base, worker_port=base + 2) as (stack, url):
+        pools = LocalPools(stack, svc, Path.cwd(), tmp_path / "workers.json")
+        with StreamingLoad(url, clients=3) as stream:
+            _until(lambda: stream.ok >= 3, 60, "traffic before the flips")
+            (flipped,) = pools.flip_workers(["decode-1"], "colocated", reason="test")
+            assert flipped.role == "colocated" and load(flipped).role == common_pb2.WORKER_ROLE_COLOCATED
+            assert {p.name for p in pools.members("colocated")} == {"decode-1"}
+            assert json.loads((tmp_path / "workers.json").read_text())["colocated"] == [flipped.address]
+            ok = stream.ok
+            _until(lambda: _prompt_tokens(pools, "decode-1", "colocated") > 0 and stream.ok >= ok + 6, 120,
+                   "whole requests served on the colocated worker")  # fmt: skip
+            (back,) = pools.flip_workers(["decode-1"], "decode", reason="test")
+            assert load(back).role == common_pb2.WORKER_ROLE_DECODE and not pools.members("colocated")
+            ok = stream.ok
+            _until(lambda: stream.ok >= ok + 6, 120, "requests served after flipping back")
+        pools.close()
+    assert stream.failures == [], f"{len(stream.failures)} failed of {stream.ok + len(stream.failures)}: {stream.failures[:5]}"

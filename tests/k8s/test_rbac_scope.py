@@ -223,7 +223,7 @@ def test_the_operator_may_patch_a_pod_only_for_the_deletion_cost(control_plane, 
     assert after["spec"] == before["spec"]
 
 
-def test_the_operator_may_flip_a_pods_role_label_between_prefill_and_decode_only(control_plane, scoped, as_operator):
+def test_the_operator_may_flip_a_pods_role_label_between_worker_roles_only(control_plane, scoped, as_operator):
     cp, ns = control_plane, scoped.b
     pod = _pod(ns, "flipped")
     pod["metadata"]["labels"]["serving.tandem.dev/role"] = "prefill"
@@ -236,7 +236,7 @@ def test_the_operator_may_flip_a_pods_role_label_between_prefill_and_decode_only
     assert live["labels"]["serving.tandem.dev/role"] == "decode" and live["annotations"][FLIPPED_AT] == "2026-01-01T00:00:00Z"
     refused = _refusal(lambda: as_operator.merge_patch("Pod", ns, "flipped",
                                                        {"metadata": {"labels": {"serving.tandem.dev/role": "router"}}}))
-    assert refused.startswith("403 ") and "only to prefill or decode" in refused, refused
+    assert refused.startswith("403 ") and "only to prefill, decode or colocated" in refused, refused
     refused = _refusal(lambda: as_operator.merge_patch("Pod", ns, "flipped",
                                                        {"metadata": {"labels": {"serving.tandem.dev/role": None}}}))
     assert "(metadata.labels changed)" in refused, refused

@@ -172,3 +172,47 @@ def test_flips_reach_an_actuator_that_can_flip_and_no_other():
     plain = Pools(counts)
     tick = Autoscaler(target, breach, plain, policy_config(spec, shipped_profile())).tick(1000.0)
     assert tick.flips == () and plain.counts[Pool.decode] == 3
+
+
+class Shapes(Pools):
+    """Pools that can change shape: a reshape sets the target's counts at once."""
+
+    def __init__(self, counts: dict[Pool, int]):
+        super().__init__(counts)
+        self.reshaped: list = []
+
+    def reshape(self, decision) -> None:
+        self.reshaped.append(decision)
+        t = decision.target
+        self.counts = {Pool.colocated: t.colocated, Pool.prefill: t.prefill, Pool.decode: t.decode}
+
+
+def test_mode_auto_collapses_an_idle_split_then_sizes_only_the_colocated_pool():
+    from tandem.operator.autoscale.core.shape import Shape, ShapeAction
+    from tandem.operator.autoscale.core.shape_tick import shape_config
+
+    spec = InferenceServiceSpec.model_validate({**_spec().model_dump(by_alias=True), "mode": "auto", "roleFlip": True})
+    config = policy_config(spec, shipped_profile())
+    idle = {"arrival_rate_rps": 0.0, "running_sequences": 0.0, "queued_prompt_tokens": 0.0}
+    pools = Shapes({Pool.prefill: 1, Pool.decode: 1, Pool.colocated: 0})
+    target = Target("ns", "svc", (Pool.prefill, Pool.decode, Pool.colocated), 60, 90)
+    autoscaler = Autoscaler(target, Fixed({p: idle for p in target.pools}), pools, config, shape_config(spec, config))
+    tick = autoscaler.tick(1000.0)
+    assert tick.shape is not None and tick.shape.action is ShapeAction.collapse and not tick.decisions
+    assert pools.counts == {Pool.colocated: 1, Pool.prefill: 0, Pool.decode: 0}
+    assert tick.shape.reason.startswith("Collapsed: 0 req/s fits 1 colocated worker")
+    after = autoscaler.tick(1015.0)
+    assert after.shape is not None and after.shape.action is ShapeAction.keep and set(after.decisions) == {Pool.colocated}
+    assert after.shape.current == Shape(colocated=1) and len(pools.reshaped) == 1
+
+
+def test_a_backend_that_cannot_change_the_shape_keeps_the_one_it_has():
+    from tandem.operator.autoscale.core.shape_tick import shape_config
+
+    spec = InferenceServiceSpec.model_validate({**_spec().model_dump(by_alias=True), "mode": "auto", "roleFlip": True})
+    config = policy_config(spec, shipped_profile())
+    pools = Pools({Pool.prefill: 1, Pool.decode: 1})
+    target = Target("ns", "svc", (Pool.prefill, Pool.decode), 60, 90)
+    idle = {"arrival_rate_rps": 0.0, "running_sequences": 0.0, "queued_prompt_tokens": 0.0}
+    tick = Autoscaler(target, Fixed({p: idle for p in target.pools}), pools, config, shape_config(spec, config)).tick(1000.0)
+    assert tick.shape is None and set(tick.decisions) == {Pool.prefill, Pool.decode}

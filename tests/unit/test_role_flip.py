@@ -1,4 +1,4 @@
-"""A worker's role as state, the pure and in-process parts: identities naming both flippable roles, who may
+"""A worker's role as state, the pure and in-process parts: identities naming every flippable role, who may
 call SetRole, the switch draining the old role's work before opening the new one (over a real loopback gRPC
 server), the router placing a worker by the role it reports, and metrics following the pool."""
 
@@ -20,7 +20,8 @@ from tandem.worker.api.tls import TlsConfig
 from tandem.worker.router.membership import Pools, placed_role
 from tandem.worker.serve.authz import allowed
 from tandem.worker.serve.drain import Drainer, add_to_server
-from tandem.worker.serve.roles import DrainTimedOut, FixedRole, RoleRefused, RoleSwitch, refusal
+from tandem.worker.serve.roles import DrainTimedOut, RoleRefused, RoleSwitch, refusal
+from tandem.worker.serve.wire import ROLES
 
 FLIP = Identity.of(FLIPPABLE, "llama")
 PREFILL, DECODE, ROUTER, OPERATOR = (Identity("prefill", "llama"), Identity("decode", "llama"),
@@ -28,9 +29,12 @@ PREFILL, DECODE, ROUTER, OPERATOR = (Identity("prefill", "llama"), Identity("dec
 SET_ROLE = "/tandem.v1.LifecycleService/SetRole"
 
 
-def test_one_certificate_names_prefill_and_decode_of_one_service_and_no_other_mix():
-    assert FLIP.roles == {"prefill", "decode"} and FLIP == Identity("decode", "llama", frozenset({"prefill"}))
+def test_one_certificate_names_the_worker_roles_of_one_service_and_no_other_mix():
+    assert FLIP.roles == {"prefill", "decode", "colocated"}
+    assert FLIP == Identity("decode", "llama", frozenset({"prefill", "colocated"}))
     assert from_sans([*FLIP.uris, *FLIP.dns_names]) == FLIP
+    older = Identity.of({"prefill", "decode"}, "llama")  # issued before a worker could flip to colocated
+    assert from_sans(older.uris) == older
     assert from_sans([PREFILL.uri, Identity("decode", "other").uri]) is None  # two services: neither
     assert from_sans([ROUTER.uri, PREFILL.uri]) is None  # the router never flips
     assert from_sans([PREFILL.uri, DECODE.uri, ROUTER.uri]) is None
@@ -66,6 +70,7 @@ def test_why_a_role_is_refused():
     assert "certificate does not name" in (refusal("decode", "prefill", both, frozenset({"prefill"}), False) or "")
     assert "draining to exit" in (refusal("decode", "prefill", both, None, exiting=True) or "")
     assert "cannot take" in (refusal("decode", "colocated", {"colocated": 0}, None, False) or "")
+    assert refusal("colocated", "decode", {**both, "colocated": 0}, frozenset(FLIPPABLE), False) is None
 
 
 class Service:
@@ -78,8 +83,7 @@ class Service:
         return self.held
 
     def own_load(self) -> common_pb2.LoadReport:
-        enum = common_pb2.WORKER_ROLE_PREFILL if self.role == "prefill" else common_pb2.WORKER_ROLE_DECODE
-        return common_pb2.LoadReport(role=enum, draining=self.draining)
+        return common_pb2.LoadReport(role=ROLES[self.role], draining=self.draining)
 
     def activate(self, active: bool) -> None:
         self.active = active
@@ -122,6 +126,21 @@ def test_a_drain_past_its_deadline_keeps_the_old_role_taking_work():
     assert roles.role == "prefill" and not p.draining and d.draining
 
 
+def test_a_worker_moves_to_colocated_and_back_draining_each_role_it_leaves():
+    p, d, c = Service("prefill"), Service("decode", held=1), Service("colocated")
+    info = common_pb2.WorkerInfo(role=common_pb2.WORKER_ROLE_DECODE)
+    roles = RoleSwitch({"prefill": p, "decode": d, "colocated": c}, "decode", info, health.HealthServicer())
+    with pytest.raises(DrainTimedOut, match="stays decode"):
+        roles.set_role("colocated", drain_timeout_s=0.1)  # the decode role's held sequence is not done
+    d.held = 0
+    flip = roles.set_role("colocated")
+    assert (flip.previous, flip.role) == ("decode", "colocated") and roles.load().role == common_pb2.WORKER_ROLE_COLOCATED
+    assert (p.draining, d.draining, c.draining, c.active) == (True, True, False, True)
+    c.held = 0
+    assert roles.set_role("decode").previous == "colocated" and not d.draining and c.draining
+    assert roles.busy() == 0
+
+
 def test_no_flip_once_the_worker_drains_to_exit_and_the_exit_drain_covers_both_roles():
     roles, p, d, _ = switch(certified=frozenset({"prefill"}))
     with pytest.raises(RoleRefused, match="certificate"):
@@ -135,7 +154,9 @@ def test_no_flip_once_the_worker_drains_to_exit_and_the_exit_drain_covers_both_r
 @pytest.fixture
 def lifecycle():
     roles, p, d, h = switch()
-    colocated = FixedRole("colocated")
+    every = {r: Service(r) for r in ROLES}  # what a worker serves, whatever role it started in
+    colocated = RoleSwitch(every, "colocated", common_pb2.WorkerInfo(), h,
+                           certified=frozenset({"colocated"}))  # a colocated worker whose certificate names one role
     servers, stubs = [], []
     for held in (roles, colocated):
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
@@ -160,13 +181,14 @@ def test_set_role_rpc_switches_and_refuses_with_a_reason(lifecycle):
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     with pytest.raises(grpc.RpcError) as err:
         colocated.SetRole(lifecycle_pb2.SetRoleRequest(role=common_pb2.WORKER_ROLE_DECODE), timeout=5)
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "cannot take" in (err.value.details() or "")
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "certificate does not name" in (err.value.details() or "")
 
 
 def test_the_router_places_a_worker_by_the_role_it_reports():
     assert placed_role("prefill", "decode") == "decode"
     assert placed_role("prefill", None) == "prefill"
-    assert placed_role("colocated", "decode") == "colocated"  # a colocated list never turns into a pool
+    assert placed_role("decode", "colocated") == "colocated" and placed_role("colocated", "decode") == "decode"
     pools = Pools({"prefill": ["a:1", "b:1"], "decode": ["c:1"]})
     pools.reported = {"b:1": "decode", "gone:1": "decode"}
     placed = pools._placed(pools._wanted())
@@ -226,6 +248,11 @@ def test_a_flip_never_empties_a_pool_flips_that_would_are_ordered_after_an_arriv
     one_each = {"p0": "prefill", "d0": "decode"}
     assert flip_waves(one_each, {"p0": "decode", "d0": "prefill"}) == ([], ["p0", "d0"])  # either would empty its pool
     assert flip_waves(roles, {"d0": "decode", "gone": "decode"}) == ([["gone"]], [])  # already there / in no pool
+    # a colocated worker stands in for a decode worker: either may leave while the other serves
+    beside = {"p0": "prefill", "d0": "decode", "d1": "colocated"}
+    assert flip_waves(beside, {"d1": "decode"}) == ([["d1"]], [])
+    assert flip_waves(beside, {"d0": "colocated"}) == ([["d0"]], [])
+    assert flip_waves({"p0": "prefill", "d0": "decode"}, {"d0": "colocated"}) == ([], ["d0"])
 
 
 def test_flip_cli_refuses_a_spec_without_its_run_directory(capsys):

@@ -38,6 +38,8 @@ REFUSED = [
     ("conditional-knob-under-always", _spec(router={"disaggregation": {"mixedDecodeRatio": 0.5}}),
      "spec.router.disaggregation.mixedDecodeRatio is ignored in router.disaggregation.mode always or never"),
     ("flip-without-role-flip", _spec(autoscaling={"flip": {"enabled": True}}), "spec.autoscaling.flip.enabled needs"),
+    ("auto-without-autoscaling", _spec(mode="auto", roleFlip=True), "spec.mode auto needs autoscaling.enabled"),
+    ("auto-without-role-flip", _spec(mode="auto", autoscaling={"enabled": True}), "spec.mode auto needs"),
 ]
 
 
@@ -54,7 +56,9 @@ def test_a_careless_spec_is_refused_naming_the_field(spec, want):
     _spec(mode="colocated", decode={"replicas": 3, "maxReplicas": 3, "resources": {"gpus": 0}}),
     _spec(router={"disaggregation": {"mode": "conditional", "mixedDecodeRatio": 0.5}}),
     _spec(router={"disaggregation": {"mode": "never"}}),
-], ids=["longest-context", "colocated-prefill-at-defaults", "colocated-decode", "conditional-knob", "never"])
+    _spec(mode="auto", roleFlip=True, autoscaling={"enabled": True, "flip": {"enabled": True}},
+          router={"disaggregation": {"mode": "conditional"}}),
+], ids=["longest-context", "colocated-prefill-at-defaults", "colocated-decode", "conditional-knob", "never", "auto"])
 def test_what_the_mode_reads_is_accepted(spec):
     InferenceServiceSpec.model_validate(spec)
 

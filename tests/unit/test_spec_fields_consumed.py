@@ -71,6 +71,7 @@ CONTEXT: list[tuple[str, dict[str, Any]]] = [
     # the live pool is scaled out of bounds in `observe`, so the switch shows as a clamp
     ("autoscaling.enabled", {}),
     ("autoscaling.flip.", {"roleFlip": True}),  # the autoscaler flips only workers that can take both roles
+    ("autoscaling.shape.", {"mode": "auto", "roleFlip": True, "autoscaling": {"enabled": True}}),  # mode auto reads it
     ("engine.speculative.draftModel.", {"engine": {"speculative": {"method": "draft"}}}),
     *((f"router.disaggregation.{f}", {"router": {"disaggregation": {"mode": "conditional"}}}) for f in (
         "localPrefillMaxTokens", "prefillQueueTokens", "localPrefillMaxTpotFraction", "mixedDecodeRatio")),  # only it reads them
@@ -82,6 +83,7 @@ CONTEXT: list[tuple[str, dict[str, Any]]] = [
 # The rest of the spec one value of a field needs (a method and the section only it takes).
 VALUE_CONTEXT: dict[str, dict[Any, dict[str, Any]]] = {
     "engine.speculative.method": {"draft": {"engine": {"speculative": {"draftModel": {"layers": 1}}}}},
+    "mode": {"auto": {"roleFlip": True, "autoscaling": {"enabled": True}}},
 }
 
 BASE = {"model": {"source": {"path": "/models/m"}, "servedName": "m"}}

@@ -2,7 +2,9 @@
 
 Disaggregated: reserve blocks on a decode worker, open its token stream, ask a prefill worker to run the
 prompt and push the KV there, then relay tokens; or, when conditional disaggregation says the transfer is
-not worth it (disaggregation.py), let the decode worker prefill the prompt itself. A worker that fails
+not worth it (disaggregation.py), let the decode worker prefill the prompt itself. Colocated workers of a
+disaggregated service (a worker that took the colocated role, as `mode: auto` does when a split does not
+pay) stand beside the decode pool: one picked where a decode worker would be runs the request whole. A worker that fails
 before the first token is marked unhealthy and the request is retried elsewhere; after the first token a
 failure ends the stream with an error.
 
@@ -47,7 +49,7 @@ from tandem.worker.router.disaggregation import (
     pick_mixed,
 )
 from tandem.worker.router.membership import STUBS, Pools, Worker
-from tandem.worker.router.selection import pick_decode, pick_prefill
+from tandem.worker.router.selection import WorkerView, pick_decode, pick_prefill
 from tandem.worker.router.wake_queue import WakeLimits, WakeQueue
 from tandem.worker.router.worker_errors import (
     is_draining,
@@ -107,10 +109,11 @@ class GrpcBackend:
         await self.pools.close()
 
     def needed_roles(self) -> list[str]:
-        """The pools every request needs (conditional disaggregation prefills locally when prefill has none)."""
+        """The pools every request needs (conditional disaggregation and mode auto prefill locally when
+        prefill has none; a routable colocated worker serves a request whole)."""
         if self.mode == "colocated":
             return ["colocated"]
-        if self.disaggregation.mode is DisaggregationMode.always:
+        if self.disaggregation.mode is DisaggregationMode.always and self.mode != "auto" and not self._routable("colocated"):
             return ["prefill", "decode"]
         return ["decode"]  # never: every prompt is prefilled where it decodes; conditional: it may be
 
@@ -118,19 +121,27 @@ class GrpcBackend:
         """Every needed pool can take a request now, or has no worker at all and requests wait for it to
         wake (a pool scaled to zero must not take the router out of its Service). Workers that joined and
         never answered keep it unready, as at start."""
-        never = self.disaggregation.mode is DisaggregationMode.never
+        never = self.disaggregation.mode is DisaggregationMode.never or self.mode == "auto" or self._routable("colocated")
         roles = self.needed_roles() if self.mode == "colocated" or never else ["prefill", "decode"]
         holds = self.wake_queue.limits.max_requests > 0
         return all(self._routable(r) or (holds and not self.pools.workers[r]) for r in roles)
 
+    def _sides(self, role: str) -> tuple[str, ...]:
+        """The pools that can take `role`'s part of a request: a colocated worker takes a decode worker's
+        (and its prompt with it) in a disaggregated service."""
+        return ("decode", "colocated") if role == "decode" and self.mode != "colocated" else (role,)
+
+    def _views(self, role: str) -> list[WorkerView]:
+        return [v for side in self._sides(role) for v in self.pools.views(side)]
+
     def _routable(self, role: str) -> bool:
-        return any(v.routable for v in self.pools.views(role))
+        return any(v.routable for v in self._views(role))
 
     def _may_wake(self, role: str) -> bool:
         """No worker of `role` is routable, and one may be soon: the pool is at zero or going there (its last
         workers drain, as a scale-down's or a flip's do), or a worker of it is starting (joined, or moved here
         by a flip, and never answered). A pool whose workers all failed is refused at once, not held."""
-        members = self.pools.workers[role].values()
+        members = [w for side in self._sides(role) for w in self.pools.workers[side].values()]
         starting = any(w.info is None for w in members)
         return not self._routable(role) and (starting or all(w.view.draining for w in members))
 
@@ -145,18 +156,20 @@ class GrpcBackend:
         return {role: sum(v.routable for v in self.pools.views(role)) for role in STUBS}
 
     def _blocks_needed(self, num_tokens: int) -> int:
-        sizes = [w.info.block_size for w in self.pools.workers["decode"].values() if w.info and w.info.block_size]
+        sizes = [w.info.block_size for side in self._sides("decode") for w in self.pools.workers[side].values()
+                 if w.info and w.info.block_size]
         return -(-num_tokens // (sizes[0] if sizes else self.block_size))
 
     def _pick(self, role: str, tried: set[str], blocks_needed: int = 0) -> Worker:
-        views = self.pools.views(role)
+        views = self._views(role)
         view = pick_decode(views, blocks_needed, tried) if role == "decode" else pick_prefill(views, tried)
         if view is None:
             view = pick_decode(views, blocks_needed) if role == "decode" else pick_prefill(views)  # retry a tried one
         if view is None:
             raise BackendError(f"no healthy {role} worker", status=503, retry_after_s=1)
         view.last_picked = time.monotonic()
-        return self.pools.workers[role][view.address]
+        return next(self.pools.workers[side][view.address] for side in self._sides(role)
+                    if view.address in self.pools.workers[side])
 
     # --- requests -----------------------------------------------------------------------------
     async def generate(
@@ -240,12 +253,19 @@ class GrpcBackend:
     async def _disaggregated(self, request_id, prompt_ids, params, timing, tried) -> AsyncIterator[TokenOut]:
         blocks = self._blocks_needed(len(prompt_ids) + params.max_tokens)
         decode = await self._pick_or_wait("decode", tried, blocks)
+        if decode.role == "colocated":  # a colocated worker stands in for the decode pool: the request runs whole
+            timing.prefill = "colocated"
+            async for token in self._generate_on(decode, request_id, prompt_ids, params, timing, tried):
+                yield token
+            return
         decision = choose_prefill(
             self.disaggregation, len(prompt_ids), self.pools.views("prefill"), decode.view, blocks,
             tpot_slo_s=self.tpot_slo_s,
         )  # fmt: skip
         # a prompt scored for its logprobs runs where it is answered: its scores come with the first token
         route = PrefillRoute.local if params.prompt_logprobs is not None else decision.route
+        if self.mode == "auto" and not self._routable("prefill"):  # an empty prefill pool is a change of shape
+            route = PrefillRoute.local  # under way (a collapse): the decode worker prefills, nothing waits
         untried = [v for v in self.pools.views("prefill") if v.address not in tried]
         mixed = pick_mixed(self.disaggregation, untried, decode.view, blocks, self.tpot_slo_s, route)
         if mixed is not None:  # the decode pool is the busier: a prefill worker runs this request whole

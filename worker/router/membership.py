@@ -6,8 +6,9 @@ getting requests but keeps its channel until the requests it holds have finished
 dialled and polled (Handshake once, then Load) before it is routable. A name that fails to resolve keeps
 the addresses it last resolved to (one DNS failure must not retire a whole pool), and says so in a log line
 and in `stale_names`. A prefill or decode worker is placed by the role it reports in Load, whatever list
-names it: one that changed role (SetRole) leaves its old pool (finishing what it holds there) and is dialled
-again, asking for its new role's certificate, in the other, with no restart.
+names it: one that changed role (SetRole, between prefill, decode and colocated) leaves its old pool
+(finishing what it holds there) and is dialled again, asking for its new role's certificate, in the other,
+with no restart.
 """
 
 from __future__ import annotations
@@ -38,14 +39,14 @@ STUBS = {
 }
 UNHEALTHY_FOR_S = 2.0
 DNS_PREFIX = "dns:///"
-FLIPPABLE = ("prefill", "decode")  # the roles a worker may change between at runtime
+FLIPPABLE = ("prefill", "decode", "colocated")  # the roles a worker may change between at runtime
 REPORTED_ROLES = {common_pb2.WORKER_ROLE_PREFILL: "prefill", common_pb2.WORKER_ROLE_DECODE: "decode",
                   common_pb2.WORKER_ROLE_COLOCATED: "colocated"}  # fmt: skip
 
 
 def placed_role(listed: str, reported: str | None) -> str:
-    """The pool a worker belongs in (pure): the role it last reported, when it and the list's are both
-    prefill or decode (it changed role); the list's otherwise (not polled yet, or not a role that flips)."""
+    """The pool a worker belongs in (pure): the role it last reported, when it differs from the list's (it
+    changed role); the list's otherwise (not polled yet)."""
     if reported is not None and reported != listed and listed in FLIPPABLE and reported in FLIPPABLE:
         return reported
     return listed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import grpc
 
@@ -21,6 +22,10 @@ class ColocatedServicer:
         self.draining = False
         self._lock = threading.Lock()
         self._streams = 0  # Generate streams accepted and not yet ended
+        self.load_of: Callable[[], common_pb2.LoadReport] | None = None  # the worker's current role's report
+
+    def activate(self, active: bool) -> None:
+        """Nothing to take or give up: both phases run on the engine as it is."""
 
     def busy(self) -> int:
         load = self.loop.snapshot
@@ -48,6 +53,9 @@ class ColocatedServicer:
         return colocated_pb2.ColocatedAbortReply(found=self.loop.abort(request.request_id, "abort"))
 
     def Load(self, request: common_pb2.LoadRequest, context: grpc.ServicerContext) -> common_pb2.LoadReport:
+        return self.load_of() if self.load_of is not None else self.own_load()
+
+    def own_load(self) -> common_pb2.LoadReport:
         return load_report(self.loop.snapshot, self.info.worker_id, "colocated", 0, self.draining)
 
 

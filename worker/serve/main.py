@@ -1,4 +1,4 @@
-"""`tandem worker`: serve one engine over gRPC as a prefill, decode (either, by SetRole) or colocated worker, with health and metrics."""
+"""`tandem worker`: serve one engine over gRPC as a prefill, decode or colocated worker (any of them, by SetRole), with health and metrics."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import cast
 
 import grpc
 import torch
@@ -41,7 +41,7 @@ from tandem.worker.serve.drain import Drainer
 from tandem.worker.serve.drain import add_to_server as add_drain_service
 from tandem.worker.serve.health import HealthWatch
 from tandem.worker.serve.metrics import WorkerMetrics
-from tandem.worker.serve.roles import FixedRole, RoleSwitch
+from tandem.worker.serve.roles import RoleSwitch
 from tandem.worker.serve.rpc_limits import RpcLimiter, rpc_limits
 from tandem.worker.serve.wire import offered_transports, worker_info
 
@@ -118,6 +118,8 @@ def prepare(args: WorkerOptions) -> Prepared:
     device = args.device or "cpu"  # parse_args chose one
     with options_checked():
         transports = offered_transports(args.kv_transport, device)
+    if args.role == "colocated":  # no staging rings held for KV it may never receive: inline on gRPC if it flips
+        transports = [common_pb2.KV_TRANSPORT_GRPC]
     if args.threads:
         torch.set_num_threads(args.threads)
     with options_checked():  # the spec refuses these combinations first; a hand-written command line may not
@@ -177,15 +179,13 @@ def start_serving(
     me = own_identity(tls, args.role, args.service)
     server, limiter = _grpc_server(args, me, tls)
     services = _add_servicers(server, args, loop, info, metrics, tls)
-    decode = services.get("decode")
-    if decode is not None:
-        decode.stream_slots = limiter.slots["streams"]  # a Reserve needs a stream to follow it
+    services["decode"].stream_slots = limiter.slots["streams"]  # a Reserve needs a stream to follow it
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     certified = (me.roles & FLIPPABLE) if tls is not None else None
-    roles, held = _roles(args, services, info, health_servicer, certified, metrics, role_field)
-    metrics.watch_held(held.busy)
-    drainer = Drainer(held, health_servicer, args.drain_timeout)
+    roles = _roles(args, services, info, health_servicer, certified, metrics, role_field)
+    metrics.watch_held(roles.busy)
+    drainer = Drainer(roles, health_servicer, args.drain_timeout)
     add_drain_service(server, drainer, roles)
     port = add_port(server, f"{args.host}:{args.port}", tls, args.tls_dir)
     server.start()
@@ -220,12 +220,9 @@ def _roles(
     certified: frozenset[str] | None,
     metrics: WorkerMetrics,
     role_field: RoleField,
-) -> tuple[RoleSwitch | FixedRole, Any]:
-    """Who answers SetRole, and what the exit drain waits on: a colocated worker keeps its one role; a
-    prefill or decode worker's role is state (SetRole drains one service's work and opens the other's, on
-    the same engine)."""
-    if args.role == "colocated":
-        return FixedRole(args.role), services[args.role]
+) -> RoleSwitch:
+    """Who answers SetRole, and what the exit drain waits on: the worker's role is state (SetRole drains one
+    service's work and opens another's, on the same engine), whichever role it started in."""
 
     def on_switch(role: str) -> None:
         metrics.set_pool(role)
@@ -236,7 +233,7 @@ def _roles(
     )
     for servicer in services.values():
         servicer.load_of = roles.load
-    return roles, roles
+    return roles
 
 
 def _watch(
@@ -244,7 +241,7 @@ def _watch(
     loop: EngineLoop,
     health_servicer: health.HealthServicer,
     drainer: Drainer,
-    roles: RoleSwitch | FixedRole,
+    roles: RoleSwitch,
 ) -> list[object]:
     """What watches a started worker: its probes' own server, the engine's health and, in Kubernetes, the
     pod's role label."""
@@ -259,7 +256,7 @@ def _watch(
         loop, health_servicer, drainer.started.is_set, stall_s=args.engine_stall_seconds
     )
     watches.append(health_watch.start())
-    if args.role_file and isinstance(roles, RoleSwitch):  # Kubernetes: the pod's role label is its role
+    if args.role_file:  # Kubernetes: the pod's role label is its role
         from tandem.worker.serve.role_label import RoleLabelWatch
 
         watch = RoleLabelWatch(args.role_file, roles)
@@ -360,15 +357,10 @@ def own_identity(tls: TlsConfig | None, role: str, service: str) -> Identity:
 
 
 def _add_servicers(server, args, loop, info, metrics, tls) -> dict:
-    """The services this worker serves, by role: a colocated worker its one; a prefill or decode worker both
-    (one takes work at a time: tandem.worker.serve.roles)."""
-    if args.role == "colocated":
-        from tandem.worker.serve.colocated import ColocatedServicer
-
-        colocated = ColocatedServicer(loop, info)
-        colocated_pb2_grpc.add_ColocatedServiceServicer_to_server(colocated, server)
-        return {"colocated": colocated}
+    """The services this worker serves, by role: prefill, decode and colocated, on one engine (one takes work
+    at a time: tandem.worker.serve.roles)."""
     from tandem.worker.kv_transport import transports
+    from tandem.worker.serve.colocated import ColocatedServicer
     from tandem.worker.serve.decode import DecodeServicer, add_to_server
     from tandem.worker.serve.prefill import PrefillServicer
 
@@ -379,4 +371,6 @@ def _add_servicers(server, args, loop, info, metrics, tls) -> dict:
     compression = wire_compression(args.kv_compression, args.kv_cache_dtype)  # an 8-bit cache travels raw
     prefill = PrefillServicer(loop, info, compression, metrics, tls=tls)
     prefill_pb2_grpc.add_PrefillServiceServicer_to_server(prefill, server)
-    return {"prefill": prefill, "decode": decode}
+    colocated = ColocatedServicer(loop, info)
+    colocated_pb2_grpc.add_ColocatedServiceServicer_to_server(colocated, server)
+    return {"prefill": prefill, "decode": decode, "colocated": colocated}

@@ -1,7 +1,7 @@
-"""A prefill or decode worker's role as state: both services live in the process on one engine, and
-SetRole moves the work from one to the other without reloading anything.
+"""A worker's role as state: its prefill, decode and colocated services live in the process on one engine,
+and SetRole moves the work from one to another without reloading anything.
 
-Only the current role's service takes work; the other refuses it the way a draining worker does
+Only the current role's service takes work; the others refuse it the way a draining worker does
 (UNAVAILABLE with the draining marker, so the router retries elsewhere). SetRole stops the current role
 taking work, waits for what it holds to finish (the drain that exists, without exiting), then opens the
 other role; Load (whichever service is asked) and the `role/<role>` health statuses report the role it
@@ -62,10 +62,10 @@ def refusal(to: str, current: str, servicers: Mapping[str, object], certified: f
     if exiting:
         return "the worker is draining to exit"
     if to not in servicers:
-        return f"a {current} worker cannot take the role {to!r} (only prefill and decode workers change role)"
+        return f"a {current} worker cannot take the role {to!r} (it serves {', '.join(sorted(servicers))})"
     if certified is not None and to not in certified:
         return f"this worker's certificate does not name the role {to!r} (it names {', '.join(sorted(certified))}); " \
-               "turn spec.roleFlip on so workers get certificates for both roles"
+               "turn spec.roleFlip on so workers get certificates for every worker role"
     return None
 
 
@@ -156,7 +156,7 @@ class RoleSwitch:
     def SetRole(self, request: lifecycle_pb2.SetRoleRequest, context: grpc.ServicerContext) -> lifecycle_pb2.SetRoleReply:
         to = ROLE_NAMES.get(request.role)
         if to is None:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "SetRole needs a role: prefill or decode")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "SetRole needs a role: prefill, decode or colocated")
         assert to is not None
         try:
             flip = self.set_role(to, request.drain_timeout_s, request.reason)
@@ -168,15 +168,3 @@ class RoleSwitch:
             role=ROLES[flip.role], previous_role=ROLES[flip.previous], drain_s=flip.drain_s, switch_s=flip.switch_s
         )
 
-
-class FixedRole:
-    """A worker that keeps its one role (colocated): SetRole to another role is refused with the reason."""
-
-    def __init__(self, role: str) -> None:
-        self.role = role
-
-    def SetRole(self, request: lifecycle_pb2.SetRoleRequest, context: grpc.ServicerContext) -> lifecycle_pb2.SetRoleReply:
-        to = ROLE_NAMES.get(request.role, "")
-        if to != self.role:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal(to or "unspecified", self.role, {self.role: 0}, None, False) or "")
-        return lifecycle_pb2.SetRoleReply(role=ROLES[self.role], previous_role=ROLES[self.role])

@@ -54,12 +54,14 @@ class PolicyConfig:
 def policy_config(spec: InferenceServiceSpec, profile: Profile, cold_start_s: float | None = None) -> PolicyConfig:
     """The policy settings an InferenceService asks for (the profile is read by the caller: file or ConfigMap)."""
     a = spec.autoscaling
+    colocated = {Pool.colocated: _limits(spec.decode.min_replicas, spec.decode.max_replicas, spec.decode.resources.gpus)}
     if spec.mode == Mode.colocated:
-        limits = {Pool.colocated: _limits(spec.decode.min_replicas, spec.decode.max_replicas, spec.decode.resources.gpus)}
+        limits = colocated
     else:
         limits = {
             Pool.prefill: _limits(spec.prefill.min_replicas, spec.prefill.max_replicas, spec.prefill.resources.gpus),
             Pool.decode: _limits(spec.decode.min_replicas, spec.decode.max_replicas, spec.decode.resources.gpus),
+            **(colocated if spec.mode == Mode.auto else {}),  # auto: the colocated pool is sized as spec.decode
         }
     return PolicyConfig(
         slo=spec.slo.to_slo(),
@@ -81,3 +83,4 @@ def policy_config(spec: InferenceServiceSpec, profile: Profile, cold_start_s: fl
 
 def _limits(lo: int, hi: int, gpus: int) -> PoolLimits:
     return PoolLimits(lo, hi, gpus)
+

@@ -11,9 +11,8 @@ out of reach. A change also waits `dwell_s` after the last one, and its cost mus
 drains (a generation at the observed TPOT) and flips (`flip_s`), and the GPUs saved over `horizon_s` must
 exceed those GPU-seconds. At the trough this collapses a split service to one colocated GPU.
 
-Not yet wired into the live loop, the simulator or the runtime: the per-pool policy still sizes whichever
-shape the spec fixes, and `tandem simulate` replays fixed colocated workers (sim/colocated.py) without
-this rule; it says which shape the service should have and why.
+The live loop runs it for `spec.mode: auto` (shape_tick.py); `tandem simulate` replays fixed colocated
+workers (sim/colocated.py) without this rule.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from tandem.operator.autoscale.core.cold_start import learn, observed
 from tandem.operator.autoscale.core.config import policy_config
 from tandem.operator.autoscale.core.loop import Autoscaler
 from tandem.operator.autoscale.core.report import slo_status
+from tandem.operator.autoscale.core.shape_tick import shape_config
 from tandem.operator.autoscale.core.source import MetricSource, MetricsUnavailable, Target
 from tandem.operator.autoscale.core.types import Pool
 from tandem.operator.autoscale.sources.prometheus import PrometheusSource
@@ -78,9 +79,11 @@ def running_by_pod(http: httpx.Client, pods: list[Body]) -> dict[str, float | No
 def autoscaler_inputs(spec: InferenceServiceSpec, operator_prometheus_url: str | None) -> dict[str, Any]:
     """What the loop runs for a spec (pure): the policy settings, the metric source, the profile it loads."""
     config = policy_config(spec, shipped_profile())
+    shape = shape_config(spec, config)
     url = spec.autoscaling.prometheus_url or operator_prometheus_url
     return {
         "config": {k: v for k, v in vars(config).items() if k != "profile"},
+        "shape": {k: v for k, v in vars(shape).items() if k != "profile"} if shape else None,
         "source": ("prometheus", url) if url else ("scrape", None),
         "profile": spec.autoscaling.profile,
         "window_s": spec.autoscaling.window_seconds,
@@ -147,8 +150,8 @@ class KubeAutoscalers:
             actuator = KubeActuator(self.kube, obj, pools, lambda pods: self._held(source, target, pods))
             if m is not None:
                 actuator.written = m.actuator.written
-            autoscaler = Autoscaler(target, source, actuator,
-                                    policy_config(svc.spec, self._profile(svc)))  # fmt: skip
+            config = policy_config(svc.spec, self._profile(svc))
+            autoscaler = Autoscaler(target, source, actuator, config, shape_config(svc.spec, config))
             if m is not None:
                 autoscaler.state = m.autoscaler.state
             m = self.managed[key] = Managed(autoscaler, actuator, generation)

@@ -11,11 +11,14 @@ from pathlib import Path
 from tandem.operator.autoscale.core.config import policy_config
 from tandem.operator.autoscale.core.flip import Flip
 from tandem.operator.autoscale.core.loop import Autoscaler, Tick
+from tandem.operator.autoscale.core.shape import ShapeDecision
+from tandem.operator.autoscale.core.shape_tick import SHAPE_POOLS, reshape, shape_config
 from tandem.operator.autoscale.core.source import MetricSource, Target
 from tandem.operator.autoscale.core.types import Decision, Pool, Replicas
 from tandem.operator.autoscale.sources.prometheus import PrometheusSource
 from tandem.operator.autoscale.sources.scrape import ScrapeSource
-from tandem.operator.local.scale import LocalPools
+from tandem.operator.local.flip import fewest_running
+from tandem.operator.local.scale import LocalPools, running_of
 from tandem.periodic import Every
 from tandem.profile import load_profile, shipped_profile
 from tandem.spec import InferenceService, Mode
@@ -44,6 +47,23 @@ class LocalActuator:
         if len(flipped) < flip.count:
             log.warning("%s: %d of %d workers flipped", flip.reason_code, len(flipped), flip.count)
 
+    def reshape(self, decision: ShapeDecision, ready_within_s: float = 600.0) -> None:
+        """mode auto: start the workers the target shape has beyond the ones there are and wait until they
+        answer, flip warm workers wave by wave (each drains its old role's work first), then drain the rest."""
+        members = [p for role in SHAPE_POOLS for p in self.pools.members(role.value)]
+        order = fewest_running({p.name: running_of(self.pools.load(p)) for p in members}, len(members))
+        moves = reshape({p.name: p.role for p in members}, decision.target, order)
+        for role, count in moves.start.items():
+            self.pools.scale(role, len(self.pools.members(role)) + count)
+        deadline = time.monotonic() + ready_within_s
+        while any(self.pools.replicas(role).starting for role in moves.start) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        for wave in moves.waves:
+            for role in sorted(set(wave.values())):
+                self.pools.flip_wave([n for n, r in wave.items() if r == role], role, decision.reason)
+        self.pools.drain(moves.drain)
+        self.homes.clear()  # every worker is home in the new shape
+
     def replicas(self) -> dict[Pool, Replicas]:
         return {pool: self.pools.replicas(pool.value) for pool in self.roles}
 
@@ -52,14 +72,15 @@ class LocalActuator:
 
 
 def local_autoscaler(pools: LocalPools, svc: InferenceService, base: Path) -> Autoscaler:
-    roles = (Pool.colocated,) if svc.spec.mode == Mode.colocated else (Pool.prefill, Pool.decode)
+    roles = {Mode.colocated: (Pool.colocated,), Mode.auto: SHAPE_POOLS}.get(svc.spec.mode, (Pool.prefill, Pool.decode))
     a = svc.spec.autoscaling
     path = a.profile
     profile = load_profile(path if Path(path).is_absolute() else base / path) if path else shipped_profile()
     target = Target("local", svc.name, roles, a.window_seconds, svc.spec.slo.percentile)
     url = a.prometheus_url
     source: MetricSource = PrometheusSource(url) if url else ScrapeSource(pools.metrics_targets)
-    return Autoscaler(target, source, LocalActuator(pools, roles), policy_config(svc.spec, profile))
+    config = policy_config(svc.spec, profile)
+    return Autoscaler(target, source, LocalActuator(pools, roles), config, shape_config(svc.spec, config))
 
 
 class LocalAutoscaleThread:
@@ -85,3 +106,5 @@ class LocalAutoscaleThread:
                 print(f"autoscaler: {d.reason} [{d.reason_code}]", flush=True)
             for f in tick.flips:
                 print(f"autoscaler: {f.reason} [{f.reason_code}]", flush=True)
+            if tick.shape is not None and tick.shape.target != tick.shape.current:
+                print(f"autoscaler: {tick.shape.reason}", flush=True)
