@@ -22,6 +22,14 @@ its Pareto front between the settings on either side, or "unreachable". Dynamo's
 deterministic, so one run per setting is the figure. `--plot FILE` draws each case's settings and fronts
 (GPU-hours against joint attainment).
 
+`--referee simulate` runs the same search on tandem's own simulator (`tandem simulate`, the H200 profile
+converted) instead: it also replays fixed colocated pools (`--families colocated`: the fewest workers that reach
+the target, `count_search`, joining the static family, so the cheapest fixed pool is the cheaper of N colocated
+and (P, D)) and `auto`, the shape as the autoscaler's choice (operator/autoscale/sim/auto.py). Dynamo's replay
+runs one fixed shape per run (its policy API sets a disaggregated run's prefill and decode counts), so neither
+runs there. `--plot-day FILE` draws each day's GPUs over time for `auto`, split-only tandem and the cheapest
+fixed pool.
+
 `--crosscheck` instead replays fixed pools through both `tandem simulate` (the H200 profile converted) and
 Dynamo's replay, and prints TTFT and TPOT p50 / p90 of each side by side with their ratio (target: within 25%).
 
