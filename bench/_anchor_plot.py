@@ -58,3 +58,61 @@ def write_pareto_plot(panels: Mapping[str, list[Point]], path: str | Path, targe
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+DAY_SERIES = {"auto": ("auto (colocated or split)", "tab:blue"), "tandem": ("tandem, split only", "tab:orange")}
+
+
+def day_choice(points: Iterable[Point], family: str, target: float) -> Point | None:
+    """A family's setting a day plot draws: its cheapest that reaches `target`, else its best attainment."""
+    mine = [p for p in points if p.family == family]
+    reaching = [p for p in mine if p.attainment >= target]
+    if reaching:
+        return min(reaching, key=lambda p: p.gpu_hours)
+    return max(mine, key=lambda p: p.attainment, default=None)
+
+
+def fixed_gpus(setting: str) -> int:
+    """GPUs of a fixed pool setting: `static:P,D` or `colocated:N`."""
+    kind, _, arg = setting.partition(":")
+    return sum(int(x) for x in arg.split(",")) if kind == "static" else int(arg)
+
+
+def write_day_plot(panels: Mapping[str, list[Point]], path: str | Path, target: float, hour_s: float) -> Path:
+    """One panel per day: GPUs billed over the day's hours for `auto` and split-only tandem (the settings
+    `day_choice` picks), and the cheapest fixed pool that reaches `target` as a flat line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not panels:
+        raise ValueError("nothing to plot: no day was run")
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 3.8), squeeze=False)
+    for ax, (title, points) in zip(axes[0], panels.items(), strict=True):
+        for fam, (name, colour) in DAY_SERIES.items():
+            p = day_choice(points, fam, target)
+            if p is None or not p.gpus_over_time:
+                continue
+            t, gpus = zip(*p.gpus_over_time, strict=True)
+            label = f"{name}: {p.gpu_hours:.1f} GPU-h, {p.attainment:.1%}"
+            ax.step([x / hour_s for x in t], gpus, where="post", color=colour, label=label)
+        fixed = [p for p in points if p.family == "static" and p.attainment >= target]
+        if fixed:
+            f = min(fixed, key=lambda p: p.gpu_hours)
+            name = f.setting.replace("static:", "fixed ").replace("colocated:", "fixed colocated ")
+            ax.axhline(fixed_gpus(f.setting), color="tab:gray", linestyle="--",
+                       label=f"{name}: {f.gpu_hours:.1f} GPU-h, {f.attainment:.1%}")  # fmt: skip
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("hour of the day")
+        ax.set_ylabel("GPUs")
+        ax.set_xlim(0, 24)
+        ax.set_xticks(range(0, 25, 4))
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out

@@ -23,6 +23,7 @@ class Case:
     startup_s: float
     max_gpus: int
     init: str = "1,1"  # the pools a scaling policy starts from
+    referee: str = "dynamo"  # dynamo (its replay) | simulate (tandem's simulator, bench/_anchor_sim.py)
 
 
 # --- I/O: the replay ---------------------------------------------------------------------------------------
@@ -72,8 +73,9 @@ def _harness_args(replay: Any, argv: list[str]) -> argparse.Namespace:
 def cache_key(case: Case, policy: str, options: dict[str, Any]) -> str:
     """What makes a replay's result: the trace (by label), SLO, budget, the policy and, for a scaling policy,
     its cold start and start (a fixed pool starts whole and never adds a worker, so neither changes it)."""
-    static = policy.startswith("static")
-    return json.dumps([case.label, case.slo_ttft_ms, case.slo_tpot_ms, 0.0 if static else case.startup_s,
-                       case.max_gpus, "" if static else case.init, policy, options], sort_keys=True)  # fmt: skip
+    static = policy.startswith(("static", "colocated"))
+    key = [case.label, case.slo_ttft_ms, case.slo_tpot_ms, 0.0 if static else case.startup_s,
+           case.max_gpus, "" if static else case.init, policy, options]  # fmt: skip
+    return json.dumps(key if case.referee == "dynamo" else [case.referee, *key], sort_keys=True)
 
 

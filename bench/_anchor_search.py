@@ -9,13 +9,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Point:
-    family: str  # static | dynamo | tandem
+    family: str  # static (split `static:P,D` or `colocated:N`) | dynamo | hpa | tandem | auto
     setting: str
     gpu_hours: float
     attainment: float
     reversals_per_hour: float = 0.0
     ttft_p90_ms: float = 0.0
     tpot_p90_ms: float = 0.0
+    shape_changes_per_hour: float = 0.0  # auto: colocated <-> split changes
+    gpus_over_time: tuple[tuple[float, int], ...] = ()  # a scaling policy's GPUs billed over a day (the day plot)
 
 
 def pareto(points: Iterable[Point]) -> list[Point]:
@@ -73,6 +75,27 @@ def staircase(
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if reaches(p, mid) else (mid + 1, hi)
         d_hi, best = hi, min(best, p + hi)
+    return seen
+
+
+def count_search(evaluate: Callable[[int], float], target: float, most: int) -> list[tuple[int, float]]:
+    """Every (N, attainment) evaluated finding the fewest N <= `most` that reaches `target` (fixed colocated workers):
+    doubling from 1 until one reaches it, then a binary search below. Attainment grows with N."""
+    seen: list[tuple[int, float]] = []
+
+    def reaches(n: int) -> bool:
+        att = evaluate(n)
+        seen.append((n, att))
+        return att >= target
+
+    lo, hi = 1, 1
+    while not reaches(hi):
+        if hi >= most:
+            return seen
+        lo, hi = hi + 1, min(2 * hi, most)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if reaches(mid) else (mid + 1, hi)
     return seen
 
 

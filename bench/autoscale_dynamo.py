@@ -22,6 +22,14 @@ its Pareto front between the settings on either side, or "unreachable". Dynamo's
 deterministic, so one run per setting is the figure. `--plot FILE` draws each case's settings and fronts
 (GPU-hours against joint attainment); with `--plot-from JSON` it draws them from an earlier `--json` without a replay.
 
+`--referee simulate` runs the same search on tandem's own simulator (`tandem simulate`, the H200 profile
+converted) instead: it also replays fixed colocated pools (`--families colocated`: the fewest workers that reach
+the target, `count_search`, joining the static family, so the cheapest fixed pool is the cheaper of N colocated
+and (P, D)) and `auto`, the shape as the autoscaler's choice (operator/autoscale/sim/auto.py). Dynamo's replay
+runs one fixed shape per run (its policy API sets a disaggregated run's prefill and decode counts), so neither
+runs there. `--plot-day FILE` draws each day's GPUs over time for `auto`, split-only tandem and the cheapest
+fixed pool.
+
 `--crosscheck` instead replays fixed pools through both `tandem simulate` (the H200 profile converted) and
 Dynamo's replay, and prints TTFT and TPOT p50 / p90 of each side by side with their ratio (target: within 25%).
 
@@ -48,18 +56,20 @@ from pathlib import Path
 from typing import Any
 
 from bench._anchor_crosscheck import CROSSCHECK_SHAPES, crosscheck, render_crosscheck
-from bench._anchor_plot import write_pareto_plot
+from bench._anchor_plot import write_day_plot, write_pareto_plot
 from bench._anchor_replay import HPA_POLICY, Case, cache_key, replay_once
-from bench._anchor_search import Point, box_search, cost_at, pareto, staircase
+from bench._anchor_search import Point, box_search, cost_at, count_search, pareto, staircase
+from bench._anchor_sim import AUTO_POLICY, gpu_timeline, simulate_once
 from tandem.trace import AZURE_ATTRIBUTION, diurnal, load_trace, scale_rate, to_mooncake_jsonl, windows
 
-__all__ = ["Point", "box_search", "cost_at", "pareto", "staircase"]  # the arithmetic, re-exported for callers
+__all__ = ["Point", "box_search", "cost_at", "count_search", "pareto", "staircase"]  # the arithmetic, re-exported for callers
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ("azure_llm_2023_conv.csv", "azure_llm_2023_code.csv")
 TANDEM_SETTINGS = [
     {"margin": m, "stabilization_s": s} for m, s in itertools.product((0.5, 0.8), (180.0, 600.0))
 ]
+AUTO_SETTINGS = [{"margin": 0.8, "stabilization_s": s} for s in (180.0, 600.0)]  # the shape rule at its defaults
 HPA_SETTINGS = [{"target": t} for t in (0.3, 0.6, 0.9)]  # of the engine's token budget / sequence limit per pod
 DYNAMO_SETTINGS: list[tuple[str, dict[str, Any]]] = [
     ("dynamo:throughput", {}),
@@ -73,11 +83,20 @@ DYNAMO_SETTINGS: list[tuple[str, dict[str, Any]]] = [
 
 def _job(args: tuple[str, Case, str, str, dict[str, Any]]) -> tuple[Case, Point]:
     replay_dir, case, family, policy, options = args
-    out = replay_once(replay_dir, case, policy, options)
+    timeline: tuple[tuple[float, int], ...] = ()
+    if case.referee == "simulate":
+        out, result = simulate_once(case, policy, options)
+        if " day " in case.label and family in ("tandem", "auto"):
+            timeline = tuple(gpu_timeline(result))
+    else:
+        if policy == AUTO_POLICY or policy.startswith("colocated:"):
+            raise ValueError(f"{policy}: Dynamo's replay runs a fixed shape per run; use --referee simulate")
+        out = replay_once(replay_dir, case, policy, options)
     setting = policy if not options else f"{policy} {json.dumps(options, separators=(',', ':'))}"
     return case, Point(
         family, setting, float(out["gpu_hours"]), float(out["slo_attainment"]),
-        float(out["reversals_per_hour"]), float(out["ttft_p90_ms"]), float(out["tpot_p90_ms"]),
+        float(out["reversals_per_hour"]), float(out["ttft_p90_ms"] or 0.0), float(out["tpot_p90_ms"] or 0.0),
+        float(out.get("shape_changes_per_hour", 0.0)), timeline,
     )  # fmt: skip
 
 
@@ -149,6 +168,21 @@ def static_search(replay_dir: str, case: Case, target: float, cache: dict[str, d
     return list(memo.values())
 
 
+def colocated_search(replay_dir: str, case: Case, target: float, cache: dict[str, dict[str, Any]]) -> list[Point]:
+    """The fixed colocated pools replayed finding the fewest workers that reach `target` (`count_search`)."""
+    memo: dict[int, Point] = {}
+
+    def evaluate(n: int) -> float:
+        if n not in memo:
+            key = cache_key(case, f"colocated:{n}", {})
+            memo[n] = Point(**cache[key]) if key in cache else _job((replay_dir, case, "static", f"colocated:{n}", {}))[1]
+            print(f"{case.label} ttft {case.slo_ttft_ms:g}: {memo[n]}", file=sys.stderr, flush=True)
+        return memo[n].attainment
+
+    count_search(evaluate, target, case.max_gpus)
+    return list(memo.values())
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.autoscale_dynamo", description=__doc__.split("\n\n")[0])
     p.add_argument("--replay-dir", default=str(ROOT.parent / "shared" / "tools" / "dynamo-replay"))
@@ -167,7 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-s", default="60", help="cold starts to replay (the static search ignores them)")
     p.add_argument("--max-gpus", type=int, default=16)
     p.add_argument("--target", type=float, default=0.95, help="joint SLO attainment to compare at")
-    p.add_argument("--families", default="static,dynamo,hpa,tandem")
+    p.add_argument("--families", default="static,dynamo,hpa,tandem",
+                   help="static (fixed split pools), colocated (fixed colocated pools, joining static's search), dynamo, "
+                        "hpa, tandem, auto (the shape as the autoscaler's choice: --referee simulate)")  # fmt: skip
+    p.add_argument("--referee", choices=["dynamo", "simulate"], default="dynamo",
+                   help="Dynamo's replay, or tandem's own simulator with the H200 profile converted (the only one that "
+                        "runs colocated pools and auto here)")  # fmt: skip
     p.add_argument("--pool-hints", default="",
                    help="'LABEL=P,D;...': a fixed pool believed to reach the target per case (from an earlier run); "
                         "the search then walks only cheaper pools, and the same answer costs fewer replays")  # fmt: skip
@@ -179,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", help="write the Pareto plot (GPU-hours against joint attainment per family) here, PNG")
     p.add_argument("--plot-from", type=Path,
                    help="draw --plot from the points of an earlier --json (nothing is replayed)")  # fmt: skip
+    p.add_argument("--plot-day", help="write each day's GPUs over time (auto, split-only tandem, the cheapest fixed "
+                                      "pool) here, PNG (--referee simulate)")
     p.add_argument("--cache", help="a JSON file of replays already run (read, then extended): reruns reuse them")
     p.add_argument("--crosscheck", action="store_true", help="tandem simulate vs Dynamo's replay on fixed pools")
     return p
@@ -219,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                 Path(a.json).write_text(json.dumps({"crosscheck": rows}, indent=1))
             return 0
         cases = [
-            Case(path, label, float(ttft), a.slo_tpot_ms, float(startup), a.max_gpus)
+            Case(path, label, float(ttft), a.slo_tpot_ms, float(startup), a.max_gpus, referee=a.referee)
             for (label, path), ttft, startup in itertools.product(made, a.slo_ttft_ms.split(","), a.startup_s.split(","))
         ]
         cache: dict[str, dict[str, Any]] = json.loads(Path(a.cache).read_text()) if a.cache and Path(a.cache).exists() else {}
@@ -244,6 +285,13 @@ def main(argv: list[str] | None = None) -> int:
                     boxes[k] = tuple(int(x) for x in pool_size.split(",")) if pool_size else hint
                 statics |= _static_searches(pool, a.replay_dir, days, a.target, cache, boxes)
                 _save(a.cache, cache)
+            if "colocated" in families:  # the cheapest fixed pool is the cheaper of N colocated and (P, D)
+                for k, c in {(c.trace, c.slo_ttft_ms): c for c in cases}.items():
+                    found = colocated_search(a.replay_dir, c, a.target, cache)
+                    for pt in found:
+                        cache[cache_key(c, pt.setting, {})] = asdict(pt)
+                    statics[k] = statics.get(k, []) + found
+                _save(a.cache, cache)
             # every scaling policy starts warm, from the cheapest fixed pool of its case (1,1 if none or --start-small)
             cheapest = {k: _cheapest(ps, a.target) for k, ps in statics.items()}
             cases = [replace(c, init="1,1" if a.start_small else cheapest.get((c.trace, c.slo_ttft_ms)) or "1,1") for c in cases]
@@ -266,10 +314,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.plot:
         panels = {panel_title(c): ps for c, ps in points.items()}
         print(f"Pareto plot: {write_pareto_plot(panels, a.plot, a.target)}")
+    if a.plot_day:
+        days = {f"{c.label}, TTFT {c.slo_ttft_ms / 1000:g} s, cold start {c.startup_s:g} s": ps
+                for c, ps in points.items() if " day " in c.label}  # fmt: skip
+        print(f"Day plot: {write_day_plot(days, a.plot_day, a.target, a.day_hour_s)}")
     if a.json:
         Path(a.json).write_text(json.dumps({
             "rows": rows,
-            "points": [{"case": asdict(c), **asdict(p)} for c, ps in points.items() for p in ps],
+            "points": [{"case": asdict(c), **asdict(p), "gpus_over_time": None} for c, ps in points.items() for p in ps],
         }, indent=1))  # fmt: skip
     return 0
 
@@ -295,14 +347,15 @@ def _save(path: str | None, cache: dict[str, dict[str, Any]]) -> None:
 
 
 def _cheapest(points: list[Point], target: float) -> str | None:
-    """The cheapest fixed pool that reaches `target`, as "P,D"; None if none does."""
-    reaching = [p for p in points if p.attainment >= target]
+    """The cheapest fixed split pool that reaches `target`, as "P,D" (where scaling policies start); None if none does."""
+    reaching = [p for p in points if p.attainment >= target and p.setting.startswith("static:")]  # split pools
     if not reaching:
         return None
     return min(reaching, key=lambda p: p.gpu_hours).setting.removeprefix("static:")
 
 
-QUICK_SETTINGS = {"tandem": [TANDEM_SETTINGS[2], TANDEM_SETTINGS[3]], "dynamo": DYNAMO_SETTINGS[:2], "hpa": HPA_SETTINGS[1:2]}
+QUICK_SETTINGS = {"tandem": [TANDEM_SETTINGS[2], TANDEM_SETTINGS[3]], "dynamo": DYNAMO_SETTINGS[:2], "hpa": HPA_SETTINGS[1:2],
+                  "auto": AUTO_SETTINGS}  # fmt: skip
 
 
 def _jobs(
@@ -318,6 +371,7 @@ def _jobs(
                 [("dynamo", pol, opt) for pol, opt in dynamo] * ("dynamo" in families)
                 + [("tandem", "module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy", opt) for opt in tandem] * ("tandem" in families)
                 + [("hpa", HPA_POLICY, opt) for opt in hpa] * ("hpa" in families)
+                + [("auto", AUTO_POLICY, opt) for opt in AUTO_SETTINGS] * ("auto" in families)
             )
     ]  # fmt: skip
 
@@ -326,7 +380,7 @@ def summarise(points: dict[Case, list[Point]], target: float) -> list[dict[str, 
     rows = []
     for case, ps in points.items():
         row: dict[str, Any] = {"trace": case.label, "slo_ttft_ms": case.slo_ttft_ms, "startup_s": case.startup_s}
-        for family in ("static", "dynamo", "hpa", "tandem"):
+        for family in ("static", "dynamo", "hpa", "tandem", "auto"):
             mine = [p for p in ps if p.family == family]
             if not mine:
                 continue
@@ -336,8 +390,12 @@ def summarise(points: dict[Case, list[Point]], target: float) -> list[dict[str, 
             reaching = [p for p in mine if p.attainment >= target]
             cheapest = min(reaching, key=lambda p: p.gpu_hours) if reaching else None
             row[f"{family}_reversals_per_hour"] = cheapest.reversals_per_hour if cheapest else None
-        if row.get("tandem") and row.get("static"):
-            row["tandem_vs_static"] = row["tandem"] / row["static"]
+            row[f"{family}_cheapest"] = cheapest.setting if cheapest else None
+            if family == "auto":
+                row["auto_shape_changes_per_hour"] = cheapest.shape_changes_per_hour if cheapest else None
+        for mine in ("tandem", "auto"):
+            if row.get(mine) and row.get("static"):
+                row[f"{mine}_vs_static"] = row[mine] / row["static"]
         for other in ("dynamo", "hpa"):
             if row.get("tandem") and row.get(other):
                 row[f"tandem_vs_{other}"] = row["tandem"] / row[other]
@@ -354,13 +412,14 @@ def render(rows: list[dict[str, Any]], target: float) -> str:
         return how if r.get(family) is None else f"{r[family]:.2f} ({how})"
 
     head = (f"| trace | TTFT SLO ms | cold start s | cheapest fixed pool GPU-h at {target:.0%} | Dynamo planner | HPA "
-            "| tandem | tandem / fixed | tandem / Dynamo | tandem reversals/h |")  # fmt: skip
-    lines = [head, "| " + " | ".join(["---"] * 10) + " |"]
+            "| tandem | tandem / fixed | tandem / Dynamo | tandem reversals/h | auto | auto / fixed | auto shape changes/h |")  # fmt: skip
+    lines = [head, "| " + " | ".join(["---"] * 13) + " |"]
     for r in rows:
         lines.append(
             f"| {r['trace']} | {r['slo_ttft_ms']:g} | {r['startup_s']:g} | {cost(r, 'static')} "
             f"| {cost(r, 'dynamo')} | {cost(r, 'hpa')} | {cost(r, 'tandem')} "
-            f"| {fmt(r.get('tandem_vs_static'))} | {fmt(r.get('tandem_vs_dynamo'))} | {fmt(r.get('tandem_reversals_per_hour'))} |"
+            f"| {fmt(r.get('tandem_vs_static'))} | {fmt(r.get('tandem_vs_dynamo'))} | {fmt(r.get('tandem_reversals_per_hour'))} "
+            f"| {cost(r, 'auto')} | {fmt(r.get('auto_vs_static'))} | {fmt(r.get('auto_shape_changes_per_hour'))} |"
         )  # fmt: skip
     return "\n".join(lines)
 

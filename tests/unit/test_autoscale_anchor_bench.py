@@ -5,15 +5,17 @@ import itertools
 import json
 import random
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from bench._anchor_plot import front_series, write_pareto_plot
-from bench._anchor_search import Point, box_search, staircase
-from bench.autoscale_dynamo import main, peak_label, points_from_json, variants
+from bench._anchor_plot import day_choice, fixed_gpus, front_series, write_day_plot, write_pareto_plot
+from bench._anchor_replay import Case, cache_key
+from bench._anchor_search import Point, box_search, count_search, staircase
+from bench.autoscale_dynamo import _cheapest, _job, main, peak_label, points_from_json, summarise, variants
 from tandem.operator.autoscale.backends.replay.hpa import HpaPolicy
-from tandem.trace import TraceRequest, windows
+from tandem.trace import TraceRequest, to_mooncake_jsonl, windows
 from tests.unit.test_autoscale_anchor import CTX, tick
 
 
@@ -160,3 +162,51 @@ def test_a_fixed_pools_replay_is_cached_once_for_every_cold_start():
     assert cache_key(cold, "static:2,1", {}) == cache_key(warm, "static:2,1", {})
     assert cache_key(cold, "module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy", {}) != cache_key(warm, "module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy", {})
     assert cache_key(cold, "static:2,1", {}) != cache_key(replace(cold, slo_ttft_ms=1000.0), "static:2,1", {})
+
+
+@pytest.mark.parametrize("need", [1, 2, 3, 5, 9, 16, 17])
+def test_count_search_finds_the_fewest_colocated_workers(need):
+    calls = []
+
+    def attainment(n):
+        calls.append(n)
+        return 0.99 if n >= need else 0.5
+
+    seen = count_search(attainment, 0.95, 16)
+    found = [n for n, a in seen if a >= 0.95]
+    assert (min(found) if found else None) == (need if need <= 16 else None)
+    assert len(calls) == len(set(calls)) and len(calls) <= 9  # doubling, then a binary search: no count twice
+
+
+def test_the_cheapest_fixed_pool_is_the_cheaper_shape_and_scaling_starts_from_the_split():
+    pts = [Point("static", "static:2,1", 3.0, 0.97), Point("static", "colocated:2", 2.0, 0.96),
+           Point("static", "colocated:1", 1.0, 0.7), Point("auto", "auto", 1.2, 0.96)]  # fmt: skip
+    case = Case("t.jsonl", "conv day (4 h)", 2000.0, 50.0, 60.0, 16)
+    (row,) = summarise({case: pts}, 0.95)
+    assert row["static"] == pytest.approx(1.0 + (0.95 - 0.7) / (0.96 - 0.7) * 1.0)  # on the colocated front
+    assert row["auto_vs_static"] == pytest.approx(1.2 / row["static"])
+    assert _cheapest(pts, 0.95) == "2,1"  # a scaling policy starts from a split pool
+
+
+def test_the_day_plot_draws_each_policy_and_the_fixed_pool(tmp_path):
+    day = ((0.0, 2), (600.0, 1), (1200.0, 4))
+    pts = [Point("auto", "auto", 1.0, 0.96, gpus_over_time=day), Point("tandem", "t", 1.5, 0.97, gpus_over_time=day),
+           Point("static", "colocated:4", 2.0, 0.99), Point("static", "static:2,1", 1.5, 0.9)]  # fmt: skip
+    assert day_choice(pts, "tandem", 0.95) == pts[1] and fixed_gpus("static:2,1") == 3 and fixed_gpus("colocated:4") == 4
+    out = write_day_plot({"conv day": pts}, tmp_path / "day.png", 0.95, hour_s=150.0)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size < 200_000
+
+
+def test_the_simulator_referee_runs_colocated_pools_and_auto(tmp_path):
+    rng, t, reqs = random.Random(5), 0.0, []
+    while t < 240.0:
+        t += rng.expovariate(1.0)
+        reqs.append(TraceRequest(t, 300, 40))
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(to_mooncake_jsonl(reqs)) + "\n")
+    case = Case(str(trace), "tiny day (0.1 h)", 2000.0, 50.0, 10.0, 8, referee="simulate")
+    _, fixed = _job(("", case, "static", "colocated:1", {}))
+    _, auto = _job(("", case, "auto", "auto", {"shape_dwell_s": 60.0}))
+    assert fixed.attainment > 0.95 and fixed.setting == "colocated:1" and not fixed.gpus_over_time
+    assert auto.attainment > 0.95 and auto.gpus_over_time and auto.shape_changes_per_hour > 0  # 1P+1D collapses
+    assert cache_key(case, "colocated:1", {}) != cache_key(replace(case, referee="dynamo"), "colocated:1", {})

@@ -36,7 +36,7 @@ def test_json_per_policy(jsonl_trace: Path, tmp_path: Path) -> None:
                     "--slo-tpot-ms", "200", "--plot", str(plot))  # fmt: skip
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in done.stdout.splitlines()]
-    assert [r["policy"] for r in rows] == ["tandem", "tandem-flips", "dynamo", "hpa", "static-peak", "static-mean", "static-colocated"]
+    assert [r["policy"] for r in rows] == ["tandem", "tandem-flips", "dynamo", "hpa", "static-peak", "static-mean", "static-colocated", "auto"]
     for r in rows:
         assert FIELDS <= set(r)
         assert r["requests"] == 400 and 0 <= r["slo_attainment"] <= 1 and r["gpu_hours"] > 0

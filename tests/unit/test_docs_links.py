@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"(?<!!)\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|!\[[^\]]*\]\(([^)\s]+)\)")
 # Pictures another change commits; a link to one of them is a placeholder until then, any other missing file a fault.
-PENDING = {"docs/img/autoscale-day.png"}
+PENDING: set[str] = set()
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
 
 

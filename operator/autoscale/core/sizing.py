@@ -17,6 +17,7 @@ from tandem.operator.autoscale.core.capacity import (
     prefill_need,
     prefill_ttft_ms,
 )
+from tandem.operator.autoscale.core.colocated import colocated_need, colocated_tpot_ms, colocated_ttft_ms
 from tandem.operator.autoscale.core.config import PolicyConfig
 from tandem.operator.autoscale.core.types import Pool, PoolObservation
 
@@ -89,17 +90,21 @@ def size_pool(obs: PoolObservation, cfg: PolicyConfig, rate: float, share: float
         return Sizing(
             need, observed, slo.tpot_ms, "TPOT", tpot_share, now_ms, "batch", now_need, rate_rps=decode_load.rate_rps
         )  # fmt: skip
-    p_need = prefill_need(profile, prefill_load, slo, margin)
-    d_need = decode_need(profile, decode_load, slo, margin)
+    # colocated: both phases share each worker's steps (colocated.py), so the need is not the larger of the split's
+    need = colocated_need(profile, prefill_load, decode_load, slo, margin)
+
+    def colocated_share(n: int) -> float:
+        ttft = colocated_ttft_ms(profile, n, prefill_load, decode_load, slo.percentile)
+        return max(ttft / slo.ttft_ms, colocated_tpot_ms(profile, n, prefill_load, decode_load) / slo.tpot_ms)
+
     ttft_ratio = float(obs.ttft_ms) / slo.ttft_ms  # type: ignore[arg-type]
     tpot_ratio = float(obs.tpot_ms) / slo.tpot_ms  # type: ignore[arg-type]
-    need = p_need if p_need.replicas >= d_need.replicas else d_need
     observed, slo_ms, label = (
         (float(obs.ttft_ms), slo.ttft_ms, "TTFT")  # type: ignore[arg-type]
         if ttft_ratio >= tpot_ratio
         else (float(obs.tpot_ms), slo.tpot_ms, "TPOT")  # type: ignore[arg-type]
     )
     return Sizing(
-        need, observed, slo_ms, label, lambda n: max(ttft_share(n), tpot_share(n)), observed,
+        need, observed, slo_ms, label, colocated_share, observed,
         rate_rps=prefill_load.rate_rps,
     )  # fmt: skip

@@ -1,5 +1,5 @@
 """`tandem simulate`: replay a request trace through both pools under one or more autoscaling policies (or on
-fixed colocated workers, `static-colocated`)."""
+fixed colocated workers, `static-colocated`; or with the shape as the autoscaler's choice, `auto`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from tandem.operator.autoscale.core.config import PoolLimits
 from tandem.operator.autoscale.core.types import Pool
-from tandem.operator.autoscale.sim.replay import COLOCATED_POLICIES, POLICIES, Scenario, run
+from tandem.operator.autoscale.sim.replay import AUTO_POLICIES, COLOCATED_POLICIES, POLICIES, Scenario, run
 from tandem.operator.autoscale.sim.simulator import SimResult, scale_trace
 from tandem.profile import profile_named
 from tandem.slo import Slo
@@ -27,12 +27,13 @@ COLUMNS = (
     ("scaling_actions", "actions", "{}"),
     ("reversals_per_hour", "reversals/h", "{:.1f}"),
     ("flips_per_hour", "flips/h", "{:.1f}"),
+    ("shape_changes", "shape changes", "{}"),
     ("goodput_per_gpu_hour", "good req/GPU-h", "{:.0f}"),
     ("failed", "failed", "{}"),
 )
 
 
-KNOWN = POLICIES + COLOCATED_POLICIES
+KNOWN = POLICIES + COLOCATED_POLICIES + AUTO_POLICIES
 
 
 def _policies(text: str) -> list[str]:
@@ -69,7 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stabilization-s", type=float, default=180.0)
     p.add_argument("--scale-down-cooldown-s", type=float, default=120.0)
     p.add_argument("--cold-start-s", type=float, default=None, help="default: the profile's")
-    p.add_argument("--flip-s", type=float, default=2.0, help="tandem-flips: a drained worker serves its new role after this")
+    p.add_argument("--flip-s", type=float, default=2.0,
+                   help="tandem-flips and auto: a drained worker serves its new role after this")
+    p.add_argument("--shape-dwell-s", type=float, default=600.0, help="auto: no shape change sooner than this after the last")
+    p.add_argument("--shape-band", type=float, default=0.1,
+                   help="auto: change shape only when the other needs at most 1 - this of the current one's GPUs")
     p.add_argument("--json", action="store_true", help="one JSON object per policy")
     p.add_argument("--plot", help="draw replicas and latency against the SLO over time to this PNG")
     return p
@@ -94,6 +99,8 @@ def scenario(args: argparse.Namespace) -> Scenario:
         scale_down_cooldown_s=args.scale_down_cooldown_s,
         cold_start_s=args.cold_start_s,
         flip_s=args.flip_s,
+        shape_dwell_s=args.shape_dwell_s,
+        shape_band=args.shape_band,
     )
 
 

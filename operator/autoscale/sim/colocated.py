@@ -29,19 +29,29 @@ from tandem.trace import TraceRequest
 
 
 class ColocatedSimulation(Simulation):
+    workers = Pool.decode  # the pool the colocated workers are counted in (sim/auto.py: Pool.colocated)
+
     def __init__(self, trace: Sequence[TraceRequest], config: SimConfig, controller: Controller):
         self._prefilled: dict[int, int] = {}  # prompt tokens done, per request started but not finished
         self._prefill_step: set[int] = set()  # workers whose step in progress carries prompt tokens
         super().__init__(trace, config, controller)
 
     def _to_prefill(self, req: Request) -> None:
-        ready = [r for r in self.replicas[Pool.decode] if r.ready(self.now)]
+        ready = [r for r in self.replicas[self.workers] if r.ready(self.now)]
         if not ready:
-            self._pending_decode.append(req)
+            self._hold(req)
             return
         rep = min(ready, key=lambda r: (r.queued_tokens, len(r.running), r.id))
         rep.queue.append(req)
         rep.queued_tokens += req.input_len
+        self._wake(rep)
+
+    def _hold(self, req: Request) -> None:
+        """No worker is ready: the request waits for the next one."""
+        self._pending_decode.append(req)
+
+    def _wake(self, rep: Replica) -> None:
+        """New work on `rep`: an idle worker steps now; a busy one looks at it at its next step boundary."""
         if rep.id in self._prefill_step:
             return  # the step in progress ends with a look at the queue
         if not rep.running:
@@ -58,6 +68,10 @@ class ColocatedSimulation(Simulation):
     def _resegment(self, rep: Replica) -> None:
         if not rep.running:
             rep.segment_start_s = max(rep.segment_start_s, self.now)
+        while rep.waiting and len(rep.running) < self.profile.max_running_sequences:
+            nxt = rep.waiting.popleft()  # prefilled elsewhere (a shape change in flight, sim/auto.py)
+            nxt.decode_start_s = rep.segment_start_s
+            rep.running.append(nxt)
         rep.serving, tokens = self._chunk(rep)
         rep.version += 1
         if tokens:

@@ -106,3 +106,5 @@ class SimResult:
     latency_timeline: list[tuple[float, float | None, float | None]]  # (t, ttft at p, tpot at p) per tick
     actions: dict[Pool, list[tuple[float, int, int]]]  # (t, from, to) per applied change
     flips: list[tuple[float, Pool, Pool, int]] = field(default_factory=list)  # (t, source, target, workers)
+    colocated_timeline: list[tuple[float, int]] = field(default_factory=list)  # (t, colocated workers billed), `auto`
+    shape_changes: list[tuple[float, str, str, str]] = field(default_factory=list)  # (t, from, to, reason), `auto`

@@ -7,7 +7,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tandem.operator.autoscale.core.config import PolicyConfig, PoolLimits
+from tandem.operator.autoscale.core.shape import ShapeConfig
 from tandem.operator.autoscale.core.types import Pool
+from tandem.operator.autoscale.sim.auto import auto_controller, simulate_auto
 from tandem.operator.autoscale.sim.baselines import (
     DynamoPlanner,
     Hpa,
@@ -27,6 +29,8 @@ from tandem.trace import TraceRequest
 POLICIES = ("tandem", "tandem-flips", "dynamo", "hpa", "static-peak", "static-mean")
 # Fixed colocated workers for the trace's peak minute (sim/colocated.py), counted as the decode pool's replicas.
 COLOCATED_POLICIES = ("static-colocated",)
+# The shape as the autoscaler's choice (sim/auto.py): the shape rule over tandem's policy, colocated or split.
+AUTO_POLICIES = ("auto",)
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,9 @@ class Scenario:
     scale_down_cooldown_s: float = 120.0
     margin: float = 0.8
     cold_start_s: float | None = None
-    flip_s: float = 2.0  # tandem-flips: a drained worker serves its new role this long after the flip
+    flip_s: float = 2.0  # tandem-flips and auto: a drained worker serves its new role this long after the flip
+    shape_dwell_s: float = 600.0  # auto: no shape change sooner than this after the last one
+    shape_band: float = 0.1  # auto: the other shape must need at most 1 - band of the current one's GPUs
 
 
 def warm_start(trace: list[TraceRequest], sc: Scenario, first_s: float = 300.0) -> dict[Pool, int]:
@@ -56,13 +62,17 @@ def build(policy: str, trace: list[TraceRequest], sc: Scenario) -> tuple[Control
         scrape_s=sc.scrape_s, percentile=sc.slo.percentile,
         initial=warm_start(trace, sc), flip_s=sc.flip_s,
     )
-    if policy in ("tandem", "tandem-flips"):
+    if policy in ("tandem", "tandem-flips", "auto"):
+        limits = sc.limits if Pool.colocated in sc.limits else sc.limits | {Pool.colocated: sc.limits[Pool.decode]}
         config = PolicyConfig(
-            slo=sc.slo, profile=sc.profile, limits=sc.limits, interval_s=sc.interval_s,
+            slo=sc.slo, profile=sc.profile, limits=limits, interval_s=sc.interval_s,
             stabilization_s=sc.stabilization_s, scale_down_cooldown_s=sc.scale_down_cooldown_s,
             margin=sc.margin, stale_after_s=3 * sc.interval_s, cold_start_s=sc.cold_start_s,
             flip_enabled=policy == "tandem-flips", flip_s=sc.flip_s,
         )
+        if policy == "auto":
+            shape = ShapeConfig.from_policy(config, dwell_s=sc.shape_dwell_s, band=sc.shape_band)
+            return auto_controller(config, shape), base
         return tandem_controller(config), base
     if policy == "dynamo":
         return DynamoPlanner(sc.profile, sc.slo, sc.limits), replace(base, interval_s=5.0, drain=False)
@@ -74,12 +84,12 @@ def build(policy: str, trace: list[TraceRequest], sc: Scenario) -> tuple[Control
     if policy == "static-colocated":
         n = static_colocated_size(trace, sc.profile, sc.slo, sc.limits[Pool.decode], sc.margin, peak=True)
         return static_controller({Pool.decode: n}), replace(base, initial={Pool.decode: n})
-    raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES + COLOCATED_POLICIES)}")
+    raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES + COLOCATED_POLICIES + AUTO_POLICIES)}")
 
 
 def run(policy: str, trace: list[TraceRequest], sc: Scenario) -> tuple[SimResult, dict[str, Any]]:
     controller, config = build(policy, trace, sc)
-    simulate = simulate_colocated if policy in COLOCATED_POLICIES else simulate_with_flips
+    simulate = simulate_colocated if policy in COLOCATED_POLICIES else simulate_auto if policy in AUTO_POLICIES else simulate_with_flips
     result = simulate(trace, config, controller)
     return result, summarise(policy, result, sc.slo)
 
@@ -109,7 +119,11 @@ def summarise(policy: str, result: SimResult, slo: Slo) -> dict[str, Any]:
         tpot_good += tpot_ok
     hours = result.duration_s / 3600
     gpu_hours = result.gpu_seconds / 3600
-    per_pool_reversals = {p.value: _reversals(a) / hours if hours else 0.0 for p, a in result.actions.items()}
+    per_pool_reversals = {
+        p.value: _reversals(a) / hours if hours else 0.0
+        for p, a in result.actions.items()
+        if a or p != Pool.colocated  # colocated workers only where the run had them
+    }
     return {
         "policy": policy,
         "requests": len(reqs),
@@ -124,11 +138,14 @@ def summarise(policy: str, result: SimResult, slo: Slo) -> dict[str, Any]:
         "scaling_actions": sum(len(a) for a in result.actions.values()),
         "flips": sum(n for *_, n in result.flips),
         "flips_per_hour": round(sum(n for *_, n in result.flips) / hours, 2) if hours else 0.0,
+        "shape_changes": len(result.shape_changes),
+        "shape_changes_per_hour": round(len(result.shape_changes) / hours, 2) if hours else 0.0,
         "reversals_per_hour": round(max(per_pool_reversals.values(), default=0.0), 2),
         "reversals_per_hour_by_pool": {k: round(v, 2) for k, v in per_pool_reversals.items()},
         "goodput_per_gpu_hour": round(good / gpu_hours, 1) if gpu_hours else None,
         "peak_replicas": {
             "prefill": max((p for _, p, _ in result.timeline), default=0),
             "decode": max((d for _, _, d in result.timeline), default=0),
+            "colocated": max((c for _, c in result.colocated_timeline), default=0),
         },
     }

@@ -44,13 +44,13 @@ class Simulation:
         self.events: list[tuple[float, int, int, str, object]] = []
         self._seq = itertools.count()
         self.now = 0.0
-        self.replicas: dict[Pool, list[Replica]] = {Pool.prefill: [], Pool.decode: []}
+        self.replicas: dict[Pool, list[Replica]] = {Pool.prefill: [], Pool.decode: [], Pool.colocated: []}
         self._ids = itertools.count()
         self.gpu_seconds = 0.0
         self._billed_at = 0.0
         self.timeline: list[tuple[float, int, int]] = []
         self.latency_timeline: list[tuple[float, float | None, float | None]] = []
-        self.actions: dict[Pool, list[tuple[float, int, int]]] = {Pool.prefill: [], Pool.decode: []}
+        self.actions: dict[Pool, list[tuple[float, int, int]]] = {pool: [] for pool in self.replicas}
         self.flips: list[tuple[float, Pool, Pool, int]] = []
         self.exposition = Exposition(config.window_s)
         self._pending_prefill: deque[Request] = deque()  # arrived while no prefill replica was ready
@@ -91,7 +91,7 @@ class Simulation:
         return [r for r in self.replicas[pool] if r.gone_s is None]
 
     def _bill(self, until_s: float) -> None:
-        billed = len(self._billed(Pool.prefill)) + len(self._billed(Pool.decode))
+        billed = sum(len(self._billed(pool)) for pool in self.replicas)
         self.gpu_seconds += billed * self.cfg.gpus_per_replica * max(until_s - self._billed_at, 0.0)
         self._billed_at = until_s
 
@@ -299,9 +299,9 @@ class Simulation:
     # --- the policy ----------------------------------------------------------------------------------
     def _on_tick(self, _: object) -> None:
         snap = self.snapshot()
-        self.latency_timeline.append(
-            (self.now, snap.observations[Pool.prefill].ttft_ms, snap.observations[Pool.decode].tpot_ms)
-        )
+        obs = snap.observations
+        front, back = obs.get(Pool.prefill) or obs[Pool.colocated], obs.get(Pool.decode) or obs[Pool.colocated]
+        self.latency_timeline.append((self.now, front.ttft_ms, back.tpot_ms))
         self._act(self.controller(snap))
         self.timeline.append((self.now, len(self._billed(Pool.prefill)), len(self._billed(Pool.decode))))
         self._push(self.now + self.cfg.interval_s, "tick", None)
@@ -331,6 +331,18 @@ class Simulation:
                 for r in up[Pool.decode]
             },
         }
+        if up[Pool.colocated]:  # colocated workers report both roles' gauges (sim/auto.py)
+            for rep in up[Pool.colocated]:
+                self._advance(rep)
+            gauges[Pool.colocated] = {
+                str(r.id): {
+                    names.PREFILL_QUEUED_TOKENS: float(r.queued_tokens),
+                    names.DECODE_RUNNING_SEQUENCES: float(len(r.running)),
+                    names.KV_BLOCKS_USED: float(sum(q.input_len + q.output_len for q in r.running)),
+                    names.KV_BLOCKS_TOTAL: cap,
+                }
+                for r in up[Pool.colocated]
+            }
         self.exposition.scrape(self.now, gauges)
         self._push(self.now + self.cfg.scrape_s, "scrape", None)
 
@@ -340,7 +352,7 @@ class Simulation:
         obs = {
             pool: observation(pool, self.exposition.observed(pool, self.cfg.percentile), self._replica_counts(pool),
                               self.now, window)
-            for pool in (Pool.prefill, Pool.decode)
+            for pool in self._observed_pools()
         }  # fmt: skip
         # The raw replicas, for the load-based baselines that read the engines' own state.
         pre = [r for r in self.replicas[Pool.prefill] if r.ready(self.now)]
@@ -358,6 +370,10 @@ class Simulation:
             sum(busy) / len(busy) if busy else 0.0,
             sum(contexts) / len(contexts) if contexts else (sum(prompts) / len(prompts) if prompts else 1.0),
         )
+
+    def _observed_pools(self) -> tuple[Pool, ...]:
+        """The pools the policy is shown (split pools; sim/auto.py adds the colocated one)."""
+        return (Pool.prefill, Pool.decode)
 
     def _arrivals_between(self, lo: float, hi: float) -> list[Request]:
         i, j = bisect.bisect_right(self._arrival_times, lo), bisect.bisect_right(self._arrival_times, hi)
