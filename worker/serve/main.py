@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import Any
 
 import grpc
 import torch
@@ -28,7 +28,7 @@ from tandem.worker.api.tls import TlsConfig, add_port
 from tandem.worker.engine.layers.attention import check_backend
 from tandem.worker.engine.loading import engine_for_model, load_model
 from tandem.worker.engine.memory import KvCachePlan, plan_kv_cache
-from tandem.worker.engine.models.llama import Transformer
+from tandem.worker.engine.models.protocol import CausalLM
 from tandem.worker.engine.runner.decode_graphs import check_decode_step
 from tandem.worker.engine.runner.engine import EngineConfig
 from tandem.worker.engine.runner.engine_loop import EngineLoop
@@ -74,7 +74,7 @@ class Prepared:
 
     transports: list[int]
     engine_config: EngineConfig
-    model: Transformer
+    model: CausalLM
     kv_plan: KvCachePlan
     loaded_s: float
 
@@ -131,10 +131,6 @@ def prepare(args: WorkerOptions) -> Prepared:
     with options_checked():  # a draft of the model's first layers needs the model to count them
         if engine_config.speculative is not None:
             engine_config.speculative.check_model(model.config.num_layers)
-    if args.compile:
-        from tandem.worker.engine.runner.compiled import compile_layers
-
-        compile_layers(model)
     with options_checked():  # after the weights: the cache takes what they and the largest batch leave
         kv_plan = plan_kv_cache(model, engine_config, args.num_kv_blocks, args.kv_cache_memory_percent)
     log.info("%s; KV stored as %s, weights quantization %s", kv_plan.describe(), args.kv_cache_dtype, args.quantization)
@@ -285,11 +281,16 @@ def serve_until_drained(started: Started) -> None:
     _exit_now(0)
 
 
-def _load(args: WorkerOptions, device: str) -> Transformer:
+def _load(args: WorkerOptions, device: str) -> CausalLM:
     """The model on one device, or split across `--tensor-parallel` ranks that this process starts."""
     ranks = args.tensor_parallel or 1
     if ranks <= 1:
-        return load_model(args.model_dir, args.dtype, device, args.quantization)
+        model = load_model(args.model_dir, args.dtype, device, args.quantization)
+        if args.compile:  # one rank only: tensor parallelism runs eager steps
+            from tandem.worker.engine.runner.compiled import compile_layers
+
+            compile_layers(model)
+        return model
     from tandem.worker.engine.tp.group import start_ranks
     from tandem.worker.engine.tp.model import load_tensor_parallel
     from tandem.worker.engine.tp.split import tensor_parallel_problem
@@ -303,7 +304,7 @@ def _load(args: WorkerOptions, device: str) -> Transformer:
     group = start_ranks(ranks, device, args.threads)
     log.info("model split across %d tensor-parallel ranks (%s)", ranks, "NCCL" if device.startswith("cuda") else "gloo")
     # rank 0's view runs the same calls as one model (its forward, logits and KV cache span the ranks)
-    return cast(Transformer, load_tensor_parallel(args.model_dir, args.dtype, args.quantization, group))
+    return load_tensor_parallel(args.model_dir, args.dtype, args.quantization, group)
 
 
 def _exit_now(code: int) -> None:

@@ -26,7 +26,7 @@ from tandem.spec import DecodeStep
 from tandem.worker.engine.core.scheduler import SchedulerOutput
 from tandem.worker.engine.layers.kv_int8 import write_slots
 from tandem.worker.engine.layers.static_decode import StaticDecodeBatch
-from tandem.worker.engine.models.llama import Transformer
+from tandem.worker.engine.models.protocol import CausalLM
 from tandem.worker.engine.runner.decode_plan import (
     DecodeInputs,
     blocks_for,
@@ -56,7 +56,7 @@ class DecodeStepRunner:
 
     def __init__(
         self,
-        model: Transformer,
+        model: CausalLM,
         k_caches: list[torch.Tensor],
         v_caches: list[torch.Tensor],
         block_size: int,
