@@ -12,6 +12,7 @@ engine's own model, its first layers only, over this engine's cache (speculative
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,10 +30,13 @@ from tandem.worker.engine.models.protocol import CausalLM
 from tandem.worker.engine.runner.decode_graphs import DECODE_STEPS, DecodeStepRunner, check_decode_step
 from tandem.worker.engine.runner.sample_rows import SampleRows, per_drawn, sample_rows
 from tandem.worker.engine.runner.step_inputs import HostStaging, build_step_inputs
+from tandem.worker.engine.runner.step_paths import STATIC_DECODE, forward_paths, sampling_paths
 from tandem.worker.engine.speculative.proposer import Proposer, SpeculativeConfig, make_proposer
 from tandem.worker.engine.speculative.rejection import verify_sampled
 from tandem.worker.engine.speculative.speculator import Speculator, accepted_prefix
 from tandem.worker.hf.config import served_context_length
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -112,6 +116,9 @@ class Engine:
         self.layer_hook: EngineLayerHook | None = None
         self.last_schedule: SchedulerOutput | None = None  # for metrics
         self._ids = itertools.count()
+        self.paths_run: set[str] = set()  # the step paths this engine has run (step_paths.py)
+        self.ready = False  # set once warmed up: a path first run after it is a cold path a request waited on
+        self.cold_after_ready: list[str] = []
         self.staging = HostStaging(self.device)
         spec = config.speculative
         self.speculator = Speculator(spec, self._proposer(spec)) if spec is not None else None
@@ -212,7 +219,9 @@ class Engine:
         if self.decode_step is not None and self.layer_hook is None:
             logits = self.decode_step.run(sched)  # None unless the step is pure decode
             if logits is not None:
+                self._ran(STATIC_DECODE)
                 return logits
+        self._ran(*forward_paths(sched.num_new_tokens, sched.drafts))
         inputs = build_step_inputs(sched, self.config.block_size, self.config.attention, self.staging)
         hook = None
         if self.layer_hook is not None:
@@ -287,6 +296,7 @@ class Engine:
         if not rows:
             return {}
         seqs = [to_sample[i][0] for i in layout.drawn for _ in range(layout.sizes[i])]
+        self._ran(*sampling_paths([s.params for s in seqs], [s.constraint is not None and s.constraint.active for s in seqs]))
         picked = logits
         if len(rows) < layout.num_rows:
             picked = logits.index_select(0, torch.tensor(rows, device=logits.device))
@@ -299,6 +309,15 @@ class Engine:
         tops = top_logprobs(picked, [s.params.top_logprobs if s.params.logprobs else 0 for s in seqs])
         by_token, by_logprob, by_top = (per_drawn(layout, v) for v in (tokens, logprobs, tops))
         return {i: (by_token[i], by_logprob[i], by_top[i]) for i in layout.drawn}
+
+    def _ran(self, *paths: str) -> None:
+        """Record the step paths this step takes; one first taken after the engine is ready is a cold path."""
+        for path in paths:
+            if path not in self.paths_run:
+                self.paths_run.add(path)
+                if self.ready:
+                    self.cold_after_ready.append(path)
+                    log.warning("step path %r ran for the first time after the worker was ready", path)
 
     def _verify(self, seq: Sequence, draft: list[int], target: list[int], logprobs: list[float]) -> list[StepOutput]:
         """Emit the drafts the model agrees with and its own next token, stopping where the request ends."""
