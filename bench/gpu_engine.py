@@ -98,7 +98,7 @@ def compare_decode_steps(model: torch.nn.Module, args: argparse.Namespace, devic
             start = time.perf_counter()
             compiled_warm_up(engine)  # every bucket compiled (and captured) before timing
             warm_s = time.perf_counter() - start
-            print(f"{mode}: {len(engine.decode_step.shapes)} decode buckets warmed up in {warm_s:.1f} s", flush=True)
+            print(f"{mode}: {len(engine.decode_step.start_shapes)} of {len(engine.decode_step.shapes)} decode buckets warmed up at start in {warm_s:.1f} s", flush=True)
         for batch in (1, args.batch):
             results.append(Result(f"decode batch {batch}, {mode} decode step: tokens/s", decode_tok_s(engine, batch, args, 400 + batch), "tok/s"))
         if engine.decode_step is not None:
