@@ -299,7 +299,7 @@ class Engine:
         self._ran(*sampling_paths([s.params for s in seqs], [s.constraint is not None and s.constraint.active for s in seqs]))
         picked = logits
         if len(rows) < layout.num_rows:
-            picked = logits.index_select(0, torch.tensor(rows, device=logits.device))
+            picked = logits.index_select(0, torch.tensor(rows).to(logits.device, non_blocking=True))
         if any(s.params.penalized for s in seqs):
             # each row's output so far: a draft row's includes the drafts before it
             outputs = [s.output_ids + d[:j] for s, d in (to_sample[i] for i in layout.drawn) for j in range(len(d) + 1)]
