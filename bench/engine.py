@@ -295,7 +295,7 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict:
         from tandem.worker.engine.runner.compiled import warm_up
 
         warm_up(engine)
-        log(f"decode step: {len(engine.decode_step.shapes)} buckets compiled in {engine.decode_step.warm_up_seconds:.1f} s")
+        log(f"decode step: {len(engine.decode_step.start_shapes)} buckets warmed up in {engine.decode_step.warm_up_seconds:.1f} s")
     hf = load_hf(model_dir, torch.float32)
     vocab = engine.model.config.vocab_size
     params = sum(p.numel() for p in hf.parameters())  # the whole model (a tensor-parallel rank holds a share)

@@ -8,6 +8,8 @@ through the real loading path. Reported:
   / 4.8 TB/s, target >= 70%;
 - prefill FLOP utilisation for one 2048-token prompt: model FLOPs / time / 790 TFLOP/s, target >= 50%;
 - decode tokens/s at batch 64;
+- the host's CPU time per decode step at batch 1 and 256 (bench/step_cpu.py): schedule + update, and the eager
+  forward's launch, each timed on the engine thread's CPU clock with the device drained around it;
 - decode tokens/s at batch 1 and 64 for each `--decode-steps` mode (default: eager, then the static step
   captured as CUDA graphs), with the decode step's warm-up time; a fresh engine per mode, same weights;
 - a mixture of experts (Mixtral layout, 8 experts, top 2, at the same hidden size, 8 layers; `--no-moe`
@@ -47,6 +49,7 @@ from bench._roofline import Result, decode_bandwidth, median_of, prefill_utilisa
 from bench._shapes import MOE_SHAPE, write_llama_1b_shaped, write_llama_8b_shaped
 from bench.engine_timing import random_prompts, time_engine
 from bench.fp8_rows import fp8_rows
+from bench.step_cpu import host_step_table
 from tandem.worker.devtools.tiny import (
     TinySpec,
     create_tiny_model,
@@ -95,7 +98,7 @@ def compare_decode_steps(model: torch.nn.Module, args: argparse.Namespace, devic
             start = time.perf_counter()
             compiled_warm_up(engine)  # every bucket compiled (and captured) before timing
             warm_s = time.perf_counter() - start
-            print(f"{mode}: {len(engine.decode_step.shapes)} decode buckets warmed up in {warm_s:.1f} s", flush=True)
+            print(f"{mode}: {len(engine.decode_step.start_shapes)} of {len(engine.decode_step.shapes)} decode buckets warmed up at start in {warm_s:.1f} s", flush=True)
         for batch in (1, args.batch):
             results.append(Result(f"decode batch {batch}, {mode} decode step: tokens/s", decode_tok_s(engine, batch, args, 400 + batch), "tok/s"))
         if engine.decode_step is not None:
@@ -116,7 +119,21 @@ def run(args: argparse.Namespace, model_dir: Path, device: str = "cuda") -> list
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
+    results += host_step_rows(model, args, device)
     return results + compare_decode_steps(model, args, device)
+
+
+def host_step_rows(model: torch.nn.Module, args: argparse.Namespace, device: str) -> list[Result]:
+    """The host's CPU time per decode step at batch 1 and 256 (bench/step_cpu.py), eager, after `--context` tokens."""
+    table = host_step_table(model, engine_config(args), args.context, max(4, min(args.new_tokens, 16)))  # type: ignore[arg-type]
+    rows = []
+    for batch, step in table.items():
+        rows.append(Result(f"decode batch {batch}: host CPU per step, schedule + update", step.schedule_update_s * 1e3, "ms"))
+        rows.append(Result(f"decode batch {batch}: host CPU per step, eager launch", step.launch_s * 1e3, "ms"))
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return rows
 
 
 def utilisation(model: torch.nn.Module, args: argparse.Namespace) -> list[Result]:

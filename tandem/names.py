@@ -75,7 +75,9 @@ KV_BLOCKS_TOTAL = "tandem_kv_blocks_total"
 DECODE_BATCH_SIZE = "tandem_decode_batch_size"
 # Every worker: requests it holds (reservations, token queues, prefills, sequences); zero once idle
 WORKER_HELD_REQUESTS = "tandem_worker_held_requests"
-WORKER_STARTUP_SECONDS = "tandem_worker_startup_seconds"  # phase: load (weights in memory), warmup (graphs)
+WORKER_STARTUP_SECONDS = "tandem_worker_startup_seconds"  # by phase, STARTUP_PHASES
+# weights in memory; KV cache sized; every step path run once (graphs included); the decode step's buckets alone
+STARTUP_PHASES = ("load", "kv_plan", "warmup", "decode_graphs")
 # Speculative decoding (decode and colocated engines): draft tokens verified, those the model accepted, and
 # the verify steps; acceptance rate = rate(accepted) / rate(proposed)
 SPEC_PROPOSED_TOKENS_TOTAL = "tandem_spec_decode_proposed_tokens_total"

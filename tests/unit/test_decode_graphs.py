@@ -192,3 +192,12 @@ def test_compiled_step_matches_and_warm_up_compiles_every_bucket(two_layers):
     assert run.tokens[0] == run.tokens[1] and run.static_steps > 5
     assert run.max_logit_diff < 1e-4, run.max_logit_diff
     assert {b for b, _ in run.shapes} == {2, 4} and {w for _, w in run.shapes} == {2, 4}, run.shapes
+
+
+def test_a_first_request_takes_only_the_smallest_batch_buckets():
+    from tandem.worker.engine.runner.decode_plan import first_request_shapes
+
+    shapes = [(4, 4), (4, 2), (2, 4), (2, 2)]
+    assert first_request_shapes(shapes, 2) == [(2, 4), (2, 2)]
+    assert first_request_shapes([(2, 2)], 2) == [(2, 2)]  # no shape with unlike sizes: the only one goes first
+    assert first_request_shapes([(1, 1), (1, 2)], 1) == [(1, 2), (1, 1)]

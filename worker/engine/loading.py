@@ -13,6 +13,7 @@ from safetensors import safe_open
 from tandem.worker.engine.core.grammar import GRAMMAR_TOKENIZER_FILE, GrammarVocab
 from tandem.worker.engine.layers import weight_fp8, weight_int8
 from tandem.worker.engine.models.llama import Transformer, rope_inv_freq
+from tandem.worker.engine.models.protocol import CausalLM
 from tandem.worker.engine.models.registry import model_module
 from tandem.worker.engine.runner.engine import Engine, EngineConfig
 from tandem.worker.hf.config import ModelConfig, ModelLoadError
@@ -222,7 +223,7 @@ def build_engine(
     return engine_for_model(load_model(model_dir, dtype, device, quantization), model_dir, engine_config)
 
 
-def engine_for_model(model: Transformer, model_dir: str | Path, engine_config: EngineConfig) -> tuple[Engine, Tokenizer]:
+def engine_for_model(model: CausalLM, model_dir: str | Path, engine_config: EngineConfig) -> tuple[Engine, Tokenizer]:
     """An engine around an already loaded model (its KV cache sized after the weights are in)."""
     tokenizer = Tokenizer.from_dir(model_dir)
     eos = tuple(tokenizer.eos_token_ids) or model.config.eos_token_ids

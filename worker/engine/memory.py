@@ -15,7 +15,7 @@ import torch
 
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.engine.layers.kv_cache import kv_block_nbytes
-from tandem.worker.engine.models.llama import Transformer
+from tandem.worker.engine.models.protocol import CausalLM
 from tandem.worker.engine.runner.engine import Engine, EngineConfig
 from tandem.worker.hf.config import served_context_length
 
@@ -108,7 +108,7 @@ def min_blocks(max_model_len: int, block_size: int) -> int:
     return -(-max_model_len // block_size)
 
 
-def warm_up(model: Transformer, config: EngineConfig) -> int:
+def warm_up(model: CausalLM, config: EngineConfig) -> int:
     """Run one engine step at the largest batch the scheduler can form (`max_batch_tokens` of prompt, in
     chunks of at most `prefill_chunk_tokens`, at most `max_running_sequences` of them) into a scratch KV
     cache that is freed afterwards. Returns the tokens the step computed."""
@@ -144,7 +144,7 @@ def read_cuda_memory(device: torch.device) -> MemoryReading:
 
 
 def plan_kv_cache(
-    model: Transformer, config: EngineConfig, num_kv_blocks: int | None = None, memory_percent: int = 90
+    model: CausalLM, config: EngineConfig, num_kv_blocks: int | None = None, memory_percent: int = 90
 ) -> KvCachePlan:
     """The KV cache for `model` (weights already loaded): `num_kv_blocks` if given; on a GPU, `memory_percent`
     of the memory left after a warm-up pass at the largest batch; on the CPU, that share of a fixed budget."""

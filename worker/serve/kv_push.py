@@ -4,18 +4,18 @@ On CUDA the layer's blocks are gathered on a copy stream that first waits for th
 sees the layer just written), then, unless the KV goes device to device (the CUDA IPC ring), copied into
 pinned host buffers without blocking. The next layer's compute is not held up by the copy; the event
 recorded on the copy stream tells the sender's thread when the bytes are ready. On the CPU this is
-`KvCache.read_blocks`, unchanged.
+`PagedKv.read_blocks`, unchanged.
 """
 
 from __future__ import annotations
 
 import torch
 
-from tandem.worker.engine.layers.kv_cache import KvCache
+from tandem.worker.engine.models.protocol import PagedKv
 
 
 class LayerKvReader:
-    def __init__(self, kv: KvCache):
+    def __init__(self, kv: PagedKv):
         self.kv = kv
         device = kv.k[0].device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None

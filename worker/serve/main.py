@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import cast
 
 import grpc
 import torch
@@ -28,7 +27,7 @@ from tandem.worker.api.tls import TlsConfig, add_port
 from tandem.worker.engine.layers.attention import check_backend
 from tandem.worker.engine.loading import engine_for_model, load_model
 from tandem.worker.engine.memory import KvCachePlan, plan_kv_cache
-from tandem.worker.engine.models.llama import Transformer
+from tandem.worker.engine.models.protocol import CausalLM
 from tandem.worker.engine.runner.decode_graphs import check_decode_step
 from tandem.worker.engine.runner.engine import EngineConfig
 from tandem.worker.engine.runner.engine_loop import EngineLoop
@@ -74,9 +73,10 @@ class Prepared:
 
     transports: list[int]
     engine_config: EngineConfig
-    model: Transformer
+    model: CausalLM
     kv_plan: KvCachePlan
     loaded_s: float
+    kv_plan_s: float  # sizing the cache (on a GPU: a pass at the largest batch)
 
 
 @dataclass
@@ -133,30 +133,30 @@ def prepare(args: WorkerOptions) -> Prepared:
     with options_checked():  # a draft of the model's first layers needs the model to count them
         if engine_config.speculative is not None:
             engine_config.speculative.check_model(model.config.num_layers)
-    if args.compile:
-        from tandem.worker.engine.runner.compiled import compile_layers
-
-        compile_layers(model)
+    planning = time.monotonic()
     with options_checked():  # after the weights: the cache takes what they and the largest batch leave
         kv_plan = plan_kv_cache(model, engine_config, args.num_kv_blocks, args.kv_cache_memory_percent)
+    kv_plan_s = time.monotonic() - planning
     log.info("%s; KV stored as %s, weights quantization %s", kv_plan.describe(), args.kv_cache_dtype, args.quantization)
-    return Prepared(transports, engine_config, model, kv_plan, loaded_s)
+    return Prepared(transports, engine_config, model, kv_plan, loaded_s, kv_plan_s)
 
 
 def start_engine(args: WorkerOptions, prepared: Prepared) -> tuple[EngineLoop, WorkerMetrics]:
-    """The engine around the loaded model, warmed up where it compiles, watched by its metrics, running."""
-    device = args.device or "cpu"
+    """The engine around the loaded model, warmed up (every path a request can take), watched by its metrics, running."""
     engine_config = dataclasses.replace(prepared.engine_config, num_kv_blocks=prepared.kv_plan.num_blocks)
     engine, _ = engine_for_model(prepared.model, args.model_dir, engine_config)
-    started, warmup_s = time.monotonic(), 0.0
-    reads_in_place = args.attention in ("flex", "triton")  # compiled on first use: warm up before serving
-    if args.compile or args.decode_step != "eager" or (reads_in_place and device.startswith("cuda")):
-        from tandem.worker.engine.runner.compiled import warm_up
+    started = time.monotonic()
+    # every path a first request can take (compiled graphs, captured buckets, sampling), before the health check
+    # says ready: the first request waits on none of them
+    from tandem.worker.engine.runner.compiled import warm_up
 
-        log.info("warming up compiled graphs (%d steps)", warm_up(engine))  # before the health check says ready
-        warmup_s = time.monotonic() - started
+    log.info("warmed up: %d steps took every path a request can take", warm_up(engine))
+    warmup_s = time.monotonic() - started
     metrics = WorkerMetrics(args.service, args.role, model_name=args.served_name).watch(engine)
     metrics.startup["load"].set(prepared.loaded_s)
+    metrics.startup["kv_plan"].set(prepared.kv_plan_s)
+    graphs = engine.decode_step.warm_up_seconds if engine.decode_step is not None else None
+    metrics.startup["decode_graphs"].set(graphs or 0.0)
     metrics.startup["warmup"].set(warmup_s)
     log.info("started: weights loaded in %.2f s, warmed up in %.2f s", prepared.loaded_s, warmup_s)
     if args.metrics_port:
@@ -282,11 +282,16 @@ def serve_until_drained(started: Started) -> None:
     _exit_now(0)
 
 
-def _load(args: WorkerOptions, device: str) -> Transformer:
+def _load(args: WorkerOptions, device: str) -> CausalLM:
     """The model on one device, or split across `--tensor-parallel` ranks that this process starts."""
     ranks = args.tensor_parallel or 1
     if ranks <= 1:
-        return load_model(args.model_dir, args.dtype, device, args.quantization)
+        model = load_model(args.model_dir, args.dtype, device, args.quantization)
+        if args.compile:  # one rank only: tensor parallelism runs eager steps
+            from tandem.worker.engine.runner.compiled import compile_layers
+
+            compile_layers(model)
+        return model
     from tandem.worker.engine.tp.group import start_ranks
     from tandem.worker.engine.tp.model import load_tensor_parallel
     from tandem.worker.engine.tp.split import tensor_parallel_problem
@@ -300,7 +305,7 @@ def _load(args: WorkerOptions, device: str) -> Transformer:
     group = start_ranks(ranks, device, args.threads)
     log.info("model split across %d tensor-parallel ranks (%s)", ranks, "NCCL" if device.startswith("cuda") else "gloo")
     # rank 0's view runs the same calls as one model (its forward, logits and KV cache span the ranks)
-    return cast(Transformer, load_tensor_parallel(args.model_dir, args.dtype, args.quantization, group))
+    return load_tensor_parallel(args.model_dir, args.dtype, args.quantization, group)
 
 
 def _exit_now(code: int) -> None:

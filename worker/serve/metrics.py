@@ -66,8 +66,10 @@ class WorkerMetrics:
         self._spec_seen = (0, 0, 0)
         self.held = bind(Gauge(names.WORKER_HELD_REQUESTS, "Requests this worker holds in any state", labels, registry=r))
         startup = Gauge(names.WORKER_STARTUP_SECONDS, "Seconds this worker's start spent per phase: load (weights "
-                        "read into memory), warmup (compiled graphs)", [*labels, "phase"], registry=r)
-        self.startup = {phase: startup.labels(service=service, pool=pool, phase=phase) for phase in ("load", "warmup")}
+                        "read into memory), kv_plan (sizing the KV cache), warmup (every path a request can take, "
+                        "decode_graphs included), decode_graphs (the static decode step's buckets)",
+                        [*labels, "phase"], registry=r)  # fmt: skip
+        self.startup = {phase: startup.labels(service=service, pool=pool, phase=phase) for phase in names.STARTUP_PHASES}
         self.batch_size = bind(
             Histogram(names.DECODE_BATCH_SIZE, "Sequences per engine step", labels, registry=r,
                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))

@@ -80,8 +80,11 @@ def constraint_for(
     return TokenConstraint(matcher, params.min_tokens, banned)
 
 
-def allowed_tokens(constraints: list[TokenConstraint], vocab_size: int, eos_token_ids: tuple[int, ...]) -> torch.Tensor:
-    """[M, V] bool on the host: True where each constraint lets the token through."""
+def allowed_tokens(
+    constraints: list[TokenConstraint], vocab_size: int, eos_token_ids: tuple[int, ...], device: torch.device | None = None
+) -> torch.Tensor:
+    """[M, V] bool on `device` (the host by default): True where each constraint lets the token through. The
+    matchers fill a packed bitmask on the host; it crosses in one copy and is unpacked where the logits are."""
     import llguidance.torch as llt  # here, not at the top: it imports torch._dynamo, 3 s of every worker's start
 
     words = llt.allocate_token_bitmask(len(constraints), vocab_size)  # all bits set: everything allowed
@@ -94,11 +97,13 @@ def allowed_tokens(constraints: list[TokenConstraint], vocab_size: int, eos_toke
                 words[i, t // 32] |= _bit(t % 32)
         else:
             llt.fill_next_token_bitmask(c.matcher, words, i)
-    shifts = torch.arange(32, dtype=torch.int32)
+    early = [(i, t) for i, c in enumerate(constraints) if c.emitted < c.min_tokens for t in c.banned_early]
+    words = words.to(device or "cpu", non_blocking=True)
+    shifts = torch.arange(32, dtype=torch.int32, device=words.device)
     allowed = ((words[:, :, None] >> shifts) & 1).bool().reshape(len(constraints), -1)[:, :vocab_size]
-    for i, c in enumerate(constraints):
-        if c.emitted < c.min_tokens and c.banned_early:
-            allowed[i, list(c.banned_early)] = False
+    if early:  # min_tokens: EOS and stop ids banned until then, every row's at once
+        rows, ids = torch.tensor(early, dtype=torch.long).to(words.device, non_blocking=True).unbind(1)
+        allowed.index_put_((rows, ids), torch.zeros((), dtype=torch.bool, device=words.device))
     return allowed
 
 
@@ -114,9 +119,10 @@ def constrain_logits(
     rows = [i for i, c in enumerate(constraints) if c is not None and c.active]
     if not rows:
         return logits
-    allowed = allowed_tokens([constraints[i] for i in rows], logits.shape[-1], eos_token_ids)  # type: ignore[misc]
-    index = torch.tensor(rows, device=logits.device)
-    masked = logits.index_select(0, index).masked_fill(~allowed.to(logits.device), float("-inf"))
+    chosen = [constraints[i] for i in rows]
+    allowed = allowed_tokens(chosen, logits.shape[-1], eos_token_ids, logits.device)  # type: ignore[arg-type]
+    index = torch.tensor(rows).to(logits.device, non_blocking=True)
+    masked = logits.index_select(0, index).masked_fill(~allowed, float("-inf"))
     return logits.index_copy(0, index, masked)
 
 
@@ -127,9 +133,11 @@ def top_logprobs(logits: torch.Tensor, counts: list[int]) -> list[list[tuple[int
     if not rows:
         return out
     k = max(counts[i] for i in rows)
-    index = torch.tensor(rows, device=logits.device)
+    index = torch.tensor(rows).to(logits.device, non_blocking=True)
     values, ids = torch.log_softmax(logits.index_select(0, index), dim=-1).topk(k, dim=-1)
-    for row, vals, toks in zip(rows, values.tolist(), ids.tolist(), strict=True):
+    # one read of the device: ids and values side by side in float64 (token ids are exact in it)
+    both = torch.stack((ids.double(), values.double())).tolist()
+    for row, toks, vals in zip(rows, both[0], both[1], strict=True):
         pairs = zip(toks[: counts[row]], vals[: counts[row]], strict=True)
-        out[row] = [(t, v) for t, v in pairs if math.isfinite(v)]  # tokens a constraint forbids are not alternatives
+        out[row] = [(int(t), v) for t, v in pairs if math.isfinite(v)]  # a forbidden token is no alternative
     return out

@@ -19,6 +19,7 @@ from torch import nn
 
 from tandem.worker.engine.layers.attention import AttentionBatch, StepBatch, attend, store_kv
 from tandem.worker.engine.layers.kv_cache import KvCache
+from tandem.worker.engine.models.protocol import LayerHook
 from tandem.worker.hf.config import ModelConfig, ModelLoadError
 
 __all__ = ["AttentionBatch", "Model", "Transformer", "expected_shapes"]
@@ -152,9 +153,6 @@ class _Body(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, make_mlp(config, i)) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-
-LayerHook = Callable[[int], None]
 
 
 def _same(x: torch.Tensor) -> torch.Tensor:

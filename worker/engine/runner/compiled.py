@@ -3,12 +3,13 @@
 Norms and MLPs are tensor-in, tensor-out, so they compile whole with dynamic token counts (one graph
 for prefill chunks, one for decode batches; sizes 1 and 2+ specialise). Attention stays eager: its
 inputs are the step's page tables. Compiling is slow (tens of seconds), so the worker runs `warm_up`
-before it reports ready: the static decode step's buckets first (`engine.decodeStep`: each compiled, and
-on CUDA captured), then a short prompt, a single decode and a batched decode hit every graph.
+before it reports ready (compiled or not): the static decode step's buckets first (`engine.decodeStep`: each
+compiled, and on CUDA captured), then requests that take every other path of a step (step_paths.py) once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -30,25 +31,40 @@ def compile_layers(model: Transformer) -> Transformer:
     return model
 
 
+# A warm-up request that takes every sampling path at once (filters, seed, penalties, min_tokens, logprobs).
+EVERY_SAMPLING_PATH = SamplingParams(
+    max_tokens=3, temperature=0.8, top_k=5, top_p=0.9, min_p=0.05, seed=0, repetition_penalty=1.1,
+    presence_penalty=0.1, frequency_penalty=0.1, min_tokens=1, logprobs=True, top_logprobs=2, ignore_eos=True,
+)  # fmt: skip
+
+
 def warm_up(engine: Engine) -> int:
-    """Warm up the static decode step's buckets, then run a few tiny requests to completion (prefill, single and
-    batched decode); returns the steps run."""
+    """Run every path a first request can take once, before the worker reports ready: the static decode step's
+    buckets (compiled, and on CUDA captured), a short prompt, a prompt of one whole prefill chunk, a single and
+    a batched decode, and each sampling path; returns the steps run. The engine is `ready` afterwards, and a
+    path first taken later is logged and recorded (`Engine.cold_after_ready`)."""
     runner = engine.decode_step
     if runner is not None:
         kind = "captured as CUDA graphs" if runner.cuda_graphs else "compiled"
         seconds = runner.warm_up()
         log.info("decode step: %d buckets %s in %.1f s", len(runner.shapes), kind, seconds)
     greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
-    engine.add_request([1] * 5, greedy, request_id="warm-up-0")
+    config, block = engine.config, engine.config.block_size
+    chunk = max(2, min(config.prefill_chunk_tokens, engine.max_model_len - 4, (config.num_kv_blocks // 2) * block - 1))
+    waves = [
+        [([1] * 5, greedy)],
+        [([1] * 5, greedy), ([1] * 6, greedy)],
+        [([2] * chunk, dataclasses.replace(greedy, max_tokens=2))],
+        [([3] * 5, EVERY_SAMPLING_PATH), ([1] * 5, greedy)],
+    ]
     steps = 0
-    while engine.has_work():
-        engine.step()
-        steps += 1
-    for i in (1, 2):
-        engine.add_request([1] * (4 + i), greedy, request_id=f"warm-up-{i}")
-    while engine.has_work():
-        engine.step()
-        steps += 1
+    for w, wave in enumerate(waves):
+        for i, (prompt, params) in enumerate(wave):
+            engine.add_request(prompt, params, request_id=f"warm-up-{w}-{i}")
+        while engine.has_work():
+            engine.step()
+            steps += 1
     if engine.device.type == "cuda":
         torch.cuda.synchronize(engine.device)
+    engine.ready = True
     return steps

@@ -10,8 +10,9 @@ takes the general path unchanged. Padding rows write to a scratch block past the
 
 The batch pads to 2, 4, 8, ... `max_running_sequences` rows and the page table to 2, 4, 8, ... blocks up
 to the served context (from 1 when not compiled). The function is compiled once with dynamic shapes (no
-bucket has a size 1, which would specialise into a graph of its own), and `warm_up` runs, and on CUDA
-captures, every bucket before the worker reports ready.
+bucket has a size 1, which would specialise into a graph of its own), and `warm_up` runs every bucket before
+the worker reports ready; with CUDA graphs it captures those a first request can take (the smallest batch, each
+width: a capture per bucket is what made start slow) and the rest when a step first needs them.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from tandem.spec import DecodeStep
 from tandem.worker.engine.core.scheduler import SchedulerOutput
 from tandem.worker.engine.layers.kv_int8 import write_slots
 from tandem.worker.engine.layers.static_decode import StaticDecodeBatch
-from tandem.worker.engine.models.llama import Transformer
+from tandem.worker.engine.models.protocol import CausalLM
 from tandem.worker.engine.runner.decode_plan import (
     DecodeInputs,
     blocks_for,
     bucket_for,
     buckets,
+    first_request_shapes,
     is_pure_decode,
     padded_decode_inputs,
 )
@@ -56,7 +58,7 @@ class DecodeStepRunner:
 
     def __init__(
         self,
-        model: Transformer,
+        model: CausalLM,
         k_caches: list[torch.Tensor],
         v_caches: list[torch.Tensor],
         block_size: int,
@@ -148,8 +150,8 @@ class DecodeStepRunner:
             ]
         shape = inputs.shape
         graph = self._graphs.get(shape)
-        if graph is None:  # warm_up captures every bucket; without it, each is captured when first needed
-            log.warning("capturing decode bucket %s while serving: warm_up was not run", shape)
+        if graph is None:  # warm_up captures a first request's buckets; the others are captured when first needed
+            log.info("capturing decode bucket %s on its first use", shape)
             self._capture(padded_decode_inputs([], [], [], shape, self.block_size, self.scratch_block))
             graph = self._graphs[shape]
         for static, name, t in zip(self._static[shape], names, host, strict=True):
@@ -168,11 +170,20 @@ class DecodeStepRunner:
         return inputs
 
     # --- before serving ------------------------------------------------------------------------
+    @property
+    def start_shapes(self) -> list[tuple[int, int]]:
+        """The buckets `warm_up` runs before the worker is ready: compiled only, every one (one dynamic graph,
+        cheap per bucket); with CUDA graphs, those a first request can take (the smallest batch, every width),
+        each captured once, and the larger batches' buckets captured when a step first needs them."""
+        if not self.cuda_graphs:
+            return self.shapes
+        return first_request_shapes(self.shapes, self.batch_sizes[0])
+
     @torch.inference_mode()
     def warm_up(self) -> float:
-        """Compile (and on CUDA capture) every bucket on padding-only inputs; returns the seconds it took."""
+        """Compile (and on CUDA capture) the start buckets on padding-only inputs; returns the seconds it took."""
         start = time.monotonic()
-        for shape in self.shapes:
+        for shape in self.start_shapes:
             inputs = padded_decode_inputs([], [], [], shape, self.block_size, self.scratch_block)
             if self.cuda_graphs:
                 self._capture(inputs)

@@ -30,6 +30,14 @@ def bucket_for(n: int, sizes: Sequence[int]) -> int:
     raise ValueError(f"{n} is larger than the largest bucket {sizes[-1]}")
 
 
+def first_request_shapes(shapes: Sequence[tuple[int, int]], smallest_batch: int) -> list[tuple[int, int]]:
+    """The (batch, width) buckets a request alone in the batch can take, in `shapes`' order, the first of them
+    with a batch unlike its width where one has (a compiled graph must not take the two sizes to be equal)."""
+    mine = [s for s in shapes if s[0] == smallest_batch]
+    first = next((s for s in mine if s[0] != s[1]), mine[0])
+    return [first, *(s for s in mine if s != first)]
+
+
 def blocks_for(context_len: int, block_size: int) -> int:
     return -(-context_len // block_size)
 

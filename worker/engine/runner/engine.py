@@ -12,6 +12,7 @@ engine's own model, its first layers only, over this engine's cache (speculative
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,13 +26,17 @@ from tandem.worker.engine.core.scheduler import Scheduler, SchedulerConfig, Sche
 from tandem.worker.engine.core.sequence import Sequence
 from tandem.worker.engine.layers.attention import BACKENDS, check_backend
 from tandem.worker.engine.layers.kv_int8 import KV_INT8_NEEDS_SDPA, is_packed
-from tandem.worker.engine.models.llama import Transformer
+from tandem.worker.engine.models.protocol import CausalLM
 from tandem.worker.engine.runner.decode_graphs import DECODE_STEPS, DecodeStepRunner, check_decode_step
+from tandem.worker.engine.runner.sample_rows import SampleRows, per_drawn, sample_rows
 from tandem.worker.engine.runner.step_inputs import HostStaging, build_step_inputs
+from tandem.worker.engine.runner.step_paths import STATIC_DECODE, forward_paths, sampling_paths
 from tandem.worker.engine.speculative.proposer import Proposer, SpeculativeConfig, make_proposer
 from tandem.worker.engine.speculative.rejection import verify_sampled
 from tandem.worker.engine.speculative.speculator import Speculator, accepted_prefix
 from tandem.worker.hf.config import served_context_length
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -78,7 +83,7 @@ EngineLayerHook = Callable[[int, SchedulerOutput], None]
 class Engine:
     def __init__(
         self,
-        model: Transformer,
+        model: CausalLM,
         config: EngineConfig,
         eos_token_ids: tuple[int, ...] = (),
         grammar_vocab: GrammarVocab | None = None,  # what grammar-constrained requests need (None: refused)
@@ -111,6 +116,9 @@ class Engine:
         self.layer_hook: EngineLayerHook | None = None
         self.last_schedule: SchedulerOutput | None = None  # for metrics
         self._ids = itertools.count()
+        self.paths_run: set[str] = set()  # the step paths this engine has run (step_paths.py)
+        self.ready = False  # set once warmed up: a path first run after it is a cold path a request waited on
+        self.cold_after_ready: list[str] = []
         self.staging = HostStaging(self.device)
         spec = config.speculative
         self.speculator = Speculator(spec, self._proposer(spec)) if spec is not None else None
@@ -211,7 +219,9 @@ class Engine:
         if self.decode_step is not None and self.layer_hook is None:
             logits = self.decode_step.run(sched)  # None unless the step is pure decode
             if logits is not None:
+                self._ran(STATIC_DECODE)
                 return logits
+        self._ran(*forward_paths(sched.num_new_tokens, sched.drafts))
         inputs = build_step_inputs(sched, self.config.block_size, self.config.attention, self.staging)
         hook = None
         if self.layer_hook is not None:
@@ -245,54 +255,69 @@ class Engine:
             at += n
 
     def _update(self, sched: SchedulerOutput, logits: torch.Tensor | None) -> list[StepOutput]:
-        to_sample: list[tuple[Sequence, list[int]]] = []  # with each, its drafts (one logits row more)
+        """Advance what this step computed, sample where sequences reached their last token, emit (and verify drafts)."""
+        to_sample = self._advance_computed(sched)
+        if not to_sample:
+            return []
+        assert logits is not None
+        layout = sample_rows([len(d) for _, d in to_sample], [s.params.greedy for s, _ in to_sample])
+        drawn = self._draw(to_sample, layout, logits)
+        out: list[StepOutput] = []
+        for i, (seq, draft) in enumerate(to_sample):
+            if not draft:
+                tokens, logprobs, tops = drawn[i]
+                out.append(self._append(seq, tokens[0], logprobs[0], tops[0]))
+                continue
+            if i in drawn:  # greedy drafts: verified by comparison
+                tokens, logprobs, _ = drawn[i]
+            else:  # drafts under temperature: rejection sampling keeps the distribution
+                tokens, logprobs = self._verify_sampled(seq, draft, logits[layout.rows_of(i)])
+            out += self._verify(seq, draft, tokens, logprobs)
+        return out
+
+    def _advance_computed(self, sched: SchedulerOutput) -> list[tuple[Sequence, list[int]]]:
+        """Count this step's tokens as computed; returns the sequences that sample now, each with its drafts
+        (a sequence with drafts advances once they are verified: only the accepted ones stay in the cache)."""
+        to_sample: list[tuple[Sequence, list[int]]] = []
         for seq, n, draft in zip(sched.seqs, sched.num_new_tokens, sched.drafts, strict=True):
-            if draft:  # advanced once verified: only the accepted drafts stay in the cache
+            if draft:
                 to_sample.append((seq, draft))
                 continue
             self.scheduler.advance(seq, n)
             if seq.num_computed == seq.num_tokens:
                 to_sample.append((seq, draft))
-        if not to_sample:
-            return []
-        assert logits is not None
-        firsts, row = [], 0  # each sequence's first logits row
-        for _, draft in to_sample:
-            firsts.append(row)
-            row += len(draft) + 1
-        drawn = [i for i, (s, d) in enumerate(to_sample) if not (d and not s.params.greedy)]
-        rows = [firsts[i] + j for i in drawn for j in range(len(to_sample[i][1]) + 1)]
-        seqs = [to_sample[i][0] for i in drawn for _ in range(len(to_sample[i][1]) + 1)]
-        tokens: list[int] = []
-        logprobs: list[float] = []
-        tops: list[list[tuple[int, float]]] = []
-        if rows:
-            picked = logits.index_select(0, torch.tensor(rows, device=logits.device)) if len(rows) < row else logits
-            if any(s.params.penalized for s in seqs):
-                # each row's output so far: a draft row's includes the drafts before it
-                outputs = [s.output_ids + d[:j] for s, d in (to_sample[i] for i in drawn) for j in range(len(d) + 1)]
-                picked = apply_penalties(picked, [s.params for s in seqs], [s.prompt_ids for s in seqs], outputs)
-            picked = constrain_logits(picked, [s.constraint for s in seqs], self.eos_token_ids)
-            tokens, logprobs = sample(picked, [s.params for s in seqs], [s.generator for s in seqs])
-            tops = top_logprobs(picked, [s.params.top_logprobs if s.params.logprobs else 0 for s in seqs])
-        results: dict[int, tuple[list[int], list[float]]] = {}
-        top_of: dict[int, list[tuple[int, float]]] = {}  # sequences without drafts: their one row's alternatives
-        at = 0
-        for i in drawn:
-            n = len(to_sample[i][1]) + 1
-            results[i] = (tokens[at : at + n], logprobs[at : at + n])
-            top_of[i] = tops[at]
-            at += n
-        out: list[StepOutput] = []
-        for i, (seq, draft) in enumerate(to_sample):
-            if i not in results:  # drafts under temperature: rejection sampling keeps the distribution
-                results[i] = self._verify_sampled(seq, draft, logits[firsts[i] : firsts[i] + len(draft) + 1])
-            target, lps = results[i]
-            if draft:
-                out += self._verify(seq, draft, target, lps)
-            else:
-                out.append(self._append(seq, target[0], lps[0], top_of.get(i, [])))
-        return out
+        return to_sample
+
+    def _draw(
+        self, to_sample: list[tuple[Sequence, list[int]]], layout: SampleRows, logits: torch.Tensor
+    ) -> dict[int, tuple[list[int], list[float], list[list[tuple[int, float]]]]]:
+        """The batched sampler over the drawn rows: for each drawn sequence, its tokens, logprobs and alternatives."""
+        rows = layout.drawn_rows
+        if not rows:
+            return {}
+        seqs = [to_sample[i][0] for i in layout.drawn for _ in range(layout.sizes[i])]
+        self._ran(*sampling_paths([s.params for s in seqs], [s.constraint is not None and s.constraint.active for s in seqs]))
+        picked = logits
+        if len(rows) < layout.num_rows:
+            picked = logits.index_select(0, torch.tensor(rows).to(logits.device, non_blocking=True))
+        if any(s.params.penalized for s in seqs):
+            # each row's output so far: a draft row's includes the drafts before it
+            outputs = [s.output_ids + d[:j] for s, d in (to_sample[i] for i in layout.drawn) for j in range(len(d) + 1)]
+            picked = apply_penalties(picked, [s.params for s in seqs], [s.prompt_ids for s in seqs], outputs)
+        picked = constrain_logits(picked, [s.constraint for s in seqs], self.eos_token_ids)
+        tokens, logprobs = sample(picked, [s.params for s in seqs], [s.generator for s in seqs])
+        tops = top_logprobs(picked, [s.params.top_logprobs if s.params.logprobs else 0 for s in seqs])
+        by_token, by_logprob, by_top = (per_drawn(layout, v) for v in (tokens, logprobs, tops))
+        return {i: (by_token[i], by_logprob[i], by_top[i]) for i in layout.drawn}
+
+    def _ran(self, *paths: str) -> None:
+        """Record the step paths this step takes; one first taken after the engine is ready is a cold path."""
+        for path in paths:
+            if path not in self.paths_run:
+                self.paths_run.add(path)
+                if self.ready:
+                    self.cold_after_ready.append(path)
+                    log.warning("step path %r ran for the first time after the worker was ready", path)
 
     def _verify(self, seq: Sequence, draft: list[int], target: list[int], logprobs: list[float]) -> list[StepOutput]:
         """Emit the drafts the model agrees with and its own next token, stopping where the request ends."""

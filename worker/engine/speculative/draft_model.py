@@ -24,8 +24,7 @@ from tandem.worker.engine.runner.step_inputs import HostStaging, one_token_input
 
 if TYPE_CHECKING:
     from tandem.worker.engine.core.sequence import Sequence as EngineSequence
-    from tandem.worker.engine.layers.kv_cache import KvCache
-    from tandem.worker.engine.models.llama import Transformer
+    from tandem.worker.engine.models.protocol import CausalLM, PagedKv
     from tandem.worker.engine.runner.engine import Engine
 
 # (token ids [B], their sequences, their positions) -> the draft's next token of each, [B] on the device
@@ -82,7 +81,7 @@ class EarlyExitStep:
     the paged cache, then the final norm and LM head; the argmax of each row."""
 
     def __init__(
-        self, model: Transformer, kv: KvCache, layers: int, block_size: int, backend: str, staging: HostStaging
+        self, model: CausalLM, kv: PagedKv, layers: int, block_size: int, backend: str, staging: HostStaging
     ):
         if not 1 <= layers < model.config.num_layers:
             raise ValueError(f"a draft of {layers} layers is no strict prefix of {model.config.num_layers}")

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tandem.worker.engine.layers import weight_fp8, weight_int8
-from tandem.worker.engine.layers.attention import AttentionBatch
+from tandem.worker.engine.layers.attention import AttentionBatch, StepBatch
 from tandem.worker.engine.layers.kv_cache import KvCache
 from tandem.worker.engine.loading import load_state_dict, parse_dtype
 from tandem.worker.engine.models.llama import LayerHook, Transformer, rope_inv_freq
@@ -150,10 +150,12 @@ class TensorParallelModel(nn.Module):
         positions: torch.Tensor,
         k_caches: list[torch.Tensor],
         v_caches: list[torch.Tensor],
-        batch: AttentionBatch,
+        batch: StepBatch,
         layer_hook: LayerHook | None = None,
         num_layers: int | None = None,
     ) -> torch.Tensor:
+        if not isinstance(batch, AttentionBatch):  # tensor_parallel_problem refuses a static decode step first
+            raise TypeError("tensor-parallel ranks run the general step only (engine.decodeStep eager)")
         with self.lock:
             self.group.send(("forward", input_ids.cpu(), positions.cpu(), portable(batch), layer_hook is not None, num_layers))
             hook = None
