@@ -30,6 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench._smoke import add_smoke, smoke_sizes, write_tiny_trace
 from tandem.operator.autoscale.core.config import PoolLimits
 from tandem.operator.autoscale.core.types import Pool
 from tandem.operator.autoscale.sim.metrics import percentile
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--validate", action="store_true", help="check the simulator against a real tandem up stack")
     p.add_argument("--validate-requests", type=int, default=200, help="requests per load level")
     p.add_argument("--validate-runs", type=int, default=3, help="runs of every load (the real stack's own spread)")
+    add_smoke(p)
     return p
 
 
@@ -220,6 +222,11 @@ def agreement_row(
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.smoke:  # both traces, a few seconds of each
+        folder = Path(tempfile.mkdtemp(prefix="tandem-autoscale-smoke-"))
+        for name in TRACES:
+            write_tiny_trace(folder / name)
+        smoke_sizes(args, traces=str(folder))
     rows = replay(args)
     if rows:
         print(markdown(rows))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from bench._smoke import add_smoke, smoke_sizes
 from bench.engine import engine_config, load_hf
 from bench.engine_timing import now, random_prompts
 from tandem.worker.api.params import SamplingParams
@@ -69,7 +70,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--out", type=Path, default=None)
-    return p.parse_args(argv)
+    add_smoke(p)
+    return smoke_sizes(p.parse_args(argv), batch=2, requests=4, prompt_len=8, min_output=2, max_output=6, hidden=64,
+                       layers=2)
 
 
 def main(argv: list[str]) -> int:

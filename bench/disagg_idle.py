@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from bench._host import CpuMeter, busy_reason, load_average
+from bench._smoke import add_smoke, smoke_sizes
 from bench._stacks import (
     ModelShape,
     make_model,
@@ -119,7 +120,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "a verdict is called at")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="write the results as JSON here")
-    return p.parse_args(argv)
+    add_smoke(p)
+    return smoke_sizes(p.parse_args(argv), runs=1, requests=1, warmup=0, prompt_len=16, max_tokens=3, hidden=64,
+                       layers=2)
 
 
 def main(argv: list[str]) -> int:

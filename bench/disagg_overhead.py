@@ -21,6 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench._smoke import add_smoke, smoke_sizes
 from bench._stacks import (
     ModelShape,
     make_model,
@@ -79,7 +80,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads of every worker")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="write the results as JSON here")
-    return p.parse_args(argv)
+    add_smoke(p)
+    return smoke_sizes(p.parse_args(argv), prompt_len=32, repeat=1, warmup=0, hidden=64, layers=2)
 
 
 def main(argv: list[str]) -> int:

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 from transformers.generation.streamers import BaseStreamer
 
+from bench._smoke import add_smoke, smoke_sizes
 from bench.engine_floor import floor_tok_s
 from bench.engine_timing import RunTiming, now, random_prompts, time_engine, use_cpu_clock
 from tandem.worker.devtools.tiny import TINY_ARCHITECTURES, TinySpec, create_tiny_model
@@ -262,7 +263,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tensor-parallel", type=int, default=1, help="ranks our model is split across (gloo on the CPU)")
     p.add_argument("--no-mixed", action="store_true", help="skip the mixed-length row")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
-    args = p.parse_args(argv)
+    add_smoke(p)
+    args = smoke_sizes(p.parse_args(argv), threads=1, batches="1,2", prompt_len=8, new_tokens=4, repeats=1, hidden=64,
+                       layers=2, heads=4, kv_heads=2, intermediate=128)
     args.batch_sizes = [int(b) for b in args.batches.split(",")]
     if args.tensor_parallel > 1 and args.clock == "cpu":
         p.error("--tensor-parallel times wall clock: the other ranks' CPU time is not this process's")

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import httpx
 
+from bench._smoke import add_smoke, smoke_sizes
 from bench._stacks import SERVED_NAME, ModelShape, make_model, running_stacks, service_object, worker_load
 from tandem import names
 
@@ -259,7 +260,8 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=1.5, help="soak: mean requests per second")
     p.add_argument("--cycle", type=float, default=60.0, help="soak: seconds between kill or scale steps")
     p.add_argument("--warmup", type=float, default=60.0, help="soak: seconds of each process's life before its RSS baseline")
-    args = p.parse_args()
+    add_smoke(p)
+    args = smoke_sizes(p.parse_args(), clients=1, settle=0.5, repeat=1)
     if args.soak:
         with tempfile.TemporaryDirectory(prefix="tandem-soak-") as tmp:
             soak(args, Path(tmp))

@@ -32,6 +32,7 @@ from pathlib import Path
 import httpx
 
 from bench._host import load_average
+from bench._smoke import add_smoke, smoke_sizes
 from bench._stacks import median, service_object
 from tandem.operator.local.scale import LocalPools
 from tandem.operator.local.stack import free_port_block, serving
@@ -87,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=4)
     p.add_argument("--out", default=None, help="write the results as JSON here")
-    args = p.parse_args(argv)
+    add_smoke(p)
+    args = smoke_sizes(p.parse_args(argv), runs=1, max_tokens=2)
     state = Path(tempfile.mkdtemp(prefix="tandem-bench-flip-"))
     from tandem.worker.devtools.tiny import create_tiny_model  # torch, for the model maker only
 

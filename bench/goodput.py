@@ -49,6 +49,7 @@ from pathlib import Path
 from bench._goodput_report import CONTROL, plot, report
 from bench._goodput_sweep import Latency, Probe
 from bench._host import CpuMeter, quietly
+from bench._smoke import add_smoke, smoke_sizes, write_tiny_trace
 from bench._stacks import SERVED_NAME, ModelShape, make_model, running_stacks, service_object, wait_idle
 from bench._trace_shape import (
     LengthShaping,
@@ -146,7 +147,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("bench/out/goodput.json"), help="results as JSON")
     p.add_argument("--from-json", type=Path, help="print the tables and draw the curves of an earlier --out")
     p.add_argument("--png", type=Path, default=Path("bench/out/goodput.png"), help="the goodput curves")
-    return p.parse_args(argv)
+    add_smoke(p)
+    args = p.parse_args(argv)
+    if args.smoke:  # one short trace, one rate and scale, results beside it in a folder of its own
+        folder = Path(tempfile.mkdtemp(prefix="tandem-goodput-smoke-"))
+        smoke_sizes(args, trace=[write_tiny_trace(folder / "trace.csv", rows=8)], out=folder / "goodput.json",
+                    png=folder / "goodput.png", max_input_len=64, max_output_len=8, rates="1", scales="2", repeats=1,
+                    idle_repeat=1, probe_seconds=1.0, min_requests=2, max_requests=3, hidden=64, layers=2, reruns=0)
+    return args
 
 
 def stack_objects(model_dir: Path, args: argparse.Namespace) -> dict[str, dict]:

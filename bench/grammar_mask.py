@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench._smoke import add_smoke, smoke_sizes
 from tandem.worker.devtools.tiny import create_tiny_model
 
 SCHEMA = {
@@ -154,7 +155,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tokens-per-run", type=int, default=400, help="masks timed per run (documents walked)")
-    args = parser.parse_args()
+    add_smoke(parser)
+    args = smoke_sizes(parser.parse_args(), repeats=1, tokens_per_run=1)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = create_tiny_model(Path(tmp) / "tiny")
         one_doc = document_ids(model_dir, 1)

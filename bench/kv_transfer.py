@@ -22,6 +22,7 @@ from functools import partial
 import grpc
 import torch
 
+from bench._smoke import add_smoke, smoke_sizes
 from tandem.v1 import common_pb2, decode_pb2, decode_pb2_grpc
 from tandem.worker.kv_transport.base import KvLayout
 from tandem.worker.kv_transport.codec import as_bytes
@@ -175,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 16, 128])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--ring-mib", type=int, default=32)
-    args = parser.parse_args(argv)
+    add_smoke(parser)
+    args = smoke_sizes(parser.parse_args(argv), sizes_mib=[1], repeat=1, ring_mib=4)
     torch.set_num_threads(1)
 
     num_blocks = max(1, (max(args.sizes_mib) << 20) // BLOCK_ALL_LAYERS)

@@ -24,6 +24,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench._smoke import add_smoke, smoke_sizes
 from bench._soak import rss_kib
 from bench._stacks import SERVED_NAME, ModelShape, make_model, running_stacks, service_object, worker_load
 from tandem import names
@@ -270,7 +271,9 @@ def main() -> None:
     p.add_argument("--recover-s", type=float, default=60.0, help="how long to watch for full throughput again")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
-    args = p.parse_args()
+    add_smoke(p)
+    args = smoke_sizes(p.parse_args(), clients=4, ramp_s=1.0, hold_s=1.0, burst=4, kv_blocks=128, base_clients=1,
+                       base_s=1.0, recover_s=10.0)
     with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp:
         report = run(args, Path(tmp))
     if args.json:

@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench._smoke import add_smoke, smoke_sizes
 from tandem.testing.fake_hub import FakeHub
 
 REPO_ID = "org/bench"
@@ -70,7 +71,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--weights-mib", type=int, default=128)
     ap.add_argument("--bandwidth-mib", type=float, default=256.0, help="the server's cap, MiB/s, all pods together")
-    args = ap.parse_args()
+    add_smoke(ap)
+    args = smoke_sizes(ap.parse_args(), pods=2, repeat=1, weights_mib=1)
     results: dict[str, dict[str, list[float]]] = {m: {"seconds": [], "mib": []} for m in MODES}
     with FakeHub({REPO_ID: repository(args.weights_mib)}, bandwidth=args.bandwidth_mib * 2**20) as hub:
         for _ in range(args.repeat):

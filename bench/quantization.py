@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from bench._smoke import add_smoke, smoke_sizes
 from bench.engine_timing import random_prompts, time_engine, use_cpu_clock
 from tandem.worker.devtools.accuracy import Agreement, agreement, greedy_continuation
 from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
@@ -72,7 +73,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--intermediate", type=int, default=2048)
     p.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="cpu: this process's CPU time (a shared host)")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
-    args = p.parse_args(argv)
+    add_smoke(p)
+    args = smoke_sizes(p.parse_args(argv), batches="1,2", prompt_len=8, new_tokens=4, repeats=1, accuracy_prompts=1,
+                       accuracy_tokens=4, layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128)
     args.batch_sizes = [int(b) for b in args.batches.split(",")]
     return args
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import grpc
 import httpx
 
+from bench._smoke import add_smoke, smoke_sizes
 from bench._stacks import SERVED_NAME, ModelShape, make_model, running_stacks, service_object
 from tandem.identity import Identity, peer_name
 from tandem.operator.certs import Authority, write_dir
@@ -169,7 +170,8 @@ def print_table(rows: list[Row]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.security", description=__doc__.splitlines()[0])
     p.add_argument("--no-cluster", action="store_true", help="skip the control-plane attacks")
-    args = p.parse_args(argv)
+    add_smoke(p)
+    args = smoke_sizes(p.parse_args(argv), no_cluster=True)  # bench.operator's smoke runs the control plane
     with tempfile.TemporaryDirectory(prefix="tandem-security-") as tmp:
         rows = stack_rows(Path(tmp))
         if not args.no_cluster:

@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 
 from bench import engine_timing
+from bench._smoke import add_smoke, smoke_sizes
 from bench.engine_timing import random_prompts
 from tandem.worker.api.params import SamplingParams
 from tandem.worker.devtools.early_exit import upper_layers_scaled
@@ -233,7 +234,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                    help="cpu: this process's CPU time (steadier on a shared host; needs --threads 1)")  # fmt: skip
     p.add_argument("--out", default=None, help="write the figures as JSON here")
-    return p.parse_args(argv)
+    add_smoke(p)
+    return smoke_sizes(p.parse_args(argv), batches="1,2", prompt_len=24, new_tokens=6, layers=2, repeats=1)
 
 
 def main(argv: list[str]) -> int:

@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from bench._smoke import add_smoke, smoke_sizes
 from tandem import names
 from tandem.operator.local.stack import free_port_block
 
@@ -96,7 +97,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warm", type=int, default=3, help="warm requests per run")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--out", default=None, help="write the runs as JSON here")
-    return p.parse_args(argv)
+    add_smoke(p)
+    return smoke_sizes(p.parse_args(argv), runs=1, warm=1, max_tokens=2)
 
 
 def main(argv: list[str]) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -128,7 +128,7 @@ class Reconciler:
     """Reconciles InferenceServices against one API server; holds what must outlive a reconcile: the watch
     cache, the TLS Secrets issued, the exposure last seen, and the threads that write children side by side."""
 
-    def __init__(self, kube: Kube, cache: ObjectCache | None = None, threads: int = 16):
+    def __init__(self, kube: Kube, cache: ObjectCache | None = None, threads: int = 32):
         self.kube, self.cache = kube, cache
         self.issued: set[ServiceKey] = set()  # whose TLS Secret exists
         self.exposure = exposure.ExposureWatch()
@@ -180,10 +180,8 @@ class Reconciler:
         meta = isvc["metadata"]
         namespace, name, uid, generation = meta["namespace"], meta["name"], meta["uid"], meta.get("generation", 1)
         previous = isvc.get("status") or {}
-        findings = Findings() if _settled(previous, generation) else \
-            check(spec, [*render.worker_pools(spec), names.POOL_ROUTER], read_facts(self.kube, namespace, spec))
-        if findings.blocked:
-            return Observed(name, namespace, uid, generation, previous, findings)
+        # the preflight's facts are read side by side with the children (read for nothing only when they block)
+        facts = None if _settled(previous, generation) else self.pool.submit(read_facts, self.kube, namespace, spec)
         pools = render.worker_pools(spec)
         keys = child_keys(spec, name, namespace, uid)
 
@@ -203,6 +201,9 @@ class Reconciler:
         services = None
         if spec.security.api_keys is None and self.exposure.needs_listing(key, reader.fresh):
             services = self.kube.list("Service", namespace, "")
+        findings = Findings() if facts is None else check(spec, [*pools, names.POOL_ROUTER], facts.result())
+        if findings.blocked:
+            return Observed(name, namespace, uid, generation, previous, findings)
         return Observed(name, namespace, uid, generation, previous, findings,
                         pools=MappingProxyType(dict(zip(pools, live_pools, strict=True))),
                         children=MappingProxyType(dict(zip(keys, live_children, strict=True))), labelled=labelled,
@@ -221,18 +222,23 @@ class Reconciler:
     def act(self, reader: Reader, isvc: Body, spec: InferenceServiceSpec, seen: Observed, p: Plan,
             out: Outcome) -> None:
         """Make the plan's writes, then read what they left and report it; raises ApiError on a refused write."""
-        if p.tls_secret:
-            self._issue_tls_secret(seen, spec.role_flip, out)
-        pools = dict(zip([s.pool for s in p.pools], self.pool.map(
-            lambda s: self._write_pool(reader, spec, seen, s, out), p.pools), strict=True))
+        # All or nothing: the API server validates and admits (quota included) every changed child before any is
+        # written, so a child it refuses leaves no GPU pool half-built beside it. The dry runs write nothing, so
+        # they go out beside the Secret and the pools, whose own writes stay in order.
+        dry_runs = [] if p.blocked else [self.pool.submit(self.kube.apply, m, dry_run=True) for m in p.apply]
+        try:
+            if p.tls_secret:
+                self._issue_tls_secret(seen, spec.role_flip, out)
+            pools = dict(zip([s.pool for s in p.pools], self.pool.map(
+                lambda s: self._write_pool(reader, spec, seen, s, out), p.pools), strict=True))
+        finally:
+            wait(dry_runs)
         if p.blocked:
             message = p.blocked[1]
             self._report_blocked(reader, isvc, seen, p.blocked, message, out)
             return
-        # All or nothing: the API server validates and admits (quota included) every changed child before any is
-        # written, so a child it refuses leaves no GPU pool half-built beside it.
-        if p.apply:
-            list(self.pool.map(lambda m: self.kube.apply(m, dry_run=True), p.apply))
+        for dry_run in dry_runs:
+            dry_run.result()
         # children are independent: apply them side by side, so a new object waits for one round trip, not nine
         children = dict(seen.children)
         for manifest, body in zip(p.apply, self.pool.map(lambda m: reader.remember(self.kube.apply(m)), p.apply),

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from tandem.operator.runtime.backoff import retry_delay
 
@@ -27,6 +28,9 @@ class ReconcileQueue:
                  backoff: Callable[[BaseException, int], float] = retry_delay):
         self._fn = fn
         self._sem = asyncio.Semaphore(concurrency)
+        # threads of its own: asyncio's default pool (CPUs + 4) is smaller than `concurrency` on a small node and is
+        # shared with the autoscaler's ticks
+        self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="reconcile")
         self._queued: set[Key] = set()
         self._running: set[Key] = set()
         self._dirty: set[Key] = set()
@@ -89,7 +93,7 @@ class ReconcileQueue:
             self._fresh.discard(key)
             started = self._generation.get(key)
             try:
-                result = await asyncio.to_thread(self._fn, *key, fresh)
+                result = await asyncio.get_running_loop().run_in_executor(self._threads, self._fn, *key, fresh)
             except Exception as e:  # retried below; the error is the operator's to report, not to crash on
                 self._failed(key, e, started)
             else:
@@ -113,9 +117,14 @@ class ReconcileQueue:
         self._failed_generation[key] = started
         self._waiting[key] = asyncio.get_running_loop().call_later(wait, self._retry, key)
 
-    async def resync_forever(self, interval: float) -> None:
-        """Level-based safety net: reconcile every known InferenceService from fresh reads every `interval` s."""
+    async def resync_forever(self, interval: float, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        """Level-based safety net: reconcile every known InferenceService from fresh reads once every `interval` s,
+        spread over the interval, so that a burst of resyncs never queues ahead of an object that just changed."""
         while True:
-            await asyncio.sleep(interval)
-            for key in list(self.known):
-                self.trigger(key, fresh=True)
+            keys = list(self.known)
+            if not keys:
+                await sleep(interval)
+            for key in keys:
+                await sleep(interval / len(keys))
+                if key in self.known:
+                    self.trigger(key, fresh=True)

@@ -143,3 +143,29 @@ def test_a_run_that_asks_for_a_recheck_runs_again_once():
 
     asyncio.run(main())
     assert len(calls) == 2
+
+
+def test_the_resync_spreads_its_objects_over_the_interval():
+    """One fresh trigger per object per interval, one at a time, so new objects never wait behind all of them."""
+    naps: list[float] = []
+    triggered: list[list[tuple[str, str]]] = []
+
+    async def main():
+        q = ReconcileQueue(lambda ns, name, fresh: None)
+        q.known.update({("ns", "a"), ("ns", "b"), ("ns", "c"), ("ns", "d")})
+        seen: list[tuple[str, str]] = []
+        q.trigger = lambda key, fresh=False, **_: seen.append(key) if fresh else None  # type: ignore[method-assign]
+
+        async def sleep(s: float) -> None:
+            naps.append(s)
+            triggered.append(list(seen))
+            if len(naps) == 9:
+                raise asyncio.CancelledError
+
+        with pytest.raises(asyncio.CancelledError):
+            await q.resync_forever(40.0, sleep=sleep)
+
+    asyncio.run(main())
+    assert naps == [10.0] * 9
+    assert [len(t) for t in triggered] == list(range(9))  # one object per nap, none in a burst
+    assert sorted(triggered[-1][:4]) == sorted(triggered[-1][4:]) == [("ns", k) for k in "abcd"]
