@@ -93,6 +93,19 @@ class ScalingDecision(Status):
     """When it was decided."""
 
 
+class ShapeStatus(Status):
+    """mode auto: the shape the pods serve in, and the last change of shape."""
+
+    current: str | None = None
+    """Colocated workers ("2 colocated") or a split ("1P+3D"); "changing" while a change is under way."""
+    target: str | None = None
+    """The shape the last change went to."""
+    reason: str | None = None
+    """Why the last change was made, in words (also its Event's message)."""
+    time: datetime | None = None
+    """When the last change was decided."""
+
+
 class AutoscalingStatus(Status):
     """What the autoscaler wants and sees per pool, and its last scaling decision."""
 
@@ -100,6 +113,8 @@ class AutoscalingStatus(Status):
     """Per pool, as the autoscaler sees it."""
     last_decision: ScalingDecision | None = None
     """The last decision that changed a pool."""
+    shape: ShapeStatus | None = None
+    """mode auto: the service's shape now and its last change."""
 
 
 class ColdStart(Status):

@@ -100,3 +100,22 @@ def test_no_side_is_left_without_a_ready_pod_wave_by_wave():
 def test_the_pods_to_drain_go_first_and_a_pod_no_longer_drained_is_kept():
     pods = [P0, pod("p1", "prefill", cost=DRAIN_FIRST), D0]
     assert drain_costs(pods, ("d0",)) == {"d0": DRAIN_FIRST, "p1": 0}
+
+
+def test_status_shows_the_shape_now_and_keeps_the_last_change():
+    from tandem.operator.autoscale.core.loop import Tick
+    from tandem.operator.autoscale.core.report import slo_status
+    from tandem.operator.autoscale.core.shape import ShapeAction, ShapeDecision
+    from tandem.operator.autoscale.core.types import Pool, Replicas
+    from tandem.spec import SloSpec
+
+    slo, at = SloSpec(ttft_ms=500, tpot_ms=50, percentile=90), "2026-01-01T00:00:00Z"
+    split = {Pool.colocated: Replicas(0), Pool.prefill: Replicas(1), Pool.decode: Replicas(2, 1)}
+    change = ShapeDecision(ShapeAction.collapse, Shape(prefill=1, decode=3), Shape(colocated=1), "Collapsed: 0 req/s fits 1")
+    shape = slo_status(Tick(1.0, split, shape=change), slo, 60, {}, {}, at)["autoscaling"]["shape"]
+    assert shape == {"current": "1P+3D", "target": "1 colocated", "reason": "Collapsed: 0 req/s fits 1", "time": at}
+    mixed = {Pool.colocated: Replicas(1), Pool.prefill: Replicas(0), Pool.decode: Replicas(1)}
+    later = slo_status(Tick(2.0, mixed), slo, 60, {}, {"autoscaling": {"shape": shape}}, "2026-01-01T00:01:00Z")
+    assert later["autoscaling"]["shape"] == {**shape, "current": "changing"}  # the last change is kept
+    fixed = slo_status(Tick(3.0, {Pool.prefill: Replicas(1), Pool.decode: Replicas(1)}), slo, 60, {}, {}, at)
+    assert "shape" not in fixed["autoscaling"]  # a fixed shape says nothing of one

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from tandem.operator.autoscale.core.loop import Tick
+from tandem.operator.autoscale.core.shape import ShapeAction
+from tandem.operator.autoscale.core.shape_tick import current_shape
 from tandem.operator.autoscale.core.types import Decision, Pool
 from tandem.spec import SloSpec
 
@@ -50,6 +52,15 @@ def decision_body(d: Decision, at: str) -> Body:
             "reasonCode": d.reason_code, "time": at}  # fmt: skip
 
 
+def shape_body(tick: Tick, previous: Body, at: str) -> Body:
+    """`status.autoscaling.shape`: the shape now, and the last change (kept until a newer one)."""
+    now = current_shape(tick.replicas)
+    body = {k: v for k, v in previous.items() if k in ("target", "reason", "time")}
+    if tick.shape is not None and tick.shape.action is not ShapeAction.keep:
+        body = {"target": str(tick.shape.target), "reason": tick.shape.reason[:1024], "time": at}
+    return {"current": str(now) if now is not None else "changing", **body}
+
+
 def slo_status(tick: Tick, slo: SloSpec, window_s: int, attainment: Mapping[str, float], previous: Body, at: str) -> Body:
     """`status.slo`, `status.autoscaling` and the SLOMet condition (other conditions kept as they are).
     `at` is the tick's time as RFC 3339; the last decision stays until a newer one changes a pool."""
@@ -76,6 +87,8 @@ def slo_status(tick: Tick, slo: SloSpec, window_s: int, attainment: Mapping[str,
         last = decision_body(tick.applied[-1], at)
     if last:
         autoscaling["lastDecision"] = last
+    if {Pool.colocated, Pool.prefill} <= set(tick.replicas):  # mode auto
+        autoscaling["shape"] = shape_body(tick, (previous.get("autoscaling") or {}).get("shape") or {}, at)
     status, reason, message = slo_met(tick, slo)
     prev = {c["type"]: c for c in previous.get("conditions") or []}
     old = prev.get("SLOMet") or {}

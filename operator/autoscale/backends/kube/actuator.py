@@ -2,7 +2,8 @@
 TandemPool (the one writer while autoscaling is on). Before a pool shrinks, each pod's
 `controller.kubernetes.io/pod-deletion-cost` is set from its running sequences, so the ReplicaSet
 removes the emptiest pod, which then drains (preStop) before it exits. Pools count pods by the role they
-serve now, and a flip relabels pods (flip.py)."""
+serve now, and a flip relabels pods (flip.py). In mode auto a change of shape, and a resize of the colocated
+pool, is carried out a step per tick from the plan reshape.py makes of the pods as they are."""
 
 from __future__ import annotations
 
@@ -15,15 +16,23 @@ from tandem.operator.autoscale.backends.kube.flip import (
     by_role,
     flip_aware_costs,
     flip_candidates,
+    flip_patch,
     home_of,
     home_replicas,
     patch_flip,
 )
+from tandem.operator.autoscale.backends.kube.reshape import (
+    DELETION_COST,
+    HOMES,
+    drain_costs,
+    live,
+    plan_reshape,
+)
 from tandem.operator.autoscale.core.flip import Flip
+from tandem.operator.autoscale.core.shape import Shape, ShapeAction, ShapeDecision
 from tandem.operator.autoscale.core.types import Decision, Pool, Replicas
 from tandem.operator.runtime.kube import Kube
 
-DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 Body = dict[str, Any]
 
 
@@ -91,6 +100,8 @@ class KubeActuator:
         self.written: dict[Pool, int] = {}  # what the autoscaler last wrote per pool
         self.pods: dict[Pool, list[Body]] = {}  # by the role each pod serves now
         self.all_pods: list[Body] = []  # every pod of the pools, whatever its role
+        self.auto = Pool.colocated in pools and Pool.prefill in pools  # mode auto: the shape changes
+        self.reshaping: Shape | None = None  # mode auto: the shape a change under way goes to
 
     def pool_name(self, pool: Pool) -> str:
         return f"{self.service}-{pool.value}"
@@ -129,6 +140,12 @@ class KubeActuator:
         return costs
 
     def apply(self, decision: Decision) -> None:
+        if decision.pool == Pool.colocated and self.auto:  # colocated pods live in either home
+            self.reshaping = Shape(colocated=decision.desired)
+            self.step_reshape()
+            reason = "ScaledUp" if decision.desired > decision.current else "ScaledDown"
+            self.event(reason, f"{decision.reason} [{decision.reason_code}]", "Normal")
+            return
         if decision.desired < decision.current:
             self.mark_victims(decision.pool)
         replicas = home_replicas(decision.desired, decision.pool, self.all_pods)  # = desired without flips
@@ -145,3 +162,34 @@ class KubeActuator:
         patch_flip(self.kube.merge_patch, self.namespace, chosen, flip.target, dt.datetime.now(dt.UTC).isoformat())
         if chosen:
             self.event(flip.reason_code, f"{flip.reason} ({', '.join(chosen)})", "Normal")
+
+    def reshape(self, decision: ShapeDecision) -> None:
+        """mode auto: go to `decision.target` (its first step now, the rest on the next ticks); an Event
+        (Collapsed or Split) gives the shape rule's reason."""
+        self.reshaping = decision.target
+        code = "Collapsed" if decision.action is ShapeAction.collapse else "Split"
+        self.event(code, f"{decision.reason} ({decision.current} -> {decision.target})", "Normal")
+        self.step_reshape()
+
+    def step_reshape(self) -> None:
+        """One step of the change under way: start the pods the target has beyond these, relabel the first
+        wave, and once no wave is left, drain the rest (lowest deletion cost, homes scaled down)."""
+        if self.reshaping is None:
+            return
+        self.refresh()
+        plan = plan_reshape(self.all_pods, self.reshaping, self.running_by_pod(live(self.all_pods)))
+        at = dt.datetime.now(dt.UTC).isoformat()
+        for name, role in (plan.waves[0] if plan.waves else {}).items():
+            self.kube.merge_patch("Pod", self.namespace, name, flip_patch(Pool(role), at))
+        if not plan.waves:
+            for name, cost in drain_costs(self.all_pods, plan.drain).items():
+                self.kube.merge_patch("Pod", self.namespace, name, {"metadata": {"annotations": {DELETION_COST: str(cost)}}})
+        now = {h: sum(1 for p in live(self.all_pods) if home_of(p) == h) for h in HOMES}
+        for home in HOMES:  # while flips remain, homes only grow: pods start first, drains go last
+            replicas = plan.homes[home] if not plan.waves else max(plan.homes[home], now[home])
+            if self.written.get(Pool(home)) != replicas or replicas != now[home]:
+                self.kube.merge_patch("TandemPool", self.namespace, self.pool_name(Pool(home)),
+                                      {"spec": {"replicas": replicas}})  # fmt: skip
+                self.written[Pool(home)] = replicas
+        if plan.settled:
+            self.reshaping = None

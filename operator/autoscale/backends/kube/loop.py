@@ -26,7 +26,7 @@ from tandem.operator.autoscale.core.cold_start import learn, observed
 from tandem.operator.autoscale.core.config import policy_config
 from tandem.operator.autoscale.core.loop import Autoscaler
 from tandem.operator.autoscale.core.report import slo_status
-from tandem.operator.autoscale.core.shape_tick import shape_config
+from tandem.operator.autoscale.core.shape_tick import SHAPE_POOLS, shape_config
 from tandem.operator.autoscale.core.source import MetricSource, MetricsUnavailable, Target
 from tandem.operator.autoscale.core.types import Pool
 from tandem.operator.autoscale.sources.prometheus import PrometheusSource
@@ -52,7 +52,8 @@ class AutoscalerMetrics:
 
 
 def pools_of(svc: InferenceService) -> tuple[Pool, ...]:
-    return (Pool.colocated,) if svc.spec.mode == Mode.colocated else (Pool.prefill, Pool.decode)
+    """The pools a service's pods serve: mode auto's pods serve any of the three roles."""
+    return {Mode.colocated: (Pool.colocated,), Mode.auto: SHAPE_POOLS}.get(svc.spec.mode, (Pool.prefill, Pool.decode))
 
 
 def _now_iso() -> str:
@@ -171,6 +172,7 @@ class KubeAutoscalers:
         cold = learn(seen).expected_s()  # a cache hit's and a miss's cold starts, learned apart
         if cold is not None:
             m.autoscaler.config = policy_config(svc.spec, m.autoscaler.config.profile, cold_start_s=cold)
+        m.actuator.step_reshape()  # mode auto: the next step of a change of shape under way
         tick = m.autoscaler.tick(now_s)
         attainment: dict[str, float] = {}
         if tick.unavailable is None and isinstance(m.autoscaler.source, PrometheusSource):

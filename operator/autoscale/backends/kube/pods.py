@@ -14,12 +14,14 @@ def pod_is_ready(pod: dict[str, Any]) -> bool:
 
 
 def metrics_targets(pods: Iterable[dict[str, Any]]) -> dict[str, list[str]]:
-    """Pool (or "router") -> /metrics URLs of the pods that run and have an IP, from their labels; the
-    router and the workers serve metrics on names.METRICS_PORT."""
+    """Pool (or "router") -> /metrics URLs of the pods that run and have an IP, by the role each serves now
+    (its role label, else its pool's: a flipped or colocated pod counts where it serves); the router and the
+    workers serve metrics on names.METRICS_PORT."""
     out: dict[str, list[str]] = {}
     for pod in pods:
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-        pool = (meta.get("labels") or {}).get(names.LABEL_POOL)
+        labels = meta.get("labels") or {}
+        pool = labels.get(names.LABEL_ROLE) or labels.get(names.LABEL_POOL)
         ip = status.get("podIP")
         if not pool or not ip or status.get("phase") != "Running" or meta.get("deletionTimestamp"):
             continue
