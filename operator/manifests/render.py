@@ -47,7 +47,7 @@ from tandem.operator.manifests.pod_tls import tls_dir, tls_volumes
 from tandem.operator.manifests.probes import router_probes, worker_lifecycle, worker_probes
 from tandem.operator.model.cache import ModelCache
 from tandem.operator.model.source import model_init_containers, model_path, model_volumes
-from tandem.spec import InferenceServiceSpec
+from tandem.spec import InferenceServiceSpec, Mode
 
 API_KEYS_MOUNT = "/etc/tandem/api-keys"
 
@@ -70,10 +70,16 @@ def worker_args(spec: InferenceServiceSpec, service: str, pool: str) -> list[str
     ) + role_file_args(spec, pool)  # fmt: skip
 
 
+def routed_pools(spec: InferenceServiceSpec) -> list[str]:
+    """The roles the router finds workers of, each through its headless Service: the pools, and in mode auto
+    the colocated role too (pods of either Deployment relabelled colocated; it has no Deployment of its own)."""
+    return [*worker_pools(spec), names.POOL_COLOCATED] if spec.mode is Mode.auto else worker_pools(spec)
+
+
 def router_args(spec: InferenceServiceSpec, service: str, namespace: str) -> list[str]:
     """`tandem router` arguments: each pool found through its headless Service, re-resolved as pods change."""
     pools = {
-        pool: [f"dns:///{child_name(service, pool)}.{namespace}.svc:{names.GRPC_PORT}"] for pool in worker_pools(spec)
+        pool: [f"dns:///{child_name(service, pool)}.{namespace}.svc:{names.GRPC_PORT}"] for pool in routed_pools(spec)
     }
     keys = spec.security.api_keys
     keys_file = None
@@ -278,6 +284,8 @@ def children(spec: InferenceServiceSpec, service: str, namespace: str, uid: str,
         out.append(worker_deployment(spec, service, namespace, uid, pool, pool_replicas[pool], model_cache))
         out.append(worker_service(service, namespace, uid, pool, by_role=follows_label(spec, pool)))
         out.append(pod_disruption_budget(service, namespace, uid, pool))
+    for pool in routed_pools(spec)[len(worker_pools(spec)):]:  # mode auto: the colocated role, by label only
+        out.append(worker_service(service, namespace, uid, pool, by_role=True))
     out.append(router_deployment(spec, service, namespace, uid, model_cache))
     out.append(router_service(service, namespace, uid))
     if spec.security.network_policy.enabled:

@@ -259,3 +259,46 @@ def test_model_cache_settings_are_checked():
         from_env({ENV_HOST_PATH: "/c", ENV_CLAIM: "x"})
     with pytest.raises(ValueError, match="absolute"):
         from_env({ENV_HOST_PATH: "c"})
+
+
+def _labels_match(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_mode_auto_routes_both_phases_to_pods_relabelled_colocated():
+    """A pod of either Deployment relabelled colocated is behind a headless Service the router resolves as its
+    colocated pool, leaves the prefill and decode Services, and keeps its NetworkPolicy (by its pool label):
+    the router, and either pool's pods, reach its gRPC port."""
+    spec = InferenceServiceSpec.model_validate({
+        "model": {"source": {"path": "/m"}, "servedName": "m"}, "mode": "auto", "roleFlip": True,
+        "autoscaling": {"enabled": True},
+    })
+    out = render.children(spec, "s", "ns", "u", {"prefill": 1, "decode": 1})
+    services = {m["metadata"]["name"]: m for m in out if m["kind"] == "Service"}
+    assert sorted(services) == ["s-colocated", "s-decode", "s-prefill", "s-router"]
+    assert not any(m["kind"] == "Deployment" and m["metadata"]["name"] == "s-colocated" for m in out)
+    colocated = services["s-colocated"]["spec"]
+    assert colocated["clusterIP"] == "None"
+    args = _by(out, "Deployment", "s-router")["spec"]["template"]["spec"]["containers"][0]["args"]
+    for pool in ("prefill", "decode", "colocated"):
+        assert f"dns:///s-{pool}.ns.svc:{names.GRPC_PORT}" in args[args.index(f"--{pool}") + 1]
+    assert args[args.index("--mode") + 1] == "auto"
+    policies = [m for m in out if m["kind"] == "NetworkPolicy"]
+    router_pod = {names.LABEL_SERVICE: "s", names.LABEL_POOL: "router"}
+    for home in ("prefill", "decode"):
+        template = _by(out, "Deployment", f"s-{home}")["spec"]["template"]
+        assert names.LABEL_ROLE in template["metadata"]["labels"]  # the label a flip moves
+        pod = {**template["metadata"]["labels"], names.LABEL_ROLE: "colocated"}
+        assert _labels_match(colocated["selector"], pod)
+        assert not _labels_match(services["s-prefill"]["spec"]["selector"], pod)
+        assert not _labels_match(services["s-decode"]["spec"]["selector"], pod)
+        (policy,) = [p for p in policies if _labels_match(p["spec"]["podSelector"]["matchLabels"], pod)]
+        grpc = next(r for r in policy["spec"]["ingress"] if r["ports"] == [{"protocol": "TCP", "port": names.GRPC_PORT}])
+        senders = [f["podSelector"]["matchLabels"] for f in grpc["from"]]
+        assert router_pod in senders  # both phases come from the router
+        assert all({names.LABEL_SERVICE: "s", names.LABEL_POOL: h} in senders for h in ("prefill", "decode"))
+
+
+def test_a_fixed_shape_renders_no_colocated_service_beside_its_pools(gpu_spec):
+    out = render.children(gpu_spec, "llama", "ml", "uid-1", {"prefill": 1, "decode": 3})
+    assert not any(m["kind"] == "Service" and m["metadata"]["name"] == "llama-colocated" for m in out)
