@@ -119,3 +119,14 @@ def test_status_shows_the_shape_now_and_keeps_the_last_change():
     assert later["autoscaling"]["shape"] == {**shape, "current": "changing"}  # the last change is kept
     fixed = slo_status(Tick(3.0, {Pool.prefill: Replicas(1), Pool.decode: Replicas(1)}), slo, 60, {}, {}, at)
     assert "shape" not in fixed["autoscaling"]  # a fixed shape says nothing of one
+
+
+def test_a_change_under_way_is_resumed_from_status_after_a_restart():
+    from tandem.operator.autoscale.backends.kube.reshape import resumed, shape_of
+
+    for shape in (Shape(colocated=2), Shape(prefill=1, decode=3), Shape(prefill=12, decode=10)):
+        assert shape_of(str(shape)) == shape
+    assert shape_of("changing") is None and shape_of("xP+1D") is None
+    assert resumed({"autoscaling": {"shape": {"current": "changing", "target": "1 colocated"}}}) == Shape(colocated=1)
+    assert resumed({"autoscaling": {"shape": {"current": "1 colocated", "target": "1 colocated"}}}) is None
+    assert resumed({}) is None

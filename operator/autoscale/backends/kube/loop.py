@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from tandem import names
 from tandem.operator.autoscale.backends.kube.actuator import KubeActuator
 from tandem.operator.autoscale.backends.kube.pods import metrics_targets
+from tandem.operator.autoscale.backends.kube.reshape import resumed
 from tandem.operator.autoscale.core.cold_start import learn, observed
 from tandem.operator.autoscale.core.config import policy_config
 from tandem.operator.autoscale.core.loop import Autoscaler
@@ -151,6 +152,7 @@ class KubeAutoscalers:
             actuator = KubeActuator(self.kube, obj, pools, lambda pods: self._held(source, target, pods))
             if m is not None:
                 actuator.written = m.actuator.written
+            actuator.reshaping = m.actuator.reshaping if m is not None else resumed(obj.get("status") or {})
             config = policy_config(svc.spec, self._profile(svc))
             autoscaler = Autoscaler(target, source, actuator, config, shape_config(svc.spec, config))
             if m is not None:

@@ -96,6 +96,21 @@ def plan_reshape(pods: list[Body], target: Shape, running: Mapping[str, float | 
     return KubeReshape(tuple(waves), drain, homes, held)
 
 
+def shape_of(text: str) -> Shape | None:
+    """A shape as status writes it ("2 colocated", "1P+3D"); None for anything else."""
+    count, _, rest = text.partition(" ")
+    if rest == "colocated" and count.isdigit():
+        return Shape(colocated=int(count))
+    p, _, d = text.partition("P+")
+    return Shape(prefill=int(p), decode=int(d[:-1])) if p.isdigit() and d.endswith("D") and d[:-1].isdigit() else None
+
+
+def resumed(status: Body) -> Shape | None:
+    """The change of shape to finish after a restart: status says one was under way, and where it went."""
+    shape = (status.get("autoscaling") or {}).get("shape") or {}
+    return shape_of(shape.get("target") or "") if shape.get("current") == "changing" else None
+
+
 def drain_costs(pods: list[Body], drain: tuple[str, ...]) -> dict[str, int]:
     """Deletion costs that make each home's ReplicaSet remove the pods to drain first (only those that change)."""
     costs = {}
