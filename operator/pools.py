@@ -10,7 +10,9 @@ The rule:
   [minReplicas, maxReplicas]).
 - With the autoscaler off, `kubectl scale tpool/<service>-<pool>`, an HPA or KEDA own the count,
   and editing `spec.<pool>.replicas` on the InferenceService after creation changes nothing.
-The colocated pool is sized by `spec.decode`.
+The colocated pool is sized by `spec.decode`. In `mode: auto` a pool's Deployment is the home of pods of any
+role (a collapse leaves colocated pods in either and may empty the other), so the operator keeps its count
+within 0 and the two pools' maxReplicas together; the autoscaler bounds each role's count.
 """
 
 from __future__ import annotations
@@ -18,18 +20,28 @@ from __future__ import annotations
 from typing import Any
 
 from tandem.operator.manifests.render import pool_spec
-from tandem.spec import InferenceServiceSpec
+from tandem.spec import InferenceServiceSpec, Mode
 
 
 def clamp(value: int, low: int, high: int) -> int:
     return max(low, min(high, value))
 
 
+def bounds(spec: InferenceServiceSpec, pool: str) -> tuple[int, int]:
+    """The counts the operator keeps a pool's TandemPool within while the autoscaler owns it."""
+    if spec.mode is Mode.auto:
+        return 0, spec.prefill.max_replicas + spec.decode.max_replicas
+    ps = pool_spec(spec, pool)
+    return ps.min_replicas, ps.max_replicas
+
+
 def clamp_message(spec: InferenceServiceSpec, pool: str, was: int, now: int) -> str:
     """Why the operator rewrote a pool's count that someone else set (the Event a user sees)."""
-    ps = pool_spec(spec, pool)
+    low, high = bounds(spec, pool)
+    within = "pods of any role, from 0 to both pools' maxReplicas" if spec.mode is Mode.auto else \
+        f"minReplicas {low} and maxReplicas {high}"
     return (f"{pool}: replicas {was} set to {now}: spec.autoscaling.enabled gives the count to the autoscaler, "
-            f"within minReplicas {ps.min_replicas} and maxReplicas {ps.max_replicas}")
+            f"within {within}")
 
 
 def desired_pool_replicas(spec: InferenceServiceSpec, pool: str, live_pool: dict[str, Any] | None) -> tuple[int, bool]:
@@ -41,6 +53,6 @@ def desired_pool_replicas(spec: InferenceServiceSpec, pool: str, live_pool: dict
     if current is None:
         return ps.replicas, True
     if spec.autoscaling.enabled:
-        wanted = clamp(int(current), ps.min_replicas, ps.max_replicas)
+        wanted = clamp(int(current), *bounds(spec, pool))
         return wanted, wanted != current
     return int(current), False

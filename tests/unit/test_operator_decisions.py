@@ -5,9 +5,9 @@ import copy
 from tandem.operator.manifests import render
 from tandem.operator.manifests.drift import is_subset, needs_apply
 from tandem.operator.manifests.manifest import with_hash
-from tandem.operator.pools import desired_pool_replicas
+from tandem.operator.pools import clamp_message, desired_pool_replicas
 from tandem.operator.status.service import rolled_out, same_status, service_status
-from tandem.spec import InferenceServiceSpec
+from tandem.spec import InferenceServiceSpec, Mode
 
 SPEC = InferenceServiceSpec.model_validate({
     "model": {"source": {"path": "/m"}, "servedName": "m"},
@@ -60,6 +60,12 @@ def test_pool_replicas_owner_rule():
     auto = SPEC.model_copy(update={"autoscaling": SPEC.autoscaling.model_copy(update={"enabled": True})})
     assert desired_pool_replicas(auto, "decode", {"spec": {"replicas": 7}}) == (3, True)
     assert desired_pool_replicas(auto, "decode", {"spec": {"replicas": 2}}) == (2, False)
+    # mode auto: a Deployment is the home of pods of any role; a collapse may empty it (minReplicas is a role's)
+    shaped = auto.model_copy(update={"mode": Mode.auto, "role_flip": True})
+    assert desired_pool_replicas(shaped, "decode", {"spec": {"replicas": 0}}) == (0, False)
+    most = shaped.prefill.max_replicas + shaped.decode.max_replicas
+    assert desired_pool_replicas(shaped, "prefill", {"spec": {"replicas": most + 1}}) == (most, True)
+    assert "from 0 to both pools' maxReplicas" in clamp_message(shaped, "prefill", most + 1, most)
 
 
 def _dep(desired, ready, updated=None, gen=1, observed=1, conditions=()):
