@@ -155,3 +155,44 @@ def test_a_flip_relabels_a_pod_leaves_the_replicasets_alone_and_the_flipped_pod_
              120, f"{names_[1]} (flipped and back) removed first")  # fmt: skip
     events = get_json(cp, "events", "--field-selector", "involvedObject.name=flipper", namespace=ns)["items"]
     assert any(e["reason"] == "FlippedToPrefill" and names_[1] in e["message"] for e in events)
+
+
+def test_mode_auto_collapse_relabels_the_prefill_pod_drains_the_decode_pod_and_says_why(
+    control_plane, operator, namespace
+):
+    """A collapse of an `auto` service as the operator's autoscaler carries it out, a step per tick: the prefill
+    pod is relabelled colocated (the colocated Service selects it), the decode pod drains (its home's
+    TandemPool goes to 0, which the operator keeps), and an Event gives the shape rule's reason."""
+    from tandem.operator.autoscale.core.shape import Shape, ShapeAction, ShapeDecision
+    from tandem.operator.autoscale.core.shape_tick import SHAPE_POOLS, current_shape
+    from tests.k8s.test_role_flip import _endpoints
+
+    cp, ns = control_plane, namespace
+    obj = _svc("shaper", decode=1, autoscaling={"enabled": True})
+    obj["spec"] |= {"mode": "auto", "roleFlip": True}
+    cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(obj))
+    (p0,) = wait_for(lambda: len(r := _ready(_pods(cp, ns, "shaper", "prefill"))) == 1 and r, 120, "1 prefill pod Ready")
+    (d0,) = wait_for(lambda: len(r := _ready(_pods(cp, ns, "shaper", "decode"))) == 1 and r, 120, "1 decode pod Ready")
+    p0, d0 = p0["metadata"]["name"], d0["metadata"]["name"]
+    kube = Kube(kube_config.new_client_from_config(str(cp.kubeconfig("admin"))))
+    owner = get_json(cp, "tsvc", "shaper", namespace=ns)
+    actuator = KubeActuator(kube, owner, SHAPE_POOLS, lambda ps: {p["metadata"]["name"]: 0.0 for p in ps})
+    assert current_shape(actuator.replicas()) == Shape(prefill=1, decode=1)
+    reason = "Collapsed: 0 req/s fits 1 colocated worker at TPOT p90 5 ms <= 50 ms; the split needs 1P+1D at 2 GPUs"
+    actuator.reshape(ShapeDecision(ShapeAction.collapse, Shape(prefill=1, decode=1), Shape(colocated=1), reason))
+    assert get_json(cp, "pod", p0, namespace=ns)["metadata"]["labels"][names.LABEL_ROLE] == "colocated"
+    wait_for(lambda: p0 in _endpoints(cp, ns, "colocated", "shaper") and not _endpoints(cp, ns, "prefill", "shaper"),
+             60, "the colocated Service selects the relabelled pod")  # fmt: skip
+    actuator.step_reshape()  # the next tick: no wave left, the decode pod drains
+    left = get_json(cp, "pod", d0, namespace=ns)  # kwok may have removed it already
+    assert left is None or left["metadata"]["annotations"][DELETION_COST] == "-1000"
+    assert get_json(cp, "tpool", "shaper-decode", namespace=ns)["spec"]["replicas"] == 0
+    wait_for(lambda: not _pods(cp, ns, "shaper", "decode"), 120, "the decode pod drained and gone")
+    actuator.step_reshape()
+    assert actuator.reshaping is None  # settled
+    assert current_shape(actuator.replicas()) == Shape(colocated=1)
+    time.sleep(2)  # the operator's reconcile and autoscaler ticks run meanwhile: the empty home stays empty
+    assert get_json(cp, "tpool", "shaper-decode", namespace=ns)["spec"]["replicas"] == 0
+    assert [p["metadata"]["name"] for p in _pods(cp, ns, "shaper", "prefill")] == [p0]
+    events = get_json(cp, "events", "--field-selector", "involvedObject.name=shaper", namespace=ns)["items"]
+    assert any(e["reason"] == "Collapsed" and reason in e["message"] for e in events)

@@ -44,9 +44,9 @@ def _replica_sets(cp, ns: str) -> dict[str, tuple[str, int]]:
     return {r["metadata"]["uid"]: (r["metadata"]["name"], r["spec"]["replicas"]) for r in items}
 
 
-def _endpoints(cp, ns: str, pool: str) -> set[str]:
+def _endpoints(cp, ns: str, pool: str, service: str = SERVICE) -> set[str]:
     """Pod names behind a worker Service (its EndpointSlices)."""
-    slices = get_json(cp, "endpointslices", "-l", f"kubernetes.io/service-name={SERVICE}-{pool}", namespace=ns)["items"]
+    slices = get_json(cp, "endpointslices", "-l", f"kubernetes.io/service-name={service}-{pool}", namespace=ns)["items"]
     return {e["targetRef"]["name"] for s in slices for e in s.get("endpoints") or [] if e.get("targetRef")}
 
 
