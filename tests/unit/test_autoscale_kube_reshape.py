@@ -130,3 +130,17 @@ def test_a_change_under_way_is_resumed_from_status_after_a_restart():
     assert resumed({"autoscaling": {"shape": {"current": "changing", "target": "1 colocated"}}}) == Shape(colocated=1)
     assert resumed({"autoscaling": {"shape": {"current": "1 colocated", "target": "1 colocated"}}}) is None
     assert resumed({}) is None
+
+
+def test_worker_metrics_are_scraped_where_each_pod_serves_now():
+    from tandem.operator.autoscale.backends.kube.pods import metrics_targets
+
+    def running(p, ip):
+        return {**p, "status": {"phase": "Running", "podIP": ip}}
+
+    router = {"metadata": {"name": "r", "labels": {names.LABEL_POOL: "router"}}, "status": {"phase": "Running", "podIP": "10.0.0.9"}}
+    pods = [running(pod("p0", "prefill", "colocated"), "10.0.0.1"), running(pod("d0", "decode"), "10.0.0.2"), router]
+    port = names.METRICS_PORT
+    assert metrics_targets(pods) == {"colocated": [f"http://10.0.0.1:{port}/metrics"],
+                                     "decode": [f"http://10.0.0.2:{port}/metrics"],
+                                     "router": [f"http://10.0.0.9:{port}/metrics"]}  # fmt: skip
