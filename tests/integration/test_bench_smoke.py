@@ -50,7 +50,7 @@ ELSEWHERE = {  # module -> the test that runs its smoke mode and checks more of 
 }
 NEEDS_DYNAMO = "runs inside Dynamo's replay harness (tools/dynamo-replay, the ai-dynamo package), which CI lacks"
 CANNOT = {"autoscale_dynamo": NEEDS_DYNAMO, "goodput_dynamo": NEEDS_DYNAMO}
-LIBRARIES = {"engine_floor", "engine_timing", "fp8_rows"}  # parts of other benches, with no entry point of their own
+LIBRARIES = {"engine_floor", "engine_timing", "fp8_rows", "step_cpu"}  # parts of other benches, with no entry point of their own
 
 
 def _runnable(module: str) -> bool:
