@@ -29,6 +29,7 @@ from pathlib import Path
 import httpx
 
 from tandem import names
+from tandem.context_limit import beyond_model
 from tandem.launch import worker_pools
 from tandem.lifecycle import die_with_parent_env
 from tandem.operator.certs import write_local
@@ -283,6 +284,8 @@ def main(argv: list[str]) -> int:
             print(f"tandem up: no model at {mdir} (pass --create-tiny for the tiny demo model)", file=sys.stderr)
             return 2
         subprocess.run([sys.executable, "-m", "tandem", "model", "create-tiny", str(mdir)], check=True)
+    if why := beyond_model(svc.spec.model.max_context_length, model_positions(mdir)):
+        print(f"tandem up: {why}", file=sys.stderr)
     state = Path(args.log_dir or tempfile.mkdtemp(prefix=f"tandem-{svc.name}-"))
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -294,6 +297,15 @@ def main(argv: list[str]) -> int:
     except (RuntimeError, TimeoutError) as e:
         print(f"tandem up: {e}", file=sys.stderr)
         return 1
+
+
+def model_positions(mdir: Path) -> int | None:
+    """The model's max_position_embeddings from its config.json; None when it does not say."""
+    try:
+        value = json.loads((mdir / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) else None
 
 
 def _interrupt(signum, frame):
