@@ -44,7 +44,7 @@ def decode_worker(tiny_model_dir, tmp_path):
         stdout=log, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 600  # a hang, not slowness: a busy host starts a worker slowly
         while "READY" not in (tmp_path / "worker.log").read_text():
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "worker.log").read_text()
             time.sleep(0.1)
