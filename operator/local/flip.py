@@ -15,6 +15,7 @@ from typing import TypeVar
 import grpc
 
 from tandem.identity import OPERATOR, peer_name
+from tandem.operator.autoscale.core.flip import flip_waves
 from tandem.operator.local.plan import local_tls_root
 from tandem.spec import load_file
 from tandem.v1 import common_pb2, decode_pb2_grpc, lifecycle_pb2, lifecycle_pb2_grpc, prefill_pb2_grpc
@@ -34,37 +35,6 @@ def fewest_running(running: Mapping[K, int | None], count: int) -> list[K]:
     """The `count` workers cheapest to flip (pure): those answering, fewest running sequences first."""
     answering = [k for k, r in running.items() if r is not None]
     return sorted(answering, key=lambda k: running[k] or 0)[: max(0, count)]
-
-
-_SIDE = {"colocated": "decode"}  # a colocated worker stands in for a decode worker (the router's view too)
-
-
-def flip_waves(roles: Mapping[K, str], flips: Mapping[K, str]) -> tuple[list[list[K]], list[K]]:
-    """In what order `flips` (worker -> new role) may run so that no pool is left without a worker (pure).
-    The waves run one after another, the workers of one wave at once; a worker leaves its pool only while
-    another is there, counting those that came in an earlier wave (one arriving in the same wave is still
-    draining its old role's work). `roles`: the pool each worker is in now. Returns the waves and the
-    flips refused because they would empty their pool. Decode and colocated workers count as one pool here:
-    either takes a request's decode (a colocated one its prompt too)."""
-    now = dict(roles)
-    pending = [k for k, to in flips.items() if now.get(k) != to]
-    waves: list[list[K]] = []
-    while pending:
-        sides = [_SIDE.get(r, r) for r in now.values()]
-        left = {side: sides.count(side) for side in set(sides)}
-        wave = []
-        for k in pending:
-            source = _SIDE.get(now[k], now[k]) if k in now else None
-            if source is None or left[source] > 1:
-                wave.append(k)
-                if source is not None:
-                    left[source] -= 1
-        if not wave:
-            break
-        waves.append(wave)
-        now.update({k: flips[k] for k in wave})
-        pending = [k for k in pending if k not in wave]
-    return waves, pending
 
 
 ROLE_ENUMS = {

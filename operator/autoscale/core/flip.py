@@ -19,7 +19,9 @@ later steps down.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from tandem.operator.autoscale.core.config import PolicyConfig
 from tandem.operator.autoscale.core.policy import PolicyState, decide
@@ -29,6 +31,7 @@ from tandem.operator.autoscale.core.types import Decision, Pool, PoolObservation
 BREACH_CODES = frozenset({"SLOBreach", "Stalled", "QueueGrowing", "RunningBatch"})
 OTHER = {Pool.prefill: Pool.decode, Pool.decode: Pool.prefill}
 FLIPPED_BACK = "FlippedBack"
+K = TypeVar("K")
 
 
 @dataclass(frozen=True)
@@ -284,3 +287,37 @@ def _less(d: Decision, back: int, why: str) -> Decision:
         return _hold(d, why, FLIPPED_BACK)
     reason = d.reason.replace(f"{d.current}->{d.desired}", f"{d.current}->{desired}", 1) + f"; {why}"
     return replace(d, desired=desired, reason=reason)
+
+
+# --- sequencing the flips of one tick -------------------------------------------------------------------
+
+
+_SIDE = {"colocated": "decode"}  # a colocated worker stands in for a decode worker (the router's view too)
+
+
+def flip_waves(roles: Mapping[K, str], flips: Mapping[K, str]) -> tuple[list[list[K]], list[K]]:
+    """In what order `flips` (worker -> new role) may run so that no pool is left without a worker (pure).
+    The waves run one after another, the workers of one wave at once; a worker leaves its pool only while
+    another is there, counting those that came in an earlier wave (one arriving in the same wave is still
+    draining its old role's work). `roles`: the pool each worker is in now. Returns the waves and the
+    flips refused because they would empty their pool. Decode and colocated workers count as one pool here:
+    either takes a request's decode (a colocated one its prompt too)."""
+    now = dict(roles)
+    pending = [k for k, to in flips.items() if now.get(k) != to]
+    waves: list[list[K]] = []
+    while pending:
+        sides = [_SIDE.get(r, r) for r in now.values()]
+        left = {side: sides.count(side) for side in set(sides)}
+        wave = []
+        for k in pending:
+            source = _SIDE.get(now[k], now[k]) if k in now else None
+            if source is None or left[source] > 1:
+                wave.append(k)
+                if source is not None:
+                    left[source] -= 1
+        if not wave:
+            break
+        waves.append(wave)
+        now.update({k: flips[k] for k in wave})
+        pending = [k for k in pending if k not in wave]
+    return waves, pending

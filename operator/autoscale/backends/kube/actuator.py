@@ -7,6 +7,7 @@ serve now, and a flip relabels pods (flip.py)."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ from tandem.operator.autoscale.core.flip import Flip
 from tandem.operator.autoscale.core.types import Decision, Pool, Replicas
 from tandem.operator.runtime.kube import Kube
 
+log = logging.getLogger(__name__)
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 Body = dict[str, Any]
 
@@ -139,9 +141,13 @@ class KubeActuator:
         self.event(reason, f"{decision.reason} [{decision.reason_code}]", "Normal")
 
     def flip(self, flip: Flip) -> None:
-        """Relabel the pods to flip (the workers follow their role label); an Event names the flip."""
+        """Relabel the pods to flip (the workers follow their role label), never the source's last Ready pod;
+        an Event names the flip."""
         serving = self.pods.get(flip.source, [])
-        chosen = flip_candidates(serving, flip, self.running_by_pod(serving))
+        chosen = flip_candidates(self.all_pods, flip, self.running_by_pod(serving))
         patch_flip(self.kube.merge_patch, self.namespace, chosen, flip.target, dt.datetime.now(dt.UTC).isoformat())
+        short = "" if len(chosen) == flip.count else f"; {len(chosen)} of {flip.count}: {flip.source} keeps a Ready pod"
         if chosen:
-            self.event(flip.reason_code, f"{flip.reason} ({', '.join(chosen)})", "Normal")
+            self.event(flip.reason_code, f"{flip.reason} ({', '.join(chosen)}){short}", "Normal")
+        if short:
+            log.warning("%s/%s: %s%s", self.namespace, self.service, flip.reason_code, short)
