@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem import names
+from tandem import context_limit, names
 from tandem.operator.autoscale.core.wake import wakes_from_zero
 from tandem.operator.manifests import exposure, render
 from tandem.operator.manifests.drift import is_subset, needs_apply
@@ -15,9 +15,16 @@ from tandem.operator.manifests.manifest import selector_string, with_hash
 from tandem.operator.model.cache import ModelCache
 from tandem.operator.pools import clamp_message, desired_pool_replicas
 from tandem.operator.status.flip import role_counts
+from tandem.operator.status.model_cached import model_positions
 from tandem.operator.status.pod_health import pod_problems
 from tandem.operator.status.preflight import Findings
-from tandem.operator.status.service import inference_pool_status, rolled_out, same_status, service_status
+from tandem.operator.status.service import (
+    inference_pool_status,
+    rolled_out,
+    same_status,
+    service_status,
+    with_degraded,
+)
 from tandem.operator.status.start_status import with_pod_starts
 from tandem.spec import KIND, InferenceServiceSpec, Mode
 
@@ -233,6 +240,7 @@ def report(spec: InferenceServiceSpec, o: Observed, p: Plan, r: Rollout, writes:
                             wakes=wakes_from_zero(spec))
     status = with_pod_starts(status, previous, {k: list(v) for k, v in r.pods.items()},
                              spec.model.source.hugging_face is not None, o.generation, now)
+    status = with_degraded(status, previous, model_limit(spec, status), o.generation, now)
     conditions = {c["type"]: c for c in status["conditions"]}
     ready = conditions["Ready"]["status"] == "True"
     events: list[tuple[str, str, str]] = []
@@ -253,6 +261,13 @@ def report(spec: InferenceServiceSpec, o: Observed, p: Plan, r: Rollout, writes:
     if made:
         events.append(("Reconciled", "; ".join(made), "Normal"))
     return Report(pool_status, status if changed else None, ready, tuple(events), recheck, exposed, warning)
+
+
+def model_limit(spec: InferenceServiceSpec, status: Body) -> tuple[str, str] | None:
+    """Degraded's cause when spec.model.maxContextLength is above the model's max_position_embeddings, as the
+    pods' fetches read it (status.modelCache); the workers serve contexts up to the model's limit."""
+    why = context_limit.beyond_model(spec.model.max_context_length, model_positions(status.get("modelCache") or {}))
+    return (context_limit.REASON, why) if why else None
 
 
 def status_events(conditions: Mapping[str, Body], previous: Mapping[str, Any]) -> list[tuple[str, str, str]]:

@@ -148,7 +148,9 @@ class ModelSpec(_Spec):
     """Precision of the weights and the KV cache."""
     max_context_length: int = Field(default=4096, gt=0, le=MAX_CONTEXT_LENGTH)
     """Longest sequence (prompt plus output tokens) served; longer prompts are refused with 400. At most
-    10,000,000 (the longest context of any model family, Llama 4 Scout's)."""
+    10,000,000 (the longest context of any model family, Llama 4 Scout's). Above the model's own
+    max_position_embeddings, contexts are served up to the model's and the status says Degraded
+    (ContextExceedsModel) with both numbers."""
     quantization: Quantization = Quantization.none
     """none, int8 or fp8, for every decoder projection and an untied lm_head, quantized as the checkpoint loads
     (the embeddings stay in dtype): int8 weight-only with one scale per output channel; fp8 e4m3 weights with

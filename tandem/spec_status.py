@@ -190,6 +190,9 @@ class ModelCacheStatus(Status):
     """The first failure, in fetch-model's words."""
     fetching_since: datetime | None = None
     """When a running fetch started."""
+    max_position_embeddings: int | None = None
+    """The model's own context limit (its config.json's max_position_embeddings), as the fetches read it; a
+    spec.model.maxContextLength above it is Degraded (ContextExceedsModel)."""
 
 
 class Condition(Status):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+from tandem.context_limit import beyond_model
 from tandem.operator.local.plan import model_dir
 from tandem.operator.local.stack import LocalStack, serving
 from tandem.spec import InferenceService, load_file
@@ -88,6 +89,8 @@ def main(argv: list[str]) -> int:
             print(f"tandem up: no model at {mdir} (pass --create-tiny for the tiny demo model)", file=sys.stderr)
             return 2
         subprocess.run([sys.executable, "-m", "tandem", "model", "create-tiny", str(mdir)], check=True)
+    if why := beyond_model(svc.spec.model.max_context_length, model_positions(mdir)):
+        print(f"tandem up: {why}", file=sys.stderr)
     state = Path(args.log_dir or tempfile.mkdtemp(prefix=f"tandem-{svc.name}-"))
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -130,3 +133,12 @@ def _start_autoscaler(svc: InferenceService, stack: LocalStack, state: Path):
     pools = LocalPools(stack, svc, Path.cwd(), state / "workers.json", threads=svc.spec.engine.threads or 1)
     print(f"autoscaling {svc.name} every {svc.spec.autoscaling.interval_seconds}s on its SLO", flush=True)
     return LocalAutoscaleThread(local_autoscaler(pools, svc, Path.cwd()), svc.spec.autoscaling.interval_seconds).start()
+
+
+def model_positions(mdir: Path) -> int | None:
+    """The model's max_position_embeddings from its config.json; None when it does not say."""
+    try:
+        value = json.loads((mdir / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) else None

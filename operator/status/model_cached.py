@@ -31,7 +31,8 @@ def pod_fetch_state(pod: Body) -> tuple[str, Body]:
 
 
 def pool_fetches(pods: list[Body]) -> Body:
-    """Counts per state of a pool's live pods, cache hits and misses, bytes downloaded, the first error."""
+    """Counts per state of a pool's live pods, cache hits and misses, bytes downloaded, the first error, and
+    the model's max_position_embeddings as the fetches read it (the least, should pods disagree)."""
     out: Body = {s: 0 for s in STATES} | {"pods": 0, "hits": 0, "misses": 0, "bytes": 0}
     for pod in pods:
         if (pod.get("metadata") or {}).get("deletionTimestamp"):
@@ -42,6 +43,8 @@ def pool_fetches(pods: list[Body]) -> Body:
         if state == "cached":
             out["hits" if details.get("cache") == "hit" else "misses"] += 1
             out["bytes"] += int(details.get("bytes") or 0)
+            if isinstance(n := details.get("max_position_embeddings"), int) and n > 0:
+                out["maxPositionEmbeddings"] = min(n, out.get("maxPositionEmbeddings", n))
         if state == "failed" and "error" not in out:
             out["error"] = f"pod {pod['metadata'].get('name', '?')}: {details['error']}"
         if state == "fetching" and details.get("since") and "fetchingSince" not in out:
@@ -68,3 +71,9 @@ def condition(pools: dict[str, Body], now: str) -> tuple[bool, str, str]:
         elapsed = (dt.datetime.fromisoformat(now.replace("Z", "+00:00")) - started).total_seconds()
         running = f", the longest for {max(0, int(elapsed))} s"
     return False, "Fetching", f"{have}; {total['fetching']} fetching{running}, {total['waiting']} not started ({kinds})"
+
+
+def model_positions(cache: dict[str, Body]) -> int | None:
+    """The model's max_position_embeddings over the pools' fetches (status.modelCache); None while unread."""
+    found = [int(p["maxPositionEmbeddings"]) for p in cache.values() if p.get("maxPositionEmbeddings")]
+    return min(found) if found else None

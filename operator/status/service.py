@@ -142,6 +142,18 @@ def service_status(generation: int, deployments: dict[str, Body | None], desired
             "routerEndpoint": endpoint, "workers": workers_summary(pools)}
 
 
+def with_degraded(status: Body, previous: Body, cause: tuple[str, str] | None, generation: int, now: str) -> Body:
+    """`status` with Degraded True for `cause` (reason, message), a fault the service serves through (the
+    model's own context limit below the spec's), unless a failure holds Degraded already; Ready and
+    Progressing stay as they are."""
+    conditions = status.get("conditions") or []
+    if cause is None or any(c["type"] == "Degraded" and c["status"] == "True" for c in conditions):
+        return status
+    prev = {c["type"]: c for c in previous.get("conditions") or []}
+    degraded = _condition("Degraded", True, *cause, generation, prev, now)
+    return {**status, "conditions": [degraded if c["type"] == "Degraded" else c for c in conditions]}
+
+
 def workers_summary(pools: dict[str, Body]) -> str:
     """One printer column for both modes: `prefill 1/1 decode 2/2`, or `colocated 2/2`."""
     return " ".join(f"{p} {s['summary']}" for p, s in pools.items() if p != names.POOL_ROUTER)

@@ -1,6 +1,7 @@
 """Pure: what the reconciler adds to an InferenceService's status from the pods it read: each pool's cold
 starts, phase by phase (cold_start.py), and for a Hugging Face source the `ModelCached` condition with each
-pool's fetch progress (model_cached.py). Pools whose pods were not read keep what the status said."""
+pool's fetch progress (model_cached.py), with the model's max_position_embeddings its fetches read. Pools whose
+pods were not read keep what the status said."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def with_pod_starts(status: Body, previous: Body, pods: dict[str, list[Body]], f
     conditions = [c for c in status.get("conditions") or [] if c.get("type") != CONDITION]
     if not fetches:
         return {**out, "conditions": conditions}
-    cache = {**(previous.get("modelCache") or {}), **{p: model_cached.pool_fetches(f) for p, f in pods.items()}}
+    kept = previous.get("modelCache") or {}
+    cache = {**kept, **{p: _keep_positions(model_cached.pool_fetches(f), kept.get(p)) for p, f in pods.items()}}
     cache = {p: v for p, v in cache.items() if p in (status.get("pools") or {})}
     if not cache:
         return out
@@ -36,3 +38,10 @@ def with_pod_starts(status: Body, previous: Body, pods: dict[str, list[Body]], f
     cond = {"type": CONDITION, "status": flag, "reason": reason, "message": message, "observedGeneration": generation,
             "lastTransitionTime": now if old.get("status") != flag else old.get("lastTransitionTime", now)}
     return {**out, "modelCache": cache, "conditions": [*conditions, cond]}
+
+
+def _keep_positions(read: Body, kept: Body | None) -> Body:
+    """A pool's fetches as read now, keeping the model's limit an earlier fetch reported until one reports again."""
+    if "maxPositionEmbeddings" in read or not (kept or {}).get("maxPositionEmbeddings"):
+        return read
+    return {**read, "maxPositionEmbeddings": kept["maxPositionEmbeddings"]}  # type: ignore[index]

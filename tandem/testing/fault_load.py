@@ -58,6 +58,11 @@ class FaultLoad:
                 out[a.kind] = out.get(a.kind, 0) + 1
             return out
 
+    def ok_since(self, since: float) -> bool:
+        """A request sent at `since` (time.monotonic()) or later streamed every token."""
+        with self._lock:
+            return any(a.kind == "ok" and a.start >= since for a in self.answers)
+
     def _run(self, client: int) -> None:
         n = 0
         timeout = httpx.Timeout(self.deadline_s, connect=5)

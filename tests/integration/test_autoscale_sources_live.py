@@ -1,9 +1,11 @@
 """Both metric sources read a live local stack under load: the Prometheus HTTP API (a real Prometheus
 scraping the stack) and the direct scrape of the same /metrics endpoints agree on what they observe,
-and a stopped Prometheus reads as MetricsUnavailable."""
+and a stopped Prometheus reads as MetricsUnavailable. The test waits on what it needs (requests served,
+every target scraped after the load stopped), never on a sleep."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from pathlib import Path
@@ -22,9 +24,10 @@ from tests.prometheus import require, running_prometheus
 
 pytestmark = pytest.mark.slow
 NAMESPACE, SERVICE = "team-a", "src"
+LOAD_REQUESTS = 24  # before the mid-load look, half as many after: enough that a series' first sample is a small part
 
 
-def _load(url: str, stop: threading.Event) -> None:
+def _load(url: str, stop: threading.Event, done: list[int]) -> None:
     body = {"model": "tiny", "max_tokens": 12, "ignore_eos": True, "temperature": 0, "stream": True}
     with httpx.Client(timeout=60) as http:
         n = 0
@@ -32,6 +35,21 @@ def _load(url: str, stop: threading.Event) -> None:
             n += 1
             with http.stream("POST", f"{url}/v1/completions", json={**body, "prompt": "word " * (20 + n % 30)}) as r:
                 r.read()
+            done.append(r.status_code)
+
+
+def _until(what: str, check, timeout_s: float = 120.0) -> None:
+    """Wait for an event; the timeout is for a hang, not for a slow host."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _scraped_after(prom, t: float) -> bool:
+    """Prometheus scraped every target after the wall-clock time `t` (each target's `up` sample is newer)."""
+    found = prom.query("min(timestamp(up))")
+    return bool(found) and float(found[0]["value"][1]) > t
 
 
 def test_prometheus_and_direct_scrape_observe_the_same_stack(tiny_model_dir, tmp_path: Path):
@@ -47,19 +65,24 @@ def test_prometheus_and_direct_scrape_observe_the_same_stack(tiny_model_dir, tmp
             scrape.observe(target, replicas, time.time())  # the window's start for the direct scrape
             start = time.time()
             stop = threading.Event()
-            clients = [threading.Thread(target=_load, args=(url, stop), daemon=True) for _ in range(2)]
+            done: list[int] = []
+            clients = [threading.Thread(target=_load, args=(url, stop, done), daemon=True) for _ in range(2)]
             for c in clients:
                 c.start()
-            time.sleep(6)
+            _until("requests served under load", lambda: len(done) >= LOAD_REQUESTS)
             during = scrape.observe(Target(NAMESPACE, SERVICE, target.pools, window_s=30), replicas, time.time())
-            time.sleep(2)
+            served = len(done)
+            _until("more requests served after the observation", lambda: len(done) >= served + LOAD_REQUESTS // 2)
             stop.set()
             for c in clients:
                 c.join(timeout=60)
-            time.sleep(2.5)  # Prometheus scrapes the last counts (1 s interval)
+            stopped = time.time()
+            _until("Prometheus scraping the last counts", lambda: _scraped_after(prom, stopped))
             now = time.time()
             direct = scrape.observe(Target(NAMESPACE, SERVICE, target.pools, window_s=now - start + 1), replicas, now)
-            via_prom = PrometheusSource(prom.url).observe(target, replicas, now)
+            # both windows hold the whole load, however long a busy host made it
+            whole = Target(NAMESPACE, SERVICE, target.pools, window_s=max(target.window_s, math.ceil(now - start) + 2))
+            via_prom = PrometheusSource(prom.url).observe(whole, replicas, now)
             attained = PrometheusSource(prom.url).attainment(target)
         with pytest.raises(MetricsUnavailable):  # Prometheus stopped
             PrometheusSource(prom.url, timeout_s=2).observe(target, replicas, time.time())

@@ -41,16 +41,13 @@ SMOKE = {  # module -> the arguments of its smoke run
 SLOW = {"attention_backends", "disagg_idle", "disagg_overhead", "faults", "flip", "goodput", "gpu_engine", "load", "operator", "security",
         "wake_from_zero", "grammar_mask", "engine", "continuous_batching", "speculative"}
 # a bench that no longer runs: fixing it turns its xfail into a failure (strict), which asks for it to leave this table
-BROKEN = {
-    "flip": "its flip back to prefill is refused since the decode pool's last worker is not flipped away "
-            "(LocalPools.flip_workers), so the cold start finds a decode worker and starts none",
-}
+BROKEN: dict[str, str] = {}
 ELSEWHERE = {  # module -> the test that runs its smoke mode and checks more of its output
     "gpu_serving": "tests/integration/test_gpu_serving_dry_run.py",
 }
 NEEDS_DYNAMO = "runs inside Dynamo's replay harness (tools/dynamo-replay, the ai-dynamo package), which CI lacks"
 CANNOT = {"autoscale_dynamo": NEEDS_DYNAMO, "goodput_dynamo": NEEDS_DYNAMO}
-LIBRARIES = {"engine_floor", "engine_timing", "fp8_rows"}  # parts of other benches, with no entry point of their own
+LIBRARIES = {"engine_floor", "engine_timing", "fp8_rows", "step_cpu"}  # parts of other benches, with no entry point of their own
 
 
 def _runnable(module: str) -> bool:

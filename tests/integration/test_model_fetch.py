@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 REPO_ID = "org/tiny"
 WEIGHTS = os.urandom(3 << 20)
 FILES = {
-    "config.json": b'{"model_type": "llama"}', "generation_config.json": b"{}", "tokenizer.json": b'{"v": 1}',
+    "config.json": b'{"model_type": "llama", "max_position_embeddings": 131072}', "generation_config.json": b"{}", "tokenizer.json": b'{"v": 1}',
     "tokenizer_config.json": b"{}", "model.safetensors": WEIGHTS,
     "pytorch_model.bin": os.urandom(1 << 20), "flax_model.msgpack": os.urandom(1 << 16), "tf_model.h5": b"h5",
     "README.md": b"# tiny",
@@ -57,6 +57,7 @@ def test_concurrent_fetches_download_each_file_once(tmp_path):
     reports = [json.loads((tmp_path / f"report-{i}.json").read_text()) for i in range(4)]
     assert sorted(r["cache"] for r in reports) == ["hit", "hit", "hit", "miss"]
     miss = next(r for r in reports if r["cache"] == "miss")
+    assert all(r["max_position_embeddings"] == 131072 for r in reports)  # read from the config it fetched
     assert miss["bytes"] == sum(len(FILES[f]) for f in WORKER_FILES) and miss["commit"] == COMMIT
     assert all(r["waited_seconds"] > 0.3 for r in reports if r["cache"] == "hit")  # they waited for the download
     assert on_disk(folder) == WORKER_FILES

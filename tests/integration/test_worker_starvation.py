@@ -1,7 +1,11 @@
 """A worker holding as many token streams as clients open still answers its probes and load reports at once:
 work RPCs past the worker's bound are refused with RESOURCE_EXHAUSTED instead of queueing for a thread, and
 health has its own server. A real `tandem worker` process on loopback, more streams than the 64 threads it
-used to serve everything from."""
+used to serve everything from.
+
+"At once" is judged by what the worker holds, not by a clock: every probe and load report is answered while
+every stream it took is still held (none ended, so no queued stream started). A probe queued behind the streams
+would be answered only once one ended, or not within its generous deadline."""
 
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 CLIENTS = 80  # more than the 64 threads a worker used to serve everything from
 MAX_RUNNING = 4  # so the worker takes 8 token streams at once
-ANSWER_WITHIN_S = 1.0
+ANSWER_TIMEOUT_S = 30.0  # a hang, not slowness: a starved probe waits for a stream to end
 
 
 @pytest.fixture
@@ -40,7 +44,7 @@ def decode_worker(tiny_model_dir, tmp_path):
         stdout=log, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 600  # a hang, not slowness: a busy host starts a worker slowly
         while "READY" not in (tmp_path / "worker.log").read_text():
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "worker.log").read_text()
             time.sleep(0.1)
@@ -68,12 +72,6 @@ def _generate(stub, i: int, opened: list, refused: list, stop: threading.Event) 
         call.cancel()
 
 
-def _timed(fn) -> float:
-    start = time.monotonic()
-    fn()
-    return time.monotonic() - start
-
-
 def test_probes_and_load_reports_answer_at_once_with_every_stream_taken(decode_worker):
     address, health_address = decode_worker
     channel, probe_channel = grpc.insecure_channel(address), grpc.insecure_channel(health_address)
@@ -91,12 +89,16 @@ def test_probes_and_load_reports_answer_at_once_with_every_stream_taken(decode_w
             time.sleep(0.05)
         health = health_pb2_grpc.HealthStub(probe_channel)
         same_port = health_pb2_grpc.HealthStub(channel)
+        held = (MAX_RUNNING, taken - MAX_RUNNING)  # (running, queued) while no stream has ended
+        report = stub.Load(common_pb2.LoadRequest(), timeout=ANSWER_TIMEOUT_S)
+        assert (report.running_sequences, report.waiting_sequences) == held
         for _ in range(5):
             for probe, service in ((health, ""), (health, names.WORKER_LIVENESS_SERVICE), (same_port, "")):
-                took = _timed(lambda p=probe, s=service: p.Check(health_pb2.HealthCheckRequest(service=s), timeout=10))
-                assert took < ANSWER_WITHIN_S, f"health check took {took:.2f} s"
-            took = _timed(lambda: stub.Load(common_pb2.LoadRequest(), timeout=10))
-            assert took < ANSWER_WITHIN_S, f"Load took {took:.2f} s"
+                reply = probe.Check(health_pb2.HealthCheckRequest(service=service), timeout=ANSWER_TIMEOUT_S)
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
+            report = stub.Load(common_pb2.LoadRequest(), timeout=ANSWER_TIMEOUT_S)
+            # answered while the worker still holds every stream: no stream ended to free a thread for it
+            assert (report.running_sequences, report.waiting_sequences) == held
         # a client past the bound is refused at once, naming the limit (the router tries another worker)
         assert len(opened) == MAX_RUNNING and len(refused) == CLIENTS - taken, f"{opened} streaming, {len(refused)} refused"
         assert {code for code, _ in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}

@@ -1,6 +1,7 @@
 """A Hugging Face source on the real control plane: the worker pod's start, reported as a kubelet would (the
 `fetch-model` init container running, then done with its outcome, the worker started, Ready), shows up as the
-ModelCached condition with the fetch's progress and as the pool's cold start phase by phase in status.
+ModelCached condition with the fetch's progress and as the pool's cold start phase by phase in status; the
+model's max_position_embeddings the fetch read, below the spec's maxContextLength, shows as Degraded.
 
 The worker pod runs on a node kwok does not manage, so the test writes its status the way the kubelet would;
 the scheduler, the Deployment controller and the operator are the real ones."""
@@ -20,7 +21,8 @@ SERVICE = "hf"
 NODE = "manual-node"
 SPEC = {
     "apiVersion": "serving.tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": SERVICE},
-    "spec": {"mode": "colocated", "model": {"servedName": "m", "source": {"huggingFace": {"repoId": "org/tiny"}}},
+    "spec": {"mode": "colocated", "model": {"servedName": "m", "source": {"huggingFace": {"repoId": "org/tiny"}},
+                                            "maxContextLength": 1000000},
              "decode": {"replicas": 1, "nodeSelector": {"kubernetes.io/hostname": NODE}}},
 }
 
@@ -82,7 +84,8 @@ def test_model_cached_and_the_cold_start_phases_reach_status(control_plane, oper
     assert "1 fetching, the longest for" in cached["message"]
 
     # the fetch downloaded the model, the worker loaded it and turned Ready
-    report = {"cache": "miss", "files": 5, "bytes": 3 << 20, "seconds": 17.0, "waited_seconds": 0.0, "commit": "c"}
+    report = {"cache": "miss", "files": 5, "bytes": 3 << 20, "seconds": 17.0, "waited_seconds": 0.0, "commit": "c",
+              "max_position_embeddings": 131072}
     _kubelet_status(cp, namespace, name, {
         "phase": "Running",
         "conditions": [{"type": "Initialized", "status": "True", "lastTransitionTime": at["fetched"]},
@@ -103,6 +106,14 @@ def test_model_cached_and_the_cold_start_phases_reach_status(control_plane, oper
     assert done["status"]["coldStart"]["colocated"]["medians"]["miss"]["count"] == 1
     pool = done["status"]["modelCache"]["colocated"]
     assert (pool["cached"], pool["misses"], pool["bytes"]) == (1, 1, 3 << 20)
+    # the model's own limit, below the spec's: Degraded with both numbers, and the pool still counts as serving
+    assert pool["maxPositionEmbeddings"] == 131072
+    degraded = wait_for(lambda: (o := get_json(cp, "tsvc", SERVICE, namespace=namespace))
+                        and _condition(o, "Degraded").get("reason") == "ContextExceedsModel" and o, 60,
+                        "Degraded ContextExceedsModel")  # fmt: skip
+    assert _condition(degraded, "Degraded")["status"] == "True"
+    assert "maxContextLength 1000000 exceeds the model's max_position_embeddings 131072" in _condition(
+        degraded, "Degraded")["message"]
     # the router's pod fetches on a kwok node: ModelCached turns True once every pod has the model
     final = wait_for(lambda: (o := get_json(cp, "tsvc", SERVICE, namespace=namespace))
                      and _condition(o, "ModelCached").get("status") == "True" and o, 90, "ModelCached True")

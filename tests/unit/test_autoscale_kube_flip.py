@@ -1,5 +1,8 @@
 """Role flips on Kubernetes, the pure parts: pods counted by the role they serve, the home Deployment's
-replicas for a count by role, which pods flip, and the deletion costs around a flip."""
+replicas for a count by role, which pods flip (never a pool's last Ready pod), and the deletion costs around
+a flip."""
+
+import pytest
 
 from tandem import names
 from tandem.operator.autoscale.backends.kube.flip import (
@@ -14,12 +17,12 @@ from tandem.operator.autoscale.core.flip import Flip
 from tandem.operator.autoscale.core.types import Pool
 
 
-def pod(name, pool, role=None, deleting=False, flipped=False):
+def pod(name, pool, role=None, deleting=False, flipped=False, ready=False):
     labels = {names.LABEL_POOL: pool, **({names.LABEL_ROLE: role} if role else {})}
     meta = {"name": name, "labels": labels, "annotations": {FLIPPED_AT: "t"} if flipped else {}}
     if deleting:
         meta["deletionTimestamp"] = "t"
-    return {"metadata": meta}
+    return {"metadata": meta, "status": {"conditions": [{"type": "Ready", "status": str(ready)}]}}
 
 
 PODS = [
@@ -64,3 +67,35 @@ def test_deletion_costs_keep_a_lent_pod_and_remove_a_flipped_one_first():
     assert min(costs, key=costs.__getitem__) == "d2"  # flipped and back: the pod the flip touched goes first
     assert max(costs, key=costs.__getitem__) == "d1"  # lent out: it comes back, so it goes last
     assert costs["d0"] == 3
+
+
+def ready(*specs):
+    """Ready pods from (name, pool[, role]) tuples."""
+    return [pod(*spec, ready=True) for spec in specs]
+
+
+TO_DECODE = Flip(Pool.prefill, Pool.decode, 2, "FlippedToDecode: ...", "FlippedToDecode")
+TO_PREFILL = Flip(Pool.decode, Pool.prefill, 1, "FlippedToPrefill: ...", "FlippedToPrefill")
+
+
+@pytest.mark.parametrize(("pods", "flip", "running", "chosen"), [
+    # two of three prefill pods may go: one stays
+    (ready(("p0", "prefill"), ("p1", "prefill"), ("p2", "prefill"), ("d0", "decode")), TO_DECODE,
+     {"p0": 3, "p1": 0, "p2": 1}, ["p1", "p2"]),
+    # two asked of two: the busier one stays, prefill keeps its last Ready pod
+    (ready(("p0", "prefill"), ("p1", "prefill"), ("d0", "decode")), TO_DECODE, {"p0": 3, "p1": 0}, ["p1"]),
+    # the only decode pod serving (d1 is lent to prefill) is never flipped away
+    (ready(("p0", "prefill"), ("d0", "decode"), ("d1", "decode", "prefill")), TO_PREFILL, {"d0": 0}, []),
+    # a second decode pod that is not Ready serves nothing: d0 is still the last, it stays
+    ([*ready(("p0", "prefill"), ("d0", "decode")), pod("d1", "decode")], TO_PREFILL, {"d0": 0, "d1": None}, []),
+    # ... and one being deleted does not count either
+    ([*ready(("p0", "prefill"), ("d0", "decode")), pod("d1", "decode", deleting=True, ready=True)], TO_PREFILL,
+     {"d0": 0}, []),
+    # a pod that answers but is not Ready yet leaves no pool short: it may flip
+    ([*ready(("p0", "prefill"), ("d0", "decode")), pod("d1", "decode")], TO_PREFILL, {"d0": 0, "d1": 0}, ["d1"]),
+    # a flip back: the lent pod goes home while its borrower keeps its own Ready pod
+    (ready(("p0", "prefill"), ("d0", "decode"), ("d1", "decode", "prefill")),
+     Flip(Pool.prefill, Pool.decode, 1, "FlippedBack: ...", "FlippedBack"), {"p0": 0, "d1": 4}, ["d1"]),
+])  # fmt: skip
+def test_a_flip_never_takes_the_last_ready_pod_of_its_source_pool(pods, flip, running, chosen):
+    assert flip_candidates(pods, flip, running) == chosen

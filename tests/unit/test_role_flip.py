@@ -237,7 +237,7 @@ def test_the_local_flip_picks_the_least_busy_answering_workers_and_lists_them_un
 
 
 def test_a_flip_never_empties_a_pool_flips_that_would_are_ordered_after_an_arrival_or_refused():
-    from tandem.operator.local.flip import flip_waves
+    from tandem.operator.autoscale.core.flip import flip_waves
 
     roles = {"p0": "prefill", "p1": "prefill", "d0": "decode"}
     assert flip_waves(roles, {"p1": "decode"}) == ([["p1"]], [])

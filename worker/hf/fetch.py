@@ -4,8 +4,9 @@ pods may share (a node-local host path or a ReadWriteMany claim), once.
 Concurrent fetches into one folder take a file lock: the first downloads, the others wait and then find the
 files there. A marker written last (atomically, after every file's size is checked against the Hub's
 listing) is what says a part is complete, so a download cut short never looks like a cached model. The
-outcome (cache hit or miss, bytes, seconds) goes to the container's termination message, where the operator
-reads it for the `ModelCached` condition and the cold-start figures.
+outcome (cache hit or miss, bytes, seconds, the model's max_position_embeddings) goes to the container's
+termination message, where the operator reads it for the `ModelCached` condition, the cold-start figures and
+the model's own context limit.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Outcome:
     seconds: float  # the whole fetch, the wait for the lock included
     waited_seconds: float  # waiting for another pod's download
     commit: str
+    max_position_embeddings: int | None = None  # the model's own context limit, from its config.json
 
 
 def read_marker(folder: Path) -> dict[str, Any]:
@@ -171,7 +173,18 @@ def _outcome(cache: str, folder: Path, part: Part, started: float, waited: float
              downloaded: int) -> Outcome:
     parts = read_marker(folder).get("parts") or {}
     files = parts.get(part.value) or parts.get(Part.weights.value) or {}
-    return Outcome(cache, len(files), downloaded, round(time.monotonic() - started, 3), round(waited, 3), commit)
+    return Outcome(cache, len(files), downloaded, round(time.monotonic() - started, 3), round(waited, 3), commit,
+                   _positions(folder))  # fmt: skip
+
+
+def _positions(folder: Path) -> int | None:
+    """config.json's max_position_embeddings (None when absent or unreadable): the operator holds the spec's
+    maxContextLength to it."""
+    try:
+        value = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

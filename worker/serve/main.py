@@ -19,6 +19,7 @@ import grpc
 import torch
 from grpc_health.v1 import health, health_pb2_grpc
 
+from tandem.context_limit import beyond_model
 from tandem.identity import FLIPPABLE, Identity
 from tandem.options import SPECULATIVE_TOKENS, WorkerOptions
 from tandem.v1 import colocated_pb2_grpc, common_pb2, prefill_pb2_grpc
@@ -130,6 +131,8 @@ def prepare(args: WorkerOptions) -> Prepared:
     with options_checked():  # a model the pool's GPUs cannot split, or more ranks than devices
         model = _load(args, device)
     loaded_s = time.monotonic() - started
+    if why := beyond_model(engine_config.max_model_len or 0, model.config.max_position_embeddings):
+        log.warning("%s (the model's own limit; the router refuses longer prompts)", why)
     with options_checked():  # a draft of the model's first layers needs the model to count them
         if engine_config.speculative is not None:
             engine_config.speculative.check_model(model.config.num_layers)

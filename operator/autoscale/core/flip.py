@@ -289,7 +289,7 @@ def _less(d: Decision, back: int, why: str) -> Decision:
     return replace(d, desired=desired, reason=reason)
 
 
-# --- the order of a set of flips -------------------------------------------------------------------------
+# --- sequencing the flips of one tick -------------------------------------------------------------------
 
 
 _SIDE = {"colocated": "decode"}  # a colocated worker stands in for a decode worker (the router's view too)

@@ -8,6 +8,7 @@ pool, is carried out a step per tick from the plan reshape.py makes of the pods 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -33,6 +34,7 @@ from tandem.operator.autoscale.core.shape import Shape, ShapeAction, ShapeDecisi
 from tandem.operator.autoscale.core.types import Decision, Pool, Replicas
 from tandem.operator.runtime.kube import Kube
 
+log = logging.getLogger(__name__)
 Body = dict[str, Any]
 
 
@@ -156,12 +158,16 @@ class KubeActuator:
         self.event(reason, f"{decision.reason} [{decision.reason_code}]", "Normal")
 
     def flip(self, flip: Flip) -> None:
-        """Relabel the pods to flip (the workers follow their role label); an Event names the flip."""
+        """Relabel the pods to flip (the workers follow their role label), never the source's last Ready pod;
+        an Event names the flip."""
         serving = self.pods.get(flip.source, [])
-        chosen = flip_candidates(serving, flip, self.running_by_pod(serving))
+        chosen = flip_candidates(self.all_pods, flip, self.running_by_pod(serving))
         patch_flip(self.kube.merge_patch, self.namespace, chosen, flip.target, dt.datetime.now(dt.UTC).isoformat())
+        short = "" if len(chosen) == flip.count else f"; {len(chosen)} of {flip.count}: {flip.source} keeps a Ready pod"
         if chosen:
-            self.event(flip.reason_code, f"{flip.reason} ({', '.join(chosen)})", "Normal")
+            self.event(flip.reason_code, f"{flip.reason} ({', '.join(chosen)}){short}", "Normal")
+        if short:
+            log.warning("%s/%s: %s%s", self.namespace, self.service, flip.reason_code, short)
 
     def reshape(self, decision: ShapeDecision) -> None:
         """mode auto: go to `decision.target` (its first step now, the rest on the next ticks); an Event

@@ -3,7 +3,9 @@ own, for `tandem flip`): a pod's current role is its `serving.tandem.dev/role` l
 sets and the worker follows (SetRole, through the downward-API labels file). Deployments select on the pool
 label only, so their ReplicaSets never see a flip. Pools count pods by current role; a decision resizes the
 home Deployment by what the role's count should become; a pod that flipped is annotated, so a later step
-down of its home pool removes it first, and one lent out is removed last (pure, but for `patch_flip`)."""
+down of its home pool removes it first, and one lent out is removed last. A flip never takes a pool's last
+Ready pod: the pods that would empty it are left where they are (autoscale/flip.py `flip_waves`, as the local
+backend sequences its flips). Pure, but for `patch_flip`."""
 
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tandem import names
-from tandem.operator.autoscale.core.flip import Flip
+from tandem.operator.autoscale.core.flip import Flip, flip_waves
 from tandem.operator.autoscale.core.types import Pool
-from tandem.operator.status.flip import current_role
+from tandem.operator.status.flip import current_role, is_ready
 
 FLIPPED_AT = "serving.tandem.dev/flipped-at"
 Body = dict[str, Any]
@@ -47,10 +49,15 @@ def home_replicas(desired: int, pool: Pool, pods: list[Body]) -> int:
 
 def flip_candidates(pods: list[Body], flip: Flip, running: Mapping[str, float | None]) -> list[str]:
     """The pods to flip: serving `flip.source` and answering; going home first (a flip back), then the
-    fewest running sequences (the shortest drain, which the flip's cost counted)."""
-    serving = [p for p in _live(pods) if role_of(p) == flip.source.value and running.get(p["metadata"]["name"]) is not None]
+    fewest running sequences (the shortest drain, which the flip's cost counted). Never the last Ready pod of
+    `flip.source`: the pods of one flip are relabelled at once, so only those that leave another Ready pod
+    serving the source may go (flip_waves' first wave, in that order); a later tick decides again."""
+    live = _live(pods)
+    serving = [p for p in live if role_of(p) == flip.source.value and running.get(p["metadata"]["name"]) is not None]
     serving.sort(key=lambda p: (home_of(p) != flip.target.value, running[p["metadata"]["name"]] or 0.0, p["metadata"]["name"]))
-    return [p["metadata"]["name"] for p in serving[: flip.count]]
+    roles = {p["metadata"]["name"]: role_of(p) for p in live if is_ready(p)}  # a pod not Ready serves no pool
+    waves, _ = flip_waves(roles, dict.fromkeys((p["metadata"]["name"] for p in serving), flip.target.value))
+    return waves[0][: flip.count] if waves else []
 
 
 def flip_patch(target: Pool, at: str) -> Body:

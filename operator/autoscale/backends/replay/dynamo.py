@@ -1,6 +1,7 @@
 """tandem's autoscaling policy as an external policy of Dynamo's replay loop: judged by a simulator it does not own.
 
-    python replay.py --trace T.jsonl --policy module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy --startup-s 60
+    python replay.py --trace T.jsonl --startup-s 60 \
+        --policy module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy
 
 Each tick of Dynamo's loop goes through the same `Autoscaler.tick` the operator runs: a metric source
 (`ReplayTickSource`, which maps the loop's per-tick metrics onto what Prometheus would give; its docstring

@@ -1,7 +1,8 @@
 """Kubernetes' HorizontalPodAutoscaler as an external policy of Dynamo's replay loop: the baseline a user has
 without an LLM-aware autoscaler, judged on the same engine model and trace as tandem and Dynamo's planner.
 
-    python replay.py --trace T.jsonl --policy module:tandem.operator.autoscale.backends.replay.hpa.hpa_policy --startup-s 60
+    python replay.py --trace T.jsonl --startup-s 60 \
+        --policy module:tandem.operator.autoscale.backends.replay.hpa.hpa_policy
 
 Each pool is one HPA on a per-pod custom metric (AverageValue, as a Prometheus adapter serves the engines'
 gauges), synced every 15 s: prefill on its queued prompt tokens per ready pod (target: `target` x the
