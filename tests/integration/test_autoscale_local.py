@@ -88,7 +88,9 @@ def test_mode_auto_collapses_when_idle_and_splits_under_load_with_no_failed_requ
     obj["spec"]["decode"].update(minReplicas=1, maxReplicas=1)
     # a TPOT one colocated worker meets idle (the profile's idle step is under 0.8 x 40 ms) and a prefill 500x the
     # shipped CPU one: whatever rate this host gives one client (0.05 req/s is enough), its prompts stretch a
-    # colocated step past the TPOT, which the split does not (prefill runs beside decode there)
+    # colocated step past the TPOT, which the split does not (prefill runs beside decode there). The prompts are
+    # held near 90 tokens: the shipped profile's decode step at a 500-token context misses 0.8 x 40 ms, and a
+    # 500x prefill of it the TTFT, so with longer prompts no shape meets the SLO and the rule keeps the one it has
     obj["spec"]["slo"] = {"ttftMs": 600000, "tpotMs": 40, "percentile": 90}
     profile = tmp_path / "dear-prefill.json"
     save_profile(shipped_profile().scaled(prefill=0.002, note="prefill 500x dearer"), profile)
@@ -98,7 +100,7 @@ def test_mode_auto_collapses_when_idle_and_splits_under_load_with_no_failed_requ
         _wait("collapsed to one colocated worker",
               lambda: len(pools.members("colocated")) == 1 and not pools.members("decode"), 300)  # fmt: skip
         assert not pools.members("prefill") and pools.members("colocated")[0].name == "prefill-0"
-        with StreamingLoad(url, clients=1) as load:
+        with StreamingLoad(url, clients=1, words=40) as load:
             try:
                 _wait("split under load", lambda: pools.members("prefill") and pools.members("decode")
                       and not pools.members("colocated"), 300)  # fmt: skip

@@ -30,8 +30,9 @@ OUTPUT_TOKENS = 24
 class StreamingLoad:
     """Client threads that stream completions back to back and check every answer is whole."""
 
-    def __init__(self, url: str, clients: int):
-        self.url, self.clients = url, clients
+    def __init__(self, url: str, clients: int, words: int | None = None):
+        """`words`: every prompt's padding in words (about two tokens each); by default it cycles 0-240."""
+        self.url, self.clients, self.words = url, clients, words
         self.stop = threading.Event()
         self.ok = 0
         self.failures: list[str] = []
@@ -57,7 +58,8 @@ class StreamingLoad:
         with httpx.Client(timeout=60) as http:
             while not self.stop.is_set():
                 n += 1
-                problem = self._one(http, {**body, "prompt": f"client {client} request {n} " + "word " * (n % 7 * 40)})
+                words = n % 7 * 40 if self.words is None else self.words
+                problem = self._one(http, {**body, "prompt": f"client {client} request {n} " + "word " * words})
                 with self._lock:
                     if problem:
                         self.failures.append(problem)
