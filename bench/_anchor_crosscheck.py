@@ -30,18 +30,37 @@ def crosscheck(replay_dir: str, case: Case, shapes: Iterable[tuple[int, int]]) -
     for p, d in shapes:
         replay = _load_replay(replay_dir)
         with tempfile.NamedTemporaryFile(suffix=".json") as dump:
-            argv = ["--trace", case.trace, "--policy", f"static:{p},{d}", "--dump", dump.name,
-                    "--slo-ttft-ms", str(case.slo_ttft_ms), "--slo-tpot-ms", str(case.slo_tpot_ms)]  # fmt: skip
+            argv = [
+                "--trace",
+                case.trace,
+                "--policy",
+                f"static:{p},{d}",
+                "--dump",
+                dump.name,
+                "--slo-ttft-ms",
+                str(case.slo_ttft_ms),
+                "--slo-tpot-ms",
+                str(case.slo_tpot_ms),
+            ]
             replay.run(_harness_args(replay, argv))
             theirs = json.loads(Path(dump.name).read_text())["summary"]
         sizes = {Pool.prefill: p, Pool.decode: d}
         config = SimConfig(profile=profile, cold_start_s=0.0, initial=sizes)
         result = simulate(trace, config, static_controller(sizes))
         ours = _percentiles(result)
-        row: dict[str, Any] = {"trace": case.label, "pools": f"{p}P+{d}D",
-                               "sim_attainment": sim_summary("static", result, Slo(case.slo_ttft_ms, case.slo_tpot_ms, 90))["slo_attainment"]}  # fmt: skip
-        for metric, key in (("ttft_p50", "median_ttft_ms"), ("ttft_p90", "p90_ttft_ms"),
-                            ("tpot_p50", "median_tpot_ms"), ("tpot_p90", "p90_tpot_ms")):  # fmt: skip
+        row: dict[str, Any] = {
+            "trace": case.label,
+            "pools": f"{p}P+{d}D",
+            "sim_attainment": sim_summary("static", result, Slo(case.slo_ttft_ms, case.slo_tpot_ms, 90))[
+                "slo_attainment"
+            ],
+        }
+        for metric, key in (
+            ("ttft_p50", "median_ttft_ms"),
+            ("ttft_p90", "p90_ttft_ms"),
+            ("tpot_p50", "median_tpot_ms"),
+            ("tpot_p90", "p90_tpot_ms"),
+        ):
             row[f"{metric}_dynamo"], row[f"{metric}_tandem"] = float(theirs[key]), ours[metric]
             row[f"{metric}_ratio"] = ours[metric] / float(theirs[key]) if theirs[key] else None
         rows.append(row)
@@ -52,19 +71,28 @@ def crosscheck(replay_dir: str, case: Case, shapes: Iterable[tuple[int, int]]) -
 def _percentiles(result: Any) -> dict[str, float]:
     from tandem.operator.autoscale.sim.metrics import percentile
 
-    done = [r for r in result.requests if r.first_token_s is not None and r.finish_s is not None and not r.failed]
+    done = [
+        r for r in result.requests if r.first_token_s is not None and r.finish_s is not None and not r.failed
+    ]
     ttft = [(r.first_token_s - r.arrival_s) * 1000 for r in done]
     tpot = [(r.finish_s - r.first_token_s) / (r.output_len - 1) * 1000 for r in done if r.output_len > 1]
-    return {"ttft_p50": percentile(ttft, 50), "ttft_p90": percentile(ttft, 90),
-            "tpot_p50": percentile(tpot, 50), "tpot_p90": percentile(tpot, 90)}  # fmt: skip
+    return {
+        "ttft_p50": percentile(ttft, 50),
+        "ttft_p90": percentile(ttft, 90),
+        "tpot_p50": percentile(tpot, 50),
+        "tpot_p90": percentile(tpot, 90),
+    }
 
 
 def render_crosscheck(rows: list[dict[str, Any]]) -> str:
-    lines = ["| trace | pools | TTFT p50 ms (tandem / Dynamo) | TTFT p90 ms | TPOT p50 ms | TPOT p90 ms |",
-             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "| trace | pools | TTFT p50 ms (tandem / Dynamo) | TTFT p90 ms | TPOT p50 ms | TPOT p90 ms |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
-        cells = [f"{r[m + '_tandem']:.1f} / {r[m + '_dynamo']:.1f} ({r[m + '_ratio']:.2f}x)"
-                 for m in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")]  # fmt: skip
+        cells = [
+            f"{r[m + '_tandem']:.1f} / {r[m + '_dynamo']:.1f} ({r[m + '_ratio']:.2f}x)"
+            for m in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")
+        ]
         lines.append(f"| {r['trace']} | {r['pools']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-

@@ -9,8 +9,12 @@ from pathlib import Path
 
 from bench._anchor_search import Point, pareto
 
-FAMILIES = {"static": ("fixed pools (hindsight)", "tab:gray", "s"), "dynamo": ("Dynamo planner", "tab:red", "^"),
-            "tandem": ("tandem", "tab:blue", "o"), "hpa": ("HPA", "tab:green", "D")}  # fmt: skip
+FAMILIES = {
+    "static": ("fixed pools (hindsight)", "tab:gray", "s"),
+    "dynamo": ("Dynamo planner", "tab:red", "^"),
+    "tandem": ("tandem", "tab:blue", "o"),
+    "hpa": ("HPA", "tab:green", "D"),
+}
 
 
 def front_series(points: Iterable[Point]) -> dict[str, tuple[list[float], list[float]]]:
@@ -42,8 +46,14 @@ def write_pareto_plot(panels: Mapping[str, list[Point]], path: str | Path, targe
         for fam, (xs, ys) in front_series(points).items():
             name, colour, marker = FAMILIES.get(fam, (fam, "k", "x"))
             mine = [p for p in points if p.family == fam]
-            ax.scatter([p.gpu_hours for p in mine], [100 * p.attainment for p in mine], color=colour, marker=marker,
-                       alpha=0.45, s=22)  # fmt: skip
+            ax.scatter(
+                [p.gpu_hours for p in mine],
+                [100 * p.attainment for p in mine],
+                color=colour,
+                marker=marker,
+                alpha=0.45,
+                s=22,
+            )
             ax.step(xs, ys, where="post", color=colour, label=name)
         ax.axhline(100 * target, color="k", linestyle="--", linewidth=0.8)
         ax.set_title(title, fontsize=9)
@@ -60,7 +70,10 @@ def write_pareto_plot(panels: Mapping[str, list[Point]], path: str | Path, targe
     return out
 
 
-DAY_SERIES = {"auto": ("auto (colocated or split)", "tab:blue"), "tandem": ("tandem, split only", "tab:orange")}
+DAY_SERIES = {
+    "auto": ("auto (colocated or split)", "tab:blue"),
+    "tandem": ("tandem, split only", "tab:orange"),
+}
 
 
 def day_choice(points: Iterable[Point], family: str, target: float) -> Point | None:
@@ -101,8 +114,12 @@ def write_day_plot(panels: Mapping[str, list[Point]], path: str | Path, target: 
         if fixed:
             f = min(fixed, key=lambda p: p.gpu_hours)
             name = f.setting.replace("static:", "fixed ").replace("colocated:", "fixed colocated ")
-            ax.axhline(fixed_gpus(f.setting), color="tab:gray", linestyle="--",
-                       label=f"{name}: {f.gpu_hours:.1f} GPU-h, {f.attainment:.1%}")  # fmt: skip
+            ax.axhline(
+                fixed_gpus(f.setting),
+                color="tab:gray",
+                linestyle="--",
+                label=f"{name}: {f.gpu_hours:.1f} GPU-h, {f.attainment:.1%}",
+            )
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("hour of the day")
         ax.set_ylabel("GPUs")

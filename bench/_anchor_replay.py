@@ -41,16 +41,33 @@ def _load_replay(replay_dir: str) -> Any:
     return _replay
 
 
-def replay_once(replay_dir: str, case: Case, policy: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
+def replay_once(
+    replay_dir: str, case: Case, policy: str, options: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """One replay through the harness, in this process (its Rust loop runs single-threaded)."""
     replay = _load_replay(replay_dir)
-    argv = ["--trace", case.trace, "--policy", policy, "--slo-ttft-ms", str(case.slo_ttft_ms),
-            "--slo-tpot-ms", str(case.slo_tpot_ms), "--startup-s", str(case.startup_s),
-            "--max-gpus", str(case.max_gpus), "--init", case.init]  # fmt: skip
+    argv = [
+        "--trace",
+        case.trace,
+        "--policy",
+        policy,
+        "--slo-ttft-ms",
+        str(case.slo_ttft_ms),
+        "--slo-tpot-ms",
+        str(case.slo_tpot_ms),
+        "--startup-s",
+        str(case.startup_s),
+        "--max-gpus",
+        str(case.max_gpus),
+        "--init",
+        case.init,
+    ]
     if policy.startswith("dynamo") and options:
         argv += ["--planner-json", json.dumps(options)]
     if policy.startswith("module:"):
-        os.environ["TANDEM_HPA_OPTIONS" if policy == HPA_POLICY else "TANDEM_ANCHOR_OPTIONS"] = json.dumps(options or {})
+        os.environ["TANDEM_HPA_OPTIONS" if policy == HPA_POLICY else "TANDEM_ANCHOR_OPTIONS"] = json.dumps(
+            options or {}
+        )
     return dict(replay.run(_harness_args(replay, argv)))
 
 
@@ -74,8 +91,14 @@ def cache_key(case: Case, policy: str, options: dict[str, Any]) -> str:
     """What makes a replay's result: the trace (by label), SLO, budget, the policy and, for a scaling policy,
     its cold start and start (a fixed pool starts whole and never adds a worker, so neither changes it)."""
     static = policy.startswith(("static", "colocated"))
-    key = [case.label, case.slo_ttft_ms, case.slo_tpot_ms, 0.0 if static else case.startup_s,
-           case.max_gpus, "" if static else case.init, policy, options]  # fmt: skip
+    key = [
+        case.label,
+        case.slo_ttft_ms,
+        case.slo_tpot_ms,
+        0.0 if static else case.startup_s,
+        case.max_gpus,
+        "" if static else case.init,
+        policy,
+        options,
+    ]
     return json.dumps(key if case.referee == "dynamo" else [case.referee, *key], sort_keys=True)
-
-

@@ -17,7 +17,9 @@ class Point:
     ttft_p90_ms: float = 0.0
     tpot_p90_ms: float = 0.0
     shape_changes_per_hour: float = 0.0  # auto: colocated <-> split changes
-    gpus_over_time: tuple[tuple[float, int], ...] = ()  # a scaling policy's GPUs billed over a day (the day plot)
+    gpus_over_time: tuple[
+        tuple[float, int], ...
+    ] = ()  # a scaling policy's GPUs billed over a day (the day plot)
 
 
 def pareto(points: Iterable[Point]) -> list[Point]:
@@ -43,7 +45,9 @@ def cost_at(points: Iterable[Point], target: float) -> tuple[float | None, str]:
         return first.gpu_hours, first.setting
     lo = below[-1]
     share = (target - lo.attainment) / (first.attainment - lo.attainment)
-    return lo.gpu_hours + share * (first.gpu_hours - lo.gpu_hours), f"between {lo.setting} and {first.setting}"
+    return lo.gpu_hours + share * (
+        first.gpu_hours - lo.gpu_hours
+    ), f"between {lo.setting} and {first.setting}"
 
 
 def staircase(
@@ -99,7 +103,9 @@ def count_search(evaluate: Callable[[int], float], target: float, most: int) -> 
     return seen
 
 
-def box_search(evaluate: Callable[[int, int], float], target: float, p_max: int, d_max: int) -> list[tuple[int, int, float]]:
+def box_search(
+    evaluate: Callable[[int, int], float], target: float, p_max: int, d_max: int
+) -> list[tuple[int, int, float]]:
     """Every (P, D, attainment) evaluated finding the cheapest pool with P <= p_max and D <= d_max that reaches
     `target`: along the box's shorter side, for each count the fewest of the other that reaches it (a binary
     search below the last count's, since it never grows), until no pool left in the box can be cheaper than

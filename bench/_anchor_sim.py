@@ -22,20 +22,36 @@ from tandem.trace import load_trace
 
 TANDEM_POLICY = "module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy"
 AUTO_POLICY = "auto"
-SCENARIO_FIELDS = ("margin", "stabilization_s", "scale_down_cooldown_s", "shape_dwell_s", "shape_band", "flip_s")
+SCENARIO_FIELDS = (
+    "margin",
+    "stabilization_s",
+    "scale_down_cooldown_s",
+    "shape_dwell_s",
+    "shape_band",
+    "flip_s",
+)
 
 
 def scenario(case: Case, options: dict[str, Any]) -> Scenario:
     """NVIDIA's H200 profile (converted), the case's SLO and cold start, each pool within the GPU budget."""
     unknown = set(options) - set(SCENARIO_FIELDS)
     if unknown:
-        raise ValueError(f"options {sorted(unknown)} are not simulator settings ({', '.join(SCENARIO_FIELDS)})")
+        raise ValueError(
+            f"options {sorted(unknown)} are not simulator settings ({', '.join(SCENARIO_FIELDS)})"
+        )
     limits = {pool: PoolLimits(1, case.max_gpus - (pool != Pool.colocated)) for pool in Pool}
-    sc = Scenario(profile_named(None), Slo(case.slo_ttft_ms, case.slo_tpot_ms, 90.0), limits, cold_start_s=case.startup_s)
+    sc = Scenario(
+        profile_named(None),
+        Slo(case.slo_ttft_ms, case.slo_tpot_ms, 90.0),
+        limits,
+        cold_start_s=case.startup_s,
+    )
     return replace(sc, **options)
 
 
-def simulate_once(case: Case, policy: str, options: dict[str, Any] | None = None) -> tuple[dict[str, Any], SimResult]:
+def simulate_once(
+    case: Case, policy: str, options: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], SimResult]:
     """The summary in the harness's keys (and the shape changes), and the run itself."""
     trace = load_trace(case.trace, "ms")
     sc = scenario(case, options or {})
@@ -61,8 +77,15 @@ def simulate_once(case: Case, policy: str, options: dict[str, Any] | None = None
 
 
 def _config(sc: Scenario, initial: dict[Pool, int]) -> SimConfig:
-    return SimConfig(profile=sc.profile, interval_s=sc.interval_s, window_s=sc.window_s, scrape_s=sc.scrape_s,
-                     cold_start_s=sc.cold_start_s, percentile=sc.slo.percentile, initial=initial)  # fmt: skip
+    return SimConfig(
+        profile=sc.profile,
+        interval_s=sc.interval_s,
+        window_s=sc.window_s,
+        scrape_s=sc.scrape_s,
+        cold_start_s=sc.cold_start_s,
+        percentile=sc.slo.percentile,
+        initial=initial,
+    )
 
 
 def gpu_timeline(result: SimResult, step_s: float = 300.0) -> list[tuple[float, int]]:

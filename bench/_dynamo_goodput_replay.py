@@ -53,16 +53,20 @@ def main(argv: list[str]) -> int:
             pool = job["pool"]
             if "agg" in pool:
                 res = run_mocker_trace_replay(
-                    [job["trace"]], extra_engine_args=harness.engine_args("aggregated", "h200", npz, max_kv, 0.0),
-                    num_workers=pool["agg"], **common,
-                )  # fmt: skip
+                    [job["trace"]],
+                    extra_engine_args=harness.engine_args("aggregated", "h200", npz, max_kv, 0.0),
+                    num_workers=pool["agg"],
+                    **common,
+                )
             else:
                 res = run_mocker_trace_replay(
                     [job["trace"]],
                     prefill_engine_args=harness.engine_args("prefill", "h200", npz, max_kv, 0.0),
                     decode_engine_args=harness.engine_args("decode", "h200", npz, max_kv, 0.0),
-                    num_prefill_workers=pool["prefill"], num_decode_workers=pool["decode"], **common,
-                )  # fmt: skip
+                    num_prefill_workers=pool["prefill"],
+                    num_decode_workers=pool["decode"],
+                    **common,
+                )
             print(json.dumps({"job": job, "requests": per_request(res.per_request)}), flush=True)
     return 0
 

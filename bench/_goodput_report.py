@@ -19,7 +19,13 @@ from bench._host import QUIET_FOREIGN_SHARE, busy_reason
 from tandem.slo import Slo
 
 CONTROL = "colocated-control"  # a second colocated stack, identical to the first: the A/A control
-MODES = ("colocated", "disaggregated", "conditional", "conditional-slo", CONTROL)  # table order; the last two optional
+MODES = (
+    "colocated",
+    "disaggregated",
+    "conditional",
+    "conditional-slo",
+    CONTROL,
+)  # table order; the last two optional
 CONDITIONAL_MODES = ("conditional", "conditional-slo")
 FIXED_TTFT_SCALE = 5.0  # the second sweep: TTFT at 5x idle, the TPOT scale moves
 TIGHT_TPOT_SCALE = 3.0  # the target's "tight TPOT": 3x idle or less
@@ -88,7 +94,9 @@ def trace_tables(trace: dict, scales: list[float], target: float, threshold: int
         for (ts, ps), s in zip(points, scales, strict=True):
             g = goodputs(probes, base, (ts, ps), target)
             cells = [f"{s:g}", f"{1000 * ts * base.ttft_s:.0f}", f"{1000 * ps * base.tpot_s:.0f}"]
-            cells += [_cell(g[m]) for m in modes] + [_ratio_cell(ratios(g[m], g["colocated"])) for m in others]
+            cells += [_cell(g[m]) for m in modes] + [
+                _ratio_cell(ratios(g[m], g["colocated"])) for m in others
+            ]
             yield "| " + " | ".join(cells) + " |"
     yield ""
     yield f"TTFT p90 (ms) of prompts of at most {threshold} tokens, pooled over repeats, by probed rate:"
@@ -125,7 +133,9 @@ def _judged(ratio: float | None, bar: float) -> str:
     return "-" if ratio is None else f"{ratio:.2f}x ({'met' if round(ratio, 2) >= bar else 'MISSED'})"
 
 
-def _sweep_ratios(trace: dict, scales: list[float], target: float) -> Iterator[tuple[str, tuple[float, float], float, dict[str, list[float]]]]:
+def _sweep_ratios(
+    trace: dict, scales: list[float], target: float
+) -> Iterator[tuple[str, tuple[float, float], float, dict[str, list[float]]]]:
     """Each sweep point as (sweep title, (TTFT scale, TPOT scale), s, every other mode's per-repeat ratios to
     colocated); a mode whose ratio is undefined there (colocated had no goodput) has an empty list."""
     probes, base = probes_of(trace), Slo.from_seconds(**trace["slo_base"])
@@ -196,9 +206,7 @@ def report(result: dict) -> str:
     ]
     for trace in result["traces"]:
         lines += list(
-            trace_tables(
-                trace, result["scales"], result["attainment_target"], short_prompt_tokens(cfg)
-            )
+            trace_tables(trace, result["scales"], result["attainment_target"], short_prompt_tokens(cfg))
         )
         lines.append("")
     loads = result.get("load_average") or []
@@ -212,8 +220,10 @@ def report(result: dict) -> str:
             f"CPU share other processes used during each probe: median {statistics.median(foreign):.0%}, "
             f"max {max(foreign):.0%} (a verdict needs <= {QUIET_FOREIGN_SHARE:.0%})"
         )
-    for key, what in (("steal_cpu_share", "the hypervisor gave to other machines (steal)"),
-                      ("interrupt_cpu_share", "interrupt work (irq, softirq: mostly the bench's own loopback traffic)")):  # fmt: skip
+    for key, what in (
+        ("steal_cpu_share", "the hypervisor gave to other machines (steal)"),
+        ("interrupt_cpu_share", "interrupt work (irq, softirq: mostly the bench's own loopback traffic)"),
+    ):
         part = [f for f in result.get(key) or [] if f is not None]
         if part:
             lines.append(f"  of which {what}: median {statistics.median(part):.0%}, max {max(part):.0%}")
@@ -256,8 +266,10 @@ def plot(result: dict, path: Path) -> Path:
                 per_point = [goodputs(probes, base, p, target)[mode] for p in points]
                 spreads = [spread([g.rate for g in gs]) for gs in per_point]
                 med = [s.median for s in spreads]
-                err = [[m - s.low for m, s in zip(med, spreads, strict=True)],
-                       [s.high - m for m, s in zip(med, spreads, strict=True)]]  # fmt: skip
+                err = [
+                    [m - s.low for m, s in zip(med, spreads, strict=True)],
+                    [s.high - m for m, s in zip(med, spreads, strict=True)],
+                ]
                 ax.errorbar(scales, med, yerr=err, marker="o", capsize=3, label=mode)
             ax.set_xscale("log")
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())

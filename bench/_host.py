@@ -27,7 +27,16 @@ def busy_ticks(stat_first_line: str) -> int:
     return sum(fields[:8]) - idle
 
 
-STAT_COLUMNS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")  # of /proc/stat's cpu line
+STAT_COLUMNS = (
+    "user",
+    "nice",
+    "system",
+    "idle",
+    "iowait",
+    "irq",
+    "softirq",
+    "steal",
+)  # of /proc/stat's cpu line
 
 
 def stat_column(stat_first_line: str, name: str) -> int:
@@ -145,7 +154,10 @@ def foreign_share(busy_ticks: int, our_ticks: int, capacity_ticks: float) -> flo
 
 
 def busy_reason(
-    loads: Iterable[float], foreign: Iterable[float | None], quiet_load: float, quiet_foreign: float = QUIET_FOREIGN_SHARE
+    loads: Iterable[float],
+    foreign: Iterable[float | None],
+    quiet_load: float,
+    quiet_foreign: float = QUIET_FOREIGN_SHARE,
 ) -> str | None:
     """Why the host counts as busy, or None (pure): other processes' CPU share above `quiet_foreign` where it
     was measured (the benchmark's own processes raise the load average too), else a load average above
@@ -153,7 +165,11 @@ def busy_reason(
     shares = [f for f in foreign if f is not None]
     if shares:
         worst = max(shares)
-        return f"other processes used {worst:.0%} of the CPUs (> {quiet_foreign:.0%})" if worst > quiet_foreign else None
+        return (
+            f"other processes used {worst:.0%} of the CPUs (> {quiet_foreign:.0%})"
+            if worst > quiet_foreign
+            else None
+        )
     loads = list(loads)
     if loads and max(loads) > quiet_load:
         return f"load average reached {max(loads):.2f} (> {quiet_load:g})"

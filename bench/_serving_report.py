@@ -11,10 +11,29 @@ from tandem.slo import Slo
 
 # Every probe row carries these keys (the JSON's columns; a test holds the dry run to them)
 PROBE_COLUMNS = (
-    "mode", "rate", "requests", "completed", "ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms",
-    "attainment", "mean_batch", "engine_batch", "engine_step_ms", "tpot_over_engine",
-)  # fmt: skip
-KV_COLUMNS = ("prompt_tokens", "transport", "kv_bytes", "span_ms", "tail_ms", "copy_floor_ms", "tail_over_floor")
+    "mode",
+    "rate",
+    "requests",
+    "completed",
+    "ttft_p50_ms",
+    "ttft_p90_ms",
+    "tpot_p50_ms",
+    "tpot_p90_ms",
+    "attainment",
+    "mean_batch",
+    "engine_batch",
+    "engine_step_ms",
+    "tpot_over_engine",
+)
+KV_COLUMNS = (
+    "prompt_tokens",
+    "transport",
+    "kv_bytes",
+    "span_ms",
+    "tail_ms",
+    "copy_floor_ms",
+    "tail_over_floor",
+)
 STARTUP_COLUMNS = ("mode", "worker", "load_s", "warmup_s", "ready_s")
 
 
@@ -23,18 +42,28 @@ def _ms(values: Sequence[float], q: float) -> float | None:
     return None if p is None else 1000 * p
 
 
-def probe_row(mode: str, rate: float, requests: Sequence[Latency], mean_batch: float | None, slo: Slo) -> dict:
+def probe_row(
+    mode: str, rate: float, requests: Sequence[Latency], mean_batch: float | None, slo: Slo
+) -> dict:
     """One rate's latencies (p50/p90, ms) and SLO attainment; the engine columns are filled in later."""
     ok = [r for r in requests if r.ok]
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
     tpots = [r.tpot_s for r in ok if r.tpot_s is not None]
     return {
-        "mode": mode, "rate": rate, "requests": len(requests), "completed": len(ok),
-        "ttft_p50_ms": _ms(ttfts, 50), "ttft_p90_ms": _ms(ttfts, 90),
-        "tpot_p50_ms": _ms(tpots, 50), "tpot_p90_ms": _ms(tpots, 90),
-        "attainment": attainment(requests, slo), "mean_batch": mean_batch,
-        "engine_batch": None, "engine_step_ms": None, "tpot_over_engine": None,
-    }  # fmt: skip
+        "mode": mode,
+        "rate": rate,
+        "requests": len(requests),
+        "completed": len(ok),
+        "ttft_p50_ms": _ms(ttfts, 50),
+        "ttft_p90_ms": _ms(ttfts, 90),
+        "tpot_p50_ms": _ms(tpots, 50),
+        "tpot_p90_ms": _ms(tpots, 90),
+        "attainment": attainment(requests, slo),
+        "mean_batch": mean_batch,
+        "engine_batch": None,
+        "engine_step_ms": None,
+        "tpot_over_engine": None,
+    }
 
 
 def engine_batch(mean_batch: float | None) -> int:
@@ -62,15 +91,21 @@ def mode_goodput(rows: Sequence[dict], mode: str, slo: Slo) -> str:
     return str(goodput(points, slo.objective)) if points else "-"
 
 
-def kv_row(prompt_tokens: int, transport: str, kv_bytes: float, span_s: float, tail_s: float, copy_gbps: float) -> dict:
+def kv_row(
+    prompt_tokens: int, transport: str, kv_bytes: float, span_s: float, tail_s: float, copy_gbps: float
+) -> dict:
     """One prompt length's KV push, per prompt: bytes, span and tail (ms), and the floor of copying those
     bytes once at the measured device copy bandwidth (GB/s)."""
     floor_ms = 1000 * kv_bytes / (copy_gbps * 1e9) if copy_gbps > 0 else None
     return {
-        "prompt_tokens": prompt_tokens, "transport": transport, "kv_bytes": kv_bytes,
-        "span_ms": 1000 * span_s, "tail_ms": 1000 * tail_s, "copy_floor_ms": floor_ms,
+        "prompt_tokens": prompt_tokens,
+        "transport": transport,
+        "kv_bytes": kv_bytes,
+        "span_ms": 1000 * span_s,
+        "tail_ms": 1000 * tail_s,
+        "copy_floor_ms": floor_ms,
         "tail_over_floor": (1000 * tail_s / floor_ms) if floor_ms else None,
-    }  # fmt: skip
+    }
 
 
 def fmt(value: float | None, pattern: str = "{:.1f}") -> str:
@@ -95,7 +130,10 @@ def report(result: dict) -> str:
             f"| {fmt(r['mean_batch'])} | {fmt(r['engine_step_ms'], '{:.2f}')} ({r['engine_batch']}) "
             f"| {fmt(r['tpot_over_engine'], '{:.2f}')} |"
         )
-    lines += ["", "goodput (req/s at the SLO): " + ", ".join(f"{m} {g}" for m, g in result["goodput"].items())]
+    lines += [
+        "",
+        "goodput (req/s at the SLO): " + ", ".join(f"{m} {g}" for m, g in result["goodput"].items()),
+    ]
     lines += [
         "",
         f"KV transfer per prompt (disaggregated, prefill -> decode on one GPU), device copy {result['copy_gbps']:.1f} GB/s:",
@@ -108,9 +146,15 @@ def report(result: dict) -> str:
             f"| {k['prompt_tokens']} | {k['transport']} | {k['kv_bytes'] / 2**20:.1f} | {k['span_ms']:.2f} | {k['tail_ms']:.2f} "
             f"| {fmt(k['copy_floor_ms'], '{:.3f}')} | {fmt(k['tail_over_floor'])} |"
         )
-    lines += ["", "startup (tandem_worker_startup_seconds by phase; ready: the stack's start to the router's readiness):",
-              "| mode | worker | load s | warm-up s | stack ready s |", "| --- | --- | --- | --- | --- |"]
+    lines += [
+        "",
+        "startup (tandem_worker_startup_seconds by phase; ready: the stack's start to the router's readiness):",
+        "| mode | worker | load s | warm-up s | stack ready s |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for s in result["startup"]:
-        lines.append(f"| {s['mode']} | {s['worker']} | {fmt(s['load_s'], '{:.2f}')} | {fmt(s['warmup_s'], '{:.2f}')} | {s['ready_s']:.1f} |")
+        lines.append(
+            f"| {s['mode']} | {s['worker']} | {fmt(s['load_s'], '{:.2f}')} | {fmt(s['warmup_s'], '{:.2f}')} | {s['ready_s']:.1f} |"
+        )
     lines.append(f"wall {result['wall_s']:.0f} s")
     return "\n".join(lines)

@@ -75,7 +75,9 @@ def write_llama_1b_shaped(model_dir: Path, seed: int = 0) -> Path:
     return write_llama_shaped(model_dir, LLAMA_3_2_1B, LLAMA_3_ROPE_SCALING, seed)
 
 
-def write_llama_shaped(model_dir: Path, spec: TinySpec, rope_scaling: dict, seed: int = 0, device: str = "cpu") -> Path:
+def write_llama_shaped(
+    model_dir: Path, spec: TinySpec, rope_scaling: dict, seed: int = 0, device: str = "cpu"
+) -> Path:
     """Random weights (drawn on `device`) at a Llama-3 shape and its full vocab (128256): the tiny tokenizer, with
     one added token per id past its own, so every id the model can sample decodes to text (a served stream
     whose ids decoded to nothing would carry no content to time)."""

@@ -68,26 +68,54 @@ def growth(samples: Sequence[Sample], warmup_s: float, min_span_s: float, window
         if len(after) < 2 * window or after[-1].t - after[0].t < min_span_s:
             continue
         head, tail = after[:window], after[-window:]
-        out.append(Growth(name, pid, int(statistics.median(s.rss_kib for s in head)),
-                          int(statistics.median(s.rss_kib for s in tail)), tail[-1].t - head[0].t))
+        out.append(
+            Growth(
+                name,
+                pid,
+                int(statistics.median(s.rss_kib for s in head)),
+                int(statistics.median(s.rss_kib for s in tail)),
+                tail[-1].t - head[0].t,
+            )
+        )
     return sorted(out, key=lambda g: g.name)
 
 
-def replay_specs(trace: Sequence[TraceRequest], rate_rps: float, seed: int = 0) -> list[tuple[float, int, int]]:
+def replay_specs(
+    trace: Sequence[TraceRequest], rate_rps: float, seed: int = 0
+) -> list[tuple[float, int, int]]:
     """(arrival s, prompt words, output tokens): the trace's inter-arrival pattern at `rate_rps` on average,
     lengths shrunk to what a CPU model serves in a soak. Pure."""
     span = (trace[-1].arrival_s - trace[0].arrival_s) or 1.0
     stretch = (len(trace) - 1) / rate_rps / span
     rng = random.Random(seed)
-    return [((r.arrival_s - trace[0].arrival_s) * stretch, max(8, min(r.input_len // 8, 200)) + rng.randrange(4),
-             max(4, min(r.output_len // 8, 32))) for r in trace]  # fmt: skip
+    return [
+        (
+            (r.arrival_s - trace[0].arrival_s) * stretch,
+            max(8, min(r.input_len // 8, 200)) + rng.randrange(4),
+            max(4, min(r.output_len // 8, 32)),
+        )
+        for r in trace
+    ]
 
 
 class Soak:
     """Replay, kill/scale cycles and RSS sampling against one running stack; run() returns the report."""
 
-    def __init__(self, stack, url: str, pools, model: str, trace: Path, minutes: float, *, rate_rps: float = 1.5,
-                 cycle_s: float = 60.0, sample_s: float = 5.0, warmup_s: float = 60.0, deadline_s: float = 60.0):
+    def __init__(
+        self,
+        stack,
+        url: str,
+        pools,
+        model: str,
+        trace: Path,
+        minutes: float,
+        *,
+        rate_rps: float = 1.5,
+        cycle_s: float = 60.0,
+        sample_s: float = 5.0,
+        warmup_s: float = 60.0,
+        deadline_s: float = 60.0,
+    ):
         self.stack, self.url, self.pools, self.model, self.trace = stack, url, pools, model, trace
         self.duration_s, self.rate_rps, self.cycle_s = minutes * 60, rate_rps, cycle_s
         self.sample_s, self.warmup_s, self.deadline_s = sample_s, warmup_s, deadline_s
@@ -110,8 +138,11 @@ class Soak:
 
     def _replay(self) -> None:
         specs = replay_specs(load_trace(self.trace)[:2000], self.rate_rps)
-        http = httpx.Client(timeout=httpx.Timeout(self.deadline_s, connect=5), trust_env=False,
-                            limits=httpx.Limits(max_connections=32))
+        http = httpx.Client(
+            timeout=httpx.Timeout(self.deadline_s, connect=5),
+            trust_env=False,
+            limits=httpx.Limits(max_connections=32),
+        )
         with http, ThreadPoolExecutor(max_workers=16) as pool:
             lap = 0.0
             while not self._stop.is_set():
@@ -119,9 +150,14 @@ class Soak:
                     delay = lap + at - self._now()
                     if self._stop.wait(max(0.0, delay)):
                         break
-                    prompt = f"soak {lap:.0f} {i} " + " ".join(WORDS[(i + k) % len(WORDS)] for k in range(words))
-                    pool.submit(lambda p=prompt, o=out: self.answers.append(
-                        stream_one(http, self.url, self.model, p, o, self.deadline_s)))
+                    prompt = f"soak {lap:.0f} {i} " + " ".join(
+                        WORDS[(i + k) % len(WORDS)] for k in range(words)
+                    )
+                    pool.submit(
+                        lambda p=prompt, o=out: self.answers.append(
+                            stream_one(http, self.url, self.model, p, o, self.deadline_s)
+                        )
+                    )
                 lap = self._now()
 
     def _cycle(self, n: int) -> None:
@@ -130,8 +166,10 @@ class Soak:
             members = len(self.pools.members("decode"))
             up = n % 4 == 1
             started, drained = self.pools.scale("decode", members + 1 if up else members - 1)
-            self.events.append(f"{self._now():.0f}s scale decode {members}->{members + (1 if up else -1)} "
-                               f"{started or drained}")
+            self.events.append(
+                f"{self._now():.0f}s scale decode {members}->{members + (1 if up else -1)} "
+                f"{started or drained}"
+            )
         else:
             order = ["prefill-0", "decode-0", "router", "prefill-1", "decode-1"]
             name = order[(n // 2) % len(order)]

@@ -94,8 +94,13 @@ def service_object(
             "engine": {"blockSize": 16, "numKvBlocks": num_kv_blocks, "threads": threads, **(engine or {})},
         },
     }
-    if mode != "colocated":  # colocated has neither a prefill pool nor a KV transfer: their settings are refused
-        obj["spec"] |= {"prefill": {"replicas": prefill, "resources": {"gpus": 0}}, "kvTransfer": {"transport": transport}}
+    if (
+        mode != "colocated"
+    ):  # colocated has neither a prefill pool nor a KV transfer: their settings are refused
+        obj["spec"] |= {
+            "prefill": {"replicas": prefill, "resources": {"gpus": 0}},
+            "kvTransfer": {"transport": transport},
+        }
     if router:
         obj["spec"]["router"] = router
     return obj
@@ -222,9 +227,13 @@ def round_order(labels: list[str], rep: int) -> list[str]:
 
 
 def timed_round(
-    running: dict[str, tuple[LocalStack, str]], labels: list[str], prompt_len: int, max_tokens: int,
-    rng: random.Random, vocab: int,
-) -> dict[str, Timed]:  # fmt: skip
+    running: dict[str, tuple[LocalStack, str]],
+    labels: list[str],
+    prompt_len: int,
+    max_tokens: int,
+    rng: random.Random,
+    vocab: int,
+) -> dict[str, Timed]:
     """One request per stack, in `labels` order, each on a fresh random prompt once its stack is idle."""
     out = {}
     for label in labels:
@@ -235,8 +244,14 @@ def timed_round(
     return out
 
 
-def warm_up(running: dict[str, tuple[LocalStack, str]], rounds: int, prompt_len: int, max_tokens: int,
-            rng: random.Random, vocab: int) -> None:  # fmt: skip
+def warm_up(
+    running: dict[str, tuple[LocalStack, str]],
+    rounds: int,
+    prompt_len: int,
+    max_tokens: int,
+    rng: random.Random,
+    vocab: int,
+) -> None:
     """`rounds` untimed requests per stack, one stack after the other."""
     for _ in range(rounds):
         for _stack, url in running.values():

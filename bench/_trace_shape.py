@@ -24,7 +24,9 @@ class LengthShaping:
         return RequestSpec(spec.arrival_s, in_len, out_len)
 
 
-def thinned(trace: Sequence[RequestSpec], n: int, shaping: LengthShaping, shift: float = 0.0) -> list[RequestSpec]:
+def thinned(
+    trace: Sequence[RequestSpec], n: int, shaping: LengthShaping, shift: float = 0.0
+) -> list[RequestSpec]:
     """`n` rows evenly spaced over the whole trace, in order, lengths shaped, arrivals re-based to 0: the
     lengths follow the whole trace's distribution (a short contiguous window need not) and the gaps are
     those of the thinned arrival process. `shift` in [0, 1) moves every row that fraction of the spacing

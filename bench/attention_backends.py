@@ -110,7 +110,9 @@ class PagedPoint:
     kv_bytes: int  # what one step must read
 
 
-def paged_point(shape: Shape, batch: int, context: int, kv_cache: str, device: torch.device, seed: int = 0) -> PagedPoint:
+def paged_point(
+    shape: Shape, batch: int, context: int, kv_cache: str, device: torch.device, seed: int = 0
+) -> PagedPoint:
     """Random caches whose rows own scattered pages (the new token's key is the context's last)."""
     g = torch.Generator().manual_seed(seed)
     need = -(-context // PAGE)
@@ -133,7 +135,9 @@ def paged_point(shape: Shape, batch: int, context: int, kv_cache: str, device: t
 def general_step(point: PagedPoint, backend: str, context: int) -> Callable[[], object]:
     """One eager step: the batch's layout built as the engine builds it, then every layer's `attend`."""
     device, batch = point.q.device, point.q.shape[0]
-    slots = torch.tensor([t[(context - 1) // PAGE] * PAGE + (context - 1) % PAGE for t in point.tables], device=device)
+    slots = torch.tensor(
+        [t[(context - 1) // PAGE] * PAGE + (context - 1) % PAGE for t in point.tables], device=device
+    )
     scale = point.q.shape[-1] ** -0.5
 
     def step() -> None:
@@ -150,7 +154,9 @@ def static_step(point: PagedPoint, backend: str, context: int) -> Callable[[], o
     width = 1 << (-(-context // PAGE) - 1).bit_length()
     table = torch.tensor([t + [t[0]] * (width - len(t)) for t in point.tables], device=device)
     lens = torch.full((batch,), context, dtype=torch.long, device=device)
-    layout = StaticDecodeBatch(torch.zeros(batch, dtype=torch.long, device=device), table, lens, PAGE, backend)
+    layout = StaticDecodeBatch(
+        torch.zeros(batch, dtype=torch.long, device=device), table, lens, PAGE, backend
+    )
     scale = point.q.shape[-1] ** -0.5
 
     def step() -> None:
@@ -187,9 +193,15 @@ def triton_runs(device: torch.device) -> str | None:
 
 
 def measure(
-    shape_name: str, batches: list[int], contexts: list[int], backends: list[str], kv_caches: list[str],
-    device: torch.device, bandwidth: float, repeats: int,
-) -> list[Row]:  # fmt: skip
+    shape_name: str,
+    batches: list[int],
+    contexts: list[int],
+    backends: list[str],
+    kv_caches: list[str],
+    device: torch.device,
+    bandwidth: float,
+    repeats: int,
+) -> list[Row]:
     shape = SHAPES[shape_name]
     skip = triton_runs(device)
     if skip and "triton" in backends:
@@ -201,13 +213,20 @@ def measure(
             for batch in batches:
                 point = paged_point(shape, batch, context, kv_cache, device)
                 floor_ms = 1e3 * point.kv_bytes / bandwidth
-                runs = [("general", b) for b in backends if not (kv_cache == "int8" and b == "flex")]  # flex: no 8-bit
+                runs = [
+                    ("general", b) for b in backends if not (kv_cache == "int8" and b == "flex")
+                ]  # flex: no 8-bit
                 runs += [("static", b) for b in backends if b in STATIC_BACKENDS]
                 for path, backend in runs:
                     seconds = median_seconds(STEPS[path](point, backend, context), device, repeats)
-                    rows.append(Row(shape_name, path, backend, kv_cache, batch, context, 1e3 * seconds, floor_ms))
-                    print(f"attention {path} {backend} {kv_cache} batch {batch} context {context}: "
-                          f"{1e3 * seconds:.3f} ms, {rows[-1].percent_of_floor:.0f}% of the floor", flush=True)  # fmt: skip
+                    rows.append(
+                        Row(shape_name, path, backend, kv_cache, batch, context, 1e3 * seconds, floor_ms)
+                    )
+                    print(
+                        f"attention {path} {backend} {kv_cache} batch {batch} context {context}: "
+                        f"{1e3 * seconds:.3f} ms, {rows[-1].percent_of_floor:.0f}% of the floor",
+                        flush=True,
+                    )
                 del point
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
@@ -224,11 +243,16 @@ def print_table(rows: list[Row], caption: str) -> None:
         table.add_column(name)
     for path, backend in columns:
         table.add_column(f"{backend} ({path})")
-    points = sorted({(r.shape, r.kv_cache, r.batch, r.context) for r in rows}, key=lambda p: (p[0], p[1], p[3], p[2]))
+    points = sorted(
+        {(r.shape, r.kv_cache, r.batch, r.context) for r in rows}, key=lambda p: (p[0], p[1], p[3], p[2])
+    )
     for p in points:
         cells = {(r.path, r.backend): r for r in rows if (r.shape, r.kv_cache, r.batch, r.context) == p}
         floor = next(iter(cells.values())).floor_ms
-        out = [f"{c.step_ms:.3f} ({c.percent_of_floor:.0f}%)" if (c := cells.get(col)) else "-" for col in columns]
+        out = [
+            f"{c.step_ms:.3f} ({c.percent_of_floor:.0f}%)" if (c := cells.get(col)) else "-"
+            for col in columns
+        ]
         table.add_row(p[0], p[1], str(p[2]), str(p[3]), f"{floor:.3f}", *out)
     Console(width=200).print(table)  # a pipe would otherwise cut the cells to 80 columns
 
@@ -243,20 +267,28 @@ def as_json(rows: list[Row], bandwidth: float) -> dict:
 def run(args: argparse.Namespace, device: torch.device) -> tuple[list[Row], float]:
     bandwidth = copy_bandwidth(device, nbytes=(1 << 30) if device.type == "cuda" else (1 << 24))
     print(f"copy bandwidth: {bandwidth / 1e12:.2f} TB/s (read + written)", flush=True)
-    torch._dynamo.config.recompile_limit = 64  # flex compiles once per (batch, context) point: keep every one compiled
+    torch._dynamo.config.recompile_limit = (
+        64  # flex compiles once per (batch, context) point: keep every one compiled
+    )
     rows = []
     for shape in args.shapes:
-        rows += measure(shape, args.batches, args.contexts, args.backends, args.kv_caches, device, bandwidth, args.repeats)
+        rows += measure(
+            shape, args.batches, args.contexts, args.backends, args.kv_caches, device, bandwidth, args.repeats
+        )
     return rows, bandwidth
 
 
 def add_arguments(p: argparse.ArgumentParser, shapes: str = "llama-3.2-1b,llama-3.1-8b") -> None:
-    p.add_argument("--attention-shapes", dest="shapes", default=shapes,
-                   help=f"model shapes of the attention rows ({', '.join(SHAPES)})")
+    p.add_argument(
+        "--attention-shapes",
+        dest="shapes",
+        default=shapes,
+        help=f"model shapes of the attention rows ({', '.join(SHAPES)})",
+    )
     p.add_argument("--attention-batches", dest="batches", default="1,16,64")
     p.add_argument("--attention-contexts", dest="contexts", default="512,4096")
     p.add_argument("--attention-backends", dest="backends", default=",".join(BACKENDS))
-    p.add_argument("--attention-kv-caches", dest="kv_caches", default="auto,int8")  # fmt: skip
+    p.add_argument("--attention-kv-caches", dest="kv_caches", default="auto,int8")
 
 
 def finish_arguments(args: argparse.Namespace, dry_run: bool) -> None:
@@ -277,7 +309,9 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(p)
     p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--dry-run", action="store_true", help="the CPU at a tiny shape: checks the code, not the GPU")
+    p.add_argument(
+        "--dry-run", action="store_true", help="the CPU at a tiny shape: checks the code, not the GPU"
+    )
     p.add_argument("--out", type=Path, default=None, help="also write the rows as JSON")
     args = p.parse_args(argv)
     finish_arguments(args, args.dry_run)
@@ -287,13 +321,17 @@ def main(argv: list[str]) -> int:
     elif torch.cuda.is_available():
         device = torch.device("cuda")
     else:
-        print("bench/attention_backends.py needs a CUDA GPU; --dry-run runs the code on the CPU", file=sys.stderr)
+        print(
+            "bench/attention_backends.py needs a CUDA GPU; --dry-run runs the code on the CPU",
+            file=sys.stderr,
+        )
         return 2
     rows, bandwidth = run(args, device)
     caption = (
-        f"{torch.cuda.get_device_name()}, torch {torch.__version__}" if device.type == "cuda"
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+        if device.type == "cuda"
         else "dry run on the CPU, tiny shape: not a measurement"
-    )  # fmt: skip
+    )
     print_table(rows, caption)
     if args.out is not None:
         args.out.write_text(json.dumps({"caption": caption, **as_json(rows, bandwidth)}, indent=2) + "\n")

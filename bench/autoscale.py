@@ -47,8 +47,12 @@ AGREEMENT = 0.25
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.autoscale", description=__doc__.split("\n\n")[0])
-    p.add_argument("--traces", default=str(ROOT.parent / "shared" / "traces"), help="folder with the Azure CSVs")
-    p.add_argument("--profile", help="a `tandem profile` JSON or shipped name (default: Dynamo's H200 data, converted)")
+    p.add_argument(
+        "--traces", default=str(ROOT.parent / "shared" / "traces"), help="folder with the Azure CSVs"
+    )
+    p.add_argument(
+        "--profile", help="a `tandem profile` JSON or shipped name (default: Dynamo's H200 data, converted)"
+    )
     p.add_argument("--prefill-speedup", type=float, default=1.0)
     p.add_argument("--decode-speedup", type=float, default=1.0)
     p.add_argument("--slo-ttft-ms", type=float, default=1000.0)
@@ -58,14 +62,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stabilization-s", type=float, default=180.0)
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--rate-scale", type=float, default=1.0, help="send each request this many times")
-    p.add_argument("--interval-s", type=float, default=15.0, help="the policy's interval and the scrape interval")
-    p.add_argument("--decode-min", type=int, default=1, help="decode's minReplicas (a spare a flip can borrow)")
+    p.add_argument(
+        "--interval-s", type=float, default=15.0, help="the policy's interval and the scrape interval"
+    )
+    p.add_argument(
+        "--decode-min", type=int, default=1, help="decode's minReplicas (a spare a flip can borrow)"
+    )
     p.add_argument("--flip-s", type=float, default=2.0, help="tandem-flips: a drained worker's role change")
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--json", help="also write every row to this file")
-    p.add_argument("--validate", action="store_true", help="check the simulator against a real tandem up stack")
+    p.add_argument(
+        "--validate", action="store_true", help="check the simulator against a real tandem up stack"
+    )
     p.add_argument("--validate-requests", type=int, default=200, help="requests per load level")
-    p.add_argument("--validate-runs", type=int, default=3, help="runs of every load (the real stack's own spread)")
+    p.add_argument(
+        "--validate-runs", type=int, default=3, help="runs of every load (the real stack's own spread)"
+    )
     add_smoke(p)
     return p
 
@@ -76,12 +88,21 @@ def base_profile(args: argparse.Namespace) -> Profile:
 
 def replay(args: argparse.Namespace) -> list[dict[str, Any]]:
     profile = base_profile(args).scaled(args.prefill_speedup, args.decode_speedup)
-    limits = {Pool.prefill: PoolLimits(1, args.max_replicas), Pool.decode: PoolLimits(args.decode_min, args.max_replicas)}
+    limits = {
+        Pool.prefill: PoolLimits(1, args.max_replicas),
+        Pool.decode: PoolLimits(args.decode_min, args.max_replicas),
+    }
     sc = Scenario(
-        profile, Slo(args.slo_ttft_ms, args.slo_tpot_ms, 90), limits,
-        stabilization_s=args.stabilization_s, scale_down_cooldown_s=120.0, cold_start_s=args.cold_start_s,
-        interval_s=args.interval_s, scrape_s=args.interval_s, flip_s=args.flip_s,
-    )  # fmt: skip
+        profile,
+        Slo(args.slo_ttft_ms, args.slo_tpot_ms, 90),
+        limits,
+        stabilization_s=args.stabilization_s,
+        scale_down_cooldown_s=120.0,
+        cold_start_s=args.cold_start_s,
+        interval_s=args.interval_s,
+        scrape_s=args.interval_s,
+        flip_s=args.flip_s,
+    )
     rows = []
     for name in TRACES:
         path = Path(args.traces) / name
@@ -131,7 +152,9 @@ def validation_trace(n: int, rate_rps: float, traces: str) -> list[TraceRequest]
     span = source[-1].arrival_s or 1.0
     stretch = (n - 1) / rate_rps / span
     return [
-        TraceRequest(r.arrival_s * stretch, max(8, min(r.input_len // 8, 512)), max(2, min(r.output_len // 8, 48)))
+        TraceRequest(
+            r.arrival_s * stretch, max(8, min(r.input_len // 8, 512)), max(2, min(r.output_len // 8, 48))
+        )
         for r in source
     ]
 
@@ -143,7 +166,9 @@ def measure_real(url: str, model_dir: Path, trace: list[TraceRequest]) -> tuple[
 
     specs = [RequestSpec(r.arrival_s, r.input_len, r.output_len) for r in trace]
     outcome = asyncio.run(
-        run_workload(url, "completions", specs, vocab=load_vocabulary(model_dir), timeout_s=300, progress=False)
+        run_workload(
+            url, "completions", specs, vocab=load_vocabulary(model_dir), timeout_s=300, progress=False
+        )
     )
     ttft = [r.ttft_s * 1000 for r in outcome.results if r.ok and r.ttft_s is not None]
     tpot = [r.tpot_s * 1000 for r in outcome.results if r.ok and r.tpot_s is not None]
@@ -166,15 +191,28 @@ def validate(args: argparse.Namespace) -> list[dict[str, Any]]:
     from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
 
     kv_blocks = 1024
-    measured = profile_named(args.profile) if args.profile else shipped_profile("tiny-cpu")  # the stack's model
+    measured = (
+        profile_named(args.profile) if args.profile else shipped_profile("tiny-cpu")
+    )  # the stack's model
     profile = measured.model_copy(update={"kv_capacity_tokens": kv_blocks * 16})
     rows = []
     with tempfile.TemporaryDirectory(prefix="tandem-autoscale-") as tmp:
         model_dir = create_tiny_model(Path(tmp) / "model", TinySpec())  # the shipped profile's model
-        obj = service_object("validate", model_dir, mode="disaggregated", prefill=1, decode=1, threads=1, num_kv_blocks=kv_blocks)
+        obj = service_object(
+            "validate",
+            model_dir,
+            mode="disaggregated",
+            prefill=1,
+            decode=1,
+            threads=1,
+            num_kv_blocks=kv_blocks,
+        )
         with running_stacks({"1p1d": obj}, Path(tmp) / "state") as stacks:
             _, url = stacks["1p1d"]
-            mean_prompt = sum(r.input_len for r in validation_trace(args.validate_requests, 1.0, args.traces)) / args.validate_requests
+            mean_prompt = (
+                sum(r.input_len for r in validation_trace(args.validate_requests, 1.0, args.traces))
+                / args.validate_requests
+            )
             service_s = profile.prefill_ms(mean_prompt) / 1000
             measure_real(url, model_dir, validation_trace(12, 1.0, args.traces))  # warm-up, not measured
             # Calibrate at idle (one request at a time): the stack's own speed on this host, router and
@@ -184,22 +222,33 @@ def validate(args: argparse.Namespace) -> list[dict[str, Any]]:
             prefill_x = percentile(idle_sim[0], 50) / percentile(idle_real[0], 50)
             decode_x = percentile(idle_sim[1], 50) / percentile(idle_real[1], 50)
             calibrated = profile.scaled(prefill_x, decode_x, note="calibrated at idle against the real stack")
-            print(f"idle calibration: real prefill x{prefill_x:.2f}, decode x{decode_x:.2f} the profile's speed", flush=True)
+            print(
+                f"idle calibration: real prefill x{prefill_x:.2f}, decode x{decode_x:.2f} the profile's speed",
+                flush=True,
+            )
             loads = (0.2, 0.4, 0.6)  # offered prefill utilisation by the profile
-            traces = {load: validation_trace(args.validate_requests, load / service_s, args.traces) for load in loads}
+            traces = {
+                load: validation_trace(args.validate_requests, load / service_s, args.traces)
+                for load in loads
+            }
             real: dict[float, list[tuple[list[float], list[float]]]] = {load: [] for load in loads}
             for _ in range(args.validate_runs):  # loads interleaved, so host noise spreads over all of them
                 for load in loads:
                     real[load].append(measure_real(url, model_dir, traces[load]))
             for load in loads:
-                rows.append(agreement_row(load, traces[load], real[load], {"sim": profile, "cal": calibrated}))
+                rows.append(
+                    agreement_row(load, traces[load], real[load], {"sim": profile, "cal": calibrated})
+                )
                 rows[-1]["calibration"] = {"prefill": round(prefill_x, 3), "decode": round(decode_x, 3)}
                 print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
 def agreement_row(
-    load: float, trace: list[TraceRequest], runs: list[tuple[list[float], list[float]]], profiles: dict[str, Profile]
+    load: float,
+    trace: list[TraceRequest],
+    runs: list[tuple[list[float], list[float]]],
+    profiles: dict[str, Profile],
 ) -> dict[str, Any]:
     """The real stack's percentiles over its runs (median and spread) beside each simulated profile's, and
     whether the simulation lands within 25% of the real median."""
@@ -231,10 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     if rows:
         print(markdown(rows))
         source = args.profile or "Dynamo's H200 profile of Llama-3.1-8B-FP8 (converted)"
-        print(f"\nprofile: {source}, prefill x{args.prefill_speedup:g}, decode x{args.decode_speedup:g}; "
-              f"SLO TTFT {args.slo_ttft_ms:g} ms, TPOT {args.slo_tpot_ms:g} ms at p90; cold start {args.cold_start_s:g} s; "
-              f"interval and scrape {args.interval_s:g} s; rate x{args.rate_scale:g}; decode min {args.decode_min}; "
-              f"flip {args.flip_s:g} s")
+        print(
+            f"\nprofile: {source}, prefill x{args.prefill_speedup:g}, decode x{args.decode_speedup:g}; "
+            f"SLO TTFT {args.slo_ttft_ms:g} ms, TPOT {args.slo_tpot_ms:g} ms at p90; cold start {args.cold_start_s:g} s; "
+            f"interval and scrape {args.interval_s:g} s; rate x{args.rate_scale:g}; decode min {args.decode_min}; "
+            f"flip {args.flip_s:g} s"
+        )
         print(f"traces: {AZURE_ATTRIBUTION}")
     checks = validate(args) if args.validate else []
     if args.json:

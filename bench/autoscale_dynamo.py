@@ -62,23 +62,48 @@ from bench._anchor_search import Point, box_search, cost_at, count_search, paret
 from bench._anchor_sim import AUTO_POLICY, gpu_timeline, simulate_once
 from tandem.trace import AZURE_ATTRIBUTION, diurnal, load_trace, scale_rate, to_mooncake_jsonl, windows
 
-__all__ = ["Point", "box_search", "cost_at", "count_search", "pareto", "staircase"]  # the arithmetic, re-exported for callers
+__all__ = [
+    "Point",
+    "box_search",
+    "cost_at",
+    "count_search",
+    "pareto",
+    "staircase",
+]  # the arithmetic, re-exported for callers
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ("azure_llm_2023_conv.csv", "azure_llm_2023_code.csv")
 TANDEM_SETTINGS = [
     {"margin": m, "stabilization_s": s} for m, s in itertools.product((0.5, 0.8), (180.0, 600.0))
 ]
-AUTO_SETTINGS = [{"margin": 0.8, "stabilization_s": s} for s in (180.0, 600.0)]  # the shape rule at its defaults
-HPA_SETTINGS = [{"target": t} for t in (0.3, 0.6, 0.9)]  # of the engine's token budget / sequence limit per pod
+AUTO_SETTINGS = [
+    {"margin": 0.8, "stabilization_s": s} for s in (180.0, 600.0)
+]  # the shape rule at its defaults
+HPA_SETTINGS = [
+    {"target": t} for t in (0.3, 0.6, 0.9)
+]  # of the engine's token budget / sequence limit per pod
 DYNAMO_SETTINGS: list[tuple[str, dict[str, Any]]] = [
     ("dynamo:throughput", {}),
     ("dynamo:latency", {}),
-    ("dynamo:load", {"prefill_scale_up_queue_tokens": 16384, "prefill_scale_down_queue_tokens": 1024,
-                     "decode_scale_up_kv_rate": 0.7, "decode_scale_down_kv_rate": 0.3}),
-    ("dynamo:load", {"prefill_scale_up_queue_tokens": 4096, "prefill_scale_down_queue_tokens": 256,
-                     "decode_scale_up_kv_rate": 0.5, "decode_scale_down_kv_rate": 0.2}),
-]  # fmt: skip
+    (
+        "dynamo:load",
+        {
+            "prefill_scale_up_queue_tokens": 16384,
+            "prefill_scale_down_queue_tokens": 1024,
+            "decode_scale_up_kv_rate": 0.7,
+            "decode_scale_down_kv_rate": 0.3,
+        },
+    ),
+    (
+        "dynamo:load",
+        {
+            "prefill_scale_up_queue_tokens": 4096,
+            "prefill_scale_down_queue_tokens": 256,
+            "decode_scale_up_kv_rate": 0.5,
+            "decode_scale_down_kv_rate": 0.2,
+        },
+    ),
+]
 
 
 def _job(args: tuple[str, Case, str, str, dict[str, Any]]) -> tuple[Case, Point]:
@@ -94,31 +119,57 @@ def _job(args: tuple[str, Case, str, str, dict[str, Any]]) -> tuple[Case, Point]
         out = replay_once(replay_dir, case, policy, options)
     setting = policy if not options else f"{policy} {json.dumps(options, separators=(',', ':'))}"
     return case, Point(
-        family, setting, float(out["gpu_hours"]), float(out["slo_attainment"]),
-        float(out["reversals_per_hour"]), float(out["ttft_p90_ms"] or 0.0), float(out["tpot_p90_ms"] or 0.0),
-        float(out.get("shape_changes_per_hour", 0.0)), timeline,
-    )  # fmt: skip
+        family,
+        setting,
+        float(out["gpu_hours"]),
+        float(out["slo_attainment"]),
+        float(out["reversals_per_hour"]),
+        float(out["ttft_p90_ms"] or 0.0),
+        float(out["tpot_p90_ms"] or 0.0),
+        float(out.get("shape_changes_per_hour", 0.0)),
+        timeline,
+    )
 
 
 DAY_LOW, DAY_HIGH = 1.0, 8.0  # the diurnal curve's rate factors at 04:00 and 16:00
 
 
-def variants(requests: list[Any], short: str, scales: list[float], day_hour_s: float = 0.0,
-             window_count: int = 0) -> list[tuple[str, list[Any]]]:  # fmt: skip
+def variants(
+    requests: list[Any], short: str, scales: list[float], day_hour_s: float = 0.0, window_count: int = 0
+) -> list[tuple[str, list[Any]]]:
     """(label, requests) of one trace: at each rate scale; cut into `window_count` windows, each at each
     scale; and as a diurnal day if asked."""
     made = [(f"{short} x{k:g}", scale_rate(requests, k)) for k in scales]
     if window_count > 1:
         for i, (start, part) in enumerate(windows(requests, window_count)):
-            when = f"min {start / 60:.0f}-{(start + max(r.arrival_s for r in part)) / 60:.0f}" if part else "empty"
-            made += [(f"{short} x{k:g} window {i + 1}/{window_count} ({when})", scale_rate(part, k)) for k in scales if part]
+            when = (
+                f"min {start / 60:.0f}-{(start + max(r.arrival_s for r in part)) / 60:.0f}"
+                if part
+                else "empty"
+            )
+            made += [
+                (f"{short} x{k:g} window {i + 1}/{window_count} ({when})", scale_rate(part, k))
+                for k in scales
+                if part
+            ]
     if day_hour_s:
-        made.append((f"{short} day ({24 * day_hour_s / 3600:g} h)", diurnal(requests, 24, DAY_LOW, DAY_HIGH, day_hour_s)))
+        made.append(
+            (
+                f"{short} day ({24 * day_hour_s / 3600:g} h)",
+                diurnal(requests, 24, DAY_LOW, DAY_HIGH, day_hour_s),
+            )
+        )
     return made
 
 
-def traces(folder: Path, scales: list[float], out_dir: Path, day_hour_s: float = 0.0,
-           window_count: int = 0, only: tuple[str, ...] = ("conv", "code")) -> list[tuple[str, str]]:  # fmt: skip
+def traces(
+    folder: Path,
+    scales: list[float],
+    out_dir: Path,
+    day_hour_s: float = 0.0,
+    window_count: int = 0,
+    only: tuple[str, ...] = ("conv", "code"),
+) -> list[tuple[str, str]]:
     """(label, Mooncake JSONL path) of every variant of each Azure trace named in `only` (`variants`)."""
     made = []
     for name in TRACES:
@@ -148,8 +199,14 @@ def peak_label(day_label: str) -> str:
     return f"{day_label.split(' day ')[0]} x{DAY_HIGH:g}"
 
 
-def static_search(replay_dir: str, case: Case, target: float, cache: dict[str, dict[str, Any]],
-                  box: tuple[int, ...] | None = None, hint: tuple[int, int] | None = None) -> list[Point]:  # fmt: skip
+def static_search(
+    replay_dir: str,
+    case: Case,
+    target: float,
+    cache: dict[str, dict[str, Any]],
+    box: tuple[int, ...] | None = None,
+    hint: tuple[int, int] | None = None,
+) -> list[Point]:
     """The fixed pools replayed finding the cheapest that reaches `target`: the staircase over the whole
     budget (walking only pools cheaper than `hint` when that reaches it), or `box_search` inside (P, D) <= `box`."""
     memo: dict[tuple[int, int], Point] = {}
@@ -157,7 +214,11 @@ def static_search(replay_dir: str, case: Case, target: float, cache: dict[str, d
     def evaluate(p: int, d: int) -> float:
         if (p, d) not in memo:
             key = cache_key(case, f"static:{p},{d}", {})
-            memo[(p, d)] = Point(**cache[key]) if key in cache else _job((replay_dir, case, "static", f"static:{p},{d}", {}))[1]
+            memo[(p, d)] = (
+                Point(**cache[key])
+                if key in cache
+                else _job((replay_dir, case, "static", f"static:{p},{d}", {}))[1]
+            )
             print(f"{case.label} ttft {case.slo_ttft_ms:g}: {memo[(p, d)]}", file=sys.stderr, flush=True)
         return memo[(p, d)].attainment
 
@@ -168,14 +229,20 @@ def static_search(replay_dir: str, case: Case, target: float, cache: dict[str, d
     return list(memo.values())
 
 
-def colocated_search(replay_dir: str, case: Case, target: float, cache: dict[str, dict[str, Any]]) -> list[Point]:
+def colocated_search(
+    replay_dir: str, case: Case, target: float, cache: dict[str, dict[str, Any]]
+) -> list[Point]:
     """The fixed colocated pools replayed finding the fewest workers that reach `target` (`count_search`)."""
     memo: dict[int, Point] = {}
 
     def evaluate(n: int) -> float:
         if n not in memo:
             key = cache_key(case, f"colocated:{n}", {})
-            memo[n] = Point(**cache[key]) if key in cache else _job((replay_dir, case, "static", f"colocated:{n}", {}))[1]
+            memo[n] = (
+                Point(**cache[key])
+                if key in cache
+                else _job((replay_dir, case, "static", f"colocated:{n}", {}))[1]
+            )
             print(f"{case.label} ttft {case.slo_ttft_ms:g}: {memo[n]}", file=sys.stderr, flush=True)
         return memo[n].attainment
 
@@ -186,42 +253,80 @@ def colocated_search(replay_dir: str, case: Case, target: float, cache: dict[str
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.autoscale_dynamo", description=__doc__.split("\n\n")[0])
     p.add_argument("--replay-dir", default=str(ROOT.parent / "shared" / "tools" / "dynamo-replay"))
-    p.add_argument("--traces", default=str(ROOT.parent / "shared" / "traces"), help="folder with the Azure CSVs")
+    p.add_argument(
+        "--traces", default=str(ROOT.parent / "shared" / "traces"), help="folder with the Azure CSVs"
+    )
     p.add_argument("--rate-scales", default="1,8", help="arrival-rate multiples of each trace ('' for none)")
-    p.add_argument("--day-hour-s", type=float, default=0.0,
-                   help="also a diurnal day of each trace (rate x1 at 04:00 to x8 at 16:00), each hour of the curve "
-                        "this long (900: the day's curve in 6 h; 3600: a real day); 0: none")  # fmt: skip
-    p.add_argument("--start-small", action="store_true",
-                   help="scaling policies start from 1P+1D (as a day starts at night), not the cheapest fixed pool")
+    p.add_argument(
+        "--day-hour-s",
+        type=float,
+        default=0.0,
+        help="also a diurnal day of each trace (rate x1 at 04:00 to x8 at 16:00), each hour of the curve "
+        "this long (900: the day's curve in 6 h; 3600: a real day); 0: none",
+    )
+    p.add_argument(
+        "--start-small",
+        action="store_true",
+        help="scaling policies start from 1P+1D (as a day starts at night), not the cheapest fixed pool",
+    )
     p.add_argument("--trace-names", default="conv,code", help="which Azure traces (conv, code)")
-    p.add_argument("--windows", type=int, default=0,
-                   help="also each trace cut into this many consecutive windows, each a case at each rate scale")
+    p.add_argument(
+        "--windows",
+        type=int,
+        default=0,
+        help="also each trace cut into this many consecutive windows, each a case at each rate scale",
+    )
     p.add_argument("--slo-ttft-ms", default="2000,1000")
     p.add_argument("--slo-tpot-ms", type=float, default=50.0)
     p.add_argument("--startup-s", default="60", help="cold starts to replay (the static search ignores them)")
     p.add_argument("--max-gpus", type=int, default=16)
     p.add_argument("--target", type=float, default=0.95, help="joint SLO attainment to compare at")
-    p.add_argument("--families", default="static,dynamo,hpa,tandem",
-                   help="static (fixed split pools), colocated (fixed colocated pools, joining static's search), dynamo, "
-                        "hpa, tandem, auto (the shape as the autoscaler's choice: --referee simulate)")  # fmt: skip
-    p.add_argument("--referee", choices=["dynamo", "simulate"], default="dynamo",
-                   help="Dynamo's replay, or tandem's own simulator with the H200 profile converted (the only one that "
-                        "runs colocated pools and auto here)")  # fmt: skip
-    p.add_argument("--pool-hints", default="",
-                   help="'LABEL=P,D;...': a fixed pool believed to reach the target per case (from an earlier run); "
-                        "the search then walks only cheaper pools, and the same answer costs fewer replays")  # fmt: skip
-    p.add_argument("--quick", action="store_true",
-                   help="two settings per scaling family (tandem margin 0.8 at stabilisation 180 and 600 s; Dynamo's "
-                        "throughput and latency modes) for long traces")  # fmt: skip
+    p.add_argument(
+        "--families",
+        default="static,dynamo,hpa,tandem",
+        help="static (fixed split pools), colocated (fixed colocated pools, joining static's search), dynamo, "
+        "hpa, tandem, auto (the shape as the autoscaler's choice: --referee simulate)",
+    )
+    p.add_argument(
+        "--referee",
+        choices=["dynamo", "simulate"],
+        default="dynamo",
+        help="Dynamo's replay, or tandem's own simulator with the H200 profile converted (the only one that "
+        "runs colocated pools and auto here)",
+    )
+    p.add_argument(
+        "--pool-hints",
+        default="",
+        help="'LABEL=P,D;...': a fixed pool believed to reach the target per case (from an earlier run); "
+        "the search then walks only cheaper pools, and the same answer costs fewer replays",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="two settings per scaling family (tandem margin 0.8 at stabilisation 180 and 600 s; Dynamo's "
+        "throughput and latency modes) for long traces",
+    )
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--json", help="write every point and the summary rows here")
-    p.add_argument("--plot", help="write the Pareto plot (GPU-hours against joint attainment per family) here, PNG")
-    p.add_argument("--plot-from", type=Path,
-                   help="draw --plot from the points of an earlier --json (nothing is replayed)")  # fmt: skip
-    p.add_argument("--plot-day", help="write each day's GPUs over time (auto, split-only tandem, the cheapest fixed "
-                                      "pool) here, PNG (--referee simulate)")
-    p.add_argument("--cache", help="a JSON file of replays already run (read, then extended): reruns reuse them")
-    p.add_argument("--crosscheck", action="store_true", help="tandem simulate vs Dynamo's replay on fixed pools")
+    p.add_argument(
+        "--plot", help="write the Pareto plot (GPU-hours against joint attainment per family) here, PNG"
+    )
+    p.add_argument(
+        "--plot-from",
+        type=Path,
+        help="draw --plot from the points of an earlier --json (nothing is replayed)",
+    )
+    p.add_argument(
+        "--plot-day",
+        help="write each day's GPUs over time (auto, split-only tandem, the cheapest fixed "
+        "pool) here, PNG (--referee simulate)",
+    )
+    p.add_argument(
+        "--cache", help="a JSON file of replays already run (read, then extended): reruns reuse them"
+    )
+    p.add_argument(
+        "--crosscheck", action="store_true", help="tandem simulate vs Dynamo's replay on fixed pools"
+    )
     return p
 
 
@@ -243,17 +348,23 @@ def main(argv: list[str] | None = None) -> int:
     if a.plot_from:
         if not a.plot:
             raise SystemExit("--plot-from needs --plot FILE")
-        print(f"Pareto plot: {write_pareto_plot(points_from_json(json.loads(a.plot_from.read_text())), a.plot, a.target)}")
+        print(
+            f"Pareto plot: {write_pareto_plot(points_from_json(json.loads(a.plot_from.read_text())), a.plot, a.target)}"
+        )
         return 0
     families = set(a.families.split(","))
     scales = [float(x) for x in a.rate_scales.split(",") if x]
     with tempfile.TemporaryDirectory(prefix="tandem-anchor-") as tmp:
-        made = traces(Path(a.traces), scales, Path(tmp), a.day_hour_s, a.windows, tuple(a.trace_names.split(",")))
+        made = traces(
+            Path(a.traces), scales, Path(tmp), a.day_hour_s, a.windows, tuple(a.trace_names.split(","))
+        )
         if a.crosscheck:
             slo = float(a.slo_ttft_ms.split(",")[0])
             checks = [Case(path, label, slo, a.slo_tpot_ms, 0.0, a.max_gpus) for label, path in made]
             with ProcessPoolExecutor(a.jobs) as pool:
-                found = pool.map(crosscheck, [a.replay_dir] * len(checks), checks, [CROSSCHECK_SHAPES] * len(checks))
+                found = pool.map(
+                    crosscheck, [a.replay_dir] * len(checks), checks, [CROSSCHECK_SHAPES] * len(checks)
+                )
                 rows = [row for rs in found for row in rs]
             print(render_crosscheck(rows))
             if a.json:
@@ -261,16 +372,22 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         cases = [
             Case(path, label, float(ttft), a.slo_tpot_ms, float(startup), a.max_gpus, referee=a.referee)
-            for (label, path), ttft, startup in itertools.product(made, a.slo_ttft_ms.split(","), a.startup_s.split(","))
+            for (label, path), ttft, startup in itertools.product(
+                made, a.slo_ttft_ms.split(","), a.startup_s.split(",")
+            )
         ]
-        cache: dict[str, dict[str, Any]] = json.loads(Path(a.cache).read_text()) if a.cache and Path(a.cache).exists() else {}
+        cache: dict[str, dict[str, Any]] = (
+            json.loads(Path(a.cache).read_text()) if a.cache and Path(a.cache).exists() else {}
+        )
         points: dict[Case, list[Point]] = {}
         with ProcessPoolExecutor(a.jobs) as pool:
             statics: dict[tuple[str, float], list[Point]] = {}
             if "static" in families:  # one search per trace and SLO: a fixed pool has no cold start
                 days = {(c.trace, c.slo_ttft_ms): c for c in cases if " day " in c.label}
                 hours = {(c.trace, c.slo_ttft_ms): c for c in cases if " day " not in c.label}
-                statics = _static_searches(pool, a.replay_dir, hours, a.target, cache, {}, parse_hints(a.pool_hints))
+                statics = _static_searches(
+                    pool, a.replay_dir, hours, a.target, cache, {}, parse_hints(a.pool_hints)
+                )
                 _save(a.cache, cache)
                 # a day's search stays inside the box of its peak hour's cheapest pool (the day never runs faster)
                 by_label = {(c.label, c.slo_ttft_ms): k for k, c in hours.items()}
@@ -280,8 +397,10 @@ def main(argv: list[str] | None = None) -> int:
                     pool_size = _cheapest(statics[peak], a.target) if peak else None
                     hint = parse_hints(a.pool_hints).get(peak_label(c.label))
                     if pool_size is None and hint is None:
-                        raise SystemExit(f"{c.label}: the day's fixed-pool search is bounded by the peak hour's pool; "
-                                         f"add {DAY_HIGH:g} to --rate-scales or give it in --pool-hints")  # fmt: skip
+                        raise SystemExit(
+                            f"{c.label}: the day's fixed-pool search is bounded by the peak hour's pool; "
+                            f"add {DAY_HIGH:g} to --rate-scales or give it in --pool-hints"
+                        )
                     boxes[k] = tuple(int(x) for x in pool_size.split(",")) if pool_size else hint
                 statics |= _static_searches(pool, a.replay_dir, days, a.target, cache, boxes)
                 _save(a.cache, cache)
@@ -294,7 +413,10 @@ def main(argv: list[str] | None = None) -> int:
                 _save(a.cache, cache)
             # every scaling policy starts warm, from the cheapest fixed pool of its case (1,1 if none or --start-small)
             cheapest = {k: _cheapest(ps, a.target) for k, ps in statics.items()}
-            cases = [replace(c, init="1,1" if a.start_small else cheapest.get((c.trace, c.slo_ttft_ms)) or "1,1") for c in cases]
+            cases = [
+                replace(c, init="1,1" if a.start_small else cheapest.get((c.trace, c.slo_ttft_ms)) or "1,1")
+                for c in cases
+            ]
             points = {c: list(statics.get((c.trace, c.slo_ttft_ms), [])) for c in cases}
             jobs = []
             for job in _jobs(a.replay_dir, cases, families, a.quick):
@@ -307,7 +429,10 @@ def main(argv: list[str] | None = None) -> int:
                 points[case].append(point)
                 cache[cache_key(case, job[3], job[4])] = asdict(point)
                 _save(a.cache, cache)
-                print(f"{case.label} ttft {case.slo_ttft_ms:g} cold {case.startup_s:g}: {point}", file=sys.stderr)
+                print(
+                    f"{case.label} ttft {case.slo_ttft_ms:g} cold {case.startup_s:g}: {point}",
+                    file=sys.stderr,
+                )
     rows = summarise(points, a.target)
     print(render(rows, a.target))
     print(f"\nTraces: {AZURE_ATTRIBUTION}")
@@ -315,24 +440,44 @@ def main(argv: list[str] | None = None) -> int:
         panels = {panel_title(c): ps for c, ps in points.items()}
         print(f"Pareto plot: {write_pareto_plot(panels, a.plot, a.target)}")
     if a.plot_day:
-        days = {f"{c.label}, TTFT {c.slo_ttft_ms / 1000:g} s, cold start {c.startup_s:g} s": ps
-                for c, ps in points.items() if " day " in c.label}  # fmt: skip
+        days = {
+            f"{c.label}, TTFT {c.slo_ttft_ms / 1000:g} s, cold start {c.startup_s:g} s": ps
+            for c, ps in points.items()
+            if " day " in c.label
+        }
         print(f"Day plot: {write_day_plot(days, a.plot_day, a.target, a.day_hour_s)}")
     if a.json:
-        Path(a.json).write_text(json.dumps({
-            "rows": rows,
-            "points": [{"case": asdict(c), **asdict(p), "gpus_over_time": None} for c, ps in points.items() for p in ps],
-        }, indent=1))  # fmt: skip
+        Path(a.json).write_text(
+            json.dumps(
+                {
+                    "rows": rows,
+                    "points": [
+                        {"case": asdict(c), **asdict(p), "gpus_over_time": None}
+                        for c, ps in points.items()
+                        for p in ps
+                    ],
+                },
+                indent=1,
+            )
+        )
     return 0
 
 
-def _static_searches(pool: ProcessPoolExecutor, replay_dir: str, cases: dict[tuple[str, float], Case], target: float,
-                     cache: dict[str, dict[str, Any]], boxes: dict[tuple[str, float], tuple[int, ...]],
-                     hints: dict[str, tuple[int, int]] | None = None) -> dict[tuple[str, float], list[Point]]:  # fmt: skip
+def _static_searches(
+    pool: ProcessPoolExecutor,
+    replay_dir: str,
+    cases: dict[tuple[str, float], Case],
+    target: float,
+    cache: dict[str, dict[str, Any]],
+    boxes: dict[tuple[str, float], tuple[int, ...]],
+    hints: dict[str, tuple[int, int]] | None = None,
+) -> dict[tuple[str, float], list[Point]]:
     """Each case's fixed-pool search, in parallel; every replay joins the cache as its search ends."""
     hints = hints or {}
-    done = {k: pool.submit(static_search, replay_dir, c, target, cache, boxes.get(k), hints.get(c.label))
-            for k, c in cases.items()}  # fmt: skip
+    done = {
+        k: pool.submit(static_search, replay_dir, c, target, cache, boxes.get(k), hints.get(c.label))
+        for k, c in cases.items()
+    }
     found = {}
     for k, future in done.items():
         found[k] = future.result()
@@ -348,14 +493,20 @@ def _save(path: str | None, cache: dict[str, dict[str, Any]]) -> None:
 
 def _cheapest(points: list[Point], target: float) -> str | None:
     """The cheapest fixed split pool that reaches `target`, as "P,D" (where scaling policies start); None if none does."""
-    reaching = [p for p in points if p.attainment >= target and p.setting.startswith("static:")]  # split pools
+    reaching = [
+        p for p in points if p.attainment >= target and p.setting.startswith("static:")
+    ]  # split pools
     if not reaching:
         return None
     return min(reaching, key=lambda p: p.gpu_hours).setting.removeprefix("static:")
 
 
-QUICK_SETTINGS = {"tandem": [TANDEM_SETTINGS[2], TANDEM_SETTINGS[3]], "dynamo": DYNAMO_SETTINGS[:2], "hpa": HPA_SETTINGS[1:2],
-                  "auto": AUTO_SETTINGS}  # fmt: skip
+QUICK_SETTINGS = {
+    "tandem": [TANDEM_SETTINGS[2], TANDEM_SETTINGS[3]],
+    "dynamo": DYNAMO_SETTINGS[:2],
+    "hpa": HPA_SETTINGS[1:2],
+    "auto": AUTO_SETTINGS,
+}
 
 
 def _jobs(
@@ -365,21 +516,29 @@ def _jobs(
     tandem = QUICK_SETTINGS["tandem"] if quick else TANDEM_SETTINGS
     hpa = QUICK_SETTINGS["hpa"] if quick else HPA_SETTINGS
     return [
-            (replay_dir, c, fam, pol, opt)
-            for c in cases
-            for fam, pol, opt in (
-                [("dynamo", pol, opt) for pol, opt in dynamo] * ("dynamo" in families)
-                + [("tandem", "module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy", opt) for opt in tandem] * ("tandem" in families)
-                + [("hpa", HPA_POLICY, opt) for opt in hpa] * ("hpa" in families)
-                + [("auto", AUTO_POLICY, opt) for opt in AUTO_SETTINGS] * ("auto" in families)
-            )
-    ]  # fmt: skip
+        (replay_dir, c, fam, pol, opt)
+        for c in cases
+        for fam, pol, opt in (
+            [("dynamo", pol, opt) for pol, opt in dynamo] * ("dynamo" in families)
+            + [
+                ("tandem", "module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy", opt)
+                for opt in tandem
+            ]
+            * ("tandem" in families)
+            + [("hpa", HPA_POLICY, opt) for opt in hpa] * ("hpa" in families)
+            + [("auto", AUTO_POLICY, opt) for opt in AUTO_SETTINGS] * ("auto" in families)
+        )
+    ]
 
 
 def summarise(points: dict[Case, list[Point]], target: float) -> list[dict[str, Any]]:
     rows = []
     for case, ps in points.items():
-        row: dict[str, Any] = {"trace": case.label, "slo_ttft_ms": case.slo_ttft_ms, "startup_s": case.startup_s}
+        row: dict[str, Any] = {
+            "trace": case.label,
+            "slo_ttft_ms": case.slo_ttft_ms,
+            "startup_s": case.startup_s,
+        }
         for family in ("static", "dynamo", "hpa", "tandem", "auto"):
             mine = [p for p in ps if p.family == family]
             if not mine:
@@ -411,8 +570,10 @@ def render(rows: list[dict[str, Any]], target: float) -> str:
         how = r.get(f"{family}_how", "")
         return how if r.get(family) is None else f"{r[family]:.2f} ({how})"
 
-    head = (f"| trace | TTFT SLO ms | cold start s | cheapest fixed pool GPU-h at {target:.0%} | Dynamo planner | HPA "
-            "| tandem | tandem / fixed | tandem / Dynamo | tandem reversals/h | auto | auto / fixed | auto shape changes/h |")  # fmt: skip
+    head = (
+        f"| trace | TTFT SLO ms | cold start s | cheapest fixed pool GPU-h at {target:.0%} | Dynamo planner | HPA "
+        "| tandem | tandem / fixed | tandem / Dynamo | tandem reversals/h | auto | auto / fixed | auto shape changes/h |"
+    )
     lines = [head, "| " + " | ".join(["---"] * 13) + " |"]
     for r in rows:
         lines.append(
@@ -420,7 +581,7 @@ def render(rows: list[dict[str, Any]], target: float) -> str:
             f"| {cost(r, 'dynamo')} | {cost(r, 'hpa')} | {cost(r, 'tandem')} "
             f"| {fmt(r.get('tandem_vs_static'))} | {fmt(r.get('tandem_vs_dynamo'))} | {fmt(r.get('tandem_reversals_per_hour'))} "
             f"| {cost(r, 'auto')} | {fmt(r.get('auto_vs_static'))} | {fmt(r.get('auto_shape_changes_per_hour'))} |"
-        )  # fmt: skip
+        )
     return "\n".join(lines)
 
 

@@ -53,9 +53,13 @@ def run_hf(model, prompts: list[list[int]], lengths: list[int], batch: int) -> f
         longest = max(lengths[i : i + batch])
         with torch.no_grad():
             model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=longest, min_new_tokens=longest,
-                do_sample=False, pad_token_id=0,
-            )  # fmt: skip
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=longest,
+                min_new_tokens=longest,
+                do_sample=False,
+                pad_token_id=0,
+            )
     return now() - start
 
 
@@ -71,8 +75,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--out", type=Path, default=None)
     add_smoke(p)
-    return smoke_sizes(p.parse_args(argv), batch=2, requests=4, prompt_len=8, min_output=2, max_output=6, hidden=64,
-                       layers=2)
+    return smoke_sizes(
+        p.parse_args(argv), batch=2, requests=4, prompt_len=8, min_output=2, max_output=6, hidden=64, layers=2
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -80,7 +85,14 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = create_tiny_model(
-            Path(tmp), TinySpec(hidden=args.hidden, layers=args.layers, heads=8, kv_heads=4, intermediate=args.hidden * 11 // 4)
+            Path(tmp),
+            TinySpec(
+                hidden=args.hidden,
+                layers=args.layers,
+                heads=8,
+                kv_heads=4,
+                intermediate=args.hidden * 11 // 4,
+            ),
         )
         config = engine_config(args.batch, args.prompt_len, args.max_output)
         config.max_running_sequences = args.batch
@@ -90,7 +102,9 @@ def main(argv: list[str]) -> int:
         vocab = engine.model.config.vocab_size
         prompts = random_prompts(args.requests, args.prompt_len, vocab, seed=7)
         lengths = output_lengths(args.requests, args.min_output, args.max_output, seed=7)
-        run_ours(engine, random_prompts(args.batch, args.prompt_len, vocab, seed=1), [4] * args.batch)  # warm up
+        run_ours(
+            engine, random_prompts(args.batch, args.prompt_len, vocab, seed=1), [4] * args.batch
+        )  # warm up
         run_hf(hf, random_prompts(args.batch, args.prompt_len, vocab, seed=1), [4] * args.batch, args.batch)
         ours_s = run_ours(engine, prompts, lengths)
         hf_s = run_hf(hf, prompts, lengths, args.batch)

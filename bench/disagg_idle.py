@@ -59,13 +59,21 @@ def cpu_seconds(pid: int) -> float:
 
 def stack_cpu(running: dict) -> dict[str, dict[str, float]]:
     """CPU seconds so far of every process of every stack: {stack: {process name: seconds}}."""
-    return {mode: {name: cpu_seconds(proc.pid) for name, proc in stack.running.items()} for mode, (stack, _) in running.items()}
+    return {
+        mode: {name: cpu_seconds(proc.pid) for name, proc in stack.running.items()}
+        for mode, (stack, _) in running.items()
+    }
 
 
-def cpu_per_token(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], tokens: dict[str, int]) -> dict:
+def cpu_per_token(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], tokens: dict[str, int]
+) -> dict:
     """CPU milliseconds per output token of each stack's processes between two readings (pure)."""
     return {
-        mode: {name: round(1000 * (after[mode][name] - before[mode].get(name, 0.0)) / max(1, tokens[mode]), 3) for name in after[mode]}
+        mode: {
+            name: round(1000 * (after[mode][name] - before[mode].get(name, 0.0)) / max(1, tokens[mode]), 3)
+            for name in after[mode]
+        }
         for mode in after
     }
 
@@ -115,14 +123,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--threads", type=int, default=1, help="torch threads of every worker")
-    p.add_argument("--quiet-load", type=float, default=float(os.cpu_count() or 2),
-                   help="where other processes' CPU time cannot be read: the highest 1-minute load average "
-                   "a verdict is called at")  # fmt: skip
+    p.add_argument(
+        "--quiet-load",
+        type=float,
+        default=float(os.cpu_count() or 2),
+        help="where other processes' CPU time cannot be read: the highest 1-minute load average "
+        "a verdict is called at",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     add_smoke(p)
-    return smoke_sizes(p.parse_args(argv), runs=1, requests=1, warmup=0, prompt_len=16, max_tokens=3, hidden=64,
-                       layers=2)
+    return smoke_sizes(
+        p.parse_args(argv), runs=1, requests=1, warmup=0, prompt_len=16, max_tokens=3, hidden=64, layers=2
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -134,7 +147,9 @@ def main(argv: list[str]) -> int:
         model_dir = make_model(Path(tmp) / "model", shape)
         vocab = vocab_size(model_dir)
         blocks = 4 * (args.prompt_len + args.max_tokens) // 16 + 64
-        common = dict(threads=args.threads, num_kv_blocks=blocks, max_context=args.prompt_len + args.max_tokens + 64)
+        common = dict(
+            threads=args.threads, num_kv_blocks=blocks, max_context=args.prompt_len + args.max_tokens + 64
+        )
         objects = {
             COLOCATED: service_object("idle-colo", model_dir, mode="colocated", **common),
             DISAGGREGATED: service_object(
@@ -151,13 +166,18 @@ def main(argv: list[str]) -> int:
                 loads = [load_average()]
                 tokens = dict.fromkeys(modes, 0)
                 cpu_before = stack_cpu(running)
-                meter = CpuMeter(lambda: [os.getpid(), *(p.pid for s, _ in running.values() for p in s.running.values())]).start()
+                meter = CpuMeter(
+                    lambda: [os.getpid(), *(p.pid for s, _ in running.values() for p in s.running.values())]
+                ).start()
                 for i in range(args.requests):
                     # two stacks: the order flips every request
-                    for mode, t in timed_round(running, round_order(modes, i + run), args.prompt_len,
-                                               args.max_tokens, rng, vocab).items():  # fmt: skip
+                    for mode, t in timed_round(
+                        running, round_order(modes, i + run), args.prompt_len, args.max_tokens, rng, vocab
+                    ).items():
                         if t.tpot_s is None:
-                            raise RuntimeError(f"{mode}: one token came back; --max-tokens must be at least 2")
+                            raise RuntimeError(
+                                f"{mode}: one token came back; --max-tokens must be at least 2"
+                            )
                         ttft[mode].append(t.ttft_s)
                         tpot[mode].append(t.tpot_s)
                         tokens[mode] += args.max_tokens
@@ -177,7 +197,10 @@ def main(argv: list[str]) -> int:
     result = {
         "runs": runs,
         "verdict": verdict(runs, args.quiet_load),
-        "config": {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "model": vars(shape.tiny_spec())},
+        "config": {
+            **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "model": vars(shape.tiny_spec()),
+        },
         "wall_s": round(time.monotonic() - started, 1),
     }
     print(report(result))
@@ -206,12 +229,16 @@ def report(result: dict) -> str:
         f"| TPOT, ms | {spread(col('tpot_ms', COLOCATED), '{:.2f}')} | {spread(col('tpot_ms', DISAGGREGATED), '{:.2f}')} "
         f"| {spread([r['tpot_ratio'] for r in runs])} |",
         "",
-        "CPU ms per output token, per process (median (min-max) over runs): " + "; ".join(
+        "CPU ms per output token, per process (median (min-max) over runs): "
+        + "; ".join(
             f"{mode} {name} {spread([r['cpu_ms_per_token'][mode][name] for r in runs], '{:.2f}')}"
-            for mode in runs[0]["cpu_ms_per_token"] for name in runs[0]["cpu_ms_per_token"][mode]
+            for mode in runs[0]["cpu_ms_per_token"]
+            for name in runs[0]["cpu_ms_per_token"][mode]
         ),
-        "load average (1 min) at the start and end of each run: " + "; ".join(str(r["load_average"]) for r in runs)
-        + "; CPU share other processes used, per run: " + ", ".join(_share(r.get("foreign_cpu_share")) for r in runs),
+        "load average (1 min) at the start and end of each run: "
+        + "; ".join(str(r["load_average"]) for r in runs)
+        + "; CPU share other processes used, per run: "
+        + ", ".join(_share(r.get("foreign_cpu_share")) for r in runs),
         result["verdict"],
     ]
     return "\n".join(lines)

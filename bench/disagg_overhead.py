@@ -108,8 +108,9 @@ def main(argv: list[str]) -> int:
             before = {label: _prefill_counters(port) for label, port in prefill_metrics.items()}
             ttfts: dict[str, list[float]] = {label: [] for label in labels}
             for rep in range(args.repeat):
-                for label, t in timed_round(running, round_order(labels, rep), args.prompt_len, args.max_tokens,
-                                            rng, vocab).items():  # fmt: skip
+                for label, t in timed_round(
+                    running, round_order(labels, rep), args.prompt_len, args.max_tokens, rng, vocab
+                ).items():
                     ttfts[label].append(t.ttft_s)
                     print(f"  rep {rep} {label:<12} TTFT {1000 * t.ttft_s:8.1f} ms", flush=True)
             after = {label: _prefill_counters(port) for label, port in prefill_metrics.items()}

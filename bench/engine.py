@@ -149,7 +149,11 @@ def median_timing(runs: list[RunTiming]) -> tuple[float, float]:
 
 
 def rows_for(
-    batch: int, prompt_len: int, ours: list[RunTiming], hf: list[RunTiming], floors: dict[str, float] | None = None
+    batch: int,
+    prompt_len: int,
+    ours: list[RunTiming],
+    hf: list[RunTiming],
+    floors: dict[str, float] | None = None,
 ) -> list[Row]:
     (op, od), (hp, hd) = median_timing(ours), median_timing(hf)
     floors = floors or {}
@@ -177,11 +181,15 @@ def bench_batch(
         ours.append(time_engine(engine, prompts, args.new_tokens))
         torch.set_num_threads(args.threads)
         hf_runs.append(time_hf(hf, prompts, args.new_tokens))
-        for phase, runs in floor_runs.items() if args.tensor_parallel == 1 else ():  # beside each run, so the same background load touches all three
+        for phase, runs in (
+            floor_runs.items() if args.tensor_parallel == 1 else ()
+        ):  # beside each run, so the same background load touches all three
             runs.append(floor_tok_s(engine.model, phase, batch, args.prompt_len))
         log(f"  batch {batch} run {rep + 1}: ours {fmt_run(ours[-1])} | transformers {fmt_run(hf_runs[-1])}")
     floors = {phase: statistics.median(runs) for phase, runs in floor_runs.items() if runs}
-    if engine.model.config.num_experts or args.tensor_parallel > 1:  # the floor times one model's nn.Linear layers
+    if (
+        engine.model.config.num_experts or args.tensor_parallel > 1
+    ):  # the floor times one model's nn.Linear layers
         floors = {}
     rows = rows_for(batch, args.prompt_len, ours, hf_runs, floors)
     if args.tensor_parallel > 1:
@@ -249,23 +257,44 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--intermediate", type=int, default=1408)
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--arch", choices=list(TINY_ARCHITECTURES), default=d.arch, help="the random model's architecture")
-    p.add_argument("--experts", type=int, default=d.experts, help="mixtral, qwen2_moe: routed experts per layer")
-    p.add_argument("--experts-per-token", type=int, default=d.experts_per_token, help="mixtral, qwen2_moe: top k")
+    p.add_argument(
+        "--arch", choices=list(TINY_ARCHITECTURES), default=d.arch, help="the random model's architecture"
+    )
+    p.add_argument(
+        "--experts", type=int, default=d.experts, help="mixtral, qwen2_moe: routed experts per layer"
+    )
+    p.add_argument(
+        "--experts-per-token", type=int, default=d.experts_per_token, help="mixtral, qwen2_moe: top k"
+    )
     p.add_argument(
         "--clock", choices=["wall", "cpu"], default="wall", help="cpu: this process's CPU time (shared hosts)"
     )
     p.add_argument("--attention", default="sdpa", help="our engine's attention backend (sdpa | flex)")
     p.add_argument(
-        "--decode-step", choices=["eager", "compiled"], default="eager",
+        "--decode-step",
+        choices=["eager", "compiled"],
+        default="eager",
         help="our engine's pure-decode steps: the general path, or the static-shape torch.compiled step",
-    )  # fmt: skip
-    p.add_argument("--tensor-parallel", type=int, default=1, help="ranks our model is split across (gloo on the CPU)")
+    )
+    p.add_argument(
+        "--tensor-parallel", type=int, default=1, help="ranks our model is split across (gloo on the CPU)"
+    )
     p.add_argument("--no-mixed", action="store_true", help="skip the mixed-length row")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
     add_smoke(p)
-    args = smoke_sizes(p.parse_args(argv), threads=1, batches="1,2", prompt_len=8, new_tokens=4, repeats=1, hidden=64,
-                       layers=2, heads=4, kv_heads=2, intermediate=128)
+    args = smoke_sizes(
+        p.parse_args(argv),
+        threads=1,
+        batches="1,2",
+        prompt_len=8,
+        new_tokens=4,
+        repeats=1,
+        hidden=64,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        intermediate=128,
+    )
     args.batch_sizes = [int(b) for b in args.batches.split(",")]
     if args.tensor_parallel > 1 and args.clock == "cpu":
         p.error("--tensor-parallel times wall clock: the other ranks' CPU time is not this process's")
@@ -298,7 +327,9 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict:
         from tandem.worker.engine.runner.compiled import warm_up
 
         warm_up(engine)
-        log(f"decode step: {len(engine.decode_step.start_shapes)} buckets warmed up in {engine.decode_step.warm_up_seconds:.1f} s")
+        log(
+            f"decode step: {len(engine.decode_step.start_shapes)} buckets warmed up in {engine.decode_step.warm_up_seconds:.1f} s"
+        )
     hf = load_hf(model_dir, torch.float32)
     vocab = engine.model.config.vocab_size
     params = sum(p.numel() for p in hf.parameters())  # the whole model (a tensor-parallel rank holds a share)

@@ -35,10 +35,22 @@ from tandem import names
 OUTPUT_TOKENS = 24
 DEADLINE_S = 60.0  # a client gives up on a request after this long: counted as lost
 BAD_BODIES = [
-    {"seed": -(2**63) - 1}, {"seed": 2**64}, {"top_k": 2**40}, {"top_k": -5}, {"stop_token_ids": [-1]},
-    {"max_tokens": 2**40}, {"max_tokens": 0}, {"logprobs": 5}, {"temperature": -1}, {"top_p": 0},
-    {"stop": [""]}, {"prompt": [10**9]}, {"prompt": 7}, {"n": 3}, {"model": "nope"},
-]  # fmt: skip
+    {"seed": -(2**63) - 1},
+    {"seed": 2**64},
+    {"top_k": 2**40},
+    {"top_k": -5},
+    {"stop_token_ids": [-1]},
+    {"max_tokens": 2**40},
+    {"max_tokens": 0},
+    {"logprobs": 5},
+    {"temperature": -1},
+    {"top_p": 0},
+    {"stop": [""]},
+    {"prompt": [10**9]},
+    {"prompt": 7},
+    {"n": 3},
+    {"model": "nope"},
+]
 
 
 @dataclass
@@ -58,7 +70,9 @@ class Load:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(self.clients)]
+        self._threads = [
+            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(self.clients)
+        ]
         for t in self._threads:
             t.start()
 
@@ -88,9 +102,14 @@ def one_stream(http: httpx.Client, url: str, prompt: str) -> str:
     """ok: every token and [DONE]; failed: an HTTP error answer, a refused connection or an error event;
     lost: anything else (cut mid-stream, truncated, past the deadline)."""
     body = {
-        "model": SERVED_NAME, "prompt": prompt, "max_tokens": OUTPUT_TOKENS, "ignore_eos": True,
-        "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
-    }  # fmt: skip
+        "model": SERVED_NAME,
+        "prompt": prompt,
+        "max_tokens": OUTPUT_TOKENS,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     tokens, done, error = 0, False, False
     try:
         with http.stream("POST", f"{url}/v1/completions", json=body) as resp:
@@ -120,7 +139,13 @@ def routable(url: str, role: str) -> int:
     except httpx.HTTPError:
         return 0
     prefix = names.ROUTER_ROUTABLE_WORKERS + "{"
-    return int(sum(float(li.split()[-1]) for li in text.splitlines() if li.startswith(prefix) and f'role="{role}"' in li))
+    return int(
+        sum(
+            float(li.split()[-1])
+            for li in text.splitlines()
+            if li.startswith(prefix) and f'role="{role}"' in li
+        )
+    )
 
 
 def whole(url: str, stack) -> bool:
@@ -140,8 +165,9 @@ def held_blocks(stack, timeout_s: float = 30.0) -> int:
     held = -1
     while time.monotonic() < deadline:
         try:
-            reports = [worker_load(p) for p in stack.plans
-                       if p.role != "router" and p.name in stack.running]  # a drained worker has left
+            reports = [
+                worker_load(p) for p in stack.plans if p.role != "router" and p.name in stack.running
+            ]  # a drained worker has left
         except Exception:  # a worker still restarting
             time.sleep(0.5)
             continue
@@ -171,7 +197,9 @@ def bad_input(url: str, stats: dict) -> Callable[[], Callable[[], bool]]:
                 r = http.post(f"{url}/v1/completions", json=body)
                 stats["5xx"] = stats.get("5xx", 0) + (r.status_code >= 500)
             for raw in (b"{", b"[]", b'{"model": "' + SERVED_NAME.encode() + b'", "prompt": "\\ud800"}'):
-                r = http.post(f"{url}/v1/completions", content=raw, headers={"content-type": "application/json"})
+                r = http.post(
+                    f"{url}/v1/completions", content=raw, headers={"content-type": "application/json"}
+                )
                 stats["5xx"] += r.status_code >= 500
         return lambda: True
 
@@ -189,17 +217,24 @@ def run(clients: int, settle_s: float, state: Path, repeat: int = 1) -> list[tup
             while routable(url, role) < 2 and time.monotonic() < deadline:
                 time.sleep(0.5)
         stats: dict = {}
-        kills = [(f"kill -9 {role}" + (f" #{r + 1}" if repeat > 1 else ""), kill(stack, name))
-                 for r in range(repeat)
-                 for role, name in (("prefill worker", f"prefill-{r % 2}"), ("decode worker", f"decode-{r % 2}"),
-                                    ("router", "router"))]
+        kills = [
+            (f"kill -9 {role}" + (f" #{r + 1}" if repeat > 1 else ""), kill(stack, name))
+            for r in range(repeat)
+            for role, name in (
+                ("prefill worker", f"prefill-{r % 2}"),
+                ("decode worker", f"decode-{r % 2}"),
+                ("router", "router"),
+            )
+        ]
         faults = [
             *kills,
             ("100 malformed requests", bad_input(url, stats)),
         ]
         names_ = [p.name for p in stack.plans]
         for label, fault in faults:
-            missing = [n for n in ("prefill-0", "prefill-1", "decode-0", "decode-1", "router") if n not in names_]
+            missing = [
+                n for n in ("prefill-0", "prefill-1", "decode-0", "decode-1", "router") if n not in names_
+            ]
             if missing:
                 raise RuntimeError(f"no process named {missing} in the plan: {names_}")
             load = Load(url, clients)
@@ -221,8 +256,11 @@ def run(clients: int, settle_s: float, state: Path, repeat: int = 1) -> list[tup
             lost = sum(o.kind == "lost" for o in outcomes)
             note = f"{stats.get('5xx', 0)} answered 5xx" if label.startswith("100") else ""
             rows.append((label, sent, failed, lost, leaked, recovered, note))
-            print(f"  {label}: {sent} sent, {failed} failed, {lost} lost, {leaked} blocks held, "
-                  f"whole again after {recovered if recovered is None else round(recovered, 1)} s {note}", flush=True)  # fmt: skip
+            print(
+                f"  {label}: {sent} sent, {failed} failed, {lost} lost, {leaked} blocks held, "
+                f"whole again after {recovered if recovered is None else round(recovered, 1)} s {note}",
+                flush=True,
+            )
     return rows
 
 
@@ -236,30 +274,50 @@ def soak(args: argparse.Namespace, state: Path) -> None:
     with running_stacks({"soak": obj}, state) as stacks:
         stack, url = stacks["soak"]
         pools = LocalPools(stack, parse_object(obj), Path.cwd(), state / "soak" / "workers.json")
-        run_ = Soak(stack, url, pools, SERVED_NAME, args.trace, args.soak_minutes, rate_rps=args.rate,
-                    cycle_s=args.cycle, warmup_s=args.warmup)
+        run_ = Soak(
+            stack,
+            url,
+            pools,
+            SERVED_NAME,
+            args.trace,
+            args.soak_minutes,
+            rate_rps=args.rate,
+            cycle_s=args.cycle,
+            warmup_s=args.warmup,
+        )
         rows, kinds, events = run_.run()
         time.sleep(5)
         leaked = held_blocks(stack, timeout_s=60)
     print("\n".join(["", "events:", *events]))
     print(f"\nanswers: {kinds}; KV blocks held at the end: {leaked}")
-    print(f"\n{'process':<12} {'pid':>7} {'RSS after warm-up MiB':>22} {'at end MiB':>10} {'over s':>7} {'growth':>7}")
+    print(
+        f"\n{'process':<12} {'pid':>7} {'RSS after warm-up MiB':>22} {'at end MiB':>10} {'over s':>7} {'growth':>7}"
+    )
     for g in rows:
-        print(f"{g.name:<12} {g.pid:>7} {g.baseline_kib / 1024:>22.1f} {g.end_kib / 1024:>10.1f} {g.span_s:>7.0f} "
-              f"{g.percent:>6.1f}%")
+        print(
+            f"{g.name:<12} {g.pid:>7} {g.baseline_kib / 1024:>22.1f} {g.end_kib / 1024:>10.1f} {g.span_s:>7.0f} "
+            f"{g.percent:>6.1f}%"
+        )
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--settle", type=float, default=4.0, help="seconds of load before and after each fault")
-    p.add_argument("--repeat", type=int, default=1, help="kill each role this many times (alternating workers)")
+    p.add_argument(
+        "--repeat", type=int, default=1, help="kill each role this many times (alternating workers)"
+    )
     p.add_argument("--soak", action="store_true", help="soak mode instead of the fault table")
     p.add_argument("--soak-minutes", type=float, default=30.0, help="how long the soak runs")
     p.add_argument("--trace", type=Path, default=Path("../shared/traces/azure_llm_2023_conv.csv"))
     p.add_argument("--rate", type=float, default=1.5, help="soak: mean requests per second")
     p.add_argument("--cycle", type=float, default=60.0, help="soak: seconds between kill or scale steps")
-    p.add_argument("--warmup", type=float, default=60.0, help="soak: seconds of each process's life before its RSS baseline")
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=60.0,
+        help="soak: seconds of each process's life before its RSS baseline",
+    )
     add_smoke(p)
     args = smoke_sizes(p.parse_args(), clients=1, settle=0.5, repeat=1)
     if args.soak:
@@ -268,7 +326,9 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="tandem-faults-") as tmp:
         rows = run(args.clients, args.settle, Path(tmp), args.repeat)
-    print(f"\n{'fault':<26} {'sent':>5} {'failed':>6} {'lost':>5} {'blocks leaked':>13} {'recovery s':>10}  note")
+    print(
+        f"\n{'fault':<26} {'sent':>5} {'failed':>6} {'lost':>5} {'blocks leaked':>13} {'recovery s':>10}  note"
+    )
     for label, sent, failed, lost, leaked, recovered, note in rows:
         rec = "never" if recovered is None else f"{recovered:.1f}"
         print(f"{label:<26} {sent:>5} {failed:>6} {lost:>5} {leaked:>13} {rec:>10}  {note}")

@@ -50,7 +50,13 @@ SETTLE_TIMEOUT_S = 300.0  # a new prefill worker starts on a busy host; drained 
 
 def served_after(url: str, start: float, max_tokens: int, timeout_s: float = 300.0) -> float:
     """Seconds from `start` until a completion sent now or later succeeds (requests every POLL_S)."""
-    body = {"model": "bench", "prompt": "flip " * 16, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    body = {
+        "model": "bench",
+        "prompt": "flip " * 16,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     with httpx.Client(timeout=60) as http:
         while time.perf_counter() - start < timeout_s:
             try:
@@ -123,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     from tandem.worker.devtools.tiny import create_tiny_model  # torch, for the model maker only
 
     model = create_tiny_model(state / "model")  # the tests' tiny model (`tandem model create-tiny`)
-    obj = service_object("flipbench", model, mode="disaggregated", prefill=PREFILL, decode=1, num_kv_blocks=256)
+    obj = service_object(
+        "flipbench", model, mode="disaggregated", prefill=PREFILL, decode=1, num_kv_blocks=256
+    )
     obj["spec"]["roleFlip"] = True
     svc = parse_object(obj)
     base = free_port_block(16)
@@ -136,17 +144,26 @@ def main(argv: list[str] | None = None) -> int:
             for way in order:
                 settle(pools, base)
                 run.setdefault("load_average", load_average())
-                run[way] = flip_once(pools, url, args.max_tokens) if way == "flip" else cold_once(pools, url, args.max_tokens)
+                run[way] = (
+                    flip_once(pools, url, args.max_tokens)
+                    if way == "flip"
+                    else cold_once(pools, url, args.max_tokens)
+                )
             runs.append(run)
-            print(f"run {i + 1}: flip {run['flip']['served_s']:.2f} s (SetRole {run['flip']['set_role_s']:.3f} s) | "
-                  f"cold start {run['cold']['served_s']:.2f} s | load {run['load_average']:.1f}", flush=True)  # fmt: skip
+            print(
+                f"run {i + 1}: flip {run['flip']['served_s']:.2f} s (SetRole {run['flip']['set_role_s']:.3f} s) | "
+                f"cold start {run['cold']['served_s']:.2f} s | load {run['load_average']:.1f}",
+                flush=True,
+            )
         pools.close()
     flips = [r["flip"]["served_s"] for r in runs]
     colds = [r["cold"]["served_s"] for r in runs]
     print(f"\nflip to first request served:       {spread(flips)}")
     print(f"cold start to first request served: {spread(colds)}")
-    print(f"cold / flip: {median(colds) / median(flips):.1f}x (medians); target: flip < 2 s plus the drain "
-          f"(empty here): {'met' if max(flips) < 2.0 else 'missed'}")  # fmt: skip
+    print(
+        f"cold / flip: {median(colds) / median(flips):.1f}x (medians); target: flip < 2 s plus the drain "
+        f"(empty here): {'met' if max(flips) < 2.0 else 'missed'}"
+    )
     if args.out:
         Path(args.out).write_text(json.dumps({"runs": runs}, indent=2))
     return 0

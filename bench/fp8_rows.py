@@ -37,35 +37,59 @@ def vllm_figures(profile: dict) -> dict[str, float]:
     return {"batch 1": batch1, "batch 49": batch49, "prefill": prefill}
 
 
-def fp8_rows(args: argparse.Namespace, model_dir: Path, device: str, points=DECODE_POINTS,
-             prefill_tokens: int = PREFILL_TOKENS) -> list[Result]:  # fmt: skip
+def fp8_rows(
+    args: argparse.Namespace,
+    model_dir: Path,
+    device: str,
+    points=DECODE_POINTS,
+    prefill_tokens: int = PREFILL_TOKENS,
+) -> list[Result]:
     """ms per decode step at each (batch, context) and the prefill ms, each metric naming vLLM's figure."""
     vllm = vllm_figures(json.loads(PROFILE.read_text()))
     model = load_model(model_dir, args.dtype, device, quantization="fp8")
     longest = max(max(c for _, c in points), prefill_tokens) + args.new_tokens
     batch = max(b for b, _ in points)
-    engine = Engine(model, EngineConfig(
-        block_size=BLOCK_SIZE, num_kv_blocks=batch * -(-longest // BLOCK_SIZE) + 64, max_running_sequences=batch,
-        max_batch_tokens=max(prefill_tokens, 8192), prefill_chunk_tokens=max(prefill_tokens, 8192),
-        max_model_len=longest, decode_step="cudaGraphs" if device == "cuda" else "eager",
-    ), eos_token_ids=())  # fmt: skip
+    engine = Engine(
+        model,
+        EngineConfig(
+            block_size=BLOCK_SIZE,
+            num_kv_blocks=batch * -(-longest // BLOCK_SIZE) + 64,
+            max_running_sequences=batch,
+            max_batch_tokens=max(prefill_tokens, 8192),
+            prefill_chunk_tokens=max(prefill_tokens, 8192),
+            max_model_len=longest,
+            decode_step="cudaGraphs" if device == "cuda" else "eager",
+        ),
+        eos_token_ids=(),
+    )
     warm_up(engine)
     vocab = model.config.vocab_size
     results = []
     for b, context in points:
         time_engine(engine, random_prompts(b, context, vocab, seed=900 + b), 4)  # this shape, once
         tok_s = statistics.median(
-            time_engine(engine, random_prompts(b, context, vocab, seed=901 + b + i), args.new_tokens).decode_tok_s
+            time_engine(
+                engine, random_prompts(b, context, vocab, seed=901 + b + i), args.new_tokens
+            ).decode_tok_s
             for i in range(args.repeats)
         )
-        beside = {1: f"vLLM FP8 {vllm['batch 1']:.2f}", 49: f"vLLM FP8 {vllm['batch 49']:.2f} at 2,997"}.get(b, "")
-        results.append(Result(f"fp8 decode batch {b}, context {context}: ms/step ({beside or 'no vLLM figure'})",
-                              1e3 * b / tok_s, "ms"))  # fmt: skip
+        beside = {1: f"vLLM FP8 {vllm['batch 1']:.2f}", 49: f"vLLM FP8 {vllm['batch 49']:.2f} at 2,997"}.get(
+            b, ""
+        )
+        results.append(
+            Result(
+                f"fp8 decode batch {b}, context {context}: ms/step ({beside or 'no vLLM figure'})",
+                1e3 * b / tok_s,
+                "ms",
+            )
+        )
     prefill_ms = statistics.median(
         1e3 * time_engine(engine, random_prompts(1, prefill_tokens, vocab, seed=950 + i), 1).prefill_s
         for i in range(args.repeats + 1)
     )
-    results.append(Result(f"fp8 prefill {prefill_tokens} tokens: ms (vLLM FP8 {vllm['prefill']:.1f})", prefill_ms, "ms"))
+    results.append(
+        Result(f"fp8 prefill {prefill_tokens} tokens: ms (vLLM FP8 {vllm['prefill']:.1f})", prefill_ms, "ms")
+    )
     del engine, model
     if device == "cuda":
         torch.cuda.empty_cache()

@@ -68,16 +68,27 @@ from tandem.slo import Slo
 
 ATTAINMENT = 0.9
 COLOCATED, DISAGGREGATED, CONDITIONAL = "colocated", "disaggregated", "conditional"
-SLO_AWARE = "conditional-slo"  # conditional whose router keeps local prefills off decode workers near its TPOT SLO
+SLO_AWARE = (
+    "conditional-slo"  # conditional whose router keeps local prefills off decode workers near its TPOT SLO
+)
 MODES = (COLOCATED, DISAGGREGATED, CONDITIONAL, SLO_AWARE, CONTROL)
 TRACES = ("../shared/traces/azure_llm_2023_conv.csv", "../shared/traces/azure_llm_2023_code.csv")
 
 
 def run(url: str, specs: list[RequestSpec], vocab: Vocabulary, seed: int, timeout_s: float, concurrency=None):
     return asyncio.run(
-        run_workload(url, "completions", specs, model=SERVED_NAME, seed=seed, timeout_s=timeout_s,
-                     progress=False, vocab=vocab, concurrency=concurrency)
-    )  # fmt: skip
+        run_workload(
+            url,
+            "completions",
+            specs,
+            model=SERVED_NAME,
+            seed=seed,
+            timeout_s=timeout_s,
+            progress=False,
+            vocab=vocab,
+            concurrency=concurrency,
+        )
+    )
 
 
 def idle_latency(url: str, input_len: int, output_len: int, repeat: int, vocab: Vocabulary, seed: int) -> Slo:
@@ -87,7 +98,9 @@ def idle_latency(url: str, input_len: int, output_len: int, repeat: int, vocab: 
     if len(ok) != repeat:
         raise RuntimeError(f"idle requests failed at {url}: {[r.error for r in outcome.results if not r.ok]}")
     tpots = [r.tpot_s for r in ok if r.tpot_s is not None]
-    return Slo.from_seconds(percentile([r.ttft_s for r in ok if r.ttft_s is not None], 50) or 0.0, percentile(tpots, 50) or 0.0)
+    return Slo.from_seconds(
+        percentile([r.ttft_s for r in ok if r.ttft_s is not None], 50) or 0.0, percentile(tpots, 50) or 0.0
+    )
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -97,53 +110,78 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-input-len", type=int, default=512)
     p.add_argument("--max-output-len", type=int, default=64)
     p.add_argument(
-        "--local-prefill-max-tokens", type=int, default=512,
+        "--local-prefill-max-tokens",
+        type=int,
+        default=512,
         help="conditional mode's threshold (default: the spec's, localPrefillMaxTokens 512)",
-    )  # fmt: skip
-    p.add_argument("--short-prompt-tokens", type=int, default=32, help="the longest prompt the short-prompt table counts")
-    p.add_argument("--prefill-queue-tokens", type=int, default=512, help="conditional mode's saturation bound")
-    p.add_argument(
-        "--mixed-decode-ratio", type=float, default=1.0,
-        help="conditional mode's mixedDecodeRatio: the prefill worker runs whole requests while it has fewer "
-        "than this fraction of the decode worker's streams (0: off)",
-    )  # fmt: skip
-    p.add_argument(
-        "--stall-free-tokens", type=int, default=None,
-        help="engine.maxPrefillTokensWithDecodes of the --stall-free stacks (default: off)",
-    )  # fmt: skip
-    p.add_argument(
-        "--stall-free", default="conditional", help="comma-separated modes whose workers get --stall-free-tokens"
     )
     p.add_argument(
-        "--slo-aware-tpot-ms", type=float, default=None,
+        "--short-prompt-tokens", type=int, default=32, help="the longest prompt the short-prompt table counts"
+    )
+    p.add_argument(
+        "--prefill-queue-tokens", type=int, default=512, help="conditional mode's saturation bound"
+    )
+    p.add_argument(
+        "--mixed-decode-ratio",
+        type=float,
+        default=1.0,
+        help="conditional mode's mixedDecodeRatio: the prefill worker runs whole requests while it has fewer "
+        "than this fraction of the decode worker's streams (0: off)",
+    )
+    p.add_argument(
+        "--stall-free-tokens",
+        type=int,
+        default=None,
+        help="engine.maxPrefillTokensWithDecodes of the --stall-free stacks (default: off)",
+    )
+    p.add_argument(
+        "--stall-free",
+        default="conditional",
+        help="comma-separated modes whose workers get --stall-free-tokens",
+    )
+    p.add_argument(
+        "--slo-aware-tpot-ms",
+        type=float,
+        default=None,
         help="add the conditional-slo stack: conditional, its router told this TPOT SLO and "
         "localPrefillMaxTpotFraction --slo-aware-fraction (default: not run)",
-    )  # fmt: skip
+    )
     p.add_argument("--slo-aware-fraction", type=float, default=0.8)
     p.add_argument(
-        "--control", action="store_true",
+        "--control",
+        action="store_true",
         help="add a second colocated stack, identical to the first (an A/A control): its ratio to colocated is "
         "what this host's noise alone does to a ratio, and the verdict also reads conditional against it",
-    )  # fmt: skip
-    p.add_argument("--rates", default="0.6,1.2,2.4,4", help="probed rates, multiples of the idle service rate")
+    )
+    p.add_argument(
+        "--rates", default="0.6,1.2,2.4,4", help="probed rates, multiples of the idle service rate"
+    )
     p.add_argument("--scales", default="1.5,2,3,5,8", help="SLO scales (multiples of the idle latencies)")
     p.add_argument("--repeats", type=int, default=3, help="runs of the whole rate grid per mode")
     p.add_argument("--idle-repeat", type=int, default=3)
     p.add_argument("--probe-seconds", type=float, default=6.0, help="seconds of arrivals per probe")
     p.add_argument("--min-requests", type=int, default=12)
     p.add_argument("--max-requests", type=int, default=40)
-    p.add_argument("--request-timeout", type=float, default=20.0, help="seconds without a byte before a request fails")
+    p.add_argument(
+        "--request-timeout", type=float, default=20.0, help="seconds without a byte before a request fails"
+    )
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--threads", type=int, default=1, help="torch threads of every worker")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--reruns", type=int, default=2,
+        "--reruns",
+        type=int,
+        default=2,
         help="times a probe (or idle measurement) is run again while other work took more than 10%% of the CPUs",
-    )  # fmt: skip
-    p.add_argument("--quiet-load", type=float, default=float(os.cpu_count() or 2),
-                   help="where other processes' CPU time cannot be read: the highest 1-minute load average "
-                   "the verdict is called at")  # fmt: skip
+    )
+    p.add_argument(
+        "--quiet-load",
+        type=float,
+        default=float(os.cpu_count() or 2),
+        help="where other processes' CPU time cannot be read: the highest 1-minute load average "
+        "the verdict is called at",
+    )
     p.add_argument("--out", type=Path, default=Path("bench/out/goodput.json"), help="results as JSON")
     p.add_argument("--from-json", type=Path, help="print the tables and draw the curves of an earlier --out")
     p.add_argument("--png", type=Path, default=Path("bench/out/goodput.png"), help="the goodput curves")
@@ -151,18 +189,39 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.smoke:  # one short trace, one rate and scale, results beside it in a folder of its own
         folder = Path(tempfile.mkdtemp(prefix="tandem-goodput-smoke-"))
-        smoke_sizes(args, trace=[write_tiny_trace(folder / "trace.csv", rows=8)], out=folder / "goodput.json",
-                    png=folder / "goodput.png", max_input_len=64, max_output_len=8, rates="1", scales="2", repeats=1,
-                    idle_repeat=1, probe_seconds=1.0, min_requests=2, max_requests=3, hidden=64, layers=2, reruns=0)
+        smoke_sizes(
+            args,
+            trace=[write_tiny_trace(folder / "trace.csv", rows=8)],
+            out=folder / "goodput.json",
+            png=folder / "goodput.png",
+            max_input_len=64,
+            max_output_len=8,
+            rates="1",
+            scales="2",
+            repeats=1,
+            idle_repeat=1,
+            probe_seconds=1.0,
+            min_requests=2,
+            max_requests=3,
+            hidden=64,
+            layers=2,
+            reruns=0,
+        )
     return args
 
 
 def stack_objects(model_dir: Path, args: argparse.Namespace) -> dict[str, dict]:
-    common = dict(threads=args.threads, num_kv_blocks=2048, max_context=args.max_input_len + args.max_output_len + 64)
-    conditional = {"disaggregation": {
-        "mode": "conditional", "localPrefillMaxTokens": args.local_prefill_max_tokens,
-        "prefillQueueTokens": args.prefill_queue_tokens, "mixedDecodeRatio": args.mixed_decode_ratio,
-    }}  # fmt: skip
+    common = dict(
+        threads=args.threads, num_kv_blocks=2048, max_context=args.max_input_len + args.max_output_len + 64
+    )
+    conditional = {
+        "disaggregation": {
+            "mode": "conditional",
+            "localPrefillMaxTokens": args.local_prefill_max_tokens,
+            "prefillQueueTokens": args.prefill_queue_tokens,
+            "mixedDecodeRatio": args.mixed_decode_ratio,
+        }
+    }
     stall_free = set(args.stall_free.split(",")) if args.stall_free_tokens else set()
     if stall_free - set(MODES):
         raise SystemExit(f"--stall-free: unknown modes {sorted(stall_free - set(MODES))}")
@@ -178,7 +237,12 @@ def stack_objects(model_dir: Path, args: argparse.Namespace) -> dict[str, dict]:
             "goodput-disagg", model_dir, mode="disaggregated", engine=engine(DISAGGREGATED), **common
         ),
         CONDITIONAL: service_object(
-            "goodput-cond", model_dir, mode="disaggregated", router=conditional, engine=engine(CONDITIONAL), **common
+            "goodput-cond",
+            model_dir,
+            mode="disaggregated",
+            router=conditional,
+            engine=engine(CONDITIONAL),
+            **common,
         ),
     }
     if args.control:
@@ -186,9 +250,19 @@ def stack_objects(model_dir: Path, args: argparse.Namespace) -> dict[str, dict]:
             "goodput-colo-b", model_dir, mode="colocated", decode=2, engine=engine(CONTROL), **common
         )
     if args.slo_aware_tpot_ms:
-        aware = {"disaggregation": {**conditional["disaggregation"], "localPrefillMaxTpotFraction": args.slo_aware_fraction}}
+        aware = {
+            "disaggregation": {
+                **conditional["disaggregation"],
+                "localPrefillMaxTpotFraction": args.slo_aware_fraction,
+            }
+        }
         stacks[SLO_AWARE] = service_object(
-            "goodput-cond-slo", model_dir, mode="disaggregated", router=aware, engine=engine(SLO_AWARE), **common
+            "goodput-cond-slo",
+            model_dir,
+            mode="disaggregated",
+            router=aware,
+            engine=engine(SLO_AWARE),
+            **common,
         )
         stacks[SLO_AWARE]["spec"]["slo"] = {"tpotMs": max(1, round(args.slo_aware_tpot_ms))}
     return stacks
@@ -209,13 +283,20 @@ def main(argv: list[str]) -> int:
     loaded = [(path, load_trace(path)) for path in traces]  # a missing trace fails before any stack starts
     per_trace = []
     loads: list[float] = [os.getloadavg()[0]]
-    host: dict[str, list] = {"foreign_cpu_share": [], "steal_cpu_share": [], "interrupt_cpu_share": [], "rerun": []}
+    host: dict[str, list] = {
+        "foreign_cpu_share": [],
+        "steal_cpu_share": [],
+        "interrupt_cpu_share": [],
+        "rerun": [],
+    }
     with tempfile.TemporaryDirectory(prefix="tandem-goodput-") as tmp:
         model_dir = make_model(Path(tmp) / "model", ModelShape(args.hidden, args.layers))
         vocab = load_vocabulary(model_dir)
         with running_stacks(stack_objects(model_dir, args), Path(tmp) / "logs") as running:
             for path, trace in loaded:
-                per_trace.append(sweep_trace(path, trace, running, shaping, multipliers, vocab, seeds, args, loads, host))
+                per_trace.append(
+                    sweep_trace(path, trace, running, shaping, multipliers, vocab, seeds, args, loads, host)
+                )
     result = {
         "attainment_target": ATTAINMENT,
         "scales": [float(s) for s in args.scales.split(",")],
@@ -237,14 +318,27 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def sweep_trace(path: Path, trace: list[RequestSpec], running: dict, shaping: LengthShaping, multipliers: list[float], vocab: Vocabulary,
-                seeds, args: argparse.Namespace, loads: list[float], host: dict[str, list]) -> dict:  # fmt: skip
+def sweep_trace(
+    path: Path,
+    trace: list[RequestSpec],
+    running: dict,
+    shaping: LengthShaping,
+    multipliers: list[float],
+    vocab: Vocabulary,
+    seeds,
+    args: argparse.Namespace,
+    loads: list[float],
+    host: dict[str, list],
+) -> dict:
     """Idle latencies, then every repeat of the rate grid, mode after mode, on one trace."""
     med_in, med_out = median_lengths(thinned(trace, min(len(trace), 1000), shaping))
     for _, url in running.values():  # warm up at this trace's lengths: first calls pay for lazy init
         run(url, [RequestSpec(0.0, med_in, med_out)] * 2, vocab, next(seeds), args.request_timeout)
+
     def meter() -> CpuMeter:
-        return CpuMeter(lambda: [os.getpid(), *(p.pid for s, _ in running.values() for p in s.running.values())])
+        return CpuMeter(
+            lambda: [os.getpid(), *(p.pid for s, _ in running.values() for p in s.running.values())]
+        )
 
     def measured(what: str, measure, before=lambda: None):
         """`measure()` run again while other work disturbed it; its host shares (and the reruns') kept."""
@@ -257,15 +351,25 @@ def sweep_trace(path: Path, trace: list[RequestSpec], running: dict, shaping: Le
         return result
 
     idle = {
-        mode: measured(f"idle {mode}", lambda url=url: idle_latency(url, med_in, med_out, args.idle_repeat, vocab, next(seeds)))
+        mode: measured(
+            f"idle {mode}",
+            lambda url=url: idle_latency(url, med_in, med_out, args.idle_repeat, vocab, next(seeds)),
+        )
         for mode, (_, url) in running.items()
-    }  # fmt: skip
-    base = slo_from_idle([s for m, s in idle.items() if m != CONTROL], 1.0, 1.0)  # the control leaves the SLO as it is
+    }
+    base = slo_from_idle(
+        [s for m, s in idle.items() if m != CONTROL], 1.0, 1.0
+    )  # the control leaves the SLO as it is
     service_rate = 1.0 / (base.ttft_s + max(0, med_out - 1) * base.tpot_s)
     rates = [round(m * service_rate, 3) for m in multipliers]
-    print(f"{path.name}: median {med_in} in / {med_out} out; idle " + ", ".join(
-        f"{m} TTFT {1000 * s.ttft_s:.0f} ms TPOT {1000 * s.tpot_s:.1f} ms" for m, s in idle.items()
-    ) + f"; rates {rates} req/s", flush=True)  # fmt: skip
+    print(
+        f"{path.name}: median {med_in} in / {med_out} out; idle "
+        + ", ".join(
+            f"{m} TTFT {1000 * s.ttft_s:.0f} ms TPOT {1000 * s.tpot_s:.1f} ms" for m, s in idle.items()
+        )
+        + f"; rates {rates} req/s",
+        flush=True,
+    )
     probes: list[Probe] = []
     for repeat in range(args.repeats):
         shift = repeat / args.repeats
@@ -286,12 +390,18 @@ def sweep_trace(path: Path, trace: list[RequestSpec], running: dict, shaping: Le
                     lambda url=url, specs=specs: run(url, specs, vocab, next(seeds), args.request_timeout),
                     before=settle,
                 )
-                probe = Probe(mode, repeat, rate, tuple(
-                    Latency(r.ok, r.ttft_s, r.tpot_s, r.input_len) for r in outcome.results
-                ))  # fmt: skip
+                probe = Probe(
+                    mode,
+                    repeat,
+                    rate,
+                    tuple(Latency(r.ok, r.ttft_s, r.tpot_s, r.input_len) for r in outcome.results),
+                )
                 probes.append(probe)
                 failed = sum(not r.ok for r in probe.requests)
-                print(f"  repeat {repeat} {mode:<13} rate {rate:6.3f} req/s n={n:<3} failed {failed}", flush=True)
+                print(
+                    f"  repeat {repeat} {mode:<13} rate {rate:6.3f} req/s n={n:<3} failed {failed}",
+                    flush=True,
+                )
     return {
         "trace": path.name,
         "median_input_len": med_in,

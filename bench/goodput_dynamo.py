@@ -69,7 +69,12 @@ def sweep_points(scales: list[float]) -> dict[str, list[tuple[float, float]]]:
 def latencies(rows: list[list[float | None]]) -> list[Latency]:
     """The replay's [input, TTFT ms, TPOT ms] rows as the sweep's latencies (unfinished: failed)."""
     return [
-        Latency(ttft is not None, None if ttft is None else ttft / 1000, None if ttft is None else (tpot or 0) / 1000, int(n or 0))
+        Latency(
+            ttft is not None,
+            None if ttft is None else ttft / 1000,
+            None if ttft is None else (tpot or 0) / 1000,
+            int(n or 0),
+        )
         for n, ttft, tpot in rows
     ]
 
@@ -106,7 +111,10 @@ class Replayer:
     def __init__(self, python: str, replay_dir: str):
         script = Path(__file__).with_name("_dynamo_goodput_replay.py")
         self.proc = subprocess.Popen(
-            [python, str(script), "--harness", replay_dir], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [python, str(script), "--harness", replay_dir],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         self.replays = 0
 
@@ -131,8 +139,15 @@ def write_jsonl(requests: list[TraceRequest], path: Path) -> Path:
     return path
 
 
-def sweep_pool(replayer: Replayer, trace: Path, native_rate: float, gpus: int, pool: Pool, grid: list[float],
-               loosest: Slo) -> Iterator[tuple[float, list[Latency]]]:  # fmt: skip
+def sweep_pool(
+    replayer: Replayer,
+    trace: Path,
+    native_rate: float,
+    gpus: int,
+    pool: Pool,
+    grid: list[float],
+    loosest: Slo,
+) -> Iterator[tuple[float, list[Latency]]]:
     """(rate per GPU, latencies) up the grid, until even the loosest SLO misses the target."""
     for rate in grid:
         reqs = replayer.run(trace, rate * gpus / native_rate, pool)
@@ -164,15 +179,25 @@ def run_trace(replayer: Replayer, path: Path, args: argparse.Namespace, tmp: Pat
         rows = []
         for point in points:
             slo = base.scaled(*point)
-            per_pool = {label: goodput([(r, attainment(q, slo)) for r, q in ps], ATTAINMENT) for label, ps in probes.items()}
+            per_pool = {
+                label: goodput([(r, attainment(q, slo)) for r, q in ps], ATTAINMENT)
+                for label, ps in probes.items()
+            }
             split, best = best_split(per_pool)
             agg = per_pool[AGGREGATED]
-            rows.append({
-                "ttft_scale": point[0], "tpot_scale": point[1], "slo_ttft_ms": 1000 * slo.ttft_s,
-                "slo_tpot_ms": 1000 * slo.tpot_s, "aggregated": cell(agg, grid), "disaggregated": cell(best, grid),
-                "split": split, "ratio": best.rate / agg.rate if agg.rate > 0 and best.rate > 0 else None,
-                "per_pool": {k: cell(v, grid) for k, v in per_pool.items()},
-            })  # fmt: skip
+            rows.append(
+                {
+                    "ttft_scale": point[0],
+                    "tpot_scale": point[1],
+                    "slo_ttft_ms": 1000 * slo.ttft_s,
+                    "slo_tpot_ms": 1000 * slo.tpot_s,
+                    "aggregated": cell(agg, grid),
+                    "disaggregated": cell(best, grid),
+                    "split": split,
+                    "ratio": best.rate / agg.rate if agg.rate > 0 and best.rate > 0 else None,
+                    "per_pool": {k: cell(v, grid) for k, v in per_pool.items()},
+                }
+            )
         table[title] = rows
     return {
         "trace": path.name,
@@ -203,12 +228,22 @@ def write_plot(traces: list[dict[str, Any]], path: Path) -> Path:
     for ax, t in zip(axes[0], traces, strict=True):
         rows = t["tables"][sweep]
         xs = [r["tpot_scale"] for r in rows]
-        for key, label, colour in (("aggregated", "aggregated", "tab:gray"), ("disaggregated", "disaggregated (best split)", "tab:blue")):
+        for key, label, colour in (
+            ("aggregated", "aggregated", "tab:gray"),
+            ("disaggregated", "disaggregated (best split)", "tab:blue"),
+        ):
             ax.plot(xs, [rate_of(r[key]) for r in rows], marker="o", color=colour, label=label)
         for x, r in zip(xs, rows, strict=True):
             if rate_of(r["disaggregated"]) is not None:
-                ax.annotate(r["split"], (x, rate_of(r["disaggregated"])), textcoords="offset points", xytext=(0, -12),
-                            ha="center", fontsize=7, color="tab:blue")  # fmt: skip
+                ax.annotate(
+                    r["split"],
+                    (x, rate_of(r["disaggregated"])),
+                    textcoords="offset points",
+                    xytext=(0, -12),
+                    ha="center",
+                    fontsize=7,
+                    color="tab:blue",
+                )
         ax.set_xscale("log")
         ax.minorticks_off()
         ax.set_xticks(xs, [f"{x:g}x" for x in xs])
@@ -233,7 +268,9 @@ def report(result: dict[str, Any]) -> str:
         f"{result['replays']} replays.",
     ]
     for t in result["traces"]:
-        idle = "; ".join(f"{k} TTFT {v['ttft_ms']:.1f} ms, TPOT {v['tpot_ms']:.2f} ms" for k, v in t["idle"].items())
+        idle = "; ".join(
+            f"{k} TTFT {v['ttft_ms']:.1f} ms, TPOT {v['tpot_ms']:.2f} ms" for k, v in t["idle"].items()
+        )
         lines += [
             "",
             f"#### {t['trace']} (first {t['rows']} rows, {t['native_rate']:.2f} req/s; median request "
@@ -243,8 +280,13 @@ def report(result: dict[str, Any]) -> str:
             f"prefills them on the decode worker): {t['share_local']:.0%}.",
         ]
         for title, rows in t["tables"].items():
-            lines += ["", f"{title}:", "", "| s | TTFT / TPOT SLO, ms | aggregated | disaggregated (split) | disaggregated / aggregated |",
-                      "| --- | --- | --- | --- | --- |"]  # fmt: skip
+            lines += [
+                "",
+                f"{title}:",
+                "",
+                "| s | TTFT / TPOT SLO, ms | aggregated | disaggregated (split) | disaggregated / aggregated |",
+                "| --- | --- | --- | --- | --- |",
+            ]
             for r in rows:
                 ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
                 lines.append(
@@ -258,16 +300,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.goodput_dynamo", description=__doc__.splitlines()[0])
     p.add_argument("--dynamo-python", default=sys.executable, help="the Python that has ai-dynamo 1.6.1")
     p.add_argument("--replay-dir", default=str(ROOT.parent / "shared" / "tools" / "dynamo-replay"))
-    p.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces", help="folder with the Azure CSVs")
+    p.add_argument(
+        "--traces", type=Path, default=ROOT.parent / "shared" / "traces", help="folder with the Azure CSVs"
+    )
     p.add_argument("--rows", type=int, default=6000, help="replay each trace's first this many rows (0: all)")
     p.add_argument("--gpus", type=int, default=4)
     p.add_argument("--rates", default="0.5,0.71,1,1.41,2,2.83,4,5.66,8,11.3,16,22.6,32", help="req/s per GPU")
     p.add_argument("--scales", default="1.5,2,3,5,8", help="SLO scales (multiples of the idle latencies)")
-    p.add_argument("--local-prefill-max-tokens", type=int, default=512, help="the conditional rule's threshold")
+    p.add_argument(
+        "--local-prefill-max-tokens", type=int, default=512, help="the conditional rule's threshold"
+    )
     p.add_argument("--out", type=Path, default=Path("bench/out/goodput_dynamo.json"))
     p.add_argument("--from-json", type=Path, help="print the tables of an earlier --out; nothing is replayed")
-    p.add_argument("--plot", type=Path, help="draw the goodput curves here (PNG), after a run or from --plot-from")
-    p.add_argument("--plot-from", type=Path, help="a JSON with an --out's traces' tables: draw --plot from it, nothing is replayed")
+    p.add_argument(
+        "--plot", type=Path, help="draw the goodput curves here (PNG), after a run or from --plot-from"
+    )
+    p.add_argument(
+        "--plot-from",
+        type=Path,
+        help="a JSON with an --out's traces' tables: draw --plot from it, nothing is replayed",
+    )
     return p.parse_args(argv)
 
 

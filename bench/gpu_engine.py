@@ -61,6 +61,8 @@ from tandem.worker.engine.runner.decode_graphs import DECODE_STEPS
 from tandem.worker.engine.runner.engine import Engine, EngineConfig
 
 BLOCK_SIZE = 16
+
+
 def engine_config(args: argparse.Namespace, decode_step: str = "eager") -> EngineConfig:
     longest = max(args.context, args.prefill_tokens) + args.new_tokens
     return EngineConfig(
@@ -98,9 +100,18 @@ def compare_decode_steps(model: torch.nn.Module, args: argparse.Namespace, devic
             start = time.perf_counter()
             compiled_warm_up(engine)  # every bucket compiled (and captured) before timing
             warm_s = time.perf_counter() - start
-            print(f"{mode}: {len(engine.decode_step.start_shapes)} of {len(engine.decode_step.shapes)} decode buckets warmed up at start in {warm_s:.1f} s", flush=True)
+            print(
+                f"{mode}: {len(engine.decode_step.start_shapes)} of {len(engine.decode_step.shapes)} decode buckets warmed up at start in {warm_s:.1f} s",
+                flush=True,
+            )
         for batch in (1, args.batch):
-            results.append(Result(f"decode batch {batch}, {mode} decode step: tokens/s", decode_tok_s(engine, batch, args, 400 + batch), "tok/s"))
+            results.append(
+                Result(
+                    f"decode batch {batch}, {mode} decode step: tokens/s",
+                    decode_tok_s(engine, batch, args, 400 + batch),
+                    "tok/s",
+                )
+            )
         if engine.decode_step is not None:
             results.append(Result(f"{mode} decode step: warm-up", warm_s, "s"))
         del engine
@@ -114,7 +125,9 @@ def run(args: argparse.Namespace, model_dir: Path, device: str = "cuda") -> list
     model = load_model(model_dir, args.dtype, device)
     if args.compile:
         compile_layers(model)
-    print(f"model: {sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()) / 1e9:.2f}B params")
+    print(
+        f"model: {sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()) / 1e9:.2f}B params"
+    )
     results = utilisation(model, args)  # its engine and cache are freed before the next ones
     gc.collect()
     if device == "cuda":
@@ -128,8 +141,16 @@ def host_step_rows(model: torch.nn.Module, args: argparse.Namespace, device: str
     table = host_step_table(model, engine_config(args), args.context, max(4, min(args.new_tokens, 16)))  # type: ignore[arg-type]
     rows = []
     for batch, step in table.items():
-        rows.append(Result(f"decode batch {batch}: host CPU per step, schedule + update", step.schedule_update_s * 1e3, "ms"))
-        rows.append(Result(f"decode batch {batch}: host CPU per step, eager launch", step.launch_s * 1e3, "ms"))
+        rows.append(
+            Result(
+                f"decode batch {batch}: host CPU per step, schedule + update",
+                step.schedule_update_s * 1e3,
+                "ms",
+            )
+        )
+        rows.append(
+            Result(f"decode batch {batch}: host CPU per step, eager launch", step.launch_s * 1e3, "ms")
+        )
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -176,13 +197,23 @@ def moe_rows(args: argparse.Namespace, model_dir: Path, device: str) -> list[Res
     engine = Engine(model, engine_config(args), eos_token_ids=())
     time_engine(engine, random_prompts(4, args.context, config.vocab_size, seed=1), 8)  # warm up
     prefill = [
-        time_engine(engine, random_prompts(1, args.prefill_tokens, config.vocab_size, seed=500 + i), 2).prefill_s
+        time_engine(
+            engine, random_prompts(1, args.prefill_tokens, config.vocab_size, seed=500 + i), 2
+        ).prefill_s
         for i in range(args.repeats)
     ]
     name = f"MoE {config.num_experts} experts top {config.num_experts_per_tok}"
-    results = [Result(f"{name}: prefill {args.prefill_tokens} tokens: time", 1e3 * statistics.median(prefill), "ms")]
+    results = [
+        Result(f"{name}: prefill {args.prefill_tokens} tokens: time", 1e3 * statistics.median(prefill), "ms")
+    ]
     for batch in (1, args.batch):
-        results.append(Result(f"{name}: decode batch {batch}: tokens/s", decode_tok_s(engine, batch, args, 600 + batch), "tok/s"))
+        results.append(
+            Result(
+                f"{name}: decode batch {batch}: tokens/s",
+                decode_tok_s(engine, batch, args, 600 + batch),
+                "tok/s",
+            )
+        )
     return results
 
 
@@ -192,7 +223,9 @@ def tp_rows(args: argparse.Namespace, model_dir: Path, device: str) -> list[Resu
     if ranks < 2:
         return []
     if device == "cuda" and torch.cuda.device_count() < ranks:
-        print(f"tensor parallel: skipped, {ranks} ranks need {ranks} GPUs and this host has {torch.cuda.device_count()}")
+        print(
+            f"tensor parallel: skipped, {ranks} ranks need {ranks} GPUs and this host has {torch.cuda.device_count()}"
+        )
         return []
     from tandem.worker.engine.tp.group import start_ranks
     from tandem.worker.engine.tp.model import load_tensor_parallel
@@ -202,16 +235,30 @@ def tp_rows(args: argparse.Namespace, model_dir: Path, device: str) -> list[Resu
     engine = Engine(model, engine_config(args), eos_token_ids=())  # type: ignore[arg-type]
     vocab = model.config.vocab_size
     time_engine(engine, random_prompts(4, args.context, vocab, seed=1), 8)  # warm up
-    prefill = [time_engine(engine, random_prompts(1, args.prefill_tokens, vocab, seed=700 + i), 2).prefill_s * 1e3
-               for i in range(args.repeats)]  # fmt: skip
+    prefill = [
+        time_engine(engine, random_prompts(1, args.prefill_tokens, vocab, seed=700 + i), 2).prefill_s * 1e3
+        for i in range(args.repeats)
+    ]
     name = f"tensor parallel {ranks} ranks"
-    results = [Result(f"{name}: prefill {args.prefill_tokens} tokens: time (runs {_runs(prefill)})", statistics.median(prefill), "ms")]
+    results = [
+        Result(
+            f"{name}: prefill {args.prefill_tokens} tokens: time (runs {_runs(prefill)})",
+            statistics.median(prefill),
+            "ms",
+        )
+    ]
     for batch in (1, args.batch):
         runs = []
         for i in range(args.repeats):
             prompts = random_prompts(batch, args.context, vocab, seed=800 + 10 * batch + i)
             runs.append(time_engine(engine, prompts, args.new_tokens).decode_tok_s)
-        results.append(Result(f"{name}: decode batch {batch}: tokens/s (runs {_runs(runs)})", statistics.median(runs), "tok/s"))
+        results.append(
+            Result(
+                f"{name}: decode batch {batch}: tokens/s (runs {_runs(runs)})",
+                statistics.median(runs),
+                "tok/s",
+            )
+        )
     model.stop()
     return results
 
@@ -255,19 +302,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=64, help="batch size of the decode tokens/s run")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
-        "--attention", choices=["sdpa", "flex", "triton"], default="sdpa",
+        "--attention",
+        choices=["sdpa", "flex", "triton"],
+        default="sdpa",
         help="the engine's attention backend (the decode-step rows use it too: triton or sdpa)",
-    )  # fmt: skip
+    )
     attention_backends.add_arguments(p, shapes="llama-3.2-1b")
     p.add_argument("--compile", action="store_true", help="torch.compile norms and MLPs (warmed up first)")
     p.add_argument(
-        "--decode-steps", default="eager,cudaGraphs",
+        "--decode-steps",
+        default="eager,cudaGraphs",
         help="decode-step modes to compare at batch 1 and --batch (eager, compiled, cudaGraphs; empty: none)",
-    )  # fmt: skip
+    )
     p.add_argument("--no-moe", action="store_true", help="skip the mixture-of-experts rows")
-    p.add_argument("--no-fp8", action="store_true", help="skip the FP8 rows (Llama-3.1-8B shape, beside vLLM FP8)")
-    p.add_argument("--tensor-parallel", type=int, default=2, help="ranks of the tensor-parallel rows (0: skip them)")
-    p.add_argument("--dry-run", action="store_true", help="run on the CPU at a tiny size: checks the code, not the GPU")
+    p.add_argument(
+        "--no-fp8", action="store_true", help="skip the FP8 rows (Llama-3.1-8B shape, beside vLLM FP8)"
+    )
+    p.add_argument(
+        "--tensor-parallel", type=int, default=2, help="ranks of the tensor-parallel rows (0: skip them)"
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="run on the CPU at a tiny size: checks the code, not the GPU"
+    )
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
     args = p.parse_args(argv)
     args.decode_step_modes = [m for m in args.decode_steps.split(",") if m]
@@ -317,7 +373,9 @@ def main(argv: list[str]) -> int:
         if not args.no_fp8:
             gc.collect()
             torch.cuda.empty_cache()
-            results += fp8_rows(args, write_llama_8b_shaped(Path(tmp) / "llama-3.1-8b", device="cuda"), "cuda")
+            results += fp8_rows(
+                args, write_llama_8b_shaped(Path(tmp) / "llama-3.1-8b", device="cuda"), "cuda"
+            )
     caption = (
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}; batch-1 decode after {args.context} "
         f"prompt tokens, {args.new_tokens} new tokens; median of {args.repeats}"
@@ -327,7 +385,11 @@ def main(argv: list[str]) -> int:
     torch.cuda.empty_cache()
     attention = attention_rows(args, torch.device("cuda"), caption.split(";")[0])
     if args.out is not None:
-        data = {"caption": caption, "results": [{**asdict(r), "met": r.met} for r in results], "attention": attention}
+        data = {
+            "caption": caption,
+            "results": [{**asdict(r), "met": r.met} for r in results],
+            "attention": attention,
+        }
         args.out.write_text(json.dumps(data, indent=2) + "\n")
     return 0
 

@@ -71,7 +71,9 @@ COLOCATED, DISAGGREGATED = "colocated", "disaggregated"
 BLOCK_SIZE = 16
 # Of --budget-s, the share by whose end no new probe of a mode starts (the rest: the KV rows, the engine alone)
 BUDGET_SHARE = {"colocated": 0.4, "disaggregated": 0.8}
-COPY_MIN_BYTES = 64 << 20  # the copy floor's bandwidth is measured on at least this much (a small copy is all overhead)
+COPY_MIN_BYTES = (
+    64 << 20
+)  # the copy floor's bandwidth is measured on at least this much (a small copy is all overhead)
 # (GPU default, --tiny default) of each knob the dry run shrinks
 SIZES = {
     "rates": ("2,4,8,16", "1,2,4"),
@@ -89,11 +91,24 @@ SIZES = {
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.gpu_serving", description=__doc__.splitlines()[0])
-    p.add_argument("--trace", type=Path, required=True, help="an Azure LLM trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens)")
-    p.add_argument("--tiny", action="store_true", help="the tiny model on the CPU with small counts: a dry run")
-    p.add_argument("--quantization", default="none", help="model.quantization of the workers and the engine alone")
-    p.add_argument("--decode-step", default="eager", help="engine.decodeStep of the workers and the engine alone")
-    p.add_argument("--rates", help="probed rates, req/s, in order (default {}; --tiny {})".format(*SIZES["rates"]))
+    p.add_argument(
+        "--trace",
+        type=Path,
+        required=True,
+        help="an Azure LLM trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens)",
+    )
+    p.add_argument(
+        "--tiny", action="store_true", help="the tiny model on the CPU with small counts: a dry run"
+    )
+    p.add_argument(
+        "--quantization", default="none", help="model.quantization of the workers and the engine alone"
+    )
+    p.add_argument(
+        "--decode-step", default="eager", help="engine.decodeStep of the workers and the engine alone"
+    )
+    p.add_argument(
+        "--rates", help="probed rates, req/s, in order (default {}; --tiny {})".format(*SIZES["rates"])
+    )
     p.add_argument("--probe-seconds", type=float, help="seconds of arrivals per probe")
     p.add_argument("--min-requests", type=int)
     p.add_argument("--max-requests", type=int)
@@ -102,8 +117,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--kv-lengths", help="prompt lengths of the KV transfer rows")
     p.add_argument("--kv-repeats", type=int, help="prompts per KV length (after one untimed)")
     p.add_argument("--kv-gib", type=float, help="KV cache per worker, GiB (two workers share the GPU)")
-    p.add_argument("--budget-s", type=float, help="seconds the whole run aims at: past a mode's share no new rate is probed")
-    p.add_argument("--request-timeout", type=float, default=60.0, help="seconds without a byte before a request fails")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        help="seconds the whole run aims at: past a mode's share no new rate is probed",
+    )
+    p.add_argument(
+        "--request-timeout", type=float, default=60.0, help="seconds without a byte before a request fails"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     args = p.parse_args(argv)
@@ -148,7 +169,9 @@ def tokenizer_vocab(model_dir: Path) -> int:
     config counts Llama-3's 128256; the tiny tokenizer covers its first ids)."""
     import tokenizers
 
-    return tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+    return tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json")).get_vocab_size(
+        with_added_tokens=True
+    )
 
 
 def kv_block_bytes(model_dir: Path, dtype: str) -> int:
@@ -162,9 +185,13 @@ def kv_block_bytes(model_dir: Path, dtype: str) -> int:
 def stack_object(mode: str, model_dir: Path, args: argparse.Namespace, max_context: int) -> dict:
     blocks = int(args.kv_gib * 2**30 // kv_block_bytes(model_dir, args.dtype))
     obj = service_object(
-        {COLOCATED: "gpu-colo", DISAGGREGATED: "gpu-disagg"}[mode], model_dir, mode=mode, num_kv_blocks=blocks, max_context=max_context,
+        {COLOCATED: "gpu-colo", DISAGGREGATED: "gpu-disagg"}[mode],
+        model_dir,
+        mode=mode,
+        num_kv_blocks=blocks,
+        max_context=max_context,
         engine={"decodeStep": args.decode_step},
-    )  # fmt: skip
+    )
     spec = obj["spec"]
     spec["model"]["dtype"] = args.dtype
     if args.quantization != "none":
@@ -177,7 +204,16 @@ def stack_object(mode: str, model_dir: Path, args: argparse.Namespace, max_conte
 
 def run(url: str, specs: list[RequestSpec], vocab: Vocabulary, seed: int, timeout_s: float):
     return asyncio.run(
-        run_workload(url, "completions", specs, model=SERVED_NAME, seed=seed, timeout_s=timeout_s, progress=False, vocab=vocab)
+        run_workload(
+            url,
+            "completions",
+            specs,
+            model=SERVED_NAME,
+            seed=seed,
+            timeout_s=timeout_s,
+            progress=False,
+            vocab=vocab,
+        )
     )
 
 
@@ -190,6 +226,7 @@ def batch_totals(port: int) -> tuple[float, float]:
 
 def kv_totals(port: int) -> dict[str, tuple[float, float, float, float]]:
     """Per transport: (bytes, span sum, tail sum, prompts) pushed by a prefill worker so far."""
+
     def by_transport(name: str) -> dict[str, float]:
         return {dict(k)["transport"]: v for k, v in metric_samples(port, name).items()}
 
@@ -205,20 +242,41 @@ def startup_rows(mode: str, stack, ready_s: float) -> list[dict]:
     for p in stack.plans:
         if p.role == "router":
             continue
-        phases = {dict(k)["phase"]: v for k, v in metric_samples(p.metrics_port, names.WORKER_STARTUP_SECONDS).items()}
-        rows.append({"mode": mode, "worker": p.name, "load_s": phases.get("load"), "warmup_s": phases.get("warmup"),
-                     "ready_s": ready_s})  # fmt: skip
+        phases = {
+            dict(k)["phase"]: v
+            for k, v in metric_samples(p.metrics_port, names.WORKER_STARTUP_SECONDS).items()
+        }
+        rows.append(
+            {
+                "mode": mode,
+                "worker": p.name,
+                "load_s": phases.get("load"),
+                "warmup_s": phases.get("warmup"),
+                "ready_s": ready_s,
+            }
+        )
     return rows
 
 
-def probe_rates(mode: str, stack, url: str, trace: list[RequestSpec], shaping: LengthShaping, vocab: Vocabulary,
-                args: argparse.Namespace, stop_at: float) -> list[dict]:  # fmt: skip
+def probe_rates(
+    mode: str,
+    stack,
+    url: str,
+    trace: list[RequestSpec],
+    shaping: LengthShaping,
+    vocab: Vocabulary,
+    args: argparse.Namespace,
+    stop_at: float,
+) -> list[dict]:
     """Each rate in turn until one is past saturation, or the monotonic clock passes `stop_at`; a row per rate."""
     (decoder,) = [p for p in stack.plans if p.role in ("decode", "colocated")]
     rows: list[dict] = []
     for i, rate in enumerate(float(r) for r in args.rates.split(",")):
         if rows and time.monotonic() > stop_at:
-            print(f"  {mode}: rates from {rate:g} req/s skipped, past this mode's share of --budget-s", flush=True)
+            print(
+                f"  {mode}: rates from {rate:g} req/s skipped, past this mode's share of --budget-s",
+                flush=True,
+            )
             break
         n = min(len(trace), requests_for_rate(rate, args.probe_seconds, args.min_requests, args.max_requests))
         specs = at_rate(thinned(trace, n, shaping), rate)
@@ -230,14 +288,19 @@ def probe_rates(mode: str, stack, url: str, trace: list[RequestSpec], shaping: L
         latencies = [Latency(r.ok, r.ttft_s, r.tpot_s, r.input_len) for r in outcome.results]
         row = probe_row(mode, rate, latencies, (after[0] - before[0]) / steps if steps else None, SLO)
         rows.append(row)
-        print(f"  {mode} {rate:g} req/s: {row['completed']}/{row['requests']} ok, TTFT p90 {fmt(row['ttft_p90_ms'])} ms, "
-              f"TPOT p90 {fmt(row['tpot_p90_ms'], '{:.2f}')} ms, SLO met {row['attainment']:.0%}", flush=True)  # fmt: skip
+        print(
+            f"  {mode} {rate:g} req/s: {row['completed']}/{row['requests']} ok, TTFT p90 {fmt(row['ttft_p90_ms'])} ms, "
+            f"TPOT p90 {fmt(row['tpot_p90_ms'], '{:.2f}')} ms, SLO met {row['attainment']:.0%}",
+            flush=True,
+        )
         if saturated(row):
             break
     return rows
 
 
-def kv_pushes(stack, url: str, lengths: list[int], repeats: int, vocab: int, rng: random.Random) -> list[dict]:
+def kv_pushes(
+    stack, url: str, lengths: list[int], repeats: int, vocab: int, rng: random.Random
+) -> list[dict]:
     """Per prompt length: what the prefill worker's metrics say one prompt's KV push cost, per transport."""
     (prefill,) = [p for p in stack.plans if p.role == "prefill"]
     out = []
@@ -250,12 +313,21 @@ def kv_pushes(stack, url: str, lengths: list[int], repeats: int, vocab: int, rng
             b = before.get(transport, (0.0, 0.0, 0.0, 0.0))
             prompts = after[3] - b[3]
             if prompts:
-                out.append({"prompt_tokens": n, "transport": transport, "kv_bytes": (after[0] - b[0]) / prompts,
-                            "span_s": (after[1] - b[1]) / prompts, "tail_s": (after[2] - b[2]) / prompts})  # fmt: skip
+                out.append(
+                    {
+                        "prompt_tokens": n,
+                        "transport": transport,
+                        "kv_bytes": (after[0] - b[0]) / prompts,
+                        "span_s": (after[1] - b[1]) / prompts,
+                        "tail_s": (after[2] - b[2]) / prompts,
+                    }
+                )
     return out
 
 
-def engine_steps(model_dir: Path, args: argparse.Namespace, batches: set[int], context: int) -> dict[int, float]:
+def engine_steps(
+    model_dir: Path, args: argparse.Namespace, batches: set[int], context: int
+) -> dict[int, float]:
     """The engine alone, in this process: decode step milliseconds at each batch, prompts of `context` tokens."""
     import torch
 
@@ -271,10 +343,14 @@ def engine_steps(model_dir: Path, args: argparse.Namespace, batches: set[int], c
     new_tokens = max(8, min(64, args.max_output_len))
     longest = context + new_tokens + 1
     config = EngineConfig(
-        block_size=BLOCK_SIZE, num_kv_blocks=max(batches) * -(-longest // BLOCK_SIZE) + 64,
-        max_running_sequences=max(64, max(batches)), max_batch_tokens=max(2048, context),
-        prefill_chunk_tokens=max(512, context), max_model_len=longest, decode_step=args.decode_step,
-    )  # fmt: skip
+        block_size=BLOCK_SIZE,
+        num_kv_blocks=max(batches) * -(-longest // BLOCK_SIZE) + 64,
+        max_running_sequences=max(64, max(batches)),
+        max_batch_tokens=max(2048, context),
+        prefill_chunk_tokens=max(512, context),
+        max_model_len=longest,
+        decode_step=args.decode_step,
+    )
     engine = Engine(model, config, eos_token_ids=())
     if engine.decode_step is not None:
         warm_up(engine)
@@ -327,7 +403,10 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="tandem-gpu-serving-") as tmp:
         t = time.monotonic()
         model_dir = write_model(Path(tmp) / "model", args.tiny)
-        print(f"model written in {time.monotonic() - t:.1f} s; trace median {med_in} in / {med_out} out", flush=True)
+        print(
+            f"model written in {time.monotonic() - t:.1f} s; trace median {med_in} in / {med_out} out",
+            flush=True,
+        )
         vocab = load_vocabulary(model_dir)
         vocab_ids = tokenizer_vocab(model_dir)
         for mode in (COLOCATED, DISAGGREGATED):
@@ -338,7 +417,9 @@ def main(argv: list[str]) -> int:
                 ready_s = time.monotonic() - t
                 print(f"{mode}: ready in {ready_s:.1f} s", flush=True)
                 startup += startup_rows(mode, stack, ready_s)
-                run(url, [RequestSpec(0.0, med_in, med_out)] * 2, vocab, 7, args.request_timeout)  # first calls' lazy init
+                run(
+                    url, [RequestSpec(0.0, med_in, med_out)] * 2, vocab, 7, args.request_timeout
+                )  # first calls' lazy init
                 stop_at = started + args.budget_s * BUDGET_SHARE[mode]
                 probes += probe_rates(mode, stack, url, trace, shaping, vocab, args, stop_at)
                 if mode == DISAGGREGATED:
@@ -348,20 +429,26 @@ def main(argv: list[str]) -> int:
     import torch
 
     result = {
-        "device": "cpu (dry run, tiny model: not a measurement)" if args.tiny else torch.cuda.get_device_name(),
+        "device": "cpu (dry run, tiny model: not a measurement)"
+        if args.tiny
+        else torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "slo": {"ttft_ms": SLO.ttft_ms, "tpot_ms": SLO.tpot_ms, "percentile": SLO.percentile},
         "probes": [with_engine_step(r, steps) for r in probes],
         "goodput": {m: mode_goodput(probes, m, SLO) for m in (COLOCATED, DISAGGREGATED)},
         "engine_step_ms": {str(b): s for b, s in steps.items()},
         "copy_gbps": gbps,
-        "kv": [kv_row(k["prompt_tokens"], k["transport"], k["kv_bytes"], k["span_s"], k["tail_s"], gbps) for k in kv_raw],
+        "kv": [
+            kv_row(k["prompt_tokens"], k["transport"], k["kv_bytes"], k["span_s"], k["tail_s"], gbps)
+            for k in kv_raw
+        ],
         "startup": startup,
         "config": {
             **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "model_shape": "tiny (2 layers)" if args.tiny else "Llama-3.1-8B shape, random weights",
-            "median_input_len": med_in, "median_output_len": med_out,
-        },  # fmt: skip
+            "median_input_len": med_in,
+            "median_output_len": med_out,
+        },
         "wall_s": time.monotonic() - started,
     }
     print(report(result))

@@ -38,7 +38,12 @@ SCHEMA = {
     "required": ["city", "temperature_c", "conditions", "hourly"],
     "additionalProperties": False,
 }
-DOCUMENT = {"city": "Lisbon by the sea", "temperature_c": 21.5, "conditions": "sunny", "hourly": [1, 2, 3, 42]}
+DOCUMENT = {
+    "city": "Lisbon by the sea",
+    "temperature_c": 21.5,
+    "conditions": "sunny",
+    "hourly": [1, 2, 3, 42],
+}
 
 # A walker: (model dir, schema, token ids of the document) -> (compile seconds, per-token mask seconds)
 Walker = Callable[[Path, dict, list[int]], tuple[float, list[float]]]
@@ -98,7 +103,9 @@ def walk_outlines_core(model_dir: Path, schema: dict, ids: list[int]) -> tuple[f
             by_text.setdefault(decoder.decode([token]), []).append(i)
     vocabulary = outlines_core.Vocabulary(eos, by_text)
     t0 = time.perf_counter()
-    index = outlines_core.Index(outlines_core.json_schema.build_regex_from_schema(json.dumps(schema)), vocabulary)
+    index = outlines_core.Index(
+        outlines_core.json_schema.build_regex_from_schema(json.dumps(schema)), vocabulary
+    )
     compiled = time.perf_counter() - t0
     guide = outlines_core.Guide(index)
     mask = allocate_token_bitmask(backend.get_vocab_size(with_added_tokens=True))
@@ -137,7 +144,10 @@ def decode_step_us(model_dir: Path, steps: int = 60) -> float:
 
     torch.set_num_threads(1)
     engine, tokenizer = build_engine(model_dir, EngineConfig(num_kv_blocks=64))
-    engine.add_request(tokenizer.encode("Once upon a time"), SamplingParams(max_tokens=steps + 2, temperature=0.0, ignore_eos=True))
+    engine.add_request(
+        tokenizer.encode("Once upon a time"),
+        SamplingParams(max_tokens=steps + 2, temperature=0.0, ignore_eos=True),
+    )
     engine.step()  # the prefill
     times = []
     while engine.has_work():
@@ -154,7 +164,9 @@ def p99(xs: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--tokens-per-run", type=int, default=400, help="masks timed per run (documents walked)")
+    parser.add_argument(
+        "--tokens-per-run", type=int, default=400, help="masks timed per run (documents walked)"
+    )
     add_smoke(parser)
     args = smoke_sizes(parser.parse_args(), repeats=1, tokens_per_run=1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -190,11 +202,14 @@ def main() -> None:
             ratio = ""
             if base is not None:
                 ratio = " / ".join(
-                    f"{statistics.median(v) / statistics.median(b):.2f}x" for v, b in zip(columns, base, strict=True)
+                    f"{statistics.median(v) / statistics.median(b):.2f}x"
+                    for v, b in zip(columns, base, strict=True)
                 )
             print(f"{name:<14} " + " ".join(f"{c:>22}" for c in cells) + f"  {ratio}")
         steps = [decode_step_us(model_dir) for _ in range(args.repeats)]
-        print(f"tiny model decode step, batch 1: {statistics.median(steps):.0f} us ({min(steps):.0f}-{max(steps):.0f})")
+        print(
+            f"tiny model decode step, batch 1: {statistics.median(steps):.0f} us ({min(steps):.0f}-{max(steps):.0f})"
+        )
 
 
 if __name__ == "__main__":

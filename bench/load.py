@@ -34,9 +34,13 @@ WORDS = "the quick brown fox jumps over a lazy dog while prefill and decode shar
 
 
 def request_bytes(host: str, prompt: str, max_tokens: int) -> bytes:
-    body = json.dumps({"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens, "stream": True}).encode()
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n")  # fmt: skip
+    body = json.dumps(
+        {"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens, "stream": True}
+    ).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
     return head.encode() + body
 
 
@@ -109,7 +113,10 @@ async def ramp(port: int, clients: int, ramp_s: float, hold_s: float, max_tokens
         while time.monotonic() < stop_at:
             result = await one_request(port, prompt_of(rng), max_tokens)
             counts[result] += 1
-            if result in ("429", "503"):  # as a well-behaved client does: wait out Retry-After (1 s), jittered
+            if result in (
+                "429",
+                "503",
+            ):  # as a well-behaved client does: wait out Retry-After (1 s), jittered
                 await asyncio.sleep(rng.uniform(0.5, 1.5))
 
     await asyncio.gather(*(client(i) for i in range(clients)))
@@ -187,7 +194,9 @@ def held(stack) -> dict[str, tuple[int, int]]:
     return out
 
 
-async def throughput(port: int, clients: int, seconds: float, max_tokens: int, seed: int) -> tuple[list[float], Counter]:
+async def throughput(
+    port: int, clients: int, seconds: float, max_tokens: int, seed: int
+) -> tuple[list[float], Counter]:
     """Completion times of `clients` closed-loop clients over `seconds` (ok answers), and every outcome."""
     rng = random.Random(seed)
     done: list[float] = []
@@ -252,7 +261,9 @@ def run(args: argparse.Namespace, state: Path) -> dict:
             "held_2s_after_burst": leftover,
             "peak_rss_mib": {k: round(v / 1024) for k, v in sorted(sampler.peak_rss_kib.items())},
             "baseline_rps": round(baseline_rps, 2),
-            "recovered_after_s": recovery_s(done, again, baseline_rps),  # from the first request after the check
+            "recovered_after_s": recovery_s(
+                done, again, baseline_rps
+            ),  # from the first request after the check
             "after_burst": dict(after),
             "after_burst_best_rps": round(best_rate(done), 2),
         }
@@ -268,12 +279,23 @@ def main() -> None:
     p.add_argument("--kv-blocks", type=int, default=1024)
     p.add_argument("--base-clients", type=int, default=4, help="closed-loop clients measuring throughput")
     p.add_argument("--base-s", type=float, default=10.0)
-    p.add_argument("--recover-s", type=float, default=60.0, help="how long to watch for full throughput again")
+    p.add_argument(
+        "--recover-s", type=float, default=60.0, help="how long to watch for full throughput again"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     add_smoke(p)
-    args = smoke_sizes(p.parse_args(), clients=4, ramp_s=1.0, hold_s=1.0, burst=4, kv_blocks=128, base_clients=1,
-                       base_s=1.0, recover_s=10.0)
+    args = smoke_sizes(
+        p.parse_args(),
+        clients=4,
+        ramp_s=1.0,
+        hold_s=1.0,
+        burst=4,
+        kv_blocks=128,
+        base_clients=1,
+        base_s=1.0,
+        recover_s=10.0,
+    )
     with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp:
         report = run(args, Path(tmp))
     if args.json:
@@ -282,15 +304,21 @@ def main() -> None:
     r = report
     print(f"ramp to {args.clients} clients over {args.ramp_s:g} s, held {args.hold_s:g} s: {r['requests']}")
     print(f"burst of {args.burst} leaving clients: {r['burst']}")
-    print(f"health checks (workers' gRPC, router /livez) during the ramp: p99 {r['health_p99_s']:.3f} s, "
-          f"max {r['health_max_s']:.3f} s over {r['health_checks']}; p99 by process {r['health_p99_by_process_s']}")  # fmt: skip
+    print(
+        f"health checks (workers' gRPC, router /livez) during the ramp: p99 {r['health_p99_s']:.3f} s, "
+        f"max {r['health_max_s']:.3f} s over {r['health_checks']}; p99 by process {r['health_p99_by_process_s']}"
+    )
     print(f"worker restarts: {r['restarts']}")
-    print(f"2 s after the burst, per worker (KV blocks used or reserved, requests held): {r['held_2s_after_burst']}")
+    print(
+        f"2 s after the burst, per worker (KV blocks used or reserved, requests held): {r['held_2s_after_burst']}"
+    )
     print(f"peak RSS (MiB): {r['peak_rss_mib']}")
     rec = r["recovered_after_s"]
     back = f"after {rec:.1f} s" if rec is not None else f"not within {args.recover_s:g} s"
-    print(f"baseline {r['baseline_rps']} req/s with {args.base_clients} clients; after the burst's check, "
-          f"90% of it over a 2 s window {back} (best {r['after_burst_best_rps']} req/s; {r['after_burst']})")  # fmt: skip
+    print(
+        f"baseline {r['baseline_rps']} req/s with {args.base_clients} clients; after the burst's check, "
+        f"90% of it over a 2 s window {back} (best {r['after_burst_best_rps']} req/s; {r['after_burst']})"
+    )
 
 
 if __name__ == "__main__":

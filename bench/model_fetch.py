@@ -28,21 +28,34 @@ from tandem.testing.fake_hub import FakeHub
 
 REPO_ID = "org/bench"
 MODES = ("single", "shared", "per-pod", "unfiltered")
-UNFILTERED = "from huggingface_hub import snapshot_download as s; import sys; s(sys.argv[1], local_dir=sys.argv[2])"
+UNFILTERED = (
+    "from huggingface_hub import snapshot_download as s; import sys; s(sys.argv[1], local_dir=sys.argv[2])"
+)
 
 
 def repository(weights_mib: int) -> dict[str, bytes]:
     """A model repository as the Hub has them: safetensors weights and the same weights as a .bin copy."""
     weights = os.urandom(weights_mib << 20)
-    return {"config.json": b'{"model_type": "llama"}', "generation_config.json": b"{}", "tokenizer.json": b"{}",
-            "tokenizer_config.json": b"{}", "model.safetensors": weights, "pytorch_model.bin": weights[::-1],
-            "README.md": b"# bench"}
+    return {
+        "config.json": b'{"model_type": "llama"}',
+        "generation_config.json": b"{}",
+        "tokenizer.json": b"{}",
+        "tokenizer_config.json": b"{}",
+        "model.safetensors": weights,
+        "pytorch_model.bin": weights[::-1],
+        "README.md": b"# bench",
+    }
 
 
 def run_mode(mode: str, hub: FakeHub, pods: int, root: Path) -> tuple[float, int]:
     """(seconds until the last pod finished, bytes the server sent) for one mode."""
-    env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HUB_DISABLE_TELEMETRY": "1",
-           "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HOME": str(root / "hf-home")}
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": hub.endpoint,
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "HF_HOME": str(root / "hf-home"),
+    }
     before = sum(hub.served.values())
     n = 1 if mode == "single" else pods
     commands = []
@@ -51,9 +64,14 @@ def run_mode(mode: str, hub: FakeHub, pods: int, root: Path) -> tuple[float, int
         if mode == "unfiltered":
             commands.append([sys.executable, "-c", UNFILTERED, REPO_ID, str(folder)])
         else:
-            commands.append([sys.executable, "-m", "tandem", "fetch-model", REPO_ID, "--dir", str(folder), "--report", ""])
+            commands.append(
+                [sys.executable, "-m", "tandem", "fetch-model", REPO_ID, "--dir", str(folder), "--report", ""]
+            )
     started = time.monotonic()
-    procs = [subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for c in commands]
+    procs = [
+        subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for c in commands
+    ]
     for p in procs:
         _, err = p.communicate(timeout=600)
         if p.returncode != 0:
@@ -70,7 +88,9 @@ def main() -> None:
     ap.add_argument("--pods", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--weights-mib", type=int, default=128)
-    ap.add_argument("--bandwidth-mib", type=float, default=256.0, help="the server's cap, MiB/s, all pods together")
+    ap.add_argument(
+        "--bandwidth-mib", type=float, default=256.0, help="the server's cap, MiB/s, all pods together"
+    )
     add_smoke(ap)
     args = smoke_sizes(ap.parse_args(), pods=2, repeat=1, weights_mib=1)
     results: dict[str, dict[str, list[float]]] = {m: {"seconds": [], "mib": []} for m in MODES}
@@ -84,16 +104,22 @@ def main() -> None:
                     results[mode]["mib"].append(sent / 2**20)
             finally:
                 shutil.rmtree(root, ignore_errors=True)
-    print(f"{args.weights_mib} MiB of safetensors (and a .bin copy), server capped at {args.bandwidth_mib:g} MiB/s, "
-          f"{args.repeat} repeats, median [min-max]")
+    print(
+        f"{args.weights_mib} MiB of safetensors (and a .bin copy), server capped at {args.bandwidth_mib:g} MiB/s, "
+        f"{args.repeat} repeats, median [min-max]"
+    )
     print(f"{'mode':<12} {'pods':>4}  {'time to the last pod':<28} {'served':<24}")
     for mode in MODES:
         n = 1 if mode == "single" else args.pods
-        print(f"{mode:<12} {n:>4}  {fmt(results[mode]['seconds']):<28} {fmt(results[mode]['mib'], 'MiB'):<24}")
+        print(
+            f"{mode:<12} {n:>4}  {fmt(results[mode]['seconds']):<28} {fmt(results[mode]['mib'], 'MiB'):<24}"
+        )
     shared, single = results["shared"]["seconds"], results["single"]["seconds"]
     per_pod, unfiltered = results["per-pod"]["seconds"], results["unfiltered"]["seconds"]
     print(f"shared / single, per repeat: {fmt([a / b for a, b in zip(shared, single, strict=True)], 'x')}")
-    print(f"unfiltered / shared, per repeat: {fmt([a / b for a, b in zip(unfiltered, shared, strict=True)], 'x')}")
+    print(
+        f"unfiltered / shared, per repeat: {fmt([a / b for a, b in zip(unfiltered, shared, strict=True)], 'x')}"
+    )
     print(f"per-pod / shared, per repeat: {fmt([a / b for a, b in zip(per_pod, shared, strict=True)], 'x')}")
     print(json.dumps({"args": vars(args), "results": results}))
 

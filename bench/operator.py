@@ -29,16 +29,29 @@ GROUP, VERSION = "serving.tandem.dev", "v1alpha1"
 CHILD_KINDS = ("deployments", "services", "poddisruptionbudgets", "tandempools")
 CHILDREN_PER_OBJECT = 3 + 3 + 2 + 2  # deployments, services, PDBs, pools
 WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY", "DELETE")
-OPERATOR_RESOURCES = ("inferenceservices", "tandempools", "deployments", "services",
-                      "poddisruptionbudgets", "events")
+OPERATOR_RESOURCES = (
+    "inferenceservices",
+    "tandempools",
+    "deployments",
+    "services",
+    "poddisruptionbudgets",
+    "events",
+)
 
 
 def bench_object(name: str) -> dict:
     pool = {"replicas": 0, "minReplicas": 0, "maxReplicas": 4, "resources": {"gpus": 1}}
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService", "metadata": {"name": name},
-            "spec": {"model": {"source": {"path": "/models/m"}, "servedName": name},
-                     "prefill": pool, "decode": pool,
-                     "autoscaling": {"enabled": True, "intervalSeconds": 3600}}}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"source": {"path": "/models/m"}, "servedName": name},
+            "prefill": pool,
+            "decode": pool,
+            "autoscaling": {"enabled": True, "intervalSeconds": 3600},
+        },
+    }
 
 
 class ChildWatcher:
@@ -51,14 +64,20 @@ class ChildWatcher:
         self.stop = False
 
     def _list_fn(self, kind: str):
-        core, apps, policy = client.CoreV1Api(self.api), client.AppsV1Api(self.api), client.PolicyV1Api(self.api)
+        core, apps, policy = (
+            client.CoreV1Api(self.api),
+            client.AppsV1Api(self.api),
+            client.PolicyV1Api(self.api),
+        )
         custom = client.CustomObjectsApi(self.api)
         return {
             "deployments": (apps.list_namespaced_deployment, {}),
             "services": (core.list_namespaced_service, {}),
             "poddisruptionbudgets": (policy.list_namespaced_pod_disruption_budget, {}),
-            "tandempools": (custom.list_namespaced_custom_object,
-                            {"group": GROUP, "version": VERSION, "plural": "tandempools"}),
+            "tandempools": (
+                custom.list_namespaced_custom_object,
+                {"group": GROUP, "version": VERSION, "plural": "tandempools"},
+            ),
         }[kind]
 
     def _run(self, kind: str) -> None:
@@ -71,7 +90,9 @@ class ChildWatcher:
     def _watch(self, kind: str) -> None:
         fn, extra = self._list_fn(kind)
         w = watch.Watch()
-        for ev in w.stream(fn, namespace=self.ns, label_selector=names.LABEL_SERVICE, timeout_seconds=3600, **extra):
+        for ev in w.stream(
+            fn, namespace=self.ns, label_selector=names.LABEL_SERVICE, timeout_seconds=3600, **extra
+        ):
             if self.stop:
                 return
             obj = ev["object"]
@@ -106,8 +127,13 @@ def write_counts(cp: ControlPlane) -> int:
 
 def ready_count(custom: client.CustomObjectsApi, ns: str) -> int:
     items = custom.list_namespaced_custom_object(GROUP, VERSION, ns, "inferenceservices")["items"]
-    return sum(any(c["type"] == "Ready" and c["status"] == "True"
-                   for c in (i.get("status") or {}).get("conditions") or []) for i in items)
+    return sum(
+        any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in (i.get("status") or {}).get("conditions") or []
+        )
+        for i in items
+    )
 
 
 def rss_mb(pid: int) -> float:
@@ -134,10 +160,16 @@ def wait(fn, timeout: float, what: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--objects", type=int, default=100, help="objects for the latency figure")
-    p.add_argument("--rss-objects", type=int, default=200,
-                   help="objects alive for the RSS figure (0: only the latency figure)")
+    p.add_argument(
+        "--rss-objects",
+        type=int,
+        default=200,
+        help="objects alive for the RSS figure (0: only the latency figure)",
+    )
     p.add_argument("--gap", type=float, default=0.1, help="seconds between applies")
-    p.add_argument("--resync", type=int, default=20, help="operator resync period for the steady-state figure")
+    p.add_argument(
+        "--resync", type=int, default=20, help="operator resync period for the steady-state figure"
+    )
     add_smoke(p)
     args = smoke_sizes(p.parse_args(argv), objects=3, rss_objects=4, gap=0.0, resync=2)
 
@@ -160,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.objects):
             name = f"bench-{i:03d}"
             applied[name] = time.monotonic()
-            custom.create_namespaced_custom_object(GROUP, VERSION, ns, "inferenceservices", bench_object(name))
+            custom.create_namespaced_custom_object(
+                GROUP, VERSION, ns, "inferenceservices", bench_object(name)
+            )
             time.sleep(args.gap)
         wait(lambda: all(watcher.complete_at(n) for n in applied), 300, "children of every object")
         lat = sorted(watcher.complete_at(n) - t for n, t in applied.items())
@@ -168,26 +202,33 @@ def main(argv: list[str] | None = None) -> int:
         p99 = lat[min(len(lat) - 1, int(round(0.99 * len(lat))) - 1)]
         watcher.stop = True
         print(f"operator CPU while creating {len(applied)} objects: {cpu_seconds(op.proc.pid) - cpu0:.1f} s")
-        print(f"apply->all {CHILDREN_PER_OBJECT} children created over {len(lat)} objects: "
-              f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, max {lat[-1] * 1000:.0f} ms (target p99 < 1000 ms)")
+        print(
+            f"apply->all {CHILDREN_PER_OBJECT} children created over {len(lat)} objects: "
+            f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, max {lat[-1] * 1000:.0f} ms (target p99 < 1000 ms)"
+        )
         if args.rss_objects <= 0:
             return 0
 
         for i in range(args.objects, args.rss_objects):
-            custom.create_namespaced_custom_object(GROUP, VERSION, ns, "inferenceservices",
-                                                   bench_object(f"bench-{i:03d}"))
+            custom.create_namespaced_custom_object(
+                GROUP, VERSION, ns, "inferenceservices", bench_object(f"bench-{i:03d}")
+            )
         wait(lambda: ready_count(custom, ns) >= args.rss_objects, 600, "all objects Ready")
         time.sleep(args.resync + 2)  # at least one full resync with everything alive
-        print(f"operator RSS with {args.rss_objects} InferenceServices: {rss_mb(op.proc.pid):.0f} MB "
-              f"(target < 200 MB)")
+        print(
+            f"operator RSS with {args.rss_objects} InferenceServices: {rss_mb(op.proc.pid):.0f} MB "
+            f"(target < 200 MB)"
+        )
 
         before = write_counts(cp)
         cycles = 3
         time.sleep(args.resync * cycles + 2)
         writes = write_counts(cp) - before
         reconciles = args.rss_objects * cycles
-        print(f"steady state: {writes} API writes over {cycles} resyncs of {args.rss_objects} objects "
-              f"(~{reconciles} reconciles) = {writes / reconciles:.3f} writes per reconcile (target 0)")
+        print(
+            f"steady state: {writes} API writes over {cycles} resyncs of {args.rss_objects} objects "
+            f"(~{reconciles} reconciles) = {writes / reconciles:.3f} writes per reconcile (target 0)"
+        )
     finally:
         if op:
             op.stop()

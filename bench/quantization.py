@@ -71,11 +71,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--intermediate", type=int, default=2048)
-    p.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="cpu: this process's CPU time (a shared host)")
+    p.add_argument(
+        "--clock", choices=["cpu", "wall"], default="cpu", help="cpu: this process's CPU time (a shared host)"
+    )
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
     add_smoke(p)
-    args = smoke_sizes(p.parse_args(argv), batches="1,2", prompt_len=8, new_tokens=4, repeats=1, accuracy_prompts=1,
-                       accuracy_tokens=4, layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128)
+    args = smoke_sizes(
+        p.parse_args(argv),
+        batches="1,2",
+        prompt_len=8,
+        new_tokens=4,
+        repeats=1,
+        accuracy_prompts=1,
+        accuracy_tokens=4,
+        layers=2,
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        intermediate=128,
+    )
     args.batch_sizes = [int(b) for b in args.batches.split(",")]
     return args
 
@@ -98,7 +112,8 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict:
         enable_prefix_caching=False,
     )
     engines = {
-        name: Engine(models[q], dataclasses.replace(config, kv_cache_dtype=kv)) for name, (q, kv) in VARIANTS.items()
+        name: Engine(models[q], dataclasses.replace(config, kv_cache_dtype=kv))
+        for name, (q, kv) in VARIANTS.items()
     }
     log(f"model: {params / 1e6:.1f}M parameters in {args.dtype}, {args.threads} threads; warming up")
     for engine in engines.values():
@@ -124,7 +139,11 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict:
                 for p, t in zip(acc_prompts, ref_tokens, strict=True)
             ]
         )
-        results.append(VariantResult(name, tok_s[name], weight_nbytes(models[q]), plan.max_concurrent_sequences, accuracy))
+        results.append(
+            VariantResult(
+                name, tok_s[name], weight_nbytes(models[q]), plan.max_concurrent_sequences, accuracy
+            )
+        )
     title = (
         f"{params / 1e6:.0f}M-parameter random-weight Llama ({args.layers} layers, hidden {args.hidden}, "
         f"{args.heads} heads / {args.kv_heads} KV heads, head_dim {base.config.head_dim}) in {args.dtype}, "
@@ -132,7 +151,11 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict:
         f"median [min-max] of {args.repeats}; torch {torch.__version__}"
     )
     print_table(results, args.batch_sizes, title)
-    return {"title": title, "args": {k: v for k, v in vars(args).items() if k != "out"}, "variants": [_json(r) for r in results]}
+    return {
+        "title": title,
+        "args": {k: v for k, v in vars(args).items() if k != "out"},
+        "variants": [_json(r) for r in results],
+    }
 
 
 def _json(r: VariantResult) -> dict:
@@ -148,32 +171,62 @@ def print_table(results: list[VariantResult], batches: list[int], title: str) ->
         cells = []
         for r in results:  # each repeat's ratio is measured side by side with that repeat's baseline
             med, lo, hi = median_spread(r.decode_tok_s[b])
-            ratio = median_spread([x / y for x, y in zip(r.decode_tok_s[b], base.decode_tok_s[b], strict=True)])
+            ratio = median_spread(
+                [x / y for x, y in zip(r.decode_tok_s[b], base.decode_tok_s[b], strict=True)]
+            )
             cells.append(f"{med:.1f} [{lo:.1f}-{hi:.1f}], {ratio[0]:.2f}x [{ratio[1]:.2f}-{ratio[2]:.2f}]")
         print(f"| decode tok/s, batch {b}: median [min-max], ratio to baseline | " + " | ".join(cells) + " |")
-    print("| weight memory (MiB) | " + " | ".join(
-        f"{r.weight_bytes / 2**20:.0f} ({r.weight_bytes / base.weight_bytes:.2f}x)" for r in results) + " |")  # fmt: skip
-    print(f"| KV capacity, sequences at {CONTEXT} tokens | " + " | ".join(
-        f"{r.kv_sequences:.1f} ({r.kv_sequences / base.kv_sequences:.2f}x)" for r in results) + " |")  # fmt: skip
+    print(
+        "| weight memory (MiB) | "
+        + " | ".join(
+            f"{r.weight_bytes / 2**20:.0f} ({r.weight_bytes / base.weight_bytes:.2f}x)" for r in results
+        )
+        + " |"
+    )
+    print(
+        f"| KV capacity, sequences at {CONTEXT} tokens | "
+        + " | ".join(f"{r.kv_sequences:.1f} ({r.kv_sequences / base.kv_sequences:.2f}x)" for r in results)
+        + " |"
+    )
     acc = results[1:]
-    print("| logits max abs error (rel. to max logit) | - | " + " | ".join(
-        f"{max(a.max_abs_error for a in r.accuracy):.3g} ({max(a.rel_error for a in r.accuracy):.2%})" for r in acc) + " |")  # fmt: skip
-    print("| top-1 agreement over 64 tokens, mean [min] | - | " + " | ".join(
-        f"{statistics.mean(a.top1_agreement for a in r.accuracy):.1%} [{min(a.top1_agreement for a in r.accuracy):.0%}]"
-        for r in acc) + " |")  # fmt: skip
-    print("| greedy tokens before the first disagreement, per prompt | - | " + " | ".join(
-        ",".join(str(a.greedy_prefix) for a in r.accuracy) for r in acc) + " |")  # fmt: skip
+    print(
+        "| logits max abs error (rel. to max logit) | - | "
+        + " | ".join(
+            f"{max(a.max_abs_error for a in r.accuracy):.3g} ({max(a.rel_error for a in r.accuracy):.2%})"
+            for r in acc
+        )
+        + " |"
+    )
+    print(
+        "| top-1 agreement over 64 tokens, mean [min] | - | "
+        + " | ".join(
+            f"{statistics.mean(a.top1_agreement for a in r.accuracy):.1%} [{min(a.top1_agreement for a in r.accuracy):.0%}]"
+            for r in acc
+        )
+        + " |"
+    )
+    print(
+        "| greedy tokens before the first disagreement, per prompt | - | "
+        + " | ".join(",".join(str(a.greedy_prefix) for a in r.accuracy) for r in acc)
+        + " |"
+    )
     margin = statistics.median(a.median_margin for a in acc[0].accuracy)
-    print(f"\nThe baseline's median gap between its top two logits: {margin:.3g} (random weights: near-ties).")
+    print(
+        f"\nThe baseline's median gap between its top two logits: {margin:.3g} (random weights: near-ties)."
+    )
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
         spec = TinySpec(
-            layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
-            intermediate=args.intermediate, max_positions=CONTEXT,
-        )  # fmt: skip
+            layers=args.layers,
+            hidden=args.hidden,
+            heads=args.heads,
+            kv_heads=args.kv_heads,
+            intermediate=args.intermediate,
+            max_positions=CONTEXT,
+        )
         result = run(args, create_tiny_model(Path(tmp) / "model", spec))
     if args.out is not None:
         args.out.write_text(json.dumps(result, indent=2) + "\n")

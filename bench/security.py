@@ -64,7 +64,9 @@ class Dialer:
     def __init__(self, certs: Path, stranger: Path) -> None:
         self.certs, self.stranger = certs, stranger
 
-    def __call__(self, address: str, to_role: str, as_role: str | None, *, ca_of: str = "router") -> grpc.Channel:
+    def __call__(
+        self, address: str, to_role: str, as_role: str | None, *, ca_of: str = "router"
+    ) -> grpc.Channel:
         name = [("grpc.ssl_target_name_override", peer_name(to_role, SERVICE))]
         ca = (self.certs / ca_of / "ca.crt").read_bytes()
         if as_role is None:
@@ -84,39 +86,139 @@ def worker_rows(workers: dict[str, str], dial: Dialer) -> list[Row]:
             return grpc_outcome(lambda: rpc(ch))
 
     with grpc.insecure_channel(decode) as ch:
-        rows.append(Row("plaintext client reads a decode worker's load", "UNAVAILABLE",
-                        grpc_outcome(lambda: decode_pb2_grpc.DecodeServiceStub(ch).Load(load, timeout=5))))
-    rows.append(Row("TLS client without a certificate reads a decode worker's load", "UNAVAILABLE",
-                    call(decode, "decode", None, lambda ch: decode_pb2_grpc.DecodeServiceStub(ch).Load(load, timeout=5))))
-    rows.append(Row("client certificate from another CA (role router) reads load", "UNAVAILABLE",
-                    call(decode, "decode", "stranger", lambda ch: decode_pb2_grpc.DecodeServiceStub(ch).Load(load, timeout=5))))
-    rows.append(Row("router dials a prefill worker as if it were decode (role impersonation)", "UNAVAILABLE",
-                    call(prefill, "decode", "router", lambda ch: decode_pb2_grpc.DecodeServiceStub(ch).Load(load, timeout=5))))
+        rows.append(
+            Row(
+                "plaintext client reads a decode worker's load",
+                "UNAVAILABLE",
+                grpc_outcome(lambda: decode_pb2_grpc.DecodeServiceStub(ch).Load(load, timeout=5)),
+            )
+        )
+    rows.append(
+        Row(
+            "TLS client without a certificate reads a decode worker's load",
+            "UNAVAILABLE",
+            call(
+                decode, "decode", None, lambda ch: decode_pb2_grpc.DecodeServiceStub(ch).Load(load, timeout=5)
+            ),
+        )
+    )
+    rows.append(
+        Row(
+            "client certificate from another CA (role router) reads load",
+            "UNAVAILABLE",
+            call(
+                decode,
+                "decode",
+                "stranger",
+                lambda ch: decode_pb2_grpc.DecodeServiceStub(ch).Load(load, timeout=5),
+            ),
+        )
+    )
+    rows.append(
+        Row(
+            "router dials a prefill worker as if it were decode (role impersonation)",
+            "UNAVAILABLE",
+            call(
+                prefill,
+                "decode",
+                "router",
+                lambda ch: decode_pb2_grpc.DecodeServiceStub(ch).Load(load, timeout=5),
+            ),
+        )
+    )
     reserve = decode_pb2.ReserveRequest(request_id="x", transfer_id="t", prompt_token_ids=[11, 12, 13])
     for who in ("prefill", "decode"):
-        rows.append(Row(f"{who} certificate reserves KV on a decode worker (router only)", "PERMISSION_DENIED",
-                        call(decode, "decode", who, lambda ch: decode_pb2_grpc.DecodeServiceStub(ch).Reserve(reserve, timeout=5))))
-        rows.append(Row(f"{who} certificate reads another request's token stream", "PERMISSION_DENIED",
-                        call(decode, "decode", who, lambda ch: next(decode_pb2_grpc.DecodeServiceStub(ch).StreamTokens(
-                            decode_pb2.StreamTokensRequest(request_id="x"), timeout=5)))))
+        rows.append(
+            Row(
+                f"{who} certificate reserves KV on a decode worker (router only)",
+                "PERMISSION_DENIED",
+                call(
+                    decode,
+                    "decode",
+                    who,
+                    lambda ch: decode_pb2_grpc.DecodeServiceStub(ch).Reserve(reserve, timeout=5),
+                ),
+            )
+        )
+        rows.append(
+            Row(
+                f"{who} certificate reads another request's token stream",
+                "PERMISSION_DENIED",
+                call(
+                    decode,
+                    "decode",
+                    who,
+                    lambda ch: next(
+                        decode_pb2_grpc.DecodeServiceStub(ch).StreamTokens(
+                            decode_pb2.StreamTokensRequest(request_id="x"), timeout=5
+                        )
+                    ),
+                ),
+            )
+        )
     for who in ("router", "decode"):
-        rows.append(Row(f"{who} certificate pushes KV into a decode worker (prefill only)", "PERMISSION_DENIED",
-                        call(decode, "decode", who, lambda ch: ch.stream_unary(
-                            "/tandem.v1.DecodeService/PushKv", request_serializer=bytes, response_deserializer=bytes)(
-                            iter([b""]), timeout=5))))
-    prefill_request = prefill_pb2.PrefillRequest(request_id="x", prompt_token_ids=[11, 12, 13], decode_address=decode)
-    rows.append(Row("decode certificate asks a prefill worker for a prefill (router only)", "PERMISSION_DENIED",
-                    call(prefill, "prefill", "decode", lambda ch: prefill_pb2_grpc.PrefillServiceStub(ch).Prefill(
-                        prefill_request, timeout=5))))
+        rows.append(
+            Row(
+                f"{who} certificate pushes KV into a decode worker (prefill only)",
+                "PERMISSION_DENIED",
+                call(
+                    decode,
+                    "decode",
+                    who,
+                    lambda ch: ch.stream_unary(
+                        "/tandem.v1.DecodeService/PushKv",
+                        request_serializer=bytes,
+                        response_deserializer=bytes,
+                    )(iter([b""]), timeout=5),
+                ),
+            )
+        )
+    prefill_request = prefill_pb2.PrefillRequest(
+        request_id="x", prompt_token_ids=[11, 12, 13], decode_address=decode
+    )
+    rows.append(
+        Row(
+            "decode certificate asks a prefill worker for a prefill (router only)",
+            "PERMISSION_DENIED",
+            call(
+                prefill,
+                "prefill",
+                "decode",
+                lambda ch: prefill_pb2_grpc.PrefillServiceStub(ch).Prefill(prefill_request, timeout=5),
+            ),
+        )
+    )
     for who in ("router", "prefill"):
-        rows.append(Row(f"{who} certificate drains a decode worker (operator or the pod itself only)", "PERMISSION_DENIED",
-                        call(decode, "decode", who, lambda ch: lifecycle_pb2_grpc.LifecycleServiceStub(ch).Drain(
-                            lifecycle_pb2.DrainRequest(), timeout=5))))
+        rows.append(
+            Row(
+                f"{who} certificate drains a decode worker (operator or the pod itself only)",
+                "PERMISSION_DENIED",
+                call(
+                    decode,
+                    "decode",
+                    who,
+                    lambda ch: lifecycle_pb2_grpc.LifecycleServiceStub(ch).Drain(
+                        lifecycle_pb2.DrainRequest(), timeout=5
+                    ),
+                ),
+            )
+        )
     for target in ("unix:/var/run/docker.sock", "169.254.169.254:80"):
-        bad = prefill_pb2.PrefillRequest(request_id=f"t-{target[:4]}", prompt_token_ids=[11, 12, 13], decode_address=target)
-        rows.append(Row(f"router has the prefill worker push KV to {target}", "INVALID_ARGUMENT",
-                        call(prefill, "prefill", "router", lambda ch, bad=bad: prefill_pb2_grpc.PrefillServiceStub(ch).Prefill(
-                            bad, timeout=10))))
+        bad = prefill_pb2.PrefillRequest(
+            request_id=f"t-{target[:4]}", prompt_token_ids=[11, 12, 13], decode_address=target
+        )
+        rows.append(
+            Row(
+                f"router has the prefill worker push KV to {target}",
+                "INVALID_ARGUMENT",
+                call(
+                    prefill,
+                    "prefill",
+                    "router",
+                    lambda ch, bad=bad: prefill_pb2_grpc.PrefillServiceStub(ch).Prefill(bad, timeout=10),
+                ),
+            )
+        )
     return rows
 
 
@@ -124,12 +226,19 @@ def router_rows(url: str, workers: dict[str, str], vocab: int) -> list[Row]:
     rows = [kubernetes_router_row()]
     with httpx.Client(base_url=url, timeout=60) as c:
         # `tandem up` binds loopback and gives the router no separate metrics port: /metrics is on its one port
-        rows.append(Row("GET /metrics on a `tandem up` router (loopback, one port by design)", "200",
-                        str(c.get("/metrics").status_code)))
+        rows.append(
+            Row(
+                "GET /metrics on a `tandem up` router (loopback, one port by design)",
+                "200",
+                str(c.get("/metrics").status_code),
+            )
+        )
         for path in ("/docs", "/openapi.json"):
             rows.append(Row(f"GET {path} on the router's public port", "404", str(c.get(path).status_code)))
         r = c.post("/v1/completions", json={"model": SERVED_NAME, "prompt": [11, 12, 13], "max_tokens": 2})
-        leaked = [a for a in workers.values() if any(a in v or a.rsplit(":", 1)[1] in v for v in r.headers.values())]
+        leaked = [
+            a for a in workers.values() if any(a in v or a.rsplit(":", 1)[1] in v for v in r.headers.values())
+        ]
         rows.append(Row("response headers name a worker's address", "none", ", ".join(leaked) or "none"))
         r = c.post("/v1/completions", json={"model": SERVED_NAME, "prompt": [vocab + 5], "max_tokens": 2})
         rows.append(Row("prompt token id outside the vocabulary", "400", str(r.status_code)))
@@ -142,7 +251,9 @@ def kubernetes_router_row() -> Row:
     from tandem.spec import InferenceServiceSpec
 
     spec = InferenceServiceSpec.model_validate({"model": {"source": {"path": "/m"}, "servedName": "m"}})
-    (container,) = render.router_deployment(spec, SERVICE, "ns", "uid")["spec"]["template"]["spec"]["containers"]
+    (container,) = render.router_deployment(spec, SERVICE, "ns", "uid")["spec"]["template"]["spec"][
+        "containers"
+    ]
     argv = container.get("args", [])
     public = "--public-metrics" in argv or not any(a.startswith("--metrics-port") for a in argv)
     return Row("a Kubernetes router serves /metrics on its public port", "no", "yes" if public else "no")

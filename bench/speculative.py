@@ -106,7 +106,9 @@ def scaled(model: Transformer, factor: float) -> Transformer:
     return model
 
 
-def prompts_for(workload: str, model: Transformer, batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+def prompts_for(
+    workload: str, model: Transformer, batch: int, length: int, vocab: int, seed: int
+) -> list[list[int]]:
     if workload == "repeats":  # a random start, then what the model itself says next (untimed)
         starts = random_prompts(batch, 16, vocab, seed)
         ((_, continued),) = run([engine_for(model, batch, length, length, None)], starts, length - 16)
@@ -143,11 +145,16 @@ class Timeline:
             self.tokens[o.request_id].append(o.token_id)
 
 
-def run(engines: list[Engine], prompts: list[list[int]], new_tokens: int) -> list[tuple[Timed, list[list[int]]]]:
+def run(
+    engines: list[Engine], prompts: list[list[int]], new_tokens: int
+) -> list[tuple[Timed, list[list[int]]]]:
     """Run the same prompts on each engine, one step of each in turn; (timing, tokens) per engine."""
     lines = [Timeline(e) for e in engines]
     ids = [line.start(prompts, new_tokens) for line in lines]
-    seen = [(e.speculator.proposed_tokens, e.speculator.accepted_tokens) if e.speculator else (0, 0) for e in engines]
+    seen = [
+        (e.speculator.proposed_tokens, e.speculator.accepted_tokens) if e.speculator else (0, 0)
+        for e in engines
+    ]
     while any(line.engine.has_work() for line in lines):
         for line in lines:
             if line.engine.has_work():
@@ -167,10 +174,17 @@ def run(engines: list[Engine], prompts: list[list[int]], new_tokens: int) -> lis
     return out
 
 
-def engine_for(model: Transformer, batch: int, prompt_len: int, new_tokens: int, spec: SpeculativeConfig | None) -> Engine:
+def engine_for(
+    model: Transformer, batch: int, prompt_len: int, new_tokens: int, spec: SpeculativeConfig | None
+) -> Engine:
     blocks = batch * (-(-(prompt_len + new_tokens + 16) // BLOCK_SIZE)) + 16
-    config = EngineConfig(block_size=BLOCK_SIZE, num_kv_blocks=blocks, max_batch_tokens=max(2048, batch * prompt_len),
-                          prefill_chunk_tokens=max(512, prompt_len), speculative=spec)  # fmt: skip
+    config = EngineConfig(
+        block_size=BLOCK_SIZE,
+        num_kv_blocks=blocks,
+        max_batch_tokens=max(2048, batch * prompt_len),
+        prefill_chunk_tokens=max(512, prompt_len),
+        speculative=spec,
+    )
     return Engine(model, config)
 
 
@@ -200,21 +214,39 @@ def print_table(points: list[Point], caption: str) -> None:
     from rich.table import Table
 
     table = Table(title="speculative vs plain decoding: median, then (min-max) over runs", caption=caption)
-    for col in ("method", "workload", "batch", "plain TPOT ms", "spec TPOT ms", "TPOT ratio", "plain tok/s", "spec tok/s",
-                "tok/s ratio", "acceptance", "target", "met"):  # fmt: skip
+    for col in (
+        "method",
+        "workload",
+        "batch",
+        "plain TPOT ms",
+        "spec TPOT ms",
+        "TPOT ratio",
+        "plain tok/s",
+        "spec tok/s",
+        "tok/s ratio",
+        "acceptance",
+        "target",
+        "met",
+    ):
         table.add_column(col, justify="left" if col in ("method", "workload", "met") else "right")
     for p in points:
         target = p.target()
         met = "-" if target is None else ("yes" if statistics.median(p.ratios) >= target else "NO")
         tok = [s.tok_s / q.tok_s for q, s in zip(p.plain, p.spec, strict=True)]
         table.add_row(
-            p.method, p.workload, str(p.batch),
-            spread([r.tpot_s * 1e3 for r in p.plain]), spread([r.tpot_s * 1e3 for r in p.spec]),
+            p.method,
+            p.workload,
+            str(p.batch),
+            spread([r.tpot_s * 1e3 for r in p.plain]),
+            spread([r.tpot_s * 1e3 for r in p.spec]),
             spread(p.ratios) + "x",
-            spread([r.tok_s for r in p.plain], "{:.0f}"), spread([r.tok_s for r in p.spec], "{:.0f}"),
-            spread(tok) + "x", f"{p.acceptance:.0%}",
-            "-" if target is None else f">= {target:.2f}x", met,
-        )  # fmt: skip
+            spread([r.tok_s for r in p.plain], "{:.0f}"),
+            spread([r.tok_s for r in p.spec], "{:.0f}"),
+            spread(tok) + "x",
+            f"{p.acceptance:.0%}",
+            "-" if target is None else f">= {target:.2f}x",
+            met,
+        )
     Console(width=200).print(table)
 
 
@@ -228,11 +260,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--num-tokens", type=int, default=4, help="draft tokens per step")
     p.add_argument("--layers", type=int, default=4, help="the tiny model's layers")
     p.add_argument("--draft-layers", type=int, default=1, help="the draft method's layers (of --layers)")
-    p.add_argument("--early-exit-scale", type=float, default=0.02,
-                   help="early-exit workload: the factor on the outputs of the layers past the draft")  # fmt: skip
+    p.add_argument(
+        "--early-exit-scale",
+        type=float,
+        default=0.02,
+        help="early-exit workload: the factor on the outputs of the layers past the draft",
+    )
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
-                   help="cpu: this process's CPU time (steadier on a shared host; needs --threads 1)")  # fmt: skip
+    p.add_argument(
+        "--clock",
+        choices=["cpu", "wall"],
+        default="cpu",
+        help="cpu: this process's CPU time (steadier on a shared host; needs --threads 1)",
+    )
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     add_smoke(p)
     return smoke_sizes(p.parse_args(argv), batches="1,2", prompt_len=24, new_tokens=6, layers=2, repeats=1)
@@ -248,7 +288,9 @@ def main(argv: list[str]) -> int:
         models = {
             "repeats": load_model(model_dir),
             "novel": scaled(load_model(model_dir), 4.0),
-            "early-exit": upper_layers_scaled(load_model(model_dir), args.draft_layers, args.early_exit_scale),
+            "early-exit": upper_layers_scaled(
+                load_model(model_dir), args.draft_layers, args.early_exit_scale
+            ),
         }
         models["random"] = models["repeats"]
     vocab = models["repeats"].config.vocab_size - 64  # clear of the special tokens at the top
@@ -256,11 +298,17 @@ def main(argv: list[str]) -> int:
     for workload in args.workloads.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             points.append(bench_point(workload, models[workload], batch, args, vocab))
-            print(f"  {workload} batch {batch}: TPOT ratio {spread(points[-1].ratios)}x, "
-                  f"acceptance {points[-1].acceptance:.0%}", file=sys.stderr, flush=True)  # fmt: skip
-    caption = (f"tiny Llama ({args.layers} layers, hidden 256), fp32, CPU, {args.threads} thread(s), {args.clock} clock; "
-               f"prompt {args.prompt_len}, {args.new_tokens} new tokens, k={args.num_tokens}, "
-               f"draft {args.draft_layers} layer(s), early-exit scale {args.early_exit_scale}, {args.repeats} runs")  # fmt: skip
+            print(
+                f"  {workload} batch {batch}: TPOT ratio {spread(points[-1].ratios)}x, "
+                f"acceptance {points[-1].acceptance:.0%}",
+                file=sys.stderr,
+                flush=True,
+            )
+    caption = (
+        f"tiny Llama ({args.layers} layers, hidden 256), fp32, CPU, {args.threads} thread(s), {args.clock} clock; "
+        f"prompt {args.prompt_len}, {args.new_tokens} new tokens, k={args.num_tokens}, "
+        f"draft {args.draft_layers} layer(s), early-exit scale {args.early_exit_scale}, {args.repeats} runs"
+    )
     print_table(points, caption)
     if args.out:
         Path(args.out).write_text(json.dumps([{"method": p.method, **asdict(p)} for p in points], indent=2))

@@ -67,9 +67,13 @@ def host_step_config(config: EngineConfig, context: int, steps: int) -> EngineCo
     """`config` with room for the largest batch at `context` tokens plus `steps` new ones, decoding eagerly."""
     batch, block = max(HOST_STEP_BATCHES), config.block_size
     return dataclasses.replace(
-        config, decode_step="eager", max_running_sequences=batch, num_kv_blocks=batch * -(-(context + steps + 2) // block) + 8,
-        max_batch_tokens=max(config.max_batch_tokens, context, batch), max_model_len=context + steps + 4,
-    )  # fmt: skip
+        config,
+        decode_step="eager",
+        max_running_sequences=batch,
+        num_kv_blocks=batch * -(-(context + steps + 2) // block) + 8,
+        max_batch_tokens=max(config.max_batch_tokens, context, batch),
+        max_model_len=context + steps + 4,
+    )
 
 
 def host_step_table(model: CausalLM, config: EngineConfig, context: int, steps: int) -> dict[int, HostStep]:

@@ -44,10 +44,16 @@ def stack_spec(model_dir: Path) -> dict:
             "prefill": dict(pool),
             "decode": dict(pool),
             "engine": {"numKvBlocks": 512, "threads": 1},
-            "autoscaling": {"enabled": True, "intervalSeconds": 1, "windowSeconds": 4, "stabilizationSeconds": 4,
-                            "scaleUpCooldownSeconds": 0, "scaleDownCooldownSeconds": 1},
+            "autoscaling": {
+                "enabled": True,
+                "intervalSeconds": 1,
+                "windowSeconds": 4,
+                "stabilizationSeconds": 4,
+                "scaleUpCooldownSeconds": 0,
+                "scaleDownCooldownSeconds": 1,
+            },
         },
-    }  # fmt: skip
+    }
 
 
 def routable(url: str) -> dict[str, float]:
@@ -71,10 +77,17 @@ def wait_for(what: str, check, timeout_s: float) -> None:
 
 def first_token(url: str, max_tokens: int) -> tuple[float, float | None]:
     """One streamed chat request: (client TTFT in ms, the router's X-Tandem-Cold-Start-Ms or None)."""
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True}  # fmt: skip
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+    }
     start = time.perf_counter()
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=START_TIMEOUT_S, trust_env=False) as r:
+    with httpx.stream(
+        "POST", f"{url}/v1/chat/completions", json=body, timeout=START_TIMEOUT_S, trust_env=False
+    ) as r:
         if r.status_code != 200:
             raise RuntimeError(f"router answered {r.status_code}: {r.read().decode()[:300]}")
         cold = r.headers.get(names.COLD_START_HEADER)
@@ -109,9 +122,25 @@ def main(argv: list[str]) -> int:
     port = free_port_block(24)
     url = f"http://127.0.0.1:{port}"
     log = open(work / "tandem-up.log", "wb")  # noqa: SIM115 - closed with the process
-    up = subprocess.Popen([sys.executable, "-m", "tandem", "up", "-f", str(spec_file), "--create-tiny", "--port", str(port),
-                           "--worker-port", str(port + 2), "--log-dir", str(work / "logs")],
-                          stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    up = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tandem",
+            "up",
+            "-f",
+            str(spec_file),
+            "--create-tiny",
+            "--port",
+            str(port),
+            "--worker-port",
+            str(port + 2),
+            "--log-dir",
+            str(work / "logs"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     runs = []
     try:
         wait_for("the router", lambda: _healthy(url) or up.poll() is not None, START_TIMEOUT_S)
@@ -121,21 +150,31 @@ def main(argv: list[str]) -> int:
             wait_for("both pools at zero", lambda: not any(routable(url).values()), START_TIMEOUT_S)
             cold_ms, held_ms = first_token(url, args.max_tokens)
             warm = [first_token(url, args.max_tokens)[0] for _ in range(args.warm)]
-            run = {"cold_ttft_ms": cold_ms, "cold_start_header_ms": held_ms, "warm_ttft_ms": statistics.median(warm)}
+            run = {
+                "cold_ttft_ms": cold_ms,
+                "cold_start_header_ms": held_ms,
+                "warm_ttft_ms": statistics.median(warm),
+            }
             run["ratio"] = cold_ms / run["warm_ttft_ms"]
             runs.append(run)
-            print(f"run {i + 1}: cold TTFT {cold_ms:.0f} ms (held {held_ms} ms), warm TTFT {run['warm_ttft_ms']:.1f} ms",
-                  flush=True)  # fmt: skip
+            print(
+                f"run {i + 1}: cold TTFT {cold_ms:.0f} ms (held {held_ms} ms), warm TTFT {run['warm_ttft_ms']:.1f} ms",
+                flush=True,
+            )
     finally:
         up.terminate()
         up.wait(timeout=30)
         log.close()
     col = {k: [r[k] for r in runs] for k in ("cold_ttft_ms", "cold_start_header_ms", "warm_ttft_ms", "ratio")}
-    print(f"\nload average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {args.runs} runs, median (min-max)")
+    print(
+        f"\nload average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {args.runs} runs, median (min-max)"
+    )
     print("| first request TTFT, ms | from zero | warm | from zero / warm |")
     print("| --- | --- | --- | --- |")
-    print(f"| tiny model, `tandem up`, CPU | {spread(col['cold_ttft_ms'])} (held {spread(col['cold_start_header_ms'])}) "
-          f"| {spread(col['warm_ttft_ms'], '{:.1f}')} | {spread(col['ratio'], '{:.0f}')}x |")  # fmt: skip
+    print(
+        f"| tiny model, `tandem up`, CPU | {spread(col['cold_ttft_ms'])} (held {spread(col['cold_start_header_ms'])}) "
+        f"| {spread(col['warm_ttft_ms'], '{:.1f}')} | {spread(col['ratio'], '{:.0f}')}x |"
+    )
     if args.out:
         Path(args.out).write_text(json.dumps(runs, indent=2))
     return 0

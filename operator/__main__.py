@@ -9,28 +9,58 @@ import sys
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="tandem operator", description="Reconcile InferenceServices into GPU pools.")
-    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
-                   help="kubeconfig file (default: in-cluster config, then ~/.kube/config)")
-    p.add_argument("--namespace", "-n", action="append", default=[],
-                   help="watch only this namespace (repeatable); default: all namespaces")
-    p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True,
-                   help="hold a coordination.k8s.io Lease before acting (default on)")
+    p = argparse.ArgumentParser(
+        prog="tandem operator", description="Reconcile InferenceServices into GPU pools."
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="kubeconfig file (default: in-cluster config, then ~/.kube/config)",
+    )
+    p.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        help="watch only this namespace (repeatable); default: all namespaces",
+    )
+    p.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="hold a coordination.k8s.io Lease before acting (default on)",
+    )
     p.add_argument("--lease-name", default="tandem-operator")
     p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"))
     p.add_argument("--lease-seconds", type=int, default=15)
     p.add_argument("--renew-seconds", type=int, default=10)
     p.add_argument("--retry-seconds", type=int, default=2)
-    p.add_argument("--health-port", type=int, default=None,
-                   help="serve /healthz on this port for the pod's probes (healthy while standby, then while leading)")
+    p.add_argument(
+        "--health-port",
+        type=int,
+        default=None,
+        help="serve /healthz on this port for the pod's probes (healthy while standby, then while leading)",
+    )
     p.add_argument("--health-host", default="0.0.0.0")
-    p.add_argument("--liveness", default=None, help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
-    p.add_argument("--check", action="store_true",
-                   help="check the CRD is served, readable, and an operator holds the lease, then exit (helm test)")
-    p.add_argument("--prometheus-url", default=os.environ.get("TANDEM_PROMETHEUS_URL"),
-                   help="the autoscaler reads Prometheus' HTTP API here; default: it scrapes the pods' /metrics")
-    p.add_argument("--metrics-port", type=int, default=int(os.environ.get("TANDEM_OPERATOR_METRICS_PORT", "0")),
-                   help="serve the autoscaler's own metrics on this port (0: off)")
+    p.add_argument(
+        "--liveness", default=None, help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="check the CRD is served, readable, and an operator holds the lease, then exit (helm test)",
+    )
+    p.add_argument(
+        "--prometheus-url",
+        default=os.environ.get("TANDEM_PROMETHEUS_URL"),
+        help="the autoscaler reads Prometheus' HTTP API here; default: it scrapes the pods' /metrics",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ.get("TANDEM_OPERATOR_METRICS_PORT", "0")),
+        help="serve the autoscaler's own metrics on this port (0: off)",
+    )
     p.add_argument("--verbose", "-v", action="store_true")
     return p.parse_args(argv)
 
@@ -52,8 +82,10 @@ def load_config(kubeconfig: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     load_config(args.kubeconfig)
     if args.check:
         from tandem.operator.runtime.check import check
@@ -97,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         health.serve(args.health_port, args.health_host)
     leader = None
     if args.leader_elect:
-        leader = Leader(args.lease_name, args.lease_namespace, args.lease_seconds, args.renew_seconds,
-                        args.retry_seconds)
+        leader = Leader(
+            args.lease_name, args.lease_namespace, args.lease_seconds, args.renew_seconds, args.retry_seconds
+        )
         leader.wait()
     health.HEARTBEAT.lead()
     settings = kopf.OperatorSettings()

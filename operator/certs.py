@@ -27,7 +27,9 @@ def _name(cn: str) -> x509.Name:
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 @dataclass(frozen=True)
@@ -46,15 +48,29 @@ class Authority:
         self.days = days
         self.cert = (
             x509.CertificateBuilder()
-            .subject_name(_name(cn)).issuer_name(_name(cn)).public_key(self.key.public_key())
+            .subject_name(_name(cn))
+            .issuer_name(_name(cn))
+            .public_key(self.key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=days))
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                                         key_encipherment=False, data_encipherment=False, key_agreement=False,
-                                         encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
             .sign(self.key, hashes.SHA256())
-        )  # fmt: skip
+        )
 
     @property
     def pem(self) -> bytes:
@@ -75,16 +91,20 @@ class Authority:
                 sans.append(x509.DNSName(h))
         cert = (
             x509.CertificateBuilder()
-            .subject_name(_name(who.dns)).issuer_name(self.cert.subject).public_key(key.public_key())
+            .subject_name(_name(who.dns))
+            .issuer_name(self.cert.subject)
+            .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=self.days))
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=self.days))
             .add_extension(x509.SubjectAlternativeName(sans), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(
-                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                critical=False,
             )
             .sign(self.key, hashes.SHA256())
-        )  # fmt: skip
+        )
         return Leaf(cert.public_bytes(serialization.Encoding.PEM), _pem_key(key), self.pem)
 
 
@@ -110,7 +130,9 @@ def write_local(root: Path, service: str, roles: tuple[str, ...], flippable: boo
     identity, for drains, role flips and load reports), all signed by a CA made now whose key is not kept."""
     ca = Authority(f"tandem up {service}")
     for role in roles:
-        write_dir(root / role, ca.issue(worker_identity(role, service, flippable), ("localhost", "127.0.0.1")))
+        write_dir(
+            root / role, ca.issue(worker_identity(role, service, flippable), ("localhost", "127.0.0.1"))
+        )
     write_dir(root / "operator", ca.issue(Identity("operator")))
     return root
 

@@ -44,10 +44,14 @@ class Runtime:
     def start(cls) -> Runtime:
         kube, cache = Kube(), ObjectCache()
         reconciler = Reconciler(kube, cache)
-        queue = ReconcileQueue(reconciler.reconcile, concurrency=int(os.environ.get("TANDEM_OPERATOR_WORKERS", "8")))
+        queue = ReconcileQueue(
+            reconciler.reconcile, concurrency=int(os.environ.get("TANDEM_OPERATOR_WORKERS", "8"))
+        )
         rt = cls(kube, cache, queue)
         loop = asyncio.get_running_loop()
-        rt.tasks.append(loop.create_task(queue.resync_forever(float(os.environ.get("TANDEM_RESYNC_SECONDS", "60")))))
+        rt.tasks.append(
+            loop.create_task(queue.resync_forever(float(os.environ.get("TANDEM_RESYNC_SECONDS", "60"))))
+        )
         rt.tasks.append(loop.create_task(_beat_forever()))
         rt.tasks.append(_start_autoscaler(kube, cache))
         return rt
@@ -107,8 +111,11 @@ def _start_autoscaler(kube: Kube, cache: ObjectCache) -> asyncio.Task[None]:
     autoscalers = KubeAutoscalers(kube, cache, prometheus_url_from_env())
     port = int(os.environ.get("TANDEM_OPERATOR_METRICS_PORT", "0"))
     if port:
-        start_http_server(port, addr=os.environ.get("TANDEM_OPERATOR_METRICS_ADDR", "0.0.0.0"),
-                          registry=autoscalers.metrics.registry)
+        start_http_server(
+            port,
+            addr=os.environ.get("TANDEM_OPERATOR_METRICS_ADDR", "0.0.0.0"),
+            registry=autoscalers.metrics.registry,
+        )
     return asyncio.get_running_loop().create_task(autoscalers.run_forever())
 
 
@@ -120,8 +127,9 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.event(API_GROUP, API_VERSION, "inferenceservices")  # type: ignore[arg-type]
-async def service_event(type: str, event: dict[str, Any], name: str, namespace: str, memo: kopf.Memo,
-                        **_: Any) -> None:
+async def service_event(
+    type: str, event: dict[str, Any], name: str, namespace: str, memo: kopf.Memo, **_: Any
+) -> None:
     rt: Runtime = memo.tandem
     key = (namespace, name)
     if type == "DELETED":
@@ -133,8 +141,15 @@ async def service_event(type: str, event: dict[str, Any], name: str, namespace: 
     rt.queue.trigger(key, generation=(event["object"].get("metadata") or {}).get("generation"))
 
 
-async def _child_event(type: str, event: dict[str, Any], meta: dict[str, Any], namespace: str,
-                       resource: kopf.Resource, memo: kopf.Memo, **_: Any) -> None:
+async def _child_event(
+    type: str,
+    event: dict[str, Any],
+    meta: dict[str, Any],
+    namespace: str,
+    resource: kopf.Resource,
+    memo: kopf.Memo,
+    **_: Any,
+) -> None:
     rt: Runtime = memo.tandem
     if type == "DELETED":
         rt.cache.forget(event["object"], resource.kind)

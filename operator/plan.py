@@ -30,8 +30,15 @@ from tandem.spec import KIND, InferenceServiceSpec, Mode
 
 Body = dict[str, Any]
 Key = tuple[str, str]  # (kind, name) of a child
-CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "TandemPool", "InferencePool",
-               "HTTPRoute")
+CHILD_KINDS = (
+    "Deployment",
+    "Service",
+    "PodDisruptionBudget",
+    "NetworkPolicy",
+    "TandemPool",
+    "InferencePool",
+    "HTTPRoute",
+)
 POD_RECHECK_SECONDS = 5.0
 
 
@@ -83,8 +90,12 @@ class Plan:
 
     @property
     def empty(self) -> bool:
-        return not (self.tls_secret or self.apply or self.delete or any(
-            s.create or s.apply or s.scale for s in self.pools))
+        return not (
+            self.tls_secret
+            or self.apply
+            or self.delete
+            or any(s.create or s.apply or s.scale for s in self.pools)
+        )
 
 
 def owned_by(live: Body | None, uid: str) -> bool:
@@ -104,7 +115,9 @@ def needs_tls_secret(spec: InferenceServiceSpec) -> bool:
 def child_keys(spec: InferenceServiceSpec, name: str, namespace: str, uid: str) -> list[Key]:
     """The children (TandemPools aside) this spec renders, for reading them; the replicas do not name any."""
     spec_replicas = {p: render.pool_spec(spec, p).replicas for p in render.worker_pools(spec)}
-    return [(m["kind"], m["metadata"]["name"]) for m in render.children(spec, name, namespace, uid, spec_replicas)]
+    return [
+        (m["kind"], m["metadata"]["name"]) for m in render.children(spec, name, namespace, uid, spec_replicas)
+    ]
 
 
 def pool_step(spec: InferenceServiceSpec, o: Observed, pool: str, live: Body | None) -> PoolStep | str:
@@ -127,8 +140,11 @@ def pool_step(spec: InferenceServiceSpec, o: Observed, pool: str, live: Body | N
 def name_in_use(taken: Sequence[str], them: str = "them") -> tuple[str, str]:
     """The Degraded cause when children's names are held by objects this InferenceService does not own."""
     one = len(taken) == 1
-    return ("NameInUse", f"{', '.join(taken)} already exist{'s' if one else ''} and {'is' if one else 'are'} "
-                         f"not owned by this InferenceService; rename it or remove {them}")
+    return (
+        "NameInUse",
+        f"{', '.join(taken)} already exist{'s' if one else ''} and {'is' if one else 'are'} "
+        f"not owned by this InferenceService; rename it or remove {them}",
+    )
 
 
 def plan(spec: InferenceServiceSpec, o: Observed) -> Plan:
@@ -142,16 +158,22 @@ def plan(spec: InferenceServiceSpec, o: Observed) -> Plan:
     if taken:  # the first pool's name: its TandemPool is not ours
         return Plan(pools=pools, tls_secret=tls, blocked=name_in_use(taken[:1], "it"))
     replicas = {s.pool: s.replicas for s in pools}
-    manifests = [with_hash(m) for m in render.children(spec, o.name, o.namespace, o.uid, replicas,
-                                                        o.model_cache, o.operator_peer)]
+    manifests = [
+        with_hash(m)
+        for m in render.children(spec, o.name, o.namespace, o.uid, replicas, o.model_cache, o.operator_peer)
+    ]
     keys = [(m["kind"], m["metadata"]["name"]) for m in manifests]
     clashes = [f"{k}/{n}" for k, n in keys if not owned_by(o.children.get((k, n)), o.uid)]
     if clashes:  # someone else's objects under our children's names: leave them be, say so
         return Plan(pools=pools, tls_secret=tls, blocked=name_in_use(clashes), replicas=replicas)
     stale = tuple(m for m, k in zip(manifests, keys, strict=True) if needs_apply(m, o.children.get(k)))
     keep = {*keys, *(("TandemPool", s.name) for s in pools)}
-    delete = tuple((kind, item["metadata"]["name"]) for kind in CHILD_KINDS for item in (o.labelled or {}).get(kind, ())
-                   if _ours(item, o.name) and (kind, item["metadata"]["name"]) not in keep)
+    delete = tuple(
+        (kind, item["metadata"]["name"])
+        for kind in CHILD_KINDS
+        for item in (o.labelled or {}).get(kind, ())
+        if _ours(item, o.name) and (kind, item["metadata"]["name"]) not in keep
+    )
     return Plan(pools=pools, tls_secret=tls, apply=stale, delete=delete, replicas=replicas)
 
 
@@ -172,20 +194,32 @@ def desired_replicas(spec: InferenceServiceSpec, p: Plan) -> dict[str, int]:
 
 def stuck_pools(desired: Mapping[str, int], deployments: Mapping[str, Body | None]) -> list[str]:
     """Pools whose Deployment exists and is not rolled out yet."""
-    return [p for p in desired if deployments.get(p) is not None and not rolled_out(deployments.get(p), desired[p])]
+    return [
+        p
+        for p in desired
+        if deployments.get(p) is not None and not rolled_out(deployments.get(p), desired[p])
+    ]
 
 
-def pods_to_read(desired: Mapping[str, int], deployments: Mapping[str, Body | None],
-                 previous: Mapping[str, Any]) -> list[str]:
+def pods_to_read(
+    desired: Mapping[str, int], deployments: Mapping[str, Body | None], previous: Mapping[str, Any]
+) -> list[str]:
     """Only a pool that is not rolled out, or whose ready pods changed, costs a pod read: steady state reads none."""
     stuck = stuck_pools(desired, deployments)
-    return [p for p in desired if p in stuck or (deployments.get(p) is not None and _ready_changed(
-        deployments.get(p), previous, p))]
+    return [
+        p
+        for p in desired
+        if p in stuck or (deployments.get(p) is not None and _ready_changed(deployments.get(p), previous, p))
+    ]
 
 
 def deployments_of(name: str, children: Mapping[Key, Body | None]) -> dict[str, Body | None]:
     """pool -> its Deployment, from the children by name."""
-    return {child.removeprefix(f"{name}-"): body for (kind, child), body in children.items() if kind == "Deployment"}
+    return {
+        child.removeprefix(f"{name}-"): body
+        for (kind, child), body in children.items()
+        if kind == "Deployment"
+    }
 
 
 def serving_counted(spec: InferenceServiceSpec) -> bool:
@@ -217,14 +251,22 @@ class Report:
     warning: str | None = None  # the exposure warning in force
 
 
-def report(spec: InferenceServiceSpec, o: Observed, p: Plan, r: Rollout, writes: Sequence[str],
-           clamped: Sequence[str], now: str) -> Report:
+def report(
+    spec: InferenceServiceSpec,
+    o: Observed,
+    p: Plan,
+    r: Rollout,
+    writes: Sequence[str],
+    clamped: Sequence[str],
+    now: str,
+) -> Report:
     """Status and Events for one reconcile that wrote `writes`; `now` stamps changed conditions."""
     deployments = deployments_of(o.name, r.children)
     pool_status = {}
     for pool, live in r.pools.items():
-        st = inference_pool_status(deployments.get(pool), selector_string(o.name, pool),
-                                   live["metadata"].get("generation", 1))
+        st = inference_pool_status(
+            deployments.get(pool), selector_string(o.name, pool), live["metadata"].get("generation", 1)
+        )
         if not same_status(st, live.get("status") or {}):
             pool_status[live["metadata"]["name"]] = st
     desired = desired_replicas(spec, p)
@@ -235,11 +277,26 @@ def report(spec: InferenceServiceSpec, o: Observed, p: Plan, r: Rollout, writes:
         problems[pool] = found + problems.get(pool, [])
     serving = role_counts(list(r.all_pods)) if r.all_pods is not None else None
     previous = dict(o.previous)
-    status = service_status(o.generation, deployments, desired, previous, render.router_endpoint(o.name, o.namespace),
-                            now, pod_problems=problems, tls=spec.security.tls.enabled, serving=serving,
-                            wakes=wakes_from_zero(spec))
-    status = with_pod_starts(status, previous, {k: list(v) for k, v in r.pods.items()},
-                             spec.model.source.hugging_face is not None, o.generation, now)
+    status = service_status(
+        o.generation,
+        deployments,
+        desired,
+        previous,
+        render.router_endpoint(o.name, o.namespace),
+        now,
+        pod_problems=problems,
+        tls=spec.security.tls.enabled,
+        serving=serving,
+        wakes=wakes_from_zero(spec),
+    )
+    status = with_pod_starts(
+        status,
+        previous,
+        {k: list(v) for k, v in r.pods.items()},
+        spec.model.source.hugging_face is not None,
+        o.generation,
+        now,
+    )
     status = with_degraded(status, previous, model_limit(spec, status), o.generation, now)
     conditions = {c["type"]: c for c in status["conditions"]}
     ready = conditions["Ready"]["status"] == "True"
@@ -266,7 +323,9 @@ def report(spec: InferenceServiceSpec, o: Observed, p: Plan, r: Rollout, writes:
 def model_limit(spec: InferenceServiceSpec, status: Body) -> tuple[str, str] | None:
     """Degraded's cause when spec.model.maxContextLength is above the model's max_position_embeddings, as the
     pods' fetches read it (status.modelCache); the workers serve contexts up to the model's limit."""
-    why = context_limit.beyond_model(spec.model.max_context_length, model_positions(status.get("modelCache") or {}))
+    why = context_limit.beyond_model(
+        spec.model.max_context_length, model_positions(status.get("modelCache") or {})
+    )
     return (context_limit.REASON, why) if why else None
 
 
@@ -276,16 +335,28 @@ def status_events(conditions: Mapping[str, Body], previous: Mapping[str, Any]) -
     out = []
     if conditions["Ready"]["status"] == "True" and (before.get("Ready") or {}).get("status") != "True":
         out.append(("Ready", "all pools ready", "Normal"))
-    if conditions["Encrypted"]["status"] == "False" and (before.get("Encrypted") or {}).get("status") != "False":
+    if (
+        conditions["Encrypted"]["status"] == "False"
+        and (before.get("Encrypted") or {}).get("status") != "False"
+    ):
         out.append(("TLSOff", conditions["Encrypted"]["message"], "Warning"))
     degraded, was = conditions["Degraded"], before.get("Degraded") or {}
-    if degraded["status"] == "True" and (was.get("status") != "True" or was.get("reason") != degraded["reason"]):
+    if degraded["status"] == "True" and (
+        was.get("status") != "True" or was.get("reason") != degraded["reason"]
+    ):
         out.append((degraded["reason"], degraded["message"], "Warning"))
     return out
 
 
 def blocked_status(o: Observed, blocked: tuple[str, str], now: str) -> Body | None:
     """Status Degraded with the cause, or None when the status already says so."""
-    status = service_status(o.generation, {}, {}, dict(o.previous), render.router_endpoint(o.name, o.namespace),
-                            now, blocked=blocked)
+    status = service_status(
+        o.generation,
+        {},
+        {},
+        dict(o.previous),
+        render.router_endpoint(o.name, o.namespace),
+        now,
+        blocked=blocked,
+    )
     return None if same_status(status, dict(o.previous)) else status

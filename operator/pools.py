@@ -38,13 +38,20 @@ def bounds(spec: InferenceServiceSpec, pool: str) -> tuple[int, int]:
 def clamp_message(spec: InferenceServiceSpec, pool: str, was: int, now: int) -> str:
     """Why the operator rewrote a pool's count that someone else set (the Event a user sees)."""
     low, high = bounds(spec, pool)
-    within = "pods of any role, from 0 to both pools' maxReplicas" if spec.mode is Mode.auto else \
-        f"minReplicas {low} and maxReplicas {high}"
-    return (f"{pool}: replicas {was} set to {now}: spec.autoscaling.enabled gives the count to the autoscaler, "
-            f"within {within}")
+    within = (
+        "pods of any role, from 0 to both pools' maxReplicas"
+        if spec.mode is Mode.auto
+        else f"minReplicas {low} and maxReplicas {high}"
+    )
+    return (
+        f"{pool}: replicas {was} set to {now}: spec.autoscaling.enabled gives the count to the autoscaler, "
+        f"within {within}"
+    )
 
 
-def desired_pool_replicas(spec: InferenceServiceSpec, pool: str, live_pool: dict[str, Any] | None) -> tuple[int, bool]:
+def desired_pool_replicas(
+    spec: InferenceServiceSpec, pool: str, live_pool: dict[str, Any] | None
+) -> tuple[int, bool]:
     """(replicas the pool should have, whether the operator must write them)."""
     ps = pool_spec(spec, pool)
     if live_pool is None:

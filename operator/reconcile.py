@@ -120,7 +120,9 @@ def read_facts(kube: Kube, namespace: str, spec: InferenceServiceSpec) -> Facts:
 
 def _settled(previous: dict[str, Any], generation: int) -> bool:
     """Ready at this generation: its pods run, so there is nothing to check before they can."""
-    ready: dict[str, Any] = next((c for c in previous.get("conditions") or [] if c.get("type") == "Ready"), {})
+    ready: dict[str, Any] = next(
+        (c for c in previous.get("conditions") or [] if c.get("type") == "Ready"), {}
+    )
     return ready.get("status") == "True" and ready.get("observedGeneration") == generation
 
 
@@ -152,7 +154,9 @@ class Reconciler:
         meta = isvc["metadata"]
         seen = Observed(name, namespace, meta["uid"], meta.get("generation", 1), previous, Findings())
         try:
-            spec = with_defaults(InferenceServiceSpec.model_validate(isvc.get("spec") or {}), process_defaults())
+            spec = with_defaults(
+                InferenceServiceSpec.model_validate(isvc.get("spec") or {}), process_defaults()
+            )
         except ValidationError as e:
             self._report_blocked(reader, isvc, seen, ("InvalidSpec", str(e).splitlines()[0]), str(e), out)
             return out
@@ -167,7 +171,9 @@ class Reconciler:
                 except _Taken as e:
                     if look:
                         raise e.error from None
-                    reader.first_time = False  # it exists after all: read it and go on as for an existing pool
+                    reader.first_time = (
+                        False  # it exists after all: read it and go on as for an existing pool
+                    )
         except ApiError as e:
             detail = f"{e.message} (HTTP {e.status}{' ' + e.reason if e.reason else ''})"
             self._report_blocked(reader, isvc, seen, ("ApplyFailed", detail), detail, out)
@@ -178,10 +184,19 @@ class Reconciler:
         """Read the world once: the preflight's facts (until Ready), then, unless they block, the TandemPools,
         the children, the labelled objects (after a spec change) and the Services (for the exposure check)."""
         meta = isvc["metadata"]
-        namespace, name, uid, generation = meta["namespace"], meta["name"], meta["uid"], meta.get("generation", 1)
+        namespace, name, uid, generation = (
+            meta["namespace"],
+            meta["name"],
+            meta["uid"],
+            meta.get("generation", 1),
+        )
         previous = isvc.get("status") or {}
         # the preflight's facts are read side by side with the children (read for nothing only when they block)
-        facts = None if _settled(previous, generation) else self.pool.submit(read_facts, self.kube, namespace, spec)
+        facts = (
+            None
+            if _settled(previous, generation)
+            else self.pool.submit(read_facts, self.kube, namespace, spec)
+        )
         pools = render.worker_pools(spec)
         keys = child_keys(spec, name, namespace, uid)
 
@@ -191,12 +206,19 @@ class Reconciler:
                 live = self.kube.get(key[0], namespace, key[1])
             return live
 
-        live_pools = self.pool.map(lambda p: reader.get("TandemPool", namespace, render.child_name(name, p)), pools)
+        live_pools = self.pool.map(
+            lambda p: reader.get("TandemPool", namespace, render.child_name(name, p)), pools
+        )
         live_children = self.pool.map(child, keys)
         labelled = None
         if previous.get("observedGeneration") != generation:
-            labelled = dict(zip(CHILD_KINDS, self.pool.map(lambda k: self._labelled(k, namespace, name), CHILD_KINDS),
-                                strict=True))
+            labelled = dict(
+                zip(
+                    CHILD_KINDS,
+                    self.pool.map(lambda k: self._labelled(k, namespace, name), CHILD_KINDS),
+                    strict=True,
+                )
+            )
         key = (namespace, name, uid)
         services = None
         if spec.security.api_keys is None and self.exposure.needs_listing(key, reader.fresh):
@@ -204,12 +226,23 @@ class Reconciler:
         findings = Findings() if facts is None else check(spec, [*pools, names.POOL_ROUTER], facts.result())
         if findings.blocked:
             return Observed(name, namespace, uid, generation, previous, findings)
-        return Observed(name, namespace, uid, generation, previous, findings,
-                        pools=MappingProxyType(dict(zip(pools, live_pools, strict=True))),
-                        children=MappingProxyType(dict(zip(keys, live_children, strict=True))), labelled=labelled,
-                        tls_issued=key in self.issued, model_cache=process_model_cache(),
-                        operator_peer=operator_peer(), services=services,
-                        exposed=self.exposure.services.get(key, ()), warned=self.exposure.warned.get(key))
+        return Observed(
+            name,
+            namespace,
+            uid,
+            generation,
+            previous,
+            findings,
+            pools=MappingProxyType(dict(zip(pools, live_pools, strict=True))),
+            children=MappingProxyType(dict(zip(keys, live_children, strict=True))),
+            labelled=labelled,
+            tls_issued=key in self.issued,
+            model_cache=process_model_cache(),
+            operator_peer=operator_peer(),
+            services=services,
+            exposed=self.exposure.services.get(key, ()),
+            warned=self.exposure.warned.get(key),
+        )
 
     def _labelled(self, kind: str, namespace: str, name: str) -> list[Body]:
         try:
@@ -219,8 +252,9 @@ class Reconciler:
                 return []
             raise
 
-    def act(self, reader: Reader, isvc: Body, spec: InferenceServiceSpec, seen: Observed, p: Plan,
-            out: Outcome) -> None:
+    def act(
+        self, reader: Reader, isvc: Body, spec: InferenceServiceSpec, seen: Observed, p: Plan, out: Outcome
+    ) -> None:
         """Make the plan's writes, then read what they left and report it; raises ApiError on a refused write."""
         # All or nothing: the API server validates and admits (quota included) every changed child before any is
         # written, so a child it refuses leaves no GPU pool half-built beside it. The dry runs write nothing, so
@@ -229,8 +263,13 @@ class Reconciler:
         try:
             if p.tls_secret:
                 self._issue_tls_secret(seen, spec.role_flip, out)
-            pools = dict(zip([s.pool for s in p.pools], self.pool.map(
-                lambda s: self._write_pool(reader, spec, seen, s, out), p.pools), strict=True))
+            pools = dict(
+                zip(
+                    [s.pool for s in p.pools],
+                    self.pool.map(lambda s: self._write_pool(reader, spec, seen, s, out), p.pools),
+                    strict=True,
+                )
+            )
         finally:
             wait(dry_runs)
         if p.blocked:
@@ -241,18 +280,22 @@ class Reconciler:
             dry_run.result()
         # children are independent: apply them side by side, so a new object waits for one round trip, not nine
         children = dict(seen.children)
-        for manifest, body in zip(p.apply, self.pool.map(lambda m: reader.remember(self.kube.apply(m)), p.apply),
-                                  strict=True):
+        for manifest, body in zip(
+            p.apply, self.pool.map(lambda m: reader.remember(self.kube.apply(m)), p.apply), strict=True
+        ):
             children[(manifest["kind"], manifest["metadata"]["name"])] = body
             out.writes.append(f"apply {manifest['kind']}/{manifest['metadata']['name']}")
         for kind, child in p.delete:
             self.kube.delete(kind, seen.namespace, child)
             out.writes.append(f"delete {kind}/{child}")
         rollout = self._read_rollout(spec, seen, p, pools, children)
-        self._write_report(reader, isvc, spec, seen, report(spec, seen, p, rollout, out.writes, out.clamped, _now()), out)
+        self._write_report(
+            reader, isvc, spec, seen, report(spec, seen, p, rollout, out.writes, out.clamped, _now()), out
+        )
 
-    def _write_pool(self, reader: Reader, spec: InferenceServiceSpec, seen: Observed, s: PoolStep,
-                    out: Outcome) -> Body:
+    def _write_pool(
+        self, reader: Reader, spec: InferenceServiceSpec, seen: Observed, s: PoolStep, out: Outcome
+    ) -> Body:
         """One TandemPool's writes; returns it as the API server last answered."""
         live = seen.pools.get(s.pool)
         if s.create is not None:
@@ -269,8 +312,11 @@ class Reconciler:
             live = reader.remember(self.kube.apply(s.apply))
             out.writes.append(f"apply TandemPool/{s.name}")
         if s.scale:
-            live = reader.remember(self.kube.merge_patch("TandemPool", seen.namespace, s.name,
-                                                         {"spec": {"replicas": s.replicas}}))
+            live = reader.remember(
+                self.kube.merge_patch(
+                    "TandemPool", seen.namespace, s.name, {"spec": {"replicas": s.replicas}}
+                )
+            )
             out.writes.append(f"scale TandemPool/{s.name}={s.replicas}")
             if s.clamped:
                 out.clamped.append(s.clamped)
@@ -280,7 +326,9 @@ class Reconciler:
         """Issue the service's CA and every role's certificate into its Secret, once (with spec.roleFlip, the
         prefill and decode certificates name both roles): the operator may create Secrets but not read them, so
         one that exists (ours from an earlier reconcile) is left as it is (delete it to issue new ones)."""
-        body = tls_secret(seen.name, seen.namespace, seen.uid, certs.secret_data(seen.name, TLS_ROLES, flippable))
+        body = tls_secret(
+            seen.name, seen.namespace, seen.uid, certs.secret_data(seen.name, TLS_ROLES, flippable)
+        )
         try:
             self.kube.create(body)
             out.writes.append(f"create Secret/{body['metadata']['name']}")
@@ -289,23 +337,37 @@ class Reconciler:
                 raise
         self.issued.add((seen.namespace, seen.name, seen.uid))
 
-    def _read_rollout(self, spec: InferenceServiceSpec, seen: Observed, p: Plan, pools: dict[str, Body],
-                      children: dict[tuple[str, str], Body | None]) -> Rollout:
+    def _read_rollout(
+        self,
+        spec: InferenceServiceSpec,
+        seen: Observed,
+        p: Plan,
+        pools: dict[str, Body],
+        children: dict[tuple[str, str], Body | None],
+    ) -> Rollout:
         """The pods the status needs, after the writes: those of pools still rolling out or whose ready
         count changed, and every pod of the service when flipped pods are counted."""
         read = pods_to_read(desired_replicas(spec, p), deployments_of(seen.name, children), seen.previous)
         selectors = [selector_string(seen.name, pool) for pool in read]
-        pods = dict(zip(read, self.pool.map(lambda s: self.kube.list("Pod", seen.namespace, s), selectors),
-                        strict=True))
+        pods = dict(
+            zip(
+                read,
+                self.pool.map(lambda s: self.kube.list("Pod", seen.namespace, s), selectors),
+                strict=True,
+            )
+        )
         all_pods = None
         if serving_counted(spec):
             all_pods = self.kube.list("Pod", seen.namespace, f"{names.LABEL_SERVICE}={seen.name}")
         return Rollout(pools, children, pods, all_pods)
 
-    def _write_report(self, reader: Reader, isvc: Body, spec: InferenceServiceSpec, seen: Observed, r: Report,
-                      out: Outcome) -> None:
+    def _write_report(
+        self, reader: Reader, isvc: Body, spec: InferenceServiceSpec, seen: Observed, r: Report, out: Outcome
+    ) -> None:
         for child, st in r.pool_status.items():
-            reader.remember(self.kube.merge_patch("TandemPool", seen.namespace, child, {"status": st}, sub="status"))
+            reader.remember(
+                self.kube.merge_patch("TandemPool", seen.namespace, child, {"status": st}, sub="status")
+            )
             out.writes.append(f"status TandemPool/{child}")
         out.ready = r.ready
         if r.recheck_after is not None:
@@ -323,8 +385,9 @@ class Reconciler:
         if made:
             log.info("%s/%s: %s", seen.namespace, seen.name, "; ".join(made))
 
-    def _report_blocked(self, reader: Reader, isvc: Body, seen: Observed, blocked: tuple[str, str], event: str,
-                        out: Outcome) -> None:
+    def _report_blocked(
+        self, reader: Reader, isvc: Body, seen: Observed, blocked: tuple[str, str], event: str, out: Outcome
+    ) -> None:
         """Status Degraded with the cause, and a Warning Event on the InferenceService, once per new cause."""
         status = blocked_status(seen, blocked, _now())
         if status is None:
@@ -347,4 +410,3 @@ def _patch_status(kube: Kube, isvc: Body, status: Body) -> Body:
         return {**rebase(status, previous), "pools": {**gone, **status["pools"]}}
 
     return kube.patch_status(KIND, isvc, build)
-

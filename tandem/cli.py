@@ -19,7 +19,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("tandem.operator.local.cli", "run an InferenceService spec as local processes"),
     "bench": ("tandem.loadgen.cli", "load generator for any OpenAI-compatible endpoint"),
     "operator": ("tandem.operator.__main__", "run the Kubernetes operator"),
-    "top": ("tandem.operator.top.cli", "live view of InferenceServices: replicas, TTFT/TPOT vs SLO, attainment"),
+    "top": (
+        "tandem.operator.top.cli",
+        "live view of InferenceServices: replicas, TTFT/TPOT vs SLO, attainment",
+    ),
     "profile": ("tandem.worker.devtools.profile", "measure a worker's capacity profile for the autoscaler"),
     "simulate": ("tandem.operator.autoscale.sim.cli", "replay a trace against autoscaling policies"),
 }

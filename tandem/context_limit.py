@@ -11,5 +11,7 @@ def beyond_model(max_context_length: int, max_position_embeddings: int | None) -
     not, or while the model's limit is unknown. Contexts are then served up to the model's limit."""
     if not max_position_embeddings or max_context_length <= max_position_embeddings:
         return None
-    return (f"maxContextLength {max_context_length} exceeds the model's max_position_embeddings "
-            f"{max_position_embeddings}: contexts are served up to {max_position_embeddings} tokens")  # fmt: skip
+    return (
+        f"maxContextLength {max_context_length} exceeds the model's max_position_embeddings "
+        f"{max_position_embeddings}: contexts are served up to {max_position_embeddings} tokens"
+    )

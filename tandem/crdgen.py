@@ -24,7 +24,11 @@ from tandem.spec_status import InferenceServiceStatus
 
 # A DNS-1035 label: Services need one, and every child is named <name>-<pool>.
 DNS_LABEL = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
-NAME_MAX = 63 - len("-") - max(len(p) for p in (names.POOL_PREFILL, names.POOL_DECODE, names.POOL_COLOCATED, names.POOL_ROUTER))
+NAME_MAX = (
+    63
+    - len("-")
+    - max(len(p) for p in (names.POOL_PREFILL, names.POOL_DECODE, names.POOL_COLOCATED, names.POOL_ROUTER))
+)
 
 
 def structural(model: type[BaseModel]) -> dict[str, Any]:
@@ -61,7 +65,9 @@ def model_of(f: FieldInfo) -> type[BaseModel] | None:
     return None
 
 
-def _clean(node: dict[str, Any], defs: dict[str, Any], defaults: dict[str, Any], own_doc: bool = False) -> dict[str, Any]:
+def _clean(
+    node: dict[str, Any], defs: dict[str, Any], defaults: dict[str, Any], own_doc: bool = False
+) -> dict[str, Any]:
     node = dict(node)
     if "$ref" in node:  # the field's own keys (description, default, rules) win over its type's; a class's
         ref = defs[node.pop("$ref").rsplit("/", 1)[-1]]  # docstring describes a list's item or a map's value
@@ -83,8 +89,10 @@ def _clean(node: dict[str, Any], defs: dict[str, Any], defaults: dict[str, Any],
     elif extra is True or extra == {}:  # dict[str, Any]: a Kubernetes object passed through as written
         node["x-kubernetes-preserve-unknown-fields"] = True
     if "properties" in node:
-        node["properties"] = {k: _clean(v, defs, defaults.get(k, {}).get("properties", {}))
-                              for k, v in node["properties"].items()}  # fmt: skip
+        node["properties"] = {
+            k: _clean(v, defs, defaults.get(k, {}).get("properties", {}))
+            for k, v in node["properties"].items()
+        }
         for k, d in defaults.items():
             if "default" in d and "default" not in node["properties"][k]:  # a default the field declares wins
                 node["properties"][k] = {**node["properties"][k], "default": d["default"]}
@@ -105,13 +113,23 @@ def _ordered(node: Any) -> Any:
         return [_ordered(n) for n in node]
     if not isinstance(node, dict):
         return node
-    keys = [k for k in _FIRST if k in node] + [k for k in node if k not in _FIRST + _LAST] + [k for k in _LAST if k in node]
+    keys = (
+        [k for k in _FIRST if k in node]
+        + [k for k in node if k not in _FIRST + _LAST]
+        + [k for k in _LAST if k in node]
+    )
     return {k: (node[k] if k in ("default", "enum", "required") else _ordered(node[k])) for k in keys}
 
 
-def _column(name: str, path: str, kind: str = "string", description: str = "", priority: int = 0) -> dict[str, Any]:
+def _column(
+    name: str, path: str, kind: str = "string", description: str = "", priority: int = 0
+) -> dict[str, Any]:
     out: dict[str, Any] = {"name": name, "type": kind, "jsonPath": path}
-    return out | ({"description": description} if description else {}) | ({"priority": priority} if priority else {})
+    return (
+        out
+        | ({"description": description} if description else {})
+        | ({"priority": priority} if priority else {})
+    )
 
 
 @dataclass(frozen=True)
@@ -130,9 +148,17 @@ class Crd:
 
     def document(self) -> dict[str, Any]:
         plural = self.kind.lower() + "s"
-        schema = {"type": "object", "required": ["spec"], "properties": {
-            "apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": self.metadata,
-            "spec": structural(self.spec), "status": structural(self.status)}}  # fmt: skip
+        schema = {
+            "type": "object",
+            "required": ["spec"],
+            "properties": {
+                "apiVersion": {"type": "string"},
+                "kind": {"type": "string"},
+                "metadata": self.metadata,
+                "spec": structural(self.spec),
+                "status": structural(self.status),
+            },
+        }
         subresources: dict[str, Any] = {"status": {}} | ({"scale": self.scale} if self.scale else {})
         return {
             "apiVersion": "apiextensions.k8s.io/v1",
@@ -141,13 +167,26 @@ class Crd:
             "spec": {
                 "group": API_GROUP,
                 "scope": "Namespaced",
-                "names": {"kind": self.kind, "listKind": f"{self.kind}List", "plural": plural,
-                          "singular": self.kind.lower(), "shortNames": [self.short_name], "categories": ["tandem"]},
-                "versions": [{"name": API_VERSION, "served": True, "storage": True, "subresources": subresources,
-                              "additionalPrinterColumns": list(self.columns),
-                              "schema": {"openAPIV3Schema": schema}}],
+                "names": {
+                    "kind": self.kind,
+                    "listKind": f"{self.kind}List",
+                    "plural": plural,
+                    "singular": self.kind.lower(),
+                    "shortNames": [self.short_name],
+                    "categories": ["tandem"],
+                },
+                "versions": [
+                    {
+                        "name": API_VERSION,
+                        "served": True,
+                        "storage": True,
+                        "subresources": subresources,
+                        "additionalPrinterColumns": list(self.columns),
+                        "schema": {"openAPIV3Schema": schema},
+                    }
+                ],
             },
-        }  # fmt: skip
+        }
 
     def render(self) -> str:
         about = "".join(f"# {line}\n" for line in self.about.splitlines())
@@ -159,38 +198,78 @@ _READY = '.status.conditions[?(@.type=="Ready")]'
 AGE = _column("Age", ".metadata.creationTimestamp", "date")
 
 CRDS = (
-    Crd("inferenceservice.yaml",
+    Crd(
+        "inferenceservice.yaml",
         "The InferenceService API: one object per served model; the operator turns it into prefill, decode\n"
         "and router Deployments.",
-        KIND, "tsvc", InferenceServiceSpec, InferenceServiceStatus,
-        (_column("Ready", f"{_READY}.status"),
-         _column("Reason", f"{_READY}.reason", description="why Ready is what it is"),
-         _column("Mode", ".spec.mode"),
-         _column("Workers", ".status.workers",
-                 description="ready/desired workers of each pool (prefill and decode, or colocated)"),
-         _column("Router", ".status.pools.router.summary", description="ready/desired router replicas"),
-         _column("TTFT-SLO", ".spec.slo.ttftMs", "integer", priority=1),
-         _column("TPOT-SLO", ".spec.slo.tpotMs", "integer", priority=1),
-         _column("TTFT", ".status.slo.ttft",
-                 description="observed TTFT at the SLO percentile / target (autoscaling on)"),
-         _column("TPOT", ".status.slo.tpot",
-                 description="observed TPOT at the SLO percentile / target (autoscaling on)"),
-         _column("SLO", '.status.conditions[?(@.type=="SLOMet")].status',
-                 description="SLOMet condition (True, False, Unknown)"),
-         _column("Endpoint", ".status.routerEndpoint", priority=1),
-         AGE),
-        metadata={"type": "object", "properties": {"name": {
-            "description": f"A DNS-1035 label of at most {NAME_MAX} characters, so <name>-colocated fits 63.",
-            "type": "string", "maxLength": NAME_MAX, "pattern": DNS_LABEL}}}),
-    Crd("tandempool.yaml",
+        KIND,
+        "tsvc",
+        InferenceServiceSpec,
+        InferenceServiceStatus,
+        (
+            _column("Ready", f"{_READY}.status"),
+            _column("Reason", f"{_READY}.reason", description="why Ready is what it is"),
+            _column("Mode", ".spec.mode"),
+            _column(
+                "Workers",
+                ".status.workers",
+                description="ready/desired workers of each pool (prefill and decode, or colocated)",
+            ),
+            _column("Router", ".status.pools.router.summary", description="ready/desired router replicas"),
+            _column("TTFT-SLO", ".spec.slo.ttftMs", "integer", priority=1),
+            _column("TPOT-SLO", ".spec.slo.tpotMs", "integer", priority=1),
+            _column(
+                "TTFT",
+                ".status.slo.ttft",
+                description="observed TTFT at the SLO percentile / target (autoscaling on)",
+            ),
+            _column(
+                "TPOT",
+                ".status.slo.tpot",
+                description="observed TPOT at the SLO percentile / target (autoscaling on)",
+            ),
+            _column(
+                "SLO",
+                '.status.conditions[?(@.type=="SLOMet")].status',
+                description="SLOMet condition (True, False, Unknown)",
+            ),
+            _column("Endpoint", ".status.routerEndpoint", priority=1),
+            AGE,
+        ),
+        metadata={
+            "type": "object",
+            "properties": {
+                "name": {
+                    "description": f"A DNS-1035 label of at most {NAME_MAX} characters, so <name>-colocated fits 63.",
+                    "type": "string",
+                    "maxLength": NAME_MAX,
+                    "pattern": DNS_LABEL,
+                }
+            },
+        },
+    ),
+    Crd(
+        "tandempool.yaml",
         "TandemPool: one child per pool of an InferenceService, with a /scale subresource so kubectl scale,\n"
         "HPA or KEDA drive that pool's replica count alone. The operator creates and owns these objects.",
-        "TandemPool", "tpool", TandemPoolSpec, TandemPoolStatus,
-        (_column("Service", ".spec.service"), _column("Pool", ".spec.pool"),
-         _column("Desired", ".spec.replicas", "integer"), _column("Ready", ".status.readyReplicas", "integer"), AGE),
-        scale={"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
-               "labelSelectorPath": ".status.selector"}),
-)  # fmt: skip
+        "TandemPool",
+        "tpool",
+        TandemPoolSpec,
+        TandemPoolStatus,
+        (
+            _column("Service", ".spec.service"),
+            _column("Pool", ".spec.pool"),
+            _column("Desired", ".spec.replicas", "integer"),
+            _column("Ready", ".status.readyReplicas", "integer"),
+            AGE,
+        ),
+        scale={
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        },
+    ),
+)
 
 
 ROOT = Path(__file__).resolve().parent.parent  # a source checkout's
@@ -209,7 +288,11 @@ def repo_doc() -> Path:
 
 def stale(out_dir: Path) -> list[str]:
     """The CRD files under out_dir that differ from what the types give."""
-    return [c.file for c in CRDS if not (out_dir / c.file).exists() or (out_dir / c.file).read_text() != c.render()]
+    return [
+        c.file
+        for c in CRDS
+        if not (out_dir / c.file).exists() or (out_dir / c.file).read_text() != c.render()
+    ]
 
 
 def reference() -> str:
@@ -220,7 +303,9 @@ def reference() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tandem.crdgen", description=__doc__)
-    parser.add_argument("--out", type=Path, default=repo_crds_dir(), help="the CRD folder (default: the chart's)")
+    parser.add_argument(
+        "--out", type=Path, default=repo_crds_dir(), help="the CRD folder (default: the chart's)"
+    )
     parser.add_argument("--doc", type=Path, default=repo_doc(), help="the field reference (default: docs/'s)")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is out of date")
     ns = parser.parse_args(argv)

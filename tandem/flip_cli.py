@@ -27,12 +27,26 @@ def main(argv: list[str]) -> int:
     where.add_argument("--address", help="one worker's gRPC host:port")
     where.add_argument("-f", "--file", help="the InferenceService YAML a `tandem up` runs (with --log-dir)")
     p.add_argument("--log-dir", help="the run directory of that `tandem up` (its --log-dir)")
-    p.add_argument("--count", type=int, default=1, help="with -f: how many workers of the --from role to flip")
-    p.add_argument("--from", dest="from_role", choices=sorted(ROLE_ENUMS), default=None,
-                   help="with -f: the pool to flip workers from (default: the other of prefill and decode)")
+    p.add_argument(
+        "--count", type=int, default=1, help="with -f: how many workers of the --from role to flip"
+    )
+    p.add_argument(
+        "--from",
+        dest="from_role",
+        choices=sorted(ROLE_ENUMS),
+        default=None,
+        help="with -f: the pool to flip workers from (default: the other of prefill and decode)",
+    )
     p.add_argument("--reason", default="tandem flip")
-    p.add_argument("--drain-timeout", type=float, default=0.0, help="seconds the old role's work may take (0: the worker's)")
-    p.add_argument("--tls-dir", default=None, help="with --address, mutual TLS: the operator's tls.crt, tls.key, ca.crt")
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=0.0,
+        help="seconds the old role's work may take (0: the worker's)",
+    )
+    p.add_argument(
+        "--tls-dir", default=None, help="with --address, mutual TLS: the operator's tls.crt, tls.key, ca.crt"
+    )
     p.add_argument("--tls-server-name", default=None, help="name in the worker's certificate")
     args = p.parse_args(argv)
     if args.file:
@@ -49,7 +63,9 @@ def main(argv: list[str]) -> int:
             print(f"tandem flip: {e}", file=sys.stderr)
             return 2
         for address, reply in flipped:
-            print(f"{address}: now {args.to} (drained in {reply.drain_s:.2f} s, switched in {reply.switch_s:.3f} s)")
+            print(
+                f"{address}: now {args.to} (drained in {reply.drain_s:.2f} s, switched in {reply.switch_s:.3f} s)"
+            )
         return 0 if len(flipped) == args.count else 1
     try:
         tls = TlsConfig.optional(args.tls_dir, args.tls_server_name)
@@ -58,7 +74,9 @@ def main(argv: list[str]) -> int:
     except grpc.RpcError as e:
         print(f"tandem flip: {args.address}: {e.code().name} {e.details()}", file=sys.stderr)
         return 1
-    print(f"{args.address}: now {args.to} (drained in {reply.drain_s:.2f} s, switched in {reply.switch_s:.3f} s)")
+    print(
+        f"{args.address}: now {args.to} (drained in {reply.drain_s:.2f} s, switched in {reply.switch_s:.3f} s)"
+    )
     return 0
 
 

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 DOMAIN = "tandem.internal"
 ROLES = ("router", "prefill", "decode", "colocated", "operator")
 OPERATOR = "operator"
-FLIPPABLE = frozenset({"prefill", "decode", "colocated"})  # the roles one worker's certificate may name together
+FLIPPABLE = frozenset(
+    {"prefill", "decode", "colocated"}
+)  # the roles one worker's certificate may name together
 _URI_PREFIX = f"spiffe://{DOMAIN}/"
 
 
@@ -79,10 +81,16 @@ def parse_uri(uri: str) -> Identity | None:
     """The identity a tandem URI names; None for anything else (pure)."""
     if not uri.startswith(_URI_PREFIX):
         return None
-    parts = uri[len(_URI_PREFIX):].split("/")
+    parts = uri[len(_URI_PREFIX) :].split("/")
     if parts == ["role", OPERATOR]:
         return Identity(OPERATOR)
-    if len(parts) == 4 and parts[0] == "service" and parts[2] == "role" and parts[1] and parts[3] in ROLES[:4]:
+    if (
+        len(parts) == 4
+        and parts[0] == "service"
+        and parts[2] == "role"
+        and parts[1]
+        and parts[3] in ROLES[:4]
+    ):
         return Identity(parts[3], parts[1])
     return None
 
@@ -95,6 +103,8 @@ def from_sans(sans: list[str]) -> Identity | None:
         return found.pop()
     services = {i.service for i in found}
     roles = frozenset(i.role for i in found)
-    if len(services) == 1 and roles <= FLIPPABLE:  # prefill and decode alone: a certificate issued before colocated flipped
+    if (
+        len(services) == 1 and roles <= FLIPPABLE
+    ):  # prefill and decode alone: a certificate issued before colocated flipped
         return Identity.of(roles, services.pop())
     return None

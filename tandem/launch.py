@@ -56,10 +56,18 @@ def worker_argv(
     """Arguments of `tandem worker` (without the program name); `tls_dir` holds the mutual-TLS files
     (its role's certificate: a local directory or the mounted Secret), `health_port` a plaintext probe port."""
     opts = WorkerOptions.from_spec(
-        spec, role, service=service, model_dir=model_dir, host=host, port=port, metrics_port=metrics_port,
-        threads=threads, worker_id=worker_id, health_port=health_port or 0,
+        spec,
+        role,
+        service=service,
+        model_dir=model_dir,
+        host=host,
+        port=port,
+        metrics_port=metrics_port,
+        threads=threads,
+        worker_id=worker_id,
+        health_port=health_port or 0,
         drain_timeout=drain_timeout_s or drain_timeout_seconds(spec),
-    )  # fmt: skip
+    )
     return ["worker", *opts.to_argv(), *tls_argv(spec, tls_dir)]
 
 
@@ -85,9 +93,15 @@ def router_argv(
     (spec.security.apiKeys: a local file, or the mounted Secret's key)."""
     keys = spec.security.api_keys
     opts = RouterOptions.from_spec(
-        spec, service=service, model_dir=model_dir, host=host, port=port, metrics_port=metrics_port or 0,
-        workers_file=workers_file, api_keys_file=api_keys_file,
+        spec,
+        service=service,
+        model_dir=model_dir,
+        host=host,
+        port=port,
+        metrics_port=metrics_port or 0,
+        workers_file=workers_file,
+        api_keys_file=api_keys_file,
         protect_metrics=bool(api_keys_file and keys is not None and keys.protect_metrics),
         **{pool: list(addresses) for pool, addresses in (workers or {}).items()},
-    )  # fmt: skip
+    )
     return ["router", *opts.to_argv(), *tls_argv(spec, tls_dir)]

@@ -2,7 +2,9 @@
 operator agree."""
 
 LABEL_SERVICE = "serving.tandem.dev/inferenceservice"
-LABEL_POOL = "serving.tandem.dev/pool"  # prefill | decode | router | colocated: the Deployment a pod belongs to
+LABEL_POOL = (
+    "serving.tandem.dev/pool"  # prefill | decode | router | colocated: the Deployment a pod belongs to
+)
 # A prefill or decode pod's current role: its pool's at first, set by the operator when it flips the pod
 # (spec.roleFlip). Deployments select on the pool, never on this, so a flip leaves their ReplicaSets alone.
 LABEL_ROLE = "serving.tandem.dev/role"
@@ -56,8 +58,48 @@ SLO_TTFT = "ttft"  # values of the `slo` label
 SLO_TPOT = "tpot"
 # The router's histogram buckets (shared so the simulator can expose what the router would). Seconds: TTFT spans
 # queueing plus prefill, TPOT/ITL one decode step.
-TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 30, 60)
-TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
+TTFT_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1,
+    1.5,
+    2,
+    3,
+    5,
+    10,
+    20,
+    30,
+    60,
+)
+TOKEN_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    1,
+    2.5,
+)
 # Tokens: prompt and output lengths, for the autoscaler's capacity model (powers of two up to 128k).
 LENGTH_BUCKETS = tuple(float(2**i) for i in range(2, 18))
 # Prefill metrics

@@ -76,7 +76,8 @@ class Profile(BaseModel):
 
     def _prefill_points(self) -> list[PrefillPoint]:
         return sorted(
-            (p for p in self.prefill if p.chunk_tokens == self.prefill_chunk_tokens), key=lambda p: p.prompt_tokens
+            (p for p in self.prefill if p.chunk_tokens == self.prefill_chunk_tokens),
+            key=lambda p: p.prompt_tokens,
         )
 
     @cached_property
@@ -138,7 +139,9 @@ def save_profile(profile: Profile, path: str | Path) -> None:
 SHIPPED_DIR = Path(__file__).resolve().parent / "profiles"
 
 
-DEFAULT_GPU_PROFILE = "h200-llama-3.1-8b-fp8"  # Dynamo's measured H200 profile, converted (profiles/README.md)
+DEFAULT_GPU_PROFILE = (
+    "h200-llama-3.1-8b-fp8"  # Dynamo's measured H200 profile, converted (profiles/README.md)
+)
 
 
 def shipped_profile(name: str = "tiny-cpu") -> Profile:

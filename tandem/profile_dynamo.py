@@ -34,7 +34,9 @@ def from_dynamo(
     root = Path(directory)
     for part in (PREFILL_FILE, DECODE_FILE):
         if not (root / part).is_file():
-            raise FileNotFoundError(f"{root / part}: not a Dynamo profiler result (expected {PREFILL_FILE} and {DECODE_FILE})")
+            raise FileNotFoundError(
+                f"{root / part}: not a Dynamo profiler result (expected {PREFILL_FILE} and {DECODE_FILE})"
+            )
     with np.load(root / PREFILL_FILE) as p:
         isl, ttft = p["prefill_isl"], p["prefill_ttft"]
     with np.load(root / DECODE_FILE) as d:
@@ -48,7 +50,9 @@ def from_dynamo(
         for n, ms in zip(isl, ttft, strict=True)
     ]
     decode = [
-        DecodePoint(batch=max(1, round(float(u) * max_kv_tokens / float(c))), context_tokens=int(c), step_ms=float(ms))
+        DecodePoint(
+            batch=max(1, round(float(u) * max_kv_tokens / float(c))), context_tokens=int(c), step_ms=float(ms)
+        )
         for u, c, ms in zip(usage, context, itl, strict=True)
         if ms > 0
     ]

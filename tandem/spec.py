@@ -99,16 +99,26 @@ SOURCE_EXACTLY_ONE = "spec.model.source must set exactly one of path, pvc, hostP
 class ModelSource(_Spec):
     """Exactly one of: a local/in-pod path, a PVC, a host path, an image, or a Hugging Face repo."""
 
-    model_config = ConfigDict(json_schema_extra=rules(cel(
-        "[has(self.path), has(self.pvc), has(self.hostPath), has(self.image), has(self.huggingFace)].filter(x, x).size() == 1",
-        SOURCE_EXACTLY_ONE)))  # fmt: skip
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            cel(
+                "[has(self.path), has(self.pvc), has(self.hostPath), has(self.image), has(self.huggingFace)].filter(x, x).size() == 1",
+                SOURCE_EXACTLY_ONE,
+            )
+        )
+    )
 
     path: str | None = Field(default=None, min_length=1)
     """A path inside the worker container (weights baked into the image)."""
     pvc: PvcSource | None = None
     """Weights on a PersistentVolumeClaim, mounted read-only at /models."""
-    host_path: str | None = Field(default=None, min_length=1, json_schema_extra=rules(
-        cel("self.startsWith('/')", "spec.model.source.hostPath must be an absolute path")))
+    host_path: str | None = Field(
+        default=None,
+        min_length=1,
+        json_schema_extra=rules(
+            cel("self.startsWith('/')", "spec.model.source.hostPath must be an absolute path")
+        ),
+    )
     """An absolute folder on every node that runs a pool, mounted read-only at /models."""
     image: str | None = Field(default=None, min_length=1, pattern=r"^\S+$")
     """An image holding the weights under /model."""
@@ -167,15 +177,21 @@ class Resources(_Spec):
 
 
 TENSOR_PARALLEL_SIZES = (0, 1, 2, 4, 8, 16, 32, 64)
-GPUS_POWER_OF_TWO = ("resources.gpus must be 0, 1 or a power of two up to 64: a worker splits the model across its "
-                     "GPUs (tensor parallel) by powers of two")  # fmt: skip
+GPUS_POWER_OF_TWO = (
+    "resources.gpus must be 0, 1 or a power of two up to 64: a worker splits the model across its "
+    "GPUs (tensor parallel) by powers of two"
+)
 
 
 class WorkerResources(Resources):
     """A worker's GPUs: above one, the model is split across them (tensor parallel), by powers of two."""
 
-    gpus: int = Field(default=1, ge=0, le=64,
-                      json_schema_extra=rules(cel(f"self in {list(TENSOR_PARALLEL_SIZES)}", GPUS_POWER_OF_TWO)))
+    gpus: int = Field(
+        default=1,
+        ge=0,
+        le=64,
+        json_schema_extra=rules(cel(f"self in {list(TENSOR_PARALLEL_SIZES)}", GPUS_POWER_OF_TWO)),
+    )
     """nvidia.com/gpu per worker pod (0: a CPU worker); above 1 the model is split across them (tensor
     parallel), so a power of two that divides the model's attention and KV heads."""
 
@@ -193,10 +209,15 @@ class LocalObjectRef(_Spec):
 
 
 class VolumeMount(_Spec):
-    model_config = ConfigDict(json_schema_extra=rules(cel(
-        "!(self.mountPath in ['/models', '/tmp', '/dev/shm']) && !self.mountPath.startsWith('/models/') && "
-        "!self.mountPath.startsWith('/etc/tandem/')",
-        "podTemplate mount paths /models, /tmp, /dev/shm and /etc/tandem/ are the operator's")))
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            cel(
+                "!(self.mountPath in ['/models', '/tmp', '/dev/shm']) && !self.mountPath.startsWith('/models/') && "
+                "!self.mountPath.startsWith('/etc/tandem/')",
+                "podTemplate mount paths /models, /tmp, /dev/shm and /etc/tandem/ are the operator's",
+            )
+        )
+    )
 
     name: str = Field(min_length=1)
     """A podTemplate volume's name."""
@@ -208,28 +229,50 @@ class VolumeMount(_Spec):
     """A path inside the volume to mount instead of its root."""
 
 
-OVERLAY = ("Merged onto the pod template the operator renders for this pool: labels, annotations, image pull "
-           "secrets, service account, priority class, extra volumes mounted into the main container, extra "
-           "environment. Refused here where it would break the restricted Pod Security Standard or touch what the "
-           "operator owns (its labels and annotations, volume names and mount paths, TANDEM_ variables).")
+OVERLAY = (
+    "Merged onto the pod template the operator renders for this pool: labels, annotations, image pull "
+    "secrets, service account, priority class, extra volumes mounted into the main container, extra "
+    "environment. Refused here where it would break the restricted Pod Security Standard or touch what the "
+    "operator owns (its labels and annotations, volume names and mount paths, TANDEM_ variables)."
+)
 
 
 class PodTemplateOverlay(_Spec):
     """What a user adds to a pool's pods (Kubernetes only); the CRD refuses what would break the restricted
     Pod Security Standard or the operator's own fields."""
 
-    model_config = ConfigDict(json_schema_extra=rules(cel(
-        "!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes) && self.volumes.exists(v, v.name == m.name))",
-        "podTemplate.volumeMounts must each name a volume of podTemplate.volumes", ".volumeMounts")))  # fmt: skip
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            cel(
+                "!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes) && self.volumes.exists(v, v.name == m.name))",
+                "podTemplate.volumeMounts must each name a volume of podTemplate.volumes",
+                ".volumeMounts",
+            )
+        )
+    )
 
-    labels: dict[str, str] = Field(default_factory=dict, max_length=64, json_schema_extra=rules(
-        cel("self.all(k, !k.startsWith('serving.tandem.dev/') && !k.startsWith('app.kubernetes.io/'))",
-            "podTemplate.labels may not set serving.tandem.dev/ or app.kubernetes.io/ labels: the operator's selectors use them"),
-        additionalProperties={"type": "string", "maxLength": 63}))  # fmt: skip
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=64,
+        json_schema_extra=rules(
+            cel(
+                "self.all(k, !k.startsWith('serving.tandem.dev/') && !k.startsWith('app.kubernetes.io/'))",
+                "podTemplate.labels may not set serving.tandem.dev/ or app.kubernetes.io/ labels: the operator's selectors use them",
+            ),
+            additionalProperties={"type": "string", "maxLength": 63},
+        ),
+    )
     """Extra pod labels."""
-    annotations: dict[str, str] = Field(default_factory=dict, max_length=64, json_schema_extra=rules(
-        cel("self.all(k, !k.startsWith('serving.tandem.dev/') && !k.startsWith('prometheus.io/'))",
-            "podTemplate.annotations may not set serving.tandem.dev/ or prometheus.io/ annotations: the operator sets them")))  # fmt: skip
+    annotations: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=64,
+        json_schema_extra=rules(
+            cel(
+                "self.all(k, !k.startsWith('serving.tandem.dev/') && !k.startsWith('prometheus.io/'))",
+                "podTemplate.annotations may not set serving.tandem.dev/ or prometheus.io/ annotations: the operator sets them",
+            )
+        ),
+    )
     """Extra pod annotations."""
     image_pull_secrets: list[LocalObjectRef] = Field(default_factory=list, max_length=16)
     """Secrets (in the InferenceService's namespace) to pull the images with."""
@@ -238,12 +281,16 @@ class PodTemplateOverlay(_Spec):
     projected token volume if the pod needs one)."""
     priority_class_name: str | None = Field(default=None, max_length=253)
     """The pods' PriorityClass."""
-    volumes: list[dict[str, Any]] = Field(default_factory=list, max_length=32, json_schema_extra=rules(items=VOLUME))
+    volumes: list[dict[str, Any]] = Field(
+        default_factory=list, max_length=32, json_schema_extra=rules(items=VOLUME)
+    )
     """Extra volumes, of the kinds the restricted Pod Security Standard allows: configMap, secret, emptyDir,
     persistentVolumeClaim, projected, downwardAPI, csi or ephemeral (hostPath and the rest are refused)."""
     volume_mounts: list[VolumeMount] = Field(default_factory=list, max_length=32)
     """Mounts of podTemplate.volumes into the pool's main container."""
-    env: list[dict[str, Any]] = Field(default_factory=list, max_length=256, json_schema_extra=rules(items=OVERLAY_ENV))
+    env: list[dict[str, Any]] = Field(
+        default_factory=list, max_length=256, json_schema_extra=rules(items=OVERLAY_ENV)
+    )
     """Extra environment variables of the pool's main container (TANDEM_ ones are the operator's)."""
 
 
@@ -254,9 +301,16 @@ REPLICAS_OUT_OF_BOUNDS = "replicas must be between minReplicas and maxReplicas"
 
 
 class PoolSpec(_Spec):
-    model_config = ConfigDict(json_schema_extra=rules(
-        cel("self.minReplicas <= self.maxReplicas", MIN_ABOVE_MAX, ".minReplicas"),
-        cel("self.minReplicas <= self.replicas && self.replicas <= self.maxReplicas", REPLICAS_OUT_OF_BOUNDS, ".replicas")))
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            cel("self.minReplicas <= self.maxReplicas", MIN_ABOVE_MAX, ".minReplicas"),
+            cel(
+                "self.minReplicas <= self.replicas && self.replicas <= self.maxReplicas",
+                REPLICAS_OUT_OF_BOUNDS,
+                ".replicas",
+            ),
+        )
+    )
 
     replicas: int = Field(default=1, ge=0)
     """Initial worker count of this pool; after creation the TandemPool's /scale (kubectl scale, HPA, KEDA or
@@ -267,14 +321,21 @@ class PoolSpec(_Spec):
     """Most workers the autoscaler gives this pool."""
     resources: WorkerResources = Field(default_factory=WorkerResources)
     """What each worker pod of this pool requests."""
-    node_selector: dict[str, str] = Field(default_factory=dict, max_length=64,
-                                          json_schema_extra=rules(LABEL_KEYS, additionalProperties=LABEL_VALUE))
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=64,
+        json_schema_extra=rules(LABEL_KEYS, additionalProperties=LABEL_VALUE),
+    )
     """Node labels this pool's pods must run on (Kubernetes pod nodeSelector)."""
-    tolerations: list[dict[str, Any]] = Field(default_factory=list, max_length=64, json_schema_extra=rules(items=TOLERATION))
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list, max_length=64, json_schema_extra=rules(items=TOLERATION)
+    )
     """Taints this pool's pods tolerate (Kubernetes pod tolerations)."""
     affinity: dict[str, Any] | None = None
     """Kubernetes pod affinity for this pool's pods, passed through as written."""
-    env: list[dict[str, Any]] = Field(default_factory=list, max_length=256, json_schema_extra=rules(items=ENV))
+    env: list[dict[str, Any]] = Field(
+        default_factory=list, max_length=256, json_schema_extra=rules(items=ENV)
+    )
     """Extra environment variables of this pool's worker container."""
     pod_template: PodTemplateOverlay | None = Field(default=None, description=OVERLAY)
 
@@ -454,19 +515,34 @@ POOL_DEFAULT = PoolSpec().model_dump(by_alias=True, include={"replicas", "min_re
 def _spec_rules(schema: dict[str, Any]) -> None:
     """The CRD's rules across sections of the spec, each naming its field (fieldPath) in the types' words."""
     autoscaled = "has(self.autoscaling) && has(self.autoscaling.enabled) && self.autoscaling.enabled"
-    flips = ("has(self.autoscaling) && has(self.autoscaling.flip) && has(self.autoscaling.flip.enabled) && "
-             "self.autoscaling.flip.enabled")
+    flips = (
+        "has(self.autoscaling) && has(self.autoscaling.flip) && has(self.autoscaling.flip.enabled) && "
+        "self.autoscaling.flip.enabled"
+    )
     schema["x-kubernetes-validations"] = [
-        cel(f"{autoscaled} || !has(self.decode) || !has(self.decode.minReplicas) || self.decode.minReplicas > 0",
-            f"spec.decode.{MIN_ZERO_NEEDS_AUTOSCALING}", ".decode.minReplicas"),
-        cel(f"{autoscaled} || {_COLOCATED} || !has(self.prefill) || !has(self.prefill.minReplicas) || "
-            "self.prefill.minReplicas > 0", f"spec.prefill.{MIN_ZERO_NEEDS_AUTOSCALING}", ".prefill.minReplicas"),
-        cel(f"!({flips}) || has(self.roleFlip) && self.roleFlip && (!has(self.mode) || self.mode != 'colocated')",
-            AUTOSCALING_FLIP_NEEDS_ROLE_FLIP, ".autoscaling.flip.enabled"),
-        cel(f"!has(self.mode) || self.mode != 'auto' || {autoscaled} && has(self.roleFlip) && self.roleFlip",
-            AUTO_NEEDS_AUTOSCALING, ".mode"),
+        cel(
+            f"{autoscaled} || !has(self.decode) || !has(self.decode.minReplicas) || self.decode.minReplicas > 0",
+            f"spec.decode.{MIN_ZERO_NEEDS_AUTOSCALING}",
+            ".decode.minReplicas",
+        ),
+        cel(
+            f"{autoscaled} || {_COLOCATED} || !has(self.prefill) || !has(self.prefill.minReplicas) || "
+            "self.prefill.minReplicas > 0",
+            f"spec.prefill.{MIN_ZERO_NEEDS_AUTOSCALING}",
+            ".prefill.minReplicas",
+        ),
+        cel(
+            f"!({flips}) || has(self.roleFlip) && self.roleFlip && (!has(self.mode) || self.mode != 'colocated')",
+            AUTOSCALING_FLIP_NEEDS_ROLE_FLIP,
+            ".autoscaling.flip.enabled",
+        ),
+        cel(
+            f"!has(self.mode) || self.mode != 'auto' || {autoscaled} && has(self.roleFlip) && self.roleFlip",
+            AUTO_NEEDS_AUTOSCALING,
+            ".mode",
+        ),
         *(rule.crd_rule(path) for rule in IGNORED_BY_MODE for path in rule.fields),
-    ]  # fmt: skip
+    ]
 
 
 class InferenceServiceSpec(_Spec):
@@ -525,7 +601,11 @@ class InferenceServiceSpec(_Spec):
 
     @model_validator(mode="after")
     def _zero_needs_autoscaling(self) -> InferenceServiceSpec:
-        pools = {"decode": self.decode} if self.mode is Mode.colocated else {"prefill": self.prefill, "decode": self.decode}
+        pools = (
+            {"decode": self.decode}
+            if self.mode is Mode.colocated
+            else {"prefill": self.prefill, "decode": self.decode}
+        )
         for pool, p in pools.items():
             if not self.autoscaling.enabled and p.min_replicas == 0:
                 raise ValueError(f"spec.{pool}.{MIN_ZERO_NEEDS_AUTOSCALING}")
@@ -541,7 +621,9 @@ class InferenceServiceSpec(_Spec):
         return self
 
 
-MIN_ZERO_NEEDS_AUTOSCALING = "minReplicas 0 needs autoscaling.enabled: only the autoscaler wakes a pool from zero"
+MIN_ZERO_NEEDS_AUTOSCALING = (
+    "minReplicas 0 needs autoscaling.enabled: only the autoscaler wakes a pool from zero"
+)
 
 
 @dataclass(frozen=True)
@@ -571,27 +653,68 @@ class Ignored:
         return cel(f"!({self.cel}) || {' || '.join(unset)}", self.message(path), f".{path}")
 
 
-_POOL_FIELDS = ("replicas", "minReplicas", "maxReplicas", "resources.gpus", "resources.cpu", "resources.memory",
-                "nodeSelector", "tolerations", "affinity", "env", "podTemplate")  # fmt: skip
-_CONDITIONAL_ONLY = ("localPrefillMaxTokens", "prefillQueueTokens", "localPrefillMaxTpotFraction", "mixedDecodeRatio")
+_POOL_FIELDS = (
+    "replicas",
+    "minReplicas",
+    "maxReplicas",
+    "resources.gpus",
+    "resources.cpu",
+    "resources.memory",
+    "nodeSelector",
+    "tolerations",
+    "affinity",
+    "env",
+    "podTemplate",
+)
+_CONDITIONAL_ONLY = (
+    "localPrefillMaxTokens",
+    "prefillQueueTokens",
+    "localPrefillMaxTpotFraction",
+    "mixedDecodeRatio",
+)
 _COLOCATED = "has(self.mode) && self.mode == 'colocated'"
 
 IGNORED_BY_MODE = (
-    Ignored("mode colocated", lambda s: s.mode is Mode.colocated, _COLOCATED,
-            tuple(f"prefill.{f}" for f in _POOL_FIELDS), "one pool serves both phases, sized by spec.decode"),
-    Ignored("mode colocated", lambda s: s.mode is Mode.colocated, _COLOCATED,
-            tuple(f"router.disaggregation.{f}" for f in ("mode", *_CONDITIONAL_ONLY)),
-            "every prompt is prefilled where it decodes"),
-    Ignored("mode colocated", lambda s: s.mode is Mode.colocated, _COLOCATED,
-            ("kvTransfer.transport", "kvTransfer.compression", "kvTransfer.leaseMs"), "no KV moves between workers"),
-    Ignored("mode colocated", lambda s: s.mode is Mode.colocated, _COLOCATED, ("roleFlip",),
-            "only a disaggregated service's workers change role"),
-    Ignored("router.disaggregation.mode always or never",
-            lambda s: s.mode is not Mode.colocated and s.router.disaggregation.mode is not DisaggregationMode.conditional,
-            "(!has(self.mode) || self.mode != 'colocated') && !(has(self.router) && has(self.router.disaggregation)"
-            " && has(self.router.disaggregation.mode) && self.router.disaggregation.mode == 'conditional')",
-            tuple(f"router.disaggregation.{f}" for f in _CONDITIONAL_ONLY), "only mode conditional reads it"),
-)  # fmt: skip
+    Ignored(
+        "mode colocated",
+        lambda s: s.mode is Mode.colocated,
+        _COLOCATED,
+        tuple(f"prefill.{f}" for f in _POOL_FIELDS),
+        "one pool serves both phases, sized by spec.decode",
+    ),
+    Ignored(
+        "mode colocated",
+        lambda s: s.mode is Mode.colocated,
+        _COLOCATED,
+        tuple(f"router.disaggregation.{f}" for f in ("mode", *_CONDITIONAL_ONLY)),
+        "every prompt is prefilled where it decodes",
+    ),
+    Ignored(
+        "mode colocated",
+        lambda s: s.mode is Mode.colocated,
+        _COLOCATED,
+        ("kvTransfer.transport", "kvTransfer.compression", "kvTransfer.leaseMs"),
+        "no KV moves between workers",
+    ),
+    Ignored(
+        "mode colocated",
+        lambda s: s.mode is Mode.colocated,
+        _COLOCATED,
+        ("roleFlip",),
+        "only a disaggregated service's workers change role",
+    ),
+    Ignored(
+        "router.disaggregation.mode always or never",
+        lambda s: (
+            s.mode is not Mode.colocated
+            and s.router.disaggregation.mode is not DisaggregationMode.conditional
+        ),
+        "(!has(self.mode) || self.mode != 'colocated') && !(has(self.router) && has(self.router.disaggregation)"
+        " && has(self.router.disaggregation.mode) && self.router.disaggregation.mode == 'conditional')",
+        tuple(f"router.disaggregation.{f}" for f in _CONDITIONAL_ONLY),
+        "only mode conditional reads it",
+    ),
+)
 
 
 def _cel_literal(value: Any) -> str:
@@ -624,7 +747,9 @@ class InferenceService(BaseModel):
 def parse_object(obj: dict[str, Any]) -> InferenceService:
     """Validate a YAML/JSON InferenceService object; raises ValueError with the field path on bad input."""
     if obj.get("kind") != KIND or not str(obj.get("apiVersion", "")).startswith(API_GROUP + "/"):
-        raise ValueError(f"expected kind {KIND} in {API_GROUP}, got {obj.get('kind')!r} {obj.get('apiVersion')!r}")
+        raise ValueError(
+            f"expected kind {KIND} in {API_GROUP}, got {obj.get('kind')!r} {obj.get('apiVersion')!r}"
+        )
     meta = obj.get("metadata") or {}
     if not meta.get("name"):
         raise ValueError("metadata.name is required")

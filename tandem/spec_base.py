@@ -11,7 +11,9 @@ from pydantic.alias_generators import to_camel
 
 class Spec(BaseModel):
     # A field's docstring is its description in the CRD (tandem.crdgen) and in `kubectl explain`.
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", use_attribute_docstrings=True
+    )
 
 
 def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:

@@ -40,8 +40,15 @@ class SpeculativeSpec(Spec):
     model in one batched pass; greedy output is unchanged, sampled output keeps its distribution (rejection
     sampling), and a sequence whose drafts keep failing decodes plainly for a while."""
 
-    model_config = ConfigDict(json_schema_extra=rules(
-        cel("(has(self.method) && self.method == 'draft') == has(self.draftModel)", DRAFT_MODEL_FOR_DRAFT_ONLY, ".draftModel")))
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            cel(
+                "(has(self.method) && self.method == 'draft') == has(self.draftModel)",
+                DRAFT_MODEL_FOR_DRAFT_ONLY,
+                ".draftModel",
+            )
+        )
+    )
 
     method: SpeculativeMethod = SpeculativeMethod.ngram
     """ngram: prompt lookup, drafts copied from where the text's last few tokens occurred before in the prompt
@@ -89,9 +96,15 @@ KV_INT8_NEEDS_SDPA = (
 
 
 class EngineSpec(Spec):
-    model_config = ConfigDict(json_schema_extra=rules(cel(
-        "!has(self.kvCacheDtype) || self.kvCacheDtype != 'int8' || !has(self.attention) || self.attention != 'flex'",
-        KV_INT8_NEEDS_SDPA, ".kvCacheDtype")))
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            cel(
+                "!has(self.kvCacheDtype) || self.kvCacheDtype != 'int8' || !has(self.attention) || self.attention != 'flex'",
+                KV_INT8_NEEDS_SDPA,
+                ".kvCacheDtype",
+            )
+        )
+    )
 
     block_size: int = Field(default=16, gt=0)
     """Tokens per KV cache block (also the prefix-cache granularity)."""

@@ -14,10 +14,13 @@ from tandem.spec_base import Spec, cel, rules
 class TandemPoolSpec(Spec):
     """The desired size of one pool of an InferenceService; its Deployment follows it. Written through /scale."""
 
-    service: str = Field(min_length=1, json_schema_extra=rules(cel("self == oldSelf", "spec.service is immutable")))
+    service: str = Field(
+        min_length=1, json_schema_extra=rules(cel("self == oldSelf", "spec.service is immutable"))
+    )
     """The InferenceService the pool belongs to (immutable)."""
     pool: Literal["prefill", "decode", "colocated"] = Field(
-        json_schema_extra=rules(cel("self == oldSelf", "spec.pool is immutable")))
+        json_schema_extra=rules(cel("self == oldSelf", "spec.pool is immutable"))
+    )
     """prefill, decode or colocated (immutable)."""
     replicas: int = Field(default=1, ge=0)
     """Desired workers. Written by kubectl scale / HPA when the InferenceService's autoscaler is off, by the

@@ -17,7 +17,9 @@ class ApiKeysSpec(Spec):
     """Router API keys (`Authorization: Bearer`), one per line: the `key` of Secret `secretName` on
     Kubernetes, or the file `file` locally. Probes stay open; /metrics too unless `protectMetrics`."""
 
-    model_config = ConfigDict(json_schema_extra=rules(cel("has(self.secretName) || has(self.file)", API_KEYS_NEED_A_SOURCE)))
+    model_config = ConfigDict(
+        json_schema_extra=rules(cel("has(self.secretName) || has(self.file)", API_KEYS_NEED_A_SOURCE))
+    )
 
     secret_name: str | None = Field(default=None, min_length=1)
     """Secret holding the keys, one per line, mounted into the router pods."""
@@ -47,8 +49,15 @@ class TlsSpec(Spec):
     `<secretName>-<role>` (tls.crt, tls.key, ca.crt) or, locally, `dir` holds folders `<dir>/<role>/`.
     `tls: off` is short for `tls: {mode: off}`."""
 
-    model_config = ConfigDict(json_schema_extra=rules(
-        cel("self.mode != 'off' || (!has(self.secretName) && !has(self.dir))", TLS_OFF_TAKES_NO_SOURCE, ".mode")))
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            cel(
+                "self.mode != 'off' || (!has(self.secretName) && !has(self.dir))",
+                TLS_OFF_TAKES_NO_SOURCE,
+                ".mode",
+            )
+        )
+    )
 
     mode: TlsMode = TlsMode.auto
     """auto: mutual TLS, certificates issued by the operator unless secretName names them; off: plaintext gRPC
@@ -80,8 +89,9 @@ class TlsSpec(Spec):
 
 
 PROMETHEUS_PEER: dict[str, Any] = {
-    "namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
-}  # fmt: skip
+    "namespaceSelector": {},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+}
 
 
 class NetworkPolicySpec(Spec):

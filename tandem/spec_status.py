@@ -229,7 +229,9 @@ class InferenceServiceStatus(Status):
     """Per pool, its pods' starts phase by phase (the last 8), and the median of each phase per kind of start."""
     model_cache: dict[str, ModelCacheStatus] | None = None
     """Per pool, for a Hugging Face source, its pods' model fetches (the ModelCached condition sums them)."""
-    conditions: list[Condition] | None = Field(default=None, json_schema_extra={
-        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+    conditions: list[Condition] | None = Field(
+        default=None,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
     """Ready, Progressing and Degraded (and SLOMet from the autoscaler), each with a reason and the cause in
     the message."""

@@ -12,12 +12,23 @@ from typing import Any
 from tandem.spec_k8s import DNS_SUBDOMAIN
 
 # Kubernetes types a spec passes through: one row each, named as the Kubernetes API reference names them.
-KUBERNETES = {"affinity": "Affinity", "tolerations": "[]Toleration", "volumes": "[]Volume", "env": "[]EnvVar",
-              "valueFrom": "EnvVarSource", "metricsFrom": "[]NetworkPolicyPeer"}  # fmt: skip
+KUBERNETES = {
+    "affinity": "Affinity",
+    "tolerations": "[]Toleration",
+    "volumes": "[]Volume",
+    "env": "[]EnvVar",
+    "valueFrom": "EnvVarSource",
+    "metricsFrom": "[]NetworkPolicyPeer",
+}
 # Objects several sections share: one row where they appear, their fields in a table of their own.
 SHARED = ("podTemplate",)
-PATTERNS = {DNS_SUBDOMAIN: "DNS subdomain", "^[a-z]([-a-z0-9]*[a-z0-9])?$": "DNS-1035 label",
-            r"^\S+$": "no spaces", "^https?://": "an http:// or https:// URL", "^/": "an absolute path"}  # fmt: skip
+PATTERNS = {
+    DNS_SUBDOMAIN: "DNS subdomain",
+    "^[a-z]([-a-z0-9]*[a-z0-9])?$": "DNS-1035 label",
+    r"^\S+$": "no spaces",
+    "^https?://": "an http:// or https:// URL",
+    "^/": "an absolute path",
+}
 STATUS_DETAIL = ("pools", "conditions")  # the status fields whose insides get a table
 
 
@@ -81,8 +92,12 @@ def bounds(s: dict[str, Any]) -> str:
     out = []
     if "enum" in s:
         out.append(", ".join(f"`{json.dumps(v) if v == '' else v}`" for v in s["enum"]))
-    for lo, hi, unit in (("minimum", "maximum", ""), ("minLength", "maxLength", " characters"),
-                         ("minItems", "maxItems", " items"), ("minProperties", "maxProperties", " entries")):  # fmt: skip
+    for lo, hi, unit in (
+        ("minimum", "maximum", ""),
+        ("minLength", "maxLength", " characters"),
+        ("minItems", "maxItems", " items"),
+        ("minProperties", "maxProperties", " entries"),
+    ):
         if lo in s or hi in s:
             out.append(_range(s.get(lo), s.get(hi), unit))
     if "pattern" in s:
@@ -183,7 +198,9 @@ def _schema(document: dict[str, Any]) -> dict[str, Any]:
 def _columns(document: dict[str, Any]) -> str:
     lines = ["| column | shows | description |", "| --- | --- | --- |"]
     for c in document["spec"]["versions"][0]["additionalPrinterColumns"]:
-        about = " ".join(filter(None, (c.get("description"), "(with `-o wide`)" if c.get("priority") else "")))
+        about = " ".join(
+            filter(None, (c.get("description"), "(with `-o wide`)" if c.get("priority") else ""))
+        )
         lines.append(f"| {c['name']} | `{c['jsonPath']}` | {about} |")
     return "\n".join(lines)
 
@@ -196,8 +213,12 @@ def render(service: dict[str, Any], pool: dict[str, Any], example_path: str, exa
     spec, status = schema["properties"]["spec"], schema["properties"]["status"]
     sections = _sections(spec)
     links = {n: anchor(_heading(names)) for names, _ in sections for n in names}
-    shared = {name: s for _, node in nodes(spec, "spec") for name, s in node.get("properties", {}).items()
-              if name in SHARED}  # fmt: skip
+    shared = {
+        name: s
+        for _, node in nodes(spec, "spec")
+        for name, s in node.get("properties", {}).items()
+        if name in SHARED
+    }
     out = [
         "# InferenceService reference",
         "",
@@ -222,12 +243,18 @@ def render(service: dict[str, Any], pool: dict[str, Any], example_path: str, exa
         prose(spec.get("description", "")),
         "",
     ]
-    top = [row("metadata.name", "name", schema["properties"]["metadata"]["properties"]["name"], True), *rows(spec, "", links)]
+    top = [
+        row("metadata.name", "name", schema["properties"]["metadata"]["properties"]["name"], True),
+        *rows(spec, "", links),
+    ]
     out += [_table(top), ""]
     for names, s in sections:
         out += [f"## {_heading(names)}", ""]
-        out += [f"- `spec.{n}`: {prose(spec['properties'][n].get('description', ''))}" for n in names] \
-            if len(names) > 1 else [prose(s.get("description", ""))]  # fmt: skip
+        out += (
+            [f"- `spec.{n}`: {prose(spec['properties'][n].get('description', ''))}" for n in names]
+            if len(names) > 1
+            else [prose(s.get("description", ""))]
+        )
         out += ["", _table(rows(s)), ""]
     for name, s in shared.items():
         users = ", ".join(f"`{p}`" for p, _ in nodes(spec, "spec") if p.endswith("." + name))
@@ -240,8 +267,10 @@ def render(service: dict[str, Any], pool: dict[str, Any], example_path: str, exa
         "",
         "| field | refused with |",
         "| --- | --- |",
-        *(f"| {', '.join(f'`{p}`' for p in collapse(paths))} | {prose(message)} |"
-          for message, paths in admission_rules(spec).items()),
+        *(
+            f"| {', '.join(f'`{p}`' for p in collapse(paths))} | {prose(message)} |"
+            for message, paths in admission_rules(spec).items()
+        ),
         "",
         "## status",
         "",
@@ -251,7 +280,7 @@ def render(service: dict[str, Any], pool: dict[str, Any], example_path: str, exa
         "",
         _table(row(f"status.{n}", n, s, False) for n, s in status["properties"].items()),
         "",
-    ]  # fmt: skip
+    ]
     for name in STATUS_DETAIL:
         s = status["properties"][name]
         inner = s["items"] if s.get("type") == "array" else s["additionalProperties"]
@@ -267,8 +296,15 @@ def render(service: dict[str, Any], pool: dict[str, Any], example_path: str, exa
         f"{pool_schema['properties']['spec'].get('description', '')} `kubectl scale {pool_names['shortNames'][0]} "
         "<service>-decode --replicas 3`, an HPA or KEDA drive one pool this way while `spec.autoscaling` is off.",
         "",
-        _table([*rows(pool_schema["properties"]["spec"], "spec"), *rows(pool_schema["properties"]["status"], "status")]),
+        _table(
+            [
+                *rows(pool_schema["properties"]["spec"], "spec"),
+                *rows(pool_schema["properties"]["status"], "status"),
+            ]
+        ),
         "",
-        "Its admission rules: " + "; ".join(prose(m) for m in admission_rules(pool_schema["properties"]["spec"])) + ".",
-    ]  # fmt: skip
+        "Its admission rules: "
+        + "; ".join(prose(m) for m in admission_rules(pool_schema["properties"]["spec"]))
+        + ".",
+    ]
     return "\n".join(out).rstrip("\n") + "\n"

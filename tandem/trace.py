@@ -43,7 +43,7 @@ def parse_timestamp(value: Any, unit: str = "auto") -> float:
     if "." in text:  # fromisoformat takes up to 6 fractional digits reliably: trim longer fractions
         head, frac = text.rsplit(".", 1)
         digits = "".join(ch for ch in frac if ch.isdigit())
-        text = f"{head}.{digits[:6]}{frac[len(digits):]}"
+        text = f"{head}.{digits[:6]}{frac[len(digits) :]}"
     parsed = datetime.fromisoformat(text)
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)  # naive: read as UTC so no DST shift lands between rows
@@ -130,7 +130,9 @@ def scale_rate(requests: list[TraceRequest], factor: float, spread_s: float = 10
         step = 1 / part
         extra = [r for i, r in enumerate(requests) if int(i / step) != int((i + 1) / step)]
         copies.append((whole * spread_s / factor, extra))
-    merged = [TraceRequest(r.arrival_s + shift, r.input_len, r.output_len) for shift, rs in copies for r in rs]
+    merged = [
+        TraceRequest(r.arrival_s + shift, r.input_len, r.output_len) for shift, rs in copies for r in rs
+    ]
     return sorted(merged, key=lambda r: r.arrival_s)
 
 
@@ -142,8 +144,12 @@ def to_mooncake_jsonl(requests: Iterable[TraceRequest], block_tokens: int = 512)
         blocks = max(1, -(-r.input_len // block_tokens))
         ids = list(range(next_id, next_id + blocks))
         next_id += blocks
-        line = {"timestamp": round(r.arrival_s * 1000, 3), "input_length": r.input_len,
-                "output_length": max(r.output_len, 1), "hash_ids": ids}  # fmt: skip
+        line = {
+            "timestamp": round(r.arrival_s * 1000, 3),
+            "input_length": r.input_len,
+            "output_length": max(r.output_len, 1),
+            "hash_ids": ids,
+        }
         yield json.dumps(line)
 
 
@@ -162,7 +168,11 @@ def diurnal(
         start = (h * hour_s) % span
         window = [r for r in requests if start <= r.arrival_s < start + hour_s]
         if start + hour_s > span:  # wrap around the end of the trace
-            window += [TraceRequest(r.arrival_s + span, r.input_len, r.output_len) for r in requests if r.arrival_s < start + hour_s - span]
+            window += [
+                TraceRequest(r.arrival_s + span, r.input_len, r.output_len)
+                for r in requests
+                if r.arrival_s < start + hour_s - span
+            ]
         shifted = [TraceRequest(r.arrival_s - start + h * hour_s, r.input_len, r.output_len) for r in window]
         day += scale_rate(shifted, factor)
     return sorted(day, key=lambda r: r.arrival_s)

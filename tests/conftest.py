@@ -38,6 +38,8 @@ def prometheus(tmp_path):
         count = iter(range(1000))
 
         def start(targets, **kw):
-            return stack.enter_context(running_prometheus(targets, tmp_path / f"prometheus-{next(count)}", **kw))
+            return stack.enter_context(
+                running_prometheus(targets, tmp_path / f"prometheus-{next(count)}", **kw)
+            )
 
         yield start

@@ -21,13 +21,23 @@ def static_engine(model: Transformer, compile: bool, **overrides) -> Engine:
         runner = engine.decode_step
         assert runner is not None
         engine.decode_step = DecodeStepRunner(
-            model, engine.kv.k, engine.kv.v, runner.block_size, engine.config.max_running_sequences,
-            engine.max_model_len, runner.scratch_block, engine.staging, compile=False, attention=runner.attention,
-        )  # fmt: skip
+            model,
+            engine.kv.k,
+            engine.kv.v,
+            runner.block_size,
+            engine.config.max_running_sequences,
+            engine.max_model_len,
+            runner.scratch_block,
+            engine.staging,
+            compile=False,
+            attention=runner.attention,
+        )
     return engine
 
 
-def requests(n: int, seed: int = 0, vocab: int = 1000, longest: int = 30) -> list[tuple[list[int], SamplingParams]]:
+def requests(
+    n: int, seed: int = 0, vocab: int = 1000, longest: int = 30
+) -> list[tuple[list[int], SamplingParams]]:
     """`n` greedy requests of different prompt lengths and output lengths (they finish at different steps)."""
     g = torch.Generator().manual_seed(seed)
     out = []

@@ -65,49 +65,53 @@ MIXTRAL = dict(  # odd KV head count (3), untied embeddings, top-2 of 4 experts 
     initializer_range=0.08,
 )
 
-QWEN2_MOE = dict(  # q/k/v bias, tied embeddings, top-3 of 8 not renormalised, a shared expert, one dense layer
-    architectures=["Qwen2MoeForCausalLM"],
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=96,
-    moe_intermediate_size=32,
-    shared_expert_intermediate_size=80,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    num_experts=8,
-    num_experts_per_tok=3,
-    norm_topk_prob=False,
-    decoder_sparse_step=1,
-    mlp_only_layers=[1],
-    max_position_embeddings=2048,
-    rms_norm_eps=1e-6,
-    rope_theta=1000000.0,
-    tie_word_embeddings=True,
-    use_sliding_window=False,
-    initializer_range=0.08,
+QWEN2_MOE = (
+    dict(  # q/k/v bias, tied embeddings, top-3 of 8 not renormalised, a shared expert, one dense layer
+        architectures=["Qwen2MoeForCausalLM"],
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=80,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=8,
+        num_experts_per_tok=3,
+        norm_topk_prob=False,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        initializer_range=0.08,
+    )
 )
 
-QWEN3_MOE = dict(  # per-head q/k norms, explicit head_dim, top-2 of 6 renormalised, a dense layer by sparse step
-    architectures=["Qwen3MoeForCausalLM"],
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=96,
-    moe_intermediate_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=24,
-    num_experts=6,
-    num_experts_per_tok=2,
-    norm_topk_prob=True,
-    decoder_sparse_step=2,
-    mlp_only_layers=[],
-    max_position_embeddings=2048,
-    rms_norm_eps=1e-6,
-    rope_theta=1000000.0,
-    tie_word_embeddings=False,
-    initializer_range=0.08,
+QWEN3_MOE = (
+    dict(  # per-head q/k norms, explicit head_dim, top-2 of 6 renormalised, a dense layer by sparse step
+        architectures=["Qwen3MoeForCausalLM"],
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        num_experts=6,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=2,
+        mlp_only_layers=[],
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=False,
+        initializer_range=0.08,
+    )
 )
 
 CONFIG_CLASSES = {
@@ -137,7 +141,9 @@ def hf_model(cfg: dict, seed: int = 0) -> transformers.PreTrainedModel:
                     norm.weight.normal_(1.0, 0.2)
             for name, param in layer.mlp.named_parameters():  # routers start at zero in some families
                 if name.startswith(("gate.", "shared_expert_gate.")):
-                    param.normal_(0, 2.0)  # decisive routing: a near-tie between experts would flip on rounding
+                    param.normal_(
+                        0, 2.0
+                    )  # decisive routing: a near-tie between experts would flip on rounding
     return hf.float().eval()
 
 
@@ -154,6 +160,11 @@ def engine_for(model: Transformer, **overrides) -> Engine:
 def hf_greedy(hf: transformers.PreTrainedModel, prompt: list[int], n: int) -> list[int]:
     with torch.no_grad():
         out = hf.generate(
-            torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None
+            torch.tensor([prompt]),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
         )
     return out[0, len(prompt) :].tolist()

@@ -45,18 +45,32 @@ class Target:
     path: str = "/metrics"
 
 
-def config(targets: Sequence[Target], scrape_interval: str = "1s", rule_files: Sequence[Path] = (), job: str = "tandem") -> dict:
+def config(
+    targets: Sequence[Target],
+    scrape_interval: str = "1s",
+    rule_files: Sequence[Path] = (),
+    job: str = "tandem",
+) -> dict:
     """The prometheus.yml for `targets`: one job per metrics path, labels honoured the way the chart's
     PodMonitor does (honor_labels), so series keep the service and pool they export."""
     jobs: dict[str, list[dict]] = {}
     for t in targets:
         jobs.setdefault(t.path, []).append({"targets": [t.address], "labels": dict(t.labels)})
     scrape = [
-        {"job_name": job if i == 0 else f"{job}-{i}", "metrics_path": path, "honor_labels": True, "static_configs": groups}
+        {
+            "job_name": job if i == 0 else f"{job}-{i}",
+            "metrics_path": path,
+            "honor_labels": True,
+            "static_configs": groups,
+        }
         for i, (path, groups) in enumerate(sorted(jobs.items()))
     ]
     return {
-        "global": {"scrape_interval": scrape_interval, "scrape_timeout": scrape_interval, "evaluation_interval": scrape_interval},
+        "global": {
+            "scrape_interval": scrape_interval,
+            "scrape_timeout": scrape_interval,
+            "evaluation_interval": scrape_interval,
+        },
         "rule_files": [str(p) for p in rule_files],
         "scrape_configs": scrape,
     }
@@ -113,7 +127,9 @@ class Prometheus:
         assert isinstance(data, dict)
         return data["alerts"]
 
-    def wait_for(self, expr: str, timeout_s: float = 30.0, ok: Callable[[list[dict]], bool] = bool) -> list[dict]:
+    def wait_for(
+        self, expr: str, timeout_s: float = 30.0, ok: Callable[[list[dict]], bool] = bool
+    ) -> list[dict]:
         """Poll `expr` until `ok(result)` (default: any series at all); the last result, or TimeoutError."""
         deadline = time.monotonic() + timeout_s
         while True:
@@ -132,7 +148,9 @@ class Prometheus:
             if targets and all(t["health"] == "up" for t in targets):
                 return targets
             if time.monotonic() > deadline:
-                raise TimeoutError(f"targets not up after {timeout_s:.0f}s: {[(t['scrapeUrl'], t['health'], t['lastError']) for t in targets]}")
+                raise TimeoutError(
+                    f"targets not up after {timeout_s:.0f}s: {[(t['scrapeUrl'], t['health'], t['lastError']) for t in targets]}"
+                )
             time.sleep(0.3)
 
     def close(self) -> None:
@@ -177,7 +195,9 @@ def running_prometheus(
         deadline = time.monotonic() + ready_timeout_s
         while True:
             if proc.poll() is not None:
-                raise PrometheusError(f"prometheus exited with {proc.returncode}:\n{log_file.read_text(errors='replace')[-3000:]}")
+                raise PrometheusError(
+                    f"prometheus exited with {proc.returncode}:\n{log_file.read_text(errors='replace')[-3000:]}"
+                )
             try:
                 if prom.http.get("/-/ready").status_code == 200:
                     break

@@ -17,7 +17,9 @@ SLOW_UNMARKED_S = 60.0
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addini("slow_unmarked_seconds", f"longest test body without @pytest.mark.slow (default {SLOW_UNMARKED_S:g})")
+    parser.addini(
+        "slow_unmarked_seconds", f"longest test body without @pytest.mark.slow (default {SLOW_UNMARKED_S:g})"
+    )
 
 
 def load_per_core() -> float:

@@ -68,7 +68,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--worker-port", type=int, default=50100, help="first gRPC port for workers")
-    p.add_argument("--create-tiny", action="store_true", help="create the tiny random model if the model path is empty")
+    p.add_argument(
+        "--create-tiny", action="store_true", help="create the tiny random model if the model path is empty"
+    )
     p.add_argument("--demo", action="store_true", help="send one streamed request, print TTFT/TPOT, stop")
     p.add_argument("--prompt", default="Tell me about prefill and decode.")
     p.add_argument("--max-tokens", type=int, default=48)
@@ -86,7 +88,9 @@ def main(argv: list[str]) -> int:
         return 2
     if not (mdir / "config.json").exists():
         if not args.create_tiny:
-            print(f"tandem up: no model at {mdir} (pass --create-tiny for the tiny demo model)", file=sys.stderr)
+            print(
+                f"tandem up: no model at {mdir} (pass --create-tiny for the tiny demo model)", file=sys.stderr
+            )
             return 2
         subprocess.run([sys.executable, "-m", "tandem", "model", "create-tiny", str(mdir)], check=True)
     if why := beyond_model(svc.spec.model.max_context_length, model_positions(mdir)):
@@ -108,7 +112,9 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def _serve_until_stopped(args: argparse.Namespace, svc: InferenceService, stack: LocalStack, url: str, state: Path) -> int:
+def _serve_until_stopped(
+    args: argparse.Namespace, svc: InferenceService, stack: LocalStack, url: str, state: Path
+) -> int:
     name = svc.spec.model.served_name
     print(f"{svc.name} ready: OpenAI API at {url}/v1 (model {name!r}), metrics at {url}/metrics", flush=True)
     if args.demo:
@@ -132,7 +138,9 @@ def _start_autoscaler(svc: InferenceService, stack: LocalStack, state: Path):
 
     pools = LocalPools(stack, svc, Path.cwd(), state / "workers.json", threads=svc.spec.engine.threads or 1)
     print(f"autoscaling {svc.name} every {svc.spec.autoscaling.interval_seconds}s on its SLO", flush=True)
-    return LocalAutoscaleThread(local_autoscaler(pools, svc, Path.cwd()), svc.spec.autoscaling.interval_seconds).start()
+    return LocalAutoscaleThread(
+        local_autoscaler(pools, svc, Path.cwd()), svc.spec.autoscaling.interval_seconds
+    ).start()
 
 
 def model_positions(mdir: Path) -> int | None:

@@ -45,10 +45,16 @@ ROLE_ENUMS = {
 
 
 def set_role(
-    chan: grpc.Channel, role: str, reason: str = "", drain_timeout_s: float = 0.0, timeout_s: float | None = None
+    chan: grpc.Channel,
+    role: str,
+    reason: str = "",
+    drain_timeout_s: float = 0.0,
+    timeout_s: float | None = None,
 ) -> lifecycle_pb2.SetRoleReply:
     """One SetRole call over `chan`; grpc.RpcError as the worker answered it."""
-    request = lifecycle_pb2.SetRoleRequest(role=ROLE_ENUMS[role], reason=reason, drain_timeout_s=drain_timeout_s)
+    request = lifecycle_pb2.SetRoleRequest(
+        role=ROLE_ENUMS[role], reason=reason, drain_timeout_s=drain_timeout_s
+    )
     wait = timeout_s if timeout_s is not None else (drain_timeout_s or 600.0) + 10.0
     return lifecycle_pb2_grpc.LifecycleServiceStub(chan).SetRole(request, timeout=wait)
 
@@ -75,14 +81,20 @@ def set_roles(
     return out
 
 
-def dial_worker(address: str, role: str, service: str, tls_root: Path | None, as_role: str = OPERATOR) -> grpc.Channel:
+def dial_worker(
+    address: str, role: str, service: str, tls_root: Path | None, as_role: str = OPERATOR
+) -> grpc.Channel:
     """A channel to a worker of `role`: mutual TLS with the stack's certificate of `as_role` under
     `tls_root`, asking for `role`'s certificate; plaintext without a root."""
     if tls_root is None:
         return grpc.insecure_channel(address)
     d = tls_root / as_role
-    creds = grpc.ssl_channel_credentials((d / "ca.crt").read_bytes(), (d / "tls.key").read_bytes(), (d / "tls.crt").read_bytes())
-    return grpc.secure_channel(address, creds, options=[("grpc.ssl_target_name_override", peer_name(role, service))])
+    creds = grpc.ssl_channel_credentials(
+        (d / "ca.crt").read_bytes(), (d / "tls.key").read_bytes(), (d / "tls.crt").read_bytes()
+    )
+    return grpc.secure_channel(
+        address, creds, options=[("grpc.ssl_target_name_override", peer_name(role, service))]
+    )
 
 
 def write_workers_file(path: Path, doc: dict[str, list[str]]) -> None:
@@ -99,7 +111,9 @@ def moved(doc: dict[str, list[str]], addresses: Sequence[str], to_role: str) -> 
 
 
 def running_sequences(chan: grpc.Channel, role: str) -> int | None:
-    stub = (prefill_pb2_grpc.PrefillServiceStub if role == "prefill" else decode_pb2_grpc.DecodeServiceStub)(chan)
+    stub = (prefill_pb2_grpc.PrefillServiceStub if role == "prefill" else decode_pb2_grpc.DecodeServiceStub)(
+        chan
+    )
     try:
         report = stub.Load(common_pb2.LoadRequest(), timeout=2)
     except grpc.RpcError:
@@ -108,7 +122,12 @@ def running_sequences(chan: grpc.Channel, role: str) -> int | None:
 
 
 def flip_running_stack(
-    spec_file: str, run_dir: str, from_role: str, to_role: str, count: int, reason: str = "tandem flip",
+    spec_file: str,
+    run_dir: str,
+    from_role: str,
+    to_role: str,
+    count: int,
+    reason: str = "tandem flip",
     dial: Callable[[str, str, str, Path | None], grpc.Channel] = dial_worker,
 ) -> list[tuple[str, lifecycle_pb2.SetRoleReply]]:
     """`tandem flip -f`: flip `count` workers of the `tandem up` running from `run_dir` and list them under
@@ -125,8 +144,10 @@ def flip_running_stack(
             raise ValueError(f"{len(chosen)} {from_role} workers answer, {count} asked to flip")
         listed = {a: role for role in ("prefill", "decode", "colocated") for a in doc.get(role, [])}
         if flip_waves(listed, dict.fromkeys(chosen, to_role))[1]:
-            raise ValueError(f"flipping {count} of the {len(doc.get(from_role, []))} {from_role} workers would "
-                             f"leave the {from_role} pool with none")  # fmt: skip
+            raise ValueError(
+                f"flipping {count} of the {len(doc.get(from_role, []))} {from_role} workers would "
+                f"leave the {from_role} pool with none"
+            )
         replies = set_roles({a: channels[a] for a in chosen}, to_role, reason)
     finally:
         for c in channels.values():

@@ -45,7 +45,9 @@ def local_tls_root(svc: InferenceService, base: Path, state: Path | None) -> Pat
     if not tls.enabled:
         return None
     if tls.secret_name:
-        raise ValueError("the local backend reads TLS files from security.tls.dir or makes its own, not a Secret")
+        raise ValueError(
+            "the local backend reads TLS files from security.tls.dir or makes its own, not a Secret"
+        )
     if tls.dir:
         return base / tls.dir
     if state is None:
@@ -58,15 +60,32 @@ def role_tls_dir(root: Path | None, role: str) -> str | None:
 
 
 def worker_plan(
-    svc: InferenceService, base: Path, role: str, index: int, host: str, grpc_port: int, threads: int,
+    svc: InferenceService,
+    base: Path,
+    role: str,
+    index: int,
+    host: str,
+    grpc_port: int,
+    threads: int,
     tls_root: Path | None = None,
 ) -> ProcessPlan:
     """One worker process: gRPC on `grpc_port`, metrics on the port above it."""
     argv = worker_argv(
-        svc.spec, svc.name, role, str(model_dir(svc, base)), host, grpc_port, grpc_port + 1, threads,
-        f"{svc.name}-{role}-{index}", tls_dir=role_tls_dir(tls_root, role), drain_timeout_s=drain_timeout_seconds(svc.spec),
-    )  # fmt: skip
-    return ProcessPlan(f"{role}-{index}", role, [sys.executable, "-m", "tandem", *argv], f"{host}:{grpc_port}", grpc_port + 1)
+        svc.spec,
+        svc.name,
+        role,
+        str(model_dir(svc, base)),
+        host,
+        grpc_port,
+        grpc_port + 1,
+        threads,
+        f"{svc.name}-{role}-{index}",
+        tls_dir=role_tls_dir(tls_root, role),
+        drain_timeout_s=drain_timeout_seconds(svc.spec),
+    )
+    return ProcessPlan(
+        f"{role}-{index}", role, [sys.executable, "-m", "tandem", *argv], f"{host}:{grpc_port}", grpc_port + 1
+    )
 
 
 def plan(
@@ -91,15 +110,24 @@ def plan(
         for i in range(pool_replicas(spec, role)):
             procs.append(worker_plan(svc, base, role, i, host, next_port, threads, tls_root))
             next_port += 2
-    addresses = None if workers_file else {role: [p.address for p in procs if p.role == role] for role in pools}
+    addresses = (
+        None if workers_file else {role: [p.address for p in procs if p.role == role] for role in pools}
+    )
     keys = spec.security.api_keys
     if keys is not None and not keys.file:
         raise ValueError("the local backend reads API keys from security.apiKeys.file, not a Secret")
     keys_file = str(base / keys.file) if keys is not None and keys.file else None
     router = router_argv(
-        spec, svc.name, mdir, addresses, str(workers_file) if workers_file else None, host, port,
-        api_keys_file=keys_file, tls_dir=role_tls_dir(tls_root, "router"),
-    )  # fmt: skip
+        spec,
+        svc.name,
+        mdir,
+        addresses,
+        str(workers_file) if workers_file else None,
+        host,
+        port,
+        api_keys_file=keys_file,
+        tls_dir=role_tls_dir(tls_root, "router"),
+    )
     procs.append(ProcessPlan("router", "router", python + router, f"{host}:{port}"))
     return procs
 

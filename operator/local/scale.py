@@ -92,7 +92,11 @@ class LocalPools:
         self.replace_crashed(role)
         reports = [self.load(p) for p in self.members(role)]
         ready = sum(1 for r in reports if r is not None and not r.draining)
-        return Replicas(ready=ready, starting=len(reports) - ready, draining=sum(1 for w in self.leaving if w.plan.role == role))
+        return Replicas(
+            ready=ready,
+            starting=len(reports) - ready,
+            draining=sum(1 for w in self.leaving if w.plan.role == role),
+        )
 
     def scale(self, role: str, desired: int) -> tuple[list[str], list[str]]:
         """Start or drain workers until `role` has `desired` members; returns (started, draining) names."""
@@ -118,7 +122,9 @@ class LocalPools:
                 self.write_workers_file()
         return list(worker_names)
 
-    def flip(self, from_role: str, to_role: str, count: int, reason: str = "", drain_timeout_s: float = 0.0) -> list[ProcessPlan]:
+    def flip(
+        self, from_role: str, to_role: str, count: int, reason: str = "", drain_timeout_s: float = 0.0
+    ) -> list[ProcessPlan]:
         """Move `count` warm workers from `from_role` to `to_role` in place (SetRole: each drains its old
         role's work, then serves the new one with its weights loaded), the fewest running sequences first.
         Returns the workers that flipped, as planned now: the router follows their reported role, and the
@@ -127,7 +133,9 @@ class LocalPools:
         chosen = fewest_running({p.name: running_of(self.load(p)) for p in members}, count)
         return self.flip_workers(chosen, to_role, reason, drain_timeout_s)
 
-    def flip_workers(self, worker_names: list[str], to_role: str, reason: str = "", drain_timeout_s: float = 0.0) -> list[ProcessPlan]:
+    def flip_workers(
+        self, worker_names: list[str], to_role: str, reason: str = "", drain_timeout_s: float = 0.0
+    ) -> list[ProcessPlan]:
         """Move these workers to `to_role` (at once where they leave a worker behind in their pool; a pool's
         last worker is not flipped away); those that flipped, as planned now."""
         with self._lock:
@@ -135,16 +143,24 @@ class LocalPools:
             roles = {p.name: p.role for r in FLIPPABLE for p in self.members(r)}
         waves, refused = flip_waves(roles, dict.fromkeys(by_name, to_role))
         if refused:
-            log.warning("not flipping %s to %s: each is the last worker of its pool", ", ".join(refused), to_role)
+            log.warning(
+                "not flipping %s to %s: each is the last worker of its pool", ", ".join(refused), to_role
+            )
         return [p for wave in waves for p in self.flip_wave(wave, to_role, reason, drain_timeout_s)]
 
-    def flip_wave(self, worker_names: list[str], to_role: str, reason: str = "", drain_timeout_s: float = 0.0) -> list[ProcessPlan]:
+    def flip_wave(
+        self, worker_names: list[str], to_role: str, reason: str = "", drain_timeout_s: float = 0.0
+    ) -> list[ProcessPlan]:
         """Move these workers to `to_role` at once, whatever that leaves in their pools (the caller ordered
         the moves); those that flipped, as planned now."""
         with self._lock:
             by_name = {p.name: p for p in self.stack.plans if p.name in worker_names}
-        replies = set_roles({n: self.channels.get(p) for n, p in by_name.items()}, to_role, reason or f"to {to_role}",
-                            drain_timeout_s)  # fmt: skip
+        replies = set_roles(
+            {n: self.channels.get(p) for n, p in by_name.items()},
+            to_role,
+            reason or f"to {to_role}",
+            drain_timeout_s,
+        )
         flipped: list[ProcessPlan] = []
         with self._lock:
             for name, reply in replies.items():
@@ -165,7 +181,11 @@ class LocalPools:
                 if p.name not in self.stack.running:
                     continue
                 host, _, port = p.address.rpartition(":")
-                url = f"http://{p.address}/metrics" if p.role == "router" else f"http://{host}:{p.metrics_port}/metrics"
+                url = (
+                    f"http://{p.address}/metrics"
+                    if p.role == "router"
+                    else f"http://{host}:{p.metrics_port}/metrics"
+                )
                 out.setdefault(p.role, []).append(url)
             return out
 
@@ -226,7 +246,9 @@ class LocalPools:
         with self._lock:
             index = self._next_index[role]
             self._next_index[role] += 1
-            p = worker_plan(self.svc, self.base, role, index, self.host, free_port_block(2), self.threads, self.tls_root)
+            p = worker_plan(
+                self.svc, self.base, role, index, self.host, free_port_block(2), self.threads, self.tls_root
+            )
             self.stack.spawn(p)
         return p
 
@@ -276,7 +298,9 @@ class WorkerChannels:
             channel.close()
 
 
-def load_report(p: ProcessPlan, channel: grpc.Channel, timeout_s: float = 2.0) -> common_pb2.LoadReport | None:
+def load_report(
+    p: ProcessPlan, channel: grpc.Channel, timeout_s: float = 2.0
+) -> common_pb2.LoadReport | None:
     """A worker's load report over `channel`, or None when it does not answer (starting, or gone)."""
     try:
         return STUBS[p.role](channel).Load(common_pb2.LoadRequest(), timeout=timeout_s)  # type: ignore[attr-defined]

@@ -82,7 +82,9 @@ class LocalStack:
         # child asks to die with this thread itself (tandem.lifecycle).
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **die_with_parent_env(), **p.env}
         try:
-            proc = subprocess.Popen(p.argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                p.argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         finally:
             log.close()
         self.running[p.name] = proc
@@ -188,18 +190,31 @@ def free_port_block(n: int, low: int = 20000, high: int = 32000) -> int:
 
 
 @contextmanager
-def serving(svc: InferenceService, state: Path, host: str = "127.0.0.1", port: int = 8000, worker_port: int = 50100):
+def serving(
+    svc: InferenceService, state: Path, host: str = "127.0.0.1", port: int = 8000, worker_port: int = 50100
+):
     """Start the stack for `svc`, wait until the router is healthy, yield (stack, router URL), stop it."""
     state.mkdir(parents=True, exist_ok=True)
     sweep_dead_segments()  # staging rings a run killed with SIGKILL could not remove
     workers_file = state / "workers.json"
     tls_root = local_tls_root(svc, Path.cwd(), state)
     if tls_root is None:
-        print(f"tandem up: WARNING {svc.name}: security.tls is off; its gRPC ports take plaintext calls from anyone "
-              "who can reach them", file=sys.stderr, flush=True)
+        print(
+            f"tandem up: WARNING {svc.name}: security.tls is off; its gRPC ports take plaintext calls from anyone "
+            "who can reach them",
+            file=sys.stderr,
+            flush=True,
+        )
     elif not svc.spec.security.tls.dir:
-        shaped = (names.POOL_COLOCATED,) if svc.spec.mode is Mode.auto else ()  # mode auto may start colocated workers
-        write_local(tls_root, svc.name, (*worker_pools(svc.spec), *shaped, names.POOL_ROUTER), flippable=svc.spec.role_flip)
+        shaped = (
+            (names.POOL_COLOCATED,) if svc.spec.mode is Mode.auto else ()
+        )  # mode auto may start colocated workers
+        write_local(
+            tls_root,
+            svc.name,
+            (*worker_pools(svc.spec), *shaped, names.POOL_ROUTER),
+            flippable=svc.spec.role_flip,
+        )
     procs = plan(svc, Path.cwd(), host, port, worker_port, workers_file, tls_root=tls_root)
     workers_file.write_text(json.dumps(workers_document(procs)))
     stack = LocalStack(procs, state)

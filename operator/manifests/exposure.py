@@ -24,7 +24,11 @@ def external_services(services: list[Body], router_labels: dict[str, str]) -> tu
     out = []
     for svc in services:
         spec = svc.get("spec") or {}
-        how = spec.get("type") if spec.get("type") in EXTERNAL_TYPES else ("externalIPs" if spec.get("externalIPs") else None)
+        how = (
+            spec.get("type")
+            if spec.get("type") in EXTERNAL_TYPES
+            else ("externalIPs" if spec.get("externalIPs") else None)
+        )
         if how and selects(svc, router_labels):
             out.append(f"Service {svc['metadata']['name']} ({how})")
     return tuple(sorted(out))
@@ -39,8 +43,10 @@ def warning(spec: InferenceServiceSpec, namespace: str, services: tuple[str, ...
         ways.append(f"Gateway {ref.namespace or namespace}/{ref.name} (spec.gateway)")
     if not ways:
         return None
-    return (f"the router is reachable from outside the cluster through {', '.join(ways)} and takes no API keys: "
-            "anyone who reaches it may use the model; set spec.security.apiKeys (a Secret of bearer keys)")
+    return (
+        f"the router is reachable from outside the cluster through {', '.join(ways)} and takes no API keys: "
+        "anyone who reaches it may use the model; set spec.security.apiKeys (a Secret of bearer keys)"
+    )
 
 
 class ExposureWatch:
@@ -60,7 +66,9 @@ class ExposureWatch:
     def needs_listing(self, key: tuple[str, str, str], fresh: bool) -> bool:
         return fresh or key not in self.services
 
-    def to_send(self, key: tuple[str, str, str], services: tuple[str, ...] | None, message: str | None) -> str | None:
+    def to_send(
+        self, key: tuple[str, str, str], services: tuple[str, ...] | None, message: str | None
+    ) -> str | None:
         """Record this look; the message to send now, or None when it was already sent (or there is none)."""
         if services is not None:
             self.services[key] = services

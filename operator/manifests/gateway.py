@@ -17,7 +17,9 @@ MODEL_HEADER = "X-Gateway-Model-Name"
 Manifest = dict[str, Any]
 
 
-def inference_pool(gateway: GatewaySpec, metadata: dict[str, Any], router_selector: dict[str, str]) -> Manifest:
+def inference_pool(
+    gateway: GatewaySpec, metadata: dict[str, Any], router_selector: dict[str, str]
+) -> Manifest:
     """The InferencePool selecting the router pods on their HTTP port, with the picker the user deployed."""
     picker = gateway.endpoint_picker_ref
     return {
@@ -27,8 +29,12 @@ def inference_pool(gateway: GatewaySpec, metadata: dict[str, Any], router_select
         "spec": {
             "selector": {"matchLabels": dict(router_selector)},
             "targetPorts": [{"number": names.HTTP_PORT}],
-            "endpointPickerRef": {"kind": "Service", "name": picker.name, "port": {"number": picker.port},
-                                  "failureMode": picker.failure_mode.value},
+            "endpointPickerRef": {
+                "kind": "Service",
+                "name": picker.name,
+                "port": {"number": picker.port},
+                "failureMode": picker.failure_mode.value,
+            },
         },
     }
 
@@ -49,11 +55,22 @@ def http_route(gateway: GatewaySpec, metadata: dict[str, Any], served_name: str)
         "metadata": metadata,
         "spec": {
             "parentRefs": parents,
-            "rules": [{
-                "matches": [{"path": {"type": "PathPrefix", "value": "/"},
-                             "headers": [{"type": "Exact", "name": MODEL_HEADER, "value": served_name}]}],
-                "backendRefs": [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
-                                 "name": metadata["name"]}],
-            }],
+            "rules": [
+                {
+                    "matches": [
+                        {
+                            "path": {"type": "PathPrefix", "value": "/"},
+                            "headers": [{"type": "Exact", "name": MODEL_HEADER, "value": served_name}],
+                        }
+                    ],
+                    "backendRefs": [
+                        {
+                            "group": "inference.networking.k8s.io",
+                            "kind": "InferencePool",
+                            "name": metadata["name"],
+                        }
+                    ],
+                }
+            ],
         },
     }

@@ -54,7 +54,9 @@ def owner_reference(service: str, uid: str) -> dict[str, Any]:
     }
 
 
-def object_metadata(name: str, namespace: str, service: str, uid: str, pool: str | None = None) -> dict[str, Any]:
+def object_metadata(
+    name: str, namespace: str, service: str, uid: str, pool: str | None = None
+) -> dict[str, Any]:
     """A child's metadata: its name, the service's (and pool's) labels, owned by the InferenceService."""
     return {
         "name": name,

@@ -9,13 +9,20 @@ from tandem.operator.manifests.manifest import Manifest, child_name, object_meta
 from tandem.spec import InferenceServiceSpec
 
 
-def network_policy(spec: InferenceServiceSpec, service: str, namespace: str, uid: str, pool: str,
-                   operator_peer: dict[str, Any] | None = None) -> Manifest:
+def network_policy(
+    spec: InferenceServiceSpec,
+    service: str,
+    namespace: str,
+    uid: str,
+    pool: str,
+    operator_peer: dict[str, Any] | None = None,
+) -> Manifest:
     """What may reach a pool's pods: clients the router's HTTP port, the router (and, for decode, the
     prefill pool; with spec.roleFlip, both worker pools for either) the workers' gRPC port, `metricsFrom`
     and the operator (`operator_peer`, its direct scrape) the metrics port. Nothing else. A NetworkPolicy
     sees addresses and labels only (L3/L4): which role a caller of a worker's gRPC port has is decided by
     its certificate (worker/serve/authz.py)."""
+
     def port(n: int) -> list[dict[str, Any]]:
         return [{"protocol": "TCP", "port": n}]
 
@@ -37,6 +44,9 @@ def network_policy(spec: InferenceServiceSpec, service: str, namespace: str, uid
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": object_metadata(child_name(service, pool), namespace, service, uid, pool),
-        "spec": {"podSelector": {"matchLabels": selector(service, pool)}, "policyTypes": ["Ingress"],
-                 "ingress": ingress},
+        "spec": {
+            "podSelector": {"matchLabels": selector(service, pool)},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
     }

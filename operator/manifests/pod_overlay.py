@@ -28,7 +28,11 @@ def apply_overlay(template: dict[str, Any], overlay: PodTemplateOverlay | None) 
     main, *rest = spec["containers"]
     main = dict(main)
     paths = {m["mountPath"] for m in main.get("volumeMounts", [])}
-    mounts = [m.model_dump(by_alias=True, exclude_none=True) for m in overlay.volume_mounts if m.mount_path not in paths]
+    mounts = [
+        m.model_dump(by_alias=True, exclude_none=True)
+        for m in overlay.volume_mounts
+        if m.mount_path not in paths
+    ]
     if mounts:
         main["volumeMounts"] = [*main.get("volumeMounts", []), *mounts]
     names = {e["name"] for e in main.get("env", [])}

@@ -28,12 +28,17 @@ def role_file_args(spec: InferenceServiceSpec, pool: str) -> list[str]:
     return ["--role-file", f"{PODINFO_MOUNT}/labels"] if follows_label(spec, pool) else []
 
 
-def role_label_volumes(spec: InferenceServiceSpec, pool: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def role_label_volumes(
+    spec: InferenceServiceSpec, pool: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The pod's labels as a downward-API file the worker reads (the kubelet rewrites it when they change)."""
     if not follows_label(spec, pool):
         return [], []
     mount = {"name": "podinfo", "mountPath": PODINFO_MOUNT, "readOnly": True}
-    volume = {"name": "podinfo", "downwardAPI": {"items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}}
+    volume = {
+        "name": "podinfo",
+        "downwardAPI": {"items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]},
+    }
     return [mount], [volume]
 
 

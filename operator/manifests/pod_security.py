@@ -13,13 +13,19 @@ SCRATCH_SIZE = "1Gi"
 # A decode worker lends 4 staging rings of 64 MiB (serve/main.py); torch and the KV transport share /dev/shm.
 SHM_SIZE = {names.POOL_DECODE: "320Mi", names.POOL_COLOCATED: "64Mi", names.POOL_PREFILL: "64Mi"}
 POD_SECURITY = {
-    "runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
+    "runAsNonRoot": True,
+    "runAsUser": RUN_AS,
+    "runAsGroup": RUN_AS,
+    "fsGroup": RUN_AS,
     "seccompProfile": {"type": "RuntimeDefault"},
-}  # fmt: skip
+}
 CONTAINER_SECURITY = {
-    "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
-    "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
-}  # fmt: skip
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
 def restricted(container: dict[str, Any], shm: bool) -> dict[str, Any]:

@@ -20,8 +20,13 @@ def tls_secret_name(service: str) -> str:
 
 def tls_secret(service: str, namespace: str, uid: str, data: dict[str, str]) -> Manifest:
     """The Secret of a service's certificates (certs.secret_data), owned by the InferenceService."""
-    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": object_metadata(tls_secret_name(service), namespace, service, uid), "stringData": data}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": object_metadata(tls_secret_name(service), namespace, service, uid),
+        "stringData": data,
+    }
 
 
 def tls_dir(spec: InferenceServiceSpec, pool: str) -> str | None:
@@ -33,7 +38,9 @@ def tls_dir(spec: InferenceServiceSpec, pool: str) -> str | None:
     return f"{tls.dir}/{pool}" if tls.dir else TLS_MOUNT
 
 
-def tls_volumes(spec: InferenceServiceSpec, service: str, pool: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def tls_volumes(
+    spec: InferenceServiceSpec, service: str, pool: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The role's certificate only: the pool's own Secret `<secretName>-<pool>`, or its keys of the
     operator's per-service Secret (a prefill pod never holds the router's key)."""
     tls = spec.security.tls
@@ -43,7 +50,12 @@ def tls_volumes(spec: InferenceServiceSpec, service: str, pool: str) -> tuple[li
     if tls.secret_name:
         source: dict[str, Any] = {"secretName": f"{tls.secret_name}-{pool}"}
     else:
-        source = {"secretName": tls_secret_name(service), "items": [
-            {"key": f"{pool}.crt", "path": "tls.crt"}, {"key": f"{pool}.key", "path": "tls.key"},
-            {"key": "ca.crt", "path": "ca.crt"}]}  # fmt: skip
+        source = {
+            "secretName": tls_secret_name(service),
+            "items": [
+                {"key": f"{pool}.crt", "path": "tls.crt"},
+                {"key": f"{pool}.key", "path": "tls.key"},
+                {"key": "ca.crt", "path": "ca.crt"},
+            ],
+        }
     return [mount], [{"name": "tls", "secret": {**source, "defaultMode": 0o440}}]

@@ -21,22 +21,39 @@ def worker_probes() -> dict[str, Any]:
     t = PROBE_TIMEOUT_S
     return {
         "startupProbe": {**grpc, "periodSeconds": 10, "failureThreshold": 60, "timeoutSeconds": t["startup"]},
-        "readinessProbe": {**grpc, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": t["readiness"]},
+        "readinessProbe": {
+            **grpc,
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+            "timeoutSeconds": t["readiness"],
+        },
         # A draining worker is NOT_SERVING on the empty service name; liveness asks for the one that stays up,
         # so the kubelet never restarts a worker that is finishing its requests. It fails when the engine
         # loop itself is broken or stuck (serve/health.py).
-        "livenessProbe": {"grpc": {**grpc["grpc"], "service": names.WORKER_LIVENESS_SERVICE},
-                          "periodSeconds": 10, "failureThreshold": 6, "timeoutSeconds": t["liveness"]},
-    }  # fmt: skip
+        "livenessProbe": {
+            "grpc": {**grpc["grpc"], "service": names.WORKER_LIVENESS_SERVICE},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+            "timeoutSeconds": t["liveness"],
+        },
+    }
 
 
 def worker_lifecycle(spec: InferenceServiceSpec, service: str, pool: str) -> dict[str, Any]:
     """preStop: drain the worker (no new work, finish what it holds) before the kubelet sends SIGTERM; over
     loopback with the pod's own certificate, the one caller besides the operator a worker drains for."""
     tls = tls_argv(spec, tls_dir(spec, pool))
-    drain = ["tandem", "drain", "--address", f"127.0.0.1:{names.GRPC_PORT}", "--wait",
-             "--timeout", str(drain_timeout_seconds(spec)), *tls,
-             *(["--tls-server-name", peer_name(pool, service)] if tls else [])]
+    drain = [
+        "tandem",
+        "drain",
+        "--address",
+        f"127.0.0.1:{names.GRPC_PORT}",
+        "--wait",
+        "--timeout",
+        str(drain_timeout_seconds(spec)),
+        *tls,
+        *(["--tls-server-name", peer_name(pool, service)] if tls else []),
+    ]
     return {"preStop": {"exec": {"command": drain}}}
 
 

@@ -63,11 +63,18 @@ def pool_spec(spec: InferenceServiceSpec, pool: str):
 
 # --- workloads: arguments, containers, pod templates, Deployments and Services ---------------------
 
+
 def worker_args(spec: InferenceServiceSpec, service: str, pool: str) -> list[str]:
     """`tandem worker` arguments for a pool's pods (the same builder `tandem up` uses)."""
     return worker_argv(
-        spec, service, pool, model_path(spec), worker_id=None, tls_dir=tls_dir(spec, pool), health_port=names.HEALTH_PORT
-    ) + role_file_args(spec, pool)  # fmt: skip
+        spec,
+        service,
+        pool,
+        model_path(spec),
+        worker_id=None,
+        tls_dir=tls_dir(spec, pool),
+        health_port=names.HEALTH_PORT,
+    ) + role_file_args(spec, pool)
 
 
 def routed_pools(spec: InferenceServiceSpec) -> list[str]:
@@ -79,16 +86,22 @@ def routed_pools(spec: InferenceServiceSpec) -> list[str]:
 def router_args(spec: InferenceServiceSpec, service: str, namespace: str) -> list[str]:
     """`tandem router` arguments: each pool found through its headless Service, re-resolved as pods change."""
     pools = {
-        pool: [f"dns:///{child_name(service, pool)}.{namespace}.svc:{names.GRPC_PORT}"] for pool in routed_pools(spec)
+        pool: [f"dns:///{child_name(service, pool)}.{namespace}.svc:{names.GRPC_PORT}"]
+        for pool in routed_pools(spec)
     }
     keys = spec.security.api_keys
     keys_file = None
     if keys is not None:  # the mounted Secret's key, else a file the image carries
         keys_file = f"{API_KEYS_MOUNT}/{keys.key}" if keys.secret_name else keys.file
     return router_argv(
-        spec, service, model_path(spec), pools, metrics_port=names.METRICS_PORT, api_keys_file=keys_file,
+        spec,
+        service,
+        model_path(spec),
+        pools,
+        metrics_port=names.METRICS_PORT,
+        api_keys_file=keys_file,
         tls_dir=tls_dir(spec, names.POOL_ROUTER),
-    )  # fmt: skip
+    )
 
 
 def resources(gpus: int, cpu: str | None, memory: str | None) -> dict[str, Any]:
@@ -118,9 +131,14 @@ def _ports(main_name: str, main_port: int) -> list[dict[str, Any]]:
 
 
 def _pod_template(
-    service: str, pool: str, container: dict[str, Any],
-    volumes: list[dict[str, Any]], init_containers: list[dict[str, Any]],
-    node_selector: dict[str, str], tolerations: list[dict[str, Any]], affinity: dict[str, Any] | None,
+    service: str,
+    pool: str,
+    container: dict[str, Any],
+    volumes: list[dict[str, Any]],
+    init_containers: list[dict[str, Any]],
+    node_selector: dict[str, str],
+    tolerations: list[dict[str, Any]],
+    affinity: dict[str, Any] | None,
     shm: str | None = None,
 ) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {
@@ -130,9 +148,13 @@ def _pod_template(
         "volumes": [*volumes, *scratch_volumes(shm)],
     }
     if init_containers:
-        home = [{"name": "HOME", "value": SCRATCH}, {"name": "HF_HOME", "value": f"{SCRATCH}/hf"}]  # downloads
-        pod_spec["initContainers"] = [restricted({**c, "env": [*c.get("env", []), *home]}, shm=False)
-                                      for c in init_containers]
+        home = [
+            {"name": "HOME", "value": SCRATCH},
+            {"name": "HF_HOME", "value": f"{SCRATCH}/hf"},
+        ]  # downloads
+        pod_spec["initContainers"] = [
+            restricted({**c, "env": [*c.get("env", []), *home]}, shm=False) for c in init_containers
+        ]
     if node_selector:
         pod_spec["nodeSelector"] = dict(node_selector)
     if tolerations:
@@ -151,8 +173,9 @@ def _pod_template(
     }
 
 
-def _deployment(name: str, namespace: str, service: str, uid: str, pool: str, replicas: int,
-                template: dict[str, Any]) -> Manifest:
+def _deployment(
+    name: str, namespace: str, service: str, uid: str, pool: str, replicas: int, template: dict[str, Any]
+) -> Manifest:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -166,8 +189,15 @@ def _deployment(name: str, namespace: str, service: str, uid: str, pool: str, re
     }
 
 
-def worker_deployment(spec: InferenceServiceSpec, service: str, namespace: str, uid: str,
-                      pool: str, replicas: int, model_cache: ModelCache | None = None) -> Manifest:
+def worker_deployment(
+    spec: InferenceServiceSpec,
+    service: str,
+    namespace: str,
+    uid: str,
+    pool: str,
+    replicas: int,
+    model_cache: ModelCache | None = None,
+) -> Manifest:
     ps = pool_spec(spec, pool)
     mounts, volumes = model_volumes(spec, model_cache, namespace)
     tls_mounts, tls_vols = tls_volumes(spec, service, pool)
@@ -185,16 +215,28 @@ def worker_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
         "lifecycle": worker_lifecycle(spec, service, pool),
         **worker_probes(),
     }
-    template = apply_overlay(_pod_template(service, pool, container, volumes, model_init_containers(spec),
-                                           ps.node_selector, ps.tolerations, ps.affinity,
-                                           shm_size(pool, flips=follows_label(spec, pool))), ps.pod_template)
+    template = apply_overlay(
+        _pod_template(
+            service,
+            pool,
+            container,
+            volumes,
+            model_init_containers(spec),
+            ps.node_selector,
+            ps.tolerations,
+            ps.affinity,
+            shm_size(pool, flips=follows_label(spec, pool)),
+        ),
+        ps.pod_template,
+    )
     # the longest generation the spec allows must finish inside the grace period
     template["spec"]["terminationGracePeriodSeconds"] = termination_grace_seconds(spec)
     return _deployment(child_name(service, pool), namespace, service, uid, pool, replicas, template)
 
 
-def router_deployment(spec: InferenceServiceSpec, service: str, namespace: str, uid: str,
-                      model_cache: ModelCache | None = None) -> Manifest:
+def router_deployment(
+    spec: InferenceServiceSpec, service: str, namespace: str, uid: str, model_cache: ModelCache | None = None
+) -> Manifest:
     pool = names.POOL_ROUTER
     r = spec.router
     mounts, volumes = model_volumes(spec, model_cache, namespace)  # the router reads the tokenizer
@@ -215,8 +257,12 @@ def router_deployment(spec: InferenceServiceSpec, service: str, namespace: str, 
         **({"volumeMounts": mounts} if mounts else {}),
         **router_probes(),
     }
-    template = apply_overlay(_pod_template(service, pool, container, volumes, model_init_containers(spec, "tokenizer"),
-                                           {}, [], None), r.pod_template)
+    template = apply_overlay(
+        _pod_template(
+            service, pool, container, volumes, model_init_containers(spec, "tokenizer"), {}, [], None
+        ),
+        r.pod_template,
+    )
     return _deployment(child_name(service, pool), namespace, service, uid, pool, r.replicas, template)
 
 
@@ -274,9 +320,15 @@ def inference_pool(service: str, namespace: str, uid: str, pool: str, replicas: 
     }
 
 
-def children(spec: InferenceServiceSpec, service: str, namespace: str, uid: str,
-             pool_replicas: dict[str, int], model_cache: ModelCache | None = None,
-             operator_peer: dict[str, Any] | None = None) -> list[Manifest]:
+def children(
+    spec: InferenceServiceSpec,
+    service: str,
+    namespace: str,
+    uid: str,
+    pool_replicas: dict[str, int],
+    model_cache: ModelCache | None = None,
+    operator_peer: dict[str, Any] | None = None,
+) -> list[Manifest]:
     """Every child but the TandemPools, in apply order. pool_replicas: pool -> desired workers;
     operator_peer: the operator's pods, admitted to the metrics ports."""
     out: list[Manifest] = []
@@ -284,15 +336,19 @@ def children(spec: InferenceServiceSpec, service: str, namespace: str, uid: str,
         out.append(worker_deployment(spec, service, namespace, uid, pool, pool_replicas[pool], model_cache))
         out.append(worker_service(service, namespace, uid, pool, by_role=follows_label(spec, pool)))
         out.append(pod_disruption_budget(service, namespace, uid, pool))
-    for pool in routed_pools(spec)[len(worker_pools(spec)):]:  # mode auto: the colocated role, by label only
+    for pool in routed_pools(spec)[len(worker_pools(spec)) :]:  # mode auto: the colocated role, by label only
         out.append(worker_service(service, namespace, uid, pool, by_role=True))
     out.append(router_deployment(spec, service, namespace, uid, model_cache))
     out.append(router_service(service, namespace, uid))
     if spec.security.network_policy.enabled:
-        out += [network_policy(spec, service, namespace, uid, p, operator_peer)
-                for p in [*worker_pools(spec), names.POOL_ROUTER]]
+        out += [
+            network_policy(spec, service, namespace, uid, p, operator_peer)
+            for p in [*worker_pools(spec), names.POOL_ROUTER]
+        ]
     if spec.gateway is not None:
-        meta = object_metadata(child_name(service, names.POOL_ROUTER), namespace, service, uid, names.POOL_ROUTER)
+        meta = object_metadata(
+            child_name(service, names.POOL_ROUTER), namespace, service, uid, names.POOL_ROUTER
+        )
         out.append(gateway.inference_pool(spec.gateway, meta, selector(service, names.POOL_ROUTER)))
         out.append(gateway.http_route(spec.gateway, meta, spec.model.served_name))
     return out

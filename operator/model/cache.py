@@ -32,8 +32,13 @@ class ModelCache:
     def volume(self, namespace: str) -> dict[str, Any]:
         """The pod volume named `model` for a service in `namespace`."""
         if self.host_path:
-            return {"name": "model", "hostPath": {"path": f"{self.host_path.rstrip('/')}/{namespace}",
-                                                  "type": "DirectoryOrCreate"}}
+            return {
+                "name": "model",
+                "hostPath": {
+                    "path": f"{self.host_path.rstrip('/')}/{namespace}",
+                    "type": "DirectoryOrCreate",
+                },
+            }
         return {"name": "model", "persistentVolumeClaim": {"claimName": self.claim_name}}
 
 

@@ -25,7 +25,9 @@ def model_path(spec: InferenceServiceSpec) -> str:
     return MODEL_MOUNT  # hostPath and image are mounted or copied to MODEL_MOUNT
 
 
-def model_volume(spec: InferenceServiceSpec, cache: ModelCache | None = None, namespace: str = "") -> dict[str, Any] | None:
+def model_volume(
+    spec: InferenceServiceSpec, cache: ModelCache | None = None, namespace: str = ""
+) -> dict[str, Any] | None:
     """The `model` volume; a Hugging Face source downloads into the chart's shared cache when there is one."""
     src = spec.model.source
     if src.hugging_face and cache is not None:
@@ -39,8 +41,9 @@ def model_volume(spec: InferenceServiceSpec, cache: ModelCache | None = None, na
     return None
 
 
-def model_volumes(spec: InferenceServiceSpec, cache: ModelCache | None = None,
-                  namespace: str = "") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def model_volumes(
+    spec: InferenceServiceSpec, cache: ModelCache | None = None, namespace: str = ""
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Volume mounts and volumes for the model weights (none when they are baked into the image); only an
     init container writes them."""
     mounts: list[dict[str, Any]] = []
@@ -49,8 +52,13 @@ def model_volumes(spec: InferenceServiceSpec, cache: ModelCache | None = None,
     if mv:
         volumes.append(mv)
         src = spec.model.source
-        mounts.append({"name": "model", "mountPath": MODEL_MOUNT,
-                       "readOnly": bool(src.pvc or src.host_path or src.hugging_face)})
+        mounts.append(
+            {
+                "name": "model",
+                "mountPath": MODEL_MOUNT,
+                "readOnly": bool(src.pvc or src.host_path or src.hugging_face),
+            }
+        )
     return mounts, volumes
 
 
@@ -61,24 +69,43 @@ def model_init_containers(spec: InferenceServiceSpec, part: str = "weights") -> 
     src = spec.model.source
     mount = [{"name": "model", "mountPath": MODEL_MOUNT}]
     if src.image:
-        return [{
-            "name": "fetch-model",
-            "image": src.image,
-            "command": ["sh", "-c", f"cp -a /model/. {MODEL_MOUNT}/"],
-            "volumeMounts": mount,
-        }]
+        return [
+            {
+                "name": "fetch-model",
+                "image": src.image,
+                "command": ["sh", "-c", f"cp -a /model/. {MODEL_MOUNT}/"],
+                "volumeMounts": mount,
+            }
+        ]
     if src.hugging_face:
         hf = src.hugging_face
         env: list[dict[str, Any]] = [{"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}]
         if hf.token_secret_ref:
-            env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-                "name": hf.token_secret_ref.name, "key": hf.token_secret_ref.key}}})
-        return [{
-            "name": "fetch-model",
-            "image": spec.image,
-            "command": ["tandem", "fetch-model", hf.repo_id, "--revision", hf.revision, "--dir", model_path(spec),
-                        "--part", part],
-            "env": env,
-            "volumeMounts": mount,
-        }]
+            env.append(
+                {
+                    "name": "HF_TOKEN",
+                    "valueFrom": {
+                        "secretKeyRef": {"name": hf.token_secret_ref.name, "key": hf.token_secret_ref.key}
+                    },
+                }
+            )
+        return [
+            {
+                "name": "fetch-model",
+                "image": spec.image,
+                "command": [
+                    "tandem",
+                    "fetch-model",
+                    hf.repo_id,
+                    "--revision",
+                    hf.revision,
+                    "--dir",
+                    model_path(spec),
+                    "--part",
+                    part,
+                ],
+                "env": env,
+                "volumeMounts": mount,
+            }
+        ]
     return []

@@ -17,10 +17,14 @@ SCHEMA_MISMATCH = "failed to create typed patch object"
 def is_permanent(error: BaseException) -> bool:
     """True for an API answer that retrying the same request cannot change."""
     status = getattr(error, "status", None)
-    return status in PERMANENT_STATUSES or (status == 500 and SCHEMA_MISMATCH in str(getattr(error, "message", "")))
+    return status in PERMANENT_STATUSES or (
+        status == 500 and SCHEMA_MISMATCH in str(getattr(error, "message", ""))
+    )
 
 
-def retry_delay(error: BaseException, failures: int, base: float = BASE_SECONDS, cap: float = CAP_SECONDS) -> float:
+def retry_delay(
+    error: BaseException, failures: int, base: float = BASE_SECONDS, cap: float = CAP_SECONDS
+) -> float:
     """Seconds before retry number `failures` (1 for the first failure).
 
     Transient errors double from `base` up to `cap`; permanent ones wait `cap` at once (a new generation

@@ -14,7 +14,9 @@ from tandem.operator.runtime.leader import lease_free
 GROUP, VERSION, PLURAL = "serving.tandem.dev", "v1alpha1", "inferenceservices"
 
 
-def lease_problem(holder: str | None, renewed: dt.datetime | None, duration: int, now: dt.datetime) -> str | None:
+def lease_problem(
+    holder: str | None, renewed: dt.datetime | None, duration: int, now: dt.datetime
+) -> str | None:
     """Pure: why the Lease shows no live leader, or None when one holds it."""
     if not holder:
         return "no operator holds the lease"
@@ -42,8 +44,12 @@ def check(namespaces: list[str], lease_name: str, lease_namespace: str) -> tuple
     try:
         lease = client.CoordinationV1Api().read_namespaced_lease(lease_name, lease_namespace)
         spec = lease.spec
-        problem = lease_problem(spec.holder_identity if spec else None, spec.renew_time if spec else None,
-                                (spec.lease_duration_seconds if spec else None) or 15, dt.datetime.now(dt.UTC))
+        problem = lease_problem(
+            spec.holder_identity if spec else None,
+            spec.renew_time if spec else None,
+            (spec.lease_duration_seconds if spec else None) or 15,
+            dt.datetime.now(dt.UTC),
+        )
     except ApiException as e:
         problem = f"cannot read lease {lease_namespace}/{lease_name}: {e.status} {e.reason}"
     if problem:

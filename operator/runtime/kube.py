@@ -69,8 +69,14 @@ class Kube:
     def __init__(self, api: client.ApiClient | None = None):
         self.api = api or client.ApiClient()
 
-    def _call(self, method: str, url: str, body: Any = None, query: list[tuple[str, str]] | None = None,
-              content_type: str = "application/json") -> Body:
+    def _call(
+        self,
+        method: str,
+        url: str,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+    ) -> Body:
         """One HTTP round trip through the client's configured pool (TLS, client certs, token).
 
         The generated client's call_api changed signature between releases; its urllib3 pool did not.
@@ -82,8 +88,9 @@ class Kube:
             headers[auth["key"]] = auth["value"]
         full = cfg.host + url + (f"?{urlencode(query)}" if query else "")
         payload = json.dumps(body).encode() if body is not None else None
-        resp = self.api.rest_client.pool_manager.request(method, full, body=payload, headers=headers,
-                                                         timeout=_TIMEOUT, preload_content=True)
+        resp = self.api.rest_client.pool_manager.request(
+            method, full, body=payload, headers=headers, timeout=_TIMEOUT, preload_content=True
+        )
         if resp.status >= 400:
             raise ApiError(resp.status, resp.data.decode(errors="replace"))
         return json.loads(resp.data) if resp.data else {}
@@ -110,18 +117,34 @@ class Kube:
         `dry_run` runs validation and admission (quota included) without persisting anything.
         """
         meta = manifest["metadata"]
-        query = [("fieldManager", FIELD_MANAGER), ("force", "true")] + ([("dryRun", "All")] if dry_run else [])
-        return self._call("PATCH", path(manifest["kind"], meta["namespace"], meta["name"]), manifest,
-                          query=query, content_type="application/apply-patch+yaml")
+        query = [("fieldManager", FIELD_MANAGER), ("force", "true")] + (
+            [("dryRun", "All")] if dry_run else []
+        )
+        return self._call(
+            "PATCH",
+            path(manifest["kind"], meta["namespace"], meta["name"]),
+            manifest,
+            query=query,
+            content_type="application/apply-patch+yaml",
+        )
 
     def create(self, manifest: Body) -> Body:
         meta = manifest["metadata"]
-        return self._call("POST", path(manifest["kind"], meta["namespace"]), manifest,
-                          query=[("fieldManager", FIELD_MANAGER)])
+        return self._call(
+            "POST",
+            path(manifest["kind"], meta["namespace"]),
+            manifest,
+            query=[("fieldManager", FIELD_MANAGER)],
+        )
 
     def merge_patch(self, kind: str, namespace: str, name: str, patch: Body, sub: str | None = None) -> Body:
-        return self._call("PATCH", path(kind, namespace, name, sub), patch,
-                          query=[("fieldManager", FIELD_MANAGER)], content_type="application/merge-patch+json")
+        return self._call(
+            "PATCH",
+            path(kind, namespace, name, sub),
+            patch,
+            query=[("fieldManager", FIELD_MANAGER)],
+            content_type="application/merge-patch+json",
+        )
 
     def patch_status(self, kind: str, obj: Body, build: Callable[[Body], Body], attempts: int = 4) -> Body:
         """Merge-patch `obj`'s status with `build(the status it is built on)`, guarded by resourceVersion.
@@ -130,7 +153,10 @@ class Kube:
         object is read again and the status rebuilt on what is there now."""
         meta = obj["metadata"]
         for attempt in range(attempts):
-            patch = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": build(obj.get("status") or {})}
+            patch = {
+                "metadata": {"resourceVersion": meta["resourceVersion"]},
+                "status": build(obj.get("status") or {}),
+            }
             try:
                 return self.merge_patch(kind, meta["namespace"], meta["name"], patch, sub="status")
             except ApiError as e:
@@ -157,8 +183,13 @@ class Kube:
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"],
-                               "namespace": meta["namespace"], "uid": meta["uid"]},
+            "involvedObject": {
+                "apiVersion": owner["apiVersion"],
+                "kind": owner["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
             "reason": reason,
             "message": message[:1024],
             "type": type_,

@@ -27,7 +27,9 @@ def _micro(t: dt.datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def lease_free(holder: str | None, renewed: dt.datetime | None, duration: int, me: str, now: dt.datetime) -> bool:
+def lease_free(
+    holder: str | None, renewed: dt.datetime | None, duration: int, me: str, now: dt.datetime
+) -> bool:
     """Pure rule: we may take the lease if it is ours, unheld, or its holder let it expire."""
     if not holder or holder == me or renewed is None:
         return True
@@ -37,12 +39,22 @@ def lease_free(holder: str | None, renewed: dt.datetime | None, duration: int, m
 class Leader:
     """wait() blocks until this process holds the Lease, then renews it in a thread; losing it exits."""
 
-    def __init__(self, name: str, namespace: str, lease_seconds: int = 15, renew_seconds: int = 10,
-                 retry_seconds: int = 2):
+    def __init__(
+        self,
+        name: str,
+        namespace: str,
+        lease_seconds: int = 15,
+        renew_seconds: int = 10,
+        retry_seconds: int = 2,
+    ):
         if not retry_seconds < renew_seconds < lease_seconds:
             raise ValueError("need retry_seconds < renew_seconds < lease_seconds")
         self.name, self.namespace = name, namespace
-        self.lease_seconds, self.renew_seconds, self.retry_seconds = lease_seconds, renew_seconds, retry_seconds
+        self.lease_seconds, self.renew_seconds, self.retry_seconds = (
+            lease_seconds,
+            renew_seconds,
+            retry_seconds,
+        )
         self.identity = f"{socket.gethostname()}-{os.getpid()}"
         self.api = client.CoordinationV1Api()
 
@@ -55,16 +67,20 @@ class Leader:
     def try_acquire(self) -> bool:
         """One attempt to take or renew the lease; optimistic concurrency makes a race lose cleanly."""
         now = _now()
-        mine = {"holderIdentity": self.identity, "leaseDurationSeconds": self.lease_seconds,
-                "renewTime": _micro(now)}
+        mine = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": self.lease_seconds,
+            "renewTime": _micro(now),
+        }
         try:
             lease = self.api.read_namespaced_lease(self.name, self.namespace)
         except ApiException as e:
             if e.status != 404:
                 raise
             try:
-                self.api.create_namespaced_lease(self.namespace, self._body(
-                    {**mine, "acquireTime": _micro(now), "leaseTransitions": 0}))
+                self.api.create_namespaced_lease(
+                    self.namespace, self._body({**mine, "acquireTime": _micro(now), "leaseTransitions": 0})
+                )
                 return True
             except ApiException as e2:
                 if e2.status == 409:
@@ -76,13 +92,17 @@ class Leader:
         duration = (spec.lease_duration_seconds if spec else None) or self.lease_seconds
         if not lease_free(holder, renewed, duration, self.identity, now):
             return False
-        body = {**mine,
-                "acquireTime": _micro(spec.acquire_time) if holder == self.identity and spec and spec.acquire_time
-                else _micro(now),
-                "leaseTransitions": ((spec.lease_transitions or 0) if spec else 0) + (holder != self.identity)}
+        body = {
+            **mine,
+            "acquireTime": _micro(spec.acquire_time)
+            if holder == self.identity and spec and spec.acquire_time
+            else _micro(now),
+            "leaseTransitions": ((spec.lease_transitions or 0) if spec else 0) + (holder != self.identity),
+        }
         try:
-            self.api.replace_namespaced_lease(self.name, self.namespace,
-                                              self._body(body, lease.metadata.resource_version))
+            self.api.replace_namespaced_lease(
+                self.name, self.namespace, self._body(body, lease.metadata.resource_version)
+            )
             return True
         except ApiException as e:
             if e.status == 409:
@@ -120,7 +140,8 @@ class Leader:
             if lease.spec is None or lease.spec.holder_identity != self.identity:
                 return
             past = _now() - dt.timedelta(hours=1)
-            self.api.patch_namespaced_lease(self.name, self.namespace, {"spec": {
-                "leaseDurationSeconds": 1, "renewTime": _micro(past)}})
+            self.api.patch_namespaced_lease(
+                self.name, self.namespace, {"spec": {"leaseDurationSeconds": 1, "renewTime": _micro(past)}}
+            )
         except Exception as e:  # shutting down: nothing useful to do on failure
             log.warning("leader election: could not release the lease: %s", e)

@@ -24,8 +24,12 @@ class ReconcileQueue:
     the object, which is retried at once.
     """
 
-    def __init__(self, fn: Callable[[str, str, bool], object], concurrency: int = 8,
-                 backoff: Callable[[BaseException, int], float] = retry_delay):
+    def __init__(
+        self,
+        fn: Callable[[str, str, bool], object],
+        concurrency: int = 8,
+        backoff: Callable[[BaseException, int], float] = retry_delay,
+    ):
         self._fn = fn
         self._sem = asyncio.Semaphore(concurrency)
         # threads of its own: asyncio's default pool (CPUs + 4) is smaller than `concurrency` on a small node and is
@@ -43,7 +47,9 @@ class ReconcileQueue:
         self._rechecks: dict[Key, asyncio.TimerHandle] = {}  # a later look the last run asked for
         self.known: set[Key] = set()
 
-    def trigger(self, key: Key, fresh: bool = False, delay: float = 0.0, generation: int | None = None) -> None:
+    def trigger(
+        self, key: Key, fresh: bool = False, delay: float = 0.0, generation: int | None = None
+    ) -> None:
         """Queue a reconcile; `delay` lets a burst of events (echoes of our own writes) fold into one.
 
         `generation` is the object's metadata.generation when the trigger comes from the object itself.
@@ -93,7 +99,9 @@ class ReconcileQueue:
             self._fresh.discard(key)
             started = self._generation.get(key)
             try:
-                result = await asyncio.get_running_loop().run_in_executor(self._threads, self._fn, *key, fresh)
+                result = await asyncio.get_running_loop().run_in_executor(
+                    self._threads, self._fn, *key, fresh
+                )
             except Exception as e:  # retried below; the error is the operator's to report, not to crash on
                 self._failed(key, e, started)
             else:
@@ -111,13 +119,17 @@ class ReconcileQueue:
             log.warning("reconcile %s/%s failed, retrying the new generation now: %s", *key, error)
             return  # the object changed during the run: the dirty rerun tries the new spec
         wait = self._backoff(error, failures)
-        log.warning("reconcile %s/%s failed (%d in a row), retrying in %.0fs: %s", *key, failures, wait, error)
+        log.warning(
+            "reconcile %s/%s failed (%d in a row), retrying in %.0fs: %s", *key, failures, wait, error
+        )
         self._dirty.discard(key)
         self._fresh.add(key)
         self._failed_generation[key] = started
         self._waiting[key] = asyncio.get_running_loop().call_later(wait, self._retry, key)
 
-    async def resync_forever(self, interval: float, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+    async def resync_forever(
+        self, interval: float, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    ) -> None:
         """Level-based safety net: reconcile every known InferenceService from fresh reads once every `interval` s,
         spread over the interval, so that a burst of resyncs never queues ahead of an object that just changed."""
         while True:

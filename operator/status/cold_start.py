@@ -34,15 +34,20 @@ def _condition_time(pod: Body, ctype: str) -> str | None:
 
 def _started(cs: Body) -> str | None:
     state = cs.get("state") or {}
-    return ((state.get("running") or {}).get("startedAt") or (state.get("terminated") or {}).get("startedAt")
-            or ((cs.get("lastState") or {}).get("terminated") or {}).get("startedAt"))
+    return (
+        (state.get("running") or {}).get("startedAt")
+        or (state.get("terminated") or {}).get("startedAt")
+        or ((cs.get("lastState") or {}).get("terminated") or {}).get("startedAt")
+    )
 
 
 def fetch_report(pod: Body) -> tuple[Body | None, Body | None]:
     """(the fetch-model init container's status, the outcome its termination message reports) or Nones."""
     for cs in (pod.get("status") or {}).get("initContainerStatuses") or []:
         if cs.get("name") == FETCH_CONTAINER:
-            done = (cs.get("state") or {}).get("terminated") or ((cs.get("lastState") or {}).get("terminated") or {})
+            done = (cs.get("state") or {}).get("terminated") or (
+                (cs.get("lastState") or {}).get("terminated") or {}
+            )
             try:
                 report = json.loads(done.get("message") or "")
             except ValueError:
@@ -66,7 +71,9 @@ def pod_cold_start(pod: Body) -> Body | None:
     first_started = _time(_started(inits[0])) if inits else main_started
     fetch, report = fetch_report(pod)
     fetch_done = ((fetch or {}).get("state") or {}).get("terminated") or {}
-    fetched = _span(_time(fetch_done.get("startedAt")), _time(fetch_done.get("finishedAt"))) if fetch else None
+    fetched = (
+        _span(_time(fetch_done.get("startedAt")), _time(fetch_done.get("finishedAt"))) if fetch else None
+    )
     out: Body = {
         "pod": meta.get("name", "?"),
         "readyAt": _condition_time(pod, "Ready"),
@@ -108,8 +115,14 @@ def pool_summary(samples: list[Body]) -> Body:
     for s in samples:
         kinds.setdefault(s.get("cache", "unknown"), []).append(s)
     out["medians"] = {
-        kind: {"count": len(group), **{phase: _median([s[phase] for s in group if phase in s])
-                                       for phase in PHASES if any(phase in s for s in group)}}
+        kind: {
+            "count": len(group),
+            **{
+                phase: _median([s[phase] for s in group if phase in s])
+                for phase in PHASES
+                if any(phase in s for s in group)
+            },
+        }
         for kind, group in sorted(kinds.items())
     }
     return out

@@ -26,7 +26,9 @@ def pod_fetch_state(pod: Body) -> tuple[str, Body]:
     if state.get("running"):
         return "fetching", {"since": state["running"].get("startedAt")}
     if done is not None or last:
-        return "failed", {"error": (report or {}).get("error") or (done or last or {}).get("reason") or "failed"}
+        return "failed", {
+            "error": (report or {}).get("error") or (done or last or {}).get("reason") or "failed"
+        }
     return "waiting", {}
 
 
@@ -54,7 +56,10 @@ def pool_fetches(pods: list[Body]) -> Body:
 
 def condition(pools: dict[str, Body], now: str) -> tuple[bool, str, str]:
     """(status, reason, message) of ModelCached over every pool's pool_fetches."""
-    total = {k: sum(int(p.get(k) or 0) for p in pools.values()) for k in (*STATES, "pods", "hits", "misses", "bytes")}
+    total = {
+        k: sum(int(p.get(k) or 0) for p in pools.values())
+        for k in (*STATES, "pods", "hits", "misses", "bytes")
+    }
     have = f"{total['cached']}/{total['pods']} pods have the model"
     kinds = f"{total['hits']} found it cached, {total['misses']} downloaded {total['bytes'] / 2**20:.1f} MiB"
     errors = [f"{pool}: {p['error']}" for pool, p in pools.items() if p.get("error")]
@@ -70,7 +75,11 @@ def condition(pools: dict[str, Body], now: str) -> tuple[bool, str, str]:
         started = dt.datetime.fromisoformat(min(since).replace("Z", "+00:00"))
         elapsed = (dt.datetime.fromisoformat(now.replace("Z", "+00:00")) - started).total_seconds()
         running = f", the longest for {max(0, int(elapsed))} s"
-    return False, "Fetching", f"{have}; {total['fetching']} fetching{running}, {total['waiting']} not started ({kinds})"
+    return (
+        False,
+        "Fetching",
+        f"{have}; {total['fetching']} fetching{running}, {total['waiting']} not started ({kinds})",
+    )
 
 
 def model_positions(cache: dict[str, Body]) -> int | None:

@@ -9,10 +9,17 @@ from typing import Any
 Body = dict[str, Any]
 
 # Container waiting reasons that do not clear by waiting: each needs a fix (image, config, code, a Secret).
-STUCK_WAITING = frozenset({
-    "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CrashLoopBackOff", "CreateContainerConfigError",
-    "CreateContainerError", "RunContainerError",
-})
+STUCK_WAITING = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CrashLoopBackOff",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
 
 
 def pod_problems(pods: list[Body]) -> list[tuple[str, str]]:
@@ -34,7 +41,11 @@ def pod_problems(pods: list[Body]) -> list[tuple[str, str]]:
 def _problems(pod: Body) -> list[tuple[str, str]]:
     status = pod.get("status") or {}
     for c in status.get("conditions") or []:
-        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+        if (
+            c.get("type") == "PodScheduled"
+            and c.get("status") == "False"
+            and c.get("reason") == "Unschedulable"
+        ):
             return [("Unschedulable", _one_line(c.get("message") or "no node fits"))]
     out = []
     for key in ("initContainerStatuses", "containerStatuses"):
@@ -42,10 +53,12 @@ def _problems(pod: Body) -> list[tuple[str, str]]:
             waiting = (cs.get("state") or {}).get("waiting") or {}
             if waiting.get("reason") in STUCK_WAITING:
                 words = waiting.get("message") or ""
-                last = ((cs.get("lastState") or {}).get("terminated") or {})
+                last = (cs.get("lastState") or {}).get("terminated") or {}
                 if last:
                     words = f"last exit code {last.get('exitCode')} ({last.get('reason') or 'Error'}) {words}".strip()
-                out.append((waiting["reason"], _one_line(f"container {cs.get('name')}: {words}".rstrip(": "))))
+                out.append(
+                    (waiting["reason"], _one_line(f"container {cs.get('name')}: {words}".rstrip(": ")))
+                )
     return out
 
 

@@ -66,18 +66,30 @@ def _gpus_per_worker(spec: InferenceServiceSpec, pool: str) -> tuple[int, dict[s
     return ps.resources.gpus, ps.node_selector
 
 
-def _gpu_problem(pool: str, need: int, selector: dict[str, str], nodes: tuple[NodeGpus, ...]) -> Problem | None:
+def _gpu_problem(
+    pool: str, need: int, selector: dict[str, str], nodes: tuple[NodeGpus, ...]
+) -> Problem | None:
     fits = [n for n in nodes if all(n.labels.get(k) == v for k, v in selector.items())]
-    where = f" matching nodeSelector {','.join(f'{k}={v}' for k, v in sorted(selector.items()))}" if selector else ""
+    where = (
+        f" matching nodeSelector {','.join(f'{k}={v}' for k, v in sorted(selector.items()))}"
+        if selector
+        else ""
+    )
     with_gpus = [n for n in fits if n.gpus > 0]
     if not with_gpus:
-        return ("NoGPUNodes", f"no node{where} offers {GPU} yet and a {pool} worker needs {need}: its pods wait "
-                              "for a GPU node to join (or the GPU device plugin to report one)")
+        return (
+            "NoGPUNodes",
+            f"no node{where} offers {GPU} yet and a {pool} worker needs {need}: its pods wait "
+            "for a GPU node to join (or the GPU device plugin to report one)",
+        )
     biggest = max(with_gpus, key=lambda n: n.gpus)
     if biggest.gpus < need:
-        return ("InsufficientGPUs", f"a {pool} worker asks for {need} {GPU} but the largest node{where} has "
-                                    f"{biggest.gpus} ({biggest.name}): lower {pool}.resources.gpus or add a "
-                                    "bigger node")
+        return (
+            "InsufficientGPUs",
+            f"a {pool} worker asks for {need} {GPU} but the largest node{where} has "
+            f"{biggest.gpus} ({biggest.name}): lower {pool}.resources.gpus or add a "
+            "bigger node",
+        )
     return None
 
 
@@ -88,12 +100,21 @@ def check(spec: InferenceServiceSpec, pools: list[str], facts: Facts) -> Finding
             continue  # could not read it: unknown
         phase = facts.claims[claim]
         if phase is None:
-            return Findings(blocked=("ModelSourceNotFound",
-                                     f'spec.model.source.pvc.claimName: PersistentVolumeClaim "{claim}" not found; '
-                                     "the pools are created once it exists"))
+            return Findings(
+                blocked=(
+                    "ModelSourceNotFound",
+                    f'spec.model.source.pvc.claimName: PersistentVolumeClaim "{claim}" not found; '
+                    "the pools are created once it exists",
+                )
+            )
         if phase == "Lost":
-            return Findings(blocked=("ModelSourceLost", f'spec.model.source.pvc.claimName: PersistentVolumeClaim '
-                                                        f'"{claim}" is Lost (its volume is gone)'))
+            return Findings(
+                blocked=(
+                    "ModelSourceLost",
+                    f"spec.model.source.pvc.claimName: PersistentVolumeClaim "
+                    f'"{claim}" is Lost (its volume is gone)',
+                )
+            )
     found: dict[str, list[Problem]] = {}
     if facts.nodes is not None:
         for pool in pools:

@@ -17,8 +17,11 @@ def rolled_out(dep: Body | None, desired: int) -> bool:
     st = dep.get("status") or {}
     if st.get("observedGeneration", 0) < dep["metadata"].get("generation", 1):
         return False
-    return (st.get("updatedReplicas", 0) == desired and st.get("readyReplicas", 0) >= desired
-            and st.get("replicas", 0) == desired)
+    return (
+        st.get("updatedReplicas", 0) == desired
+        and st.get("readyReplicas", 0) >= desired
+        and st.get("replicas", 0) == desired
+    )
 
 
 def failure(dep: Body | None) -> tuple[str, str] | None:
@@ -54,8 +57,9 @@ def inference_pool_status(dep: Body | None, selector: str, generation: int) -> d
     }
 
 
-def _condition(ctype: str, ok: bool, reason: str, message: str, generation: int,
-               previous: dict[str, Body], now: str) -> Body:
+def _condition(
+    ctype: str, ok: bool, reason: str, message: str, generation: int, previous: dict[str, Body], now: str
+) -> Body:
     status = "True" if ok else "False"
     old = previous.get(ctype) or {}
     changed = old.get("status") != status
@@ -69,11 +73,19 @@ def _condition(ctype: str, ok: bool, reason: str, message: str, generation: int,
     }
 
 
-def service_status(generation: int, deployments: dict[str, Body | None], desired: dict[str, int],
-                   previous: Body, endpoint: str, now: str, blocked: tuple[str, str] | None = None,
-                   pod_problems: dict[str, list[tuple[str, str]]] | None = None,
-                   tls: bool | None = None, serving: dict[str, int] | None = None,
-                   wakes: Collection[str] = ()) -> Body:
+def service_status(
+    generation: int,
+    deployments: dict[str, Body | None],
+    desired: dict[str, int],
+    previous: Body,
+    endpoint: str,
+    now: str,
+    blocked: tuple[str, str] | None = None,
+    pod_problems: dict[str, list[tuple[str, str]]] | None = None,
+    tls: bool | None = None,
+    serving: dict[str, int] | None = None,
+    wakes: Collection[str] = (),
+) -> Body:
     """Conditions (Ready, Progressing, Degraded), per-pool replicas and the router endpoint.
 
     `deployments` and `desired` are keyed by pool (including the router). `blocked` is (reason, message)
@@ -94,9 +106,13 @@ def service_status(generation: int, deployments: dict[str, Body | None], desired
             _condition("Progressing", False, reason, message, generation, prev, now),
             _condition("Degraded", True, reason, message, generation, prev, now),
         ]
-        return {"observedGeneration": generation, "conditions": _keep_foreign(conds, prev),
-                "pools": previous.get("pools") or {}, "routerEndpoint": endpoint,
-                "workers": previous.get("workers") or ""}
+        return {
+            "observedGeneration": generation,
+            "conditions": _keep_foreign(conds, prev),
+            "pools": previous.get("pools") or {},
+            "routerEndpoint": endpoint,
+            "workers": previous.get("workers") or "",
+        }
     pools = {p: pool_status(deployments.get(p), n) for p, n in desired.items()}
     for p, n in (serving or {}).items():  # spec.roleFlip: a pool counts the pods that serve its role now
         if p in pools:
@@ -124,8 +140,12 @@ def service_status(generation: int, deployments: dict[str, Body | None], desired
         ready_c = (False, "NoReplicas", f"{', '.join(empty)} scaled to 0 replicas: nothing serves requests")
         progressing = (False, "RolloutComplete", "every pool runs the current spec")
     elif resting:
-        ready_c = (True, "ScaledToZero", f"{', '.join(resting)} at 0 replicas: requests wait in the router while the "
-                   "autoscaler starts the first worker")  # fmt: skip
+        ready_c = (
+            True,
+            "ScaledToZero",
+            f"{', '.join(resting)} at 0 replicas: requests wait in the router while the "
+            "autoscaler starts the first worker",
+        )
         progressing = (False, "RolloutComplete", "every pool runs the current spec")
     else:
         ready_c = (True, "AllPoolsReady", "all pools ready")
@@ -133,16 +153,30 @@ def service_status(generation: int, deployments: dict[str, Body | None], desired
     conds = [
         _condition("Ready", *ready_c, generation, prev, now),
         _condition("Progressing", *progressing, generation, prev, now),
-        _condition("Degraded", bool(failures), reason or "AsExpected", why or "no pool reports a failure",
-                   generation, prev, now),
+        _condition(
+            "Degraded",
+            bool(failures),
+            reason or "AsExpected",
+            why or "no pool reports a failure",
+            generation,
+            prev,
+            now,
+        ),
     ]
     if tls is not None:
         conds.append(_condition("Encrypted", *encrypted_condition(tls), generation, prev, now))
-    return {"observedGeneration": generation, "conditions": _keep_foreign(conds, prev), "pools": pools,
-            "routerEndpoint": endpoint, "workers": workers_summary(pools)}
+    return {
+        "observedGeneration": generation,
+        "conditions": _keep_foreign(conds, prev),
+        "pools": pools,
+        "routerEndpoint": endpoint,
+        "workers": workers_summary(pools),
+    }
 
 
-def with_degraded(status: Body, previous: Body, cause: tuple[str, str] | None, generation: int, now: str) -> Body:
+def with_degraded(
+    status: Body, previous: Body, cause: tuple[str, str] | None, generation: int, now: str
+) -> Body:
     """`status` with Degraded True for `cause` (reason, message), a fault the service serves through (the
     model's own context limit below the spec's), unless a failure holds Degraded already; Ready and
     Progressing stay as they are."""
@@ -162,18 +196,33 @@ def workers_summary(pools: dict[str, Body]) -> str:
 def encrypted_condition(tls: bool) -> tuple[bool, str, str]:
     if tls:
         return True, "MutualTLS", "every gRPC hop uses mutual TLS with per-role certificates"
-    return False, "TLSOff", ("security.tls is off: gRPC between router and workers is plaintext and unauthenticated; "
-                             "any pod that reaches a worker port can call it")
+    return (
+        False,
+        "TLSOff",
+        (
+            "security.tls is off: gRPC between router and workers is plaintext and unauthenticated; "
+            "any pod that reaches a worker port can call it"
+        ),
+    )
 
 
-OWN_CONDITIONS = ("Ready", "Progressing", "Degraded", "Encrypted", "ModelCached")  # the reconciler's; SLOMet is the autoscaler's
+OWN_CONDITIONS = (
+    "Ready",
+    "Progressing",
+    "Degraded",
+    "Encrypted",
+    "ModelCached",
+)  # the reconciler's; SLOMet is the autoscaler's
 
 
 def rebase(status: Body, previous: Body) -> Body:
     """`status` as the reconciler built it, with the other writers' conditions taken from `previous` (a
     fresher read) instead of the read it was built on."""
     ours = [c for c in status.get("conditions") or [] if c["type"] in OWN_CONDITIONS]
-    return {**status, "conditions": _keep_foreign(ours, {c["type"]: c for c in previous.get("conditions") or []})}
+    return {
+        **status,
+        "conditions": _keep_foreign(ours, {c["type"]: c for c in previous.get("conditions") or []}),
+    }
 
 
 def _keep_foreign(ours: list[Body], previous: dict[str, Body]) -> list[Body]:

@@ -13,8 +13,9 @@ Body = dict[str, Any]
 CONDITION = "ModelCached"
 
 
-def with_pod_starts(status: Body, previous: Body, pods: dict[str, list[Body]], fetches: bool, generation: int,
-                    now: str) -> Body:
+def with_pod_starts(
+    status: Body, previous: Body, pods: dict[str, list[Body]], fetches: bool, generation: int, now: str
+) -> Body:
     """`status` (service_status's) with `coldStart` and, when the pods fetch the model (`fetches`),
     `modelCache` and the ModelCached condition; `pods` are the pools' pods read this time."""
     starts = dict(previous.get("coldStart") or {})
@@ -28,15 +29,24 @@ def with_pod_starts(status: Body, previous: Body, pods: dict[str, list[Body]], f
     if not fetches:
         return {**out, "conditions": conditions}
     kept = previous.get("modelCache") or {}
-    cache = {**kept, **{p: _keep_positions(model_cached.pool_fetches(f), kept.get(p)) for p, f in pods.items()}}
+    cache = {
+        **kept,
+        **{p: _keep_positions(model_cached.pool_fetches(f), kept.get(p)) for p, f in pods.items()},
+    }
     cache = {p: v for p, v in cache.items() if p in (status.get("pools") or {})}
     if not cache:
         return out
     ok, reason, message = model_cached.condition(cache, now)
     old: Body = next((c for c in previous.get("conditions") or [] if c.get("type") == CONDITION), {})
     flag = "True" if ok else "False"
-    cond = {"type": CONDITION, "status": flag, "reason": reason, "message": message, "observedGeneration": generation,
-            "lastTransitionTime": now if old.get("status") != flag else old.get("lastTransitionTime", now)}
+    cond = {
+        "type": CONDITION,
+        "status": flag,
+        "reason": reason,
+        "message": message,
+        "observedGeneration": generation,
+        "lastTransitionTime": now if old.get("status") != flag else old.get("lastTransitionTime", now),
+    }
     return {**out, "modelCache": cache, "conditions": [*conditions, cond]}
 
 

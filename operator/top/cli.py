@@ -24,18 +24,33 @@ class Source(Protocol):
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="tandem top", description=__doc__.splitlines()[0])
-    p.add_argument("--router", action="append", default=[],
-                   help=f"a router's base URL to scrape /metrics from (repeatable); default {LOCAL_ROUTER} "
-                        "(a local `tandem up`) when no other source is given")
+    p.add_argument(
+        "--router",
+        action="append",
+        default=[],
+        help=f"a router's base URL to scrape /metrics from (repeatable); default {LOCAL_ROUTER} "
+        "(a local `tandem up`) when no other source is given",
+    )
     p.add_argument("--prometheus", help="Prometheus base URL (what the chart's PodMonitor feeds)")
-    p.add_argument("--kube", action="store_true", help="InferenceServices, replicas and scaling Events from the Kubernetes API")
+    p.add_argument(
+        "--kube",
+        action="store_true",
+        help="InferenceServices, replicas and scaling Events from the Kubernetes API",
+    )
     p.add_argument("--kubeconfig", help="kubeconfig for --kube (default: in-cluster, then ~/.kube/config)")
-    p.add_argument("--file", "-f", action="append", default=[],
-                   help="an InferenceService spec a local `tandem up` runs: desired replicas and the SLO (repeatable)")
+    p.add_argument(
+        "--file",
+        "-f",
+        action="append",
+        default=[],
+        help="an InferenceService spec a local `tandem up` runs: desired replicas and the SLO (repeatable)",
+    )
     p.add_argument("--namespace", "-n", help="only this namespace")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between polls")
     p.add_argument("--iterations", type=int, default=0, help="stop after this many polls (0: until Ctrl-C)")
-    p.add_argument("--window", type=float, default=30.0, help="seconds of latency the --router quantiles cover")
+    p.add_argument(
+        "--window", type=float, default=30.0, help="seconds of latency the --router quantiles cover"
+    )
     return p.parse_args(argv)
 
 

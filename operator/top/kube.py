@@ -33,8 +33,12 @@ def service_state(obj: dict[str, Any]) -> ServiceState:
 
 def _when(e: dict[str, Any]) -> dt.datetime | None:
     """When an Event (as JSON) last happened."""
-    for v in (e.get("lastTimestamp"), e.get("eventTime"), e.get("firstTimestamp"),
-              (e.get("metadata") or {}).get("creationTimestamp")):
+    for v in (
+        e.get("lastTimestamp"),
+        e.get("eventTime"),
+        e.get("firstTimestamp"),
+        (e.get("metadata") or {}).get("creationTimestamp"),
+    ):
         if isinstance(v, str) and v:
             return dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
     return None
@@ -43,7 +47,9 @@ def _when(e: dict[str, Any]) -> dt.datetime | None:
 def is_scaling(event: dict[str, Any]) -> bool:
     """An autoscaler decision: its message is the decision's reason ("decode 2->3: ..."), whatever its
     reason code (SLOBreach, Forecast, ScaleDown...); or a reason that says scaling."""
-    return bool(SCALING_MESSAGE.match(str(event.get("message", "")))) or str(event.get("reason", "")).startswith("Scal")
+    return bool(SCALING_MESSAGE.match(str(event.get("message", "")))) or str(
+        event.get("reason", "")
+    ).startswith("Scal")
 
 
 def last_scaling(events: Iterable[dict[str, Any]], service: str, now: dt.datetime) -> str | None:
@@ -53,8 +59,12 @@ def last_scaling(events: Iterable[dict[str, Any]], service: str, now: dt.datetim
     for e in events:
         obj = e.get("involvedObject") or {}
         name, when = obj.get("name", ""), _when(e)
-        if (obj.get("kind") in POOL_KINDS and (name == service or name.startswith(service + "-"))
-                and is_scaling(e) and when is not None):
+        if (
+            obj.get("kind") in POOL_KINDS
+            and (name == service or name.startswith(service + "-"))
+            and is_scaling(e)
+            and when is not None
+        ):
             mine.append((when, e))
     if not mine:
         return None

@@ -14,8 +14,12 @@ def spec_state(svc: InferenceService) -> ServiceState:
     """Pure: what an InferenceService spec says the view should see (namespace unknown: a local stack)."""
     spec = svc.spec
     return ServiceState(
-        svc.name, None, {pool: PoolState(desired=pool_replicas(spec, pool)) for pool in worker_pools(spec)},
-        slo_ttft_s=spec.slo.ttft_ms / 1000, slo_tpot_s=spec.slo.tpot_ms / 1000, objective=spec.slo.percentile / 100,
+        svc.name,
+        None,
+        {pool: PoolState(desired=pool_replicas(spec, pool)) for pool in worker_pools(spec)},
+        slo_ttft_s=spec.slo.ttft_ms / 1000,
+        slo_tpot_s=spec.slo.tpot_ms / 1000,
+        objective=spec.slo.percentile / 100,
     )
 
 

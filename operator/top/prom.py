@@ -48,8 +48,10 @@ class PrometheusSource:
                     if (st.objective or 0.9) == q and v == v:  # NaN: no requests in the window
                         setattr(st, field, v)
         met = "{" + ",".join(x for x in (m, 'met="true"') if x) + "}"
-        for labels, v in self._query(f"sum by ({BY}, slo) (increase({names.SLO_REQUESTS_TOTAL}{met}[5m])) / "
-                                     f"sum by ({BY}, slo) (increase({names.SLO_REQUESTS_TOTAL}{sel}[5m]))"):
+        for labels, v in self._query(
+            f"sum by ({BY}, slo) (increase({names.SLO_REQUESTS_TOTAL}{met}[5m])) / "
+            f"sum by ({BY}, slo) (increase({names.SLO_REQUESTS_TOTAL}{sel}[5m]))"
+        ):
             if v == v:
                 get(labels).attainment[labels["slo"]] = v
         for labels, v in self._query(f"sum by ({BY}) (rate({names.REQUESTS_TOTAL}{sel}[{w}]))"):

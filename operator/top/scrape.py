@@ -66,8 +66,13 @@ def merge(samples: Sequence[dict[str, Sample]]) -> dict[str, Sample]:
                 out[service] = s
                 continue
             o = out[service]
-            for mine, theirs in ((o.ttft, s.ttft), (o.tpot, s.tpot), (o.slo, s.slo), (o.requests, s.requests),
-                                 (o.workers, s.workers)):
+            for mine, theirs in (
+                (o.ttft, s.ttft),
+                (o.tpot, s.tpot),
+                (o.slo, s.slo),
+                (o.requests, s.requests),
+                (o.workers, s.workers),
+            ):
                 _add(mine, theirs)
             o.targets.update(s.targets)
             o.objective = s.objective if s.objective is not None else o.objective
@@ -94,7 +99,11 @@ def state(service: str, cur: Sample, window_start: Sample | None, first: Sample 
     st = ServiceState(service)
     st.ttft_s = histogram_quantile(q, list(_delta(cur.ttft, win.ttft if win else None).items()))
     st.tpot_s = histogram_quantile(q, list(_delta(cur.tpot, win.tpot if win else None).items()))
-    st.slo_ttft_s, st.slo_tpot_s, st.objective = cur.targets.get("ttft"), cur.targets.get("tpot"), cur.objective
+    st.slo_ttft_s, st.slo_tpot_s, st.objective = (
+        cur.targets.get("ttft"),
+        cur.targets.get("tpot"),
+        cur.objective,
+    )
     slo = _delta(cur.slo, base.slo if base else None)
     for name in ("ttft", "tpot"):
         met, missed = slo.get((name, "true"), 0.0), slo.get((name, "false"), 0.0)
@@ -147,4 +156,3 @@ class RouterScrape:
 
     def close(self) -> None:
         self.http.close()
-

@@ -48,10 +48,20 @@ class ServiceState:
         out = ServiceState(self.name, self.namespace or other.namespace, {**self.pools})
         for pool, st in other.pools.items():
             mine = out.pools.get(pool, PoolState())
-            out.pools[pool] = PoolState(st.desired if st.desired is not None else mine.desired,
-                                        st.ready if st.ready is not None else mine.ready)
-        for f in ("ttft_s", "tpot_s", "slo_ttft_s", "slo_tpot_s", "objective", "requests_per_s", "errors_per_s",
-                  "last_scaling"):
+            out.pools[pool] = PoolState(
+                st.desired if st.desired is not None else mine.desired,
+                st.ready if st.ready is not None else mine.ready,
+            )
+        for f in (
+            "ttft_s",
+            "tpot_s",
+            "slo_ttft_s",
+            "slo_tpot_s",
+            "objective",
+            "requests_per_s",
+            "errors_per_s",
+            "last_scaling",
+        ):
             ours, theirs = getattr(self, f), getattr(other, f)
             setattr(out, f, theirs if theirs is not None else ours)
         out.attainment = {**self.attainment, **other.attainment}
@@ -64,7 +74,11 @@ def merge_sources(*sources: Sequence[ServiceState]) -> list[ServiceState]:
     rows: list[ServiceState] = []
     for states in sources:
         for st in states:
-            same = [r for r in rows if r.name == st.name and (r.namespace == st.namespace or None in (r.namespace, st.namespace))]
+            same = [
+                r
+                for r in rows
+                if r.name == st.name and (r.namespace == st.namespace or None in (r.namespace, st.namespace))
+            ]
             if len(same) == 1:
                 rows[rows.index(same[0])] = same[0].merge(st)
             else:
@@ -88,7 +102,9 @@ def sparkline(values: Sequence[float | None], width: int = 16) -> str:
         if v is None:
             out.append(" ")
         else:
-            out.append(SPARKS[min(len(SPARKS) - 1, int(v / top * (len(SPARKS) - 1)))] if top > 0 else SPARKS[0])
+            out.append(
+                SPARKS[min(len(SPARKS) - 1, int(v / top * (len(SPARKS) - 1)))] if top > 0 else SPARKS[0]
+            )
     return "".join(out)
 
 
@@ -109,11 +125,20 @@ class History:
 
 
 def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.0f}ms" if seconds >= 0.01 else f"{seconds * 1000:.1f}ms"
+    return (
+        "-"
+        if seconds is None
+        else f"{seconds * 1000:.0f}ms"
+        if seconds >= 0.01
+        else f"{seconds * 1000:.1f}ms"
+    )
 
 
 def _latency(value: float | None, target: float | None, spark: str) -> Text:
-    text = Text(_ms(value), style="bold red" if value is not None and target is not None and value > target else "green")
+    text = Text(
+        _ms(value),
+        style="bold red" if value is not None and target is not None and value > target else "green",
+    )
     text.append(f" / {_ms(target)} " if target is not None else " ")
     text.append(spark, style="cyan")
     return text
@@ -121,8 +146,14 @@ def _latency(value: float | None, target: float | None, spark: str) -> Text:
 
 def _pools(state: ServiceState) -> str:
     parts = []
-    for pool in sorted(state.pools, key=lambda p: ("prefill", "decode", "colocated", "router").index(p)
-                       if p in ("prefill", "decode", "colocated", "router") else 9):
+    for pool in sorted(
+        state.pools,
+        key=lambda p: (
+            ("prefill", "decode", "colocated", "router").index(p)
+            if p in ("prefill", "decode", "colocated", "router")
+            else 9
+        ),
+    ):
         st = state.pools[pool]
         ready = "?" if st.ready is None else str(st.ready)
         parts.append(f"{pool} {ready}/{st.desired}" if st.desired is not None else f"{pool} {ready}")
@@ -144,17 +175,29 @@ def _attainment(state: ServiceState) -> Text:
 def table(states: Sequence[ServiceState], history: History, title: str = "tandem top") -> Table:
     """The view: one row per InferenceService."""
     t = Table(title=title, expand=False)
-    for col in ("InferenceService", "pools ready/desired", "TTFT / SLO", "TPOT / SLO", "SLO attainment", "req/s",
-                "last scaling"):
+    for col in (
+        "InferenceService",
+        "pools ready/desired",
+        "TTFT / SLO",
+        "TPOT / SLO",
+        "SLO attainment",
+        "req/s",
+        "last scaling",
+    ):
         t.add_column(col, no_wrap=True)
     for s in sorted(states, key=lambda s: s.key):
         rate = "-" if s.requests_per_s is None else f"{s.requests_per_s:.2f}"
         if s.errors_per_s:
             rate += f" ({s.errors_per_s:.2f} err)"
-        t.add_row(f"{s.namespace}/{s.name}" if s.namespace else s.name, _pools(s),
-                  _latency(s.ttft_s, s.slo_ttft_s, sparkline(history.get(s, "ttft_s"))),
-                  _latency(s.tpot_s, s.slo_tpot_s, sparkline(history.get(s, "tpot_s"))),
-                  _attainment(s), rate, s.last_scaling or "-")
+        t.add_row(
+            f"{s.namespace}/{s.name}" if s.namespace else s.name,
+            _pools(s),
+            _latency(s.ttft_s, s.slo_ttft_s, sparkline(history.get(s, "ttft_s"))),
+            _latency(s.tpot_s, s.slo_tpot_s, sparkline(history.get(s, "tpot_s"))),
+            _attainment(s),
+            rate,
+            s.last_scaling or "-",
+        )
     if not states:
         t.add_row("(no InferenceService found)", "", "", "", "", "", "")
     return t

@@ -64,7 +64,9 @@ def vocabulary_for(count_tokens: Callable[[str], int], special_tokens: int = 0) 
     enough of them, otherwise keep every word with its real cost; `special_tokens` as on Vocabulary."""
     costs = [max(1, count_tokens(" " + w)) for w in WORDS]
     single = tuple(w for w, c in zip(WORDS, costs, strict=True) if c == 1)
-    words, kept = (single, (1,) * len(single)) if len(single) >= MIN_SINGLE_TOKEN_WORDS else (WORDS, tuple(costs))
+    words, kept = (
+        (single, (1,) * len(single)) if len(single) >= MIN_SINGLE_TOKEN_WORDS else (WORDS, tuple(costs))
+    )
     return Vocabulary(words, kept, tuple(max(1, count_tokens(w)) for w in words), special_tokens)
 
 

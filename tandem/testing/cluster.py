@@ -40,9 +40,10 @@ def find_binaries(build: bool = True) -> Path:
     if not build:
         raise RuntimeError("control-plane binaries not built")
     if shutil.which("go") is None:
-        raise RuntimeError("go is not installed; cannot build the control plane (tests/k8s/build-controlplane.sh)")
-    out = subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, text=True,
-                         stdout=subprocess.PIPE)
+        raise RuntimeError(
+            "go is not installed; cannot build the control plane (tests/k8s/build-controlplane.sh)"
+        )
+    out = subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, text=True, stdout=subprocess.PIPE)
     return Path(out.stdout.strip().splitlines()[-1])
 
 
@@ -61,8 +62,13 @@ def fake_gpu_node(name: str, gpus: int = 8) -> dict:
         "metadata": {
             "name": name,
             "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
-            "labels": {"type": "kwok", "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                       "kubernetes.io/arch": "amd64", "nvidia.com/gpu.present": "true"},
+            "labels": {
+                "type": "kwok",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "nvidia.com/gpu.present": "true",
+            },
         },
         "spec": {},
         "status": {"capacity": capacity, "allocatable": capacity, "nodeInfo": {"kubeletVersion": "fake"}},
@@ -72,7 +78,9 @@ def fake_gpu_node(name: str, gpus: int = 8) -> dict:
 class ControlPlane:
     """One throwaway cluster. start() returns when the API is ready and fake nodes exist."""
 
-    def __init__(self, bin_dir: Path, workdir: Path | None = None, nodes: int = 4, serve_on: str | None = None):
+    def __init__(
+        self, bin_dir: Path, workdir: Path | None = None, nodes: int = 4, serve_on: str | None = None
+    ):
         """serve_on: an address of this machine (a real node's pod bridge) where the API server also answers,
         for pods that call it (an in-cluster operator); its certificate names that address too."""
         self.bin = bin_dir
@@ -90,11 +98,19 @@ class ControlPlane:
         """A kubeconfig that authenticates with `token` (e.g. a ServiceAccount's, from the TokenRequest API)."""
         path = self.dir / f"{name}.kubeconfig"
         cfg = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "tandem",
-            "clusters": [{"name": "tandem", "cluster": {"server": self.server,
-                                                        "certificate-authority": str(self.dir / "ca.crt")}}],
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "tandem",
+            "clusters": [
+                {
+                    "name": "tandem",
+                    "cluster": {"server": self.server, "certificate-authority": str(self.dir / "ca.crt")},
+                }
+            ],
             "users": [{"name": name, "user": {"token": token}}],
-            "contexts": [{"name": "tandem", "context": {"cluster": "tandem", "user": name, "namespace": "default"}}],
+            "contexts": [
+                {"name": "tandem", "context": {"cluster": "tandem", "user": name, "namespace": "default"}}
+            ],
         }
         path.write_text(yaml.safe_dump(cfg))
         return path
@@ -103,12 +119,19 @@ class ControlPlane:
         path = self.dir / f"{user.replace(':', '-')}.kubeconfig"
         if not path.exists():
             cfg = {
-                "apiVersion": "v1", "kind": "Config", "current-context": "tandem",
-                "clusters": [{"name": "tandem", "cluster": {"server": self.server,
-                                                            "certificate-authority": str(self.dir / "ca.crt")}}],
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "tandem",
+                "clusters": [
+                    {
+                        "name": "tandem",
+                        "cluster": {"server": self.server, "certificate-authority": str(self.dir / "ca.crt")},
+                    }
+                ],
                 "users": [{"name": user, "user": {"token": USERS[user][0]}}],
-                "contexts": [{"name": "tandem", "context": {"cluster": "tandem", "user": user,
-                                                            "namespace": "default"}}],
+                "contexts": [
+                    {"name": "tandem", "context": {"cluster": "tandem", "user": user, "namespace": "default"}}
+                ],
             }
             path.write_text(yaml.safe_dump(cfg))
         return path
@@ -116,19 +139,33 @@ class ControlPlane:
     def _prepare(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
         write_certs(self.dir, LOOPBACK, self.serve_on)
-        lines = [f'{tok},{user},{user}-uid,"{groups}"' if groups else f"{tok},{user},{user}-uid"
-                 for user, (tok, groups) in USERS.items()]
+        lines = [
+            f'{tok},{user},{user}-uid,"{groups}"' if groups else f"{tok},{user},{user}-uid"
+            for user, (tok, groups) in USERS.items()
+        ]
         (self.dir / "tokens.csv").write_text("\n".join(lines) + "\n")
 
     # --- processes ---------------------------------------------------------------------------------
     def _spawn(self, name: str, args: list[str], env: dict | None = None) -> None:
         log = open(self.logs / f"{name}.log", "a")
         self.argv[name] = args
-        self.procs[name] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir,
-                                            env={**os.environ, **(env or {})}, start_new_session=True)
+        self.procs[name] = subprocess.Popen(
+            args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.dir,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
 
-    def kubectl(self, *args: str, user: str = "admin", input: str | None = None, check: bool = True,
-                timeout: float = 60) -> subprocess.CompletedProcess:
+    def kubectl(
+        self,
+        *args: str,
+        user: str = "admin",
+        input: str | None = None,
+        check: bool = True,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess:
         cmd = [str(self.bin / "kubectl"), "--kubeconfig", str(self.kubeconfig(user)), *args]
         out = subprocess.run(cmd, input=input, text=True, capture_output=True, timeout=timeout)
         if check and out.returncode != 0:
@@ -152,73 +189,107 @@ class ControlPlane:
         self._prepare()
         etcd_port, peer_port = free_port(), free_port()
         etcd_url = f"http://{LOOPBACK}:{etcd_port}"
-        self._spawn("etcd", [str(self.bin / "etcd"), "--data-dir", str(self.dir / "etcd"),
-                             "--listen-client-urls", etcd_url,
-                             "--listen-peer-urls", f"http://{LOOPBACK}:{peer_port}"])
+        self._spawn(
+            "etcd",
+            [
+                str(self.bin / "etcd"),
+                "--data-dir",
+                str(self.dir / "etcd"),
+                "--listen-client-urls",
+                etcd_url,
+                "--listen-peer-urls",
+                f"http://{LOOPBACK}:{peer_port}",
+            ],
+        )
         d = self.dir
-        self._spawn("kube-apiserver", [
-            str(self.bin / "kube-apiserver"),
-            f"--etcd-servers={etcd_url}",
-            f"--bind-address={'0.0.0.0' if self.serve_on else LOOPBACK}",
-            f"--advertise-address={self.serve_on or LOOPBACK}", f"--secure-port={self.port}",
-            f"--tls-cert-file={d / 'apiserver.crt'}", f"--tls-private-key-file={d / 'apiserver.key'}",
-            f"--client-ca-file={d / 'ca.crt'}",
-            f"--token-auth-file={d / 'tokens.csv'}",
-            "--authorization-mode=RBAC",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={d / 'sa.pub'}",
-            f"--service-account-signing-key-file={d / 'sa.key'}",
-            "--enable-priority-and-fairness=false",
-            "--allow-privileged=true",
-            "--endpoint-reconciler-type=none",
-            f"--cert-dir={d / 'apiserver-certs'}",
-        ])
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(self.bin / "kube-apiserver"),
+                f"--etcd-servers={etcd_url}",
+                f"--bind-address={'0.0.0.0' if self.serve_on else LOOPBACK}",
+                f"--advertise-address={self.serve_on or LOOPBACK}",
+                f"--secure-port={self.port}",
+                f"--tls-cert-file={d / 'apiserver.crt'}",
+                f"--tls-private-key-file={d / 'apiserver.key'}",
+                f"--client-ca-file={d / 'ca.crt'}",
+                f"--token-auth-file={d / 'tokens.csv'}",
+                "--authorization-mode=RBAC",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={d / 'sa.pub'}",
+                f"--service-account-signing-key-file={d / 'sa.key'}",
+                "--enable-priority-and-fairness=false",
+                "--allow-privileged=true",
+                "--endpoint-reconciler-type=none",
+                f"--cert-dir={d / 'apiserver-certs'}",
+            ],
+        )
         self._wait("kube-apiserver /readyz", self._ready, 180)
-        self._spawn("kube-controller-manager", [
-            str(self.bin / "kube-controller-manager"),
-            f"--kubeconfig={self.kubeconfig('system:kube-controller-manager')}",
-            f"--authentication-kubeconfig={self.kubeconfig('system:kube-controller-manager')}",
-            f"--authorization-kubeconfig={self.kubeconfig('system:kube-controller-manager')}",
-            f"--bind-address={LOOPBACK}", f"--secure-port={free_port()}",
-            f"--cert-dir={d / 'kcm-certs'}",
-            f"--service-account-private-key-file={d / 'sa.key'}",
-            f"--root-ca-file={d / 'ca.crt'}",
-            "--use-service-account-credentials=true",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--leader-elect=false",
-            # kwok fakes the nodes; on a loaded 2-core machine its heartbeats lag, and the node lifecycle
-            # controller would then mark every pod NotReady. Node failure is not what these tests test.
-            "--controllers=*,-node-ipam-controller,-node-lifecycle-controller,-cloud-node-lifecycle-controller,"
-            "-service-lb-controller,-node-route-controller",
-            "--concurrent-deployment-syncs=10", "--concurrent-replicaset-syncs=10",
-            "--kube-api-qps=200", "--kube-api-burst=400",
-        ])
-        self._spawn("kube-scheduler", [
-            str(self.bin / "kube-scheduler"),
-            f"--kubeconfig={self.kubeconfig('system:kube-scheduler')}",
-            f"--authentication-kubeconfig={self.kubeconfig('system:kube-scheduler')}",
-            f"--authorization-kubeconfig={self.kubeconfig('system:kube-scheduler')}",
-            f"--bind-address={LOOPBACK}", f"--secure-port={free_port()}",
-            f"--cert-dir={d / 'scheduler-certs'}",
-            "--leader-elect=false",
-        ])
-        self._spawn("kwok", [
-            str(self.bin / "kwok"),
-            f"--kubeconfig={self.kubeconfig('admin')}",
-            "--manage-all-nodes=false",
-            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-            f"--node-ip={LOOPBACK}",
-            f"--server-address={LOOPBACK}:{free_port()}",
-            "--cidr=10.244.0.0/16",
-        ])
-        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(
-            [fake_gpu_node(f"gpu-node-{i}") for i in range(self.nodes)]))
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(self.bin / "kube-controller-manager"),
+                f"--kubeconfig={self.kubeconfig('system:kube-controller-manager')}",
+                f"--authentication-kubeconfig={self.kubeconfig('system:kube-controller-manager')}",
+                f"--authorization-kubeconfig={self.kubeconfig('system:kube-controller-manager')}",
+                f"--bind-address={LOOPBACK}",
+                f"--secure-port={free_port()}",
+                f"--cert-dir={d / 'kcm-certs'}",
+                f"--service-account-private-key-file={d / 'sa.key'}",
+                f"--root-ca-file={d / 'ca.crt'}",
+                "--use-service-account-credentials=true",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--leader-elect=false",
+                # kwok fakes the nodes; on a loaded 2-core machine its heartbeats lag, and the node lifecycle
+                # controller would then mark every pod NotReady. Node failure is not what these tests test.
+                "--controllers=*,-node-ipam-controller,-node-lifecycle-controller,-cloud-node-lifecycle-controller,"
+                "-service-lb-controller,-node-route-controller",
+                "--concurrent-deployment-syncs=10",
+                "--concurrent-replicaset-syncs=10",
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
+            ],
+        )
+        self._spawn(
+            "kube-scheduler",
+            [
+                str(self.bin / "kube-scheduler"),
+                f"--kubeconfig={self.kubeconfig('system:kube-scheduler')}",
+                f"--authentication-kubeconfig={self.kubeconfig('system:kube-scheduler')}",
+                f"--authorization-kubeconfig={self.kubeconfig('system:kube-scheduler')}",
+                f"--bind-address={LOOPBACK}",
+                f"--secure-port={free_port()}",
+                f"--cert-dir={d / 'scheduler-certs'}",
+                "--leader-elect=false",
+            ],
+        )
+        self._spawn(
+            "kwok",
+            [
+                str(self.bin / "kwok"),
+                f"--kubeconfig={self.kubeconfig('admin')}",
+                "--manage-all-nodes=false",
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                f"--node-ip={LOOPBACK}",
+                f"--server-address={LOOPBACK}:{free_port()}",
+                "--cidr=10.244.0.0/16",
+            ],
+        )
+        self.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=yaml.safe_dump_all([fake_gpu_node(f"gpu-node-{i}") for i in range(self.nodes)]),
+        )
         # the API server taints new nodes not-ready; with the node lifecycle controller off, lift it here
         self._wait("fake nodes Ready", self._nodes_ready, 120)
         self.kubectl("taint", "nodes", "--all", "node.kubernetes.io/not-ready:NoSchedule-", check=False)
-        self._wait("default service account", lambda: self.kubectl(
-            "get", "serviceaccount", "default", check=False).returncode == 0, 120)
+        self._wait(
+            "default service account",
+            lambda: self.kubectl("get", "serviceaccount", "default", check=False).returncode == 0,
+            120,
+        )
         return self
 
     def restart_apiserver(self, down_seconds: float = 0.0) -> float:
@@ -245,9 +316,13 @@ class ControlPlane:
         return out.returncode == 0 and out.stdout.strip() == "ok"
 
     def _nodes_ready(self) -> bool:
-        out = self.kubectl("get", "nodes", "-o",
-                           "jsonpath={range .items[*]}{.status.conditions[?(@.type=='Ready')].status}{'\\n'}{end}",
-                           check=False)
+        out = self.kubectl(
+            "get",
+            "nodes",
+            "-o",
+            "jsonpath={range .items[*]}{.status.conditions[?(@.type=='Ready')].status}{'\\n'}{end}",
+            check=False,
+        )
         states = out.stdout.split()
         return len(states) == self.nodes and all(s == "True" for s in states)
 
@@ -255,8 +330,14 @@ class ControlPlane:
         self.kubectl("apply", "--server-side", "-f", str(ROOT / "charts/tandem/files/crds"))
         self.wait_established(["inferenceservices.serving.tandem.dev", "tandempools.serving.tandem.dev"], 60)
         self.kubectl("apply", "-f", str(ROOT / "charts/tandem/files/operator-clusterrole.yaml"))
-        self.kubectl("create", "clusterrolebinding", "tandem-operator", "--clusterrole=tandem-operator",
-                     "--user=tandem-operator", check=False)
+        self.kubectl(
+            "create",
+            "clusterrolebinding",
+            "tandem-operator",
+            "--clusterrole=tandem-operator",
+            "--user=tandem-operator",
+            check=False,
+        )
 
     def wait_established(self, crds: list[str], timeout: float) -> None:
         """Wait until every named CRD is Established. Polled rather than `kubectl wait`, which fails at once
@@ -266,9 +347,14 @@ class ControlPlane:
             out = self.kubectl("get", "crd", "-o", "json", check=False, timeout=30)
             if out.returncode != 0:
                 return False
-            done = {c["metadata"]["name"] for c in json.loads(out.stdout)["items"]
-                    if any(k.get("type") == "Established" and k.get("status") == "True"
-                           for k in (c.get("status") or {}).get("conditions") or [])}  # fmt: skip
+            done = {
+                c["metadata"]["name"]
+                for c in json.loads(out.stdout)["items"]
+                if any(
+                    k.get("type") == "Established" and k.get("status") == "True"
+                    for k in (c.get("status") or {}).get("conditions") or []
+                )
+            }
             return set(crds) <= done
 
         self._wait(f"CRDs established: {', '.join(crds)}", established, timeout)
@@ -292,28 +378,66 @@ class ControlPlane:
 class Operator:
     """`python -m tandem.operator` as a subprocess against a ControlPlane, with the operator's own user."""
 
-    def __init__(self, cp: ControlPlane, name: str = "operator", extra_env: dict | None = None,
-                 args: list[str] | None = None, kubeconfig: Path | None = None):
+    def __init__(
+        self,
+        cp: ControlPlane,
+        name: str = "operator",
+        extra_env: dict | None = None,
+        args: list[str] | None = None,
+        kubeconfig: Path | None = None,
+    ):
         """`args` replace the test defaults (lease timings) after `tandem operator`, e.g. the chart's own;
         `kubeconfig` replaces the tandem-operator user's, e.g. one with a ServiceAccount's token."""
         self.cp, self.name = cp, name
         # kwok's pods have made-up IPs that serve nothing: the autoscaler must never dial them, so by default
         # it reads "Prometheus" at a loopback port where none listens (metrics unavailable, pools hold).
         no_prometheus = f"http://127.0.0.1:{free_port()}"
-        self.env = {"TANDEM_RESYNC_SECONDS": "10", "TANDEM_PROMETHEUS_URL": no_prometheus, **(extra_env or {})}
-        self.args = args if args is not None else ["--lease-namespace", "default", "--lease-seconds", "6",
-                                                   "--renew-seconds", "4", "--retry-seconds", "1"]
+        self.env = {
+            "TANDEM_RESYNC_SECONDS": "10",
+            "TANDEM_PROMETHEUS_URL": no_prometheus,
+            **(extra_env or {}),
+        }
+        self.args = (
+            args
+            if args is not None
+            else [
+                "--lease-namespace",
+                "default",
+                "--lease-seconds",
+                "6",
+                "--renew-seconds",
+                "4",
+                "--retry-seconds",
+                "1",
+            ]
+        )
         self.kubeconfig = kubeconfig or cp.kubeconfig("tandem-operator")
         self.proc: subprocess.Popen | None = None
         self.log_path = cp.logs / f"{name}.log"
-        self.health_port = free_port()  # /healthz on loopback, whatever port `args` name (argparse: last wins)
+        self.health_port = (
+            free_port()
+        )  # /healthz on loopback, whatever port `args` name (argparse: last wins)
 
     def start(self) -> Operator:
         log = open(self.log_path, "a")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tandem.operator", "--kubeconfig", str(self.kubeconfig), *self.args,
-             "--health-port", str(self.health_port), "--health-host", LOOPBACK],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "tandem.operator",
+                "--kubeconfig",
+                str(self.kubeconfig),
+                *self.args,
+                "--health-port",
+                str(self.health_port),
+                "--health-host",
+                LOOPBACK,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env},
+            start_new_session=True,
+        )
         return self
 
     def wait_leading(self, timeout: float = 60) -> Operator:

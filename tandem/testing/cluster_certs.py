@@ -28,36 +28,53 @@ def write_certs(d: Path, loopback: str, extra_ip: str | None = None) -> None:
         return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
     def pem_key(k):
-        return k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
-                               serialization.NoEncryption())
+        return k.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
 
     now = dt.datetime.now(dt.UTC)
     ca_key = key()
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tandem-test-ca")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(hours=1))
-          .not_valid_after(now + dt.timedelta(days=2))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(hours=1))
+        .not_valid_after(now + dt.timedelta(days=2))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
     srv_key = key()
     sans: list[x509.GeneralName] = [
         x509.DNSName(n) for n in ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc")
     ]
     sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in (loopback, FIRST_SERVICE_IP, extra_ip) if ip]
-    srv = (x509.CertificateBuilder()
-           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-           .issuer_name(ca_name).public_key(srv_key.public_key()).serial_number(x509.random_serial_number())
-           .not_valid_before(now - dt.timedelta(hours=1)).not_valid_after(now + dt.timedelta(days=2))
-           .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-           .sign(ca_key, hashes.SHA256()))
+    srv = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+        .issuer_name(ca_name)
+        .public_key(srv_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(hours=1))
+        .not_valid_after(now + dt.timedelta(days=2))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     (d / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     (d / "ca.key").write_bytes(pem_key(ca_key))
     (d / "apiserver.crt").write_bytes(srv.public_bytes(serialization.Encoding.PEM))
     (d / "apiserver.key").write_bytes(pem_key(srv_key))
     sa = key()
     (d / "sa.key").write_bytes(pem_key(sa))
-    (d / "sa.pub").write_bytes(sa.public_key().public_bytes(serialization.Encoding.PEM,
-                                                            serialization.PublicFormat.SubjectPublicKeyInfo))
+    (d / "sa.pub").write_bytes(
+        sa.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
 
 
 def _write_certs_openssl(d: Path, loopback: str, extra_ip: str | None) -> None:
@@ -66,12 +83,50 @@ def _write_certs_openssl(d: Path, loopback: str, extra_ip: str | None) -> None:
     sans = f"DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,{ips}"
     (d / "san.ext").write_text(f"subjectAltName={sans}\n")
     for cmd in (
-        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-         "-subj", "/CN=tandem-test-ca"],
-        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key", "-out", "apiserver.csr",
-         "-subj", "/CN=kube-apiserver"],
-        ["x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-         "-out", "apiserver.crt", "-days", "2", "-extfile", "san.ext"],
+        [
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=tandem-test-ca",
+        ],
+        [
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "apiserver.key",
+            "-out",
+            "apiserver.csr",
+            "-subj",
+            "/CN=kube-apiserver",
+        ],
+        [
+            "x509",
+            "-req",
+            "-in",
+            "apiserver.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "apiserver.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+        ],
         ["genrsa", "-out", "sa.key", "2048"],
         ["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"],
     ):

@@ -91,23 +91,36 @@ class FakeHub:
             self.api_calls[path] += 1
             files = self.repos.get(m["repo"])
             if files is None or m["rev"] not in ("main", COMMIT):
-                return _send(req, 404, b'{"error": "Repository not found"}', {"X-Error-Code": "RepoNotFound"}, head)
-            info = {"id": m["repo"], "modelId": m["repo"], "sha": COMMIT, "private": False,
-                    "siblings": [_sibling(name, data) for name, data in sorted(files.items())]}
+                return _send(
+                    req, 404, b'{"error": "Repository not found"}', {"X-Error-Code": "RepoNotFound"}, head
+                )
+            info = {
+                "id": m["repo"],
+                "modelId": m["repo"],
+                "sha": COMMIT,
+                "private": False,
+                "siblings": [_sibling(name, data) for name, data in sorted(files.items())],
+            }
             return _send(req, 200, json.dumps(info).encode(), {"Content-Type": "application/json"}, head)
         if m := _TREE.match(path):  # what snapshot_download lists (the whole repository, in one page)
             self.api_calls[path] += 1
             files = self.repos.get(m["repo"])
             if files is None or m["rev"] not in ("main", COMMIT):
-                return _send(req, 404, b'{"error": "Repository not found"}', {"X-Error-Code": "RepoNotFound"}, head)
+                return _send(
+                    req, 404, b'{"error": "Repository not found"}', {"X-Error-Code": "RepoNotFound"}, head
+                )
             tree = [_tree_entry(name, data) for name, data in sorted(files.items())]
             return _send(req, 200, json.dumps(tree).encode(), {"Content-Type": "application/json"}, head)
         if m := _RESOLVE.match(path):
             data = (self.repos.get(m["repo"]) or {}).get(m["file"])
             if data is None or m["rev"] not in ("main", COMMIT):
                 return _send(req, 404, b"Entry not found", {"X-Error-Code": "EntryNotFound"}, head)
-            headers = {"X-Repo-Commit": COMMIT, "ETag": f'"{_etag(data)}"', "Accept-Ranges": "bytes",
-                       "Content-Type": "application/octet-stream"}
+            headers = {
+                "X-Repo-Commit": COMMIT,
+                "ETag": f'"{_etag(data)}"',
+                "Accept-Ranges": "bytes",
+                "Content-Type": "application/octet-stream",
+            }
             if head:
                 return _send(req, 200, data, headers, head=True)
             return self._content(req, m["file"], data, headers)
@@ -128,7 +141,7 @@ class FakeHub:
         req.end_headers()
         end = len(body) if cut is None else min(cut, len(body))
         for i in range(0, end, 1 << 16):
-            chunk = body[i:min(i + (1 << 16), end)]
+            chunk = body[i : min(i + (1 << 16), end)]
             self._throttle(len(chunk))
             req.wfile.write(chunk)
             self.served[name] += len(chunk)
@@ -161,7 +174,12 @@ def _sibling(name: str, data: bytes) -> dict[str, object]:
 
 
 def _tree_entry(name: str, data: bytes) -> dict[str, object]:
-    out: dict[str, object] = {"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+    out: dict[str, object] = {
+        "type": "file",
+        "path": name,
+        "size": len(data),
+        "oid": hashlib.sha1(data).hexdigest(),
+    }
     if name.endswith((".safetensors", ".bin", ".pt", ".msgpack", ".h5")):
         out["lfs"] = {"size": len(data), "oid": _etag(data), "pointerSize": 134}
     return out

@@ -35,7 +35,9 @@ class FaultLoad:
     def __post_init__(self) -> None:
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(self.clients)]
+        self._threads = [
+            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(self.clients)
+        ]
         for t in self._threads:
             t.start()
 
@@ -79,13 +81,20 @@ class FaultLoad:
         return stream_one(http, self.url, self.model, prompt, OUTPUT_TOKENS, self.deadline_s)
 
 
-def stream_one(http: httpx.Client, url: str, model: str, prompt: str, max_tokens: int, deadline_s: float) -> Answer:
+def stream_one(
+    http: httpx.Client, url: str, model: str, prompt: str, max_tokens: int, deadline_s: float
+) -> Answer:
     """One streamed completion, sorted: ok (every token and [DONE]), error_event, refused (an HTTP error
     answer or no connection), cut (ended early without an error), timeout (past `deadline_s`)."""
     body = {
-        "model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-        "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
-    }  # fmt: skip
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     start = time.monotonic()
     tokens, done, error = 0, False, ""
     deadline = start + deadline_s

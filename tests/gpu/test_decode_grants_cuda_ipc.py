@@ -28,12 +28,16 @@ pytestmark = [
 
 
 def test_a_prefill_worker_on_the_same_gpu_is_granted_a_cuda_buffer(tiny_model_dir):
-    engine = Engine(load_model(tiny_model_dir, device="cuda:0"), EngineConfig(block_size=16, num_kv_blocks=64))
+    engine = Engine(
+        load_model(tiny_model_dir, device="cuda:0"), EngineConfig(block_size=16, num_kv_blocks=64)
+    )
     loop = EngineLoop(engine).start()
     offered = offered_transports("auto", "cuda:0")
     info = worker_info(engine, "decode-0", "decode", "tiny", offered)
     assert offered[0] == C.KV_TRANSPORT_CUDA_IPC and info.cuda_device_uuid
-    staging = {t.kind: t.staging("cuda:0") for t in transports.REGISTRY if t.staged and t.kind in info.transports}
+    staging = {
+        t.kind: t.staging("cuda:0") for t in transports.REGISTRY if t.staged and t.kind in info.transports
+    }
     servicer = DecodeServicer(loop, info, staging)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=BULK_CHANNEL_OPTIONS)
     add_to_server(server, servicer)
@@ -42,11 +46,19 @@ def test_a_prefill_worker_on_the_same_gpu_is_granted_a_cuda_buffer(tiny_model_di
     stub = decode_pb2_grpc.DecodeServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
 
     def reserve(transfer_id: str, uuid: str) -> decode_pb2.ReserveReply:
-        return stub.Reserve(decode_pb2.ReserveRequest(
-            transfer_id=transfer_id, request_id="r-" + transfer_id, prompt_token_ids=list(range(1, 40)),
-            sampling=params_to_proto(SamplingParams(max_tokens=4)), lease_ms=5000, transports=offered,
-            prefill_host_id=info.host_id, prefill_cuda_device_uuid=uuid,
-        ), timeout=30)  # fmt: skip
+        return stub.Reserve(
+            decode_pb2.ReserveRequest(
+                transfer_id=transfer_id,
+                request_id="r-" + transfer_id,
+                prompt_token_ids=list(range(1, 40)),
+                sampling=params_to_proto(SamplingParams(max_tokens=4)),
+                lease_ms=5000,
+                transports=offered,
+                prefill_host_id=info.host_id,
+                prefill_cuda_device_uuid=uuid,
+            ),
+            timeout=30,
+        )
 
     try:
         granted = [reserve(f"t{i}", info.cuda_device_uuid) for i in range(3)]

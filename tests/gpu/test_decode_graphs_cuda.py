@@ -31,7 +31,9 @@ def test_cuda_graphs_match_the_general_path(tiny_model_dir, kv_cache_dtype):
     # before serving: the buckets a first request can take, and only those (capture is what made start slow)
     assert set(runner._graphs) == set(runner.start_shapes) == {s for s in runner.shapes if s[0] == 2}
     assert graphs.blocks.num_used == 0
-    with torch.compiler.set_stance("fail_on_recompile"):  # larger batches' buckets captured on first use, no recompile
+    with torch.compiler.set_stance(
+        "fail_on_recompile"
+    ):  # larger batches' buckets captured on first use, no recompile
         run = run_lockstep(general, graphs, requests(9, longest=12), late=3)
     assert set(run.shapes) <= set(runner._graphs) and len(runner._graphs) > len(runner.start_shapes)
     assert run.tokens[0] == run.tokens[1]
@@ -47,5 +49,7 @@ def test_compiled_step_without_graphs_on_cuda(tiny_model_dir):
     run = run_lockstep(Engine(model, EngineConfig(**SMALL)), compiled, requests(6, longest=12))
     assert run.static_steps > 5 and compiled.blocks.num_used == 0
     # bf16: padding may change a reduction's order, so a near tie can flip a token; most must agree
-    pairs = [(a, b) for rid in run.tokens[0] for a, b in zip(run.tokens[0][rid], run.tokens[1][rid], strict=True)]
+    pairs = [
+        (a, b) for rid in run.tokens[0] for a, b in zip(run.tokens[0][rid], run.tokens[1][rid], strict=True)
+    ]
     assert sum(a == b for a, b in pairs) >= 0.9 * len(pairs)

@@ -66,7 +66,9 @@ def test_fp8_weights_with_cuda_graphs(tiny_model_dir):
     warm_up(graphs)
     run = run_lockstep(Engine(model, EngineConfig(**SMALL)), graphs, requests(6, longest=12))
     assert run.static_steps > 5 and graphs.blocks.num_used == 0
-    pairs = [(a, b) for rid in run.tokens[0] for a, b in zip(run.tokens[0][rid], run.tokens[1][rid], strict=True)]
+    pairs = [
+        (a, b) for rid in run.tokens[0] for a, b in zip(run.tokens[0][rid], run.tokens[1][rid], strict=True)
+    ]
     assert sum(a == b for a, b in pairs) >= 0.9 * len(pairs), run.max_logit_diff
 
 

@@ -22,7 +22,9 @@ def test_int8_linear_on_cuda_matches_the_dequantized_weight(dtype):
     layer = Int8Linear.from_linear(linear)
     x = torch.randn(5, 256, device="cuda", dtype=dtype)
     with torch.no_grad():
-        want = torch.nn.functional.linear(x.float(), dequantize_weight(layer.weight_int8, layer.scales, torch.float32))
+        want = torch.nn.functional.linear(
+            x.float(), dequantize_weight(layer.weight_int8, layer.scales, torch.float32)
+        )
         got = layer(x).float()
     torch.testing.assert_close(got, want + linear.bias.float(), atol=2e-2 * float(want.abs().max()), rtol=0)
 

@@ -17,7 +17,9 @@ from tests.unit.test_sampling_batched import random_params
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (counts its stream synchronisations)"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA GPU (counts its stream synchronisations)"
+    ),
 ]
 
 
@@ -40,7 +42,9 @@ def syncs_per_draw(engine: Engine, monkeypatch) -> list[int]:
 
 
 def test_one_sync_per_step_for_the_sampled_ids(tiny_model_dir, monkeypatch):
-    engine = Engine(load_model(tiny_model_dir, "float32", "cuda"), EngineConfig(num_kv_blocks=64, block_size=4))
+    engine = Engine(
+        load_model(tiny_model_dir, "float32", "cuda"), EngineConfig(num_kv_blocks=64, block_size=4)
+    )
     for i, params in enumerate(random_params(random.Random(5), 8)):
         engine.add_request([5 + i, 9, 13], dataclasses.replace(params, min_tokens=2, max_tokens=6))
     counts = syncs_per_draw(engine, monkeypatch)

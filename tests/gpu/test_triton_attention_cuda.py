@@ -41,7 +41,9 @@ def test_decode_kernel_matches_sdpa_on_long_contexts(int8, splits):
     if int8:
         k, v = pack(k), pack(v)
     q = torch.randn(len(contexts), kvh * group, d, generator=g).to("cuda", torch.bfloat16)
-    slots = torch.tensor([t[(c - 1) // PAGE] * PAGE + (c - 1) % PAGE for t, c in zip(tables, contexts, strict=True)])
+    slots = torch.tensor(
+        [t[(c - 1) // PAGE] * PAGE + (c - 1) % PAGE for t, c in zip(tables, contexts, strict=True)]
+    )
     ones = [1] * len(contexts)
     ref_batch = AttentionBatch(ones, contexts, tables, slots.cuda(), PAGE, "sdpa")
     unused = torch.zeros(len(contexts), kvh, d, dtype=q.dtype, device="cuda")
@@ -54,7 +56,13 @@ def test_decode_kernel_matches_sdpa_on_long_contexts(int8, splits):
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
 def test_cuda_graphs_on_the_triton_backend_match_the_sdpa_engine(tiny_model_dir, kv_cache_dtype):
     model = load_model(tiny_model_dir, "float32", "cuda")
-    config = dict(block_size=4, num_kv_blocks=128, max_running_sequences=8, max_model_len=64, kv_cache_dtype=kv_cache_dtype)
+    config = dict(
+        block_size=4,
+        num_kv_blocks=128,
+        max_running_sequences=8,
+        max_model_len=64,
+        kv_cache_dtype=kv_cache_dtype,
+    )
     sdpa = Engine(model, EngineConfig(**config))
     triton = Engine(model, EngineConfig(**config, attention="triton", decode_step="cudaGraphs"))
     warm_up(triton)

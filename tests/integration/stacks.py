@@ -15,7 +15,9 @@ from tandem.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 from tests.prometheus import Target
 
 
-def spec(name: str, model_dir: Path, mode: str = "disaggregated", prefill: int = 1, decode: int = 1, **engine) -> dict:
+def spec(
+    name: str, model_dir: Path, mode: str = "disaggregated", prefill: int = 1, decode: int = 1, **engine
+) -> dict:
     pools = {"decode": {"replicas": decode, "resources": {"gpus": 0}}}
     if mode != "colocated":  # colocated's one pool is spec.decode; a prefill setting is refused
         pools["prefill"] = {"replicas": prefill, "resources": {"gpus": 0}}
@@ -24,7 +26,12 @@ def spec(name: str, model_dir: Path, mode: str = "disaggregated", prefill: int =
         "kind": "InferenceService",
         "metadata": {"name": name},
         "spec": {
-            "model": {"source": {"path": str(model_dir)}, "servedName": "tiny", "dtype": "float32", "maxContextLength": 4096},
+            "model": {
+                "source": {"path": str(model_dir)},
+                "servedName": "tiny",
+                "dtype": "float32",
+                "maxContextLength": 4096,
+            },
             "mode": mode,
             **pools,
             "engine": {"blockSize": 16, "numKvBlocks": 512, "threads": 1, **engine},
@@ -36,7 +43,14 @@ def greedy_tokens(url: str, prompt: str, n: int = 24, timeout_s: float = 120) ->
     """The `n` tokens (as the logprobs list names them) of a greedy completion of `prompt`, ignoring EOS."""
     r = httpx.post(
         f"{url}/v1/completions",
-        json={"model": "tiny", "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, "logprobs": 1},
+        json={
+            "model": "tiny",
+            "prompt": prompt,
+            "max_tokens": n,
+            "temperature": 0,
+            "ignore_eos": True,
+            "logprobs": 1,
+        },
         timeout=timeout_s,
     )
     assert r.status_code == 200, r.text
@@ -55,7 +69,7 @@ _CHANNELS = WorkerChannels()  # kept across calls: one TLS handshake per worker,
 
 
 def _stub(p: ProcessPlan):
-    stub = (prefill_pb2_grpc.PrefillServiceStub if p.role == "prefill" else decode_pb2_grpc.DecodeServiceStub)
+    stub = prefill_pb2_grpc.PrefillServiceStub if p.role == "prefill" else decode_pb2_grpc.DecodeServiceStub
     return stub(_CHANNELS.get(p))
 
 
@@ -77,5 +91,7 @@ def metrics_targets(stack, service: str, namespace: str = "default") -> list[Tar
     for p in stack.plans:
         host = p.address.rsplit(":", 1)[0]
         address = p.address if p.role == "router" else f"{host}:{p.metrics_port}"
-        out.append(Target(address, {"namespace": namespace, "pod": p.name, "service": service, "pool": p.role}))
+        out.append(
+            Target(address, {"namespace": namespace, "pod": p.name, "service": service, "pool": p.role})
+        )
     return out

@@ -24,7 +24,8 @@ def _send_raw(url: str, body: dict) -> socket.socket:
     sock = socket.create_connection((host, int(port)), timeout=10)
     sock.sendall(
         b"POST /v1/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload
+        + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+        + payload
     )
     return sock
 
@@ -63,5 +64,7 @@ def test_client_gone_before_first_token_frees_the_decode_reservation_now(tiny_mo
             time.sleep(0.05)
         router_metrics = httpx.get(f"{url}/metrics", timeout=5).text
         assert 'status="499"' in router_metrics and 'status="500"' not in router_metrics
-        ok = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 4}, timeout=60)
+        ok = httpx.post(
+            f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 4}, timeout=60
+        )
         assert ok.status_code == 200

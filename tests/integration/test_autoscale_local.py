@@ -57,18 +57,29 @@ def test_a_tpot_breach_is_answered_by_flipping_a_spare_prefill_worker(tiny_model
     # the prefill pool's own capacity model needs well under one of its two workers, so one is spare
     profile = tmp_path / "cheap-prefill.json"
     save_profile(shipped_profile().scaled(prefill=20, note="prefill never the bottleneck"), profile)
-    obj["spec"]["autoscaling"] = {"enabled": True, "intervalSeconds": 2, "windowSeconds": 8, "stabilizationSeconds": 600,
-                                  "scaleUpCooldownSeconds": 0, "flip": {"enabled": True, "flipSeconds": 2},
-                                  "profile": str(profile)}  # fmt: skip
+    obj["spec"]["autoscaling"] = {
+        "enabled": True,
+        "intervalSeconds": 2,
+        "windowSeconds": 8,
+        "stabilizationSeconds": 600,
+        "scaleUpCooldownSeconds": 0,
+        "flip": {"enabled": True, "flipSeconds": 2},
+        "profile": str(profile),
+    }
     with autoscaled(obj, tmp_path) as (pools, loop, url), StreamingLoad(url, clients=1) as load:
         try:
-            _wait("a prefill worker serving decode",
-                  lambda: any(p.name.startswith("prefill-") for p in pools.members("decode")), 300)  # fmt: skip
+            _wait(
+                "a prefill worker serving decode",
+                lambda: any(p.name.startswith("prefill-") for p in pools.members("decode")),
+                300,
+            )
         except AssertionError as e:
             last = [(d.reason_code, d.reason) for t in loop.ticks[-2:] for d in t.decisions.values()]
             raise AssertionError(f"{e}; the last decisions: {last}") from None
         _wait("requests served after the flip", lambda: load.ok >= 10, 120)
-    assert load.failures == [], f"{len(load.failures)} failed of {load.ok + len(load.failures)}: {load.failures[:5]}"
+    assert load.failures == [], (
+        f"{len(load.failures)} failed of {load.ok + len(load.failures)}: {load.failures[:5]}"
+    )
     flips = [f for t in loop.ticks for f in t.flips]
     assert flips and flips[0].reason_code == "FlippedToDecode", flips
     assert flips[0].reason.startswith("FlippedToDecode: TPOT p90 ") and "prefill has " in flips[0].reason
@@ -77,7 +88,9 @@ def test_a_tpot_breach_is_answered_by_flipping_a_spare_prefill_worker(tiny_model
 
 
 @pytest.mark.timeout(900)
-def test_mode_auto_collapses_when_idle_and_splits_under_load_with_no_failed_request(tiny_model_dir, tmp_path: Path):
+def test_mode_auto_collapses_when_idle_and_splits_under_load_with_no_failed_request(
+    tiny_model_dir, tmp_path: Path
+):
     """`mode: auto` from a 1P+1D start: idle, the shape rule collapses it to one colocated worker (the prefill
     worker flips, the decode one drains); under a steady client it splits again (a decode worker starts, then
     the colocated one flips to prefill), and not one request fails on the way."""
@@ -94,23 +107,42 @@ def test_mode_auto_collapses_when_idle_and_splits_under_load_with_no_failed_requ
     obj["spec"]["slo"] = {"ttftMs": 600000, "tpotMs": 40, "percentile": 90}
     profile = tmp_path / "dear-prefill.json"
     save_profile(shipped_profile().scaled(prefill=0.002, note="prefill 500x dearer"), profile)
-    obj["spec"]["autoscaling"] = {"enabled": True, "intervalSeconds": 2, "windowSeconds": 6, "profile": str(profile),
-                                  "shape": {"dwellSeconds": 0}}  # fmt: skip
+    obj["spec"]["autoscaling"] = {
+        "enabled": True,
+        "intervalSeconds": 2,
+        "windowSeconds": 6,
+        "profile": str(profile),
+        "shape": {"dwellSeconds": 0},
+    }
     with autoscaled(obj, tmp_path) as (pools, loop, url):
-        _wait("collapsed to one colocated worker",
-              lambda: len(pools.members("colocated")) == 1 and not pools.members("decode"), 300)  # fmt: skip
+        _wait(
+            "collapsed to one colocated worker",
+            lambda: len(pools.members("colocated")) == 1 and not pools.members("decode"),
+            300,
+        )
         assert not pools.members("prefill") and pools.members("colocated")[0].name == "prefill-0"
         with StreamingLoad(url, clients=1, words=40) as load:
             try:
-                _wait("split under load", lambda: pools.members("prefill") and pools.members("decode")
-                      and not pools.members("colocated"), 300)  # fmt: skip
+                _wait(
+                    "split under load",
+                    lambda: (
+                        pools.members("prefill")
+                        and pools.members("decode")
+                        and not pools.members("colocated")
+                    ),
+                    300,
+                )
             except AssertionError as e:
                 last = [t.shape.reason if t.shape else t.unavailable for t in loop.ticks[-3:]]
                 raise AssertionError(f"{e}; the last ticks: {last}; {load.ok} served") from None
             ok = load.ok
             _wait("requests served after the split", lambda: load.ok >= ok + 5, 120)
-    assert load.failures == [], f"{len(load.failures)} failed of {load.ok + len(load.failures)}: {load.failures[:5]}"
+    assert load.failures == [], (
+        f"{len(load.failures)} failed of {load.ok + len(load.failures)}: {load.failures[:5]}"
+    )
     changes = [t.shape for t in loop.ticks if t.shape is not None and t.shape.target != t.shape.current]
     assert [c.action.value for c in changes[:2]] == ["collapse", "split"], [c.reason for c in changes]
     assert changes[0].reason.startswith("Collapsed: 0 req/s fits 1 colocated worker at TPOT p90")
-    assert changes[1].reason.startswith("Split: ") and changes[1].target == Shape(prefill=1, decode=1)  # maxReplicas
+    assert changes[1].reason.startswith("Split: ") and changes[1].target == Shape(
+        prefill=1, decode=1
+    )  # maxReplicas

@@ -24,7 +24,9 @@ from tests.prometheus import require, running_prometheus
 
 pytestmark = pytest.mark.slow
 NAMESPACE, SERVICE = "team-a", "src"
-LOAD_REQUESTS = 24  # before the mid-load look, half as many after: enough that a series' first sample is a small part
+LOAD_REQUESTS = (
+    24  # before the mid-load look, half as many after: enough that a series' first sample is a small part
+)
 
 
 def _load(url: str, stop: threading.Event, done: list[int]) -> None:
@@ -33,7 +35,9 @@ def _load(url: str, stop: threading.Event, done: list[int]) -> None:
         n = 0
         while not stop.is_set():
             n += 1
-            with http.stream("POST", f"{url}/v1/completions", json={**body, "prompt": "word " * (20 + n % 30)}) as r:
+            with http.stream(
+                "POST", f"{url}/v1/completions", json={**body, "prompt": "word " * (20 + n % 30)}
+            ) as r:
                 r.read()
             done.append(r.status_code)
 
@@ -70,18 +74,26 @@ def test_prometheus_and_direct_scrape_observe_the_same_stack(tiny_model_dir, tmp
             for c in clients:
                 c.start()
             _until("requests served under load", lambda: len(done) >= LOAD_REQUESTS)
-            during = scrape.observe(Target(NAMESPACE, SERVICE, target.pools, window_s=30), replicas, time.time())
+            during = scrape.observe(
+                Target(NAMESPACE, SERVICE, target.pools, window_s=30), replicas, time.time()
+            )
             served = len(done)
-            _until("more requests served after the observation", lambda: len(done) >= served + LOAD_REQUESTS // 2)
+            _until(
+                "more requests served after the observation", lambda: len(done) >= served + LOAD_REQUESTS // 2
+            )
             stop.set()
             for c in clients:
                 c.join(timeout=60)
             stopped = time.time()
             _until("Prometheus scraping the last counts", lambda: _scraped_after(prom, stopped))
             now = time.time()
-            direct = scrape.observe(Target(NAMESPACE, SERVICE, target.pools, window_s=now - start + 1), replicas, now)
+            direct = scrape.observe(
+                Target(NAMESPACE, SERVICE, target.pools, window_s=now - start + 1), replicas, now
+            )
             # both windows hold the whole load, however long a busy host made it
-            whole = Target(NAMESPACE, SERVICE, target.pools, window_s=max(target.window_s, math.ceil(now - start) + 2))
+            whole = Target(
+                NAMESPACE, SERVICE, target.pools, window_s=max(target.window_s, math.ceil(now - start) + 2)
+            )
             via_prom = PrometheusSource(prom.url).observe(whole, replicas, now)
             attained = PrometheusSource(prom.url).attainment(target)
         with pytest.raises(MetricsUnavailable):  # Prometheus stopped
@@ -96,10 +108,15 @@ def test_prometheus_and_direct_scrape_observe_the_same_stack(tiny_model_dir, tmp
     assert direct[Pool.prefill].ttft_ms == pytest.approx(via_prom[Pool.prefill].ttft_ms, rel=0.1)
     assert direct[Pool.decode].tpot_ms == pytest.approx(via_prom[Pool.decode].tpot_ms, rel=0.1)
     # the gauges the policy's stalled-pool and batch rules read are exported by the workers themselves
-    assert during[Pool.prefill].queued_prompt_tokens is not None and during[Pool.prefill].queued_prompt_tokens >= 0
+    assert (
+        during[Pool.prefill].queued_prompt_tokens is not None
+        and during[Pool.prefill].queued_prompt_tokens >= 0
+    )
     assert during[Pool.decode].running_sequences is not None and during[Pool.decode].running_sequences >= 0
     assert during[Pool.decode].kv_usage is not None and 0 <= during[Pool.decode].kv_usage <= 1
     for pool, field in ((Pool.prefill, "queued_prompt_tokens"), (Pool.decode, "running_sequences")):
-        assert getattr(via_prom[pool], field) == getattr(direct[pool], field) == 0, (pool, field)  # idle again
+        assert getattr(via_prom[pool], field) == getattr(direct[pool], field) == 0, (
+            pool,
+            field,
+        )  # idle again
     assert set(attained) == {"ttft", "tpot"} and all(0 <= v <= 1 for v in attained.values())
-

@@ -38,16 +38,38 @@ SMOKE = {  # module -> the arguments of its smoke run
     "wake_from_zero": ["--smoke"],
 }
 # over a minute on a busy two-core host: real stacks of processes, a control plane, or many engine rows
-SLOW = {"attention_backends", "disagg_idle", "disagg_overhead", "faults", "flip", "goodput", "gpu_engine", "load", "operator", "security",
-        "wake_from_zero", "grammar_mask", "engine", "continuous_batching", "speculative"}
+SLOW = {
+    "attention_backends",
+    "disagg_idle",
+    "disagg_overhead",
+    "faults",
+    "flip",
+    "goodput",
+    "gpu_engine",
+    "load",
+    "operator",
+    "security",
+    "wake_from_zero",
+    "grammar_mask",
+    "engine",
+    "continuous_batching",
+    "speculative",
+}
 # a bench that no longer runs: fixing it turns its xfail into a failure (strict), which asks for it to leave this table
 BROKEN: dict[str, str] = {}
 ELSEWHERE = {  # module -> the test that runs its smoke mode and checks more of its output
     "gpu_serving": "tests/integration/test_gpu_serving_dry_run.py",
 }
-NEEDS_DYNAMO = "runs inside Dynamo's replay harness (tools/dynamo-replay, the ai-dynamo package), which CI lacks"
+NEEDS_DYNAMO = (
+    "runs inside Dynamo's replay harness (tools/dynamo-replay, the ai-dynamo package), which CI lacks"
+)
 CANNOT = {"autoscale_dynamo": NEEDS_DYNAMO, "goodput_dynamo": NEEDS_DYNAMO}
-LIBRARIES = {"engine_floor", "engine_timing", "fp8_rows", "step_cpu"}  # parts of other benches, with no entry point of their own
+LIBRARIES = {
+    "engine_floor",
+    "engine_timing",
+    "fp8_rows",
+    "step_cpu",
+}  # parts of other benches, with no entry point of their own
 
 
 def _runnable(module: str) -> bool:
@@ -75,9 +97,17 @@ def test_the_bench_runs_end_to_end(module: str, argv: list[str]):
             env["TANDEM_CONTROLPLANE_BIN"] = str(find_binaries())
         except RuntimeError as e:
             pytest.skip(f"the control plane cannot be built here: {e}")
-    done = subprocess.run([sys.executable, "-m", f"bench.{module}", *argv], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=540)  # fmt: skip
-    assert done.returncode == 0, f"python -m bench.{module} {' '.join(argv)}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+    done = subprocess.run(
+        [sys.executable, "-m", f"bench.{module}", *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert done.returncode == 0, (
+        f"python -m bench.{module} {' '.join(argv)}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+    )
     assert done.stdout.strip(), "a bench prints its figures"
 
 

@@ -87,8 +87,9 @@ async def test_a_renewed_client_certificate_is_used_without_a_restart_and_stream
             if all(v.routable for v in pools.views("decode")):
                 break
             await asyncio.sleep(0.1)
-        assert {v.address: v.routable for v in pools.views("decode")} == {a: True, b: True}, \
+        assert {v.address: v.routable for v in pools.views("decode")} == {a: True, b: True}, (
             "the joining worker (trusting only the new CA) was not reached with the renewed certificate"
+        )
         assert pools.certs.reloads == 1
         assert unhealthy_a == 0
         assert worker_a.channel is not old_channel and [ch for _, ch in pools.renewed_away] == [old_channel]
@@ -131,7 +132,10 @@ def test_the_prefill_workers_decode_channels_follow_a_renewed_certificate(tmp_pa
 
     old_ca, new_ca = Authority("old CA"), Authority("new CA")
     bundle = old_ca.pem + new_ca.pem
-    old_decode, new_decode = old_ca.issue(Identity("decode", SERVICE)), new_ca.issue(Identity("decode", SERVICE))
+    old_decode, new_decode = (
+        old_ca.issue(Identity("decode", SERVICE)),
+        new_ca.issue(Identity("decode", SERVICE)),
+    )
     server_a, a = _serve_sync(old_decode.cert, old_decode.key, bundle)
     server_b, b = _serve_sync(new_decode.cert, new_decode.key, new_decode.ca)
     prefill_dir = tmp_path / "prefill"
@@ -140,14 +144,20 @@ def test_the_prefill_workers_decode_channels_follow_a_renewed_certificate(tmp_pa
     channels.certs.every_s = 0.0
     try:
         old_a = channels.get(a)
-        stream = decode_pb2_grpc.DecodeServiceStub(old_a).StreamTokens(decode_pb2.StreamTokensRequest(request_id="open"))
+        stream = decode_pb2_grpc.DecodeServiceStub(old_a).StreamTokens(
+            decode_pb2.StreamTokensRequest(request_id="open")
+        )
         tokens = [next(stream).token_id]
         write_dir(prefill_dir, new_ca.issue(Identity("prefill", SERVICE)))
         (prefill_dir / "ca.crt").write_bytes(bundle)
         for address in (a, b):
-            load = decode_pb2_grpc.DecodeServiceStub(channels.get(address)).Load(common_pb2.LoadRequest(), timeout=10)
+            load = decode_pb2_grpc.DecodeServiceStub(channels.get(address)).Load(
+                common_pb2.LoadRequest(), timeout=10
+            )
             assert load.free_kv_blocks == 64, address
-        assert channels.get(a) is not old_a and channels.renewed_away == [old_a] and channels.certs.reloads == 1
+        assert (
+            channels.get(a) is not old_a and channels.renewed_away == [old_a] and channels.certs.reloads == 1
+        )
         tokens += [e.token_id for e in stream]  # the open stream finishes on the old channel
         assert tokens == list(range(TOKENS))
         write_dir(prefill_dir, new_ca.issue(Identity("prefill", SERVICE)))  # the renewal after

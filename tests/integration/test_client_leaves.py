@@ -34,7 +34,8 @@ def _send(url: str, body: dict) -> socket.socket:
     sock = socket.create_connection((host, int(port)), timeout=30)
     sock.sendall(
         b"POST /v1/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload
+        + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+        + payload
     )
     return sock
 
@@ -77,8 +78,17 @@ def test_a_burst_of_clients_leaving_right_after_sending_holds_nothing(stack):
     running, url = stack
     socks = []
     for i in range(24):
-        socks.append(_send(url, {"model": "tiny", "prompt": f"{i} " + LONG_PROMPT[: 200 * (1 + i % 4)],
-                                 "max_tokens": 32, "stream": True}))  # fmt: skip
+        socks.append(
+            _send(
+                url,
+                {
+                    "model": "tiny",
+                    "prompt": f"{i} " + LONG_PROMPT[: 200 * (1 + i % 4)],
+                    "max_tokens": 32,
+                    "stream": True,
+                },
+            )
+        )
         time.sleep(0.005 * (i % 5))
         socks.pop(0).close() if len(socks) > 2 else None
     for s in socks:
@@ -100,7 +110,9 @@ def test_a_client_leaving_mid_transfer_frees_both_pools(stack):
     before = prefilled()
     sock = _send(url, {"model": "tiny", "prompt": LONG_PROMPT, "max_tokens": 32, "stream": True})
     # chunks computed (and their layers pushed) while the reservation waits for the rest
-    _wait(lambda: load(decode).reserved_kv_blocks > 0 and prefilled() > before + 32, "the transfer never began")
+    _wait(
+        lambda: load(decode).reserved_kv_blocks > 0 and prefilled() > before + 32, "the transfer never began"
+    )
     sock.close()
     gone = time.monotonic()
     assert _freed_after(running, gone) < FREED_WITHIN_S
@@ -108,7 +120,10 @@ def test_a_client_leaving_mid_transfer_frees_both_pools(stack):
 
 def test_a_client_leaving_mid_decode_frees_both_pools(stack):
     running, url = stack
-    sock = _send(url, {"model": "tiny", "prompt": "hello there", "max_tokens": 3000, "ignore_eos": True, "stream": True})
+    sock = _send(
+        url,
+        {"model": "tiny", "prompt": "hello there", "max_tokens": 3000, "ignore_eos": True, "stream": True},
+    )
     received = b""
     while received.count(b"data: ") < 5:  # tokens are streaming: the sequence is in the decode batch
         chunk = sock.recv(65536)
@@ -118,5 +133,7 @@ def test_a_client_leaving_mid_decode_frees_both_pools(stack):
     sock.close()
     gone = time.monotonic()
     assert _freed_after(running, gone) < FREED_WITHIN_S
-    ok = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 4}, timeout=60)
+    ok = httpx.post(
+        f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 4}, timeout=60
+    )
     assert ok.status_code == 200

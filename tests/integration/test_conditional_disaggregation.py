@@ -35,8 +35,12 @@ def _with_router(obj: dict, disaggregation: dict) -> dict:
 def conditional(tiny_model_dir, tmp_path_factory):
     obj = _with_router(
         spec("cond", tiny_model_dir, prefillChunkTokens=32),
-        {"mode": "conditional", "localPrefillMaxTokens": THRESHOLD, "prefillQueueTokens": 100_000,
-         "mixedDecodeRatio": 1.0},  # a request sent one at a time never finds the decode worker busy
+        {
+            "mode": "conditional",
+            "localPrefillMaxTokens": THRESHOLD,
+            "prefillQueueTokens": 100_000,
+            "mixedDecodeRatio": 1.0,
+        },  # a request sent one at a time never finds the decode worker busy
     )
     with running_stack(obj, tmp_path_factory.mktemp("cond")) as s:
         yield s
@@ -111,8 +115,17 @@ def test_short_prompts_run_on_the_decode_worker_and_long_ones_disaggregated(cond
 
 def test_a_busy_decode_worker_s_next_request_runs_whole_on_the_prefill_worker(conditional, never):
     stack, url = conditional
-    body = {"model": "tiny", "prompt": SHORT, "max_tokens": 3000, "temperature": 0, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as first:  # occupies the decode worker
+    body = {
+        "model": "tiny",
+        "prompt": SHORT,
+        "max_tokens": 3000,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.stream(
+        "POST", f"{url}/v1/completions", json=body, timeout=60
+    ) as first:  # occupies the decode worker
         assert first.headers[names.PREFILL_ROUTE_HEADER] == "local"
         lines = first.iter_lines()  # held: a dropped iterator would close the response
         next(lines)
@@ -122,8 +135,15 @@ def test_a_busy_decode_worker_s_next_request_runs_whole_on_the_prefill_worker(co
         assert _busy(stack, "decode", "running_sequences") is not None, "the first stream ended early"
     # the client left the first stream: the router aborts it on the decode worker
     assert _metric(url, names.REQUESTS_TOTAL, prefill="mixed", status="200") == 1
-    _until(lambda: _prefilled(stack, "prefill") >= prefilled + prompt_len, "the prefill worker did not run the prompt")
-    assert _greedy(never[1], FRESH) == (text, prompt_len, "local")  # the same text, prefilled and decoded anywhere
+    _until(
+        lambda: _prefilled(stack, "prefill") >= prefilled + prompt_len,
+        "the prefill worker did not run the prompt",
+    )
+    assert _greedy(never[1], FRESH) == (
+        text,
+        prompt_len,
+        "local",
+    )  # the same text, prefilled and decoded anywhere
     _wait_idle(stack)
 
 

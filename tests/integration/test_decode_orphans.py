@@ -30,7 +30,9 @@ LEASE_MS = 600
 def decode_worker(tiny_model_dir):
     engine = Engine(load_model(tiny_model_dir), EngineConfig(block_size=16, num_kv_blocks=32))
     loop = EngineLoop(engine).start()
-    servicer = DecodeServicer(loop, worker_info(engine, "decode-0", "decode", "tiny", [C.KV_TRANSPORT_GRPC]), expire_every_s=0.05)
+    servicer = DecodeServicer(
+        loop, worker_info(engine, "decode-0", "decode", "tiny", [C.KV_TRANSPORT_GRPC]), expire_every_s=0.05
+    )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     add_to_server(server, servicer)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -48,11 +50,15 @@ def decode_worker(tiny_model_dir):
 def _reserve(stub, n: int) -> decode_pb2.ReserveReply:
     return stub.Reserve(
         decode_pb2.ReserveRequest(
-            transfer_id=f"t{n}", request_id=f"r{n}", prompt_token_ids=list(range(1, 40)),
-            sampling=params_to_proto(SamplingParams(max_tokens=4)), lease_ms=LEASE_MS, transports=[C.KV_TRANSPORT_GRPC],
+            transfer_id=f"t{n}",
+            request_id=f"r{n}",
+            prompt_token_ids=list(range(1, 40)),
+            sampling=params_to_proto(SamplingParams(max_tokens=4)),
+            lease_ms=LEASE_MS,
+            transports=[C.KV_TRANSPORT_GRPC],
         ),
         timeout=10,
-    )  # fmt: skip
+    )
 
 
 def test_unclaimed_token_queues_expire_at_their_deadline():
@@ -86,6 +92,8 @@ def test_a_reservation_never_streamed_expires_and_does_not_hold_the_drain(decode
 def test_an_abort_before_the_stream_opens_drops_the_token_queue(decode_worker):
     stub, servicer = decode_worker
     _reserve(stub, 7)
-    reply = stub.Abort(decode_pb2.AbortRequest(transfer_id="t7", request_id="r7", reason="client left"), timeout=5)
+    reply = stub.Abort(
+        decode_pb2.AbortRequest(transfer_id="t7", request_id="r7", reason="client left"), timeout=5
+    )
     assert reply.found and reply.blocks_freed > 0
     assert servicer.busy() == 0 and servicer.loop.call(lambda e: e.blocks.num_used) == 0

@@ -35,7 +35,11 @@ def decode_worker(tiny_model, request):
     loop = EngineLoop(engine).start()
     transports = offered_transports(request.param, "cpu")
     info = worker_info(engine, "decode-0", "decode", "tiny", transports)
-    staging = {C.KV_TRANSPORT_SHM: StagingPool([StagingRing.create_shm(1 << 20)])} if C.KV_TRANSPORT_SHM in transports else None
+    staging = (
+        {C.KV_TRANSPORT_SHM: StagingPool([StagingRing.create_shm(1 << 20)])}
+        if C.KV_TRANSPORT_SHM in transports
+        else None
+    )
     servicer = DecodeServicer(loop, info, staging)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=BULK_CHANNEL_OPTIONS)
     add_to_server(server, servicer)
@@ -55,11 +59,16 @@ def _reserve(stub, transfer_id: str, transports: list[int], same_host: bool, ser
     host = servicer.info.host_id if same_host else "another-host"
     return stub.Reserve(
         decode_pb2.ReserveRequest(
-            transfer_id=transfer_id, request_id="r-" + transfer_id, prompt_token_ids=list(range(1, 40)),
-            sampling=params_to_proto(SamplingParams(max_tokens=4)), lease_ms=5000, transports=transports, prefill_host_id=host,
+            transfer_id=transfer_id,
+            request_id="r-" + transfer_id,
+            prompt_token_ids=list(range(1, 40)),
+            sampling=params_to_proto(SamplingParams(max_tokens=4)),
+            lease_ms=5000,
+            transports=transports,
+            prefill_host_id=host,
         ),
         timeout=10,
-    )  # fmt: skip
+    )
 
 
 def _used_blocks(servicer: DecodeServicer) -> int:
@@ -100,7 +109,10 @@ def test_forced_grpc_never_grants_shared_memory(decode_worker):
     assert _reserve(stub, "t1", AUTO, True, servicer).transport == C.KV_TRANSPORT_GRPC
     with pytest.raises(grpc.RpcError) as e:
         _reserve(stub, "t2", [C.KV_TRANSPORT_SHM], True, servicer)  # a prefill worker forced to shm
-    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "no KV transport in common" in e.value.details()
+    assert (
+        e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        and "no KV transport in common" in e.value.details()
+    )
     assert _used_blocks(servicer) == 3  # t1's blocks only: the refused reservation gave its blocks back
 
 

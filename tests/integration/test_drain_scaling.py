@@ -51,15 +51,21 @@ class StreamingLoad:
 
     def _run(self, client: int) -> None:
         body = {
-            "model": "tiny", "max_tokens": OUTPUT_TOKENS, "ignore_eos": True, "temperature": 0, "stream": True,
+            "model": "tiny",
+            "max_tokens": OUTPUT_TOKENS,
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": True,
             "stream_options": {"include_usage": True},
-        }  # fmt: skip
+        }
         n = 0
         with httpx.Client(timeout=60) as http:
             while not self.stop.is_set():
                 n += 1
                 words = n % 7 * 40 if self.words is None else self.words
-                problem = self._one(http, {**body, "prompt": f"client {client} request {n} " + "word " * words})
+                problem = self._one(
+                    http, {**body, "prompt": f"client {client} request {n} " + "word " * words}
+                )
                 with self._lock:
                     if problem:
                         self.failures.append(problem)
@@ -98,7 +104,9 @@ def _wait_ready(pools: LocalPools, role: str, want: int, timeout_s: float = 180)
     while pools.replicas(role).ready < want:
         for p in pools.members(role):
             code = pools.stack.running[p.name].poll()
-            assert code is None, f"{p.name} exited with {code}: {(pools.stack.log_dir / (p.name + '.log')).read_text()[-2000:]}"
+            assert code is None, (
+                f"{p.name} exited with {code}: {(pools.stack.log_dir / (p.name + '.log')).read_text()[-2000:]}"
+            )
         assert time.monotonic() < deadline, f"{role}: {pools.replicas(role)} after {timeout_s}s"
         time.sleep(0.2)
 
@@ -137,7 +145,11 @@ def _busiest_moment(pools: LocalPools, role: str, within_s: float = 5.0) -> dict
 
 
 def _held(report) -> int:
-    return 0 if report is None else report.running_sequences + report.waiting_sequences + report.queued_prompt_tokens
+    return (
+        0
+        if report is None
+        else report.running_sequences + report.waiting_sequences + report.queued_prompt_tokens
+    )
 
 
 @pytest.mark.timeout(1800)
@@ -152,7 +164,9 @@ def test_scale_down_cycles_under_streaming_load_fail_nothing(tiny_model_dir, tmp
             drained = {role: run.result() for role, run in runs.items()}
             time.sleep(0.5)
         pools.close()
-    assert load.failures == [], f"{len(load.failures)} failed of {load.ok + len(load.failures)}: {load.failures[:5]}"
+    assert load.failures == [], (
+        f"{len(load.failures)} failed of {load.ok + len(load.failures)}: {load.failures[:5]}"
+    )
     for role, drains in drained.items():
         assert len(drains) == CYCLES, role
         assert all(code == 0 for _, _, code in drains), drains

@@ -30,9 +30,21 @@ def _trace(path: Path, rows: int = 40) -> Path:
 def test_the_dry_run_writes_every_column(tmp_path: Path):
     out = tmp_path / "result.json"
     done = subprocess.run(
-        [sys.executable, "-m", "bench.gpu_serving", "--tiny", "--trace", str(_trace(tmp_path / "t.csv")), "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=540,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "bench.gpu_serving",
+            "--tiny",
+            "--trace",
+            str(_trace(tmp_path / "t.csv")),
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     modes = {r["mode"] for r in result["probes"]}

@@ -31,8 +31,13 @@ def _routable(url: str, role: str) -> int:
         text = httpx.get(f"{url}/metrics", timeout=2, trust_env=False).text
     except httpx.HTTPError:
         return 0
-    return int(sum(float(li.split()[-1]) for li in text.splitlines()
-                   if li.startswith("tandem_router_routable_workers{") and f'role="{role}"' in li))  # fmt: skip
+    return int(
+        sum(
+            float(li.split()[-1])
+            for li in text.splitlines()
+            if li.startswith("tandem_router_routable_workers{") and f'role="{role}"' in li
+        )
+    )
 
 
 def _whole(url: str) -> bool:
@@ -52,8 +57,10 @@ def _idle(stack, timeout_s: float = LEASE_MS / 1000 + HANG_S) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         reports = {p.name: load(p) for p in stack.plans if p.role != "router"}
-        held = {n: (r.total_kv_blocks - r.free_kv_blocks, r.reserved_kv_blocks, r.running_sequences)
-                for n, r in reports.items()}
+        held = {
+            n: (r.total_kv_blocks - r.free_kv_blocks, r.reserved_kv_blocks, r.running_sequences)
+            for n, r in reports.items()
+        }
         if all(v == (0, 0, 0) for v in held.values()):
             return
         assert time.monotonic() < deadline, f"blocks still held (used, reserved, running): {held}"
@@ -84,20 +91,28 @@ def test_repeated_kill_of_each_role_under_streaming_load(tiny_model_dir, tmp_pat
                 began = time.monotonic()
                 _wait("the load served", lambda c=clients, t=began: c.ok_since(t), HANG_S)
                 pids = _kill(stack, *victims)
-                recovery[victims] = _wait(f"{victims} replaced and routed to",
-                                          lambda victims=victims, pids=pids: _replaced(stack, victims, pids)
-                                          and _whole(url), RECOVERY_TIMEOUT_S)
+                recovery[victims] = _wait(
+                    f"{victims} replaced and routed to",
+                    lambda victims=victims, pids=pids: _replaced(stack, victims, pids) and _whole(url),
+                    RECOVERY_TIMEOUT_S,
+                )
                 whole_at = time.monotonic()
-                _wait("the load served by the whole stack", lambda c=clients, t=whole_at: c.ok_since(t), HANG_S)
+                _wait(
+                    "the load served by the whole stack", lambda c=clients, t=whole_at: c.ok_since(t), HANG_S
+                )
             answers = clients.answers
             kinds = clients.kinds()
             assert kinds.get("ok", 0) > 0, kinds
             # a request the kill met before its first token was retried on the other worker: never refused
-            assert set(kinds) <= {"ok", "error_event"}, [a for a in answers if a.kind not in ("ok", "error_event")]
+            assert set(kinds) <= {"ok", "error_event"}, [
+                a for a in answers if a.kind not in ("ok", "error_event")
+            ]
             for a in answers:
                 assert a.took_s < DEADLINE_S, a
                 if a.kind == "error_event":
-                    assert "decode" in a.detail or "mid-stream" in a.detail, a  # a stream on the killed decode
+                    assert "decode" in a.detail or "mid-stream" in a.detail, (
+                        a
+                    )  # a stream on the killed decode
             _idle(stack)
         for kill in range(2):
             with FaultLoad(url, clients=3, deadline_s=DEADLINE_S) as clients:
@@ -107,8 +122,11 @@ def test_repeated_kill_of_each_role_under_streaming_load(tiny_model_dir, tmp_pat
                 (pid,) = _kill(stack, "router")
                 _wait("the router gone", lambda proc=proc: proc.poll() is not None, HANG_S)
                 dead_at = time.monotonic()
-                recovery[(f"router#{kill + 1}",)] = _wait("the router back", lambda pid=pid: _replaced(stack, ("router",), [pid])
-                                              and _whole(url), RECOVERY_TIMEOUT_S)
+                recovery[(f"router#{kill + 1}",)] = _wait(
+                    "the router back",
+                    lambda pid=pid: _replaced(stack, ("router",), [pid]) and _whole(url),
+                    RECOVERY_TIMEOUT_S,
+                )
                 back_at = time.monotonic()
                 _wait("the load served by the new router", lambda c=clients, t=back_at: c.ok_since(t), HANG_S)
             kinds = clients.kinds()
@@ -117,12 +135,16 @@ def test_repeated_kill_of_each_role_under_streaming_load(tiny_model_dir, tmp_pat
                 assert a.took_s < DEADLINE_S, a
                 if a.kind == "cut":  # only the router's own streams (and connections) at the moment it died
                     assert a.start < dead_at, a
-                if a.kind == "refused":  # nobody listens: told while the router is down, not kept until it is back
+                if (
+                    a.kind == "refused"
+                ):  # nobody listens: told while the router is down, not kept until it is back
                     assert a.start + a.took_s < back_at, a
             assert kinds.get("cut", 0) <= 3, kinds
             _idle(stack)
-        print(f"start {start_s:.1f} s; whole again after " + ", ".join(f"{'+'.join(k)} {v:.1f} s"
-                                                                       for k, v in recovery.items()))
+        print(
+            f"start {start_s:.1f} s; whole again after "
+            + ", ".join(f"{'+'.join(k)} {v:.1f} s" for k, v in recovery.items())
+        )
         # A replacement starts on a host busy with the load and the other restarts, the stack's first start
         # on an idle one: within a few of those start times, plus the supervisor's backoff.
         assert all(s < 3 * start_s + 5 for s in recovery.values()), (start_s, recovery)

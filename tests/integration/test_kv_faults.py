@@ -29,8 +29,11 @@ def _complete(url: str) -> httpx.Response:
 
 def _routable_decode(url: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=5).text
-    return sum(float(li.split()[-1]) for li in text.splitlines()
-               if li.startswith("tandem_router_routable_workers{") and 'role="decode"' in li)  # fmt: skip
+    return sum(
+        float(li.split()[-1])
+        for li in text.splitlines()
+        if li.startswith("tandem_router_routable_workers{") and 'role="decode"' in li
+    )
 
 
 def _idle(plan, timeout_s: float = 10.0):
@@ -81,7 +84,9 @@ def test_kv_push_cut_or_reset_mid_transfer(tiny_model_dir, tmp_path):
                 r = _complete(url)
                 assert r.status_code == 503, r.text
                 error = r.json()["error"]
-                assert error["type"] == "server_error" and "decode" in error["message"], error  # not the prefill
+                assert error["type"] == "server_error" and "decode" in error["message"], (
+                    error
+                )  # not the prefill
 
                 assert proxy.faults_injected > injected, "the transfer was never cut"
                 assert time.monotonic() - started < 60
@@ -139,7 +144,9 @@ def test_a_stalled_kv_link_is_given_up_at_the_lease_and_fails_over_or_fails_clea
             assert LEASE_MS / 1000 <= took_s < LEASE_MS / 1000 + 15, took_s
             _idle(stalled)
             _idle(prefill)
-            print(f"stall, lease {LEASE_MS} ms: slowest failed-over request {max(took):.1f} s, 503 after {took_s:.1f} s")
+            print(
+                f"stall, lease {LEASE_MS} ms: slowest failed-over request {max(took):.1f} s, 503 after {took_s:.1f} s"
+            )
             proxy.fault = Fault()
             _serves_again(url)
         finally:

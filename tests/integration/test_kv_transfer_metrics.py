@@ -20,8 +20,11 @@ def _samples(plan, name: str) -> dict[str, float]:
     """`name`'s samples at a worker's metrics port, by their label text."""
     host = plan.address.rsplit(":", 1)[0]
     text = httpx.get(f"http://{host}:{plan.metrics_port}/metrics", timeout=5, trust_env=False).text
-    return {line.rsplit(" ", 1)[0][len(name):]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines() if line.startswith(name + "{")}  # fmt: skip
+    return {
+        line.rsplit(" ", 1)[0][len(name) :]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{")
+    }
 
 
 def _kv_bytes(info: common_pb2.WorkerInfo, prompt_tokens: int) -> int:
@@ -31,7 +34,9 @@ def _kv_bytes(info: common_pb2.WorkerInfo, prompt_tokens: int) -> int:
     return 2 * info.num_layers * blocks * info.block_size * info.num_kv_heads * info.head_dim * itemsize
 
 
-@pytest.mark.parametrize("setting, expected", [("auto", common_pb2.KV_TRANSPORT_SHM), ("grpc", common_pb2.KV_TRANSPORT_GRPC)])
+@pytest.mark.parametrize(
+    "setting, expected", [("auto", common_pb2.KV_TRANSPORT_SHM), ("grpc", common_pb2.KV_TRANSPORT_GRPC)]
+)
 def test_kv_bytes_and_times_are_counted_under_the_transport_used(tiny_model_dir, tmp_path, setting, expected):
     obj = spec(f"kv-{setting}", tiny_model_dir)
     obj["spec"]["kvTransfer"] = {"transport": setting}
@@ -43,8 +48,17 @@ def test_kv_bytes_and_times_are_counted_under_the_transport_used(tiny_model_dir,
         assert not before, before  # nothing pushed yet: no series for any transport
         expected_bytes = 0
         for prompt in PROMPTS:
-            r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 4,
-                                                          "temperature": 0, "ignore_eos": True}, timeout=60)
+            r = httpx.post(
+                f"{url}/v1/completions",
+                json={
+                    "model": "tiny",
+                    "prompt": prompt,
+                    "max_tokens": 4,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                },
+                timeout=60,
+            )
             assert r.status_code == 200, r.text
             assert r.headers[names.PREFILL_ROUTE_HEADER] == "disaggregated"
             expected_bytes += _kv_bytes(worker, r.json()["usage"]["prompt_tokens"])
@@ -53,8 +67,10 @@ def test_kv_bytes_and_times_are_counted_under_the_transport_used(tiny_model_dir,
         for histogram in (names.KV_TRANSFER_SECONDS, names.KV_TRANSFER_TAIL_SECONDS):
             assert _samples(prefill, histogram + "_count") == {series: len(PROMPTS)}
             assert _samples(prefill, histogram + "_sum")[series] > 0
-        assert _samples(prefill, names.KV_TRANSFER_SECONDS + "_sum")[series] >= _samples(
-            prefill, names.KV_TRANSFER_TAIL_SECONDS + "_sum")[series]  # the tail is the end of the span
+        assert (
+            _samples(prefill, names.KV_TRANSFER_SECONDS + "_sum")[series]
+            >= _samples(prefill, names.KV_TRANSFER_TAIL_SECONDS + "_sum")[series]
+        )  # the tail is the end of the span
     logs = {p.stem: p.read_text(errors="replace") for p in tmp_path.glob("*.log")}
     said = [line for line in logs["prefill-0"].splitlines() if "KV to decode worker" in line]
     assert len(said) == 1 and said[0].endswith(f"goes over {label}"), said

@@ -98,10 +98,28 @@ def test_bench_measures_injected_delays(server, endpoint: str, tmp_path: Path) -
     url, app = server
     out = tmp_path / "out"
     argv = [
-        "--url", url, "--endpoint", endpoint, "--rate", "20", "--num-requests", "10",
-        "--input-len", "8:16", "--output-len", "6", "--seed", "3", "--no-progress",
-        "--slo-ttft-ms", "1000", "--slo-tpot-ms", "1000", "--out", str(out),
-    ]  # fmt: skip
+        "--url",
+        url,
+        "--endpoint",
+        endpoint,
+        "--rate",
+        "20",
+        "--num-requests",
+        "10",
+        "--input-len",
+        "8:16",
+        "--output-len",
+        "6",
+        "--seed",
+        "3",
+        "--no-progress",
+        "--slo-ttft-ms",
+        "1000",
+        "--slo-tpot-ms",
+        "1000",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
 
     doc = json.loads((out / "results.json").read_text())
@@ -119,7 +137,9 @@ def test_bench_measures_injected_delays(server, endpoint: str, tmp_path: Path) -
     server_ttft = 1000 * statistics.median(s[1] - s[0] for s in sent)
     server_itl = 1000 * statistics.median(b - a for s in sent for a, b in itertools.pairwise(s[1:]))
     ttft, itl, tpot = summary["ttft_ms"], summary["itl_ms"], summary["tpot_ms"]
-    assert 1000 * TTFT_S <= server_ttft <= ttft["p50"] < server_ttft + 1000  # a disk-busy host once gave 674 ms
+    assert (
+        1000 * TTFT_S <= server_ttft <= ttft["p50"] < server_ttft + 1000
+    )  # a disk-busy host once gave 674 ms
     assert 1000 * ITL_S <= server_itl
     assert server_itl * 0.8 <= itl["p50"] < server_itl + 60, (itl, server_itl)
     assert server_itl * 0.8 <= tpot["p50"] < server_itl + 60, (tpot, server_itl)
@@ -142,10 +162,26 @@ def test_bench_measures_injected_delays(server, endpoint: str, tmp_path: Path) -
 def test_bench_tight_ttft_slo_fails_everyone(server, tmp_path: Path) -> None:
     url, _ = server
     argv = [
-        "--url", url, "--model", "double-model", "--rate", "inf", "--num-requests", "5",
-        "--input-len", "4", "--output-len", "3", "--no-progress", "--concurrency", "2",
-        "--slo-ttft-ms", str(1000 * TTFT_S / 2), "--out", str(tmp_path),
-    ]  # fmt: skip
+        "--url",
+        url,
+        "--model",
+        "double-model",
+        "--rate",
+        "inf",
+        "--num-requests",
+        "5",
+        "--input-len",
+        "4",
+        "--output-len",
+        "3",
+        "--no-progress",
+        "--concurrency",
+        "2",
+        "--slo-ttft-ms",
+        str(1000 * TTFT_S / 2),
+        "--out",
+        str(tmp_path),
+    ]
     assert main(argv) == 0
     summary = json.loads((tmp_path / "results.json").read_text())["summary"]
     assert summary["completed"] == 4 and summary["slo_attainment"] == 0.0 and summary["goodput"] == 0.0
@@ -158,7 +194,16 @@ def test_bench_unreachable_server_counts_connection_errors(tmp_path: Path) -> No
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     argv = [
-        "--url", f"http://127.0.0.1:{port}", "--model", "m", "--num-requests", "3",
-        "--output-len", "2", "--no-progress", "--timeout", "5",
-    ]  # fmt: skip
+        "--url",
+        f"http://127.0.0.1:{port}",
+        "--model",
+        "m",
+        "--num-requests",
+        "3",
+        "--output-len",
+        "2",
+        "--no-progress",
+        "--timeout",
+        "5",
+    ]
     assert main(argv) == 1  # nothing completed

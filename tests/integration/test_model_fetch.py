@@ -22,20 +22,40 @@ pytestmark = pytest.mark.slow
 REPO_ID = "org/tiny"
 WEIGHTS = os.urandom(3 << 20)
 FILES = {
-    "config.json": b'{"model_type": "llama", "max_position_embeddings": 131072}', "generation_config.json": b"{}", "tokenizer.json": b'{"v": 1}',
-    "tokenizer_config.json": b"{}", "model.safetensors": WEIGHTS,
-    "pytorch_model.bin": os.urandom(1 << 20), "flax_model.msgpack": os.urandom(1 << 16), "tf_model.h5": b"h5",
+    "config.json": b'{"model_type": "llama", "max_position_embeddings": 131072}',
+    "generation_config.json": b"{}",
+    "tokenizer.json": b'{"v": 1}',
+    "tokenizer_config.json": b"{}",
+    "model.safetensors": WEIGHTS,
+    "pytorch_model.bin": os.urandom(1 << 20),
+    "flax_model.msgpack": os.urandom(1 << 16),
+    "tf_model.h5": b"h5",
     "README.md": b"# tiny",
 }
-WORKER_FILES = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                "model.safetensors"}
+WORKER_FILES = {
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "model.safetensors",
+}
 TOKENIZER_FILES = WORKER_FILES - {"model.safetensors"}
 
 
 def fetch_model(hub: FakeHub, folder: Path, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HOME": str(folder.parent / "hf")}
-    return subprocess.Popen([sys.executable, "-m", "tandem", "fetch-model", REPO_ID, "--dir", str(folder), *extra],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": hub.endpoint,
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HOME": str(folder.parent / "hf"),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "tandem", "fetch-model", REPO_ID, "--dir", str(folder), *extra],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]:
@@ -59,7 +79,9 @@ def test_concurrent_fetches_download_each_file_once(tmp_path):
     miss = next(r for r in reports if r["cache"] == "miss")
     assert all(r["max_position_embeddings"] == 131072 for r in reports)  # read from the config it fetched
     assert miss["bytes"] == sum(len(FILES[f]) for f in WORKER_FILES) and miss["commit"] == COMMIT
-    assert all(r["waited_seconds"] > 0.3 for r in reports if r["cache"] == "hit")  # they waited for the download
+    assert all(
+        r["waited_seconds"] > 0.3 for r in reports if r["cache"] == "hit"
+    )  # they waited for the download
     assert on_disk(folder) == WORKER_FILES
     assert (folder / "model.safetensors").read_bytes() == WEIGHTS
     assert complete(folder, Part.weights, COMMIT) and complete(folder, Part.tokenizer, COMMIT)

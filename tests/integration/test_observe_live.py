@@ -38,8 +38,13 @@ NOT_IN_A_LOCAL_STACK = {
 
 def grafana_vars(expr: str, rate_interval: str = "1m", dashboard_range: str = "5m") -> str:
     """The query Grafana sends for `expr` with this namespace and service chosen and every pool."""
-    values = {"$__rate_interval": rate_interval, "$__range": dashboard_range, "$namespace": NAMESPACE,
-              "$service": SERVICE, "$pool": ".*"}  # fmt: skip
+    values = {
+        "$__rate_interval": rate_interval,
+        "$__range": dashboard_range,
+        "$namespace": NAMESPACE,
+        "$service": SERVICE,
+        "$pool": ".*",
+    }
     for var, value in values.items():
         expr = expr.replace(var, value)
     assert "$" not in expr, expr
@@ -67,8 +72,14 @@ class Load:
             while not self.stop.is_set():
                 i = self.sent
                 model = "tiny" if i % 5 else "no-such-model"  # every fifth a 404: the errors panel has data
-                body = {"model": model, "prompt": f"{prefix} request {i}", "max_tokens": 8, "stream": True,
-                        "ignore_eos": True, "temperature": 0}  # fmt: skip
+                body = {
+                    "model": model,
+                    "prompt": f"{prefix} request {i}",
+                    "max_tokens": 8,
+                    "stream": True,
+                    "ignore_eos": True,
+                    "temperature": 0,
+                }
                 if i % 10 == 1:  # the tiny model's long greedy answer to the bare prefix repeats one token:
                     body.update(prompt=prefix, max_tokens=48)  # speculation finds drafts there to verify
                 try:
@@ -93,15 +104,25 @@ def observed(tiny_model_dir, tmp_path_factory):
     obj = _spec(tiny_model_dir)
     with running_stack(obj, tmp_path_factory.mktemp("stack")) as (stack, url):
         targets = metrics_targets(stack, SERVICE, NAMESPACE)
-        with running_prometheus(targets, tmp_path_factory.mktemp("prometheus"), rule_files=[RULES]) as prom, Load(url) as load:
+        with (
+            running_prometheus(targets, tmp_path_factory.mktemp("prometheus"), rule_files=[RULES]) as prom,
+            Load(url) as load,
+        ):
             prom.wait_targets_up(timeout_s=60)
             # enough completed requests and scrapes that every rate has two samples with traffic between
             prom.wait_for(f'sum(tandem_slo_requests_total{{service="{SERVICE}"}}) >= 8', timeout_s=180)
-            prom.wait_for(f'sum(increase(tandem_requests_total{{service="{SERVICE}", status="404"}}[1m])) > 0', timeout_s=60)
+            prom.wait_for(
+                f'sum(increase(tandem_requests_total{{service="{SERVICE}", status="404"}}[1m])) > 0',
+                timeout_s=60,
+            )
             # each worker scraped at least twice since its first prompt (the router's counters can run ahead)
-            prom.wait_for(f'sum(rate(tandem_prefill_tokens_total{{service="{SERVICE}"}}[1m])) > 0', timeout_s=60)
+            prom.wait_for(
+                f'sum(rate(tandem_prefill_tokens_total{{service="{SERVICE}"}}[1m])) > 0', timeout_s=60
+            )
             # and the decode workers' speculation has verified drafts between two scrapes (its panel's ratios)
-            prom.wait_for(f'sum(rate({names.SPEC_VERIFY_STEPS_TOTAL}{{service="{SERVICE}"}}[1m])) > 0', timeout_s=60)
+            prom.wait_for(
+                f'sum(rate({names.SPEC_VERIFY_STEPS_TOTAL}{{service="{SERVICE}"}}[1m])) > 0', timeout_s=60
+            )
             yield prom, load
             assert not load.errors, load.errors[:3]
 
@@ -134,14 +155,30 @@ def test_every_panel_returns_data(observed):
 
 def test_panel_values_are_what_the_stack_did(observed):
     prom, _ = observed
-    up = {r["metric"]["pool"]: float(r["value"][1]) for r in prom.query(grafana_vars(
-        'sum by (namespace, service, pool) (up{namespace=~"$namespace", service=~"$service", pool!="router"})'))}
+    up = {
+        r["metric"]["pool"]: float(r["value"][1])
+        for r in prom.query(
+            grafana_vars(
+                'sum by (namespace, service, pool) (up{namespace=~"$namespace", service=~"$service", pool!="router"})'
+            )
+        )
+    }
     assert up == {"prefill": 1.0, "decode": 1.0}
-    (target,) = prom.query(grafana_vars('max by (namespace, service) (tandem_slo_target_seconds{namespace=~"$namespace", service=~"$service", slo="ttft"})'))
+    (target,) = prom.query(
+        grafana_vars(
+            'max by (namespace, service) (tandem_slo_target_seconds{namespace=~"$namespace", service=~"$service", slo="ttft"})'
+        )
+    )
     assert float(target["value"][1]) == 2.0  # spec.slo.ttftMs reaches the router's SLO line
-    hits = prom.query(grafana_vars(
-        'sum by (pool) (tandem_prefix_cache_hit_tokens_total{namespace=~"$namespace", service=~"$service"})'))
-    assert {r["metric"]["pool"] for r in hits if float(r["value"][1]) > 0} == {"prefill", "decode"}  # the shared prefix
+    hits = prom.query(
+        grafana_vars(
+            'sum by (pool) (tandem_prefix_cache_hit_tokens_total{namespace=~"$namespace", service=~"$service"})'
+        )
+    )
+    assert {r["metric"]["pool"] for r in hits if float(r["value"][1]) > 0} == {
+        "prefill",
+        "decode",
+    }  # the shared prefix
 
 
 def test_vllm_named_series_agree_with_tandems(observed):
@@ -163,24 +200,51 @@ def test_vllm_named_series_agree_with_tandems(observed):
         return float(value["value"][1])
 
     # the router's per-request series
-    for theirs, ours in ((names.VLLM_TTFT_SECONDS, names.TTFT_SECONDS), (names.VLLM_ITL_SECONDS, names.ITL_SECONDS),
-                         (names.VLLM_E2E_SECONDS, names.E2E_SECONDS)):
+    for theirs, ours in (
+        (names.VLLM_TTFT_SECONDS, names.TTFT_SECONDS),
+        (names.VLLM_ITL_SECONDS, names.ITL_SECONDS),
+        (names.VLLM_E2E_SECONDS, names.E2E_SECONDS),
+    ):
         for suffix in ("_count", "_sum"):
             assert same(f"sum({theirs}{suffix}{vllm})", f"sum({ours}{suffix}{sel})", wait=True) > 0, theirs
     # every streamed token was a first token or followed one
-    assert same(f"sum({names.VLLM_GENERATION_TOKENS}_total{vllm})",
-                f"sum({names.TTFT_SECONDS}_count{sel}) + sum({names.ITL_SECONDS}_count{sel})", wait=True) > 0
+    assert (
+        same(
+            f"sum({names.VLLM_GENERATION_TOKENS}_total{vllm})",
+            f"sum({names.TTFT_SECONDS}_count{sel}) + sum({names.ITL_SECONDS}_count{sel})",
+            wait=True,
+        )
+        > 0
+    )
     # a prompt counts once prefilled; tandem's histogram counts it on admission (equal between requests)
-    assert same(f"sum({names.VLLM_PROMPT_TOKENS}_total{vllm})", f"sum({names.REQUEST_PROMPT_TOKENS}_sum{sel})",
-                wait=True) > 0
+    assert (
+        same(
+            f"sum({names.VLLM_PROMPT_TOKENS}_total{vllm})",
+            f"sum({names.REQUEST_PROMPT_TOKENS}_sum{sel})",
+            wait=True,
+        )
+        > 0
+    )
     # each worker's engine state, per pod
     per_pod = "sum by (pod) "
-    assert same(f"{per_pod}({names.VLLM_RUNNING}{vllm})", f"{per_pod}({names.DECODE_RUNNING_SEQUENCES}{sel})") >= 0
-    assert same(f"{per_pod}({names.VLLM_KV_CACHE_USAGE}{vllm})",
-                f"{per_pod}({names.KV_BLOCKS_USED}{sel}) / {per_pod}({names.KV_BLOCKS_TOTAL}{sel})") >= 0
-    for theirs, ours in ((names.VLLM_PREFIX_CACHE_QUERIES, names.PREFIX_CACHE_QUERIED_TOKENS_TOTAL),
-                         (names.VLLM_PREFIX_CACHE_HITS, names.PREFIX_CACHE_HIT_TOKENS_TOTAL)):
-        assert same(f"sum({theirs}_total{vllm})", f"sum({ours}{sel})", wait=True) > 0, theirs  # the shared prefix
+    assert (
+        same(f"{per_pod}({names.VLLM_RUNNING}{vllm})", f"{per_pod}({names.DECODE_RUNNING_SEQUENCES}{sel})")
+        >= 0
+    )
+    assert (
+        same(
+            f"{per_pod}({names.VLLM_KV_CACHE_USAGE}{vllm})",
+            f"{per_pod}({names.KV_BLOCKS_USED}{sel}) / {per_pod}({names.KV_BLOCKS_TOTAL}{sel})",
+        )
+        >= 0
+    )
+    for theirs, ours in (
+        (names.VLLM_PREFIX_CACHE_QUERIES, names.PREFIX_CACHE_QUERIED_TOKENS_TOTAL),
+        (names.VLLM_PREFIX_CACHE_HITS, names.PREFIX_CACHE_HIT_TOKENS_TOTAL),
+    ):
+        assert same(f"sum({theirs}_total{vllm})", f"sum({ours}{sel})", wait=True) > 0, (
+            theirs
+        )  # the shared prefix
     waiting = prom.query(f"{names.VLLM_WAITING}{vllm}")
     assert {r["metric"]["pool"] for r in waiting} == {"prefill", "decode"}
     assert all(float(r["value"][1]) >= 0 for r in waiting)
@@ -201,7 +265,9 @@ def test_alert_rules_evaluate_on_live_series(observed):
     # the recording rules the burn-rate alerts read have a value per SLO for this service
     ratios = prom.wait_for(f'tandem:slo_error_ratio:rate5m{{service="{SERVICE}"}}', ok=lambda r: len(r) == 2)
     assert {r["metric"]["slo"] for r in ratios} == {"ttft", "tpot"}
-    (budget, _) = prom.wait_for(f'tandem:slo_error_budget:ratio{{service="{SERVICE}"}}', ok=lambda r: len(r) == 2)
+    (budget, _) = prom.wait_for(
+        f'tandem:slo_error_budget:ratio{{service="{SERVICE}"}}', ok=lambda r: len(r) == 2
+    )
     assert float(budget["value"][1]) == pytest.approx(0.1)  # spec.slo.percentile 90
     firing = {a["labels"]["alertname"] for a in prom.alerts() if a["labels"].get("service") == SERVICE}
     assert not firing & {"TandemWorkerDown", "TandemKVCacheFull"}, firing  # every worker up, cache not full
@@ -222,8 +288,13 @@ def test_variables_and_annotations(observed):
 
 
 def _top(*args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "tandem", "top", "--iterations", "2", "--interval", "1", *args],
-                         capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "220"})
+    out = subprocess.run(
+        [sys.executable, "-m", "tandem", "top", "--iterations", "2", "--interval", "1", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "220"},
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -237,7 +308,10 @@ def _cell(output: str, column: int) -> str:
 def _spec(model_dir) -> dict:
     obj = spec(SERVICE, model_dir, prefillChunkTokens=32)
     obj["spec"]["slo"] = {"ttftMs": 2000, "tpotMs": 200, "percentile": 90}
-    obj["spec"].setdefault("engine", {})["speculative"] = {"method": "ngram", "numTokens": 4}  # its panel has data
+    obj["spec"].setdefault("engine", {})["speculative"] = {
+        "method": "ngram",
+        "numTokens": 4,
+    }  # its panel has data
     return obj
 
 

@@ -40,7 +40,9 @@ def test_scrapes_a_live_exporter_and_answers_queries(prometheus):
         (target,) = prom.wait_targets_up()
         assert target["labels"]["namespace"] == "ns1"
         (series,) = prom.wait_for('tandem_kv_blocks_used{namespace="ns1"}')
-        assert series["metric"]["service"] == "svc" and series["metric"]["pool"] == "decode"  # honoured, not exported_*
+        assert (
+            series["metric"]["service"] == "svc" and series["metric"]["pool"] == "decode"
+        )  # honoured, not exported_*
         assert float(series["value"][1]) == 7
         gauge.labels(service="svc", pool="decode").set(11)
         prom.wait_for("tandem_kv_blocks_used", ok=lambda r: bool(r) and float(r[0]["value"][1]) == 11)

@@ -38,7 +38,12 @@ def colocated(tiny_model_dir, tmp_path_factory):
 def test_quantized_disaggregated_equals_quantized_colocated_token_for_token(disagg, colocated):
     long_prompt = " ".join(f"word{i}" for i in range(120))  # several 32-token chunks and 16-token blocks
     shared = "The quick brown fox jumps over the lazy dog. " * 6
-    for prompt in ["Hello", long_prompt, shared + "First ending.", shared + "Second ending, reusing the prefix."]:
+    for prompt in [
+        "Hello",
+        long_prompt,
+        shared + "First ending.",
+        shared + "Second ending, reusing the prefix.",
+    ]:
         assert greedy_tokens(disagg[1], prompt) == greedy_tokens(colocated[1], prompt), prompt[:40]
 
 

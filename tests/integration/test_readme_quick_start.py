@@ -21,7 +21,9 @@ QUICK_START = re.compile(r"```bash\npip install -e \. && (tandem up [^\n]+)\n```
 
 def test_the_readme_names_the_command_and_the_tests_command():
     readme = (ROOT / "README.md").read_text()
-    assert QUICK_START.search(readme), "the README's local run is `pip install -e . && tandem up ...` in a bash block"
+    assert QUICK_START.search(readme), (
+        "the README's local run is `pip install -e . && tandem up ...` in a bash block"
+    )
     assert "```bash\npip install -e '.[test]' && pytest\n```" in readme
 
 
@@ -35,8 +37,11 @@ def test_the_readmes_local_command_streams_an_answer_and_prints_ttft_and_tpot(tm
     base = free_port_block(24)
     out = subprocess.run(
         [sys.executable, "-m", "tandem", *argv[1:], "--port", str(base), "--worker-port", str(base + 2)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     said = out.stdout + out.stderr
     assert out.returncode == 0, said
     assert re.search(r"TTFT [\d.]+ ms \| TPOT [\d.]+ ms \| [1-9]\d* tokens", said), said

@@ -19,7 +19,9 @@ from tandem.worker.router.membership import Pools
 pytestmark = pytest.mark.slow
 
 START_AFTER_S = 10.5  # refused dials until then: gRPC's default backoff would next try 3-7 s after the start
-BACKOFF_SLACK_S = 2.5  # the router's backoff is at most 1 s (+20% jitter): it dials again within this of a fresh one
+BACKOFF_SLACK_S = (
+    2.5  # the router's backoff is at most 1 s (+20% jitter): it dials again within this of a fresh one
+)
 
 
 class _Starting(decode_pb2_grpc.DecodeServiceServicer):
@@ -61,7 +63,9 @@ async def test_a_worker_that_starts_late_is_routable_soon_after_it_listens():
             for name, p in (("late", pools), ("fresh", fresh)):
                 if name not in reached and p.views("decode")[0].routable:
                     reached[name] = time.monotonic() - listening
-            assert time.monotonic() - listening < 60, f"a router did not reach the listening worker: {reached}"
+            assert time.monotonic() - listening < 60, (
+                f"a router did not reach the listening worker: {reached}"
+            )
             await asyncio.sleep(0.2)
         assert reached["late"] < reached["fresh"] + BACKOFF_SLACK_S, f"seconds after it listened: {reached}"
         assert pools.views("decode")[0].free_kv_blocks == 64

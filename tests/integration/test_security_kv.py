@@ -53,7 +53,10 @@ def _field(number: int, data: bytes) -> bytes:
 
 def _prefill_raw(reservation: bytes) -> bytes:
     req = prefill_pb2.PrefillRequest(
-        request_id="attack", transfer_id="attack", prompt_token_ids=list(range(1, 21)), decode_address="127.0.0.1:1"
+        request_id="attack",
+        transfer_id="attack",
+        prompt_token_ids=list(range(1, 21)),
+        decode_address="127.0.0.1:1",
     )
     req.sampling.max_tokens, req.sampling.top_p = 1, 1.0
     return req.SerializeToString() + _field(6, reservation)
@@ -62,7 +65,9 @@ def _prefill_raw(reservation: bytes) -> bytes:
 def _call(prefill: ProcessPlan, raw: bytes) -> grpc.RpcError | prefill_pb2.PrefillReply:
     """Prefill with the stack's router identity: what a compromised router could send."""
     with dial(prefill, "router") as ch:
-        rpc = ch.unary_unary("/tandem.v1.PrefillService/Prefill", response_deserializer=prefill_pb2.PrefillReply.FromString)
+        rpc = ch.unary_unary(
+            "/tandem.v1.PrefillService/Prefill", response_deserializer=prefill_pb2.PrefillReply.FromString
+        )
         try:
             return rpc(raw, timeout=60)
         except grpc.RpcError as e:
@@ -82,7 +87,9 @@ def _prefill(stack) -> ProcessPlan:
 def _still_serving(stack) -> None:
     running, url = stack
     assert all(proc.poll() is None for proc in running.running.values())
-    r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 4}, timeout=60)
+    r = httpx.post(
+        f"{url}/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 4}, timeout=60
+    )
     assert r.status_code == 200, r.text
 
 
@@ -92,7 +99,9 @@ def test_crafted_pickle_in_the_old_handle_field_is_never_unpickled(stack, tmp_pa
         transport=common_pb2.KV_TRANSPORT_CUDA_IPC, shm_name="tandem-kv-" + "0" * 24, block_ids=[0, 1]
     ).SerializeToString() + _field(8, pickle.dumps(_MakeDir(str(marker))))
     result = _call(_prefill(stack), _prefill_raw(reservation))
-    assert isinstance(result, grpc.RpcError) and "top_p" not in str(result.details()), result  # got past validation
+    assert isinstance(result, grpc.RpcError) and "top_p" not in str(result.details()), (
+        result
+    )  # got past validation
     assert not marker.exists(), "the prefill worker unpickled peer bytes"
     _still_serving(stack)
 
@@ -103,7 +112,9 @@ def test_pickle_as_cuda_ipc_fields_is_refused(stack, tmp_path):
         transport=common_pb2.KV_TRANSPORT_CUDA_IPC,
         shm_name="tandem-kv-" + "0" * 24,
         block_ids=[0, 1],
-        cuda_ipc=decode_pb2.CudaIpcBuffer(handle=pickle.dumps(_MakeDir(str(marker))), ref_counter_name="/torch_1_2_3"),
+        cuda_ipc=decode_pb2.CudaIpcBuffer(
+            handle=pickle.dumps(_MakeDir(str(marker))), ref_counter_name="/torch_1_2_3"
+        ),
     ).SerializeToString()
     err = _call(_prefill(stack), _prefill_raw(reservation))
     assert isinstance(err, grpc.RpcError) and err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
@@ -136,10 +147,17 @@ def _decode(stack) -> ProcessPlan:
 
 def _reserve(stack, request_id: str, lease_ms: int = 0, prompt: int = 20) -> decode_pb2.ReserveReply:
     with dial(_decode(stack), "router") as ch:
-        return decode_pb2_grpc.DecodeServiceStub(ch).Reserve(decode_pb2.ReserveRequest(
-            transfer_id=f"t-{request_id}", request_id=request_id, prompt_token_ids=list(range(1, prompt + 1)),
-            sampling=common_pb2.SamplingParams(max_tokens=4, top_p=1.0), lease_ms=lease_ms,
-            transports=[common_pb2.KV_TRANSPORT_GRPC]), timeout=10)
+        return decode_pb2_grpc.DecodeServiceStub(ch).Reserve(
+            decode_pb2.ReserveRequest(
+                transfer_id=f"t-{request_id}",
+                request_id=request_id,
+                prompt_token_ids=list(range(1, prompt + 1)),
+                sampling=common_pb2.SamplingParams(max_tokens=4, top_p=1.0),
+                lease_ms=lease_ms,
+                transports=[common_pb2.KV_TRANSPORT_GRPC],
+            ),
+            timeout=10,
+        )
 
 
 def test_a_reserve_cannot_pin_blocks_past_the_services_lease(stack):
@@ -147,7 +165,9 @@ def test_a_reserve_cannot_pin_blocks_past_the_services_lease(stack):
     reply = _reserve(stack, "long-lease", lease_ms=4_000_000_000 // 1000)  # ~46 days asked
     assert reply.lease_deadline_ms / 1000 <= before + 30 + 5, reply.lease_deadline_ms / 1000 - before
     with dial(_decode(stack), "router") as ch:
-        decode_pb2_grpc.DecodeServiceStub(ch).Abort(decode_pb2.AbortRequest(request_id="long-lease"), timeout=10)
+        decode_pb2_grpc.DecodeServiceStub(ch).Abort(
+            decode_pb2.AbortRequest(request_id="long-lease"), timeout=10
+        )
 
 
 def test_a_commit_naming_a_token_outside_the_vocabulary_fails_that_request_only(stack):
@@ -156,9 +176,12 @@ def test_a_commit_naming_a_token_outside_the_vocabulary_fails_that_request_only(
     reply = _reserve(stack, "bad-token")
     decode = _decode(stack)
     with dial(decode, "router") as ch:
-        info = decode_pb2_grpc.DecodeServiceStub(ch).Handshake(common_pb2.HandshakeRequest(), timeout=10).worker
+        info = (
+            decode_pb2_grpc.DecodeServiceStub(ch).Handshake(common_pb2.HandshakeRequest(), timeout=10).worker
+        )
         tokens = decode_pb2_grpc.DecodeServiceStub(ch).StreamTokens(
-            decode_pb2.StreamTokensRequest(request_id="bad-token"), timeout=30)
+            decode_pb2.StreamTokensRequest(request_id="bad-token"), timeout=30
+        )
         layout = KvLayout.from_worker_info(info)
         with dial(decode, "prefill") as push:
             sender = StreamKvSender(push, "t-bad-token", reply, layout, timeout_s=20)
@@ -180,12 +203,19 @@ def test_prefill_dials_no_socket_paths_and_tells_nothing_of_other_ports(stack):
     prefill = _prefill(stack)
 
     def prefill_to(address: str) -> grpc.RpcError:
-        req = prefill_pb2.PrefillRequest(request_id=f"scan-{address}", transfer_id="scan", decode_address=address,
-                                         prompt_token_ids=list(range(1, 21)),
-                                         sampling=common_pb2.SamplingParams(max_tokens=1, top_p=1.0),
-                                         reservation=decode_pb2.ReserveReply(
-                                             block_ids=[0, 1], epoch=1, transport=common_pb2.KV_TRANSPORT_GRPC,
-                                             lease_deadline_ms=int((time.time() + 3) * 1000)))
+        req = prefill_pb2.PrefillRequest(
+            request_id=f"scan-{address}",
+            transfer_id="scan",
+            decode_address=address,
+            prompt_token_ids=list(range(1, 21)),
+            sampling=common_pb2.SamplingParams(max_tokens=1, top_p=1.0),
+            reservation=decode_pb2.ReserveReply(
+                block_ids=[0, 1],
+                epoch=1,
+                transport=common_pb2.KV_TRANSPORT_GRPC,
+                lease_deadline_ms=int((time.time() + 3) * 1000),
+            ),
+        )
         with dial(prefill, "router") as ch, pytest.raises(grpc.RpcError) as err:
             prefill_pb2_grpc.PrefillServiceStub(ch).Prefill(req, timeout=60)
         return err.value
@@ -199,6 +229,9 @@ def test_prefill_dials_no_socket_paths_and_tells_nothing_of_other_ports(stack):
         closed = s.getsockname()[1]
     answers = {a: prefill_to(a) for a in (f"127.0.0.1:{closed}", f"127.0.0.1:{router_port}")}
     assert {(e.code(), e.details()) for e in answers.values()} == {
-        (grpc.StatusCode.UNAVAILABLE, "KV transfer failed: the decode worker could not be reached as a decode worker of this service")
+        (
+            grpc.StatusCode.UNAVAILABLE,
+            "KV transfer failed: the decode worker could not be reached as a decode worker of this service",
+        )
     }, answers
     _still_serving(stack)

@@ -21,7 +21,10 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def disagg(tiny_model_dir, tmp_path_factory):
-    with running_stack(spec("disagg", tiny_model_dir, prefill=2, decode=2, prefillChunkTokens=32), tmp_path_factory.mktemp("disagg")) as s:
+    with running_stack(
+        spec("disagg", tiny_model_dir, prefill=2, decode=2, prefillChunkTokens=32),
+        tmp_path_factory.mktemp("disagg"),
+    ) as s:
         yield s
 
 
@@ -38,7 +41,14 @@ def _client(url: str) -> openai.OpenAI:
 def _greedy(url: str, prompt: str, n: int = 24) -> tuple[str, int]:
     r = httpx.post(
         f"{url}/v1/completions",
-        json={"model": "tiny", "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, "logprobs": 1},
+        json={
+            "model": "tiny",
+            "prompt": prompt,
+            "max_tokens": n,
+            "temperature": 0,
+            "ignore_eos": True,
+            "logprobs": 1,
+        },
         timeout=60,
     )
     assert r.status_code == 200, r.text
@@ -72,7 +82,11 @@ def test_openai_client_streaming_and_not(disagg):
     assert full.usage.completion_tokens >= 1 and full.choices[0].finish_reason in ("stop", "length")
     chunks = list(
         client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=12, temperature=0, stream=True
+            model="tiny",
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=12,
+            temperature=0,
+            stream=True,
         )
     )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -122,7 +136,14 @@ def test_kill_decode_mid_stream_gives_an_error_and_frees_survivors(disagg):
     stack, url = disagg
     events: list = []
     started = threading.Event()
-    body = {"model": "tiny", "prompt": "Tell a long story", "max_tokens": 3000, "temperature": 0, "ignore_eos": True, "stream": True}
+    body = {
+        "model": "tiny",
+        "prompt": "Tell a long story",
+        "max_tokens": 3000,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     t = _stream_in_thread(url, body, events, started)
     assert started.wait(60)
     victim = None
@@ -147,7 +168,14 @@ def test_kill_decode_mid_stream_gives_an_error_and_frees_survivors(disagg):
 def test_kill_prefill_mid_transfer_retries_elsewhere(disagg):
     stack, url = disagg
     prompt = " ".join(f"word{i}" for i in range(700))  # ~3.2k tokens, prefilled in 32-token chunks
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True, "stream": True}
+    body = {
+        "model": "tiny",
+        "prompt": prompt,
+        "max_tokens": 8,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     events: list = []
     started = threading.Event()
     t = _stream_in_thread(url, body, events, started)
@@ -166,7 +194,9 @@ def test_kill_prefill_mid_transfer_retries_elsewhere(disagg):
     data = [e[1] for e in events if e[0] == "data"]
     assert statuses == [200]
     assert data[-1] == "[DONE]"
-    assert not any('"error"' in d for d in data), "the request should have been retried on the other prefill worker"
+    assert not any('"error"' in d for d in data), (
+        "the request should have been retried on the other prefill worker"
+    )
     _wait_idle(stack)
 
 
@@ -192,7 +222,9 @@ def test_incompatible_workers_are_refused_with_a_clear_error(tiny_model_dir, tmp
     from tandem.spec import parse_object
 
     base = free_port_block(12)
-    procs = plan(parse_object(spec("mismatch", tiny_model_dir)), tmp_path, port=base, first_worker_port=base + 2)
+    procs = plan(
+        parse_object(spec("mismatch", tiny_model_dir)), tmp_path, port=base, first_worker_port=base + 2
+    )
     prefill = next(p for p in procs if p.role == "prefill")
     prefill.argv[prefill.argv.index("--block-size") + 1] = "32"
     stack = LocalStack(procs, tmp_path / "logs")
@@ -200,7 +232,9 @@ def test_incompatible_workers_are_refused_with_a_clear_error(tiny_model_dir, tmp
     try:
         url = f"http://127.0.0.1:{base}"
         stack.wait_ready(url, timeout_s=240)
-        r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 4}, timeout=60)
+        r = httpx.post(
+            f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 4}, timeout=60
+        )
         assert r.status_code == 503
         assert "block_size differs" in r.json()["error"]["message"]
     finally:

@@ -15,10 +15,32 @@ pytestmark = pytest.mark.slow
 # (its tiny checkpoint, the ranks of each disaggregated worker)
 CASES = {
     "llama": (TinySpec(layers=2, hidden=96, heads=6, kv_heads=2, intermediate=128, tie_embeddings=True), 2),
-    "qwen2_moe": (TinySpec(arch="qwen2_moe", layers=2, hidden=64, heads=4, kv_heads=2, intermediate=96,
-                           expert_intermediate=32, shared_intermediate=64), 2),  # fmt: skip
-    "mixtral": (TinySpec(arch="mixtral", layers=2, hidden=64, heads=4, kv_heads=2, intermediate=96, experts=4,
-                         experts_per_token=2), 1),  # fmt: skip
+    "qwen2_moe": (
+        TinySpec(
+            arch="qwen2_moe",
+            layers=2,
+            hidden=64,
+            heads=4,
+            kv_heads=2,
+            intermediate=96,
+            expert_intermediate=32,
+            shared_intermediate=64,
+        ),
+        2,
+    ),
+    "mixtral": (
+        TinySpec(
+            arch="mixtral",
+            layers=2,
+            hidden=64,
+            heads=4,
+            kv_heads=2,
+            intermediate=96,
+            experts=4,
+            experts_per_token=2,
+        ),
+        1,
+    ),
 }
 
 
@@ -30,7 +52,9 @@ def stacks(request, tmp_path_factory):
     name = request.param.replace("_", "-")
     disagg = spec(f"par-d-{name}", model_dir, prefillChunkTokens=32)
     for pool in ("prefill", "decode"):
-        disagg["spec"][pool]["resources"] = {"gpus": ranks if ranks > 1 else 0}  # one rank: the CPU, as `spec` has it
+        disagg["spec"][pool]["resources"] = {
+            "gpus": ranks if ranks > 1 else 0
+        }  # one rank: the CPU, as `spec` has it
     colo = spec(f"par-c-{name}", model_dir, mode="colocated", prefillChunkTokens=32)
     with running_stack(disagg, logs / "d") as d, running_stack(colo, logs / "c") as c:
         yield d, c, ranks
@@ -42,5 +66,8 @@ def test_disaggregated_equals_one_rank_colocated_token_for_token(stacks):
     for prompt in ["Hello", long_prompt, "The quick brown fox jumps over the lazy dog."]:
         assert greedy_tokens(disagg, prompt) == greedy_tokens(colocated, prompt), prompt[:40]
     workers = [p for p in disagg_stack.plans if p.role in ("prefill", "decode")]
-    tp = [p.argv[p.argv.index("--tensor-parallel") + 1] if "--tensor-parallel" in p.argv else "1" for p in workers]
+    tp = [
+        p.argv[p.argv.index("--tensor-parallel") + 1] if "--tensor-parallel" in p.argv else "1"
+        for p in workers
+    ]
     assert tp == [str(ranks)] * len(workers), tp

@@ -24,7 +24,14 @@ def _greedy(url: str, prompt: str, n: int = 40) -> tuple[str, int, str]:
 
 
 def _stream(url: str, prompt: str, n: int) -> str:
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True}
+    body = {
+        "model": "tiny",
+        "prompt": prompt,
+        "max_tokens": n,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     text = []
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
         assert r.status_code == 200
@@ -59,7 +66,9 @@ def plain_answers(tiny_model_dir, tmp_path_factory):
     ],
     ids=["ngram", "draft"],
 )
-def test_speculation_on_gives_the_same_greedy_text_as_off(tiny_model_dir, tmp_path, plain_answers, speculative):
+def test_speculation_on_gives_the_same_greedy_text_as_off(
+    tiny_model_dir, tmp_path, plain_answers, speculative
+):
     prompts, want = PROMPTS, plain_answers
     on = spec("spec", tiny_model_dir, speculative=speculative)
     with running_stack(on, tmp_path / "spec") as (stack, url):
@@ -69,5 +78,7 @@ def test_speculation_on_gives_the_same_greedy_text_as_off(tiny_model_dir, tmp_pa
     assert got == want
     assert all(n == 40 and reason == "length" for _, n, reason in got[:3])
     assert 0 <= accepted <= proposed and proposed > 0
-    if speculative["method"] == "ngram":  # the random model's first layers seldom predict its last: only drafted
+    if (
+        speculative["method"] == "ngram"
+    ):  # the random model's first layers seldom predict its last: only drafted
         assert accepted > 0

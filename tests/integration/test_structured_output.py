@@ -53,7 +53,9 @@ TIME_TOOL = {
 @pytest.fixture(scope="module")
 def client(tiny_model_dir, tmp_path_factory):
     obj = spec("structured", tiny_model_dir)
-    obj["spec"]["router"] = {"disaggregation": {"mode": "always"}}  # prefill samples the first token, decode the rest
+    obj["spec"]["router"] = {
+        "disaggregation": {"mode": "always"}
+    }  # prefill samples the first token, decode the rest
     with running_stack(obj, tmp_path_factory.mktemp("structured")) as (_, url):
         yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
 
@@ -75,11 +77,18 @@ def test_parse_helper_returns_the_pydantic_model_across_the_pools(client):
 def test_json_mode_answers_one_json_object(client):
     # any JSON object: keys and nesting are the random model's, so a seed whose object closes within the budget
     done = client.chat.completions.create(
-        model="tiny", messages=USER, response_format={"type": "json_object"}, temperature=1.0, seed=9, max_tokens=300
+        model="tiny",
+        messages=USER,
+        response_format={"type": "json_object"},
+        temperature=1.0,
+        seed=9,
+        max_tokens=300,
     )
     choice = done.choices[0]
     assert choice.finish_reason == "stop", choice.message.content
-    assert isinstance(json.loads(choice.message.content or ""), dict) and len(choice.message.content or "") > 2
+    assert (
+        isinstance(json.loads(choice.message.content or ""), dict) and len(choice.message.content or "") > 2
+    )
 
 
 def test_without_a_grammar_the_same_request_is_not_json(client):
@@ -90,9 +99,14 @@ def test_without_a_grammar_the_same_request_is_not_json(client):
 
 def test_required_tool_choice_answers_a_tool_call(client):
     done = client.chat.completions.create(
-        model="tiny", messages=USER, tools=[WEATHER_TOOL, TIME_TOOL], tool_choice="required", temperature=1.0,
-        seed=1, max_tokens=100,
-    )  # fmt: skip
+        model="tiny",
+        messages=USER,
+        tools=[WEATHER_TOOL, TIME_TOOL],
+        tool_choice="required",
+        temperature=1.0,
+        seed=1,
+        max_tokens=100,
+    )
     choice = done.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     (call,) = choice.message.tool_calls
@@ -106,9 +120,14 @@ def test_required_tool_choice_answers_a_tool_call(client):
 
 def test_named_tool_choice_calls_that_tool_and_the_parse_helper_reads_it(client):
     done = client.chat.completions.parse(
-        model="tiny", messages=USER, tools=[WEATHER_TOOL, TIME_TOOL],
-        tool_choice={"type": "function", "function": {"name": "get_weather"}}, temperature=1.0, seed=2, max_tokens=100,
-    )  # fmt: skip
+        model="tiny",
+        messages=USER,
+        tools=[WEATHER_TOOL, TIME_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        temperature=1.0,
+        seed=2,
+        max_tokens=100,
+    )
     (call,) = done.choices[0].message.tool_calls
     assert call.function.name == "get_weather" and isinstance(call.function.parsed_arguments, GetWeather)
 
@@ -116,10 +135,16 @@ def test_named_tool_choice_calls_that_tool_and_the_parse_helper_reads_it(client)
 def test_a_streamed_tool_call_arrives_in_the_tool_calls_shape(client):
     chunks = list(
         client.chat.completions.create(
-            model="tiny", messages=USER, tools=[TIME_TOOL], tool_choice="required", temperature=1.0, seed=4,
-            max_tokens=100, stream=True,
+            model="tiny",
+            messages=USER,
+            tools=[TIME_TOOL],
+            tool_choice="required",
+            temperature=1.0,
+            seed=4,
+            max_tokens=100,
+            stream=True,
         )
-    )  # fmt: skip
+    )
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     calls = [tc for d in deltas for tc in d.tool_calls or []]
     assert [c.function.name for c in calls] == ["get_time"]
@@ -129,7 +154,11 @@ def test_a_streamed_tool_call_arrives_in_the_tool_calls_shape(client):
 
 
 def test_a_tool_result_turn_is_rendered_and_answered(client):
-    call = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'}}
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'},
+    }
     messages = [
         *USER,
         {"role": "assistant", "content": None, "tool_calls": [call]},
@@ -157,7 +186,9 @@ def test_min_tokens_holds_back_a_stop_token_on_both_pools(client, tiny_model_dir
     tokenizer = Tokenizer.from_dir(tiny_model_dir)
     one = client.completions.create(model="tiny", prompt="Once upon", max_tokens=1, temperature=0, logprobs=0)
     first = one.choices[0].logprobs.tokens[0]
-    stop_ids = [i for i in range(tokenizer.vocab_size) if tokenizer.decode([i], skip_special_tokens=False) == first]
+    stop_ids = [
+        i for i in range(tokenizer.vocab_size) if tokenizer.decode([i], skip_special_tokens=False) == first
+    ]
     body = {"model": "tiny", "prompt": "Once upon", "max_tokens": 8, "temperature": 0, "logprobs": 0}
     stopped = client.completions.create(**body, extra_body={"stop_token_ids": stop_ids})
     assert stopped.usage.completion_tokens == 1 and stopped.choices[0].finish_reason == "stop"

@@ -65,7 +65,9 @@ def wait_for(what: str, check, timeout_s: float):
 def complete_answer(url: str) -> tuple[int, str]:
     """One short completion: its HTTP status (0 when none came) and body."""
     try:
-        r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 4}, timeout=60)
+        r = httpx.post(
+            f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 4}, timeout=60
+        )
     except httpx.HTTPError as e:
         return 0, repr(e)
     return r.status_code, r.text
@@ -102,10 +104,24 @@ def start_tandem_up(
     base = free_port_block(24)
     log = open(tmp_path / "tandem-up.log", "wb")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tandem", "up", "-f", str(spec_file), "--port", str(base),
-         "--worker-port", str(base + 2), "--log-dir", str(tmp_path / "logs")],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=new_session,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tandem",
+            "up",
+            "-f",
+            str(spec_file),
+            "--port",
+            str(base),
+            "--worker-port",
+            str(base + 2),
+            "--log-dir",
+            str(tmp_path / "logs"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=new_session,
+    )
     url = f"http://127.0.0.1:{base}"
     try:
         wait_for("the stack to serve", lambda: healthy(url) or proc.poll() is not None, START_TIMEOUT_S)
@@ -128,15 +144,23 @@ def test_a_killed_worker_is_restarted_while_the_rest_serves_and_sigterm_stops_al
         status, body = complete_answer(url)
         assert status == 200, body  # the other decode worker serves while the victim restarts
         log = tmp_path / "tandem-up.log"
-        wait_for("the supervisor to restart the victim", lambda: "restarted (restart 1)" in log.read_text(), HANG_S)
+        wait_for(
+            "the supervisor to restart the victim", lambda: "restarted (restart 1)" in log.read_text(), HANG_S
+        )
         assert "exited with code -9; restarting in" in log.read_text()
         replacement = [k for k in children(up.pid) if "--role decode" in cmdline(k) and k not in kids]
         assert len(replacement) == 1 and len(children(up.pid)) == 4 and up.poll() is None
-        wait_for("the router to route to the restarted worker", lambda: routable(url, "decode") == 2, START_TIMEOUT_S)
+        wait_for(
+            "the router to route to the restarted worker",
+            lambda: routable(url, "decode") == 2,
+            START_TIMEOUT_S,
+        )
         assert complete(url) == 200
         kids = children(up.pid)
         up.send_signal(signal.SIGTERM)
-        assert up.wait(timeout=HANG_S) == 0  # the children's drain grace, then SIGKILL: never their whole drain
+        assert (
+            up.wait(timeout=HANG_S) == 0
+        )  # the children's drain grace, then SIGKILL: never their whole drain
         wait_for("every child to exit", lambda: not any(alive(k) for k in kids), HANG_S)
     finally:
         if up.poll() is None:

@@ -50,7 +50,9 @@ def _dial(address: str, certs, as_role: str, to_role: str) -> grpc.Channel:
 
 
 def _load(role: str, channel: grpc.Channel) -> common_pb2.LoadReport:
-    stub = (prefill_pb2_grpc.PrefillServiceStub if role == "prefill" else decode_pb2_grpc.DecodeServiceStub)(channel)
+    stub = (prefill_pb2_grpc.PrefillServiceStub if role == "prefill" else decode_pb2_grpc.DecodeServiceStub)(
+        channel
+    )
     return stub.Load(common_pb2.LoadRequest(), timeout=5)
 
 
@@ -63,7 +65,9 @@ def test_requests_flow_over_mutual_tls_by_default(stack):
         json={"model": "tiny", "prompt": "Hello over TLS " * 8, "max_tokens": 8, "temperature": 0},
         timeout=60,
     )
-    assert r.status_code == 200, r.text  # router -> decode (Reserve), router -> prefill, prefill -> decode (KV)
+    assert r.status_code == 200, (
+        r.text
+    )  # router -> decode (Reserve), router -> prefill, prefill -> decode (KV)
     assert r.json()["usage"]["completion_tokens"] >= 1
 
 
@@ -83,9 +87,18 @@ def test_every_worker_port_refuses_a_client_without_a_valid_certificate(stack, t
         if client == "plaintext":
             return grpc.insecure_channel(address)
         if client == "no-certificate":
-            return grpc.secure_channel(address, grpc.ssl_channel_credentials((certs / "router" / "ca.crt").read_bytes()), name)
-        return grpc.secure_channel(address, grpc.ssl_channel_credentials(
-            (certs / "router" / "ca.crt").read_bytes(), (rogue / "tls.key").read_bytes(), (rogue / "tls.crt").read_bytes()), name)
+            return grpc.secure_channel(
+                address, grpc.ssl_channel_credentials((certs / "router" / "ca.crt").read_bytes()), name
+            )
+        return grpc.secure_channel(
+            address,
+            grpc.ssl_channel_credentials(
+                (certs / "router" / "ca.crt").read_bytes(),
+                (rogue / "tls.key").read_bytes(),
+                (rogue / "tls.crt").read_bytes(),
+            ),
+            name,
+        )
 
     for role, address in _workers(stack):
         with dial(address, role) as ch, pytest.raises(grpc.RpcError) as err:
@@ -112,7 +125,9 @@ def _denied(call) -> None:
 def test_each_role_may_call_only_what_it_needs(stack):
     certs = stack[2]
     addresses = dict(_workers(stack))
-    prefill_request = prefill_pb2.PrefillRequest(request_id="x", prompt_token_ids=[1, 2, 3], decode_address=addresses["decode"])
+    prefill_request = prefill_pb2.PrefillRequest(
+        request_id="x", prompt_token_ids=[1, 2, 3], decode_address=addresses["decode"]
+    )
     reserve = decode_pb2.ReserveRequest(request_id="x", transfer_id="t", prompt_token_ids=[1, 2, 3])
     for who in ("decode", "prefill", "operator"):  # only the router asks for a prefill
         with _dial(addresses["prefill"], certs, who, "prefill") as ch:
@@ -121,23 +136,61 @@ def test_each_role_may_call_only_what_it_needs(stack):
         with _dial(addresses["decode"], certs, who, "decode") as ch:
             stub = decode_pb2_grpc.DecodeServiceStub(ch)
             _denied(lambda s=stub: s.Reserve(reserve, timeout=5))
-            _denied(lambda s=stub: next(s.StreamTokens(decode_pb2.StreamTokensRequest(request_id="x"), timeout=5)))
+            _denied(
+                lambda s=stub: next(s.StreamTokens(decode_pb2.StreamTokensRequest(request_id="x"), timeout=5))
+            )
             _denied(lambda s=stub: s.Abort(decode_pb2.AbortRequest(request_id="x"), timeout=5))
     for who in ("router", "decode"):  # only a prefill worker pushes KV (and commits)
         with _dial(addresses["decode"], certs, who, "decode") as ch:
-            push = ch.stream_unary("/tandem.v1.DecodeService/PushKv", request_serializer=bytes, response_deserializer=bytes)
+            push = ch.stream_unary(
+                "/tandem.v1.DecodeService/PushKv", request_serializer=bytes, response_deserializer=bytes
+            )
             _denied(lambda push=push: push(iter([b""]), timeout=5))
-    for who, role in (("router", "decode"), ("prefill", "decode"), ("decode", "prefill")):  # Drain: operator or self
+    for who, role in (
+        ("router", "decode"),
+        ("prefill", "decode"),
+        ("decode", "prefill"),
+    ):  # Drain: operator or self
         with _dial(addresses[role], certs, who, role) as ch:
-            _denied(lambda: lifecycle_pb2_grpc.LifecycleServiceStub(ch).Drain(lifecycle_pb2.DrainRequest(), timeout=5))
+            _denied(
+                lambda: lifecycle_pb2_grpc.LifecycleServiceStub(ch).Drain(
+                    lifecycle_pb2.DrainRequest(), timeout=5
+                )
+            )
     with _dial(addresses["decode"], certs, "router", "decode") as ch:  # and the router still may
-        assert decode_pb2_grpc.DecodeServiceStub(ch).Abort(decode_pb2.AbortRequest(request_id="x"), timeout=5).found is False
+        assert (
+            decode_pb2_grpc.DecodeServiceStub(ch)
+            .Abort(decode_pb2.AbortRequest(request_id="x"), timeout=5)
+            .found
+            is False
+        )
 
 
 def _start_worker(tiny_model_dir, tmp_path, tls_dir, port):
-    argv = [sys.executable, "-m", "tandem", "worker", "--role", "decode", "--model-dir", str(tiny_model_dir),
-            "--service", "solo", "--host", "127.0.0.1", "--port", str(port), "--health-port", str(port + 1),
-            "--num-kv-blocks", "64", "--threads", "1", "--tls-dir", str(tls_dir)]
+    argv = [
+        sys.executable,
+        "-m",
+        "tandem",
+        "worker",
+        "--role",
+        "decode",
+        "--model-dir",
+        str(tiny_model_dir),
+        "--service",
+        "solo",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--health-port",
+        str(port + 1),
+        "--num-kv-blocks",
+        "64",
+        "--threads",
+        "1",
+        "--tls-dir",
+        str(tls_dir),
+    ]
     log = (tmp_path / "worker.log").open("wb")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
@@ -163,9 +216,23 @@ def test_the_plaintext_probe_port_serves_health_and_a_worker_drains_only_for_its
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch, pytest.raises(grpc.RpcError):
             health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
         # the preStop hook: `tandem drain` in the pod, with the pod's own certificate, over loopback
-        out = subprocess.run([sys.executable, "-m", "tandem", "drain", "--address", f"127.0.0.1:{port}",
-                              "--tls-dir", str(certs / "decode"), "--tls-server-name", peer_name("decode", "solo")],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tandem",
+                "drain",
+                "--address",
+                f"127.0.0.1:{port}",
+                "--tls-dir",
+                str(certs / "decode"),
+                "--tls-server-name",
+                peer_name("decode", "solo"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0 and "drain" in out.stdout, out.stdout + out.stderr
         proc.wait(timeout=60)
     finally:
@@ -195,8 +262,10 @@ def test_a_renewed_certificate_is_served_without_a_restart_and_streams_go_on(tin
         ctx.load_cert_chain(certs / "router" / "tls.crt", certs / "router" / "tls.key")
         ctx.set_alpn_protocols(["h2"])
         host, port = address.rsplit(":", 1)
-        with socket.create_connection((host, int(port)), timeout=10) as raw, \
-                ctx.wrap_socket(raw, server_hostname=peer_name("decode", "renew")) as tls:
+        with (
+            socket.create_connection((host, int(port)), timeout=10) as raw,
+            ctx.wrap_socket(raw, server_hostname=peer_name("decode", "renew")) as tls,
+        ):
             return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True)).serial_number
 
     with running_stack(obj, tmp_path / "stack") as (stack, url):
@@ -208,12 +277,25 @@ def test_a_renewed_certificate_is_served_without_a_restart_and_streams_go_on(tin
         def load() -> None:
             with httpx.Client(timeout=60) as c:
                 while not stop.is_set():
-                    codes.append(c.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "renew " * 20,
-                                                                        "max_tokens": 4}).status_code)
+                    codes.append(
+                        c.post(
+                            f"{url}/v1/completions",
+                            json={"model": "tiny", "prompt": "renew " * 20, "max_tokens": 4},
+                        ).status_code
+                    )
 
-        with httpx.stream("POST", f"{url}/v1/completions", timeout=120, json={
-                "model": "tiny", "prompt": "a long answer", "max_tokens": 48, "stream": True,
-                "ignore_eos": True}) as streaming:
+        with httpx.stream(
+            "POST",
+            f"{url}/v1/completions",
+            timeout=120,
+            json={
+                "model": "tiny",
+                "prompt": "a long answer",
+                "max_tokens": 48,
+                "stream": True,
+                "ignore_eos": True,
+            },
+        ) as streaming:
             lines = streaming.iter_lines()
             assert next(lines).startswith("data: ")  # the stream is open
             worker = threading.Thread(target=load)

@@ -24,9 +24,19 @@ def autoscaled_spec(tiny_model_dir) -> dict:
     obj = spec("upscale", tiny_model_dir, prefillChunkTokens=32)
     for pool in ("prefill", "decode"):
         obj["spec"][pool].update(minReplicas=1, maxReplicas=2)
-    obj["spec"]["slo"] = {"ttftMs": 1, "tpotMs": 1, "percentile": 90}  # no CPU run meets these: load breaches both
-    obj["spec"]["autoscaling"] = {"enabled": True, "intervalSeconds": 2, "windowSeconds": 8, "stabilizationSeconds": 4,
-                                  "scaleUpCooldownSeconds": 0, "scaleDownCooldownSeconds": 2}  # fmt: skip
+    obj["spec"]["slo"] = {
+        "ttftMs": 1,
+        "tpotMs": 1,
+        "percentile": 90,
+    }  # no CPU run meets these: load breaches both
+    obj["spec"]["autoscaling"] = {
+        "enabled": True,
+        "intervalSeconds": 2,
+        "windowSeconds": 8,
+        "stabilizationSeconds": 4,
+        "scaleUpCooldownSeconds": 0,
+        "scaleDownCooldownSeconds": 2,
+    }
     return obj
 
 
@@ -35,14 +45,27 @@ def test_tandem_up_scales_both_pools_on_its_slo_and_back(tiny_model_dir, tmp_pat
     up, url = start_tandem_up(tiny_model_dir, tmp_path, obj=autoscaled_spec(tiny_model_dir))
     log_path = tmp_path / "tandem-up.log"
     try:
-        wait_for("the autoscaler to start", lambda: "autoscaling upscale every 2s on its SLO" in log_path.read_text(), 30)
+        wait_for(
+            "the autoscaler to start",
+            lambda: "autoscaling upscale every 2s on its SLO" in log_path.read_text(),
+            30,
+        )
         with StreamingLoad(url, clients=3) as load:
-            wait_for("two routable workers in each pool",
-                     lambda: routable(url, "prefill") == 2 and routable(url, "decode") == 2, 300)  # fmt: skip
-        wait_for("each pool back to one", lambda: routable(url, "prefill") == 1 and routable(url, "decode") == 1, 300)
+            wait_for(
+                "two routable workers in each pool",
+                lambda: routable(url, "prefill") == 2 and routable(url, "decode") == 2,
+                300,
+            )
+        wait_for(
+            "each pool back to one",
+            lambda: routable(url, "prefill") == 1 and routable(url, "decode") == 1,
+            300,
+        )
         said = [line for line in log_path.read_text().splitlines() if line.startswith("autoscaler: ")]
         moves = [m.groups() for m in map(DECISION.match, said) if m]
-        ups = {pool: (why, code) for pool, current, desired, why, code in moves if int(desired) > int(current)}
+        ups = {
+            pool: (why, code) for pool, current, desired, why, code in moves if int(desired) > int(current)
+        }
         downs = {pool for pool, current, desired, _, _ in moves if int(desired) < int(current)}
         assert set(ups) == {"prefill", "decode"} and downs == {"prefill", "decode"}, said
         assert "TTFT" in ups["prefill"][0], said  # each pool grew on its own SLO
@@ -52,5 +75,7 @@ def test_tandem_up_scales_both_pools_on_its_slo_and_back(tiny_model_dir, tmp_pat
     finally:
         if up.poll() is None:
             up.kill()
-    assert load.failures == [], f"{len(load.failures)} failed of {load.ok + len(load.failures)}: {load.failures[:5]}"
+    assert load.failures == [], (
+        f"{len(load.failures)} failed of {load.ok + len(load.failures)}: {load.failures[:5]}"
+    )
     assert load.ok > 0

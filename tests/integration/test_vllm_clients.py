@@ -34,12 +34,23 @@ PROMPT = "The quick brown fox jumps over the lazy dog and then"
 # guidellm 0.8.1's bodies for a synthetic request of OUTPUT_TOKENS output tokens, streamed
 GUIDELLM_STREAM = {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
 GUIDELLM = {
-    "/v1/completions": {"model": "tiny", **GUIDELLM_STREAM, "max_tokens": OUTPUT_TOKENS, "stop": None,
-                        "ignore_eos": True, "prompt": PROMPT},
-    "/v1/chat/completions": {"model": "tiny", **GUIDELLM_STREAM, "max_completion_tokens": OUTPUT_TOKENS,
-                             "stop": None, "ignore_eos": True,
-                             "messages": [{"role": "user", "content": [{"type": "text", "text": PROMPT}]}]},
-}  # fmt: skip
+    "/v1/completions": {
+        "model": "tiny",
+        **GUIDELLM_STREAM,
+        "max_tokens": OUTPUT_TOKENS,
+        "stop": None,
+        "ignore_eos": True,
+        "prompt": PROMPT,
+    },
+    "/v1/chat/completions": {
+        "model": "tiny",
+        **GUIDELLM_STREAM,
+        "max_completion_tokens": OUTPUT_TOKENS,
+        "stop": None,
+        "ignore_eos": True,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": PROMPT}]}],
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +77,10 @@ def test_guidellm_bodies_stream_with_the_running_usage_on_every_chunk(stack, pat
     counts = [c["usage"]["completion_tokens"] for c in chunks]
     assert counts == sorted(counts) and counts[-1] == OUTPUT_TOKENS  # ignore_eos: every token asked for
     assert chunks[-1]["choices"] == [] and len(set(counts)) > OUTPUT_TOKENS // 2  # counted as the tokens came
-    assert all(c["usage"]["total_tokens"] == c["usage"]["prompt_tokens"] + n for c, n in zip(chunks, counts, strict=True))
+    assert all(
+        c["usage"]["total_tokens"] == c["usage"]["prompt_tokens"] + n
+        for c, n in zip(chunks, counts, strict=True)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -85,15 +99,23 @@ def engine_tokens(tiny_model_dir):
 def stack_tokens(client, prompt_ids: list[int], **extra) -> list[int]:
     """The token ids the stack answers, read from its logprobs (return_tokens_as_token_ids)."""
     done = client.completions.create(
-        model="tiny", prompt=prompt_ids, max_tokens=OUTPUT_TOKENS, temperature=extra.pop("temperature", 0),
-        logprobs=0, extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True, **extra},
-    )  # fmt: skip
+        model="tiny",
+        prompt=prompt_ids,
+        max_tokens=OUTPUT_TOKENS,
+        temperature=extra.pop("temperature", 0),
+        logprobs=0,
+        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True, **extra},
+    )
     return [int(t.removeprefix("token_id:")) for t in done.choices[0].logprobs.tokens]
 
 
 @pytest.mark.parametrize(
     "knobs",
-    [{"repetition_penalty": 1.5}, {"repetition_penalty": 0.6, "frequency_penalty": 1.0}, {"presence_penalty": 2.0}],
+    [
+        {"repetition_penalty": 1.5},
+        {"repetition_penalty": 0.6, "frequency_penalty": 1.0},
+        {"presence_penalty": 2.0},
+    ],
     ids=lambda k: "+".join(k),
 )
 def test_penalties_run_on_both_pools_as_the_engine_runs_them(client, engine_tokens, tiny_model_dir, knobs):
@@ -106,16 +128,20 @@ def test_penalties_run_on_both_pools_as_the_engine_runs_them(client, engine_toke
 def test_min_p_one_keeps_only_the_likeliest_token_on_both_pools(client, tiny_model_dir):
     """min_p 1 drops every token less likely than the likeliest: sampling at temperature 1 is greedy."""
     prompt_ids = Tokenizer.from_dir(tiny_model_dir).encode(PROMPT)
-    assert stack_tokens(client, prompt_ids, temperature=1.0, min_p=1.0, seed=3) == stack_tokens(client, prompt_ids)
+    assert stack_tokens(client, prompt_ids, temperature=1.0, min_p=1.0, seed=3) == stack_tokens(
+        client, prompt_ids
+    )
     assert stack_tokens(client, prompt_ids, temperature=1.0, seed=3) != stack_tokens(client, prompt_ids)
 
 
 def test_langchain_extra_body_fields_are_accepted(client):
     """What LangChain's ChatOpenAI sends for a vLLM server's knobs through extra_body."""
     done = client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+        model="tiny",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
         extra_body={"repetition_penalty": 1.1, "skip_special_tokens": True, "top_k": 20, "min_p": 0.05},
-    )  # fmt: skip
+    )
     assert done.choices[0].finish_reason in ("stop", "length") and done.usage.completion_tokens >= 1
 
 
@@ -135,27 +161,55 @@ def test_echo_with_logprobs_scores_the_prompt_as_transformers_does(client, tiny_
     with torch.no_grad():
         ref = torch.log_softmax(hf(torch.tensor([prompt_ids])).logits[0], dim=-1)
     assert scored[0] is None
-    assert scored[1:] == pytest.approx([float(ref[p - 1, t]) for p, t in enumerate(prompt_ids[1:], 1)], abs=1e-3)
+    assert scored[1:] == pytest.approx(
+        [float(ref[p - 1, t]) for p, t in enumerate(prompt_ids[1:], 1)], abs=1e-3
+    )
     chat = client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=1, extra_body={"prompt_logprobs": 2}
+        model="tiny",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=1,
+        extra_body={"prompt_logprobs": 2},
     )
     scores = chat.model_extra["prompt_logprobs"]
     assert scores[0] is None and all(len(s) in (2, 3) for s in scores[1:])  # two alternatives, and the token
 
 
-@pytest.mark.skipif(shutil.which("uv") is None, reason="guidellm runs in its own environment through uv, not on PATH")
+@pytest.mark.skipif(
+    shutil.which("uv") is None, reason="guidellm runs in its own environment through uv, not on PATH"
+)
 @pytest.mark.parametrize("path", list(GUIDELLM))
 def test_guidellm_benchmarks_the_stack_with_no_failed_request(stack, tiny_model_dir, tmp_path, path):
     out = tmp_path / "guidellm.json"
-    cmd = ["uv", "tool", "run", "--from", f"guidellm=={GUIDELLM_VERSION}", "guidellm", "run",
-           "--backend", f"kind=openai_http,target={stack},model=tiny,request_format={path}",
-           "--profile", "kind=synchronous", "--constraint", f"kind=max_requests,count={GUIDELLM_REQUESTS}",
-           "--data", f"kind=synthetic_text,prompt_tokens=32,output_tokens={OUTPUT_TOKENS}",
-           "--tokenizer", f"kind=hf_auto,model={tiny_model_dir}",
-           "--output", f"kind=json,path={out}", "--disable-console"]  # fmt: skip
+    cmd = [
+        "uv",
+        "tool",
+        "run",
+        "--from",
+        f"guidellm=={GUIDELLM_VERSION}",
+        "guidellm",
+        "run",
+        "--backend",
+        f"kind=openai_http,target={stack},model=tiny,request_format={path}",
+        "--profile",
+        "kind=synchronous",
+        "--constraint",
+        f"kind=max_requests,count={GUIDELLM_REQUESTS}",
+        "--data",
+        f"kind=synthetic_text,prompt_tokens=32,output_tokens={OUTPUT_TOKENS}",
+        "--tokenizer",
+        f"kind=hf_auto,model={tiny_model_dir}",
+        "--output",
+        f"kind=json,path={out}",
+        "--disable-console",
+    ]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     (benchmark,) = json.loads(out.read_text())["benchmarks"]
     totals = benchmark["metrics"]["request_totals"]
-    assert totals == {"successful": GUIDELLM_REQUESTS, "errored": 0, "incomplete": 0, "total": GUIDELLM_REQUESTS}
+    assert totals == {
+        "successful": GUIDELLM_REQUESTS,
+        "errored": 0,
+        "incomplete": 0,
+        "total": GUIDELLM_REQUESTS,
+    }
     assert benchmark["metrics"]["time_to_first_token_ms"]["successful"]["count"] == GUIDELLM_REQUESTS

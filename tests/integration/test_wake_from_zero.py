@@ -26,19 +26,31 @@ def from_zero_spec(tiny_model_dir) -> dict:
     for pool in ("prefill", "decode"):
         obj["spec"][pool].update(minReplicas=0, maxReplicas=1)
     obj["spec"]["router"] = {"wakeQueue": {"maxRequests": 3, "timeoutSeconds": 240}}
-    obj["spec"]["autoscaling"] = {"enabled": True, "intervalSeconds": 1, "windowSeconds": 6, "stabilizationSeconds": 8,
-                                  "scaleUpCooldownSeconds": 0, "scaleDownCooldownSeconds": 1}  # fmt: skip
+    obj["spec"]["autoscaling"] = {
+        "enabled": True,
+        "intervalSeconds": 1,
+        "windowSeconds": 6,
+        "stabilizationSeconds": 8,
+        "scaleUpCooldownSeconds": 0,
+        "scaleDownCooldownSeconds": 1,
+    }
     return obj
 
 
 def gauge(url: str, name: str, role: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=5).text
-    return sum(float(li.split()[-1]) for li in text.splitlines() if li.startswith(name + "{") and f'role="{role}"' in li)
+    return sum(
+        float(li.split()[-1])
+        for li in text.splitlines()
+        if li.startswith(name + "{") and f'role="{role}"' in li
+    )
 
 
 def queue_depth(url: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=5).text
-    return sum(float(li.split()[-1]) for li in text.splitlines() if li.startswith(names.ROUTER_QUEUE_DEPTH + "{"))
+    return sum(
+        float(li.split()[-1]) for li in text.splitlines() if li.startswith(names.ROUTER_QUEUE_DEPTH + "{")
+    )
 
 
 class Held(threading.Thread):
@@ -72,7 +84,11 @@ def test_a_stack_at_zero_holds_wakes_answers_and_returns_to_zero(tiny_model_dir,
         wait_for("two held requests", lambda: gauge(url, names.ROUTER_HELD_REQUESTS, "decode") == 2, 30)
         leaver = Held(url, timeout_s=3.0)
         leaver.start()
-        wait_for("the leaving client's request held too", lambda: gauge(url, names.ROUTER_HELD_REQUESTS, "decode") == 3, 3)
+        wait_for(
+            "the leaving client's request held too",
+            lambda: gauge(url, names.ROUTER_HELD_REQUESTS, "decode") == 3,
+            3,
+        )
         leaver.join(timeout=10)
         assert isinstance(leaver.error, httpx.TimeoutException), leaver.error  # it left before an answer
         wait_for("its hold to go", lambda: gauge(url, names.ROUTER_HELD_REQUESTS, "decode") == 2, 10)
@@ -84,7 +100,9 @@ def test_a_stack_at_zero_holds_wakes_answers_and_returns_to_zero(tiny_model_dir,
         wait_for("three held requests", lambda: gauge(url, names.ROUTER_HELD_REQUESTS, "decode") == 3, 30)
         refused = httpx.post(f"{url}/v1/completions", json=BODY, timeout=30)
         assert refused.status_code == 503, refused.text
-        assert int(refused.headers["Retry-After"]) >= 1 and "already wait" in refused.json()["error"]["message"]
+        assert (
+            int(refused.headers["Retry-After"]) >= 1 and "already wait" in refused.json()["error"]["message"]
+        )
 
         # the autoscaler wakes both pools; the held requests are answered, their cold start said
         for h in held:
@@ -99,10 +117,16 @@ def test_a_stack_at_zero_holds_wakes_answers_and_returns_to_zero(tiny_model_dir,
         assert warm.status_code == 200 and names.COLD_START_HEADER not in warm.headers
 
         # idle for the stabilization window: back to zero, and a new request wakes the pools again
-        wait_for("both pools back at zero", lambda: routable(url, "prefill") == 0 and routable(url, "decode") == 0, 120)
+        wait_for(
+            "both pools back at zero",
+            lambda: routable(url, "prefill") == 0 and routable(url, "decode") == 0,
+            120,
+        )
         again = httpx.post(f"{url}/v1/completions", json=BODY, timeout=300)
         assert again.status_code == 200 and int(again.headers[names.COLD_START_HEADER]) >= 500
-        assert gauge(url, names.ROUTER_HELD_REQUESTS, "decode") == 0 and queue_depth(url) == 0  # nothing left behind
+        assert (
+            gauge(url, names.ROUTER_HELD_REQUESTS, "decode") == 0 and queue_depth(url) == 0
+        )  # nothing left behind
         up.send_signal(signal.SIGTERM)
         assert up.wait(timeout=30) == 0
     finally:

@@ -37,12 +37,38 @@ def decode_worker(tiny_model_dir, tmp_path):
     port = free_port_block(4)
     log = open(tmp_path / "worker.log", "w+")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tandem", "worker", "--role", "decode", "--model-dir", str(tiny_model_dir),
-         "--served-name", "tiny", "--device", "cpu", "--threads", "1", "--num-kv-blocks", "512",
-         "--max-running", str(MAX_RUNNING), "--kv-transport", "grpc", "--port", str(port),
-         "--health-port", str(port + 1), "--drain-timeout", "2"],
-        stdout=log, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tandem",
+            "worker",
+            "--role",
+            "decode",
+            "--model-dir",
+            str(tiny_model_dir),
+            "--served-name",
+            "tiny",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            "--num-kv-blocks",
+            "512",
+            "--max-running",
+            str(MAX_RUNNING),
+            "--kv-transport",
+            "grpc",
+            "--port",
+            str(port),
+            "--health-port",
+            str(port + 1),
+            "--drain-timeout",
+            "2",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 600  # a hang, not slowness: a busy host starts a worker slowly
         while "READY" not in (tmp_path / "worker.log").read_text():
@@ -57,9 +83,10 @@ def decode_worker(tiny_model_dir, tmp_path):
 
 def _generate(stub, i: int, opened: list, refused: list, stop: threading.Event) -> None:
     request = common_pb2.GenerateRequest(
-        request_id=f"r{i}", prompt_token_ids=[1, 2, 3, 4 + i],
+        request_id=f"r{i}",
+        prompt_token_ids=[1, 2, 3, 4 + i],
         sampling=params_to_proto(SamplingParams(max_tokens=4000, ignore_eos=True)),
-    )  # fmt: skip
+    )
     call = stub.Generate(request, timeout=120)
     try:
         for _ in call:
@@ -100,7 +127,9 @@ def test_probes_and_load_reports_answer_at_once_with_every_stream_taken(decode_w
             # answered while the worker still holds every stream: no stream ended to free a thread for it
             assert (report.running_sequences, report.waiting_sequences) == held
         # a client past the bound is refused at once, naming the limit (the router tries another worker)
-        assert len(opened) == MAX_RUNNING and len(refused) == CLIENTS - taken, f"{opened} streaming, {len(refused)} refused"
+        assert len(opened) == MAX_RUNNING and len(refused) == CLIENTS - taken, (
+            f"{opened} streaming, {len(refused)} refused"
+        )
         assert {code for code, _ in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
         assert all("try another worker" in details for _, details in refused)
     finally:

@@ -75,8 +75,9 @@ def helm(control_plane) -> str:
 
 def helm_template(helm: str, release: str, *args: str) -> list[dict]:
     """The chart's objects as `helm template` renders them with `args` (values, --namespace, --show-only)."""
-    out = subprocess.run([helm, "template", release, str(CHART), *args], check=True, capture_output=True, text=True,
-                         timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [helm, "template", release, str(CHART), *args], check=True, capture_output=True, text=True, timeout=60
+    )
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
@@ -86,8 +87,13 @@ def namespace(control_plane):
     control_plane.kubectl("create", "namespace", name)
     # every pod the operator renders must pass the restricted Pod Security Standard, or admission refuses it
     control_plane.kubectl("label", "namespace", name, f"{PSS_ENFORCE}=restricted")
-    wait_for(lambda: control_plane.kubectl("get", "serviceaccount", "default", "-n", name,
-                                           check=False).returncode == 0, 60, "default service account")
+    wait_for(
+        lambda: (
+            control_plane.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0
+        ),
+        60,
+        "default service account",
+    )
     yield name
     control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
 

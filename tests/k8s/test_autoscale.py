@@ -22,12 +22,16 @@ from tests.k8s.test_operator_lifecycle import condition
 
 def _svc(name: str, decode: int, autoscaling: dict | None = None) -> dict:
     return {
-        "apiVersion": "serving.tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": name},
-        "spec": {"model": {"source": {"path": "/models/m"}, "servedName": name},
-                 "prefill": {"replicas": 1, "resources": {"gpus": 0}},
-                 "decode": {"replicas": decode, "maxReplicas": 4, "resources": {"gpus": 0}},
-                 "autoscaling": autoscaling or {"enabled": False}},
-    }  # fmt: skip
+        "apiVersion": "serving.tandem.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"source": {"path": "/models/m"}, "servedName": name},
+            "prefill": {"replicas": 1, "resources": {"gpus": 0}},
+            "decode": {"replicas": decode, "maxReplicas": 4, "resources": {"gpus": 0}},
+            "autoscaling": autoscaling or {"enabled": False},
+        },
+    }
 
 
 def _pods(cp, ns: str, name: str, pool: str) -> list[dict]:
@@ -36,15 +40,21 @@ def _pods(cp, ns: str, name: str, pool: str) -> list[dict]:
 
 
 def _ready(pods: list[dict]) -> list[dict]:
-    return [p for p in pods if not p["metadata"].get("deletionTimestamp")
-            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])]
+    return [
+        p
+        for p in pods
+        if not p["metadata"].get("deletionTimestamp")
+        and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])
+    ]
 
 
 def test_scale_down_removes_the_pod_with_the_fewest_running_sequences(control_plane, operator, namespace):
     cp, ns = control_plane, namespace
     obj = _svc("victim", decode=3)
     cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(obj))
-    pods = wait_for(lambda: len(r := _ready(_pods(cp, ns, "victim", "decode"))) == 3 and r, 120, "3 decode pods Ready")
+    pods = wait_for(
+        lambda: len(r := _ready(_pods(cp, ns, "victim", "decode"))) == 3 and r, 120, "3 decode pods Ready"
+    )
     spec = parse_object({**obj, "metadata": {"name": "victim", "namespace": ns}}).spec
     pod_spec = pods[0]["spec"]
     assert pod_spec["terminationGracePeriodSeconds"] > drain_timeout_seconds(spec)
@@ -54,22 +64,42 @@ def test_scale_down_removes_the_pod_with_the_fewest_running_sequences(control_pl
     load = {names_[0]: 7.0, names_[1]: 0.0, names_[2]: 3.0}  # what each pod's /metrics would say
     kube = Kube(kube_config.new_client_from_config(str(cp.kubeconfig("admin"))))
     owner = get_json(cp, "tsvc", "victim", namespace=ns)
-    actuator = KubeActuator(kube, owner, (Pool.prefill, Pool.decode), lambda ps: {p["metadata"]["name"]: load[p["metadata"]["name"]] for p in ps})
+    actuator = KubeActuator(
+        kube,
+        owner,
+        (Pool.prefill, Pool.decode),
+        lambda ps: {p["metadata"]["name"]: load[p["metadata"]["name"]] for p in ps},
+    )
     assert actuator.replicas()[Pool.decode].ready == 3
     assert actuator.mark_victims(Pool.decode) == {names_[0]: 7, names_[1]: 0, names_[2]: 3}
-    costs = {p["metadata"]["name"]: p["metadata"]["annotations"][DELETION_COST] for p in _pods(cp, ns, "victim", "decode")}
+    costs = {
+        p["metadata"]["name"]: p["metadata"]["annotations"][DELETION_COST]
+        for p in _pods(cp, ns, "victim", "decode")
+    }
     assert costs == {names_[0]: "7", names_[1]: "0", names_[2]: "3"}
     actuator.apply(Decision(Pool.decode, 3, 2, "decode 3->2: test", "ScaleDown"))
-    wait_for(lambda: {p["metadata"]["name"] for p in _ready(_pods(cp, ns, "victim", "decode"))} == {names_[0], names_[2]},
-             120, f"{names_[1]} (no running sequences) removed, the busy ones kept")
+    wait_for(
+        lambda: (
+            {p["metadata"]["name"] for p in _ready(_pods(cp, ns, "victim", "decode"))}
+            == {names_[0], names_[2]}
+        ),
+        120,
+        f"{names_[1]} (no running sequences) removed, the busy ones kept",
+    )
     events = get_json(cp, "events", "--field-selector", "involvedObject.name=victim", namespace=ns)["items"]
     assert any(e["reason"] == "ScaledDown" and "decode 3->2" in e["message"] for e in events)
 
 
 def test_without_metrics_slo_met_is_unknown_and_the_pools_hold(control_plane, operator, namespace):
     cp, ns = control_plane, namespace
-    cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(
-        _svc("blind", decode=2, autoscaling={"enabled": True, "intervalSeconds": 1})))
+    cp.kubectl(
+        "apply",
+        "-n",
+        ns,
+        "-f",
+        "-",
+        input=yaml.safe_dump(_svc("blind", decode=2, autoscaling={"enabled": True, "intervalSeconds": 1})),
+    )
 
     def unknown():
         c = condition(get_json(cp, "tsvc", "blind", namespace=ns), "SLOMet")
@@ -123,16 +153,30 @@ def test_a_flip_relabels_a_pod_leaves_the_replicasets_alone_and_the_flipped_pod_
 
     cp, ns = control_plane, namespace
     cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(_svc("flipper", decode=3)))
-    pods = wait_for(lambda: len(r := _ready(_pods(cp, ns, "flipper", "decode"))) == 3 and r, 120, "3 decode pods Ready")
+    pods = wait_for(
+        lambda: len(r := _ready(_pods(cp, ns, "flipper", "decode"))) == 3 and r, 120, "3 decode pods Ready"
+    )
     wait_for(lambda: len(_ready(_pods(cp, ns, "flipper", "prefill"))) == 1, 120, "1 prefill pod Ready")
     names_ = sorted(p["metadata"]["name"] for p in pods)
     load = {names_[0]: 4.0, names_[1]: 1.0, names_[2]: 6.0}
     kube = Kube(kube_config.new_client_from_config(str(cp.kubeconfig("admin"))))
     owner = get_json(cp, "tsvc", "flipper", namespace=ns)
-    actuator = KubeActuator(kube, owner, (Pool.prefill, Pool.decode),
-                            lambda ps: {p["metadata"]["name"]: load.get(p["metadata"]["name"], 0.0) for p in ps})  # fmt: skip
+    actuator = KubeActuator(
+        kube,
+        owner,
+        (Pool.prefill, Pool.decode),
+        lambda ps: {p["metadata"]["name"]: load.get(p["metadata"]["name"], 0.0) for p in ps},
+    )
     actuator.refresh()
-    actuator.flip(Flip(Pool.decode, Pool.prefill, 1, "FlippedToPrefill: TTFT p90 7070 ms > 1000 ms SLO", "FlippedToPrefill"))
+    actuator.flip(
+        Flip(
+            Pool.decode,
+            Pool.prefill,
+            1,
+            "FlippedToPrefill: TTFT p90 7070 ms > 1000 ms SLO",
+            "FlippedToPrefill",
+        )
+    )
     lent = get_json(cp, "pod", names_[1], namespace=ns)
     assert lent["metadata"]["labels"][names.LABEL_ROLE] == "prefill"  # the emptiest decode pod
     assert FLIPPED_AT in lent["metadata"]["annotations"]
@@ -141,7 +185,9 @@ def test_a_flip_relabels_a_pod_leaves_the_replicasets_alone_and_the_flipped_pod_
     # prefill 2->3 by role is one more prefill pod of its own; decode's ReplicaSet makes no pod for the lent one
     actuator.apply(Decision(Pool.prefill, 2, 3, "prefill 2->3: test", "SLOBreach"))
     assert get_json(cp, "tpool", "flipper-prefill", namespace=ns)["spec"]["replicas"] == 2
-    wait_for(lambda: len(_ready(_pods(cp, ns, "flipper", "prefill"))) == 2, 120, "prefill's own second pod Ready")
+    wait_for(
+        lambda: len(_ready(_pods(cp, ns, "flipper", "prefill"))) == 2, 120, "prefill's own second pod Ready"
+    )
     time.sleep(2)
     assert sorted(p["metadata"]["name"] for p in _pods(cp, ns, "flipper", "decode")) == names_
     # back home, then decode steps down: the pod the flip touched goes first, though not the emptiest now
@@ -151,8 +197,14 @@ def test_a_flip_relabels_a_pod_leaves_the_replicasets_alone_and_the_flipped_pod_
     load[names_[1]] = 5.0
     actuator.refresh()
     actuator.apply(Decision(Pool.decode, 3, 2, "decode 3->2: test", "ScaleDown"))
-    wait_for(lambda: {p["metadata"]["name"] for p in _ready(_pods(cp, ns, "flipper", "decode"))} == {names_[0], names_[2]},
-             120, f"{names_[1]} (flipped and back) removed first")  # fmt: skip
+    wait_for(
+        lambda: (
+            {p["metadata"]["name"] for p in _ready(_pods(cp, ns, "flipper", "decode"))}
+            == {names_[0], names_[2]}
+        ),
+        120,
+        f"{names_[1]} (flipped and back) removed first",
+    )
     events = get_json(cp, "events", "--field-selector", "involvedObject.name=flipper", namespace=ns)["items"]
     assert any(e["reason"] == "FlippedToPrefill" and names_[1] in e["message"] for e in events)
 
@@ -171,18 +223,29 @@ def test_mode_auto_collapse_relabels_the_prefill_pod_drains_the_decode_pod_and_s
     obj = _svc("shaper", decode=1, autoscaling={"enabled": True})
     obj["spec"] |= {"mode": "auto", "roleFlip": True}
     cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(obj))
-    (p0,) = wait_for(lambda: len(r := _ready(_pods(cp, ns, "shaper", "prefill"))) == 1 and r, 120, "1 prefill pod Ready")
-    (d0,) = wait_for(lambda: len(r := _ready(_pods(cp, ns, "shaper", "decode"))) == 1 and r, 120, "1 decode pod Ready")
+    (p0,) = wait_for(
+        lambda: len(r := _ready(_pods(cp, ns, "shaper", "prefill"))) == 1 and r, 120, "1 prefill pod Ready"
+    )
+    (d0,) = wait_for(
+        lambda: len(r := _ready(_pods(cp, ns, "shaper", "decode"))) == 1 and r, 120, "1 decode pod Ready"
+    )
     p0, d0 = p0["metadata"]["name"], d0["metadata"]["name"]
     kube = Kube(kube_config.new_client_from_config(str(cp.kubeconfig("admin"))))
     owner = get_json(cp, "tsvc", "shaper", namespace=ns)
     actuator = KubeActuator(kube, owner, SHAPE_POOLS, lambda ps: {p["metadata"]["name"]: 0.0 for p in ps})
     assert current_shape(actuator.replicas()) == Shape(prefill=1, decode=1)
     reason = "Collapsed: 0 req/s fits 1 colocated worker at TPOT p90 5 ms <= 50 ms; the split needs 1P+1D at 2 GPUs"
-    actuator.reshape(ShapeDecision(ShapeAction.collapse, Shape(prefill=1, decode=1), Shape(colocated=1), reason))
+    actuator.reshape(
+        ShapeDecision(ShapeAction.collapse, Shape(prefill=1, decode=1), Shape(colocated=1), reason)
+    )
     assert get_json(cp, "pod", p0, namespace=ns)["metadata"]["labels"][names.LABEL_ROLE] == "colocated"
-    wait_for(lambda: p0 in _endpoints(cp, ns, "colocated", "shaper") and not _endpoints(cp, ns, "prefill", "shaper"),
-             60, "the colocated Service selects the relabelled pod")  # fmt: skip
+    wait_for(
+        lambda: (
+            p0 in _endpoints(cp, ns, "colocated", "shaper") and not _endpoints(cp, ns, "prefill", "shaper")
+        ),
+        60,
+        "the colocated Service selects the relabelled pod",
+    )
     actuator.step_reshape()  # the next tick: no wave left, the decode pod drains
     left = get_json(cp, "pod", d0, namespace=ns)  # kwok may have removed it already
     assert left is None or left["metadata"]["annotations"][DELETION_COST] == "-1000"

@@ -20,8 +20,17 @@ def _exposed(cp, ns: str) -> list[dict]:
 
 
 def _expose(cp, ns: str, name: str, type_: str) -> None:
-    cp.kubectl("expose", "deployment", f"{SERVICE}-router", "-n", ns, f"--name={name}", f"--type={type_}", "--port=80",
-               "--target-port=http")
+    cp.kubectl(
+        "expose",
+        "deployment",
+        f"{SERVICE}-router",
+        "-n",
+        ns,
+        f"--name={name}",
+        f"--type={type_}",
+        "--port=80",
+        "--target-port=http",
+    )
 
 
 def test_a_keyless_router_behind_a_load_balancer_gets_a_warning_event(control_plane, operator, namespace):
@@ -31,14 +40,18 @@ def test_a_keyless_router_behind_a_load_balancer_gets_a_warning_event(control_pl
     wait_for(lambda: ready_at_current_generation(cp, ns), 180, "Ready")
     _expose(cp, ns, "inside", "ClusterIP")  # reachable in the cluster only: nothing to say
     _expose(cp, ns, "public", "LoadBalancer")
-    (event,) = wait_for(lambda: _exposed(cp, ns), 60, "an ExposedWithoutAPIKeys Warning Event")  # the next resync
+    (event,) = wait_for(
+        lambda: _exposed(cp, ns), 60, "an ExposedWithoutAPIKeys Warning Event"
+    )  # the next resync
     assert "Service public (LoadBalancer)" in event["message"] and "inside" not in event["message"]
     assert "spec.security.apiKeys" in event["message"]
     time.sleep(12)  # another resync (10 s in these tests): the same exposure is not warned again
     assert len(_exposed(cp, ns)) == 1
     _expose(cp, ns, "debug", "NodePort")
     wait_for(lambda: len(_exposed(cp, ns)) == 2, 60, "a second event for the new way in")
-    assert any("Service debug (NodePort), Service public (LoadBalancer)" in e["message"] for e in _exposed(cp, ns))
+    assert any(
+        "Service debug (NodePort), Service public (LoadBalancer)" in e["message"] for e in _exposed(cp, ns)
+    )
 
 
 def test_api_keys_silence_the_warning(control_plane, operator, namespace):

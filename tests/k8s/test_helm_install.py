@@ -50,7 +50,9 @@ def cluster():
         cp.stop()
 
 
-def helm(cp: ControlPlane, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+def helm(
+    cp: ControlPlane, *args: str, check: bool = True, timeout: float = 300
+) -> subprocess.CompletedProcess:
     cmd = [str(cp.bin / "helm"), "--kubeconfig", str(cp.kubeconfig("admin")), *args]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if check and out.returncode != 0:
@@ -61,7 +63,9 @@ def helm(cp: ControlPlane, *args: str, check: bool = True, timeout: float = 300)
 @pytest.fixture(scope="module")
 def installed(cluster):
     assert DOC_INSTALL[:2] == [RELEASE, str(CHART)] and "--create-namespace" in DOC_INSTALL, DOC_INSTALL
-    assert DOC_INSTALL[DOC_INSTALL.index("-n") + 1] == NS, DOC_INSTALL  # the namespace the tests below look in
+    assert DOC_INSTALL[DOC_INSTALL.index("-n") + 1] == NS, (
+        DOC_INSTALL
+    )  # the namespace the tests below look in
     out = helm(cluster, "install", *DOC_INSTALL, "--wait", "--timeout", "4m")
     return out.stdout
 
@@ -84,11 +88,17 @@ def chart_operator(cluster, installed):
     env["POD_NAMESPACE"] = NS  # the downward API's value in the pod
     sa = dep["spec"]["template"]["spec"]["serviceAccountName"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert f"--metrics-port={ports['metrics']}" in container["args"]  # the autoscaler's metrics, on a named port
+    assert (
+        f"--metrics-port={ports['metrics']}" in container["args"]
+    )  # the autoscaler's metrics, on a named port
     metrics_port = free_port()  # on loopback, beside other tests' processes (argparse: the last flag wins)
-    op = Operator(cluster, "chart-operator", extra_env=env,
-                  args=[*container["args"][1:], f"--metrics-port={metrics_port}"],
-                  kubeconfig=service_account_kubeconfig(cluster, sa))
+    op = Operator(
+        cluster,
+        "chart-operator",
+        extra_env=env,
+        args=[*container["args"][1:], f"--metrics-port={metrics_port}"],
+        kubeconfig=service_account_kubeconfig(cluster, sa),
+    )
     op.metrics_port = metrics_port
     op.start().wait_leading(timeout=90)
     yield op
@@ -117,8 +127,11 @@ def test_install_establishes_crds_and_creates_the_operator(cluster, installed):
 def test_operator_with_the_charts_identity_reconciles_the_example(cluster, chart_operator):
     cp = cluster
     cp.kubectl("create", "namespace", "serving")
-    wait_for(lambda: cp.kubectl("get", "serviceaccount", "default", "-n", "serving", check=False).returncode == 0,
-             60, "default service account")
+    wait_for(
+        lambda: cp.kubectl("get", "serviceaccount", "default", "-n", "serving", check=False).returncode == 0,
+        60,
+        "default service account",
+    )
     cp.kubectl("apply", "-f", "-", input=model_volume("serving"))
     cp.kubectl("apply", "-n", "serving", "-f", str(EXAMPLE))
     try:
@@ -132,7 +145,9 @@ def test_operator_with_the_charts_identity_reconciles_the_example(cluster, chart
 
 
 def test_the_charts_operator_serves_the_autoscalers_metrics(chart_operator):
-    body = urllib.request.urlopen(f"http://127.0.0.1:{chart_operator.metrics_port}/metrics", timeout=10).read()
+    body = urllib.request.urlopen(
+        f"http://127.0.0.1:{chart_operator.metrics_port}/metrics", timeout=10
+    ).read()
     assert f"# HELP {names.AUTOSCALER_DECISIONS_TOTAL}".encode() in body
 
 
@@ -144,49 +159,109 @@ def test_helm_test_hook_passes(cluster, chart_operator):
     manifest = helm(cp, "get", "hooks", RELEASE, "-n", NS).stdout
     assert "--check" in manifest and f"serviceAccountName: {sa}" in manifest
     check = subprocess.run(
-        [sys.executable, "-m", "tandem", "operator", "--check", f"--lease-name={RELEASE}",
-         "--kubeconfig", str(service_account_kubeconfig(cp, sa))],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "POD_NAMESPACE": NS},
+        [
+            sys.executable,
+            "-m",
+            "tandem",
+            "operator",
+            "--check",
+            f"--lease-name={RELEASE}",
+            "--kubeconfig",
+            str(service_account_kubeconfig(cp, sa)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "POD_NAMESPACE": NS},
     )
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "ok: 1 InferenceService(s) in all namespaces" in check.stdout and f"leads {NS}/{RELEASE}" in check.stdout
+    assert (
+        "ok: 1 InferenceService(s) in all namespaces" in check.stdout
+        and f"leads {NS}/{RELEASE}" in check.stdout
+    )
     assert DOC_TEST == [RELEASE, "-n", NS], DOC_TEST
     out = helm(cp, "test", *DOC_TEST, "--timeout", "3m")
-    assert f"TEST SUITE:     {RELEASE}-check" in out.stdout and "Phase:          Succeeded" in out.stdout, out.stdout
+    assert f"TEST SUITE:     {RELEASE}-check" in out.stdout and "Phase:          Succeeded" in out.stdout, (
+        out.stdout
+    )
 
 
 def test_top_reads_the_kubernetes_api(cluster, chart_operator):
     """`tandem top --kube` on the reconciled example: replicas from its status, the SLO from its spec, and
     the newest scaling decision from an Event like the autoscaler's (reason code, message = its reason)."""
     cp = cluster
-    event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "llama-8b-decode.scale", "namespace": "serving"},
-             "involvedObject": {"apiVersion": "serving.tandem.dev/v1alpha1", "kind": "TandemPool",
-                                "name": f"{SERVICE}-decode", "namespace": "serving"},
-             "reason": "SLOBreach", "message": "decode 2->3: TPOT p90 61 ms > 40 ms SLO", "type": "Normal",
-             "firstTimestamp": "2026-01-01T00:00:00Z", "lastTimestamp": "2026-01-01T00:00:00Z",
-             "source": {"component": "tandem-autoscaler"}}  # fmt: skip
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": "llama-8b-decode.scale", "namespace": "serving"},
+        "involvedObject": {
+            "apiVersion": "serving.tandem.dev/v1alpha1",
+            "kind": "TandemPool",
+            "name": f"{SERVICE}-decode",
+            "namespace": "serving",
+        },
+        "reason": "SLOBreach",
+        "message": "decode 2->3: TPOT p90 61 ms > 40 ms SLO",
+        "type": "Normal",
+        "firstTimestamp": "2026-01-01T00:00:00Z",
+        "lastTimestamp": "2026-01-01T00:00:00Z",
+        "source": {"component": "tandem-autoscaler"},
+    }
     cp.kubectl("apply", "-f", "-", input=json.dumps(event))
     out = subprocess.run(
-        [sys.executable, "-m", "tandem", "top", "--kube", "--kubeconfig", str(cp.kubeconfig("admin")), "--iterations", "1"],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "260"},
+        [
+            sys.executable,
+            "-m",
+            "tandem",
+            "top",
+            "--kube",
+            "--kubeconfig",
+            str(cp.kubeconfig("admin")),
+            "--iterations",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "260"},
     )
     assert out.returncode == 0, out.stderr
     (row,) = [line for line in out.stdout.splitlines() if f"serving/{SERVICE}" in line]
     cells = [c.strip() for c in row.split("│")[1:-1]]
     assert cells[1] == "prefill 1/1  decode 2/2  router 1/1", cells  # ready/desired from the status
-    assert cells[2].startswith("- / 400ms") and cells[3].startswith("- / 40ms")  # the spec's SLO, no traffic yet
+    assert cells[2].startswith("- / 400ms") and cells[3].startswith(
+        "- / 40ms"
+    )  # the spec's SLO, no traffic yet
     assert "ago llama-8b-decode: decode 2->3: TPOT p90 61 ms > 40 ms SLO" in cells[6], cells
 
 
 def test_upgrade_applies_changed_values(cluster, installed):
     cp = cluster
-    helm(cp, "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values", "--set", "replicas=1",
-         "--set", "resyncSeconds=30", "--set", "monitoring.dashboards.enabled=false", "--wait", "--timeout", "3m")
+    helm(
+        cp,
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "-n",
+        NS,
+        "--reuse-values",
+        "--set",
+        "replicas=1",
+        "--set",
+        "resyncSeconds=30",
+        "--set",
+        "monitoring.dashboards.enabled=false",
+        "--wait",
+        "--timeout",
+        "3m",
+    )
     dep = get_json(cp, "deployment", RELEASE, namespace=NS)
     assert dep["spec"]["replicas"] == 1
     (container,) = dep["spec"]["template"]["spec"]["containers"]
     assert {"name": "TANDEM_RESYNC_SECONDS", "value": "30"} in container["env"]
-    assert get_json(cp, "configmap", f"{RELEASE}-dashboards", namespace=NS) is None  # a value turned off removes it
+    assert (
+        get_json(cp, "configmap", f"{RELEASE}-dashboards", namespace=NS) is None
+    )  # a value turned off removes it
     history = json.loads(helm(cp, "history", RELEASE, "-n", NS, "-o", "json").stdout)
     assert [h["revision"] for h in history] == [1, 2] and history[-1]["status"] == "deployed"
 
@@ -204,15 +279,31 @@ def test_upgrade_updates_a_changed_crd_and_keeps_live_objects(cluster, chart_ope
     crd = yaml.safe_load(crd_file.read_text())
     (version,) = crd["spec"]["versions"]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    spec["properties"]["upgradeMarker"] = {"type": "string", "description": "Added by the next chart version."}
-    version["additionalPrinterColumns"].append({"name": "Marker", "type": "string", "jsonPath": ".spec.upgradeMarker"})
+    spec["properties"]["upgradeMarker"] = {
+        "type": "string",
+        "description": "Added by the next chart version.",
+    }
+    version["additionalPrinterColumns"].append(
+        {"name": "Marker", "type": "string", "jsonPath": ".spec.upgradeMarker"}
+    )
     crd_file.write_text(yaml.safe_dump(crd))
 
     def marker_kept() -> bool:  # a server-side dry run returns what the API server would store
         obj = yaml.safe_load(EXAMPLE.read_text())
         obj["spec"]["upgradeMarker"] = "v2"
-        out = cp.kubectl("apply", "--dry-run=server", "--validate=strict", "-n", "serving", "-o", "json", "-f", "-",
-                         input=json.dumps(obj), check=False)
+        out = cp.kubectl(
+            "apply",
+            "--dry-run=server",
+            "--validate=strict",
+            "-n",
+            "serving",
+            "-o",
+            "json",
+            "-f",
+            "-",
+            input=json.dumps(obj),
+            check=False,
+        )
         if out.returncode != 0:
             assert 'unknown field "spec.upgradeMarker"' in out.stderr, out.stderr
             return False
@@ -232,11 +323,30 @@ def test_upgrade_updates_a_changed_crd_and_keeps_live_objects(cluster, chart_ope
     assert get_json(cp, *objects[0], namespace="serving")["metadata"]["uid"] == uids[objects[0]]
 
 
-@pytest.mark.parametrize(("value", "named"), [("replicas=0", "replicas"), ("image.pullPolicy=Sometimes", "pullPolicy"),
-                                              ("resyncSeconds=often", "resyncSeconds")])
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ("replicas=0", "replicas"),
+        ("image.pullPolicy=Sometimes", "pullPolicy"),
+        ("resyncSeconds=often", "resyncSeconds"),
+    ],
+)
 def test_a_value_the_schema_refuses_fails_install_naming_it(cluster, installed, value, named):
-    out = helm(cluster, "install", "refused", str(CHART), "-n", "refused", "--create-namespace", "--set", value, check=False)
-    assert out.returncode != 0 and "values don't meet the specifications of the schema" in out.stderr, out.stderr
+    out = helm(
+        cluster,
+        "install",
+        "refused",
+        str(CHART),
+        "-n",
+        "refused",
+        "--create-namespace",
+        "--set",
+        value,
+        check=False,
+    )
+    assert out.returncode != 0 and "values don't meet the specifications of the schema" in out.stderr, (
+        out.stderr
+    )
     assert named in out.stderr
     assert "refused" not in helm(cluster, "list", "-A", "-q").stdout.split()
 
@@ -246,13 +356,18 @@ def test_uninstall_leaves_only_the_crds(cluster, chart_operator):
     cp.kubectl("delete", "tsvc", SERVICE, "-n", "serving", "--wait=true", "--timeout=120s")
     chart_operator.stop()
     helm(cp, "uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "3m")
-    for kinds, ns in (("deployments,replicasets,serviceaccounts,configmaps,jobs,pods,secrets", ["-n", NS]),
-                      ("clusterroles,clusterrolebindings", [])):
+    for kinds, ns in (
+        ("deployments,replicasets,serviceaccounts,configmaps,jobs,pods,secrets", ["-n", NS]),
+        ("clusterroles,clusterrolebindings", []),
+    ):
+
         def gone(kinds=kinds, ns=ns):  # pods and ReplicaSets go through the garbage collector
             return cp.kubectl("get", kinds, *ns, "-l", CHART_LABEL, "-o", "name").stdout.split() == []
 
         wait_for(gone, 60, f"no {kinds} of the release left")
     assert get_json(cp, "serviceaccount", RELEASE, namespace=NS) is None
-    assert cp.kubectl("get", "secrets", "-n", NS, "-l", "owner=helm", "-o", "name").stdout.split() == []  # release records
+    assert (
+        cp.kubectl("get", "secrets", "-n", NS, "-l", "owner=helm", "-o", "name").stdout.split() == []
+    )  # release records
     for crd in CRDS:  # helm.sh/resource-policy: keep
         assert get_json(cp, "crd", crd) is not None

@@ -14,9 +14,21 @@ from tests.k8s.test_operator_lifecycle import condition, ready_at_current_genera
 
 
 def _apply(cp, ns: str, name: str, spec: dict) -> None:
-    cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump({
-        "apiVersion": "serving.tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": name},
-        "spec": {"model": {"source": {"path": "/models/m"}, "servedName": name}, **spec}}))
+    cp.kubectl(
+        "apply",
+        "-n",
+        ns,
+        "-f",
+        "-",
+        input=yaml.safe_dump(
+            {
+                "apiVersion": "serving.tandem.dev/v1alpha1",
+                "kind": "InferenceService",
+                "metadata": {"name": name},
+                "spec": {"model": {"source": {"path": "/models/m"}, "servedName": name}, **spec},
+            }
+        ),
+    )
 
 
 def degraded(cp, ns: str, name: str, reason: str) -> dict | None:
@@ -26,8 +38,9 @@ def degraded(cp, ns: str, name: str, reason: str) -> dict | None:
 
 
 def warning_events(cp, ns: str, name: str) -> list[dict]:
-    events = get_json(cp, "events", "--field-selector", f"involvedObject.name={name},type=Warning",
-                      namespace=ns)["items"]
+    events = get_json(
+        cp, "events", "--field-selector", f"involvedObject.name={name},type=Warning", namespace=ns
+    )["items"]
     return [e for e in events if e["involvedObject"]["kind"] == "InferenceService"]
 
 
@@ -37,13 +50,15 @@ def failed_reconciles(log: str, ns: str, name: str) -> int:
 
 def quota_refuses_services(cp, ns: str) -> bool:
     """A quota binds only once the quota controller has counted it: probe admission with a dry run."""
-    out = cp.kubectl("create", "service", "clusterip", "probe", "--tcp=80", "--dry-run=server", "-n", ns,
-                     check=False)
+    out = cp.kubectl(
+        "create", "service", "clusterip", "probe", "--tcp=80", "--dry-run=server", "-n", ns, check=False
+    )
     return out.returncode != 0 and "exceeded quota" in out.stderr
 
 
-def test_refused_child_degrades_with_the_servers_message_builds_nothing_and_backs_off(control_plane, operator,
-                                                                                         namespace):
+def test_refused_child_degrades_with_the_servers_message_builds_nothing_and_backs_off(
+    control_plane, operator, namespace
+):
     cp, ns = control_plane, namespace
     cp.kubectl("create", "quota", "no-services", "--hard=services=0", "-n", ns)
     wait_for(lambda: quota_refuses_services(cp, ns), 60, "the quota to bind")

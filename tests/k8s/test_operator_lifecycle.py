@@ -21,15 +21,33 @@ POOLS = {"prefill": 1, "decode": 2, "router": 1}
 
 def model_volume(namespace: str) -> str:
     """A static PV + PVC named `models`, so the example's pods can be scheduled."""
-    return yaml.safe_dump_all([
-        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"models-{namespace}"},
-         "spec": {"capacity": {"storage": "100Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
-                  "hostPath": {"path": "/tmp/tandem-models"},
-                  "claimRef": {"namespace": namespace, "name": "models"}}},
-        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "models", "namespace": namespace},
-         "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": f"models-{namespace}",
-                  "resources": {"requests": {"storage": "100Gi"}}}},
-    ])
+    return yaml.safe_dump_all(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": f"models-{namespace}"},
+                "spec": {
+                    "capacity": {"storage": "100Gi"},
+                    "accessModes": ["ReadOnlyMany"],
+                    "storageClassName": "",
+                    "hostPath": {"path": "/tmp/tandem-models"},
+                    "claimRef": {"namespace": namespace, "name": "models"},
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "models", "namespace": namespace},
+                "spec": {
+                    "accessModes": ["ReadOnlyMany"],
+                    "storageClassName": "",
+                    "volumeName": f"models-{namespace}",
+                    "resources": {"requests": {"storage": "100Gi"}},
+                },
+            },
+        ]
+    )
 
 
 def condition(obj: dict | None, ctype: str) -> dict:
@@ -43,8 +61,11 @@ def ready_at_current_generation(cp, namespace: str, name: str = SERVICE) -> dict
     obj = get_json(cp, "tsvc", name, namespace=namespace)
     gen = obj["metadata"]["generation"]
     c = condition(obj, "Ready")
-    ok = (c.get("status") == "True" and c.get("observedGeneration") == gen
-          and obj["status"].get("observedGeneration") == gen)
+    ok = (
+        c.get("status") == "True"
+        and c.get("observedGeneration") == gen
+        and obj["status"].get("observedGeneration") == gen
+    )
     return obj if ok else None
 
 
@@ -68,7 +89,12 @@ def test_apply_creates_ready_gpu_pools(control_plane, llama):
         dep = deployment(cp, ns, pool)
         assert dep["spec"]["replicas"] == replicas
         (ref,) = dep["metadata"]["ownerReferences"]
-        assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == ("InferenceService", SERVICE, uid, True)
+        assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
+            "InferenceService",
+            SERVICE,
+            uid,
+            True,
+        )
         labels = dep["spec"]["template"]["metadata"]["labels"]
         assert labels[names.LABEL_SERVICE] == SERVICE and labels[names.LABEL_POOL] == pool
         (c,) = dep["spec"]["template"]["spec"]["containers"]
@@ -85,27 +111,57 @@ def test_apply_creates_ready_gpu_pools(control_plane, llama):
         assert svc["metadata"]["ownerReferences"][0]["uid"] == uid
         assert svc["spec"]["selector"] == {names.LABEL_SERVICE: SERVICE, names.LABEL_POOL: pool}
     assert get_json(cp, "configmap", f"{SERVICE}-config", namespace=ns) is None  # pods get the spec in args
-    for kind in ("poddisruptionbudget/llama-8b-decode",
-                 "tpool/llama-8b-prefill", "tpool/llama-8b-decode"):
+    for kind in ("poddisruptionbudget/llama-8b-decode", "tpool/llama-8b-prefill", "tpool/llama-8b-decode"):
         assert get_json(cp, kind, namespace=ns)["metadata"]["ownerReferences"][0]["uid"] == uid, kind
     pods = get_json(cp, "pods", "-l", f"{names.LABEL_SERVICE}={SERVICE}", namespace=ns)["items"]
     assert len(pods) == sum(POOLS.values())
     for pod in pods:
         assert pod["spec"]["nodeName"].startswith("gpu-node-")
         assert condition(pod, "Ready")["status"] == "True"
-    assert isvc["status"]["pools"]["decode"] == {"desiredReplicas": 2, "readyReplicas": 2, "updatedReplicas": 2,
-                                                 "summary": "2/2"}
+    assert isvc["status"]["pools"]["decode"] == {
+        "desiredReplicas": 2,
+        "readyReplicas": 2,
+        "updatedReplicas": 2,
+        "summary": "2/2",
+    }
     assert isvc["status"]["routerEndpoint"] == f"http://{SERVICE}-router.{ns}.svc:{names.HTTP_PORT}"
     assert condition(isvc, "Degraded")["status"] == "False"
     assert not any(k.startswith("kopf") for k in isvc["metadata"].get("annotations") or {})
-    assert set(isvc["status"]) == {"observedGeneration", "conditions", "pools", "routerEndpoint", "workers", "coldStart"}
-    assert {s["cache"] for p in isvc["status"]["coldStart"].values() for s in p["samples"]} == {"none"}  # a PVC source
-    wait_for(lambda: {"Reconciled", "Ready"} <= set(cp.kubectl(  # Events are written after the status they report
-        "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={SERVICE}").stdout.split()),
-        30, "Reconciled and Ready Events")
+    assert set(isvc["status"]) == {
+        "observedGeneration",
+        "conditions",
+        "pools",
+        "routerEndpoint",
+        "workers",
+        "coldStart",
+    }
+    assert {s["cache"] for p in isvc["status"]["coldStart"].values() for s in p["samples"]} == {
+        "none"
+    }  # a PVC source
+    wait_for(
+        lambda: (
+            {"Reconciled", "Ready"}
+            <= set(
+                cp.kubectl(  # Events are written after the status they report
+                    "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={SERVICE}"
+                ).stdout.split()
+            )
+        ),
+        30,
+        "Reconciled and Ready Events",
+    )
     header, row = cp.kubectl("get", "tsvc", SERVICE, "-n", ns).stdout.splitlines()[:2]
     assert header.split()[:6] == ["NAME", "READY", "REASON", "MODE", "WORKERS", "ROUTER"]
-    assert row.split()[:8] == [SERVICE, "True", "AllPoolsReady", "disaggregated", "prefill", "1/1", "decode", "2/2"]
+    assert row.split()[:8] == [
+        SERVICE,
+        "True",
+        "AllPoolsReady",
+        "disaggregated",
+        "prefill",
+        "1/1",
+        "decode",
+        "2/2",
+    ]
     assert row.split()[8] == "1/1"
 
 
@@ -125,8 +181,11 @@ def _uids(pods: list[dict]) -> set[str]:
 def _patch_and_wait_ready(cp, ns: str, patch: str) -> None:
     gen = get_json(cp, "tsvc", SERVICE, namespace=ns)["metadata"]["generation"]
     cp.kubectl("patch", "tsvc", SERVICE, "-n", ns, "--type=merge", "-p", patch)
-    wait_for(lambda: (o := ready_at_current_generation(cp, ns)) and o["metadata"]["generation"] > gen, 120,
-             "Ready at the new generation")
+    wait_for(
+        lambda: (o := ready_at_current_generation(cp, ns)) and o["metadata"]["generation"] > gen,
+        120,
+        "Ready at the new generation",
+    )
 
 
 def test_slo_autoscaling_and_bounds_edits_restart_no_gpu_pod(control_plane, llama):
@@ -134,8 +193,12 @@ def test_slo_autoscaling_and_bounds_edits_restart_no_gpu_pod(control_plane, llam
     workers = ("prefill", "decode")
     pods = {pool: _uids(p) for pool, p in _live_pods(cp, ns).items() if pool in workers}
     generations = {pool: deployment(cp, ns, pool)["metadata"]["generation"] for pool in workers}
-    _patch_and_wait_ready(cp, ns, '{"spec":{"slo":{"ttftMs":300,"tpotMs":20},'
-                                  '"autoscaling":{"windowSeconds":120},"decode":{"maxReplicas":6}}}')
+    _patch_and_wait_ready(
+        cp,
+        ns,
+        '{"spec":{"slo":{"ttftMs":300,"tpotMs":20},'
+        '"autoscaling":{"windowSeconds":120},"decode":{"maxReplicas":6}}}',
+    )
     time.sleep(2)  # room for a wrong rollout to start
     assert {pool: deployment(cp, ns, pool)["metadata"]["generation"] for pool in workers} == generations
     assert {pool: _uids(p) for pool, p in _live_pods(cp, ns).items() if pool in workers} == pods
@@ -148,8 +211,11 @@ def test_engine_edit_rolls_the_workers_and_image_edit_rolls_every_pod(control_pl
     cp, ns = control_plane, llama
     before = {pool: _uids(p) for pool, p in _live_pods(cp, ns).items()}
     _patch_and_wait_ready(cp, ns, '{"spec":{"engine":{"maxBatchTokens":4096}}}')
-    after = wait_for(lambda: (p := _live_pods(cp, ns)) and all(len(p[k]) == n for k, n in POOLS.items()) and p,
-                     60, "old worker pods gone")
+    after = wait_for(
+        lambda: (p := _live_pods(cp, ns)) and all(len(p[k]) == n for k, n in POOLS.items()) and p,
+        60,
+        "old worker pods gone",
+    )
     for pool in ("prefill", "decode"):
         assert not _uids(after[pool]) & before[pool], f"{pool} pods were not replaced"
         for pod in after[pool]:
@@ -158,9 +224,17 @@ def test_engine_edit_rolls_the_workers_and_image_edit_rolls_every_pod(control_pl
     assert _uids(after["router"]) == before["router"]  # the router does not consume the engine section
 
     _patch_and_wait_ready(cp, ns, '{"spec":{"image":"tandem-worker:0.2.0"}}')
-    live = wait_for(lambda: (p := _live_pods(cp, ns)) and all(len(p[k]) == n for k, n in POOLS.items())
-                    and {q["spec"]["containers"][0]["image"] for v in p.values() for q in v} == {"tandem-worker:0.2.0"}
-                    and p, 60, "every pod on the new image")
+    live = wait_for(
+        lambda: (
+            (p := _live_pods(cp, ns))
+            and all(len(p[k]) == n for k, n in POOLS.items())
+            and {q["spec"]["containers"][0]["image"] for v in p.values() for q in v}
+            == {"tandem-worker:0.2.0"}
+            and p
+        ),
+        60,
+        "every pod on the new image",
+    )
     assert not _uids(live["router"]) & before["router"]
 
 
@@ -168,13 +242,24 @@ def test_scale_one_pool_changes_only_that_pool(control_plane, llama):
     cp, ns = control_plane, llama
     cp.kubectl("scale", "tpool", f"{SERVICE}-decode", "-n", ns, "--replicas=3")
     wait_for(lambda: deployment(cp, ns, "decode")["spec"]["replicas"] == 3, 30, "decode scaled to 3")
-    obj = wait_for(lambda: (o := ready_at_current_generation(cp, ns))
-                   and o["status"]["pools"]["decode"]["readyReplicas"] == 3 and o, 60, "3 decode ready")
+    obj = wait_for(
+        lambda: (
+            (o := ready_at_current_generation(cp, ns))
+            and o["status"]["pools"]["decode"]["readyReplicas"] == 3
+            and o
+        ),
+        60,
+        "3 decode ready",
+    )
     assert obj["status"]["pools"]["prefill"]["desiredReplicas"] == 1
     assert deployment(cp, ns, "prefill")["spec"]["replicas"] == 1
-    scale = json.loads(cp.kubectl("get", "--raw",
-                                  f"/apis/serving.tandem.dev/v1alpha1/namespaces/{ns}/tandempools/"
-                                  f"{SERVICE}-decode/scale").stdout)
+    scale = json.loads(
+        cp.kubectl(
+            "get",
+            "--raw",
+            f"/apis/serving.tandem.dev/v1alpha1/namespaces/{ns}/tandempools/{SERVICE}-decode/scale",
+        ).stdout
+    )
     assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3
     assert scale["status"]["selector"] == f"{names.LABEL_SERVICE}={SERVICE},{names.LABEL_POOL}=decode"
     # the InferenceService's replicas are only the initial size: the scaled pool stays where kubectl put it
@@ -186,18 +271,51 @@ def test_deleted_or_edited_child_is_restored(control_plane, llama):
     cp, ns = control_plane, llama
     old_uid = deployment(cp, ns, "prefill")["metadata"]["uid"]
     cp.kubectl("delete", "deployment", f"{SERVICE}-prefill", "-n", ns, "--wait=false")
-    wait_for(lambda: (d := deployment(cp, ns, "prefill")) and d["metadata"]["uid"] != old_uid, 30,
-             "prefill Deployment recreated")
+    wait_for(
+        lambda: (d := deployment(cp, ns, "prefill")) and d["metadata"]["uid"] != old_uid,
+        30,
+        "prefill Deployment recreated",
+    )
     cp.kubectl("delete", "service", f"{SERVICE}-router", "-n", ns, "--wait=false")
-    wait_for(lambda: get_json(cp, "service", f"{SERVICE}-router", namespace=ns), 30, "router Service recreated")
-    cp.kubectl("patch", "deployment", f"{SERVICE}-decode", "-n", ns, "--type=json",
-               "-p", '[{"op":"replace","path":"/spec/template/spec/containers/0/image","value":"evil:1"}]')
-    wait_for(lambda: deployment(cp, ns, "decode")["spec"]["template"]["spec"]["containers"][0]["image"]
-             == "tandem-worker:0.1.0", 30, "decode image restored")
-    cp.kubectl("patch", "poddisruptionbudget", f"{SERVICE}-decode", "-n", ns, "--type=merge",
-               "-p", '{"spec":{"maxUnavailable":5}}')
-    wait_for(lambda: get_json(cp, "poddisruptionbudget", f"{SERVICE}-decode", namespace=ns)["spec"]
-             ["maxUnavailable"] == 1, 30, "PodDisruptionBudget restored")
+    wait_for(
+        lambda: get_json(cp, "service", f"{SERVICE}-router", namespace=ns), 30, "router Service recreated"
+    )
+    cp.kubectl(
+        "patch",
+        "deployment",
+        f"{SERVICE}-decode",
+        "-n",
+        ns,
+        "--type=json",
+        "-p",
+        '[{"op":"replace","path":"/spec/template/spec/containers/0/image","value":"evil:1"}]',
+    )
+    wait_for(
+        lambda: (
+            deployment(cp, ns, "decode")["spec"]["template"]["spec"]["containers"][0]["image"]
+            == "tandem-worker:0.1.0"
+        ),
+        30,
+        "decode image restored",
+    )
+    cp.kubectl(
+        "patch",
+        "poddisruptionbudget",
+        f"{SERVICE}-decode",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        '{"spec":{"maxUnavailable":5}}',
+    )
+    wait_for(
+        lambda: (
+            get_json(cp, "poddisruptionbudget", f"{SERVICE}-decode", namespace=ns)["spec"]["maxUnavailable"]
+            == 1
+        ),
+        30,
+        "PodDisruptionBudget restored",
+    )
     wait_for(lambda: ready_at_current_generation(cp, ns), 60, "Ready again")
 
 
@@ -207,9 +325,18 @@ def test_delete_garbage_collects_every_child(control_plane, llama):
     selector = f"{names.LABEL_SERVICE}={SERVICE}"
 
     def gone():
-        out = cp.kubectl("get", "deployments,services,poddisruptionbudgets,tandempools,replicasets,pods",
-                         "-n", ns, "-l", selector, "-o", "name").stdout
+        out = cp.kubectl(
+            "get",
+            "deployments,services,poddisruptionbudgets,tandempools,replicasets,pods",
+            "-n",
+            ns,
+            "-l",
+            selector,
+            "-o",
+            "name",
+        ).stdout
         return out.strip() == ""
+
     wait_for(gone, 60, "children garbage-collected")
 
 
@@ -231,10 +358,25 @@ def test_operator_restart_creates_no_duplicates_and_keeps_status(control_plane, 
     try:
         operator.start().wait_leading()
         # a new object proves the restarted operator acts; the old one must be left exactly as it was
-        cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump({
-            "apiVersion": "serving.tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": "probe"},
-            "spec": {"model": {"source": {"path": "/m"}, "servedName": "probe"},
-                     "prefill": {"resources": {"gpus": 1}}, "decode": {"resources": {"gpus": 1}}}}))
+        cp.kubectl(
+            "apply",
+            "-n",
+            ns,
+            "-f",
+            "-",
+            input=yaml.safe_dump(
+                {
+                    "apiVersion": "serving.tandem.dev/v1alpha1",
+                    "kind": "InferenceService",
+                    "metadata": {"name": "probe"},
+                    "spec": {
+                        "model": {"source": {"path": "/m"}, "servedName": "probe"},
+                        "prefill": {"resources": {"gpus": 1}},
+                        "decode": {"resources": {"gpus": 1}},
+                    },
+                }
+            ),
+        )
         wait_for(lambda: ready_at_current_generation(cp, ns, "probe"), 90, "probe Ready")
         time.sleep(2)
     finally:

@@ -34,14 +34,18 @@ def admin(cp) -> Kube:
 def children(kube: Kube, ns: str, name: str) -> dict[str, str]:
     """kind/name -> uid of every object labelled as this InferenceService's (a duplicate or a recreated child
     shows as a new key or a new uid)."""
-    return {f"{kind}/{item['metadata']['name']}": item["metadata"]["uid"]
-            for kind in KINDS for item in kube.list(kind, ns, f"{names.LABEL_SERVICE}={name}")}
+    return {
+        f"{kind}/{item['metadata']['name']}": item["metadata"]["uid"]
+        for kind in KINDS
+        for item in kube.list(kind, ns, f"{names.LABEL_SERVICE}={name}")
+    }
 
 
 def replica_sets(cp, ns: str, name: str, pool_: str) -> int:
     """ReplicaSets of one pool: 1 unless its pod template changed (a rollout nobody asked for)."""
-    out = get_json(cp, "replicasets", "-l", f"{names.LABEL_SERVICE}={name},{names.LABEL_POOL}={pool_}",
-                   namespace=ns)
+    out = get_json(
+        cp, "replicasets", "-l", f"{names.LABEL_SERVICE}={name},{names.LABEL_POOL}={pool_}", namespace=ns
+    )
     return len(out["items"])
 
 
@@ -49,8 +53,12 @@ def serving(cp, ns: str, name: str, pool_: str, replicas: int) -> dict | None:
     """Ready at its generation with `replicas` ready pods in the pool, as the status and the Deployment say."""
     isvc = ready_at_current_generation(cp, ns, name)
     dep = get_json(cp, "deployment", f"{name}-{pool_}", namespace=ns)
-    ok = (isvc and isvc["status"]["pools"][pool_]["readyReplicas"] == replicas
-          and dep["spec"]["replicas"] == replicas and dep["status"].get("readyReplicas") == replicas)
+    ok = (
+        isvc
+        and isvc["status"]["pools"][pool_]["readyReplicas"] == replicas
+        and dep["spec"]["replicas"] == replicas
+        and dep["status"].get("readyReplicas") == replicas
+    )
     return isvc if ok else None
 
 
@@ -69,17 +77,26 @@ def _apply(cp, ns: str, *objs: dict) -> None:
     cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all(objs))
 
 
-def test_killed_mid_reconcile_converges_without_duplicates_and_keeps_status(control_plane, operator, namespace):
+def test_killed_mid_reconcile_converges_without_duplicates_and_keeps_status(
+    control_plane, operator, namespace
+):
     cp, ns, kube = control_plane, namespace, admin(control_plane)
     _apply(cp, ns, obj("steady"))
     wait_for(lambda: ready_at_current_generation(cp, ns, "steady"), 90, "steady Ready")
-    steady, steady_status = children(kube, ns, "steady"), get_json(cp, "tsvc", "steady", namespace=ns)["status"]
+    steady, steady_status = (
+        children(kube, ns, "steady"),
+        get_json(cp, "tsvc", "steady", namespace=ns)["status"],
+    )
     burst = [f"burst-{i}" for i in range(4)]
     with restored(operator):
         _apply(cp, ns, *(obj(n) for n in burst))
         # the first child of the burst exists: the operator is writing the rest of them right now
-        wait_for(lambda: any(kube.list("Deployment", ns, f"{names.LABEL_SERVICE}={n}") for n in burst), 30,
-                 "the first child of the burst", interval=0.01)
+        wait_for(
+            lambda: any(kube.list("Deployment", ns, f"{names.LABEL_SERVICE}={n}") for n in burst),
+            30,
+            "the first child of the burst",
+            interval=0.01,
+        )
         operator.kill()
         at_kill = {n: children(kube, ns, n) for n in burst}
         operator.start().wait_leading()
@@ -104,22 +121,39 @@ def test_killed_mid_scale_converges_to_the_written_replicas(control_plane, opera
     wait_for(lambda: serving(cp, ns, "grow", "decode", 1), 90, "grow Ready with 1 decode")
     before = children(kube, ns, "grow")
     owner = get_json(cp, "tsvc", "grow", namespace=ns)
-    actuator = KubeActuator(kube, owner, (Pool.prefill, Pool.decode),
-                            lambda pods: {p["metadata"]["name"]: 0.0 for p in pods})  # nothing runs on kwok
+    actuator = KubeActuator(
+        kube, owner, (Pool.prefill, Pool.decode), lambda pods: {p["metadata"]["name"]: 0.0 for p in pods}
+    )  # nothing runs on kwok
     with restored(operator):
         for current, desired in ((1, 3), (3, 2)):
             actuator.refresh()
-            actuator.apply(Decision(Pool.decode, current, desired, f"decode {current}->{desired}: test",
-                                    "ScaleUp" if desired > current else "ScaleDown"))
+            actuator.apply(
+                Decision(
+                    Pool.decode,
+                    current,
+                    desired,
+                    f"decode {current}->{desired}: test",
+                    "ScaleUp" if desired > current else "ScaleDown",
+                )
+            )
             operator.kill()
             operator.start().wait_leading()
-            isvc = wait_for(lambda desired=desired: serving(cp, ns, "grow", "decode", desired), 120,
-                            f"decode at {desired} after the restart")
+            isvc = wait_for(
+                lambda desired=desired: serving(cp, ns, "grow", "decode", desired),
+                120,
+                f"decode at {desired} after the restart",
+            )
             assert isvc["status"]["pools"]["decode"]["desiredReplicas"] == desired
             live = get_json(cp, "tpool", "grow-decode", namespace=ns)
             assert live["spec"]["replicas"] == desired
-            wait_for(lambda desired=desired: get_json(cp, "tpool", "grow-decode", namespace=ns)["status"]
-                     .get("readyReplicas") == desired, 30, "the pool's scale subresource status")
+            wait_for(
+                lambda desired=desired: (
+                    get_json(cp, "tpool", "grow-decode", namespace=ns)["status"].get("readyReplicas")
+                    == desired
+                ),
+                30,
+                "the pool's scale subresource status",
+            )
     assert children(kube, ns, "grow") == before, "children recreated or duplicated"
     assert replica_sets(cp, ns, "grow", "decode") == 1, "a scale must not roll the pods"
     assert condition(get_json(cp, "tsvc", "grow", namespace=ns), "Degraded")["status"] == "False"
@@ -138,8 +172,20 @@ def test_api_server_restart_under_a_running_operator_converges(control_plane, op
     op = operator
     if lease == "rides-out":
         operator.stop()  # releases the lease
-        op = Operator(cp, name="patient", args=["--lease-namespace", "default", "--lease-seconds", "600",
-                                                "--renew-seconds", "500", "--retry-seconds", "1"])
+        op = Operator(
+            cp,
+            name="patient",
+            args=[
+                "--lease-namespace",
+                "default",
+                "--lease-seconds",
+                "600",
+                "--renew-seconds",
+                "500",
+                "--retry-seconds",
+                "1",
+            ],
+        )
         op.start().wait_leading()
     try:
         with restored(operator if op is operator else op):
@@ -154,7 +200,11 @@ def test_api_server_restart_under_a_running_operator_converges(control_plane, op
                 assert op.proc.poll() is None, op.log()[-3000:]
             assert get_json(cp, "tsvc", "calm", namespace=ns)["status"] == status
             cp.kubectl("scale", "tpool", "calm-decode", "-n", ns, "--replicas=2")
-            wait_for(lambda: serving(cp, ns, "calm", "decode", 2), 120, f"decode at 2 after {down:.0f} s without API")
+            wait_for(
+                lambda: serving(cp, ns, "calm", "decode", 2),
+                120,
+                f"decode at 2 after {down:.0f} s without API",
+            )
             assert op.proc is not None and op.proc.poll() is None, "the operator died after the API came back"
     finally:
         if op is not operator:

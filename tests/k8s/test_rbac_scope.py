@@ -39,8 +39,12 @@ class Install:
         self.sa = f"system:serviceaccount:{self.sys}:{self.fullname}"
 
     def run_helm(self, *args: str) -> subprocess.CompletedProcess:
-        out = subprocess.run([self.helm, "--kubeconfig", str(self.cp.kubeconfig("admin")), *args],
-                             capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [self.helm, "--kubeconfig", str(self.cp.kubeconfig("admin")), *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stdout + out.stderr
         return out
 
@@ -48,15 +52,40 @@ class Install:
         for ns in (self.a, self.b, self.c):
             self.cp.kubectl("create", "namespace", ns)
             self.cp.kubectl("label", "namespace", ns, f"{PSS_ENFORCE}=restricted")
-        self.run_helm("install", self.release, str(CHART), "-n", self.sys, "--create-namespace",
-                      "--set", "crds.install=false",  # the session's CRDs are there already
-                      "--set", "tenancy.admissionPolicy=false", "--set", "monitoring.dashboards.enabled=false",
-                      "--set", "replicas=1", "--set", f"watchNamespaces={{{self.a},{self.b}}}")
+        self.run_helm(
+            "install",
+            self.release,
+            str(CHART),
+            "-n",
+            self.sys,
+            "--create-namespace",
+            "--set",
+            "crds.install=false",  # the session's CRDs are there already
+            "--set",
+            "tenancy.admissionPolicy=false",
+            "--set",
+            "monitoring.dashboards.enabled=false",
+            "--set",
+            "replicas=1",
+            "--set",
+            f"watchNamespaces={{{self.a},{self.b}}}",
+        )
         return self
 
     def uninstall(self) -> None:
-        subprocess.run([self.helm, "--kubeconfig", str(self.cp.kubeconfig("admin")), "uninstall", self.release,
-                        "-n", self.sys], capture_output=True, timeout=120)
+        subprocess.run(
+            [
+                self.helm,
+                "--kubeconfig",
+                str(self.cp.kubeconfig("admin")),
+                "uninstall",
+                self.release,
+                "-n",
+                self.sys,
+            ],
+            capture_output=True,
+            timeout=120,
+        )
         for ns in (self.a, self.b, self.c, self.sys):
             self.cp.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
@@ -75,8 +104,11 @@ def _cluster_roles_of(cp, sa: str) -> list[dict]:
     """The ClusterRoles bound, cluster-wide, to the ServiceAccount `sa` (system:serviceaccount:ns:name)."""
     _, _, ns, name = sa.split(":")
     bindings = get_json(cp, "clusterrolebindings")["items"]
-    bound = [b["roleRef"]["name"] for b in bindings
-             if {"kind": "ServiceAccount", "name": name, "namespace": ns} in (b.get("subjects") or [])]
+    bound = [
+        b["roleRef"]["name"]
+        for b in bindings
+        if {"kind": "ServiceAccount", "name": name, "namespace": ns} in (b.get("subjects") or [])
+    ]
     return [get_json(cp, "clusterrole", r) for r in bound]
 
 
@@ -93,7 +125,10 @@ def test_watch_namespaces_grants_roles_there_and_only_node_listing_cluster_wide(
     assert nodes["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
     expected: dict[tuple[str, str, str | None], bool] = {}
     for verb, resource in NEEDED:
-        expected[(verb, resource, scoped.a)] = (verb, resource) != LEASE  # the Lease is the release namespace's
+        expected[(verb, resource, scoped.a)] = (
+            verb,
+            resource,
+        ) != LEASE  # the Lease is the release namespace's
         expected[(verb, resource, scoped.c)] = False  # not watched: nothing there
         expected[(verb, resource, scoped.sys)] = (verb, resource) == LEASE
     for verb, resource in FORBIDDEN:
@@ -104,10 +139,17 @@ def test_watch_namespaces_grants_roles_there_and_only_node_listing_cluster_wide(
     expected[("get", "leases.coordination.k8s.io", scoped.sys)] = True
     expected[("list", "nodes", None)] = True
     for verb, resource in CLUSTER_FORBIDDEN + [
-            ("create", "deployments.apps"), ("list", "deployments.apps"), ("patch", "pods"), ("create", "secrets"),
-            ("list", "inferenceservices.serving.tandem.dev"), ("get", "secrets"), ("list", "namespaces"),
-            ("watch", "namespaces"), ("list", "customresourcedefinitions.apiextensions.k8s.io"),
-            ("watch", "customresourcedefinitions.apiextensions.k8s.io")]:
+        ("create", "deployments.apps"),
+        ("list", "deployments.apps"),
+        ("patch", "pods"),
+        ("create", "secrets"),
+        ("list", "inferenceservices.serving.tandem.dev"),
+        ("get", "secrets"),
+        ("list", "namespaces"),
+        ("watch", "namespaces"),
+        ("list", "customresourcedefinitions.apiextensions.k8s.io"),
+        ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
+    ]:
         expected[(verb, resource, None)] = False
     observed = _answers(cp, sa, list(expected))
     wrong = {ask: observed[ask] for ask in expected if observed[ask] != expected[ask]}
@@ -120,7 +162,9 @@ def _service_account_kubeconfig(cp, scoped: Install) -> Path:
     return cp.token_kubeconfig(f"sa-{scoped.release}", token)
 
 
-def test_operator_with_the_scoped_identity_reconciles_only_the_watched_namespaces(control_plane, scoped, operator):
+def test_operator_with_the_scoped_identity_reconciles_only_the_watched_namespaces(
+    control_plane, scoped, operator
+):
     """The chart Deployment's own arguments and the ServiceAccount's token: the example becomes Ready in a
     watched namespace with no call refused, and the same example in an unwatched namespace gets nothing.
     The session's operator watches every namespace, so it is stopped while the scoped one runs alone."""
@@ -138,8 +182,13 @@ def _scoped_operator_reconciles_only_watched(cp, scoped) -> None:
     assert f"--namespace={scoped.a}" in container["args"] and f"--namespace={scoped.b}" in container["args"]
     env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
     env["POD_NAMESPACE"] = scoped.sys  # the downward API's value in the pod
-    op = Operator(cp, f"scoped-{scoped.release}", extra_env=env,
-                  args=[*container["args"][1:], "--metrics-port=0"], kubeconfig=_service_account_kubeconfig(cp, scoped))
+    op = Operator(
+        cp,
+        f"scoped-{scoped.release}",
+        extra_env=env,
+        args=[*container["args"][1:], "--metrics-port=0"],
+        kubeconfig=_service_account_kubeconfig(cp, scoped),
+    )
     op.start()
     try:
         op.wait_leading(timeout=90)
@@ -147,7 +196,11 @@ def _scoped_operator_reconciles_only_watched(cp, scoped) -> None:
             cp.kubectl("apply", "-f", "-", input=model_volume(ns))
             cp.kubectl("apply", "-n", ns, "-f", str(EXAMPLE))
         try:
-            wait_for(lambda: ready_at_current_generation(cp, scoped.a), 180, f"{SERVICE} Ready in the watched namespace")
+            wait_for(
+                lambda: ready_at_current_generation(cp, scoped.a),
+                180,
+                f"{SERVICE} Ready in the watched namespace",
+            )
         except AssertionError:
             raise AssertionError(f"not Ready; operator log:\n{op.log()[-4000:]}") from None
         operator_pods = json.loads(env["TANDEM_OPERATOR_PEER"])  # the direct scrape gets through the policies
@@ -162,15 +215,27 @@ def _scoped_operator_reconciles_only_watched(cp, scoped) -> None:
         op.stop()
 
 
-CONTAINER = {"name": "c", "image": "tandem-worker:1",
-             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}
+CONTAINER = {
+    "name": "c",
+    "image": "tandem-worker:1",
+    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+}
 
 
 def _pod(ns: str, name: str) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": ns, "labels": {"app": "x"}, "annotations": {"note": "keep"}},
-            "spec": {"securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
-                     "containers": [CONTAINER]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": "x"}, "annotations": {"note": "keep"}},
+        "spec": {
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 1000,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [CONTAINER],
+        },
+    }
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +246,9 @@ def as_operator(control_plane, scoped):
 
     from tandem.operator.runtime.kube import Kube
 
-    return Kube(config.new_client_from_config(config_file=str(_service_account_kubeconfig(control_plane, scoped))))
+    return Kube(
+        config.new_client_from_config(config_file=str(_service_account_kubeconfig(control_plane, scoped)))
+    )
 
 
 def _refusal(call) -> str:
@@ -194,36 +261,51 @@ def _refusal(call) -> str:
     return "accepted"
 
 
-@pytest.mark.parametrize(("patch", "refusal"), [
-    ({"metadata": {"labels": {"serving.tandem.dev/pool": "decode"}}}, "(metadata.labels changed)"),
-    ({"metadata": {"annotations": {"note": "changed"}}}, "(another annotation changed)"),
-    ({"metadata": {"annotations": {"note": None}}}, "(another annotation changed)"),
-    ({"metadata": {"annotations": {"prometheus.io/scrape": "true"}}}, "(another annotation changed)"),
-    ({"metadata": {"finalizers": ["example.com/hold"]}}, "(owner references or finalizers changed)"),
-    ({"spec": {"containers": "the live ones with another image"}}, "(spec changed)"),
-    ({"spec": {"activeDeadlineSeconds": 1}}, "(spec changed)"),
-], ids=["label", "other-annotation", "drop-annotation", "new-annotation", "finalizer", "image", "deadline"])
-def test_the_operator_may_patch_a_pod_only_for_the_deletion_cost(control_plane, scoped, as_operator, patch, refusal):
+@pytest.mark.parametrize(
+    ("patch", "refusal"),
+    [
+        ({"metadata": {"labels": {"serving.tandem.dev/pool": "decode"}}}, "(metadata.labels changed)"),
+        ({"metadata": {"annotations": {"note": "changed"}}}, "(another annotation changed)"),
+        ({"metadata": {"annotations": {"note": None}}}, "(another annotation changed)"),
+        ({"metadata": {"annotations": {"prometheus.io/scrape": "true"}}}, "(another annotation changed)"),
+        ({"metadata": {"finalizers": ["example.com/hold"]}}, "(owner references or finalizers changed)"),
+        ({"spec": {"containers": "the live ones with another image"}}, "(spec changed)"),
+        ({"spec": {"activeDeadlineSeconds": 1}}, "(spec changed)"),
+    ],
+    ids=["label", "other-annotation", "drop-annotation", "new-annotation", "finalizer", "image", "deadline"],
+)
+def test_the_operator_may_patch_a_pod_only_for_the_deletion_cost(
+    control_plane, scoped, as_operator, patch, refusal
+):
     cp, ns, name = control_plane, scoped.b, f"victim-{uuid.uuid4().hex[:6]}"
     cp.kubectl("create", "-f", "-", input=json.dumps(_pod(ns, name)))
     cost = {DELETION_COST: str(uuid.uuid4().int % 1000)}
     as_operator.merge_patch("Pod", ns, name, {"metadata": {"annotations": cost}})  # what the autoscaler does
     before = get_json(cp, "pod", name, namespace=ns)
     assert before["metadata"]["annotations"] == {"note": "keep", **cost}
-    if "containers" in patch.get("spec", {}):  # a merge patch replaces the list: keep the defaults the server set
+    if "containers" in patch.get(
+        "spec", {}
+    ):  # a merge patch replaces the list: keep the defaults the server set
         patch = {"spec": {"containers": [{**before["spec"]["containers"][0], "image": "attacker:latest"}]}}
     # the same patch with anything else in it is refused at admission, naming what changed
     meta = patch.get("metadata", {})
-    mixed = {**patch, "metadata": {**meta, "annotations": {**meta.get("annotations", {}), DELETION_COST: "0"}}}
+    mixed = {
+        **patch,
+        "metadata": {**meta, "annotations": {**meta.get("annotations", {}), DELETION_COST: "0"}},
+    }
     refused = _refusal(lambda: as_operator.merge_patch("Pod", ns, name, mixed))
-    assert refused.startswith("403 ") and f"{scoped.fullname}-operator-pods" in refused and refusal in refused, refused
+    assert (
+        refused.startswith("403 ") and f"{scoped.fullname}-operator-pods" in refused and refusal in refused
+    ), refused
     after = get_json(cp, "pod", name, namespace=ns)
     for field in ("labels", "annotations", "finalizers"):
         assert after["metadata"].get(field) == before["metadata"].get(field), field
     assert after["spec"] == before["spec"]
 
 
-def test_the_operator_may_flip_a_pods_role_label_between_worker_roles_only(control_plane, scoped, as_operator):
+def test_the_operator_may_flip_a_pods_role_label_between_worker_roles_only(
+    control_plane, scoped, as_operator
+):
     cp, ns = control_plane, scoped.b
     pod = _pod(ns, "flipped")
     pod["metadata"]["labels"]["serving.tandem.dev/role"] = "prefill"
@@ -231,14 +313,25 @@ def test_the_operator_may_flip_a_pods_role_label_between_worker_roles_only(contr
     from tandem.operator.autoscale.backends.kube.flip import FLIPPED_AT, flip_patch
     from tandem.operator.autoscale.core.types import Pool
 
-    as_operator.merge_patch("Pod", ns, "flipped", flip_patch(Pool("decode"), "2026-01-01T00:00:00Z"))  # the autoscaler's
+    as_operator.merge_patch(
+        "Pod", ns, "flipped", flip_patch(Pool("decode"), "2026-01-01T00:00:00Z")
+    )  # the autoscaler's
     live = get_json(cp, "pod", "flipped", namespace=ns)["metadata"]
-    assert live["labels"]["serving.tandem.dev/role"] == "decode" and live["annotations"][FLIPPED_AT] == "2026-01-01T00:00:00Z"
-    refused = _refusal(lambda: as_operator.merge_patch("Pod", ns, "flipped",
-                                                       {"metadata": {"labels": {"serving.tandem.dev/role": "router"}}}))
+    assert (
+        live["labels"]["serving.tandem.dev/role"] == "decode"
+        and live["annotations"][FLIPPED_AT] == "2026-01-01T00:00:00Z"
+    )
+    refused = _refusal(
+        lambda: as_operator.merge_patch(
+            "Pod", ns, "flipped", {"metadata": {"labels": {"serving.tandem.dev/role": "router"}}}
+        )
+    )
     assert refused.startswith("403 ") and "only to prefill, decode or colocated" in refused, refused
-    refused = _refusal(lambda: as_operator.merge_patch("Pod", ns, "flipped",
-                                                       {"metadata": {"labels": {"serving.tandem.dev/role": None}}}))
+    refused = _refusal(
+        lambda: as_operator.merge_patch(
+            "Pod", ns, "flipped", {"metadata": {"labels": {"serving.tandem.dev/role": None}}}
+        )
+    )
     assert "(metadata.labels changed)" in refused, refused
 
 
@@ -248,12 +341,17 @@ def test_the_pod_policy_binds_only_the_operator(control_plane, scoped, as_operat
     relabel = {"metadata": {"labels": {"app": "y"}, "annotations": {"note": "changed"}}}
     refused = _refusal(lambda: as_operator.merge_patch("Pod", ns, "relabelled", relabel))
     assert "(metadata.labels changed)" in refused, refused
-    cp.kubectl("patch", "pod", "relabelled", "-n", ns, "--type=merge", "-p", json.dumps(relabel))  # an administrator may
+    cp.kubectl(
+        "patch", "pod", "relabelled", "-n", ns, "--type=merge", "-p", json.dumps(relabel)
+    )  # an administrator may
     assert get_json(cp, "pod", "relabelled", namespace=ns)["metadata"]["labels"] == {"app": "y"}
 
 
 def test_the_operator_may_not_patch_pods_outside_its_namespaces(control_plane, scoped, as_operator):
     control_plane.kubectl("create", "-f", "-", input=json.dumps(_pod(scoped.c, "victim")))
-    refused = _refusal(lambda: as_operator.merge_patch("Pod", scoped.c, "victim",
-                                                       {"metadata": {"annotations": {DELETION_COST: "1"}}}))
+    refused = _refusal(
+        lambda: as_operator.merge_patch(
+            "Pod", scoped.c, "victim", {"metadata": {"annotations": {DELETION_COST: "1"}}}
+        )
+    )
     assert refused.startswith("403 ") and 'cannot patch resource "pods"' in refused, refused

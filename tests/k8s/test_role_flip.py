@@ -32,7 +32,9 @@ def flippable(control_plane, operator, namespace):
 
 def _pods(cp, ns: str) -> dict[str, dict]:
     items = get_json(cp, "pods", "-l", f"{names.LABEL_SERVICE}={SERVICE}", namespace=ns)["items"]
-    return {p["metadata"]["name"]: p for p in items if p["metadata"]["labels"].get(names.LABEL_POOL) != "router"}
+    return {
+        p["metadata"]["name"]: p for p in items if p["metadata"]["labels"].get(names.LABEL_POOL) != "router"
+    }
 
 
 def _roles(cp, ns: str) -> dict[str, str]:
@@ -46,7 +48,9 @@ def _replica_sets(cp, ns: str) -> dict[str, tuple[str, int]]:
 
 def _endpoints(cp, ns: str, pool: str, service: str = SERVICE) -> set[str]:
     """Pod names behind a worker Service (its EndpointSlices)."""
-    slices = get_json(cp, "endpointslices", "-l", f"kubernetes.io/service-name={service}-{pool}", namespace=ns)["items"]
+    slices = get_json(
+        cp, "endpointslices", "-l", f"kubernetes.io/service-name={service}-{pool}", namespace=ns
+    )["items"]
     return {e["targetRef"]["name"] for s in slices for e in s.get("endpoints") or [] if e.get("targetRef")}
 
 
@@ -57,17 +61,24 @@ def _workers(cp, ns: str) -> str:
 def _flip(kube: Kube, ns: str, source: Pool, target: Pool) -> list[str]:
     """What the autoscaler's actuator does for a flip of one pod: pick it, then move its role label."""
     pods = _pods_of(kube, ns)
-    chosen = flip_candidates(pods, Flip(source, target, 1, "test", "Test"), {p["metadata"]["name"]: 0.0 for p in pods})
+    chosen = flip_candidates(
+        pods, Flip(source, target, 1, "test", "Test"), {p["metadata"]["name"]: 0.0 for p in pods}
+    )
     patch_flip(kube.merge_patch, ns, chosen, target, "2026-01-01T00:00:00+00:00")
     return chosen
 
 
 def _pods_of(kube: Kube, ns: str) -> list[dict]:
-    return [p for p in kube.list("Pod", ns, f"{names.LABEL_SERVICE}={SERVICE}")
-            if p["metadata"]["labels"].get(names.LABEL_POOL) != "router"]  # fmt: skip
+    return [
+        p
+        for p in kube.list("Pod", ns, f"{names.LABEL_SERVICE}={SERVICE}")
+        if p["metadata"]["labels"].get(names.LABEL_POOL) != "router"
+    ]
 
 
-def test_flip_and_flip_back_move_labels_services_and_counts_and_leave_replica_sets_alone(control_plane, flippable):
+def test_flip_and_flip_back_move_labels_services_and_counts_and_leave_replica_sets_alone(
+    control_plane, flippable
+):
     ns, cp = flippable, control_plane
     kube = Kube(kube_config.new_client_from_config(str(cp.kubeconfig("admin"))))
     before_pods = _pods(cp, ns)
@@ -76,8 +87,10 @@ def test_flip_and_flip_back_move_labels_services_and_counts_and_leave_replica_se
     assert {n: p["metadata"]["labels"][names.LABEL_POOL] for n, p in before_pods.items()} == _roles(cp, ns)
     policies = {p["metadata"]["name"]: p for p in get_json(cp, "networkpolicies", namespace=ns)["items"]}
     for pool in ("prefill", "decode"):  # a flipped pod of either pool may push KV to, or take it from, either
-        senders = [peer["podSelector"]["matchLabels"].get(names.LABEL_POOL)
-                   for peer in policies[f"{SERVICE}-{pool}"]["spec"]["ingress"][0]["from"]]
+        senders = [
+            peer["podSelector"]["matchLabels"].get(names.LABEL_POOL)
+            for peer in policies[f"{SERVICE}-{pool}"]["spec"]["ingress"][0]["from"]
+        ]
         assert sorted(senders) == ["decode", "prefill", "router"], pool
     pod_spec = next(iter(before_pods.values()))["spec"]
     assert "--role-file" in pod_spec["containers"][0]["args"]  # the worker follows its label
@@ -87,15 +100,20 @@ def test_flip_and_flip_back_move_labels_services_and_counts_and_leave_replica_se
     assert len(flipped) == 1
     (name,) = flipped
     assert _roles(cp, ns)[name] == "decode" and sorted(_roles(cp, ns).values()).count("decode") == 3
-    wait_for(lambda: name in _endpoints(cp, ns, "decode") and name not in _endpoints(cp, ns, "prefill"), 60,
-             "the decode Service selects the flipped pod")  # fmt: skip
+    wait_for(
+        lambda: name in _endpoints(cp, ns, "decode") and name not in _endpoints(cp, ns, "prefill"),
+        60,
+        "the decode Service selects the flipped pod",
+    )
     wait_for(lambda: _workers(cp, ns) == "prefill 1/2 decode 3/2", 60, "pool counts by current role")
     status = get_json(cp, "tsvc", SERVICE, namespace=ns)["status"]["pools"]
     assert (status["prefill"]["servingReplicas"], status["decode"]["servingReplicas"]) == (1, 3)
     # the Deployments own the same pods through the same ReplicaSets: nothing was created, deleted or orphaned
     assert _replica_sets(cp, ns) == before_sets
     after = _pods(cp, ns)
-    assert {n: p["metadata"]["uid"] for n, p in after.items()} == {n: p["metadata"]["uid"] for n, p in before_pods.items()}
+    assert {n: p["metadata"]["uid"] for n, p in after.items()} == {
+        n: p["metadata"]["uid"] for n, p in before_pods.items()
+    }
     for p in after.values():
         (owner,) = p["metadata"]["ownerReferences"]
         assert owner["kind"] == "ReplicaSet" and owner["uid"] in before_sets

@@ -32,11 +32,18 @@ def crd_files(module: str) -> list[Path]:
     if not (dest / ".complete").exists():
         if shutil.which("go") is None:
             raise RuntimeError(f"go is not installed and {module}@{version} CRDs are not cached")
-        out = subprocess.run(["go", "mod", "download", "-json", f"{module}@{version}"], capture_output=True,
-                             text=True, cwd="/", env={**os.environ, "GOFLAGS": "-mod=mod"})
+        out = subprocess.run(
+            ["go", "mod", "download", "-json", f"{module}@{version}"],
+            capture_output=True,
+            text=True,
+            cwd="/",
+            env={**os.environ, "GOFLAGS": "-mod=mod"},
+        )
         info = json.loads(out.stdout or "{}")
         if out.returncode != 0 or "Dir" not in info:
-            raise RuntimeError(f"go mod download {module}@{version}: {info.get('Error') or out.stderr.strip()}")
+            raise RuntimeError(
+                f"go mod download {module}@{version}: {info.get('Error') or out.stderr.strip()}"
+            )
         src = sorted((Path(info["Dir"]) / folder).glob(pattern))
         if not src:
             raise RuntimeError(f"{module}@{version} has no {folder}/{pattern}")
@@ -51,5 +58,9 @@ def crd_files(module: str) -> list[Path]:
 def crds(module: str) -> tuple[dict, ...]:
     """Every CustomResourceDefinition document of the module (the files also hold other policy objects)."""
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # KServe's run to megabytes
-    return tuple(d for f in crd_files(module) for d in yaml.load_all(f.read_text(), Loader=loader)
-                 if d and d.get("kind") == "CustomResourceDefinition")
+    return tuple(
+        d
+        for f in crd_files(module)
+        for d in yaml.load_all(f.read_text(), Loader=loader)
+        if d and d.get("kind") == "CustomResourceDefinition"
+    )

@@ -3,7 +3,9 @@
 from tandem.profile import DecodePoint, PrefillPoint, Profile
 
 
-def linear_profile(prefill_ms_per_token: float = 0.1, decode_base_ms: float = 10.0, decode_ms_per_seq: float = 0.5):
+def linear_profile(
+    prefill_ms_per_token: float = 0.1, decode_base_ms: float = 10.0, decode_ms_per_seq: float = 0.5
+):
     """Prefill: 0.1 ms per prompt token. Decode step: 10 ms + 0.5 ms per running sequence (context-free)."""
     return Profile(
         model="hand",
@@ -13,7 +15,10 @@ def linear_profile(prefill_ms_per_token: float = 0.1, decode_base_ms: float = 10
         max_running_sequences=64,
         kv_capacity_tokens=1_000_000,
         cold_start_ms=30_000,
-        prefill=[PrefillPoint(prompt_tokens=n, chunk_tokens=512, ms=n * prefill_ms_per_token) for n in (100, 1000, 4000)],
+        prefill=[
+            PrefillPoint(prompt_tokens=n, chunk_tokens=512, ms=n * prefill_ms_per_token)
+            for n in (100, 1000, 4000)
+        ],
         decode=[
             DecodePoint(batch=b, context_tokens=c, step_ms=decode_base_ms + decode_ms_per_seq * b)
             for b in (1, 8, 32)

@@ -69,7 +69,10 @@ class ScriptedBackend:
                 prompt = None
                 if i == 0 and params.prompt_logprobs is not None:  # each prompt token at -0.01 x its position
                     k = params.prompt_logprobs
-                    prompt = [(-0.01 * p, 2, [(3, -0.001), (t, -0.01 * p)][:k]) for p, t in enumerate(prompt_ids[1:], 1)]
+                    prompt = [
+                        (-0.01 * p, 2, [(3, -0.001), (t, -0.01 * p)][:k])
+                        for p, t in enumerate(prompt_ids[1:], 1)
+                    ]
                 yield TokenOut(token_id, -0.1 * (i + 1), self.finish if last else None, [], prompt)
             done = True
         finally:

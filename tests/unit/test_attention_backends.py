@@ -40,9 +40,13 @@ def _step(model, kv, backend: str, rows: list[tuple[list[int], int, list[int]]])
         pos += range(start, start + len(tokens))
         slots += _slots(table, start, len(tokens))
     batch = AttentionBatch(
-        [len(t) for t, _, _ in rows], [s + len(t) for t, s, _ in rows], [tb for _, _, tb in rows],
-        torch.tensor(slots), BS, backend,
-    )  # fmt: skip
+        [len(t) for t, _, _ in rows],
+        [s + len(t) for t, s, _ in rows],
+        [tb for _, _, tb in rows],
+        torch.tensor(slots),
+        BS,
+        backend,
+    )
     with torch.no_grad():
         return model.logits(model(torch.tensor(ids), torch.tensor(pos), kv.k, kv.v, batch))
 
@@ -76,8 +80,15 @@ def test_mixed_step_flex_equals_sdpa_and_transformers(pair):
     for backend in ("sdpa", "flex"):
         kv = engine_for(ours).kv
         # cache what is "already computed": b's first 19 tokens, all but the last token of c and d
-        _step(ours, kv, "sdpa", [(b[:19], 0, tables["b"]), (c[:-1], 0, tables["c"]), (d[:-1], 0, tables["d"])])
-        rows = [(a, 0, tables["a"]), (b[19:], 19, tables["b"]), ([c[-1]], 11, tables["c"]), ([d[-1]], 16, tables["d"])]
+        _step(
+            ours, kv, "sdpa", [(b[:19], 0, tables["b"]), (c[:-1], 0, tables["c"]), (d[:-1], 0, tables["d"])]
+        )
+        rows = [
+            (a, 0, tables["a"]),
+            (b[19:], 19, tables["b"]),
+            ([c[-1]], 11, tables["c"]),
+            ([d[-1]], 16, tables["d"]),
+        ]
         outs[backend] = _step(ours, kv, backend, rows)
     torch.testing.assert_close(outs["flex"], outs["sdpa"], atol=1e-5, rtol=0)
     flex = outs["flex"]

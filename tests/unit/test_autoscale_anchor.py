@@ -17,39 +17,105 @@ from tandem.profile import shipped_profile
 from tandem.profile_dynamo import from_dynamo
 from tandem.trace import TraceRequest, parse_jsonl, scale_rate, to_mooncake_jsonl
 
-CTX = {"slo_ttft_ms": 2000.0, "slo_tpot_ms": 50.0, "max_gpus": 16, "init_prefill": 1, "init_decode": 1,
-       "max_kv_tokens": 945_029, "max_num_batched_tokens": 8192, "max_model_len": 131072, "startup_s": 60.0}  # fmt: skip
+CTX = {
+    "slo_ttft_ms": 2000.0,
+    "slo_tpot_ms": 50.0,
+    "max_gpus": 16,
+    "init_prefill": 1,
+    "init_decode": 1,
+    "max_kv_tokens": 945_029,
+    "max_num_batched_tokens": 8192,
+    "max_model_len": 131072,
+    "startup_s": 60.0,
+}
 
 
 def fpm(**kw):
-    base = {"worker_id": 1, "dp_rank": 0, "wall_time": 0.0, "num_prefill_requests": 0, "sum_prefill_tokens": 0,
-            "var_prefill_length": 0.0, "sum_prefill_kv_tokens": 0, "num_decode_requests": 0,
-            "sum_decode_kv_tokens": 0, "var_decode_kv_tokens": 0.0, "num_queued_prefill": 0,
-            "sum_queued_prefill_tokens": 0, "var_queued_prefill_length": 0.0, "num_queued_decode": 0,
-            "sum_queued_decode_kv_tokens": 0, "var_queued_decode_kv_tokens": 0.0}  # fmt: skip
+    base = {
+        "worker_id": 1,
+        "dp_rank": 0,
+        "wall_time": 0.0,
+        "num_prefill_requests": 0,
+        "sum_prefill_tokens": 0,
+        "var_prefill_length": 0.0,
+        "sum_prefill_kv_tokens": 0,
+        "num_decode_requests": 0,
+        "sum_decode_kv_tokens": 0,
+        "var_decode_kv_tokens": 0.0,
+        "num_queued_prefill": 0,
+        "sum_queued_prefill_tokens": 0,
+        "var_queued_prefill_length": 0.0,
+        "num_queued_decode": 0,
+        "sum_queued_decode_kv_tokens": 0,
+        "var_queued_decode_kv_tokens": 0.0,
+    }
     return {**base, **kw}
 
 
-def tick(now_ms, *, req=50, isl=1000.0, osl=200.0, ttft=100.0, itl=8.0, p=1, d=1, queued=0, running=0, starting_p=0,
-         draining_d=0, duration_s=5.0):  # fmt: skip
+def tick(
+    now_ms,
+    *,
+    req=50,
+    isl=1000.0,
+    osl=200.0,
+    ttft=100.0,
+    itl=8.0,
+    p=1,
+    d=1,
+    queued=0,
+    running=0,
+    starting_p=0,
+    draining_d=0,
+    duration_s=5.0,
+):
     return {
-        "tick_ordinal": int(now_ms // 5000), "now_ms": now_ms,
-        "active_prefill_count": p, "starting_prefill_count": starting_p, "draining_prefill_count": 0,
-        "active_decode_count": d, "starting_decode_count": 0, "draining_decode_count": draining_d,
-        "non_draining_prefill_count": p + starting_p, "non_draining_decode_count": d,
+        "tick_ordinal": int(now_ms // 5000),
+        "now_ms": now_ms,
+        "active_prefill_count": p,
+        "starting_prefill_count": starting_p,
+        "draining_prefill_count": 0,
+        "active_decode_count": d,
+        "starting_decode_count": 0,
+        "draining_decode_count": draining_d,
+        "non_draining_prefill_count": p + starting_p,
+        "non_draining_decode_count": d,
         "prefill_fpm_snapshots": [fpm(sum_queued_prefill_tokens=queued // max(p, 1)) for _ in range(p)],
-        "decode_fpm_snapshots": [fpm(num_decode_requests=running // max(d, 1), sum_decode_kv_tokens=running * 1100 // max(d, 1))
-                                 for _ in range(d)],
-        "traffic": {"duration_s": duration_s, "num_req": req, "avg_isl": isl, "avg_osl": osl, "avg_ttft_ms": ttft,
-                    "avg_itl_ms": itl, "ttft_count": req if ttft else 0, "itl_count": req * 10 if itl else 0,
-                    "avg_kv_hit_rate": 0.0, "hit_rate_count": 0, "shape_count": req},
-    }  # fmt: skip
+        "decode_fpm_snapshots": [
+            fpm(num_decode_requests=running // max(d, 1), sum_decode_kv_tokens=running * 1100 // max(d, 1))
+            for _ in range(d)
+        ],
+        "traffic": {
+            "duration_s": duration_s,
+            "num_req": req,
+            "avg_isl": isl,
+            "avg_osl": osl,
+            "avg_ttft_ms": ttft,
+            "avg_itl_ms": itl,
+            "ttft_count": req if ttft else 0,
+            "itl_count": req * 10 if itl else 0,
+            "avg_kv_hit_rate": 0.0,
+            "hit_rate_count": 0,
+            "shape_count": req,
+        },
+    }
 
 
 def test_the_tick_source_maps_the_loop_onto_what_prometheus_would_give():
     src = ReplayTickSource(kv_capacity_tokens=1_000_000, window_s=60)
     for i in range(1, 13):
-        src.push(tick(i * 5000.0, req=10 * i, ttft=100.0 * i, queued=6000, running=300, p=2, d=3, starting_p=1, draining_d=1))
+        src.push(
+            tick(
+                i * 5000.0,
+                req=10 * i,
+                ttft=100.0 * i,
+                queued=6000,
+                running=300,
+                p=2,
+                d=3,
+                starting_p=1,
+                draining_d=1,
+            )
+        )
     target = Target("r", "a", (Pool.prefill, Pool.decode), 60, 90)
     obs = src.observe(target, src.replicas(), 60.0)
     p, d = obs[Pool.prefill], obs[Pool.decode]
@@ -86,7 +152,9 @@ def test_the_adapter_runs_the_operators_policy_and_answers_the_loop():
     assert calm["target_prefill"] is None and calm["target_decode"] is None
     assert calm["next_tick_ms"] == 15_000.0 + policy.config.interval_s * 1000
     # 400k prompt tokens wait (10 s of backlog on one replica) and no prompt finishes
-    outs = [policy.on_tick(tick(t, req=60, ttft=0.0, queued=400_000, running=20)) for t in (30_000.0, 45_000.0)]
+    outs = [
+        policy.on_tick(tick(t, req=60, ttft=0.0, queued=400_000, running=20)) for t in (30_000.0, 45_000.0)
+    ]
     assert outs[0]["target_prefill"] is not None and outs[0]["target_prefill"] > 1
     assert outs[1]["target_prefill"] is None  # the loop has not started it yet: capacity is on its way
     assert [d["pool"] for d in policy.decisions] == ["prefill"]
@@ -102,31 +170,67 @@ def test_anchor_settings_come_from_the_loop_and_the_options():
 def _write_dynamo_result(root, isl, ttft, usage, ctx, itl, max_kv):
     (root / "selected_prefill_interpolation").mkdir(parents=True)
     (root / "selected_decode_interpolation").mkdir(parents=True)
-    np.savez(root / "selected_prefill_interpolation" / "raw_data.npz", prefill_isl=np.array(isl),
-             prefill_ttft=np.array(ttft), prefill_thpt_per_gpu=np.zeros(len(isl)))  # fmt: skip
-    np.savez(root / "selected_decode_interpolation" / "raw_data.npz", x_kv_usage=np.array(usage),
-             y_context_length=np.array(ctx), z_itl=np.array(itl), z_thpt_per_gpu=np.zeros(len(itl)),
-             max_kv_tokens=np.array([max_kv]))  # fmt: skip
+    np.savez(
+        root / "selected_prefill_interpolation" / "raw_data.npz",
+        prefill_isl=np.array(isl),
+        prefill_ttft=np.array(ttft),
+        prefill_thpt_per_gpu=np.zeros(len(isl)),
+    )
+    np.savez(
+        root / "selected_decode_interpolation" / "raw_data.npz",
+        x_kv_usage=np.array(usage),
+        y_context_length=np.array(ctx),
+        z_itl=np.array(itl),
+        z_thpt_per_gpu=np.zeros(len(itl)),
+        max_kv_tokens=np.array([max_kv]),
+    )
 
 
 def test_import_dynamo_turns_kv_usage_into_batches(tmp_path):
-    _write_dynamo_result(tmp_path, [100, 1000, 4000], [20.0, 40.0, 90.0], [0.0, 0.1, 0.2, 0.1], [1000, 1000, 1000, 2000],
-                         [5.0, 15.0, 25.0, 15.0], 100_000)  # fmt: skip
+    _write_dynamo_result(
+        tmp_path,
+        [100, 1000, 4000],
+        [20.0, 40.0, 90.0],
+        [0.0, 0.1, 0.2, 0.1],
+        [1000, 1000, 1000, 2000],
+        [5.0, 15.0, 25.0, 15.0],
+        100_000,
+    )
     prof = from_dynamo(tmp_path, model="m", device="H200")
     assert [(p.batch, p.context_tokens, p.step_ms) for p in prof.decode] == [
-        (1, 1000, 5.0), (10, 1000, 15.0), (20, 1000, 25.0), (5, 2000, 15.0)]  # fmt: skip
+        (1, 1000, 5.0),
+        (10, 1000, 15.0),
+        (20, 1000, 25.0),
+        (5, 2000, 15.0),
+    ]
     assert prof.prefill_ms(1000) == pytest.approx(40.0) and prof.kv_capacity_tokens == 100_000
     assert prof.decode_step_ms(10, 1000) == pytest.approx(15.0, rel=0.05)
 
 
 def test_import_dynamo_cli_and_its_refusal(tmp_path):
-    _write_dynamo_result(tmp_path / "ok", [100, 1000], [20.0, 40.0], [0.0, 0.1, 0.2], [1000, 1000, 2000], [5.0, 15.0, 25.0], 100_000)
+    _write_dynamo_result(
+        tmp_path / "ok",
+        [100, 1000],
+        [20.0, 40.0],
+        [0.0, 0.1, 0.2],
+        [1000, 1000, 2000],
+        [5.0, 15.0, 25.0],
+        100_000,
+    )
     out = tmp_path / "p.json"
     cmd = [sys.executable, "-m", "tandem", "profile", "import-dynamo"]
-    ok = subprocess.run([*cmd, str(tmp_path / "ok"), "-o", str(out), "--model", "m", "--device", "H200"], capture_output=True, text=True)
+    ok = subprocess.run(
+        [*cmd, str(tmp_path / "ok"), "-o", str(out), "--model", "m", "--device", "H200"],
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0, ok.stderr
     assert json.loads(out.read_text())["kv_capacity_tokens"] == 100_000
-    bad = subprocess.run([*cmd, str(tmp_path), "-o", str(out), "--model", "m", "--device", "H200"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [*cmd, str(tmp_path), "-o", str(out), "--model", "m", "--device", "H200"],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "not a Dynamo profiler result" in bad.stderr
 
 
@@ -136,7 +240,11 @@ def test_the_shipped_h200_profile_is_dynamos_data():
     assert prof.kv_capacity_tokens == 945_029 and prof.max_running_sequences == 256
     assert "Apache-2.0" in prof.scale.note
     # the fit stays within 17% of the measured ITL where batches fit the engine's 256 sequences
-    errors = [abs(prof.decode_step_ms(p.batch, p.context_tokens) / p.step_ms - 1) for p in prof.decode if p.batch <= 256]
+    errors = [
+        abs(prof.decode_step_ms(p.batch, p.context_tokens) / p.step_ms - 1)
+        for p in prof.decode
+        if p.batch <= 256
+    ]
     assert sorted(errors)[len(errors) // 2] < 0.05 and max(errors) < 0.17
 
 
@@ -150,7 +258,9 @@ def test_rate_scaling_keeps_the_rate_curve_and_mooncake_lines_round_trip():
     assert len(half) == len(reqs) + len(reqs) // 2
     lines = list(to_mooncake_jsonl(x3[:4], block_tokens=64))
     records = [json.loads(line) for line in lines]
-    assert records[0]["hash_ids"] == [0, 1] and records[1]["hash_ids"][0] == 2  # no two requests share a block
+    assert (
+        records[0]["hash_ids"] == [0, 1] and records[1]["hash_ids"][0] == 2
+    )  # no two requests share a block
     back = parse_jsonl(lines)
     assert [r.input_len for r in back] == [r.input_len for r in x3[:4]]
     with pytest.raises(ValueError):
@@ -158,12 +268,20 @@ def test_rate_scaling_keeps_the_rate_curve_and_mooncake_lines_round_trip():
 
 
 def test_mooncake_timestamps_are_milliseconds():
-    lines = [json.dumps({"timestamp": t, "input_length": 10, "output_length": 5, "hash_ids": [0]}) for t in (0, 1500, 3000)]
+    lines = [
+        json.dumps({"timestamp": t, "input_length": 10, "output_length": 5, "hash_ids": [0]})
+        for t in (0, 1500, 3000)
+    ]
     assert [r.arrival_s for r in parse_jsonl(lines)] == [0.0, 1.5, 3.0]
 
 
 def test_frontier_and_cost_at_the_target():
-    pts = [Point("x", "a", 2.0, 0.90), Point("x", "b", 3.0, 0.94), Point("x", "c", 4.0, 0.98), Point("x", "d", 5.0, 0.97)]
+    pts = [
+        Point("x", "a", 2.0, 0.90),
+        Point("x", "b", 3.0, 0.94),
+        Point("x", "c", 4.0, 0.98),
+        Point("x", "d", 5.0, 0.97),
+    ]
     assert [p.setting for p in pareto(pts)] == ["a", "b", "c"]
     cost, how = cost_at(pts, 0.95)
     assert cost == pytest.approx(3.25) and "between b and c" in how

@@ -30,7 +30,9 @@ def test_windows_cut_the_trace_into_equal_consecutive_parts():
     assert all(0 <= r.arrival_s < length for _, rs in parts for r in rs)
     first = parts[1][1][0]  # 49.75 s: the first request past a third of the span
     assert first.input_len == 133 and first.arrival_s == pytest.approx(49.75 - length)
-    assert parts[2][1][-1].arrival_s == pytest.approx(148.75 - 2 * length)  # the last request: the last window
+    assert parts[2][1][-1].arrival_s == pytest.approx(
+        148.75 - 2 * length
+    )  # the last request: the last window
     assert windows(reqs, 1) == [(0.0, reqs)] and windows([], 4) == []
     with pytest.raises(ValueError):
         windows(reqs, 0)
@@ -39,8 +41,15 @@ def test_windows_cut_the_trace_into_equal_consecutive_parts():
 def test_variants_label_each_scale_window_and_day_and_the_day_names_its_peak_hour():
     reqs = [TraceRequest(float(t), 100, 10) for t in range(120)]
     made = dict(variants(reqs, "conv", [1.0, 8.0], day_hour_s=10.0, window_count=2))
-    assert list(made) == ["conv x1", "conv x8", "conv x1 window 1/2 (min 0-1)", "conv x8 window 1/2 (min 0-1)",
-                          "conv x1 window 2/2 (min 1-2)", "conv x8 window 2/2 (min 1-2)", "conv day (0.0666667 h)"]  # fmt: skip
+    assert list(made) == [
+        "conv x1",
+        "conv x8",
+        "conv x1 window 1/2 (min 0-1)",
+        "conv x8 window 1/2 (min 0-1)",
+        "conv x1 window 2/2 (min 1-2)",
+        "conv x8 window 2/2 (min 1-2)",
+        "conv day (0.0666667 h)",
+    ]
     assert len(made["conv x8 window 2/2 (min 1-2)"]) == 8 * 60
     assert max(r.arrival_s for r in made["conv x1 window 2/2 (min 1-2)"]) < 60
     assert peak_label("conv day (0.0666667 h)") == "conv x8" and peak_label("code day (6 h)") == "code x8"
@@ -48,7 +57,9 @@ def test_variants_label_each_scale_window_and_day_and_the_day_names_its_peak_hou
 
 def _monotone(need_p):
     """Attainment of a grid where (P, D) reaches the target iff P >= need_p[D] (need_p never grows with D)."""
-    return lambda p, d: 1.0 if p >= need_p[min(d, len(need_p) - 1)] else 0.5 * p / need_p[min(d, len(need_p) - 1)]
+    return lambda p, d: (
+        1.0 if p >= need_p[min(d, len(need_p) - 1)] else 0.5 * p / need_p[min(d, len(need_p) - 1)]
+    )
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -59,7 +70,11 @@ def test_box_search_finds_the_cheapest_pool_in_the_box(seed):
     attainment = _monotone(need)
     seen = box_search(attainment, 0.95, p_max, d_max)
     assert all(1 <= p <= p_max and 1 <= d <= d_max for p, d, _ in seen)
-    grid = [(p, d) for p, d in itertools.product(range(1, p_max + 1), range(1, d_max + 1)) if attainment(p, d) >= 0.95]
+    grid = [
+        (p, d)
+        for p, d in itertools.product(range(1, p_max + 1), range(1, d_max + 1))
+        if attainment(p, d) >= 0.95
+    ]
     found = [(p, d) for p, d, a in seen if a >= 0.95]
     if not grid:
         assert not found
@@ -86,8 +101,13 @@ def test_box_search_walks_the_short_side():
 
 
 def test_the_pareto_plot_draws_each_familys_front_per_case(tmp_path):
-    pts = [Point("static", "static:1,1", 2.0, 0.80), Point("static", "static:2,1", 3.0, 0.97),
-           Point("tandem", "a", 2.5, 0.96), Point("tandem", "b", 2.8, 0.95), Point("dynamo", "t", 1.5, 0.6)]  # fmt: skip
+    pts = [
+        Point("static", "static:1,1", 2.0, 0.80),
+        Point("static", "static:2,1", 3.0, 0.97),
+        Point("tandem", "a", 2.5, 0.96),
+        Point("tandem", "b", 2.8, 0.95),
+        Point("dynamo", "t", 1.5, 0.6),
+    ]
     series = front_series(pts)
     assert series["tandem"] == ([2.5], [96.0])  # b costs more and attains less: off the front
     assert series["static"] == ([2.0, 3.0], [80.0, 97.0]) and series["dynamo"] == ([1.5], [60.0])
@@ -139,16 +159,23 @@ def test_a_hint_that_reaches_leaves_the_staircases_answer_and_saves_replays(seed
 
     open_walk = staircase(attainment, 0.95, 12)
     best = min(((p, d) for p, d, a in open_walk if a >= 0.95), key=sum)
-    hinted = staircase(attainment, 0.95, 12, hint=(best[0] + 1, best[1] + 1))  # a pool that reaches, not the best
+    hinted = staircase(
+        attainment, 0.95, 12, hint=(best[0] + 1, best[1] + 1)
+    )  # a pool that reaches, not the best
     assert cheapest(hinted) == cheapest(open_walk)
     assert len(hinted) <= len(open_walk) + 1
-    assert len(staircase(attainment, 0.95, 12, hint=(1, 1))) >= len(open_walk)  # a hint that fails changes nothing
+    assert len(staircase(attainment, 0.95, 12, hint=(1, 1))) >= len(
+        open_walk
+    )  # a hint that fails changes nothing
 
 
 def test_pool_hints_parse():
     from bench.autoscale_dynamo import parse_hints
 
-    assert parse_hints("conv x8=3,1; code x8 window 1/3 (min 0-19)=7,2;") == {"conv x8": (3, 1), "code x8 window 1/3 (min 0-19)": (7, 2)}
+    assert parse_hints("conv x8=3,1; code x8 window 1/3 (min 0-19)=7,2;") == {
+        "conv x8": (3, 1),
+        "code x8 window 1/3 (min 0-19)": (7, 2),
+    }
     assert parse_hints("") == {}
 
 
@@ -160,7 +187,9 @@ def test_a_fixed_pools_replay_is_cached_once_for_every_cold_start():
     cold = Case("t.jsonl", "conv day (2 h)", 2000.0, 50.0, 60.0, 16, init="2,1")
     warm = replace(cold, startup_s=0.0, init="1,1")
     assert cache_key(cold, "static:2,1", {}) == cache_key(warm, "static:2,1", {})
-    assert cache_key(cold, "module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy", {}) != cache_key(warm, "module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy", {})
+    assert cache_key(
+        cold, "module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy", {}
+    ) != cache_key(warm, "module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy", {})
     assert cache_key(cold, "static:2,1", {}) != cache_key(replace(cold, slo_ttft_ms=1000.0), "static:2,1", {})
 
 
@@ -179,8 +208,12 @@ def test_count_search_finds_the_fewest_colocated_workers(need):
 
 
 def test_the_cheapest_fixed_pool_is_the_cheaper_shape_and_scaling_starts_from_the_split():
-    pts = [Point("static", "static:2,1", 3.0, 0.97), Point("static", "colocated:2", 2.0, 0.96),
-           Point("static", "colocated:1", 1.0, 0.7), Point("auto", "auto", 1.2, 0.96)]  # fmt: skip
+    pts = [
+        Point("static", "static:2,1", 3.0, 0.97),
+        Point("static", "colocated:2", 2.0, 0.96),
+        Point("static", "colocated:1", 1.0, 0.7),
+        Point("auto", "auto", 1.2, 0.96),
+    ]
     case = Case("t.jsonl", "conv day (4 h)", 2000.0, 50.0, 60.0, 16)
     (row,) = summarise({case: pts}, 0.95)
     assert row["static"] == pytest.approx(1.0 + (0.95 - 0.7) / (0.96 - 0.7) * 1.0)  # on the colocated front
@@ -190,9 +223,17 @@ def test_the_cheapest_fixed_pool_is_the_cheaper_shape_and_scaling_starts_from_th
 
 def test_the_day_plot_draws_each_policy_and_the_fixed_pool(tmp_path):
     day = ((0.0, 2), (600.0, 1), (1200.0, 4))
-    pts = [Point("auto", "auto", 1.0, 0.96, gpus_over_time=day), Point("tandem", "t", 1.5, 0.97, gpus_over_time=day),
-           Point("static", "colocated:4", 2.0, 0.99), Point("static", "static:2,1", 1.5, 0.9)]  # fmt: skip
-    assert day_choice(pts, "tandem", 0.95) == pts[1] and fixed_gpus("static:2,1") == 3 and fixed_gpus("colocated:4") == 4
+    pts = [
+        Point("auto", "auto", 1.0, 0.96, gpus_over_time=day),
+        Point("tandem", "t", 1.5, 0.97, gpus_over_time=day),
+        Point("static", "colocated:4", 2.0, 0.99),
+        Point("static", "static:2,1", 1.5, 0.9),
+    ]
+    assert (
+        day_choice(pts, "tandem", 0.95) == pts[1]
+        and fixed_gpus("static:2,1") == 3
+        and fixed_gpus("colocated:4") == 4
+    )
     out = write_day_plot({"conv day": pts}, tmp_path / "day.png", 0.95, hour_s=150.0)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size < 200_000
 
@@ -208,5 +249,7 @@ def test_the_simulator_referee_runs_colocated_pools_and_auto(tmp_path):
     _, fixed = _job(("", case, "static", "colocated:1", {}))
     _, auto = _job(("", case, "auto", "auto", {"shape_dwell_s": 60.0}))
     assert fixed.attainment > 0.95 and fixed.setting == "colocated:1" and not fixed.gpus_over_time
-    assert auto.attainment > 0.95 and auto.gpus_over_time and auto.shape_changes_per_hour > 0  # 1P+1D collapses
+    assert (
+        auto.attainment > 0.95 and auto.gpus_over_time and auto.shape_changes_per_hour > 0
+    )  # 1P+1D collapses
     assert cache_key(case, "colocated:1", {}) != cache_key(replace(case, referee="dynamo"), "colocated:1", {})

@@ -17,13 +17,36 @@ SLO = Slo(ttft_ms=500, tpot_ms=30, percentile=90)
 LIMITS = {Pool.prefill: PoolLimits(1, 50), Pool.decode: PoolLimits(1, 50)}
 
 
-def snap(at_s, rate=10.0, prompt=1000.0, output=100.0, p=(1, 0, 0), d=(1, 0, 0), queued=(0,), running=(0,), busy=0.5):
+def snap(
+    at_s,
+    rate=10.0,
+    prompt=1000.0,
+    output=100.0,
+    p=(1, 0, 0),
+    d=(1, 0, 0),
+    queued=(0,),
+    running=(0,),
+    busy=0.5,
+):
     def obs(pool, r):
-        return PoolObservation(pool, at_s, 60, Replicas(*r), arrival_rate_rps=rate, prompt_tokens_mean=prompt,
-                               output_tokens_mean=output)  # fmt: skip
+        return PoolObservation(
+            pool,
+            at_s,
+            60,
+            Replicas(*r),
+            arrival_rate_rps=rate,
+            prompt_tokens_mean=prompt,
+            output_tokens_mean=output,
+        )
 
-    return Snapshot(at_s, {Pool.prefill: obs(Pool.prefill, p), Pool.decode: obs(Pool.decode, d)}, list(queued),
-                    list(running), busy, prompt + output / 2)  # fmt: skip
+    return Snapshot(
+        at_s,
+        {Pool.prefill: obs(Pool.prefill, p), Pool.decode: obs(Pool.decode, d)},
+        list(queued),
+        list(running),
+        busy,
+        prompt + output / 2,
+    )
 
 
 def test_dynamo_throughput_mode_sizes_at_the_engines_full_rate():

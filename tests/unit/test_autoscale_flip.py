@@ -29,18 +29,30 @@ def run(pre, dec, state=None, config=FLIPS, now=NOW):
 def test_a_breach_borrows_a_warm_worker_and_still_adds_pods_in_the_background():
     decisions, flips, state = run(prefill_breach(), quiet_decode())
     assert decisions[Pool.prefill].reason_code == "SLOBreach"
-    assert (decisions[Pool.prefill].current, decisions[Pool.prefill].desired) == (1, 2)  # the new pod still starts
+    assert (decisions[Pool.prefill].current, decisions[Pool.prefill].desired) == (
+        1,
+        2,
+    )  # the new pod still starts
     assert len(flips) == 1
     flip = flips[0]
-    assert (flip.source, flip.target, flip.count, flip.reason_code) == (Pool.decode, Pool.prefill, 1, "FlippedToPrefill")
-    assert flip.reason.startswith("FlippedToPrefill: TTFT p90 900 ms > 500 ms SLO; decode has 2.1 replicas of slack")
+    assert (flip.source, flip.target, flip.count, flip.reason_code) == (
+        Pool.decode,
+        Pool.prefill,
+        1,
+        "FlippedToPrefill",
+    )
+    assert flip.reason.startswith(
+        "FlippedToPrefill: TTFT p90 900 ms > 500 ms SLO; decode has 2.1 replicas of slack"
+    )
     assert flip.cost_s == 4.0  # drain: 100 tokens at 20 ms; flip: 2 s
     assert state.loan == Loan(Pool.decode, Pool.prefill, 1, NOW)
 
 
 def test_flips_off_means_no_flip_and_the_same_decisions_as_decide():
     decisions, flips, state = run(prefill_breach(), quiet_decode(), config=CONFIG)
-    plain, _ = decide({Pool.prefill: prefill_breach(), Pool.decode: quiet_decode()}, FlipState().policy, CONFIG, NOW)
+    plain, _ = decide(
+        {Pool.prefill: prefill_breach(), Pool.decode: quiet_decode()}, FlipState().policy, CONFIG, NOW
+    )
     assert flips == () and state.loan is None
     assert decisions == plain
 
@@ -133,23 +145,35 @@ def test_once_the_new_pods_are_ready_the_lent_workers_flip_back():
     loan = Loan(Pool.decode, Pool.prefill, 1, NOW)
     pre = prefill(ready=3, starting=0, ttft_ms=150.0, queued_prompt_tokens=0)  # 2 of its own + the lent one
     decisions, flips, state = run(pre, quiet_decode(ready=2), FlipState(loan=loan))
-    assert [(f.source, f.target, f.count, f.reason_code) for f in flips] == [(Pool.prefill, Pool.decode, 1, "FlippedBack")]
+    assert [(f.source, f.target, f.count, f.reason_code) for f in flips] == [
+        (Pool.prefill, Pool.decode, 1, "FlippedBack")
+    ]
     assert state.loan is None
     assert not decisions[Pool.prefill].changes  # the flip back is prefill's only step down this tick
     # still starting: nothing comes back yet
-    _, flips, state = run(replace(pre, replicas=replace(pre.replicas, starting=1)), quiet_decode(ready=2), FlipState(loan=loan))
+    _, flips, state = run(
+        replace(pre, replicas=replace(pre.replicas, starting=1)), quiet_decode(ready=2), FlipState(loan=loan)
+    )
     assert flips == () and state.loan == loan
 
 
 def test_a_lender_that_breaches_gets_its_workers_back_before_adding_pods():
     loan = Loan(Pool.decode, Pool.prefill, 1, NOW)
     pre = prefill(ready=2, starting=1, ttft_ms=300.0)
-    hot = decode(ready=1, tpot_ms=45.0, running_sequences=30)  # a batch of 30 runs 25 ms steps: past the margin
+    hot = decode(
+        ready=1, tpot_ms=45.0, running_sequences=30
+    )  # a batch of 30 runs 25 ms steps: past the margin
     decisions, flips, state = run(pre, hot, FlipState(loan=loan))
     assert flips[0].reason_code == "FlippedBack" and flips[0].target == Pool.decode
-    assert flips[0].reason.startswith("FlippedBack: decode needs its workers back: TPOT p90 45 ms > 30 ms SLO")
+    assert flips[0].reason.startswith(
+        "FlippedBack: decode needs its workers back: TPOT p90 45 ms > 30 ms SLO"
+    )
     d = decisions[Pool.decode]
-    assert (d.desired, d.current, d.reason_code) == (1, 1, "FlippedBack")  # decode wanted 1 more: the returned worker is it
+    assert (d.desired, d.current, d.reason_code) == (
+        1,
+        1,
+        "FlippedBack",
+    )  # decode wanted 1 more: the returned worker is it
     assert flips[0].cost_s == 2.1  # prefill's step in progress (1000 tokens, 100 ms) + the 2 s flip
     assert state.loan is None
 
@@ -167,18 +191,26 @@ def test_the_loan_stretches_the_bounds_so_a_borrower_at_its_max_is_not_cut():
 
 
 def test_lend_ignores_a_pool_that_is_not_scaling_up():
-    decisions, _ = decide({Pool.prefill: prefill(), Pool.decode: quiet_decode()}, FlipState().policy, FLIPS, NOW)
+    decisions, _ = decide(
+        {Pool.prefill: prefill(), Pool.decode: quiet_decode()}, FlipState().policy, FLIPS, NOW
+    )
     assert lend({Pool.prefill: prefill(), Pool.decode: quiet_decode()}, decisions, FLIPS, NOW) == (None, None)
 
 
 def test_the_spec_switches_flips_on_with_its_flip_time():
-    spec = InferenceServiceSpec.model_validate({
-        "model": {"source": {"path": "/m"}, "servedName": "m"},
-        "autoscaling": {"enabled": True, "flip": {"enabled": True, "flipSeconds": 5}}, "roleFlip": True,
-    })
+    spec = InferenceServiceSpec.model_validate(
+        {
+            "model": {"source": {"path": "/m"}, "servedName": "m"},
+            "autoscaling": {"enabled": True, "flip": {"enabled": True, "flipSeconds": 5}},
+            "roleFlip": True,
+        }
+    )
     config = policy_config(spec, CONFIG.profile)
     assert (config.flip_enabled, config.flip_s) == (True, 5)
-    off = policy_config(InferenceServiceSpec.model_validate({"model": {"source": {"path": "/m"}, "servedName": "m"}}), CONFIG.profile)
+    off = policy_config(
+        InferenceServiceSpec.model_validate({"model": {"source": {"path": "/m"}, "servedName": "m"}}),
+        CONFIG.profile,
+    )
     assert off.flip_enabled is False
 
 

@@ -61,8 +61,11 @@ def test_a_flip_back_takes_the_lent_pod_first_then_the_emptiest():
 
 
 def test_deletion_costs_keep_a_lent_pod_and_remove_a_flipped_one_first():
-    decode_pods = [pod("d0", "decode"), pod("d1", "decode", role="prefill", flipped=True),
-                   pod("d2", "decode", role="decode", flipped=True)]  # fmt: skip
+    decode_pods = [
+        pod("d0", "decode"),
+        pod("d1", "decode", role="prefill", flipped=True),
+        pod("d2", "decode", role="decode", flipped=True),
+    ]
     costs = flip_aware_costs({"d0": 3, "d1": 0, "d2": 7}, decode_pods, Pool.decode)
     assert min(costs, key=costs.__getitem__) == "d2"  # flipped and back: the pod the flip touched goes first
     assert max(costs, key=costs.__getitem__) == "d1"  # lent out: it comes back, so it goes last
@@ -78,24 +81,54 @@ TO_DECODE = Flip(Pool.prefill, Pool.decode, 2, "FlippedToDecode: ...", "FlippedT
 TO_PREFILL = Flip(Pool.decode, Pool.prefill, 1, "FlippedToPrefill: ...", "FlippedToPrefill")
 
 
-@pytest.mark.parametrize(("pods", "flip", "running", "chosen"), [
-    # two of three prefill pods may go: one stays
-    (ready(("p0", "prefill"), ("p1", "prefill"), ("p2", "prefill"), ("d0", "decode")), TO_DECODE,
-     {"p0": 3, "p1": 0, "p2": 1}, ["p1", "p2"]),
-    # two asked of two: the busier one stays, prefill keeps its last Ready pod
-    (ready(("p0", "prefill"), ("p1", "prefill"), ("d0", "decode")), TO_DECODE, {"p0": 3, "p1": 0}, ["p1"]),
-    # the only decode pod serving (d1 is lent to prefill) is never flipped away
-    (ready(("p0", "prefill"), ("d0", "decode"), ("d1", "decode", "prefill")), TO_PREFILL, {"d0": 0}, []),
-    # a second decode pod that is not Ready serves nothing: d0 is still the last, it stays
-    ([*ready(("p0", "prefill"), ("d0", "decode")), pod("d1", "decode")], TO_PREFILL, {"d0": 0, "d1": None}, []),
-    # ... and one being deleted does not count either
-    ([*ready(("p0", "prefill"), ("d0", "decode")), pod("d1", "decode", deleting=True, ready=True)], TO_PREFILL,
-     {"d0": 0}, []),
-    # a pod that answers but is not Ready yet leaves no pool short: it may flip
-    ([*ready(("p0", "prefill"), ("d0", "decode")), pod("d1", "decode")], TO_PREFILL, {"d0": 0, "d1": 0}, ["d1"]),
-    # a flip back: the lent pod goes home while its borrower keeps its own Ready pod
-    (ready(("p0", "prefill"), ("d0", "decode"), ("d1", "decode", "prefill")),
-     Flip(Pool.prefill, Pool.decode, 1, "FlippedBack: ...", "FlippedBack"), {"p0": 0, "d1": 4}, ["d1"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("pods", "flip", "running", "chosen"),
+    [
+        # two of three prefill pods may go: one stays
+        (
+            ready(("p0", "prefill"), ("p1", "prefill"), ("p2", "prefill"), ("d0", "decode")),
+            TO_DECODE,
+            {"p0": 3, "p1": 0, "p2": 1},
+            ["p1", "p2"],
+        ),
+        # two asked of two: the busier one stays, prefill keeps its last Ready pod
+        (
+            ready(("p0", "prefill"), ("p1", "prefill"), ("d0", "decode")),
+            TO_DECODE,
+            {"p0": 3, "p1": 0},
+            ["p1"],
+        ),
+        # the only decode pod serving (d1 is lent to prefill) is never flipped away
+        (ready(("p0", "prefill"), ("d0", "decode"), ("d1", "decode", "prefill")), TO_PREFILL, {"d0": 0}, []),
+        # a second decode pod that is not Ready serves nothing: d0 is still the last, it stays
+        (
+            [*ready(("p0", "prefill"), ("d0", "decode")), pod("d1", "decode")],
+            TO_PREFILL,
+            {"d0": 0, "d1": None},
+            [],
+        ),
+        # ... and one being deleted does not count either
+        (
+            [*ready(("p0", "prefill"), ("d0", "decode")), pod("d1", "decode", deleting=True, ready=True)],
+            TO_PREFILL,
+            {"d0": 0},
+            [],
+        ),
+        # a pod that answers but is not Ready yet leaves no pool short: it may flip
+        (
+            [*ready(("p0", "prefill"), ("d0", "decode")), pod("d1", "decode")],
+            TO_PREFILL,
+            {"d0": 0, "d1": 0},
+            ["d1"],
+        ),
+        # a flip back: the lent pod goes home while its borrower keeps its own Ready pod
+        (
+            ready(("p0", "prefill"), ("d0", "decode"), ("d1", "decode", "prefill")),
+            Flip(Pool.prefill, Pool.decode, 1, "FlippedBack: ...", "FlippedBack"),
+            {"p0": 0, "d1": 4},
+            ["d1"],
+        ),
+    ],
+)
 def test_a_flip_never_takes_the_last_ready_pod_of_its_source_pool(pods, flip, running, chosen):
     assert flip_candidates(pods, flip, running) == chosen

@@ -211,7 +211,12 @@ def test_config_from_spec():
             "prefill": {"minReplicas": 1, "maxReplicas": 6},
             "decode": {"replicas": 2, "minReplicas": 2, "maxReplicas": 9, "resources": {"gpus": 2}},
             "slo": {"ttftMs": 800, "tpotMs": 40, "percentile": 95},
-            "autoscaling": {"enabled": True, "stabilizationSeconds": 240, "gpuBudget": 20, "sloMarginPercent": 75},
+            "autoscaling": {
+                "enabled": True,
+                "stabilizationSeconds": 240,
+                "gpuBudget": 20,
+                "sloMarginPercent": 75,
+            },
         }
     )
     cfg = policy_config(spec, PROFILE)
@@ -267,7 +272,9 @@ def test_a_draining_replica_never_blocks_a_scale_up():
 
 def test_a_draining_replica_holds_the_next_step_down():
     state = PolicyState({Pool.decode: PoolState(target=4, target_since_s=NOW, low_since_s=NOW - 600)})
-    d, _ = once(decode(ready=4, draining=1, arrival_rate_rps=0.5, tpot_ms=11.0, at_s=NOW + 15), state, now=NOW + 15)
+    d, _ = once(
+        decode(ready=4, draining=1, arrival_rate_rps=0.5, tpot_ms=11.0, at_s=NOW + 15), state, now=NOW + 15
+    )
     assert (d.desired, d.reason_code) == (4, "InFlight")
 
 
@@ -277,7 +284,9 @@ def test_capacity_on_its_way_holds_unless_the_need_outgrows_it():
     held, _ = once(prefill(ready=2, starting=2, ttft_ms=900.0, at_s=NOW + 15), state, now=NOW + 15)
     assert (held.desired, held.reason_code) == (4, "InFlight")
     # a surge the coming replicas cannot serve: 60 req/s x 1000 tokens needs >= 7 by the model
-    surge, _ = once(prefill(ready=2, starting=2, arrival_rate_rps=60.0, ttft_ms=900.0, at_s=NOW + 15), state, now=NOW + 15)
+    surge, _ = once(
+        prefill(ready=2, starting=2, arrival_rate_rps=60.0, ttft_ms=900.0, at_s=NOW + 15), state, now=NOW + 15
+    )
     assert surge.desired >= 7
 
 

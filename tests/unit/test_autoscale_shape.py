@@ -16,7 +16,9 @@ from tandem.slo import Slo
 from tests.unit.autoscale_fixtures import linear_profile
 
 H200 = shipped_profile("h200-llama-3.1-8b-fp8")  # NVIDIA's measured H200 profile: idle step about 4.6 ms
-LONG = ShapeLoad(rate_rps=10, prompt_tokens_mean=4000, output_tokens_mean=200, prompt_tokens_p90=6000, tpot_ms=9.0)
+LONG = ShapeLoad(
+    rate_rps=10, prompt_tokens_mean=4000, output_tokens_mean=200, prompt_tokens_p90=6000, tpot_ms=9.0
+)
 IDLE_STEP_MS = H200.decode_step_ms(1, LONG.prompt_tokens_mean + LONG.output_tokens_mean / 2)
 
 
@@ -41,7 +43,9 @@ class Case:
 CASES = [
     Case(
         "quiet load collapses a split to one colocated worker",
-        ShapeLoad(rate_rps=0.4, prompt_tokens_mean=1000, output_tokens_mean=200, prompt_tokens_p90=1500, tpot_ms=6.0),
+        ShapeLoad(
+            rate_rps=0.4, prompt_tokens_mean=1000, output_tokens_mean=200, prompt_tokens_p90=1500, tpot_ms=6.0
+        ),
         Shape(prefill=1, decode=1),
         Slo(ttft_ms=2000, tpot_ms=50),
         ShapeAction.collapse,
@@ -77,7 +81,9 @@ CASES = [
     ),
     Case(
         "inside the hysteresis band (4P+6D against 11 colocated) keeps",
-        ShapeLoad(rate_rps=40, prompt_tokens_mean=4000, output_tokens_mean=500, prompt_tokens_p90=6000, tpot_ms=12.0),
+        ShapeLoad(
+            rate_rps=40, prompt_tokens_mean=4000, output_tokens_mean=500, prompt_tokens_p90=6000, tpot_ms=12.0
+        ),
         Shape(colocated=11),
         tpot_x_idle(3),
         ShapeAction.keep,
@@ -86,7 +92,9 @@ CASES = [
     ),
     Case(
         "the same load with no band splits",
-        ShapeLoad(rate_rps=40, prompt_tokens_mean=4000, output_tokens_mean=500, prompt_tokens_p90=6000, tpot_ms=12.0),
+        ShapeLoad(
+            rate_rps=40, prompt_tokens_mean=4000, output_tokens_mean=500, prompt_tokens_p90=6000, tpot_ms=12.0
+        ),
         Shape(colocated=11),
         tpot_x_idle(3),
         ShapeAction.split,
@@ -106,7 +114,9 @@ CASES = [
     ),
     Case(
         "a change whose cost the saving does not repay keeps",
-        ShapeLoad(rate_rps=0.4, prompt_tokens_mean=1000, output_tokens_mean=200, prompt_tokens_p90=1500, tpot_ms=6.0),
+        ShapeLoad(
+            rate_rps=0.4, prompt_tokens_mean=1000, output_tokens_mean=200, prompt_tokens_p90=1500, tpot_ms=6.0
+        ),
         Shape(prefill=1, decode=1),
         Slo(ttft_ms=2000, tpot_ms=50),
         ShapeAction.keep,
@@ -125,16 +135,22 @@ CASES = [
     ),
     Case(
         "prompts too long for colocated workers' TTFT: a split is kept however large",
-        ShapeLoad(rate_rps=1, prompt_tokens_mean=7000, output_tokens_mean=100, prompt_tokens_p90=7000, tpot_ms=5.0),
+        ShapeLoad(
+            rate_rps=1, prompt_tokens_mean=7000, output_tokens_mean=100, prompt_tokens_p90=7000, tpot_ms=5.0
+        ),
         Shape(prefill=1, decode=1),
-        Slo(ttft_ms=177, tpot_ms=50),  # 0.8 x 177 = 142 ms: a 139 ms prompt fits, with a 4.7 ms decode step not
+        Slo(
+            ttft_ms=177, tpot_ms=50
+        ),  # 0.8 x 177 = 142 ms: a 139 ms prompt fits, with a 4.7 ms decode step not
         ShapeAction.keep,
         Shape(prefill=1, decode=1),
         "Kept 1P+1D: it needs 2P+1D at 3 GPUs; no count of colocated workers meets the SLO",
     ),
     Case(
         "the same prompts on colocated workers split: no count of them meets the TTFT",
-        ShapeLoad(rate_rps=1, prompt_tokens_mean=7000, output_tokens_mean=100, prompt_tokens_p90=7000, tpot_ms=5.0),
+        ShapeLoad(
+            rate_rps=1, prompt_tokens_mean=7000, output_tokens_mean=100, prompt_tokens_p90=7000, tpot_ms=5.0
+        ),
         Shape(colocated=2),
         Slo(ttft_ms=177, tpot_ms=50),
         ShapeAction.split,
@@ -172,7 +188,9 @@ def test_hysteresis_holds_either_way_at_the_crossover():
 
 def test_config_from_the_policy_carries_its_slo_margin_and_flip_time():
     slo = Slo(ttft_ms=2000, tpot_ms=40)
-    cfg = ShapeConfig.from_policy(PolicyConfig(slo=slo, profile=H200, limits={}, margin=0.7, flip_s=5.0), dwell_s=60.0)
+    cfg = ShapeConfig.from_policy(
+        PolicyConfig(slo=slo, profile=H200, limits={}, margin=0.7, flip_s=5.0), dwell_s=60.0
+    )
     assert (cfg.slo, cfg.margin, cfg.flip_s, cfg.dwell_s) == (slo, 0.7, 5.0, 60.0)
 
 
@@ -181,11 +199,23 @@ def test_the_load_comes_from_the_policys_observations():
         return PoolObservation(pool=pool, at_s=0.0, window_s=60.0, replicas=Replicas(1), **kw)  # type: ignore[arg-type]
 
     split = {
-        Pool.prefill: obs(Pool.prefill, arrival_rate_rps=3.0, prompt_tokens_mean=900, prompt_tokens_p90=1500, ttft_ms=120),
-        Pool.decode: obs(Pool.decode, arrival_rate_rps=3.0, prompt_tokens_mean=900, output_tokens_mean=150, tpot_ms=6.0),
+        Pool.prefill: obs(
+            Pool.prefill, arrival_rate_rps=3.0, prompt_tokens_mean=900, prompt_tokens_p90=1500, ttft_ms=120
+        ),
+        Pool.decode: obs(
+            Pool.decode, arrival_rate_rps=3.0, prompt_tokens_mean=900, output_tokens_mean=150, tpot_ms=6.0
+        ),
     }
     assert ShapeLoad.observed(split) == ShapeLoad(3.0, 900, 150, 1500, 0.0, 120, 6.0)
-    colocated = {Pool.colocated: obs(Pool.colocated, arrival_rate_rps=0.4, prompt_tokens_mean=1000, output_tokens_mean=200, tpot_ms=math.nan)}
+    colocated = {
+        Pool.colocated: obs(
+            Pool.colocated,
+            arrival_rate_rps=0.4,
+            prompt_tokens_mean=1000,
+            output_tokens_mean=200,
+            tpot_ms=math.nan,
+        )
+    }
     assert ShapeLoad.observed(colocated) == ShapeLoad(0.4, 1000, 200)  # NaN counts as missing
     assert ShapeLoad.observed({Pool.prefill: split[Pool.prefill]}) is None
     assert ShapeLoad.observed({**split, Pool.decode: obs(Pool.decode, arrival_rate_rps=3.0)}) is None
@@ -229,7 +259,10 @@ def test_colocated_need_is_the_fewest_workers_meeting_both_targets(rate):
     decode = DecodeLoad(rate_rps=rate, prompt_tokens_mean=1000, output_tokens_mean=100)
 
     def fits(n: int) -> bool:
-        return colocated_tpot_ms(p, n, prefill, decode) <= 24 and colocated_ttft_ms(p, n, prefill, decode, 90) <= 400
+        return (
+            colocated_tpot_ms(p, n, prefill, decode) <= 24
+            and colocated_ttft_ms(p, n, prefill, decode, 90) <= 400
+        )
 
     need = colocated_need(p, prefill, decode, slo, 0.8)
     assert fits(need.replicas)
@@ -238,5 +271,7 @@ def test_colocated_need_is_the_fewest_workers_meeting_both_targets(rate):
 
 def test_colocated_need_says_when_no_count_meets_the_slo():
     p = linear_profile()  # the idle step alone is 10.5 ms
-    need = colocated_need(p, PrefillLoad(1.0, 100, 100), DecodeLoad(1.0, 100, 10), Slo(ttft_ms=500, tpot_ms=10), 0.8)
+    need = colocated_need(
+        p, PrefillLoad(1.0, 100, 100), DecodeLoad(1.0, 100, 10), Slo(ttft_ms=500, tpot_ms=10), 0.8
+    )
     assert need.latency_ms == math.inf

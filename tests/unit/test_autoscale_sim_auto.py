@@ -18,19 +18,34 @@ from tandem.trace import TraceRequest
 from tests.unit.autoscale_fixtures import linear_profile
 
 PROFILE = linear_profile()  # prefill 0.1 ms/token, chunk 512; decode step 10 ms + 0.5 ms per running sequence
-SLO = Slo(ttft_ms=2000, tpot_ms=15)  # tight TPOT: 1.5x the idle step, so prefill interference costs colocated GPUs
+SLO = Slo(
+    ttft_ms=2000, tpot_ms=15
+)  # tight TPOT: 1.5x the idle step, so prefill interference costs colocated GPUs
 LIMITS = {pool: PoolLimits(1, 32) for pool in Pool}
 TROUGH = {"rate": 0.5, "prompt": 200, "output": 20}  # fits one colocated worker: 1 GPU against the split's 2
 BURST = {"rate": 20.0, "prompt": 2000, "output": 20}  # colocated steps would carry 4 s of prefill a second
 
 
-def observations(pools: dict[Pool, int], at_s: float, rate: float, prompt: int, output: int, tpot_ms: float = 11.0):
+def observations(
+    pools: dict[Pool, int], at_s: float, rate: float, prompt: int, output: int, tpot_ms: float = 11.0
+):
     return {
         pool: PoolObservation(
-            pool, at_s, 60.0, Replicas(ready=n), arrival_rate_rps=rate, prompt_tokens_mean=prompt,
-            prompt_tokens_p90=prompt, output_tokens_mean=output, prefix_hit_rate=0.0, ttft_ms=100.0, tpot_ms=tpot_ms,
-            queued_prompt_tokens=0.0, running_sequences=1.0, kv_usage=0.1,
-        )  # fmt: skip
+            pool,
+            at_s,
+            60.0,
+            Replicas(ready=n),
+            arrival_rate_rps=rate,
+            prompt_tokens_mean=prompt,
+            prompt_tokens_p90=prompt,
+            output_tokens_mean=output,
+            prefix_hit_rate=0.0,
+            ttft_ms=100.0,
+            tpot_ms=tpot_ms,
+            queued_prompt_tokens=0.0,
+            running_sequences=1.0,
+            kv_usage=0.1,
+        )
         for pool, n in pools.items()
     }
 
@@ -50,23 +65,40 @@ SPLIT_1_1 = {Pool.prefill: 1, Pool.decode: 1}
 @dataclass(frozen=True)
 class Case:
     name: str
-    ticks: list[tuple[dict[Pool, int], float, dict[str, float]]]  # (pools, at_s, load) per tick; the last is judged
+    ticks: list[
+        tuple[dict[Pool, int], float, dict[str, float]]
+    ]  # (pools, at_s, load) per tick; the last is judged
     want_target: Shape | None  # None: no shape change, replicas per pool
     want_reason: str = ""
     dwell_s: float = field(default=600.0)
 
 
 CASES = [
-    Case("a quiet split collapses to one colocated worker", [(SPLIT_1_1, 75.0, TROUGH)], Shape(colocated=1), "Collapsed: 0.5 req/s fits 1"),
+    Case(
+        "a quiet split collapses to one colocated worker",
+        [(SPLIT_1_1, 75.0, TROUGH)],
+        Shape(colocated=1),
+        "Collapsed: 0.5 req/s fits 1",
+    ),
     Case("not before a whole window was seen", [(SPLIT_1_1, 45.0, TROUGH)], None),
-    Case("colocated workers split at a burst of long prompts", [({Pool.colocated: 1}, 900.0, BURST)],
-         Shape(prefill=5, decode=2), "Split: 20 req/s; 5P+2D serves it at 7 GPUs"),
+    Case(
+        "colocated workers split at a burst of long prompts",
+        [({Pool.colocated: 1}, 900.0, BURST)],
+        Shape(prefill=5, decode=2),
+        "Split: 20 req/s; 5P+2D serves it at 7 GPUs",
+    ),
     Case("a split serving the burst stays split", [({Pool.prefill: 5, Pool.decode: 2}, 900.0, BURST)], None),
-    Case("a burst within the dwell after a collapse keeps the colocated workers",
-         [(SPLIT_1_1, 75.0, TROUGH), ({Pool.colocated: 1}, 300.0, BURST)], None),
-    Case("the same burst after the dwell splits",
-         [(SPLIT_1_1, 75.0, TROUGH), ({Pool.colocated: 1}, 700.0, BURST)], Shape(prefill=5, decode=2)),
-]  # fmt: skip
+    Case(
+        "a burst within the dwell after a collapse keeps the colocated workers",
+        [(SPLIT_1_1, 75.0, TROUGH), ({Pool.colocated: 1}, 300.0, BURST)],
+        None,
+    ),
+    Case(
+        "the same burst after the dwell splits",
+        [(SPLIT_1_1, 75.0, TROUGH), ({Pool.colocated: 1}, 700.0, BURST)],
+        Shape(prefill=5, decode=2),
+    ),
+]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
@@ -76,14 +108,18 @@ def test_auto_controller(case: Case) -> None:
     answer = answers[-1]
     if case.want_target is None:
         assert not isinstance(answer, ShapeChange), answer
-        assert isinstance(answer, dict) and set(answer) == set(case.ticks[-1][0])  # the current shape's pools, sized
+        assert isinstance(answer, dict) and set(answer) == set(
+            case.ticks[-1][0]
+        )  # the current shape's pools, sized
     else:
         assert isinstance(answer, ShapeChange)
         assert answer.target == case.want_target
         assert case.want_reason in answer.reason
 
 
-def phase(start_s: float, seconds: float, rate: float, prompt: int, output: int, rng: random.Random) -> list[TraceRequest]:
+def phase(
+    start_s: float, seconds: float, rate: float, prompt: int, output: int, rng: random.Random
+) -> list[TraceRequest]:
     t, out = start_s, []
     while True:
         t += rng.expovariate(rate)
@@ -95,8 +131,13 @@ def phase(start_s: float, seconds: float, rate: float, prompt: int, output: int,
 def test_the_simulated_service_collapses_at_the_trough_and_splits_at_the_burst() -> None:
     rng = random.Random(7)
     trace = phase(0.0, 600.0, **TROUGH, rng=rng) + phase(600.0, 240.0, **BURST, rng=rng)
-    sc = Scenario(PROFILE, SLO, {Pool.prefill: LIMITS[Pool.prefill], Pool.decode: LIMITS[Pool.decode]},
-                  cold_start_s=10.0, shape_dwell_s=120.0)  # fmt: skip
+    sc = Scenario(
+        PROFILE,
+        SLO,
+        {Pool.prefill: LIMITS[Pool.prefill], Pool.decode: LIMITS[Pool.decode]},
+        cold_start_s=10.0,
+        shape_dwell_s=120.0,
+    )
     result, summary = run("auto", trace, sc)
     (t_collapse, before, after, why), (t_split, _, split, why_split) = result.shape_changes[:2]
     assert (before, after) == ("1P+1D", "1 colocated") and why.startswith("Collapsed") and t_collapse < 600.0

@@ -13,8 +13,15 @@ from tandem.trace import TraceRequest
 from tests.unit.autoscale_fixtures import linear_profile
 
 PROFILE = linear_profile()  # prefill 0.1 ms/token; decode step 10 ms + 0.5 ms per running sequence
-CONFIG = SimConfig(PROFILE, interval_s=1.0, window_s=10.0, scrape_s=1.0, cold_start_s=30.0, flip_s=2.0,
-                   initial={Pool.prefill: 1, Pool.decode: 2})  # fmt: skip
+CONFIG = SimConfig(
+    PROFILE,
+    interval_s=1.0,
+    window_s=10.0,
+    scrape_s=1.0,
+    cold_start_s=30.0,
+    flip_s=2.0,
+    initial={Pool.prefill: 1, Pool.decode: 2},
+)
 # Two long generations (one per decode worker, about 10.5 s each), then 3 prompts of 400 ms a second for
 # 20 s: 1.2 s of work a second, more than one prefill worker serves (the router places a prompt on arrival).
 LONG = [TraceRequest(0.0, 100, 1000), TraceRequest(0.01, 100, 1000)]
@@ -23,7 +30,9 @@ BURST = [TraceRequest(5.0 + i / 3, 4000, 2) for i in range(60)]
 
 def flip_once(at_s: float, seen: list[tuple[float, Replicas, Replicas]]):
     def control(snap: Snapshot) -> Control:
-        seen.append((snap.at_s, snap.observations[Pool.prefill].replicas, snap.observations[Pool.decode].replicas))
+        seen.append(
+            (snap.at_s, snap.observations[Pool.prefill].replicas, snap.observations[Pool.decode].replicas)
+        )
         flips = ((Pool.decode, Pool.prefill, 1),) if snap.at_s == at_s else ()
         return Control({}, flips)
 
@@ -31,7 +40,7 @@ def flip_once(at_s: float, seen: list[tuple[float, Replicas, Replicas]]):
 
 
 def first_tokens(result) -> list[float]:
-    return sorted(r.first_token_s for r in result.requests[len(LONG):])
+    return sorted(r.first_token_s for r in result.requests[len(LONG) :])
 
 
 def test_a_flipped_decode_worker_drains_then_serves_prefill_after_the_flip_time():
@@ -40,7 +49,9 @@ def test_a_flipped_decode_worker_drains_then_serves_prefill_after_the_flip_time(
     plain = simulate_with_flips(LONG + BURST, CONFIG, lambda snap: {})
     assert flipped.flips == [(1.0, Pool.decode, Pool.prefill, 1)]
     # its running generation finishes where it started (about 10.5 s; the burst's 1-token decodes join the batch), none fails
-    assert [r.finish_s for r in flipped.requests[:2]] == pytest.approx([r.finish_s for r in plain.requests[:2]], abs=0.05)
+    assert [r.finish_s for r in flipped.requests[:2]] == pytest.approx(
+        [r.finish_s for r in plain.requests[:2]], abs=0.05
+    )
     assert not any(r.failed for r in flipped.requests)
     drained_s = max(r.finish_s for r in flipped.requests[:2])
     # while it drains it counts as prefill capacity on its way, and no longer as decode
@@ -60,8 +71,15 @@ def test_a_flipped_decode_worker_drains_then_serves_prefill_after_the_flip_time(
 
 
 def test_a_flipped_prefill_worker_hands_its_queued_prompts_to_the_rest_of_its_pool():
-    config = SimConfig(PROFILE, interval_s=1.0, window_s=10.0, scrape_s=1.0, cold_start_s=30.0, flip_s=2.0,
-                       initial={Pool.prefill: 2, Pool.decode: 1})  # fmt: skip
+    config = SimConfig(
+        PROFILE,
+        interval_s=1.0,
+        window_s=10.0,
+        scrape_s=1.0,
+        cold_start_s=30.0,
+        flip_s=2.0,
+        initial={Pool.prefill: 2, Pool.decode: 1},
+    )
     burst = [TraceRequest(0.5 + i * 0.001, 4000, 2) for i in range(20)]
 
     def control(snap: Snapshot) -> Control:
@@ -98,7 +116,9 @@ def test_tandem_with_flips_borrows_on_a_burst_returns_and_counts_flips_per_hour(
     kinds = [(t, src, dst) for t, src, dst, _ in on.flips]
     out_decode = [t for t, src, dst in kinds if (src, dst) == (Pool.prefill, Pool.decode)]
     out_prefill = [t for t, src, dst in kinds if (src, dst) == (Pool.decode, Pool.prefill)]
-    assert out_decode[0] < 180 < out_prefill[1]  # decode borrows while generations are long; back before the burst
+    assert (
+        out_decode[0] < 180 < out_prefill[1]
+    )  # decode borrows while generations are long; back before the burst
     assert any(200 <= t < 260 for t in out_prefill)  # prefill borrows in the burst ...
     assert max(out_decode) > max(out_prefill)  # ... and gives back after it
     assert s_on["flips"] == len(kinds) == 4

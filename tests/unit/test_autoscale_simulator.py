@@ -76,7 +76,14 @@ def test_attainment_is_joint():
     slow_ttft = Request(2, 0.0, 10, 11, first_token_s=0.9, finish_s=0.9 + 10 * 0.020)
     one_token = Request(3, 0.0, 10, 1, first_token_s=0.2, finish_s=0.2)  # no TPOT: TTFT alone decides
     failed = Request(4, 0.0, 10, 11, failed=True)
-    result = SimResult([fast_ttft_slow_tpot, both_ok, slow_ttft, one_token, failed], 3600.0, 3600.0, [], [], {Pool.prefill: [], Pool.decode: []})
+    result = SimResult(
+        [fast_ttft_slow_tpot, both_ok, slow_ttft, one_token, failed],
+        3600.0,
+        3600.0,
+        [],
+        [],
+        {Pool.prefill: [], Pool.decode: []},
+    )
     summary = summarise("x", result, SLO)
     assert summary["slo_attainment"] == pytest.approx(2 / 5)
     assert summary["goodput_per_gpu_hour"] == pytest.approx(2.0)
@@ -103,7 +110,9 @@ def test_scale_down_without_drain_drops_in_flight_work():
         return {Pool.decode: 1}
 
     for drain, lost in ((True, 0), (False, 1)):
-        cfg = SimConfig(PROFILE, interval_s=5, cold_start_s=0, drain=drain, initial={Pool.prefill: 1, Pool.decode: 2})
+        cfg = SimConfig(
+            PROFILE, interval_s=5, cold_start_s=0, drain=drain, initial={Pool.prefill: 1, Pool.decode: 2}
+        )
         result = simulate(trace, cfg, shrink)
         failed = sum(r.failed for r in result.requests)
         assert (failed > 0) == bool(lost)
@@ -123,13 +132,24 @@ def test_a_prefill_step_batches_queued_prompts_that_fit_the_chunk():
 
     # a step has a fixed cost, as on a GPU: 20 ms + 0.01 ms per token; chunk 2048 tokens
     profile = Profile(
-        model="hand", device="none", dtype="fp8", prefill_chunk_tokens=2048, max_running_sequences=64,
-        kv_capacity_tokens=1_000_000, cold_start_ms=0,
-        prefill=[PrefillPoint(prompt_tokens=n, chunk_tokens=2048, ms=20 + 0.01 * n) for n in (100, 1000, 4000)],
+        model="hand",
+        device="none",
+        dtype="fp8",
+        prefill_chunk_tokens=2048,
+        max_running_sequences=64,
+        kv_capacity_tokens=1_000_000,
+        cold_start_ms=0,
+        prefill=[
+            PrefillPoint(prompt_tokens=n, chunk_tokens=2048, ms=20 + 0.01 * n) for n in (100, 1000, 4000)
+        ],
         decode=[DecodePoint(batch=b, context_tokens=c, step_ms=10.0) for b in (1, 8) for c in (256, 1024)],
-    )  # fmt: skip
+    )
     # one long prompt occupies the replica; four of 500 tokens queue behind it, then one of 3000
-    trace = [TraceRequest(0.0, 4000, 2)] + [TraceRequest(0.001, 500, 2) for _ in range(4)] + [TraceRequest(0.002, 3000, 2)]
+    trace = (
+        [TraceRequest(0.0, 4000, 2)]
+        + [TraceRequest(0.001, 500, 2) for _ in range(4)]
+        + [TraceRequest(0.002, 3000, 2)]
+    )
     result = simulate(trace, SimConfig(profile, cold_start_s=0.0), fixed({Pool.prefill: 1, Pool.decode: 1}))
     first = [r.first_token_s for r in result.requests]
     long_done = (20 + 40) / 1000
@@ -158,20 +178,29 @@ def test_the_policy_reads_ttft_p90_as_histogram_quantile_over_the_routers_bucket
     # late request keeps the run going past it)
     trace = [TraceRequest(0.0, 1100, 2)] * 10 + [TraceRequest(20.0, 100, 2)]
     seen = []
-    simulate(trace, SimConfig(PROFILE, cold_start_s=0, interval_s=15, scrape_s=5, window_s=60), recording(seen))
+    simulate(
+        trace, SimConfig(PROFILE, cold_start_s=0, interval_s=15, scrape_s=5, window_s=60), recording(seen)
+    )
     ttfts = [0.11 * k for k in range(1, 11)]
     buckets = [(le, sum(t <= le for t in ttfts)) for le in names.TTFT_BUCKETS] + [(float("inf"), 10)]
     expected_ms = histogram_quantile(0.9, buckets) * 1000
     observed = seen[0].observations[Pool.prefill].ttft_ms
     assert observed == pytest.approx(expected_ms)
-    assert observed == pytest.approx(1000.0)  # 0.75 s bucket holds 6, the 1 s bucket 9: rank 9 ends at its bound
+    assert observed == pytest.approx(
+        1000.0
+    )  # 0.75 s bucket holds 6, the 1 s bucket 9: rank 9 ends at its bound
     assert observed != pytest.approx(1001.0)  # the exact samples' p90, which no metric source has
 
 
 def test_no_ttft_sample_while_nothing_completes_only_the_queued_tokens_show():
-    trace = [TraceRequest(0.0, 400_000, 2), TraceRequest(70.0, 100, 2)]  # 40 s of prefill (0.1 ms/token), then one more
+    trace = [
+        TraceRequest(0.0, 400_000, 2),
+        TraceRequest(70.0, 100, 2),
+    ]  # 40 s of prefill (0.1 ms/token), then one more
     seen = []
-    simulate(trace, SimConfig(PROFILE, cold_start_s=0, interval_s=15, scrape_s=5, window_s=60), recording(seen))
+    simulate(
+        trace, SimConfig(PROFILE, cold_start_s=0, interval_s=15, scrape_s=5, window_s=60), recording(seen)
+    )
     first = seen[0].observations[Pool.prefill]
     assert first.ttft_ms is None  # no request had its first token yet: an empty histogram's quantile
     assert first.queued_prompt_tokens == 400_000
@@ -183,9 +212,13 @@ def test_no_ttft_sample_while_nothing_completes_only_the_queued_tokens_show():
 def test_gauges_are_those_of_the_last_scrape_and_rates_span_the_window():
     trace = poisson_trace(rate=5.0, seconds=120, prompt=200, output=400)
     seen = []
-    simulate(trace, SimConfig(PROFILE, cold_start_s=0, interval_s=15, scrape_s=60, window_s=60), recording(seen))
+    simulate(
+        trace, SimConfig(PROFILE, cold_start_s=0, interval_s=15, scrape_s=60, window_s=60), recording(seen)
+    )
     by_tick = {round(s.at_s): s.observations[Pool.decode] for s in seen}
-    assert by_tick[15].running_sequences == by_tick[30].running_sequences == by_tick[45].running_sequences == 0
+    assert (
+        by_tick[15].running_sequences == by_tick[30].running_sequences == by_tick[45].running_sequences == 0
+    )
     assert by_tick[60].running_sequences > 0  # the scrape at 60 s saw the running batch
     arrived = sum(1 for r in trace if 60 < r.arrival_s <= 120)
     assert by_tick[120].arrival_rate_rps == pytest.approx(arrived / 60)

@@ -30,7 +30,9 @@ def _dashboard_exprs() -> set[str]:
 @pytest.mark.parametrize("pool", [Pool.prefill, Pool.decode])
 def test_every_query_the_autoscaler_runs_is_charted_on_the_dashboard(pool):
     charted = _dashboard_exprs()
-    queries = promql.pool_queries(pool, "$namespace", "$service", "$__rate_interval", 90, op="=~", pool_value="$pool")
+    queries = promql.pool_queries(
+        pool, "$namespace", "$service", "$__rate_interval", 90, op="=~", pool_value="$pool"
+    )
     missing = {name: q for name, q in queries.items() if q not in charted}
     assert not missing, missing
     assert promql.attainment("$namespace", "$service", "$__rate_interval", op="=~") in charted
@@ -74,14 +76,22 @@ def test_direct_scrape_reads_the_window_from_real_endpoints():
     router = RouterMetrics("svc", lambda: 0)
     worker_registry = CollectorRegistry()
     labels = list(names.METRIC_LABELS)
-    queued = Gauge(names.PREFILL_QUEUED_TOKENS, "q", labels, registry=worker_registry).labels(service="svc", pool="prefill")
-    used = Gauge(names.KV_BLOCKS_USED, "u", labels, registry=worker_registry).labels(service="svc", pool="prefill")
-    total = Gauge(names.KV_BLOCKS_TOTAL, "t", labels, registry=worker_registry).labels(service="svc", pool="prefill")
+    queued = Gauge(names.PREFILL_QUEUED_TOKENS, "q", labels, registry=worker_registry).labels(
+        service="svc", pool="prefill"
+    )
+    used = Gauge(names.KV_BLOCKS_USED, "u", labels, registry=worker_registry).labels(
+        service="svc", pool="prefill"
+    )
+    total = Gauge(names.KV_BLOCKS_TOTAL, "t", labels, registry=worker_registry).labels(
+        service="svc", pool="prefill"
+    )
     router_url, router_server = _serve(router.registry)
     worker_url, worker_server = _serve(worker_registry)
     try:
         _requests(router, [0.04] * 10, 0.01, 8, 100)  # before the window: must not count
-        source = ScrapeSource(lambda: {"router": [router_url], "prefill": [worker_url, "http://127.0.0.1:1/metrics"]})
+        source = ScrapeSource(
+            lambda: {"router": [router_url], "prefill": [worker_url, "http://127.0.0.1:1/metrics"]}
+        )
         target = Target("ns", "svc", (Pool.prefill, Pool.decode), window_s=60, percentile=90)
         first = source.observe(target, {Pool.prefill: Replicas(2)}, now_s=100.0)
         assert first[Pool.prefill].arrival_rate_rps is None  # one scrape: no rate yet

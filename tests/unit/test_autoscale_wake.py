@@ -87,7 +87,10 @@ def test_an_idle_pool_with_min_zero_goes_to_zero_after_the_window_and_not_before
 
 def test_the_prometheus_query_reads_the_routers_gauge_for_the_pool():
     q = promql.pool_queries(Pool.decode, "ns", "svc", "60s", 90)
-    assert q["held_requests"] == 'sum by (namespace, service) (tandem_router_held_requests{namespace="ns", service="svc", role="decode"})'
+    assert (
+        q["held_requests"]
+        == 'sum by (namespace, service) (tandem_router_held_requests{namespace="ns", service="svc", role="decode"})'
+    )
     assert q["held_oldest_s"].startswith("max by (namespace, service) (tandem_router_held_oldest_seconds{")
 
 
@@ -153,8 +156,14 @@ def test_the_example_starts_both_pools_at_zero_under_the_autoscaler():
     "patch,wakes",
     [
         ({"prefill": {"minReplicas": 0}, "autoscaling": {"enabled": True}}, {"prefill"}),
-        ({"prefill": {"minReplicas": 0}, "decode": {"minReplicas": 0}, "autoscaling": {"enabled": True}}, {"prefill", "decode"}),
-        ({"mode": "colocated", "decode": {"minReplicas": 0}, "autoscaling": {"enabled": True}}, {"colocated"}),
+        (
+            {"prefill": {"minReplicas": 0}, "decode": {"minReplicas": 0}, "autoscaling": {"enabled": True}},
+            {"prefill", "decode"},
+        ),
+        (
+            {"mode": "colocated", "decode": {"minReplicas": 0}, "autoscaling": {"enabled": True}},
+            {"colocated"},
+        ),
         ({"autoscaling": {"enabled": True}}, set()),
         ({}, set()),
     ],
@@ -163,5 +172,7 @@ def test_which_pools_rest_at_zero(patch, wakes):
     from tandem.operator.autoscale.core.wake import wakes_from_zero
     from tandem.spec import InferenceServiceSpec
 
-    spec = InferenceServiceSpec.model_validate({"model": {"source": {"path": "/m"}, "servedName": "m"}, **patch})
+    spec = InferenceServiceSpec.model_validate(
+        {"model": {"source": {"path": "/m"}, "servedName": "m"}, **patch}
+    )
     assert wakes_from_zero(spec) == wakes

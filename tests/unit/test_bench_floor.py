@@ -24,6 +24,8 @@ def test_floor_feeds_each_layer_the_token_rows_and_the_head_the_sampled_rows():
     model.b = nn.Linear(8, 4)
     model.lm_head = nn.Linear(4, 10)
     for name in ("a", "b", "lm_head"):
-        getattr(model, name).register_forward_hook(lambda m, i, o, name=name: seen.append((name, i[0].shape[0])))
+        getattr(model, name).register_forward_hook(
+            lambda m, i, o, name=name: seen.append((name, i[0].shape[0]))
+        )
     assert floor_seconds(model, tokens=7, sampled=2, repeats=1) >= 0
     assert seen == [("a", 7), ("b", 7), ("lm_head", 2)] * 2  # the warm-up pass, then the timed one

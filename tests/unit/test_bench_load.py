@@ -15,7 +15,9 @@ def test_outcomes():
     token = b'data: {"choices":[{"text":"a","finish_reason":null}]}\n\n'
     done = b"data: [DONE]\n\n"
     assert dechunk(_chunked(token, done).partition(b"\r\n\r\n")[2]) == token + done
-    assert outcome(_chunked(token, b'data: {"choices":[{"text":"","finish_reason":"stop"}]}\n\n', done)) == "ok"
+    assert (
+        outcome(_chunked(token, b'data: {"choices":[{"text":"","finish_reason":"stop"}]}\n\n', done)) == "ok"
+    )
     assert outcome(_chunked(token, b'data: {"error":{"message":"x"}}\n\n', done)) == "error-event"
     assert outcome(_chunked(token, done)) == "truncated"  # ended without a reason: what must never happen
     assert outcome(_chunked(token)) == "truncated"

@@ -20,12 +20,18 @@ MODEL = Path("/models/m")
     [
         pytest.param(bench_object("bench-0"), id="operator"),
         pytest.param(stack_spec(MODEL), id="wake_from_zero"),
-        pytest.param(service_object("split", MODEL, mode="disaggregated", prefill=2, decode=1), id="stacks-split"),
+        pytest.param(
+            service_object("split", MODEL, mode="disaggregated", prefill=2, decode=1), id="stacks-split"
+        ),
         pytest.param(service_object("colocated", MODEL, mode="colocated", decode=2), id="stacks-colocated"),
-        pytest.param(service_object("conditional", MODEL, mode="disaggregated",
-                                    router={"disaggregation": {"mode": "conditional"}}), id="stacks-conditional"),
+        pytest.param(
+            service_object(
+                "conditional", MODEL, mode="disaggregated", router={"disaggregation": {"mode": "conditional"}}
+            ),
+            id="stacks-conditional",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_bench_object_is_one_admission_accepts(obj: dict) -> None:
     svc = parse_object(obj)
     assert svc.name == obj["metadata"]["name"]

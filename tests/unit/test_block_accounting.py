@@ -58,12 +58,19 @@ def test_whole_prompt_cached_still_leaves_one_token_to_compute():
 
 def test_pool_returns_to_empty_after_finish_abort_and_preemption(tiny_model):
     # A pool too small for everyone at once forces preemption by recompute.
-    engine = Engine(tiny_model, EngineConfig(block_size=4, num_kv_blocks=24, max_batch_tokens=64, prefill_chunk_tokens=16))
+    engine = Engine(
+        tiny_model, EngineConfig(block_size=4, num_kv_blocks=24, max_batch_tokens=64, prefill_chunk_tokens=16)
+    )
     rng = random.Random(0)
     ids = []
     for i in range(10):
         prompt = [rng.randrange(2, 500) for _ in range(rng.randrange(3, 30))]
-        ids.append(engine.add_request(prompt, SamplingParams(max_tokens=rng.randrange(4, 40), temperature=0.8, seed=i, ignore_eos=True)))
+        ids.append(
+            engine.add_request(
+                prompt,
+                SamplingParams(max_tokens=rng.randrange(4, 40), temperature=0.8, seed=i, ignore_eos=True),
+            )
+        )
     preempted, steps = 0, 0
     while engine.has_work():
         steps += 1

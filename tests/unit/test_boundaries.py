@@ -49,7 +49,11 @@ def _imports(folder: Path) -> set[tuple[str, str]]:
 
 
 def test_wings_do_not_import_each_other():
-    worker_to_operator = {(f, m) for f, m in _imports(ROOT / "worker") if m.startswith(("tandem.operator", "kopf", "kubernetes"))}
+    worker_to_operator = {
+        (f, m)
+        for f, m in _imports(ROOT / "worker")
+        if m.startswith(("tandem.operator", "kopf", "kubernetes"))
+    }
     operator_to_worker = {(f, m) for f, m in _imports(ROOT / "operator") if m.startswith("tandem.worker")}
     assert not worker_to_operator, worker_to_operator
     assert not operator_to_worker, operator_to_worker
@@ -65,7 +69,10 @@ def test_every_package_folder_is_declared_at_any_depth():
         ".".join(("tandem", wing, *p.parent.relative_to(ROOT / wing).parts))
         for wing in ("worker", "operator")
         for p in (ROOT / wing).rglob("*/__init__.py")
-    } | {".".join(("tandem", *p.parent.relative_to(ROOT / "tandem").parts)) for p in (ROOT / "tandem").rglob("*/__init__.py")}
+    } | {
+        ".".join(("tandem", *p.parent.relative_to(ROOT / "tandem").parts))
+        for p in (ROOT / "tandem").rglob("*/__init__.py")
+    }
     assert folders - {"tandem.testing"} <= declared, folders - declared
 
 
@@ -86,5 +93,7 @@ def test_benchmarks_do_not_import_the_tests():
 
 def test_the_engine_does_not_import_the_transports():
     """What both need of a KV block is in worker/kv/layout.py; the engine knows nothing of how KV travels."""
-    into_transport = {(f, m) for f, m in _imports(ROOT / "worker" / "engine") if m.startswith("tandem.worker.kv_transport")}
+    into_transport = {
+        (f, m) for f, m in _imports(ROOT / "worker" / "engine") if m.startswith("tandem.worker.kv_transport")
+    }
     assert not into_transport, into_transport

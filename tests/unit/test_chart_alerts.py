@@ -18,14 +18,20 @@ SVC = {"namespace": "ns", "service": "llama"}
 ROUTER = {**SVC, "pool": "router", "pod": "llama-router-0"}
 
 
-def slo_series(slo: str, objective: float, errors_per_min: int, ok_per_min: int, minutes: int, then: str = "") -> list[dict]:
+def slo_series(
+    slo: str, objective: float, errors_per_min: int, ok_per_min: int, minutes: int, then: str = ""
+) -> list[dict]:
     """The router's SLO counters for one `slo`: `errors_per_min` requests missing the target and
     `ok_per_min` meeting it every minute for `minutes`, then `then` (promtool series notation) if given."""
+
     def series(name: str, **extra: str) -> str:
         return name + "{" + ",".join(f'{k}="{v}"' for k, v in {**ROUTER, "slo": slo, **extra}.items()) + "}"
 
     return [
-        {"series": series(names.SLO_REQUESTS_TOTAL, met="false"), "values": f"0+{errors_per_min}x{minutes}{then}"},
+        {
+            "series": series(names.SLO_REQUESTS_TOTAL, met="false"),
+            "values": f"0+{errors_per_min}x{minutes}{then}",
+        },
         {"series": series(names.SLO_REQUESTS_TOTAL, met="true"), "values": f"0+{ok_per_min}x{minutes + 60}"},
         {"series": series(names.SLO_OBJECTIVE_RATIO), "values": f"{objective}x{minutes + 60}"},
     ]
@@ -62,13 +68,23 @@ def slo_cases() -> list[dict]:
         u = slo.upper()
         fast, slow = f"Tandem{u}BudgetBurnFast", f"Tandem{u}BudgetBurnSlow"
         # 99% objective (1% budget): 20% of requests missing is a 20x burn, over both thresholds
-        cases.append(case(slo_series(slo, 0.99, 20, 80, 120), [
-            ("10m", fast, [burn(slo, "Fast", "20%")]),
-            ("10m", slow, []),  # still pending: its `for` is 15 minutes
-            ("30m", slow, [burn(slo, "Slow", "20%")]),
-        ]))  # fmt: skip
+        cases.append(
+            case(
+                slo_series(slo, 0.99, 20, 80, 120),
+                [
+                    ("10m", fast, [burn(slo, "Fast", "20%")]),
+                    ("10m", slow, []),  # still pending: its `for` is 15 minutes
+                    ("30m", slow, [burn(slo, "Slow", "20%")]),
+                ],
+            )
+        )
         # 10% missing is a 10x burn: under the fast threshold (14.4x), over the slow one (6x)
-        cases.append(case(slo_series(slo, 0.99, 10, 90, 120), [("60m", fast, []), ("60m", slow, [burn(slo, "Slow", "10%")])]))
+        cases.append(
+            case(
+                slo_series(slo, 0.99, 10, 90, 120),
+                [("60m", fast, []), ("60m", slow, [burn(slo, "Slow", "10%")])],
+            )
+        )
         # 0.5% missing is within budget: nothing fires
         cases.append(case(slo_series(slo, 0.99, 1, 199, 400), [("6h", fast, []), ("6h", slow, [])]))
         # the burn stops after an hour: the 1 h window still burns, the 5 m window clears the page
@@ -78,9 +94,15 @@ def slo_cases() -> list[dict]:
         cases.append(case(slo_series(slo, 0.9, 60, 40, 120), [("30m", fast, [burn(slo, "Fast", "60%")])]))
         cases.append(case(slo_series(slo, 0.9, 40, 60, 120), [("30m", fast, []), ("30m", slow, [])]))
     # the TTFT SLO burning does not raise the TPOT alerts
-    cases.append(case(slo_series("ttft", 0.99, 50, 50, 60) + slo_series("tpot", 0.99, 0, 100, 60), [
-        ("20m", "TandemTPOTBudgetBurnFast", []), ("20m", "TandemTTFTBudgetBurnFast", [burn("ttft", "Fast", "50%")]),
-    ]))  # fmt: skip
+    cases.append(
+        case(
+            slo_series("ttft", 0.99, 50, 50, 60) + slo_series("tpot", 0.99, 0, 100, 60),
+            [
+                ("20m", "TandemTPOTBudgetBurnFast", []),
+                ("20m", "TandemTTFTBudgetBurnFast", [burn("ttft", "Fast", "50%")]),
+            ],
+        )
+    )
     return cases
 
 
@@ -92,15 +114,19 @@ def worker_cases() -> list[dict]:
 
     down = {
         "exp_labels": {**decode, "severity": "page"},
-        "exp_annotations": {"summary": "ns/llama decode pod llama-decode-1 is down",
-                            "description": "Prometheus has not scraped 10.0.0.7:9090 for 2 minutes."},
-    }  # fmt: skip
+        "exp_annotations": {
+            "summary": "ns/llama decode pod llama-decode-1 is down",
+            "description": "Prometheus has not scraped 10.0.0.7:9090 for 2 minutes.",
+        },
+    }
     kv = {**SVC, "pool": "decode", "pod": "llama-decode-1"}
 
     def blocks(used: int) -> list[dict]:
         sel = ",".join(f'{k}="{v}"' for k, v in kv.items())
-        return [{"series": f"{names.KV_BLOCKS_USED}{{{sel}}}", "values": f"{used}x20"},
-                {"series": f"{names.KV_BLOCKS_TOTAL}{{{sel}}}", "values": "1000x20"}]  # fmt: skip
+        return [
+            {"series": f"{names.KV_BLOCKS_USED}{{{sel}}}", "values": f"{used}x20"},
+            {"series": f"{names.KV_BLOCKS_TOTAL}{{{sel}}}", "values": "1000x20"},
+        ]
 
     full = {
         "exp_labels": {**kv, "severity": "warning"},
@@ -110,20 +136,35 @@ def worker_cases() -> list[dict]:
         },
     }
     return [
-        case([up(decode, "1 1 0 0 0 0 0 0")], [("3m", "TandemWorkerDown", []), ("5m", "TandemWorkerDown", [down])]),
+        case(
+            [up(decode, "1 1 0 0 0 0 0 0")],
+            [("3m", "TandemWorkerDown", []), ("5m", "TandemWorkerDown", [down])],
+        ),
         case([up(decode, "1x10")], [("5m", "TandemWorkerDown", [])]),
-        case([up({"job": "node", "instance": "x"}, "0x10")], [("5m", "TandemWorkerDown", [])]),  # not a tandem pod
+        case(
+            [up({"job": "node", "instance": "x"}, "0x10")], [("5m", "TandemWorkerDown", [])]
+        ),  # not a tandem pod
         case(blocks(980), [("3m", "TandemKVCacheFull", []), ("10m", "TandemKVCacheFull", [full])]),
         case(blocks(900), [("10m", "TandemKVCacheFull", [])]),
     ]
 
 
 def test_promtool_checks_the_rules():
-    out = subprocess.run([require("promtool"), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [require("promtool"), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stdout + out.stderr
-    alerts = {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r}
-    assert alerts == {"TandemTTFTBudgetBurnFast", "TandemTTFTBudgetBurnSlow", "TandemTPOTBudgetBurnFast",
-                      "TandemTPOTBudgetBurnSlow", "TandemWorkerDown", "TandemKVCacheFull"}  # fmt: skip
+    alerts = {
+        r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r
+    }
+    assert alerts == {
+        "TandemTTFTBudgetBurnFast",
+        "TandemTTFTBudgetBurnSlow",
+        "TandemTPOTBudgetBurnFast",
+        "TandemTPOTBudgetBurnSlow",
+        "TandemWorkerDown",
+        "TandemKVCacheFull",
+    }
 
 
 def test_promtool_unit_tests_fire_and_do_not_fire_each_alert(tmp_path):
@@ -133,15 +174,26 @@ def test_promtool_unit_tests_fire_and_do_not_fire_each_alert(tmp_path):
     assert fired == quiet and len(fired) == 6  # every alert is shown firing and shown staying quiet
     path = tmp_path / "tests.yaml"
     path.write_text(yaml.safe_dump(tests, sort_keys=False))
-    out = subprocess.run([require("promtool"), "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [require("promtool"), "test", "rules", str(path)], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
 
 
 def test_chart_renders_the_same_rules_when_enabled():
     docs = _template()
-    assert "PrometheusRule" not in [d["kind"] for d in docs]  # off by default: needs the Prometheus Operator's CRDs
-    docs = _template("--set", "monitoring.prometheusRule.enabled=true", "--set", "monitoring.prometheusRule.labels.release=kps")
+    assert "PrometheusRule" not in [
+        d["kind"] for d in docs
+    ]  # off by default: needs the Prometheus Operator's CRDs
+    docs = _template(
+        "--set",
+        "monitoring.prometheusRule.enabled=true",
+        "--set",
+        "monitoring.prometheusRule.labels.release=kps",
+    )
     (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
-    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["metadata"]["namespace"] == "tandem-system"
+    assert (
+        rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["metadata"]["namespace"] == "tandem-system"
+    )
     assert rule["metadata"]["labels"]["release"] == "kps"
     assert rule["spec"] == yaml.safe_load(RULES.read_text())

@@ -25,7 +25,9 @@ HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
 def _exported() -> set[str]:
-    return {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str) and v.startswith("tandem_")}
+    return {
+        v for k, v in vars(names).items() if k.isupper() and isinstance(v, str) and v.startswith("tandem_")
+    }
 
 
 def _known(metric: str, exported: set[str]) -> bool:
@@ -56,7 +58,9 @@ def test_dashboard_variables(dashboard):
     assert 36 <= dashboard["schemaVersion"] <= 41
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     assert list(variables) == ["datasource", "namespace", "service", "pool"]
-    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    assert (
+        variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    )
 
     def query(name: str) -> str:
         q = variables[name]["query"]
@@ -65,7 +69,10 @@ def test_dashboard_variables(dashboard):
     assert query("namespace") == f"label_values({names.REQUESTS_TOTAL}, namespace)"
     # each variable narrows the next: InferenceServices of the chosen namespaces, pools of the chosen services
     assert query("service") == f'label_values({names.REQUESTS_TOTAL}{{namespace=~"$namespace"}}, service)'
-    assert query("pool") == f'label_values({names.KV_BLOCKS_TOTAL}{{namespace=~"$namespace", service=~"$service"}}, pool)'
+    assert (
+        query("pool")
+        == f'label_values({names.KV_BLOCKS_TOTAL}{{namespace=~"$namespace", service=~"$service"}}, pool)'
+    )
 
 
 def test_every_panel_has_a_title_and_a_target(dashboard):
@@ -84,9 +91,12 @@ def test_every_queried_metric_exists_in_names(dashboard):
     exprs = [(p["title"], t["expr"]) for p in _panels(dashboard) for t in p["targets"]]
     exprs += [(a["name"], a["expr"]) for a in dashboard["annotations"]["list"]]
     for title, expr in exprs:
-        assert '$namespace' in expr and '$service' in expr, (title, expr)
+        assert "$namespace" in expr and "$service" in expr, (title, expr)
         found = METRIC.findall(expr)
-        assert found or expr.startswith("sum by (namespace, service, pool) (up{"), (title, expr)  # or scrape health
+        assert found or expr.startswith("sum by (namespace, service, pool) (up{"), (
+            title,
+            expr,
+        )  # or scrape health
         used.update(found)
     unknown = sorted(m for m in used if not _known(m, exported))
     assert not unknown, f"dashboard queries metrics not in tandem/names.py: {unknown}"
@@ -128,8 +138,12 @@ def _template(*args: str) -> list[dict]:
     helm = _helm()
     if helm is None:
         pytest.skip("no helm binary: TANDEM_BUILD_HELM=1 bash tests/k8s/build-controlplane.sh")
-    out = subprocess.run([helm, "template", "t", str(CHART), "--namespace", "tandem-system", *args],
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [helm, "template", "t", str(CHART), "--namespace", "tandem-system", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
@@ -151,14 +165,19 @@ def test_helm_renders_podmonitor_and_dashboard():
 
 
 def test_operator_pod_exports_the_autoscalers_metrics_to_its_own_podmonitor():
-    docs = _template("--set", "monitoring.podMonitor.enabled=true", "--set", "autoscaler.prometheusUrl=http://p:9090")
+    docs = _template(
+        "--set", "monitoring.podMonitor.enabled=true", "--set", "autoscaler.prometheusUrl=http://p:9090"
+    )
     (dep,) = [d for d in docs if d["kind"] == "Deployment"]
     (container,) = dep["spec"]["template"]["spec"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert f"--metrics-port={ports['metrics']}" in container["args"]
     assert "--prometheus-url=http://p:9090" in container["args"]
     (own,) = [d for d in docs if d["kind"] == "PodMonitor" and d["metadata"]["name"].endswith("-operator")]
-    assert own["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert (
+        own["spec"]["selector"]["matchLabels"].items()
+        <= dep["spec"]["template"]["metadata"]["labels"].items()
+    )
     assert own["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     off = _template("--set", "monitoring.podMonitor.enabled=true", "--set", "autoscaler.metricsPort=0")
     (container,) = next(d for d in off if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"]

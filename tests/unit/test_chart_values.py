@@ -62,7 +62,9 @@ def test_ci_values_are_valid_against_the_schema_keys():
 
     assert CI_VALUES, "charts/tandem/ci/ holds the values files chart-testing installs"
     for f in CI_VALUES:
-        assert known(yaml.safe_load(f.read_text()), defaults) == [], f.name  # no typo'd value silently ignored
+        assert known(yaml.safe_load(f.read_text()), defaults) == [], (
+            f.name
+        )  # no typo'd value silently ignored
 
 
 @pytest.mark.parametrize("values", [None, *CI_VALUES], ids=lambda v: v.name if v else "defaults")
@@ -71,7 +73,9 @@ def test_helm_lint_and_template(values):
     if helm is None:
         pytest.skip("no helm binary: TANDEM_BUILD_HELM=1 bash tests/k8s/build-controlplane.sh")
     extra = ["-f", str(values)] if values else []
-    lint = subprocess.run([helm, "lint", "--strict", str(CHART), *extra], capture_output=True, text=True, timeout=60)
+    lint = subprocess.run(
+        [helm, "lint", "--strict", str(CHART), *extra], capture_output=True, text=True, timeout=60
+    )
     assert lint.returncode == 0, lint.stdout + lint.stderr
     docs = _template(*extra)
     kinds = {d["kind"] for d in docs}

@@ -39,9 +39,17 @@ def engine_greedy(model_dir, prompt_ids: list[int], max_tokens: int) -> list[int
 @pytest.fixture(scope="module")
 def json_result(tiny_model_dir):
     proc = run_generate(
-        "--model", str(tiny_model_dir), "--prompt", PROMPT, "--max-tokens", str(MAX_TOKENS),
-        "--ignore-eos", "--device", "cpu", "--json",
-    )  # fmt: skip
+        "--model",
+        str(tiny_model_dir),
+        "--prompt",
+        PROMPT,
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--ignore-eos",
+        "--device",
+        "cpu",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -66,9 +74,16 @@ def test_json_reports_latencies(json_result):
 
 def test_streamed_text_is_the_completion(tiny_model_dir, json_result):
     proc = run_generate(
-        "--model", str(tiny_model_dir), "--prompt", PROMPT, "--max-tokens", str(MAX_TOKENS),
-        "--ignore-eos", "--device", "cpu",
-    )  # fmt: skip
+        "--model",
+        str(tiny_model_dir),
+        "--prompt",
+        PROMPT,
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--ignore-eos",
+        "--device",
+        "cpu",
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == json_result["completion"] + "\n"
 

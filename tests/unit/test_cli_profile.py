@@ -19,10 +19,27 @@ def run_profile(*args: str) -> subprocess.CompletedProcess[str]:
 def test_measures_the_real_engine(tiny_model_dir, tmp_path):
     out = tmp_path / "p.json"
     done = run_profile(
-        "--model", str(tiny_model_dir), "--device", "cpu", "--threads", "1", "-o", str(out),
-        "--prompt-lengths", "16,64", "--batches", "1,2,4", "--contexts", "16", "--decode-steps", "2",
-        "--repeats", "1", "--num-kv-blocks", "64",
-    )  # fmt: skip
+        "--model",
+        str(tiny_model_dir),
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "-o",
+        str(out),
+        "--prompt-lengths",
+        "16,64",
+        "--batches",
+        "1,2,4",
+        "--contexts",
+        "16",
+        "--decode-steps",
+        "2",
+        "--repeats",
+        "1",
+        "--num-kv-blocks",
+        "64",
+    )
     assert done.returncode == 0, done.stderr
     p = load_profile(out)
     assert [x.prompt_tokens for x in p.prefill] == [16, 64]
@@ -34,7 +51,18 @@ def test_measures_the_real_engine(tiny_model_dir, tmp_path):
 def test_rescales_an_existing_profile_for_a_what_if(tmp_path):
     src, out = tmp_path / "src.json", tmp_path / "fast.json"
     src.write_text(shipped_profile().model_dump_json())
-    done = run_profile("--from", str(src), "--prefill-speedup", "20", "--decode-speedup", "5", "--note", "gpu", "-o", str(out))
+    done = run_profile(
+        "--from",
+        str(src),
+        "--prefill-speedup",
+        "20",
+        "--decode-speedup",
+        "5",
+        "--note",
+        "gpu",
+        "-o",
+        str(out),
+    )
     assert done.returncode == 0, done.stderr
     base, fast = shipped_profile(), load_profile(out)
     assert fast.prefill_ms(512) * 20 == pytest.approx(base.prefill_ms(512))
@@ -45,8 +73,16 @@ def test_rescales_an_existing_profile_for_a_what_if(tmp_path):
 def test_scales_to_published_figures(tmp_path):
     src, out = tmp_path / "src.json", tmp_path / "gpu.json"
     src.write_text(shipped_profile().model_dump_json())
-    done = run_profile("--from", str(src), "--scale-to-prefill-tokens-per-s", "20000", "--scale-to-decode-step-ms", "8",
-                       "-o", str(out))  # fmt: skip
+    done = run_profile(
+        "--from",
+        str(src),
+        "--scale-to-prefill-tokens-per-s",
+        "20000",
+        "--scale-to-decode-step-ms",
+        "8",
+        "-o",
+        str(out),
+    )
     assert done.returncode == 0, done.stderr
     gpu = load_profile(out)
     chunk = gpu.prefill_chunk_tokens

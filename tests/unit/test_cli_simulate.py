@@ -10,13 +10,24 @@ from pathlib import Path
 
 import pytest
 
-FIELDS = {"policy", "gpu_hours", "slo_attainment", "ttft_p90_ms", "tpot_p90_ms", "scaling_actions",
-          "reversals_per_hour", "goodput_per_gpu_hour", "flips_per_hour"}  # fmt: skip
+FIELDS = {
+    "policy",
+    "gpu_hours",
+    "slo_attainment",
+    "ttft_p90_ms",
+    "tpot_p90_ms",
+    "scaling_actions",
+    "reversals_per_hour",
+    "goodput_per_gpu_hour",
+    "flips_per_hour",
+}
 SHARED_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 
 
 def simulate(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tandem", "simulate", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tandem", "simulate", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.fixture
@@ -24,7 +35,11 @@ def jsonl_trace(tmp_path: Path) -> Path:
     rng, t, lines = random.Random(3), 1_700_000_000_000.0, []
     for _ in range(400):
         t += rng.expovariate(4.0) * 1000  # epoch milliseconds
-        lines.append(json.dumps({"timestamp": t, "input_length": rng.randint(50, 800), "output_length": rng.randint(2, 60)}))
+        lines.append(
+            json.dumps(
+                {"timestamp": t, "input_length": rng.randint(50, 800), "output_length": rng.randint(2, 60)}
+            )
+        )
     path = tmp_path / "trace.jsonl"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -32,11 +47,31 @@ def jsonl_trace(tmp_path: Path) -> Path:
 
 def test_json_per_policy(jsonl_trace: Path, tmp_path: Path) -> None:
     plot = tmp_path / "run.png"
-    done = simulate("--trace", str(jsonl_trace), "--policy", "all", "--json", "--slo-ttft-ms", "800",
-                    "--slo-tpot-ms", "200", "--plot", str(plot))  # fmt: skip
+    done = simulate(
+        "--trace",
+        str(jsonl_trace),
+        "--policy",
+        "all",
+        "--json",
+        "--slo-ttft-ms",
+        "800",
+        "--slo-tpot-ms",
+        "200",
+        "--plot",
+        str(plot),
+    )
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in done.stdout.splitlines()]
-    assert [r["policy"] for r in rows] == ["tandem", "tandem-flips", "dynamo", "hpa", "static-peak", "static-mean", "static-colocated", "auto"]
+    assert [r["policy"] for r in rows] == [
+        "tandem",
+        "tandem-flips",
+        "dynamo",
+        "hpa",
+        "static-peak",
+        "static-mean",
+        "static-colocated",
+        "auto",
+    ]
     for r in rows:
         assert FIELDS <= set(r)
         assert r["requests"] == 400 and 0 <= r["slo_attainment"] <= 1 and r["gpu_hours"] > 0
@@ -46,7 +81,17 @@ def test_json_per_policy(jsonl_trace: Path, tmp_path: Path) -> None:
 def test_time_and_rate_scale(jsonl_trace: Path) -> None:
     base = json.loads(simulate("--trace", str(jsonl_trace), "--policy", "static-mean", "--json").stdout)
     fast = json.loads(
-        simulate("--trace", str(jsonl_trace), "--policy", "static-mean", "--json", "--time-scale", "2", "--rate-scale", "1.5").stdout
+        simulate(
+            "--trace",
+            str(jsonl_trace),
+            "--policy",
+            "static-mean",
+            "--json",
+            "--time-scale",
+            "2",
+            "--rate-scale",
+            "1.5",
+        ).stdout
     )
     assert fast["requests"] == 600
     assert fast["simulated_hours"] < base["simulated_hours"]
@@ -59,7 +104,9 @@ def test_azure_slice(tmp_path: Path) -> None:
     sliced = tmp_path / "azure_llm_2023_conv.csv"
     with source.open() as f:
         sliced.write_text("".join(next(f) for _ in range(301)))
-    done = simulate("--trace", str(sliced), "--policy", "tandem,hpa", "--profile-speedup", "10", "--slo-ttft-ms", "1000")
+    done = simulate(
+        "--trace", str(sliced), "--policy", "tandem,hpa", "--profile-speedup", "10", "--slo-ttft-ms", "1000"
+    )
     assert done.returncode == 0, done.stderr
     assert "tandem" in done.stdout and "Splitwise" in done.stdout
 

@@ -17,16 +17,27 @@ from tandem.spec import InferenceServiceSpec
 from tests.unit.test_cold_start import HIT, pod, t
 
 
-@pytest.mark.parametrize(("asked", "positions", "why"), [
-    (1_000_000, 131072, "maxContextLength 1000000 exceeds the model's max_position_embeddings 131072: contexts are "
-                        "served up to 131072 tokens"),
-    (131072, 131072, None),  # exactly the model's: served as asked
-    (4096, 131072, None),
-    (4097, 4096, "maxContextLength 4097 exceeds the model's max_position_embeddings 4096: contexts are served up to "
-                 "4096 tokens"),
-    (1_000_000, None, None),  # the model's limit not read yet: nothing to say
-    (1_000_000, 0, None),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("asked", "positions", "why"),
+    [
+        (
+            1_000_000,
+            131072,
+            "maxContextLength 1000000 exceeds the model's max_position_embeddings 131072: contexts are "
+            "served up to 131072 tokens",
+        ),
+        (131072, 131072, None),  # exactly the model's: served as asked
+        (4096, 131072, None),
+        (
+            4097,
+            4096,
+            "maxContextLength 4097 exceeds the model's max_position_embeddings 4096: contexts are served up to "
+            "4096 tokens",
+        ),
+        (1_000_000, None, None),  # the model's limit not read yet: nothing to say
+        (1_000_000, 0, None),
+    ],
+)
 def test_a_context_beyond_the_models_positions_is_named_with_both_numbers(asked, positions, why):
     assert beyond_model(asked, positions) == why
 
@@ -44,22 +55,33 @@ def test_the_fetch_reads_the_models_positions_from_its_config(tmp_path):
 
 
 def _spec(max_context: int) -> InferenceServiceSpec:
-    return InferenceServiceSpec.model_validate({
-        "model": {"source": {"huggingFace": {"repoId": "o/m"}}, "servedName": "m", "maxContextLength": max_context},
-        "prefill": {"replicas": 1}, "decode": {"replicas": 1},
-    })  # fmt: skip
+    return InferenceServiceSpec.model_validate(
+        {
+            "model": {
+                "source": {"huggingFace": {"repoId": "o/m"}},
+                "servedName": "m",
+                "maxContextLength": max_context,
+            },
+            "prefill": {"replicas": 1},
+            "decode": {"replicas": 1},
+        }
+    )
 
 
 def _serving(degraded=("False", "AsExpected")) -> dict:
-    conds = [{"type": "Ready", "status": "True", "reason": "AllPoolsReady", "message": "all pools ready"},
-             {"type": "Degraded", "status": degraded[0], "reason": degraded[1], "message": "..."}]
+    conds = [
+        {"type": "Ready", "status": "True", "reason": "AllPoolsReady", "message": "all pools ready"},
+        {"type": "Degraded", "status": degraded[0], "reason": degraded[1], "message": "..."},
+    ]
     return {"conditions": conds, "pools": {"prefill": {}, "decode": {}, "router": {}}}
 
 
 def test_the_pods_fetch_reports_give_the_limit_and_the_status_keeps_it():
     fetched = pod("a", init_end=100, ready=120, report={**HIT, "max_position_embeddings": 131072})
     cache = {"decode": pool_fetches([fetched]), "router": pool_fetches([pod("r")])}  # r: not fetched yet
-    assert cache["decode"]["maxPositionEmbeddings"] == 131072 and "maxPositionEmbeddings" not in cache["router"]
+    assert (
+        cache["decode"]["maxPositionEmbeddings"] == 131072 and "maxPositionEmbeddings" not in cache["router"]
+    )
     assert model_positions(cache) == 131072
     assert model_positions({}) is None
     status = with_pod_starts(_serving(), {}, {"decode": [fetched]}, True, 1, t(130))
@@ -80,7 +102,9 @@ def test_a_spec_above_the_models_limit_is_degraded_with_both_numbers_and_stays_r
     assert (conds["Degraded"]["status"], conds["Degraded"]["reason"]) == ("True", REASON)
     assert conds["Degraded"]["message"] == cause[1] and conds["Degraded"]["observedGeneration"] == 3
     assert conds["Ready"]["status"] == "True"  # it serves, up to the model's limit
-    assert with_degraded(out, out, cause, 3, t(20))["conditions"] == out["conditions"]  # same time when unchanged
+    assert (
+        with_degraded(out, out, cause, 3, t(20))["conditions"] == out["conditions"]
+    )  # same time when unchanged
     failing = _serving(("True", "CrashLoopBackOff"))
     assert with_degraded(failing, {}, cause, 3, t(10)) == failing  # a failure keeps Degraded's cause
     assert with_degraded(status, {}, None, 3, t(10)) == status

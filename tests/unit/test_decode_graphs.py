@@ -83,7 +83,9 @@ def test_static_step_matches_the_general_path_across_buckets(tiny_model):
 
 def test_static_step_with_the_8bit_cache(tiny_model):
     config = {**SMALL, "kv_cache_dtype": "int8"}
-    run = run_lockstep(Engine(tiny_model, EngineConfig(**config)), static_engine(tiny_model, False, **config), requests(5))
+    run = run_lockstep(
+        Engine(tiny_model, EngineConfig(**config)), static_engine(tiny_model, False, **config), requests(5)
+    )
     assert run.tokens[0] == run.tokens[1] and run.static_steps > 0
     assert run.max_logit_diff < 1e-4, run.max_logit_diff
 
@@ -130,13 +132,19 @@ def test_speculative_steps_take_the_general_path(tiny_model):
     config = {**SMALL, "speculative": SpeculativeConfig(num_tokens=3)}
     prompt = [5, 6, 7, 8] * 6  # repeats: the n-gram proposer drafts
     general = Engine(tiny_model, EngineConfig(**config))
-    run = run_lockstep(general, static_engine(tiny_model, False, **config), [(prompt, SamplingParams(max_tokens=12, **GREEDY))])
+    run = run_lockstep(
+        general,
+        static_engine(tiny_model, False, **config),
+        [(prompt, SamplingParams(max_tokens=12, **GREEDY))],
+    )
     assert run.tokens[0] == run.tokens[1] and run.general_steps > 1
 
 
 # --- flags ---------------------------------------------------------------------------------------------
 def _spec(**engine) -> InferenceServiceSpec:
-    return InferenceServiceSpec.model_validate({"model": {"source": {"path": "/m"}, "servedName": "x"}, "engine": engine})
+    return InferenceServiceSpec.model_validate(
+        {"model": {"source": {"path": "/m"}, "servedName": "x"}, "engine": engine}
+    )
 
 
 def test_decode_step_flag_reaches_decode_workers_only():
@@ -159,7 +167,16 @@ def test_cuda_graphs_without_cuda_is_refused(tiny_model):
 def test_worker_without_cuda_refuses_cuda_graphs_before_loading(capsys):
     from tandem.worker.serve.main import main
 
-    argv = ["--role", "decode", "--model-dir", "/nonexistent", "--device", "cpu", "--decode-step", "cudaGraphs"]
+    argv = [
+        "--role",
+        "decode",
+        "--model-dir",
+        "/nonexistent",
+        "--device",
+        "cpu",
+        "--decode-step",
+        "cudaGraphs",
+    ]
     assert main(argv) == 2
     assert CUDA_GRAPHS_NEED_CUDA in capsys.readouterr().err
 
@@ -199,5 +216,7 @@ def test_a_first_request_takes_only_the_smallest_batch_buckets():
 
     shapes = [(4, 4), (4, 2), (2, 4), (2, 2)]
     assert first_request_shapes(shapes, 2) == [(2, 4), (2, 2)]
-    assert first_request_shapes([(2, 2)], 2) == [(2, 2)]  # no shape with unlike sizes: the only one goes first
+    assert first_request_shapes([(2, 2)], 2) == [
+        (2, 2)
+    ]  # no shape with unlike sizes: the only one goes first
     assert first_request_shapes([(1, 1), (1, 2)], 1) == [(1, 2), (1, 1)]

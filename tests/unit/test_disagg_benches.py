@@ -44,13 +44,19 @@ def test_the_verdict_uses_the_worst_run_and_is_withheld_when_the_host_was_busy()
     measured = [{**r, "foreign_cpu_share": 0.02} for r in busy]  # the load was the bench's own
     assert verdict(measured, quiet_load=1.0).startswith("TPOT disaggregated / colocated <= 1.05")
     measured[1]["foreign_cpu_share"] = 0.4
-    assert verdict(measured, quiet_load=1.0) == "no verdict: other processes used 40% of the CPUs (> 10%); rerun on a quiet host"
+    assert (
+        verdict(measured, quiet_load=1.0)
+        == "no verdict: other processes used 40% of the CPUs (> 10%); rerun on a quiet host"
+    )
 
 
 def test_host_cpu_accounting():
     assert busy_ticks("cpu  100 5 50 1000 20 3 2 7 0 0") == 100 + 5 + 50 + 3 + 2 + 7
     assert stat_column("cpu  100 5 50 1000 20 3 2 7 0 0", "steal") == 7
-    assert stat_column("cpu  100 5 50 1000 20 3 2 7 0 0", "softirq") == 2 and stat_column("cpu  100 5 50 1000", "steal") == 0
+    assert (
+        stat_column("cpu  100 5 50 1000 20 3 2 7 0 0", "softirq") == 2
+        and stat_column("cpu  100 5 50 1000", "steal") == 0
+    )
     line = "4242 (python -m tandem) S 1 2 3 4 5 6 7 8 9 10 250 40 0 0 20 0 9"
     assert process_ticks(line) == 290
     assert foreign_share(busy_ticks=500, our_ticks=300, capacity_ticks=2000) == 0.1
@@ -85,14 +91,18 @@ def _quietly(foreign: list[float | None], reruns: int):
         events.append("measure")
         return events.count("measure")
 
-    result, shares, discarded = quietly(measure, lambda: meter, reruns, quiet=0.1, before=lambda: events.append("before"))
+    result, shares, discarded = quietly(
+        measure, lambda: meter, reruns, quiet=0.1, before=lambda: events.append("before")
+    )
     return result, shares["foreign_cpu_share"], [d["foreign_cpu_share"] for d in discarded], events
 
 
 def test_a_measurement_disturbed_by_other_work_is_run_again_and_the_quiet_one_kept():
     result, kept, discarded, events = _quietly([0.4, 0.25, 0.05, 0.0], reruns=5)
     assert (result, kept, discarded) == (3, 0.05, [0.4, 0.25])  # the third attempt was quiet: no fourth
-    assert events == ["before", "start", "measure", "read"] * 3  # each attempt metered alone, `before` outside
+    assert (
+        events == ["before", "start", "measure", "read"] * 3
+    )  # each attempt metered alone, `before` outside
     assert _quietly([0.4, 0.3], reruns=1)[:3] == (2, 0.3, [0.4])  # no rerun left: the last one is kept
     assert _quietly([0.4], reruns=0)[:3] == (1, 0.4, [])
     assert _quietly([0.1], reruns=3)[:3] == (1, 0.1, [])  # at the bound is quiet
@@ -101,13 +111,23 @@ def test_a_measurement_disturbed_by_other_work_is_run_again_and_the_quiet_one_ke
 
 def test_cpu_per_token_is_the_difference_over_the_tokens_of_each_stack():
     before = {COLOCATED: {"colocated-0": 1.0, "router": 0.5}, DISAGGREGATED: {"decode-0": 2.0}}
-    after = {COLOCATED: {"colocated-0": 1.5, "router": 0.6}, DISAGGREGATED: {"decode-0": 2.4, "prefill-0": 0.1}}
+    after = {
+        COLOCATED: {"colocated-0": 1.5, "router": 0.6},
+        DISAGGREGATED: {"decode-0": 2.4, "prefill-0": 0.1},
+    }
     got = cpu_per_token(before, after, {COLOCATED: 100, DISAGGREGATED: 100})
-    assert got == {COLOCATED: {"colocated-0": 5.0, "router": 1.0}, DISAGGREGATED: {"decode-0": 4.0, "prefill-0": 1.0}}
+    assert got == {
+        COLOCATED: {"colocated-0": 5.0, "router": 1.0},
+        DISAGGREGATED: {"decode-0": 4.0, "prefill-0": 1.0},
+    }
 
 
 def test_pools_are_the_aggregated_one_and_every_split_of_the_same_gpus():
-    assert pools(3) == {AGGREGATED: {"agg": 3}, "1P+2D": {"prefill": 1, "decode": 2}, "2P+1D": {"prefill": 2, "decode": 1}}
+    assert pools(3) == {
+        AGGREGATED: {"agg": 3},
+        "1P+2D": {"prefill": 1, "decode": 2},
+        "2P+1D": {"prefill": 2, "decode": 1},
+    }
 
 
 def test_replay_rows_become_latencies_and_unfinished_requests_fail():
@@ -118,18 +138,41 @@ def test_replay_rows_become_latencies_and_unfinished_requests_fail():
 
 def test_the_replay_driver_reads_tpot_over_the_tokens_after_the_first():
     records = [
-        {"input_length": 10, "ttft_ms": 5.0, "first_token_ms": 5.0, "last_token_ms": 25.0, "output_length": 5,
-         "requested_output_length": 5},
-        {"input_length": 20, "ttft_ms": 7.0, "first_token_ms": 7.0, "last_token_ms": 7.0, "output_length": 1,
-         "requested_output_length": 1},
-        {"input_length": 30, "ttft_ms": 9.0, "first_token_ms": 9.0, "last_token_ms": 19.0, "output_length": 3,
-         "requested_output_length": 8},
-    ]  # fmt: skip
+        {
+            "input_length": 10,
+            "ttft_ms": 5.0,
+            "first_token_ms": 5.0,
+            "last_token_ms": 25.0,
+            "output_length": 5,
+            "requested_output_length": 5,
+        },
+        {
+            "input_length": 20,
+            "ttft_ms": 7.0,
+            "first_token_ms": 7.0,
+            "last_token_ms": 7.0,
+            "output_length": 1,
+            "requested_output_length": 1,
+        },
+        {
+            "input_length": 30,
+            "ttft_ms": 9.0,
+            "first_token_ms": 9.0,
+            "last_token_ms": 19.0,
+            "output_length": 3,
+            "requested_output_length": 8,
+        },
+    ]
     assert _replay_driver().per_request(records) == [[10, 5.0, 5.0], [20, 7.0, 0.0], [30, None, 0.0]]
 
 
 def test_best_split_and_cells():
-    per_pool = {AGGREGATED: Goodput(9.0), "1P+3D": Goodput(4.0), "2P+2D": Goodput(7.5), "3P+1D": Goodput(0.0, "<")}
+    per_pool = {
+        AGGREGATED: Goodput(9.0),
+        "1P+3D": Goodput(4.0),
+        "2P+2D": Goodput(7.5),
+        "3P+1D": Goodput(0.0, "<"),
+    }
     assert best_split(per_pool) == ("2P+2D", Goodput(7.5))
     assert cell(Goodput(0.0, "<"), [0.5, 1.0]) == "< 0.5"
     assert cell(Goodput(32.0, ">="), [0.5, 32.0]) == ">=32.00"

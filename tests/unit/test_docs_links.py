@@ -12,7 +12,9 @@ from tests import doc_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-LINK = re.compile(r"(?<!!)\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|!\[[^\]]*\]\(([^)\s]+)\)")
+LINK = re.compile(
+    r"(?<!!)\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|!\[[^\]]*\]\(([^)\s]+)\)"
+)
 # Pictures another change commits; a link to one of them is a placeholder until then, any other missing file a fault.
 PENDING: set[str] = set()
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
@@ -50,17 +52,23 @@ def links(page: Path) -> list[str]:
 
 def test_the_slug_rules_match_githubs():
     assert slug("Autoscaling, judged in Dynamo's replay") == "autoscaling-judged-in-dynamos-replay"
-    assert slug("The TPOT-aware route (`localPrefillMaxTpotFraction`), conversation trace") == \
-        "the-tpot-aware-route-localprefillmaxtpotfraction-conversation-trace"
+    assert (
+        slug("The TPOT-aware route (`localPrefillMaxTpotFraction`), conversation trace")
+        == "the-tpot-aware-route-localprefillmaxtpotfraction-conversation-trace"
+    )
     assert slug("`tandem top`") == "tandem-top"
-    assert slug("Goodput (CPU): conditional, disaggregated and colocated") == \
-        "goodput-cpu-conditional-disaggregated-and-colocated"
+    assert (
+        slug("Goodput (CPU): conditional, disaggregated and colocated")
+        == "goodput-cpu-conditional-disaggregated-and-colocated"
+    )
     assert slug("See [the reference](docs/x.md) now") == "see-the-reference-now"
 
 
 def test_the_checker_finds_a_broken_link_and_a_broken_anchor(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("# Top\n\n## Top\n\n[ok](#top-1) [gone](missing.md) [bad](#nowhere)\n\n```\n[code](skip.md)\n```\n")
+    page.write_text(
+        "# Top\n\n## Top\n\n[ok](#top-1) [gone](missing.md) [bad](#nowhere)\n\n```\n[code](skip.md)\n```\n"
+    )
     assert anchors(page) == {"top", "top-1"}
     assert links(page) == ["#top-1", "missing.md", "#nowhere"]
 
@@ -74,7 +82,9 @@ def test_every_relative_link_and_anchor_resolves(page: Path):
         path, _, anchor = target.partition("#")
         dest = (page.parent / path).resolve() if path else page
         if not dest.exists() and str(dest.relative_to(ROOT)) not in PENDING:
-            broken.append(f"{target}: no file {dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest}")
+            broken.append(
+                f"{target}: no file {dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest}"
+            )
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             broken.append(f"{target}: no heading or anchor #{anchor} in {dest.relative_to(ROOT)}")
     assert not broken, "\n".join(broken)
@@ -82,9 +92,12 @@ def test_every_relative_link_and_anchor_resolves(page: Path):
 
 def test_the_readme_reaches_the_local_run_the_kubernetes_install_and_the_crd_reference_in_one_click():
     targets = set(links(ROOT / "README.md"))
-    assert {"docs/getting-started.md", "docs/kubernetes.md", "docs/inferenceservice.md"} <= {t.split("#")[0] for t in targets}
-    assert {p.name for p in (ROOT / "docs").glob("*.md")} <= {Path(t.split("#")[0]).name for t in targets}, \
+    assert {"docs/getting-started.md", "docs/kubernetes.md", "docs/inferenceservice.md"} <= {
+        t.split("#")[0] for t in targets
+    }
+    assert {p.name for p in (ROOT / "docs").glob("*.md")} <= {Path(t.split("#")[0]).name for t in targets}, (
         "a docs page the README does not link"
+    )
 
 
 def test_runnable_blocks_hold_only_commands_the_tests_run():
@@ -102,6 +115,11 @@ def test_runnable_blocks_hold_only_commands_the_tests_run():
 
 def test_the_runnable_marker_is_read(tmp_path):
     page = tmp_path / "p.md"
-    page.write_text("<!-- runnable -->\n\n```bash\nkubectl get tsvc  # note\nhelm test x \\\n  -n y\n```\n\n"
-                    "```bash\nkubectl delete everything\n```\n")
-    assert doc_blocks.runnable_commands(page) == [["kubectl", "get", "tsvc"], ["helm", "test", "x", "-n", "y"]]
+    page.write_text(
+        "<!-- runnable -->\n\n```bash\nkubectl get tsvc  # note\nhelm test x \\\n  -n y\n```\n\n"
+        "```bash\nkubectl delete everything\n```\n"
+    )
+    assert doc_blocks.runnable_commands(page) == [
+        ["kubectl", "get", "tsvc"],
+        ["helm", "test", "x", "-n", "y"],
+    ]

@@ -53,7 +53,9 @@ def _health(channel, service: str = "") -> int:
 def test_drain_rpc_turns_not_serving_at_once_and_waits_for_held_work(served):
     servicer, drainer, channel = served
     assert _health(channel) == health_pb2.HealthCheckResponse.SERVING
-    reply = lifecycle_pb2_grpc.LifecycleServiceStub(channel).Drain(lifecycle_pb2.DrainRequest(reason="test"), timeout=5)
+    reply = lifecycle_pb2_grpc.LifecycleServiceStub(channel).Drain(
+        lifecycle_pb2.DrainRequest(reason="test"), timeout=5
+    )
     assert reply.draining and reply.busy == 2 and 0 < reply.deadline_s <= 30
     assert servicer.draining
     assert _health(channel) == health_pb2.HealthCheckResponse.NOT_SERVING
@@ -102,7 +104,10 @@ def test_pick_victims_prefers_the_emptiest_worker(running, count, expected):
 
 def test_drain_timeout_covers_the_longest_generation_the_spec_allows():
     spec = InferenceServiceSpec.model_validate(
-        {"model": {"source": {"path": "m"}, "servedName": "m", "maxContextLength": 1000}, "slo": {"tpotMs": 20, "ttftMs": 500}}
+        {
+            "model": {"source": {"path": "m"}, "servedName": "m", "maxContextLength": 1000},
+            "slo": {"tpotMs": 20, "ttftMs": 500},
+        }
     )
     # 1000 tokens x 100 ms = 100 s, + 30 s lease
     assert drain_timeout_seconds(spec) == 130
@@ -136,6 +141,8 @@ def test_sigterm_taken_by_another_thread_still_starts_the_drain():
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", SIGNAL_ON_ANOTHER_THREAD], capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        [sys.executable, "-c", SIGNAL_ON_ANOTHER_THREAD], capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "drained"

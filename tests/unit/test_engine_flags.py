@@ -14,7 +14,9 @@ from tandem.worker.serve.main import parse_args
 
 
 def _spec(**engine) -> InferenceServiceSpec:
-    return InferenceServiceSpec.model_validate({"model": {"source": {"path": "/models/x"}, "servedName": "x"}, "engine": engine})
+    return InferenceServiceSpec.model_validate(
+        {"model": {"source": {"path": "/models/x"}, "servedName": "x"}, "engine": engine}
+    )
 
 
 def test_spec_engine_flags_reach_the_worker_arguments():

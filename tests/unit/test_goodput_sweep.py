@@ -42,11 +42,15 @@ def test_goodput_interpolates_the_first_crossing_and_marks_the_grid_edges():
 def test_goodput_per_repeat_and_side_by_side_ratios():
     ok, slow = Latency(True, 0.1, 0.01, 5), Latency(True, 9.0, 0.01, 500)
     probes = [
-        Probe("a", 0, 1.0, (ok, ok)), Probe("a", 0, 2.0, (ok, slow)),
-        Probe("a", 1, 1.0, (ok, ok)), Probe("a", 1, 2.0, (ok, ok)),
-        Probe("b", 0, 1.0, (ok, slow)), Probe("b", 0, 2.0, (slow, slow)),
-        Probe("b", 1, 1.0, (ok, ok)), Probe("b", 1, 2.0, (slow, slow)),
-    ]  # fmt: skip
+        Probe("a", 0, 1.0, (ok, ok)),
+        Probe("a", 0, 2.0, (ok, slow)),
+        Probe("a", 1, 1.0, (ok, ok)),
+        Probe("a", 1, 2.0, (ok, ok)),
+        Probe("b", 0, 1.0, (ok, slow)),
+        Probe("b", 0, 2.0, (slow, slow)),
+        Probe("b", 1, 1.0, (ok, ok)),
+        Probe("b", 1, 2.0, (slow, slow)),
+    ]
     slo = Slo(ttft_ms=1000, tpot_ms=1000)
     a, b = goodput_per_repeat(probes, "a", slo, 0.9), goodput_per_repeat(probes, "b", slo, 0.9)
     assert [g.rate for g in a] == [pytest.approx(1.2), 2.0] and a[1].bound == ">="

@@ -33,15 +33,21 @@ def test_a_probe_row_puts_the_stacks_tpot_over_the_engines_step_at_its_mean_batc
     assert row["attainment"] == 1.0 and row["tpot_p50_ms"] == pytest.approx(11.0)
     full = with_engine_step(row, {1: 8.0, 8: 10.0})
     assert set(full) == set(PROBE_COLUMNS)
-    assert (full["engine_batch"], full["engine_step_ms"]) == (8, 10.0) and full["tpot_over_engine"] == pytest.approx(1.1)
+    assert (full["engine_batch"], full["engine_step_ms"]) == (8, 10.0) and full[
+        "tpot_over_engine"
+    ] == pytest.approx(1.1)
     assert engine_batch(None) == 1 and engine_batch(0.2) == 1  # no decode steps seen: batch 1
 
 
 def test_saturation_and_goodput_read_the_slo():
-    rows = [probe_row("disaggregated", rate, _requests(0.2, 0.02, failed=failed), 1.0, SLO)
-            for rate, failed in ((2, 0), (4, 0), (8, 6))]  # fmt: skip
+    rows = [
+        probe_row("disaggregated", rate, _requests(0.2, 0.02, failed=failed), 1.0, SLO)
+        for rate, failed in ((2, 0), (4, 0), (8, 6))
+    ]
     assert [saturated(r) for r in rows] == [False, False, True]
-    assert mode_goodput(rows, "disaggregated", SLO) == "4.67"  # 1.0 at 4 req/s, 0.4 at 8: 0.9 crossed at 4 + 4 x 0.1/0.6
+    assert (
+        mode_goodput(rows, "disaggregated", SLO) == "4.67"
+    )  # 1.0 at 4 req/s, 0.4 at 8: 0.9 crossed at 4 + 4 x 0.1/0.6
     assert mode_goodput(rows[:2], "disaggregated", SLO) == ">=4.00"
     slow = [probe_row("colocated", 2, _requests(0.9, 0.02), 1.0, SLO)]  # every TTFT over 500 ms
     assert mode_goodput(slow, "colocated", SLO) == "<0.00" and mode_goodput([], "colocated", SLO) == "-"

@@ -37,11 +37,14 @@ def conforms(doc: dict) -> bool:
     return (
         set(doc) == set(SCHEMA["properties"])
         and doc["colour"] in ("red", "green", "blue")
-        and isinstance(doc["count"], int) and 0 <= doc["count"] <= 99
+        and isinstance(doc["count"], int)
+        and 0 <= doc["count"] <= 99
         and isinstance(doc["ok"], bool)
-        and len(doc["tags"]) <= 3 and set(doc["tags"]) <= {"a", "b"}
-        and isinstance(doc["note"], str) and len(doc["note"]) <= 12
-    )  # fmt: skip
+        and len(doc["tags"]) <= 3
+        and set(doc["tags"]) <= {"a", "b"}
+        and isinstance(doc["note"], str)
+        and len(doc["note"]) <= 12
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +55,9 @@ def built(tiny_model_dir):
 
 def _engine_like(built, tiny_model_dir, **overrides) -> Engine:
     engine, _ = built
-    vocab = GrammarVocab(tiny_model_dir / GRAMMAR_TOKENIZER_FILE, engine.model.config.vocab_size, engine.eos_token_ids)
+    vocab = GrammarVocab(
+        tiny_model_dir / GRAMMAR_TOKENIZER_FILE, engine.model.config.vocab_size, engine.eos_token_ids
+    )
     config = EngineConfig(**{"block_size": 4, "num_kv_blocks": 512, **overrides})
     return Engine(engine.model, config, eos_token_ids=engine.eos_token_ids, grammar_vocab=vocab)
 
@@ -64,7 +69,9 @@ def _text(tokenizer, ids: list[int]) -> str:
 def test_free_text_of_the_random_model_is_not_json(built):
     engine, tokenizer = built
     prompt = tokenizer.encode("Answer in JSON:")
-    (ids, _), = run_to_completion(engine, [(prompt, SamplingParams(max_tokens=40, temperature=1.0, seed=3))]).values()
+    ((ids, _),) = run_to_completion(
+        engine, [(prompt, SamplingParams(max_tokens=40, temperature=1.0, seed=3))]
+    ).values()
     with pytest.raises(json.JSONDecodeError):
         json.loads(_text(tokenizer, ids))
 
@@ -73,7 +80,10 @@ def test_free_text_of_the_random_model_is_not_json(built):
 def test_sampled_output_matches_the_schema(built, temperature):
     engine, tokenizer = built
     prompt = tokenizer.encode("Answer in JSON:")
-    reqs = [(prompt, SamplingParams(max_tokens=120, temperature=temperature, seed=s, grammar=GRAMMAR)) for s in range(4)]
+    reqs = [
+        (prompt, SamplingParams(max_tokens=120, temperature=temperature, seed=s, grammar=GRAMMAR))
+        for s in range(4)
+    ]
     for ids, reason in run_to_completion(engine, reqs).values():
         assert reason == "stop" and ids[-1] in engine.eos_token_ids  # the grammar ends the answer with EOS
         assert conforms(json.loads(_text(tokenizer, ids))), _text(tokenizer, ids)
@@ -86,7 +96,7 @@ def test_the_grammar_holds_across_the_kv_handoff(built, tiny_model_dir):
     colocated, prefill, decode = (_engine_like(built, tiny_model_dir) for _ in range(3))
     prompt = tokenizer.encode("The weather today, as JSON:")
     params = SamplingParams(max_tokens=120, temperature=0.0, grammar=GRAMMAR)
-    (whole, reason), = run_to_completion(colocated, [(prompt, params)]).values()
+    ((whole, reason),) = run_to_completion(colocated, [(prompt, params)]).values()
     assert reason == "stop" and conforms(json.loads(_text(tokenizer, whole)))
 
     prefill.add_request(prompt, SamplingParams(max_tokens=2, temperature=0.0, grammar=GRAMMAR), "p")
@@ -108,7 +118,9 @@ def test_a_first_token_outside_the_grammar_can_only_end_the_answer(built, tiny_m
     prompt = tokenizer.encode("x")
     params = SamplingParams(max_tokens=20, temperature=0.0, grammar=GRAMMAR)
     table, _ = decode.reserve(prompt, params)
-    out = decode.admit_prefilled("d", prompt, params, table, tokenizer.encode("hello", add_special_tokens=False)[0])
+    out = decode.admit_prefilled(
+        "d", prompt, params, table, tokenizer.encode("hello", add_special_tokens=False)[0]
+    )
     while decode.has_work():
         out += decode.step()
     assert len(out) == 2 and out[-1].token_id in decode.eos_token_ids and out[-1].finish_reason == "stop"
@@ -134,19 +146,25 @@ def test_speculation_leaves_constrained_sequences_exact(built, tiny_model_dir):
 def test_min_tokens_keeps_stop_ids_and_eos_out(built):
     engine, tokenizer = built
     prompt = tokenizer.encode("Once upon a time")
-    (free, _), = run_to_completion(engine, [(prompt, SamplingParams(max_tokens=8, temperature=0.0))]).values()
+    ((free, _),) = run_to_completion(
+        engine, [(prompt, SamplingParams(max_tokens=8, temperature=0.0))]
+    ).values()
     stop = free[0]  # the greedy first token, made a stop id
-    (ids, reason), = run_to_completion(engine, [(prompt, SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=[stop]))]).values()
+    ((ids, reason),) = run_to_completion(
+        engine, [(prompt, SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=[stop]))]
+    ).values()
     assert ids == [stop] and reason == "stop"
     params = SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=[stop], min_tokens=4)
-    (ids, _), = run_to_completion(engine, [(prompt, params)]).values()
+    ((ids, _),) = run_to_completion(engine, [(prompt, params)]).values()
     assert len(ids) >= 4 and stop not in ids[:4] and not set(ids[:4]) & set(engine.eos_token_ids)
 
 
 def test_top_logprobs_are_the_likeliest_tokens(built):
     engine, tokenizer = built
     prompt = tokenizer.encode("The quick brown fox")
-    engine.add_request(prompt, SamplingParams(max_tokens=3, temperature=1.0, seed=1, logprobs=True, top_logprobs=5), "t")
+    engine.add_request(
+        prompt, SamplingParams(max_tokens=3, temperature=1.0, seed=1, logprobs=True, top_logprobs=5), "t"
+    )
     captured: list[torch.Tensor] = []
     model_logits = engine.model.logits
 
@@ -173,5 +191,7 @@ def test_top_logprobs_are_the_likeliest_tokens(built):
 def test_a_grammar_llguidance_refuses_is_an_invalid_request(built):
     engine, tokenizer = built
     with pytest.raises(InvalidRequest, match="grammar"):
-        engine.add_request(tokenizer.encode("x"), SamplingParams(grammar='{"grammars": [{"json_schema": {"type": "nope"}}]}'))
+        engine.add_request(
+            tokenizer.encode("x"), SamplingParams(grammar='{"grammars": [{"json_schema": {"type": "nope"}}]}')
+        )
     assert not engine.has_work()

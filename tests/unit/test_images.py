@@ -66,7 +66,11 @@ def declared() -> dict[str, Requirement]:
 
 
 def ignored(rel: str) -> bool:
-    patterns = [p.strip() for p in (ROOT / ".dockerignore").read_text().splitlines() if p.strip() and not p.startswith("#")]
+    patterns = [
+        p.strip()
+        for p in (ROOT / ".dockerignore").read_text().splitlines()
+        if p.strip() and not p.startswith("#")
+    ]
     parts = Path(rel).parts
     return any(fnmatch.fnmatch(rel, p) or (parts and fnmatch.fnmatch(parts[0], p)) for p in patterns)
 
@@ -86,11 +90,16 @@ def test_every_copied_path_exists_in_the_build_context(image):
 @pytest.mark.parametrize("image", IMAGES)
 def test_entrypoint_is_the_tandem_command_and_the_user_is_not_root(image):
     stage = dict(reversed(final_stage(IMAGES[image])))  # the first of each instruction in the final stage
-    assert json.loads(stage["ENTRYPOINT"]) == ["tandem"] and PYPROJECT["project"]["scripts"]["tandem"] == "tandem.cli:main"
+    assert (
+        json.loads(stage["ENTRYPOINT"]) == ["tandem"]
+        and PYPROJECT["project"]["scripts"]["tandem"] == "tandem.cli:main"
+    )
     cmd = json.loads(stage["CMD"])
     assert cmd[0] in COMMANDS or cmd == ["--help"], cmd
     users = [args for word, args in final_stage(IMAGES[image]) if word == "USER"]
-    assert users == [f"{RUN_AS}:{RUN_AS}"] and RUN_AS != 0  # the uid the rendered pods' securityContext runs as
+    assert (
+        users == [f"{RUN_AS}:{RUN_AS}"] and RUN_AS != 0
+    )  # the uid the rendered pods' securityContext runs as
     assert f"useradd --uid {RUN_AS}" in IMAGES[image].read_text()
     deployment = (ROOT / "charts/tandem/templates/deployment.yaml").read_text()
     assert f"runAsUser: {RUN_AS}" in deployment and "runAsNonRoot: true" in deployment
@@ -117,7 +126,9 @@ def test_the_worker_image_has_cuda_torch_and_the_model_downloader():
     reqs = {r.name.lower(): r for r in requirements(IMAGES["worker"])}
     assert str(reqs["torch"].specifier) == str(declared()["torch"].specifier)  # the project's torch range
     source = (ROOT / "operator/model/source.py").read_text()
-    assert '"fetch-model"' in source and "huggingface_hub" in declared()  # installed with the project (`pip install .`)
+    assert (
+        '"fetch-model"' in source and "huggingface_hub" in declared()
+    )  # installed with the project (`pip install .`)
     assert "COPY worker/ worker/" in text
 
 
@@ -127,17 +138,23 @@ def test_the_operator_image_installs_what_the_operator_imports_and_no_torch():
     for name, req in reqs.items():  # the same ranges pyproject.toml declares
         assert name in declared() and req.specifier == declared()[name].specifier, name
     # every third-party module the operator's entry points import (at start and later), with torch unimportable
-    probe = ("import sys; sys.modules['torch'] = None\n"
-             "import tandem.cli, tandem.operator.__main__, tandem.operator.handlers, tandem.operator.runtime.check\n"
-             "import tandem.operator.top.cli, tandem.operator.top.kube, tandem.operator.top.prom, tandem.operator.top.scrape\n"
-             # what they import inside functions, once running: the leader, the defaults, the autoscaler
-             "import tandem.operator.runtime.leader, tandem.operator.model.cache, tandem.operator.manifests.security_defaults\n"
-             "import tandem.operator.autoscale.backends.kube.loop, tandem.operator.top.local\n"
-             "print(' '.join(sorted({m.split('.')[0] for m, mod in sys.modules.items() if getattr(mod, '__file__', None)})))")  # fmt: skip (namespace packages: their parts count)
+    probe = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import tandem.cli, tandem.operator.__main__, tandem.operator.handlers, tandem.operator.runtime.check\n"
+        "import tandem.operator.top.cli, tandem.operator.top.kube, tandem.operator.top.prom, tandem.operator.top.scrape\n"
+        # what they import inside functions, once running: the leader, the defaults, the autoscaler
+        "import tandem.operator.runtime.leader, tandem.operator.model.cache, tandem.operator.manifests.security_defaults\n"
+        "import tandem.operator.autoscale.backends.kube.loop, tandem.operator.top.local\n"
+        "print(' '.join(sorted({m.split('.')[0] for m, mod in sys.modules.items() if getattr(mod, '__file__', None)})))"
+    )  # namespace packages: their parts count
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    baseline = subprocess.run([sys.executable, "-c", "import sys; print(' '.join(sys.modules))"],
-                              capture_output=True, text=True, timeout=60).stdout.split()  # interpreter start-up
+    baseline = subprocess.run(
+        [sys.executable, "-c", "import sys; print(' '.join(sys.modules))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.split()  # interpreter start-up
     dists, installed = md.packages_distributions(), closure(set(reqs))
     missing = []
     for module in set(out.stdout.split()) - {m.split(".")[0] for m in baseline}:

@@ -73,9 +73,13 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_the_graph_sees_function_level_and_relative_imports():
     graph = import_graph()
-    assert "tandem.operator.autoscale.backends.local.loop" in graph["tandem.operator.local.cli"]  # inside a function
+    assert (
+        "tandem.operator.autoscale.backends.local.loop" in graph["tandem.operator.local.cli"]
+    )  # inside a function
     assert "tandem.operator.runtime.kube" in graph["tandem.operator.handlers"]
-    assert "tandem.worker.engine.runner.engine" not in graph["tandem.worker.engine.speculative.draft_model"]  # types only
+    assert (
+        "tandem.worker.engine.runner.engine" not in graph["tandem.worker.engine.speculative.draft_model"]
+    )  # types only
 
 
 def test_no_module_imports_itself_through_others():

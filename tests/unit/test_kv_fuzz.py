@@ -95,9 +95,12 @@ class Rig:
 
     def __post_init__(self) -> None:
         self.rx = KvReceiver(
-            self.store, LAYOUT, on_release=lambda r: self.freed.extend(r.block_ids),
-            on_commit=self.committed.append, clock=lambda: self.now,
-        )  # fmt: skip
+            self.store,
+            LAYOUT,
+            on_release=lambda r: self.freed.extend(r.block_ids),
+            on_commit=self.committed.append,
+            clock=lambda: self.now,
+        )
         self.push = push_kv_handler(self.rx).stream_unary
 
 
@@ -111,9 +114,15 @@ def genuine_frames(transfer_id: str, epoch: int, block_ids: list[int], kv: dict,
             v = torch.stack([kv[layer, b][1] for b in ids])
             parts, _ = encode_blocks(k, v)
             header = decode_pb2.KvChunkHeader(
-                transfer_id=transfer_id, epoch=epoch, kind=decode_pb2.KV_CHUNK_KIND_DATA, layer=layer,
-                block_ids=ids, sequence=len(frames), checksum=chunk_checksum(parts), has_checksum=True,
-            )  # fmt: skip
+                transfer_id=transfer_id,
+                epoch=epoch,
+                kind=decode_pb2.KV_CHUNK_KIND_DATA,
+                layer=layer,
+                block_ids=ids,
+                sequence=len(frames),
+                checksum=chunk_checksum(parts),
+                has_checksum=True,
+            )
             frames.append(pack_chunk(header, [p.numpy().data for p in parts]))
     return frames
 
@@ -185,7 +194,9 @@ def random_kv(block_ids: list[int], seed: int) -> dict:
     seed=st.integers(0, 2**16),
     data=st.data(),
 )
-def test_nothing_corrupt_is_committed_and_no_reservation_leaks(block_ids, run, fault, at, supersede, seed, data):
+def test_nothing_corrupt_is_committed_and_no_reservation_leaks(
+    block_ids, run, fault, at, supersede, seed, data
+):
     rig = Rig()
     res = rig.rx.reserve("t", "r", block_ids, LEASE_S)
     if supersede or fault == "stale":  # a newer epoch of the same transfer replaces the first

@@ -65,11 +65,15 @@ def test_attention_over_8_bit_pages_stays_within_a_stated_bound():
     k_all = [torch.randn(c, kvh, d, generator=gen) for c in ctx]
     v_all = [torch.randn(c, kvh, d, generator=gen) for c in ctx]
     q = torch.randn(sum(query_lens), nh, d, generator=gen)
-    slots = [torch.tensor([t[p // BS] * BS + p % BS for p in range(c)]) for c, t in zip(ctx, tables, strict=True)]
+    slots = [
+        torch.tensor([t[p // BS] * BS + p % BS for p in range(c)]) for c, t in zip(ctx, tables, strict=True)
+    ]
     new = [slice(c - n, c) for c, n in zip(ctx, query_lens, strict=True)]
     k_new = torch.cat([k[s] for k, s in zip(k_all, new, strict=True)])
     v_new = torch.cat([v[s] for v, s in zip(v_all, new, strict=True)])
-    batch = AttentionBatch(query_lens, ctx, tables, torch.cat([sl[s] for sl, s in zip(slots, new, strict=True)]), BS)
+    batch = AttentionBatch(
+        query_lens, ctx, tables, torch.cat([sl[s] for sl, s in zip(slots, new, strict=True)]), BS
+    )
     outs = []
     for packed in (False, True):
         cache_k, cache_v = (_caches(kvh, d, blocks)[packed] for _ in range(2))
@@ -86,7 +90,9 @@ def test_attention_over_8_bit_pages_stays_within_a_stated_bound():
 def test_greedy_tokens_with_the_8_bit_cache_agree_with_the_full_cache(tiny):
     results = []
     for seed in (0, 1, 2):
-        prompt = torch.randint(3, tiny.config.vocab_size, (20,), generator=torch.Generator().manual_seed(seed)).tolist()
+        prompt = torch.randint(
+            3, tiny.config.vocab_size, (20,), generator=torch.Generator().manual_seed(seed)
+        ).tolist()
         results.append(agreement(tiny, tiny, prompt, n=64, kv_cache_dtype="int8"))
     # measured on the seed-0 tiny model (fp32): rel error 0.3-0.5%, top-1 agreement 0.95-1.0
     assert max(r.rel_error for r in results) < 0.02, results
@@ -94,7 +100,9 @@ def test_greedy_tokens_with_the_8_bit_cache_agree_with_the_full_cache(tiny):
 
 
 def test_the_engine_decodes_a_batch_over_the_8_bit_cache_as_one_sequence_alone(tiny):
-    engine = Engine(tiny, EngineConfig(block_size=BS, num_kv_blocks=64, kv_cache_dtype="int8", prefill_chunk_tokens=8))
+    engine = Engine(
+        tiny, EngineConfig(block_size=BS, num_kv_blocks=64, kv_cache_dtype="int8", prefill_chunk_tokens=8)
+    )
     assert engine.kv.k[0].dtype == torch.uint8
     prompts = [list(range(3, 3 + n)) for n in (5, 19, 11)]
     greedy = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
@@ -120,7 +128,8 @@ def test_the_planner_fits_about_twice_the_sequences_in_the_same_memory(tiny, tin
     head = tiny.config.head_dim
     for model, elem in ((tiny, 4), (tiny_bf16, 2)):  # bytes an element against 1 + 4 / head_dim
         plans = {
-            d: plan_kv_cache(model, dataclasses.replace(base, kv_cache_dtype=d), memory_percent=10) for d in ("auto", "int8")
+            d: plan_kv_cache(model, dataclasses.replace(base, kv_cache_dtype=d), memory_percent=10)
+            for d in ("auto", "int8")
         }
         seqs = plans["int8"].max_concurrent_sequences / plans["auto"].max_concurrent_sequences
         assert seqs == pytest.approx(elem * head / (head + 4), rel=0.01)
@@ -145,7 +154,9 @@ def test_the_8_bit_cache_with_flex_attention_is_refused():
 def test_the_kv_cache_stores_packed_blocks_the_transfer_reads_as_they_are(tiny):
     kv = KvCache(tiny.config, 4, BS, torch.float32, "cpu", "int8")
     assert kv.k[0].shape == (4, BS, tiny.config.num_kv_heads, tiny.config.head_dim + 4)
-    rows = torch.randint(0, 256, (2, BS, tiny.config.num_kv_heads, tiny.config.head_dim + 4), dtype=torch.uint8)
+    rows = torch.randint(
+        0, 256, (2, BS, tiny.config.num_kv_heads, tiny.config.head_dim + 4), dtype=torch.uint8
+    )
     kv.write_blocks(1, [2, 3], rows, rows)
     k, v = kv.read_blocks(1, [2, 3])
     assert torch.equal(k, rows) and torch.equal(v, rows)

@@ -9,8 +9,9 @@ from tandem.worker.kv_transport.pairing_log import PairingLog, transport_label
 
 
 def test_transport_labels_are_the_settings_names():
-    assert [transport_label(k) for k in (C.KV_TRANSPORT_GRPC, C.KV_TRANSPORT_SHM, C.KV_TRANSPORT_CUDA_IPC)] == [
-        "grpc", "shm", "cuda_ipc"]  # fmt: skip
+    assert [
+        transport_label(k) for k in (C.KV_TRANSPORT_GRPC, C.KV_TRANSPORT_SHM, C.KV_TRANSPORT_CUDA_IPC)
+    ] == ["grpc", "shm", "cuda_ipc"]
     assert transport_label(999) == "999"  # a peer's newer value is named, not an error
 
 
@@ -20,10 +21,18 @@ def test_each_pair_and_transport_is_logged_once(caplog):
         said = [
             pairings.note("a:1", C.KV_TRANSPORT_SHM, "KV to %s goes over %s", "a:1"),
             pairings.note("a:1", C.KV_TRANSPORT_SHM, "KV to %s goes over %s", "a:1"),
-            pairings.note("a:1", C.KV_TRANSPORT_GRPC, "KV to %s goes over %s", "a:1"),  # every ring lent: the stream
-            pairings.note("b:1", C.KV_TRANSPORT_SHM, "KV to %s goes over %s", "b:1"),  # the oldest pair is forgotten
+            pairings.note(
+                "a:1", C.KV_TRANSPORT_GRPC, "KV to %s goes over %s", "a:1"
+            ),  # every ring lent: the stream
+            pairings.note(
+                "b:1", C.KV_TRANSPORT_SHM, "KV to %s goes over %s", "b:1"
+            ),  # the oldest pair is forgotten
             pairings.note("a:1", C.KV_TRANSPORT_SHM, "KV to %s goes over %s", "a:1"),
         ]
     assert said == [True, False, True, True, True]
     assert [r.getMessage() for r in caplog.records] == [
-        "KV to a:1 goes over shm", "KV to a:1 goes over grpc", "KV to b:1 goes over shm", "KV to a:1 goes over shm"]
+        "KV to a:1 goes over shm",
+        "KV to a:1 goes over grpc",
+        "KV to b:1 goes over shm",
+        "KV to a:1 goes over shm",
+    ]

@@ -11,9 +11,17 @@ from tandem.worker.hf.config import ModelConfig
 from tandem.worker.serve.kv_push import LayerKvReader
 
 CONFIG = ModelConfig.from_hf(
-    dict(architectures=["LlamaForCausalLM"], vocab_size=64, hidden_size=32, intermediate_size=64,
-         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-)  # fmt: skip
+    dict(
+        architectures=["LlamaForCausalLM"],
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+)
 
 
 def _filled(device: str) -> KvCache:

@@ -45,7 +45,9 @@ def test_weights_kv_and_activations_fit_where_sizing_before_the_load_did_not(
     device_free_before_load, weights, activations, percent
 ):
     after_load = MemoryReading(
-        free_bytes=device_free_before_load - weights, peak_bytes=weights + activations, allocated_bytes=weights
+        free_bytes=device_free_before_load - weights,
+        peak_bytes=weights + activations,
+        allocated_bytes=weights,
     )
     kv = kv_budget_bytes(after_load, percent)
     assert 0 < kv and weights + kv + activations <= device_free_before_load
@@ -68,21 +70,32 @@ def test_blocks_for_budget_needs_one_full_context():
     with pytest.raises(KvCacheTooSmall, match=r"3 blocks, fewer than the 8"):
         blocks_for_budget(3 * 4096, 4096, min_blocks=8)
     with pytest.raises(KvCacheTooSmall, match="0 blocks"):
-        blocks_for_budget(-5 * GIB, 4096, min_blocks=1)  # the weights and activations took more than the share
+        blocks_for_budget(
+            -5 * GIB, 4096, min_blocks=1
+        )  # the weights and activations took more than the share
 
 
 def test_plan_reports_blocks_and_concurrent_sequences_at_the_context():
-    plan = KvCachePlan(num_blocks=1024, block_size=16, block_bytes=1 << 20, max_model_len=4096, source="numKvBlocks")
+    plan = KvCachePlan(
+        num_blocks=1024, block_size=16, block_bytes=1 << 20, max_model_len=4096, source="numKvBlocks"
+    )
     assert plan.total_bytes == GIB and plan.max_concurrent_sequences == 4.0
-    assert "1024 blocks of 16 tokens (1.00 GiB" in plan.describe() and "4.0 concurrent sequences" in plan.describe()
+    assert (
+        "1024 blocks of 16 tokens (1.00 GiB" in plan.describe()
+        and "4.0 concurrent sequences" in plan.describe()
+    )
 
 
 @pytest.mark.parametrize(
     "max_batch_tokens, chunk, max_running, computed",
     [(100, 32, 64, 100), (100, 32, 2, 64), (48, 512, 64, 48)],
 )
-def test_warm_up_runs_the_largest_batch_the_scheduler_forms(tiny_model, max_batch_tokens, chunk, max_running, computed):
-    config = EngineConfig(max_batch_tokens=max_batch_tokens, prefill_chunk_tokens=chunk, max_running_sequences=max_running)
+def test_warm_up_runs_the_largest_batch_the_scheduler_forms(
+    tiny_model, max_batch_tokens, chunk, max_running, computed
+):
+    config = EngineConfig(
+        max_batch_tokens=max_batch_tokens, prefill_chunk_tokens=chunk, max_running_sequences=max_running
+    )
     assert warm_up(tiny_model, config) == computed
 
 
@@ -93,12 +106,25 @@ def test_cpu_plan_explicit_blocks_or_a_share_of_the_cpu_budget(tiny_model):
     plan = plan_kv_cache(tiny_model, config, memory_percent=50)
     assert plan.num_blocks == CPU_KV_BUDGET_BYTES // 2 // block and plan.max_model_len == 1024
     with pytest.raises(KvCacheTooSmall):
-        plan_kv_cache(tiny_model, EngineConfig(block_size=16), memory_percent=1)  # 10 MiB: not one 4096 context
+        plan_kv_cache(
+            tiny_model, EngineConfig(block_size=16), memory_percent=1
+        )  # 10 MiB: not one 4096 context
 
 
 def test_worker_refuses_to_start_when_one_full_context_does_not_fit(tiny_model_dir, capsys):
     from tandem.worker.serve.main import main
 
-    argv = ["--role", "decode", "--model-dir", str(tiny_model_dir), "--device", "cpu", "--kv-memory-percent", "1"]
-    assert main(argv) == 2  # 1% of the CPU budget holds 163 blocks of 16 tokens; a 4096-token context needs 256
+    argv = [
+        "--role",
+        "decode",
+        "--model-dir",
+        str(tiny_model_dir),
+        "--device",
+        "cpu",
+        "--kv-memory-percent",
+        "1",
+    ]
+    assert (
+        main(argv) == 2
+    )  # 1% of the CPU budget holds 163 blocks of 16 tokens; a 4096-token context needs 256
     assert "fewer than the 256 one sequence at the model's context needs" in capsys.readouterr().err

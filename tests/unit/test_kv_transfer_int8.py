@@ -23,7 +23,9 @@ from tandem.worker.kv_transport.handshake import check_compatible
 from tandem.worker.kv_transport.tensor_store import TensorKvStore
 from tandem.worker.serve.wire import worker_info
 
-PACKED = KvLayout(num_layers=2, block_size=16, num_kv_heads=4, head_dim=64, dtype=torch.bfloat16, kv_cache_dtype="int8")
+PACKED = KvLayout(
+    num_layers=2, block_size=16, num_kv_heads=4, head_dim=64, dtype=torch.bfloat16, kv_cache_dtype="int8"
+)
 FULL = KvLayout(num_layers=2, block_size=16, num_kv_heads=4, head_dim=64, dtype=torch.bfloat16)
 
 
@@ -55,7 +57,9 @@ def test_wire_compression_is_a_no_op_for_an_8_bit_cache():
     with pytest.raises(ValueError, match="travels raw"):
         encode_blocks(packed, packed, INT8)
     with pytest.raises(InvalidChunk, match="uncompressed"):
-        decode_blocks(torch.zeros(chunk_nbytes(PACKED, 1, INT8), dtype=torch.uint8), PACKED, 1, INT8, [1.0, 1.0])
+        decode_blocks(
+            torch.zeros(chunk_nbytes(PACKED, 1, INT8), dtype=torch.uint8), PACKED, 1, INT8, [1.0, 1.0]
+        )
 
 
 @pytest.fixture(scope="module")

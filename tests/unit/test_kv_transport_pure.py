@@ -127,11 +127,18 @@ def test_choose_transport():
     assert choose_transport(_info(), _info(host_id="h2")) == C.KV_TRANSPORT_GRPC
     assert choose_transport(_info(host_id=""), _info(host_id="")) == C.KV_TRANSPORT_GRPC
     assert choose_transport(_info(), _info(shm_capable=False)) == C.KV_TRANSPORT_GRPC
-    gpu = dict(cuda_device=0, cuda_device_uuid="GPU-a", transports=[C.KV_TRANSPORT_GRPC, C.KV_TRANSPORT_SHM, C.KV_TRANSPORT_CUDA_IPC])
+    gpu = dict(
+        cuda_device=0,
+        cuda_device_uuid="GPU-a",
+        transports=[C.KV_TRANSPORT_GRPC, C.KV_TRANSPORT_SHM, C.KV_TRANSPORT_CUDA_IPC],
+    )
     assert choose_transport(_info(**gpu), _info(**gpu)) == C.KV_TRANSPORT_CUDA_IPC  # one host, one GPU
     # another GPU (a pod sees only its own: cuda:0 in both, another UUID) cannot be opened by the sender
     assert choose_transport(_info(**gpu), _info(**{**gpu, "cuda_device_uuid": "GPU-b"})) == C.KV_TRANSPORT_SHM
-    assert choose_transport(_info(**gpu), _info(**{**gpu, "cuda_device": -1, "cuda_device_uuid": ""})) == C.KV_TRANSPORT_SHM
+    assert (
+        choose_transport(_info(**gpu), _info(**{**gpu, "cuda_device": -1, "cuda_device_uuid": ""}))
+        == C.KV_TRANSPORT_SHM
+    )
     assert choose_transport(_info(**gpu), _info(**{**gpu, "host_id": "h2"})) == C.KV_TRANSPORT_GRPC
 
 
@@ -156,13 +163,25 @@ def test_forced_transports_are_honoured_or_refused():
         ([GRPC, SHM], "h2", {}, GRPC),  # another host
         ([GRPC, SHM], "", {}, GRPC),  # a sender that does not say where it runs
         ([], "h1", {}, GRPC),  # a sender that offers nothing: the stream, the protocol's baseline
-        ([SHM], "h1", {"transports": [GRPC], "shm_capable": False}, NONE_IN_COMMON),  # forced shm meets forced grpc
+        (
+            [SHM],
+            "h1",
+            {"transports": [GRPC], "shm_capable": False},
+            NONE_IN_COMMON,
+        ),  # forced shm meets forced grpc
         ([SHM], "h2", {"transports": [SHM]}, NONE_IN_COMMON),  # forced shm across hosts
         ([GRPC, SHM], "h1", {"transports": [GRPC], "shm_capable": False}, GRPC),
-        ([GRPC, SHM, C.KV_TRANSPORT_CUDA_IPC], "h1", {"cuda_device": 0, "transports": [GRPC, SHM, C.KV_TRANSPORT_CUDA_IPC]}, SHM),
+        (
+            [GRPC, SHM, C.KV_TRANSPORT_CUDA_IPC],
+            "h1",
+            {"cuda_device": 0, "transports": [GRPC, SHM, C.KV_TRANSPORT_CUDA_IPC]},
+            SHM,
+        ),
     ],
 )
-def test_reserve_transport_is_choose_transport_over_what_the_reservation_offers(offered, host, receiver, granted):
+def test_reserve_transport_is_choose_transport_over_what_the_reservation_offers(
+    offered, host, receiver, granted
+):
     assert reserve_transport(offered, host, _info(**receiver)) == granted
 
 
@@ -170,7 +189,10 @@ def test_a_reservation_from_a_prefill_worker_on_the_same_gpu_gets_cuda_ipc():
     cuda = C.KV_TRANSPORT_CUDA_IPC
     receiver = _info(cuda_device=0, cuda_device_uuid="GPU-a", transports=[cuda, GRPC], shm_capable=False)
     assert reserve_transport([cuda, GRPC], "h1", receiver, "GPU-a") == cuda
-    assert reserve_transports([cuda, GRPC], "h1", receiver, "GPU-a") == [cuda, GRPC]  # the stream when every buffer is lent
+    assert reserve_transports([cuda, GRPC], "h1", receiver, "GPU-a") == [
+        cuda,
+        GRPC,
+    ]  # the stream when every buffer is lent
     assert reserve_transport([cuda, GRPC], "h1", receiver, "GPU-b") == GRPC  # a GPU the sender cannot open
     assert reserve_transport([cuda, GRPC], "h2", receiver, "GPU-a") == GRPC  # another host
     assert reserve_transport([cuda, GRPC], "h1", receiver) == GRPC  # a sender that does not name its GPU

@@ -19,7 +19,11 @@ def test_every_proto_transport_has_exactly_one_module():
     "setting, device, offered",
     [
         ("auto", "cpu", [C.KV_TRANSPORT_SHM, C.KV_TRANSPORT_GRPC]),
-        ("auto", "cuda:1", [C.KV_TRANSPORT_CUDA_IPC, C.KV_TRANSPORT_GRPC]),  # CUDA IPC reachable from the served stack
+        (
+            "auto",
+            "cuda:1",
+            [C.KV_TRANSPORT_CUDA_IPC, C.KV_TRANSPORT_GRPC],
+        ),  # CUDA IPC reachable from the served stack
         ("grpc", "cuda:0", [C.KV_TRANSPORT_GRPC]),
         ("shm", "cpu", [C.KV_TRANSPORT_SHM]),
     ],
@@ -43,4 +47,6 @@ def test_the_spec_settings_are_the_registry_settings():
 
 def test_inline_and_staged_transports():
     assert not transports.by_kind(C.KV_TRANSPORT_GRPC).staged
-    assert transports.by_kind(C.KV_TRANSPORT_SHM).staged and transports.by_kind(C.KV_TRANSPORT_CUDA_IPC).staged
+    assert (
+        transports.by_kind(C.KV_TRANSPORT_SHM).staged and transports.by_kind(C.KV_TRANSPORT_CUDA_IPC).staged
+    )

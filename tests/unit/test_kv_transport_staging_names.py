@@ -41,7 +41,15 @@ def test_minted_names_round_trip():
 
 
 @pytest.mark.parametrize(
-    "name", ["../../etc/passwd", "tandem-kv-../../x", "/tandem-kv-" + "0" * 24, "tandem-kv-" + "0" * 23, "psm_1234", ""]
+    "name",
+    [
+        "../../etc/passwd",
+        "tandem-kv-../../x",
+        "/tandem-kv-" + "0" * 24,
+        "tandem-kv-" + "0" * 23,
+        "psm_1234",
+        "",
+    ],
 )
 def test_unminted_names_are_refused(name):
     with pytest.raises(KvTransferError, match="not a minted"):
@@ -122,7 +130,11 @@ def test_cuda_buffer_description_is_checked_before_it_is_opened():
     from tandem.worker.kv_transport.cuda_ipc import check_buffer
 
     good = decode_pb2.CudaIpcBuffer(
-        device=0, handle=bytes(64), storage_size=1 << 20, ref_counter_name="/torch_4242_1234567_0", event_handle=bytes(64)
+        device=0,
+        handle=bytes(64),
+        storage_size=1 << 20,
+        ref_counter_name="/torch_4242_1234567_0",
+        event_handle=bytes(64),
     )
     assert check_buffer(good, 1 << 20, local_device=0) == []
     assert check_buffer(good, 1 << 20, local_device=-1)  # this worker's cache is on the CPU

@@ -23,9 +23,15 @@ def _copy(src, dst):
 
 def test_expected_shapes_follow_hf_llama_names_with_gqa():
     config = ModelConfig(
-        vocab_size=100, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=8, num_kv_heads=2,
-        head_dim=16, max_position_embeddings=128,
-    )  # fmt: skip
+        vocab_size=100,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=2,
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=16,
+        max_position_embeddings=128,
+    )
     shapes = expected_shapes(config)
     assert len(shapes) == 1 + 2 * 9 + 2
     assert shapes["model.embed_tokens.weight"] == (100, 64)
@@ -41,9 +47,17 @@ def test_expected_shapes_follow_hf_llama_names_with_gqa():
 
 def test_expected_shapes_with_qkv_bias_and_tied_embeddings():
     config = ModelConfig(
-        vocab_size=100, hidden_size=64, intermediate_size=96, num_layers=1, num_heads=4, num_kv_heads=2,
-        head_dim=16, max_position_embeddings=128, attention_bias=True, tie_word_embeddings=True,
-    )  # fmt: skip
+        vocab_size=100,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        max_position_embeddings=128,
+        attention_bias=True,
+        tie_word_embeddings=True,
+    )
     shapes = expected_shapes(config)
     assert shapes["model.layers.0.self_attn.q_proj.bias"] == (64,)
     assert shapes["model.layers.0.self_attn.k_proj.bias"] == (32,)

@@ -52,19 +52,25 @@ def test_costly_first_word_is_still_one_word() -> None:
     assert len(prompt_for_tokens(1, random.Random(0), vocab).split()) == 1
 
 
-def _train_small_tokenizer(path: Path, known: list[str], prefix_space: bool = True, bos: bool = False) -> None:
+def _train_small_tokenizer(
+    path: Path, known: list[str], prefix_space: bool = True, bos: bool = False
+) -> None:
     """A byte-level BPE trained so that `known` words are whole tokens and the rest are split; without
     `prefix_space` a prompt's first word has no space before it (as in Llama 3's and GPT-2's), with `bos`
     every encoding starts with <s> (as Llama's)."""
     tok = tokenizers.Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=prefix_space)
     trainer = trainers.BpeTrainer(
-        vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=400,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
         special_tokens=["<s>"] if bos else [],
-    )  # fmt: skip
+    )
     tok.train_from_iterator([" ".join(known)] * 50, trainer=trainer)
     if bos:
-        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))]
+        )
     tok.save(str(path))
 
 
@@ -83,7 +89,9 @@ def test_calibrated_prompts_tokenize_to_exactly_n(tmp_path: Path) -> None:
     assert len(tok.encode(default_prompt, add_special_tokens=False).ids) > 600
 
 
-def test_a_prompt_costs_n_tokens_as_the_server_counts_them_bos_and_opening_word_included(tmp_path: Path) -> None:
+def test_a_prompt_costs_n_tokens_as_the_server_counts_them_bos_and_opening_word_included(
+    tmp_path: Path,
+) -> None:
     # A trace's 512-token prompt must not reach the server as 514: a router deciding by prompt length
     # (localPrefillMaxTokens 512) would route it as a longer prompt.
     known = list(WORDS[:60])

@@ -13,16 +13,30 @@ from tandem.worker.serve.main import parse_args as parse_worker_args
 
 
 def _svc(mode: str = "disaggregated", source: dict | None = None, prefill: int = 2, decode: int = 1):
-    return parse_object({
-        "apiVersion": "serving.tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": "demo"},
-        "spec": {
-            "model": {"source": source or {"path": "models/tiny"}, "servedName": "tiny", "dtype": "float32"},
-            "mode": mode,
-            "decode": {"replicas": decode, "resources": {"gpus": 0}},
-            **({} if mode == "colocated" else {  # colocated refuses the settings it ignores
-                "prefill": {"replicas": prefill, "resources": {"gpus": 0}}, "kvTransfer": {"transport": "grpc"}}),
-        },
-    })  # fmt: skip
+    return parse_object(
+        {
+            "apiVersion": "serving.tandem.dev/v1alpha1",
+            "kind": "InferenceService",
+            "metadata": {"name": "demo"},
+            "spec": {
+                "model": {
+                    "source": source or {"path": "models/tiny"},
+                    "servedName": "tiny",
+                    "dtype": "float32",
+                },
+                "mode": mode,
+                "decode": {"replicas": decode, "resources": {"gpus": 0}},
+                **(
+                    {}
+                    if mode == "colocated"
+                    else {  # colocated refuses the settings it ignores
+                        "prefill": {"replicas": prefill, "resources": {"gpus": 0}},
+                        "kvTransfer": {"transport": "grpc"},
+                    }
+                ),
+            },
+        }
+    )
 
 
 def test_disaggregated_plan_has_each_pool_and_a_router_that_knows_them():
@@ -32,7 +46,9 @@ def test_disaggregated_plan_has_each_pool_and_a_router_that_knows_them():
     assert len(set(ports)) == len(ports)
     workers = [parse_worker_args(p.argv[4:]) for p in procs[:-1]]
     assert [w.role for w in workers] == ["prefill", "prefill", "decode"]
-    assert all(w.model_dir == "/srv/models/tiny" and w.threads == 2 and w.kv_transport == "grpc" for w in workers)  # 6 cores / 3
+    assert all(
+        w.model_dir == "/srv/models/tiny" and w.threads == 2 and w.kv_transport == "grpc" for w in workers
+    )  # 6 cores / 3
     router = build_parser().parse_args(procs[-1].argv[4:])
     assert check_args(router) is None
     assert router.prefill == [procs[0].address, procs[1].address] and router.decode == [procs[2].address]

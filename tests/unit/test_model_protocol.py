@@ -11,7 +11,11 @@ from tandem.worker.engine.models.registry import ARCHITECTURES, model_module
 def checked_classes() -> set[type]:
     """The classes named in protocol.MODEL_CLASSES (defined for mypy only), resolved from their modules."""
     tree = ast.parse(inspect.getsource(protocol))
-    (node,) = [n for n in ast.walk(tree) if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "MODEL_CLASSES"]
+    (node,) = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "MODEL_CLASSES"
+    ]
     assert isinstance(node.value, ast.Tuple)
     classes = set()
     for element in node.value.elts:

@@ -12,7 +12,11 @@ from tandem.worker.engine.loading import load_model
 from tests.hf_reference import MIXTRAL, QWEN2_MOE, QWEN3_MOE, engine_for, hf_greedy, hf_model
 from tests.unit.test_model_parity import _forward, _prompt, _run, assert_prompt_and_decode_steps_match
 
-CONFIGS = {"mixtral-odd-kv-untied": MIXTRAL, "qwen2-moe-shared-tied": QWEN2_MOE, "qwen3-moe-qk-norm": QWEN3_MOE}
+CONFIGS = {
+    "mixtral-odd-kv-untied": MIXTRAL,
+    "qwen2-moe-shared-tied": QWEN2_MOE,
+    "qwen3-moe-qk-norm": QWEN3_MOE,
+}
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
@@ -37,7 +41,11 @@ def test_continuous_batch_greedy_tokens_match_transformers_over_32_tokens(pair):
 
 
 def test_dense_qwen3_shares_the_qk_norm_attention(tmp_path):
-    dense = {k: v for k, v in QWEN3_MOE.items() if k not in ("num_experts", "num_experts_per_tok", "moe_intermediate_size")}
+    dense = {
+        k: v
+        for k, v in QWEN3_MOE.items()
+        if k not in ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
+    }
     hf = hf_model({**dense, "architectures": ["Qwen3ForCausalLM"]})
     hf.save_pretrained(tmp_path)
     ours = load_model(tmp_path)
@@ -82,9 +90,30 @@ def test_create_tiny_moe_loads_in_transformers_and_matches_ours(tmp_path, arch):
 
     from tandem.cli import main as tandem_main
 
-    argv = ["model", "create-tiny", str(tmp_path), "--arch", arch, "--layers", "2", "--hidden", "64", "--heads", "4"]
-    assert tandem_main([*argv, "--kv-heads", "2", "--intermediate", "96", "--experts", "6", "--experts-per-token", "2"]) == 0
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").float().eval()
+    argv = [
+        "model",
+        "create-tiny",
+        str(tmp_path),
+        "--arch",
+        arch,
+        "--layers",
+        "2",
+        "--hidden",
+        "64",
+        "--heads",
+        "4",
+    ]
+    assert (
+        tandem_main(
+            [*argv, "--kv-heads", "2", "--intermediate", "96", "--experts", "6", "--experts-per-token", "2"]
+        )
+        == 0
+    )
+    hf = (
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
+        .float()
+        .eval()
+    )
     ours = load_model(tmp_path)
     assert ours.config.num_experts == 6 and ours.config.num_experts_per_tok == 2
     prompt = _prompt(17, seed=2)
@@ -107,7 +136,9 @@ def test_int8_weights_quantize_attention_and_dense_layers_and_keep_routing_exact
     moe = next(layer.mlp for layer in quantized.model.layers if isinstance(layer.mlp, SparseMoe))
     ref = next(layer.mlp for layer in ours.model.layers if isinstance(layer.mlp, SparseMoe))
     assert isinstance(quantized.model.layers[0].self_attn.qkv_proj, Int8Linear)
-    assert torch.equal(moe.gate.weight, ref.gate.weight) and torch.equal(moe.experts.gate_up, ref.experts.gate_up)
+    assert torch.equal(moe.gate.weight, ref.gate.weight) and torch.equal(
+        moe.experts.gate_up, ref.experts.gate_up
+    )
     if moe.shared_expert is not None:
         assert isinstance(moe.shared_expert.gate_up_proj, Int8Linear)
     prompt = PROMPTS[1]
@@ -143,6 +174,8 @@ def test_static_decode_step_matches_the_general_path(pair):
 
     _, ours, _ = pair
     small = dict(block_size=8, num_kv_blocks=64, max_running_sequences=4)
-    run = run_lockstep(Engine(ours, EngineConfig(**small)), static_engine(ours, False, **small), requests(5, vocab=500))
+    run = run_lockstep(
+        Engine(ours, EngineConfig(**small)), static_engine(ours, False, **small), requests(5, vocab=500)
+    )
     assert run.tokens[0] == run.tokens[1] and run.static_steps > 0
     assert run.max_logit_diff < 1e-4

@@ -4,8 +4,17 @@ from tandem.operator.runtime.cache import ObjectCache
 
 
 def _body(name, rv, uid="u1", **extra):
-    return {"kind": "Deployment", "metadata": {"name": name, "namespace": "ns", "resourceVersion": str(rv),
-                                               "uid": uid, "managedFields": [{"big": 1}]}, **extra}
+    return {
+        "kind": "Deployment",
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "resourceVersion": str(rv),
+            "uid": uid,
+            "managedFields": [{"big": 1}],
+        },
+        **extra,
+    }
 
 
 def test_newer_wins_and_managed_fields_dropped():

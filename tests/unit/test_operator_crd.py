@@ -13,7 +13,9 @@ from pydantic_core import PydanticUndefined
 from tandem.spec import InferenceServiceSpec
 
 ROOT = Path(__file__).resolve().parents[2]
-CRDS = ROOT / "charts/tandem/files/crds"  # the one copy: the chart templates it, kubectl apply -f takes it as is
+CRDS = (
+    ROOT / "charts/tandem/files/crds"
+)  # the one copy: the chart templates it, kubectl apply -f takes it as is
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -21,7 +23,9 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict:
-    keys = [loader.construct_object(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"]  # `<<` may be overridden
+    keys = [
+        loader.construct_object(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"
+    ]  # `<<` may be overridden
     twice = sorted({str(k) for k in keys if keys.count(k) > 1})
     if twice:
         raise yaml.constructor.ConstructorError(None, None, f"duplicate keys {twice}", node.start_mark)
@@ -72,7 +76,11 @@ def _walk(model: type[BaseModel], schema: dict, where: str, problems: list[str])
         if isinstance(typ, type) and issubclass(typ, Enum):
             if sorted(e.value for e in typ) != sorted(prop.get("enum", [])):
                 problems.append(f"{where}.{alias}: enum differs")
-        if f.default is not PydanticUndefined and f.default is not None and not isinstance(f.default, BaseModel):
+        if (
+            f.default is not PydanticUndefined
+            and f.default is not None
+            and not isinstance(f.default, BaseModel)
+        ):
             want = f.default.value if isinstance(f.default, Enum) else f.default
             if prop.get("default") != want:
                 problems.append(f"{where}.{alias}: default {want!r} vs CRD {prop.get('default')!r}")
@@ -93,9 +101,12 @@ def test_crd_schema_matches_spec_types():
 def test_router_resources_default_no_gpu_in_both():
     router = _schema()["properties"]["router"]["properties"]["resources"]["properties"]
     assert router["gpus"]["default"] == 0
-    assert InferenceServiceSpec.model_validate(
-        {"model": {"source": {"path": "/m"}, "servedName": "m"}, "router": {"resources": {"cpu": "1"}}}
-    ).router.resources.gpus == 0
+    assert (
+        InferenceServiceSpec.model_validate(
+            {"model": {"source": {"path": "/m"}, "servedName": "m"}, "router": {"resources": {"cpu": "1"}}}
+        ).router.resources.gpus
+        == 0
+    )
 
 
 @pytest.mark.parametrize("name", ["inferenceservice.yaml", "tandempool.yaml"])
@@ -109,8 +120,11 @@ def test_crd_basics(name):
 
 def test_pool_scale_subresource():
     scale = _crd("tandempool.yaml")["spec"]["versions"][0]["subresources"]["scale"]
-    assert scale == {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
-                     "labelSelectorPath": ".status.selector"}
+    assert scale == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
 
 
 def test_name_limit_lets_every_child_name_fit_a_dns_label():
@@ -128,7 +142,11 @@ def _undescribed(schema: dict, path: str = "") -> list[str]:
     out = []
     for key, sub in (schema.get("properties") or {}).items():
         here = f"{path}.{key}" if path else key
-        if "description" not in sub and here not in ("apiVersion", "kind", "metadata"):  # the API server's own
+        if "description" not in sub and here not in (
+            "apiVersion",
+            "kind",
+            "metadata",
+        ):  # the API server's own
             out.append(here)
         out += _undescribed(sub, here)
         if isinstance(sub.get("items"), dict):

@@ -9,10 +9,12 @@ from tandem.operator.pools import clamp_message, desired_pool_replicas
 from tandem.operator.status.service import rolled_out, same_status, service_status
 from tandem.spec import InferenceServiceSpec, Mode
 
-SPEC = InferenceServiceSpec.model_validate({
-    "model": {"source": {"path": "/m"}, "servedName": "m"},
-    "decode": {"replicas": 2, "minReplicas": 1, "maxReplicas": 3},
-})
+SPEC = InferenceServiceSpec.model_validate(
+    {
+        "model": {"source": {"path": "/m"}, "servedName": "m"},
+        "decode": {"replicas": 2, "minReplicas": 1, "maxReplicas": 3},
+    }
+)
 
 
 def _live(manifest):
@@ -69,9 +71,16 @@ def test_pool_replicas_owner_rule():
 
 
 def _dep(desired, ready, updated=None, gen=1, observed=1, conditions=()):
-    return {"metadata": {"generation": gen}, "status": {
-        "observedGeneration": observed, "replicas": desired, "readyReplicas": ready,
-        "updatedReplicas": desired if updated is None else updated, "conditions": list(conditions)}}
+    return {
+        "metadata": {"generation": gen},
+        "status": {
+            "observedGeneration": observed,
+            "replicas": desired,
+            "readyReplicas": ready,
+            "updatedReplicas": desired if updated is None else updated,
+            "conditions": list(conditions),
+        },
+    }
 
 
 def _cond(status, t):
@@ -102,8 +111,13 @@ def test_stale_deployment_generation_is_not_rolled_out():
 
 
 def test_degraded_on_progress_deadline_and_foreign_conditions_kept():
-    deps = {"decode": _dep(1, 0, conditions=[{"type": "Progressing", "status": "False",
-                                               "reason": "ProgressDeadlineExceeded"}])}
+    deps = {
+        "decode": _dep(
+            1,
+            0,
+            conditions=[{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}],
+        )
+    }
     prev = {"conditions": [{"type": "SLOMet", "status": "True"}]}
     st = service_status(1, deps, {"decode": 1}, prev, "e", "T")
     assert _cond(st, "Degraded")["status"] == "True"
@@ -119,7 +133,9 @@ def test_zero_values_the_server_omits_are_equal():
 
 def test_blocked_rollout_sets_three_consistent_conditions_and_keeps_pools():
     prev = service_status(3, {"decode": _dep(1, 1)}, {"decode": 1}, {}, "e", "T0")
-    st = service_status(4, {}, {}, prev, "e", "T1", blocked=("ApplyFailed", 'services "x" is forbidden: quota'))
+    st = service_status(
+        4, {}, {}, prev, "e", "T1", blocked=("ApplyFailed", 'services "x" is forbidden: quota')
+    )
     for ctype, status in (("Ready", "False"), ("Progressing", "False"), ("Degraded", "True")):
         c = _cond(st, ctype)
         assert (c["status"], c["reason"], c["observedGeneration"]) == (status, "ApplyFailed", 4)

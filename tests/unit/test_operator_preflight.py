@@ -7,7 +7,9 @@ POOLS = ["prefill", "decode", "router"]
 
 
 def spec(**fields) -> InferenceServiceSpec:
-    return InferenceServiceSpec.model_validate({"model": {"source": {"path": "/m"}, "servedName": "m"}, **fields})
+    return InferenceServiceSpec.model_validate(
+        {"model": {"source": {"path": "/m"}, "servedName": "m"}, **fields}
+    )
 
 
 PVC = {"model": {"source": {"pvc": {"claimName": "models"}}, "servedName": "m"}}
@@ -16,7 +18,9 @@ EIGHT = (NodeGpus("a", {"pool": "h100"}, 8), NodeGpus("b", {}, 4), NodeGpus("cpu
 
 def test_missing_or_lost_claim_blocks_and_a_bound_or_pending_one_does_not():
     missing = check(spec(**PVC), POOLS, Facts(claims={"models": None}, nodes=EIGHT))
-    assert missing.blocked and missing.blocked[0] == "ModelSourceNotFound" and '"models"' in missing.blocked[1]
+    assert (
+        missing.blocked and missing.blocked[0] == "ModelSourceNotFound" and '"models"' in missing.blocked[1]
+    )
     assert check(spec(**PVC), POOLS, Facts(claims={"models": "Lost"})).blocked[0] == "ModelSourceLost"
     for phase in ("Bound", "Pending"):  # Pending: WaitForFirstConsumer binds once a pod asks
         assert not check(spec(**PVC), POOLS, Facts(claims={"models": phase}, nodes=EIGHT)).any
@@ -36,28 +40,44 @@ def test_more_gpus_than_the_largest_node_is_reported_on_that_pool_only():
 
 
 def test_node_selector_narrows_the_nodes():
-    found = check(spec(prefill={"resources": {"gpus": 4}, "nodeSelector": {"pool": "l4"}}), POOLS, Facts(nodes=EIGHT))
+    found = check(
+        spec(prefill={"resources": {"gpus": 4}, "nodeSelector": {"pool": "l4"}}), POOLS, Facts(nodes=EIGHT)
+    )
     ((reason, message),) = found.pools["prefill"]
     assert reason == "NoGPUNodes" and "nodeSelector pool=l4" in message
-    assert not check(spec(prefill={"resources": {"gpus": 8}, "nodeSelector": {"pool": "h100"}}), POOLS,
-                     Facts(nodes=EIGHT)).any
+    assert not check(
+        spec(prefill={"resources": {"gpus": 8}, "nodeSelector": {"pool": "h100"}}), POOLS, Facts(nodes=EIGHT)
+    ).any
 
 
 def test_no_gpu_node_at_all_is_reported_not_blocked_and_gpu_free_pools_are_not_checked():
     found = check(spec(), POOLS, Facts(nodes=(NodeGpus("cpu", {}, 0),)))
     assert found.blocked is None and set(found.pools) == {"prefill", "decode"}  # the router asks for no GPU
     assert all(p[0][0] == "NoGPUNodes" for p in found.pools.values())
-    assert not check(spec(router={"resources": {"gpus": 0}}, prefill={"resources": {"gpus": 0}},
-                          decode={"resources": {"gpus": 0}}), POOLS, Facts(nodes=())).any
+    assert not check(
+        spec(
+            router={"resources": {"gpus": 0}},
+            prefill={"resources": {"gpus": 0}},
+            decode={"resources": {"gpus": 0}},
+        ),
+        POOLS,
+        Facts(nodes=()),
+    ).any
 
 
 def test_colocated_pool_is_sized_by_decode():
-    found = check(spec(mode="colocated", decode={"resources": {"gpus": 16}}), ["colocated", "router"],
-                  Facts(nodes=EIGHT))
+    found = check(
+        spec(mode="colocated", decode={"resources": {"gpus": 16}}),
+        ["colocated", "router"],
+        Facts(nodes=EIGHT),
+    )
     assert list(found.pools) == ["colocated"]
 
 
 def test_node_gpus_reads_allocatable():
-    node = {"metadata": {"name": "n", "labels": {"x": "y"}}, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}
+    node = {
+        "metadata": {"name": "n", "labels": {"x": "y"}},
+        "status": {"allocatable": {"nvidia.com/gpu": "8"}},
+    }
     assert node_gpus(node) == NodeGpus("n", {"x": "y"}, 8)
     assert node_gpus({"metadata": {"name": "m"}, "status": {"allocatable": {"cpu": "4"}}}).gpus == 0

@@ -35,8 +35,11 @@ def _other_than_default(cls, f: dataclasses.Field):
 
 @pytest.mark.parametrize("cls", [WorkerOptions, RouterOptions])
 def test_every_field_round_trips(cls):
-    required = {f.name: _other_than_default(cls, f) for f in dataclasses.fields(cls)
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}  # fmt: skip
+    required = {
+        f.name: _other_than_default(cls, f)
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
     plain = cls(**required)
     assert cls.from_argv(plain.to_argv()) == plain  # all defaults: only the required flags travel
     for f in dataclasses.fields(cls):
@@ -45,33 +48,57 @@ def test_every_field_round_trips(cls):
         changed = dataclasses.replace(plain, **{f.name: _other_than_default(cls, f)})
         back = cls.from_argv(changed.to_argv())
         assert back == changed, f.name
-        assert type(getattr(back, f.name)) is type(getattr(changed, f.name)), f.name  # enums come back as enums
+        assert type(getattr(back, f.name)) is type(getattr(changed, f.name)), (
+            f.name
+        )  # enums come back as enums
 
 
 def test_spec_engine_knobs_reach_the_worker_options_by_name():
-    spec = InferenceServiceSpec.model_validate({
-        "model": {"source": {"path": "/m"}, "servedName": "tiny"},
-        "engine": {"blockSize": 32, "maxRunningSequences": 9, "prefillChunkTokens": 128, "kvCacheMemoryPercent": 40,
-                   "maxPrefillTokensWithDecodes": 64, "decodeStep": "compiled", "threads": 2,
-                   "speculative": {"method": "draft", "numTokens": 3, "draftModel": {"layers": 2}}},
-    })  # fmt: skip
+    spec = InferenceServiceSpec.model_validate(
+        {
+            "model": {"source": {"path": "/m"}, "servedName": "tiny"},
+            "engine": {
+                "blockSize": 32,
+                "maxRunningSequences": 9,
+                "prefillChunkTokens": 128,
+                "kvCacheMemoryPercent": 40,
+                "maxPrefillTokensWithDecodes": 64,
+                "decodeStep": "compiled",
+                "threads": 2,
+                "speculative": {"method": "draft", "numTokens": 3, "draftModel": {"layers": 2}},
+            },
+        }
+    )
     decode = WorkerOptions.from_spec(spec, "decode", model_dir="/m")
-    shared = [n for n in EngineSpec.model_fields if n in {f.name for f in dataclasses.fields(WorkerOptions)} - {"speculative"}]
+    shared = [
+        n
+        for n in EngineSpec.model_fields
+        if n in {f.name for f in dataclasses.fields(WorkerOptions)} - {"speculative"}
+    ]
     assert {"block_size", "max_running_sequences", "prefill_chunk_tokens", "decode_step"} <= set(shared)
     assert all(getattr(decode, n) == getattr(spec.engine, n) for n in shared)
     assert (decode.speculative, decode.speculative_tokens, decode.speculative_draft_layers) == ("draft", 3, 2)
     prefill = WorkerOptions.from_spec(spec, "prefill", model_dir="/m")  # a prefill worker never decodes
-    assert (prefill.decode_step, prefill.speculative, prefill.max_prefill_tokens_with_decodes) == ("eager", None, None)
+    assert (prefill.decode_step, prefill.speculative, prefill.max_prefill_tokens_with_decodes) == (
+        "eager",
+        None,
+        None,
+    )
     assert WorkerOptions.from_argv(decode.to_argv()) == decode
 
 
 def test_defaults_live_once():
     worker = WorkerOptions.parser().parse_args(["--role", "decode", "--model-dir", "/m"])
-    assert (worker.block_size, worker.max_running_sequences) == (EngineSpec().block_size, EngineSpec().max_running_sequences)
+    assert (worker.block_size, worker.max_running_sequences) == (
+        EngineSpec().block_size,
+        EngineSpec().max_running_sequences,
+    )
     router = RouterOptions.parser().parse_args(["--model-dir", "/m", "--served-name", "t"])
     assert (router.slo_ttft_ms, router.slo_tpot_ms, router.slo_percentile) == (
-        DEFAULT_SLO.ttft_ms, DEFAULT_SLO.tpot_ms, DEFAULT_SLO.percentile,
-    )  # fmt: skip
+        DEFAULT_SLO.ttft_ms,
+        DEFAULT_SLO.tpot_ms,
+        DEFAULT_SLO.percentile,
+    )
 
 
 def test_a_bad_value_is_refused_with_the_flag_named(capsys):
@@ -115,17 +142,33 @@ def test_a_new_spec_knob_needs_no_edit_here(monkeypatch, capsys):
 
     new = ("pace", "lookahead", "prefetch", "cap")
     opts = WorkerOptions.from_spec(spec, "decode", model_dir="/m")
-    assert {k: opts.engine_knobs[k] for k in new} == {"pace": Pace.eager, "lookahead": 3, "prefetch": False, "cap": 5}
+    assert {k: opts.engine_knobs[k] for k in new} == {
+        "pace": Pace.eager,
+        "lookahead": 3,
+        "prefetch": False,
+        "cap": 5,
+    }
     argv = opts.to_argv()
     for flag, text in (("--pace", "eager"), ("--lookahead", "3"), ("--prefetch", "false"), ("--cap", "5")):
         assert argv[argv.index(flag) + 1] == text
     back = WorkerOptions.from_argv(argv)
     assert back == opts and type(back.engine_knobs["pace"]) is Pace
     config = worker_main._engine_config(back)
-    assert (config.pace, config.lookahead, config.prefetch, config.cap, config.block_size) == ("eager", 3, False, 5, 32)
+    assert (config.pace, config.lookahead, config.prefetch, config.cap, config.block_size) == (
+        "eager",
+        3,
+        False,
+        5,
+        32,
+    )
 
     defaults = WorkerOptions.from_argv(["--role", "decode", "--model-dir", "/m"])  # the spec's defaults
-    assert {k: defaults.engine_knobs[k] for k in new} == {"pace": Pace.steady, "lookahead": 8, "prefetch": True, "cap": None}
+    assert {k: defaults.engine_knobs[k] for k in new} == {
+        "pace": Pace.steady,
+        "lookahead": 8,
+        "prefetch": True,
+        "cap": None,
+    }
     assert WorkerOptions(role="decode", model_dir="/m") == defaults  # built directly: the same defaults
     assert "--cap" not in defaults.to_argv() and WorkerOptions.from_argv(defaults.to_argv()) == defaults
     for bad in (["--lookahead", "0"], ["--pace", "fast"]):  # the spec's own checks, the flag named

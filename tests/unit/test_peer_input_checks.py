@@ -29,8 +29,13 @@ def test_a_chunk_with_a_non_finite_scale_is_refused(bad):
 
 
 def test_a_cuda_ipc_description_must_cover_exactly_its_buffer():
-    good = decode_pb2.CudaIpcBuffer(device=0, handle=bytes(64), storage_size=1 << 20,
-                                    ref_counter_name="/torch_4242_1234567_0", event_handle=bytes(64))
+    good = decode_pb2.CudaIpcBuffer(
+        device=0,
+        handle=bytes(64),
+        storage_size=1 << 20,
+        ref_counter_name="/torch_4242_1234567_0",
+        event_handle=bytes(64),
+    )
     assert check_buffer(good, 1 << 20, local_device=0) == []
     for field, value in (("storage_offset", 1 << 19), ("ref_counter_offset", 1 << 40)):
         bad = decode_pb2.CudaIpcBuffer()
@@ -39,14 +44,31 @@ def test_a_cuda_ipc_description_must_cover_exactly_its_buffer():
         assert check_buffer(bad, 1 << 20, local_device=0), field
 
 
-@pytest.mark.parametrize("address", ["10.0.0.7:50051", "[fd00::7]:50051", "llama-decode-0.llama.ns.svc:50051"])
+@pytest.mark.parametrize(
+    "address", ["10.0.0.7:50051", "[fd00::7]:50051", "llama-decode-0.llama.ns.svc:50051"]
+)
 def test_pod_addresses_may_be_dialled(address):
     assert check_decode_address(address) is None
 
 
-@pytest.mark.parametrize("address", ["unix:/run/docker.sock", "unix:123", "unix-abstract:x", "dns:///a.b:1",
-                                     "ipv4:10.0.0.1:1", "localhost:1", "10.0.0.7", "10.0.0.7:0", "10.0.0.7:99999",
-                                     "a..b:1", "-a.b:1", "", ":50051"])
+@pytest.mark.parametrize(
+    "address",
+    [
+        "unix:/run/docker.sock",
+        "unix:123",
+        "unix-abstract:x",
+        "dns:///a.b:1",
+        "ipv4:10.0.0.1:1",
+        "localhost:1",
+        "10.0.0.7",
+        "10.0.0.7:0",
+        "10.0.0.7:99999",
+        "a..b:1",
+        "-a.b:1",
+        "",
+        ":50051",
+    ],
+)
 def test_socket_paths_schemes_and_non_addresses_are_not(address):
     assert check_decode_address(address)
 

@@ -37,7 +37,9 @@ def test_prompts_whose_old_hashes_collide_do_not_share():
 
 def test_a_hash_collision_is_caught_by_comparing_tokens(monkeypatch):
     # A hash function that collides on purpose (only the first token counts): hits must still be checked.
-    monkeypatch.setattr(block_manager, "block_hash", lambda parent, tokens: parent[:8] + bytes([tokens[0] % 256]))
+    monkeypatch.setattr(
+        block_manager, "block_hash", lambda parent, tokens: parent[:8] + bytes([tokens[0] % 256])
+    )
     bm = BlockManager(num_blocks=16, block_size=BS)
     table = _publish(bm, [1, 2, 3, 4, 5, 6, 7, 8, 9])
     assert bm.cached_prefix([1, 50, 51, 52, 5, 6, 7, 8, 9]) == []  # same hash, other tokens
@@ -66,7 +68,9 @@ def test_engine_reserve_respects_the_salt(tiny_model_dir):
     from tandem.worker.engine.loading import load_model
     from tandem.worker.engine.runner.engine import Engine, EngineConfig
 
-    engine = Engine(load_model(tiny_model_dir), EngineConfig(block_size=BS, num_kv_blocks=64, prefix_cache_seed="tiny"))
+    engine = Engine(
+        load_model(tiny_model_dir), EngineConfig(block_size=BS, num_kv_blocks=64, prefix_cache_seed="tiny")
+    )
     prompt = list(range(3, 40))
     engine.add_request(prompt, SamplingParams(max_tokens=1, temperature=0.0, cache_salt="tenant-a"))
     while engine.has_work():

@@ -37,7 +37,6 @@ def test_a_profile_needs_two_prompt_lengths_at_its_chunk():
         Profile.model_validate(data)
 
 
-
 def test_shipped_tiny_profile_loads_and_is_monotone():
     from tandem.profile import shipped_profile
 

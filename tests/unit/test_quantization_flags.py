@@ -21,14 +21,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _obj(model: dict | None = None, engine: dict | None = None) -> dict:
     return {
-        "apiVersion": "serving.tandem.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": "q"},
+        "apiVersion": "serving.tandem.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "q"},
         "spec": {
-            "model": {"source": {"path": "models/tiny"}, "servedName": "tiny", "dtype": "float32", **(model or {})},
-            "prefill": {"resources": {"gpus": 0}}, "decode": {"resources": {"gpus": 0}},
+            "model": {
+                "source": {"path": "models/tiny"},
+                "servedName": "tiny",
+                "dtype": "float32",
+                **(model or {}),
+            },
+            "prefill": {"resources": {"gpus": 0}},
+            "decode": {"resources": {"gpus": 0}},
             "kvTransfer": {"compression": "int8"},
             "engine": engine or {},
         },
-    }  # fmt: skip
+    }
 
 
 QUANTIZED = _obj({"quantization": "int8"}, {"kvCacheDtype": "int8"})
@@ -45,7 +53,9 @@ def test_rendered_worker_deployments_carry_both_options():
 
 def test_fp8_weights_reach_the_worker():
     spec = parse_object(_obj({"quantization": "fp8"})).spec
-    (container,) = render.worker_deployment(spec, "q", "ml", "u", names.POOL_DECODE, 1)["spec"]["template"]["spec"]["containers"]
+    (container,) = render.worker_deployment(spec, "q", "ml", "u", names.POOL_DECODE, 1)["spec"]["template"][
+        "spec"
+    ]["containers"]
     assert parse_args(container["args"][1:]).quantization == "fp8"
 
 
@@ -58,16 +68,23 @@ def test_tandem_up_command_lines_carry_both_options():
 
 def test_defaults_leave_the_weights_and_the_cache_as_the_checkpoint_has_them():
     spec = parse_object(_obj()).spec
-    (container,) = render.worker_deployment(spec, "q", "ml", "u", names.POOL_DECODE, 1)["spec"]["template"]["spec"]["containers"]
+    (container,) = render.worker_deployment(spec, "q", "ml", "u", names.POOL_DECODE, 1)["spec"]["template"][
+        "spec"
+    ]["containers"]
     argv = container["args"]
-    assert argv[argv.index("--quantization") + 1] == "none" and argv[argv.index("--kv-cache-dtype") + 1] == "auto"
+    assert (
+        argv[argv.index("--quantization") + 1] == "none"
+        and argv[argv.index("--kv-cache-dtype") + 1] == "auto"
+    )
     args = parse_args(argv[1:])
     assert (args.quantization, args.kv_cache_dtype) == ("none", "auto")
 
 
 def test_an_8_bit_cache_with_flex_attention_is_refused_by_the_spec_and_the_crd():
     with pytest.raises(pydantic.ValidationError, match="kvCacheDtype int8 needs engine.attention sdpa"):
-        InferenceServiceSpec.model_validate(_obj(engine={"kvCacheDtype": "int8", "attention": "flex"})["spec"])
+        InferenceServiceSpec.model_validate(
+            _obj(engine={"kvCacheDtype": "int8", "attention": "flex"})["spec"]
+        )
     with pytest.raises(pydantic.ValidationError, match="quantization"):
         InferenceServiceSpec.model_validate(_obj({"quantization": "int4"})["spec"])
     crd = yaml.safe_load((ROOT / "charts/tandem/files/crds/inferenceservice.yaml").read_text())

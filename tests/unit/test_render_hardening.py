@@ -12,24 +12,44 @@ from tandem.operator.manifests import pod_security, render
 from tandem.spec import InferenceServiceSpec, load_file
 
 ROOT = Path(__file__).resolve().parents[2]
-RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
-                      "projected", "secret"}
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
 
 
 def _specs() -> dict[str, InferenceServiceSpec]:
     gpu = load_file(ROOT / "examples/inferenceservice-gpu.yaml").spec
     base = gpu.model_dump(by_alias=True)
     hf = {**base, "model": {**base["model"], "source": {"huggingFace": {"repoId": "org/m"}}}}
-    image = {**base, "model": {**base["model"], "source": {"image": "models/m:1"}},
-             "security": {"tls": {"secretName": "t"}, "apiKeys": {"secretName": "k"}}}
+    image = {
+        **base,
+        "model": {**base["model"], "source": {"image": "models/m:1"}},
+        "security": {"tls": {"secretName": "t"}, "apiKeys": {"secretName": "k"}},
+    }
     colo = {**{k: v for k, v in base.items() if k not in ("prefill", "kvTransfer")}, "mode": "colocated"}
-    return {"gpu": gpu, **{k: InferenceServiceSpec.model_validate(v) for k, v in
-                           {"hf": hf, "image": image, "colocated": colo}.items()}}
+    return {
+        "gpu": gpu,
+        **{
+            k: InferenceServiceSpec.model_validate(v)
+            for k, v in {"hf": hf, "image": image, "colocated": colo}.items()
+        },
+    }
 
 
 def _pods(spec: InferenceServiceSpec) -> dict[str, dict]:
     out = render.children(spec, "llama", "ml", "u", {"prefill": 1, "decode": 1, "colocated": 1})
-    return {m["metadata"]["labels"][names.LABEL_POOL]: m["spec"]["template"] for m in out if m["kind"] == "Deployment"}
+    return {
+        m["metadata"]["labels"][names.LABEL_POOL]: m["spec"]["template"]
+        for m in out
+        if m["kind"] == "Deployment"
+    }
 
 
 def restricted_violations(pod: dict) -> list[str]:
@@ -110,12 +130,19 @@ def test_network_policies_select_their_pool_and_admit_only_real_senders(which):
     pods = _pods(spec)
     policies = {m["metadata"]["labels"][names.LABEL_POOL]: m for m in out if m["kind"] == "NetworkPolicy"}
     assert set(policies) == set(pods)
-    expected_senders = {"router": None, "prefill": {"router"}, "decode": {"router", "prefill"}, "colocated": {"router"}}
+    expected_senders = {
+        "router": None,
+        "prefill": {"router"},
+        "decode": {"router", "prefill"},
+        "colocated": {"router"},
+    }
     for pool, policy in policies.items():
         ps = policy["spec"]
         assert ps["policyTypes"] == ["Ingress"]
         # it selects this pool's pods and no other pool's (nor another service's)
-        assert [p for p, pod in pods.items() if _matches(ps["podSelector"], pod["metadata"]["labels"])] == [pool]
+        assert [p for p, pod in pods.items() if _matches(ps["podSelector"], pod["metadata"]["labels"])] == [
+            pool
+        ]
         other = dict(pods[pool]["metadata"]["labels"], **{names.LABEL_SERVICE: "other"})
         assert not _matches(ps["podSelector"], other)
         open_ports = {p["containerPort"] for c in pods[pool]["spec"]["containers"] for p in c["ports"]}
@@ -125,8 +152,12 @@ def test_network_policies_select_their_pool_and_admit_only_real_senders(which):
         if expected_senders[pool] is None:
             assert "from" not in main and main["ports"] == [{"protocol": "TCP", "port": names.HTTP_PORT}]
         else:
-            senders = {p for p, pod in pods.items() for peer in main["from"]
-                       if _matches(peer["podSelector"], pod["metadata"]["labels"])}
+            senders = {
+                p
+                for p, pod in pods.items()
+                for peer in main["from"]
+                if _matches(peer["podSelector"], pod["metadata"]["labels"])
+            }
             assert senders == expected_senders[pool]
             assert main["ports"] == [{"protocol": "TCP", "port": names.GRPC_PORT}]
         (metrics,) = [r for r in ps["ingress"] if r["ports"][0]["port"] == names.METRICS_PORT]
@@ -135,9 +166,16 @@ def test_network_policies_select_their_pool_and_admit_only_real_senders(which):
 
 def test_network_policies_can_be_turned_off():
     spec = InferenceServiceSpec.model_validate(
-        {"model": {"source": {"path": "/m"}, "servedName": "m"}, "security": {"networkPolicy": {"enabled": False}}}
+        {
+            "model": {"source": {"path": "/m"}, "servedName": "m"},
+            "security": {"networkPolicy": {"enabled": False}},
+        }
     )
-    assert not [m for m in render.children(spec, "s", "ns", "u", {"prefill": 1, "decode": 1}) if m["kind"] == "NetworkPolicy"]
+    assert not [
+        m
+        for m in render.children(spec, "s", "ns", "u", {"prefill": 1, "decode": 1})
+        if m["kind"] == "NetworkPolicy"
+    ]
 
 
 def test_the_operator_is_admitted_to_every_metrics_port_and_nothing_else(monkeypatch):
@@ -152,8 +190,13 @@ def test_the_operator_is_admitted_to_every_metrics_port_and_nothing_else(monkeyp
     helm = _helm()
     if helm is None:
         pytest.skip("no helm binary: TANDEM_BUILD_HELM=1 bash tests/k8s/build-controlplane.sh")
-    out = subprocess.run([helm, "template", "rel", str(CHART), "-n", "ops"], check=True, capture_output=True,
-                         text=True, timeout=60).stdout
+    out = subprocess.run(
+        [helm, "template", "rel", str(CHART), "-n", "ops"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     import yaml
 
     dep = next(d for d in yaml.safe_load_all(out) if d and d["kind"] == "Deployment")
@@ -164,7 +207,9 @@ def test_the_operator_is_admitted_to_every_metrics_port_and_nothing_else(monkeyp
     security_defaults.operator_peer.cache_clear()
     assert peer is not None
     assert _matches(peer["podSelector"], dep["spec"]["template"]["metadata"]["labels"])  # the operator's pods
-    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}  # in its namespace only
+    assert peer["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "ops"}
+    }  # in its namespace only
     spec = _specs()["gpu"]
     out_children = render.children(spec, "llama", "ml", "u", {"prefill": 1, "decode": 1}, operator_peer=peer)
     for policy in (m for m in out_children if m["kind"] == "NetworkPolicy"):

@@ -54,7 +54,9 @@ def test_api_keys_need_a_source():
 
 def test_local_backend_reads_the_keys_file(tmp_path):
     svc = InferenceService(name="s", spec=_spec(apiKeys={"file": "keys.txt"}))
-    (router,) = [p for p in local_plan.plan(svc, tmp_path, workers_file=tmp_path / "w.json") if p.role == "router"]
+    (router,) = [
+        p for p in local_plan.plan(svc, tmp_path, workers_file=tmp_path / "w.json") if p.role == "router"
+    ]
     assert _flag(router.argv, "--api-keys-file") == str(tmp_path / "keys.txt")
     with pytest.raises(ValueError, match="Secret"):
         local_plan.plan(InferenceService(name="s", spec=_spec(apiKeys={"secretName": "x"})), tmp_path)
@@ -66,8 +68,11 @@ def _worker(spec: InferenceServiceSpec, pool: str = names.POOL_DECODE) -> dict:
 
 def test_mutual_tls_is_on_by_default_and_each_pod_mounts_only_its_roles_certificate():
     spec = _spec()
-    for pool, pod in ((names.POOL_PREFILL, _worker(spec, names.POOL_PREFILL)),
-                      (names.POOL_DECODE, _worker(spec, names.POOL_DECODE)), (names.POOL_ROUTER, _router(spec))):
+    for pool, pod in (
+        (names.POOL_PREFILL, _worker(spec, names.POOL_PREFILL)),
+        (names.POOL_DECODE, _worker(spec, names.POOL_DECODE)),
+        (names.POOL_ROUTER, _router(spec)),
+    ):
         (container,) = pod["spec"]["containers"]
         assert _flag(container["args"], "--tls-dir") == pod_tls.TLS_MOUNT
         (mount,) = [m for m in container["volumeMounts"] if m["name"] == "tls"]
@@ -75,7 +80,10 @@ def test_mutual_tls_is_on_by_default_and_each_pod_mounts_only_its_roles_certific
         (vol,) = [v for v in pod["spec"]["volumes"] if v["name"] == "tls"]
         assert vol["secret"]["secretName"] == pod_tls.tls_secret_name("llama")
         assert {i["key"]: i["path"] for i in vol["secret"]["items"]} == {
-            f"{pool}.crt": "tls.crt", f"{pool}.key": "tls.key", "ca.crt": "ca.crt"}
+            f"{pool}.crt": "tls.crt",
+            f"{pool}.key": "tls.key",
+            "ca.crt": "ca.crt",
+        }
 
 
 def test_the_pre_stop_drain_asks_for_its_own_roles_certificate():
@@ -87,7 +95,10 @@ def test_the_pre_stop_drain_asks_for_its_own_roles_certificate():
 
 def test_cert_manager_secrets_are_mounted_per_role():
     spec = _spec(tls={"secretName": "llama-certs"})
-    for pool, pod in ((names.POOL_PREFILL, _worker(spec, names.POOL_PREFILL)), (names.POOL_ROUTER, _router(spec))):
+    for pool, pod in (
+        (names.POOL_PREFILL, _worker(spec, names.POOL_PREFILL)),
+        (names.POOL_ROUTER, _router(spec)),
+    ):
         (vol,) = [v for v in pod["spec"]["volumes"] if v["name"] == "tls"]
         assert vol["secret"] == {"secretName": f"llama-certs-{pool}", "defaultMode": 0o440}
 
@@ -122,4 +133,6 @@ def test_local_backend_gives_every_process_its_roles_folder(tmp_path):
     assert all(_flag(p.argv, "--tls-dir") == str(tmp_path / "certs" / p.role) for p in procs)
     default = InferenceService(name="s", spec=_spec())
     assert local_plan.local_tls_root(default, tmp_path, tmp_path / "run") == tmp_path / "run" / "tls"
-    assert local_plan.local_tls_root(InferenceService(name="s", spec=_spec(tls="off")), tmp_path, None) is None
+    assert (
+        local_plan.local_tls_root(InferenceService(name="s", spec=_spec(tls="off")), tmp_path, None) is None
+    )

@@ -24,8 +24,12 @@ from tandem.worker.serve.roles import DrainTimedOut, RoleRefused, RoleSwitch, re
 from tandem.worker.serve.wire import ROLES
 
 FLIP = Identity.of(FLIPPABLE, "llama")
-PREFILL, DECODE, ROUTER, OPERATOR = (Identity("prefill", "llama"), Identity("decode", "llama"),
-                                     Identity("router", "llama"), Identity("operator"))  # fmt: skip
+PREFILL, DECODE, ROUTER, OPERATOR = (
+    Identity("prefill", "llama"),
+    Identity("decode", "llama"),
+    Identity("router", "llama"),
+    Identity("operator"),
+)
 SET_ROLE = "/tandem.v1.LifecycleService/SetRole"
 
 
@@ -60,14 +64,18 @@ def test_set_role_from_the_operator_or_the_workers_own_pod_only():
 def test_a_caller_naming_both_roles_may_do_what_either_may():
     assert allowed("/tandem.v1.DecodeService/PushKv", FLIP, FLIP, loopback=False)
     assert not allowed("/tandem.v1.DecodeService/PushKv", DECODE, FLIP, loopback=False)
-    assert not allowed("/tandem.v1.DecodeService/Reserve", FLIP, FLIP, loopback=False)  # still only the router
+    assert not allowed(
+        "/tandem.v1.DecodeService/Reserve", FLIP, FLIP, loopback=False
+    )  # still only the router
 
 
 def test_why_a_role_is_refused():
     both = {"prefill": 0, "decode": 0}
     assert refusal("decode", "prefill", both, frozenset(FLIPPABLE), exiting=False) is None
     assert refusal("decode", "prefill", both, None, exiting=False) is None  # plaintext: nothing to check
-    assert "certificate does not name" in (refusal("decode", "prefill", both, frozenset({"prefill"}), False) or "")
+    assert "certificate does not name" in (
+        refusal("decode", "prefill", both, frozenset({"prefill"}), False) or ""
+    )
     assert "draining to exit" in (refusal("decode", "prefill", both, None, exiting=True) or "")
     assert "cannot take" in (refusal("decode", "colocated", {"colocated": 0}, None, False) or "")
     assert refusal("colocated", "decode", {**both, "colocated": 0}, frozenset(FLIPPABLE), False) is None
@@ -89,14 +97,18 @@ class Service:
         self.active = active
 
 
-def switch(prefill_held: int = 0, certified=None, **kw) -> tuple[RoleSwitch, Service, Service, health.HealthServicer]:
+def switch(
+    prefill_held: int = 0, certified=None, **kw
+) -> tuple[RoleSwitch, Service, Service, health.HealthServicer]:
     p, d, h = Service("prefill", prefill_held), Service("decode"), health.HealthServicer()
     info = common_pb2.WorkerInfo(role=common_pb2.WORKER_ROLE_PREFILL)
     return RoleSwitch({"prefill": p, "decode": d}, "prefill", info, h, certified, **kw), p, d, h
 
 
 def status(h: health.HealthServicer, role: str) -> int:
-    return h.Check(health_pb2.HealthCheckRequest(service=names.WORKER_ROLE_SERVICE_PREFIX + role), None).status
+    return h.Check(
+        health_pb2.HealthCheckRequest(service=names.WORKER_ROLE_SERVICE_PREFIX + role), None
+    ).status
 
 
 def test_a_flip_waits_for_the_old_roles_work_then_opens_the_new_role():
@@ -113,7 +125,10 @@ def test_a_flip_waits_for_the_old_roles_work_then_opens_the_new_role():
     (flip,) = done
     assert (flip.previous, flip.role, roles.role) == ("prefill", "decode", "decode") and flip.drain_s >= 0.2
     assert (p.draining, d.draining, p.active, d.active) == (True, False, False, True)
-    assert roles.info.role == common_pb2.WORKER_ROLE_DECODE and roles.load().role == common_pb2.WORKER_ROLE_DECODE
+    assert (
+        roles.info.role == common_pb2.WORKER_ROLE_DECODE
+        and roles.load().role == common_pb2.WORKER_ROLE_DECODE
+    )
     assert status(h, "decode") == health_pb2.HealthCheckResponse.SERVING
     assert status(h, "prefill") == health_pb2.HealthCheckResponse.NOT_SERVING
     assert roles.set_role("decode").drain_s == 0  # already: at once
@@ -134,7 +149,10 @@ def test_a_worker_moves_to_colocated_and_back_draining_each_role_it_leaves():
         roles.set_role("colocated", drain_timeout_s=0.1)  # the decode role's held sequence is not done
     d.held = 0
     flip = roles.set_role("colocated")
-    assert (flip.previous, flip.role) == ("decode", "colocated") and roles.load().role == common_pb2.WORKER_ROLE_COLOCATED
+    assert (flip.previous, flip.role) == (
+        "decode",
+        "colocated",
+    ) and roles.load().role == common_pb2.WORKER_ROLE_COLOCATED
     assert (p.draining, d.draining, c.draining, c.active) == (True, True, False, True)
     c.held = 0
     assert roles.set_role("decode").previous == "colocated" and not d.draining and c.draining
@@ -155,8 +173,9 @@ def test_no_flip_once_the_worker_drains_to_exit_and_the_exit_drain_covers_both_r
 def lifecycle():
     roles, p, d, h = switch()
     every = {r: Service(r) for r in ROLES}  # what a worker serves, whatever role it started in
-    colocated = RoleSwitch(every, "colocated", common_pb2.WorkerInfo(), h,
-                           certified=frozenset({"colocated"}))  # a colocated worker whose certificate names one role
+    colocated = RoleSwitch(
+        every, "colocated", common_pb2.WorkerInfo(), h, certified=frozenset({"colocated"})
+    )  # a colocated worker whose certificate names one role
     servers, stubs = [], []
     for held in (roles, colocated):
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
@@ -173,8 +192,13 @@ def lifecycle():
 
 def test_set_role_rpc_switches_and_refuses_with_a_reason(lifecycle):
     roles, (stub, colocated) = lifecycle
-    reply = stub.SetRole(lifecycle_pb2.SetRoleRequest(role=common_pb2.WORKER_ROLE_DECODE, reason="test"), timeout=5)
-    assert (reply.role, reply.previous_role) == (common_pb2.WORKER_ROLE_DECODE, common_pb2.WORKER_ROLE_PREFILL)
+    reply = stub.SetRole(
+        lifecycle_pb2.SetRoleRequest(role=common_pb2.WORKER_ROLE_DECODE, reason="test"), timeout=5
+    )
+    assert (reply.role, reply.previous_role) == (
+        common_pb2.WORKER_ROLE_DECODE,
+        common_pb2.WORKER_ROLE_PREFILL,
+    )
     assert roles.role == "decode"
     with pytest.raises(grpc.RpcError) as err:
         stub.SetRole(lifecycle_pb2.SetRoleRequest(), timeout=5)
@@ -188,7 +212,9 @@ def test_set_role_rpc_switches_and_refuses_with_a_reason(lifecycle):
 def test_the_router_places_a_worker_by_the_role_it_reports():
     assert placed_role("prefill", "decode") == "decode"
     assert placed_role("prefill", None) == "prefill"
-    assert placed_role("decode", "colocated") == "colocated" and placed_role("colocated", "decode") == "decode"
+    assert (
+        placed_role("decode", "colocated") == "colocated" and placed_role("colocated", "decode") == "decode"
+    )
     pools = Pools({"prefill": ["a:1", "b:1"], "decode": ["c:1"]})
     pools.reported = {"b:1": "decode", "gone:1": "decode"}
     placed = pools._placed(pools._wanted())
@@ -229,9 +255,18 @@ def test_a_pod_follows_its_role_label_file(tmp_path):
 def test_the_local_flip_picks_the_least_busy_answering_workers_and_lists_them_under_their_new_role():
     from tandem.operator.local.flip import fewest_running, moved, with_role
 
-    assert fewest_running({"a": 3, "b": None, "c": 0, "d": 1}, 2) == ["c", "d"]  # b is starting: not flippable
+    assert fewest_running({"a": 3, "b": None, "c": 0, "d": 1}, 2) == [
+        "c",
+        "d",
+    ]  # b is starting: not flippable
     assert fewest_running({"a": None}, 1) == []
-    assert with_role(["worker", "--role", "prefill", "--port", "1"], "decode") == ["worker", "--role", "decode", "--port", "1"]
+    assert with_role(["worker", "--role", "prefill", "--port", "1"], "decode") == [
+        "worker",
+        "--role",
+        "decode",
+        "--port",
+        "1",
+    ]
     doc = {"prefill": ["p0", "p1"], "decode": ["d0"], "colocated": []}
     assert moved(doc, ["p1"], "decode") == {"prefill": ["p0"], "decode": ["d0", "p1"], "colocated": []}
 
@@ -246,8 +281,14 @@ def test_a_flip_never_empties_a_pool_flips_that_would_are_ordered_after_an_arriv
     # a swap: d0 leaves only once p1 serves decode (the wave before), never in the same wave
     assert flip_waves(roles, {"d0": "prefill", "p1": "decode"}) == ([["p1"], ["d0"]], [])
     one_each = {"p0": "prefill", "d0": "decode"}
-    assert flip_waves(one_each, {"p0": "decode", "d0": "prefill"}) == ([], ["p0", "d0"])  # either would empty its pool
-    assert flip_waves(roles, {"d0": "decode", "gone": "decode"}) == ([["gone"]], [])  # already there / in no pool
+    assert flip_waves(one_each, {"p0": "decode", "d0": "prefill"}) == (
+        [],
+        ["p0", "d0"],
+    )  # either would empty its pool
+    assert flip_waves(roles, {"d0": "decode", "gone": "decode"}) == (
+        [["gone"]],
+        [],
+    )  # already there / in no pool
     # a colocated worker stands in for a decode worker: either may leave while the other serves
     beside = {"p0": "prefill", "d0": "decode", "d1": "colocated"}
     assert flip_waves(beside, {"d1": "decode"}) == ([["d1"]], [])

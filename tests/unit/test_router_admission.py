@@ -42,13 +42,19 @@ def tok(tiny_model_dir) -> Tokenizer:
 
 def test_fewest_tokens_a_prompt_can_take(tok):
     token_bytes = max_token_bytes(tok.backend.get_vocab(with_added_tokens=True))
-    assert token_bytes >= max(len(tok.decode([i], skip_special_tokens=False).encode()) for i in range(tok.vocab_size))
+    assert token_bytes >= max(
+        len(tok.decode([i], skip_special_tokens=False).encode()) for i in range(tok.vocab_size)
+    )
     text = "hello world, " * 400
     req = oa.CompletionRequest(model=SERVED, prompt=text)
-    assert min_prompt_tokens(req, token_bytes) <= len(tok.encode(text))  # a lower bound, never above the truth
+    assert min_prompt_tokens(req, token_bytes) <= len(
+        tok.encode(text)
+    )  # a lower bound, never above the truth
     assert min_prompt_tokens(oa.CompletionRequest(model=SERVED, prompt=[1, 2, 3]), token_bytes) == 3
     chat = oa.ChatCompletionRequest(model=SERVED, messages=[{"role": "user", "content": text}])
-    assert min_prompt_tokens(chat, token_bytes) <= len(tok.encode_chat([m.for_template() for m in chat.messages]))
+    assert min_prompt_tokens(chat, token_bytes) <= len(
+        tok.encode_chat([m.for_template() for m in chat.messages])
+    )
 
 
 @pytest.mark.asyncio
@@ -57,13 +63,21 @@ async def test_a_prompt_too_long_by_its_bytes_is_refused_without_tokenising(tok,
     app = create_app(ScriptedBackend(tok), tok, SERVED, max_model_len=512)
     tok.calls = 0  # the scripted backend tokenised its answer
     text = "word " * 200_000  # 1 MB of text: tens of thousands of tokens
-    body = {"model": SERVED, "prompt": text} if "chat" not in path else {
-        "model": SERVED, "messages": [{"role": "user", "content": text}]}  # fmt: skip
+    body = (
+        {"model": SERVED, "prompt": text}
+        if "chat" not in path
+        else {"model": SERVED, "messages": [{"role": "user", "content": text}]}
+    )
     r = await post(app, path, body)
     assert r.status_code == 400 and "prompt is too long" in r.json()["error"]["message"]
     assert tok.calls == 0
-    ok = await post(app, path, {**body, "prompt": "hi"} if "chat" not in path else {
-        "model": SERVED, "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    ok = await post(
+        app,
+        path,
+        {**body, "prompt": "hi"}
+        if "chat" not in path
+        else {"model": SERVED, "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert ok.status_code == 200 and tok.calls >= 1  # a prompt that fits is tokenised
 
 

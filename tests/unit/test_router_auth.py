@@ -33,7 +33,9 @@ def test_keys_from_env_and_nothing_configured(monkeypatch):
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic c2VjcmV0"}])
+@pytest.mark.parametrize(
+    "headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic c2VjcmV0"}]
+)
 async def test_missing_or_wrong_key_is_401_in_openai_shape(tok, headers):  # noqa: F811
     backend = ScriptedBackend(tok)
     app = create_app(backend, tok, SERVED, api_keys=ApiKeys(["secret-1"]))
@@ -43,7 +45,9 @@ async def test_missing_or_wrong_key_is_401_in_openai_shape(tok, headers):  # noq
             assert r.status_code == 401
             assert r.headers["www-authenticate"] == "Bearer"
             err = r.json()["error"]
-            assert err["code"] == "invalid_api_key" and err["type"] == "invalid_request_error" and err["message"]
+            assert (
+                err["code"] == "invalid_api_key" and err["type"] == "invalid_request_error" and err["message"]
+            )
         assert (await c.get("/v1/models", headers=headers)).status_code == 401
     assert backend.calls == []  # nothing reached the workers
 
@@ -87,7 +91,10 @@ def test_openai_client_sees_an_authentication_error(tok):  # noqa: F811
 
     async def run(key: str):
         client = openai.AsyncOpenAI(
-            base_url="http://router/v1", api_key=key, max_retries=0, http_client=httpx.AsyncClient(transport=transport)
+            base_url="http://router/v1",
+            api_key=key,
+            max_retries=0,
+            http_client=httpx.AsyncClient(transport=transport),
         )
         return await client.completions.create(model=SERVED, prompt="hi", max_tokens=2)
 

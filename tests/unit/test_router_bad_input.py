@@ -70,8 +70,11 @@ async def test_out_of_range_fields_are_400_naming_the_field(tok, path, body, par
 
 @pytest.mark.asyncio
 async def test_nan_in_the_body_is_refused(tok):
-    r = await post(create_app(ScriptedBackend(tok), tok, SERVED), "/v1/completions",
-                   b'{"model": "tiny", "prompt": "x", "temperature": NaN}')  # fmt: skip
+    r = await post(
+        create_app(ScriptedBackend(tok), tok, SERVED),
+        "/v1/completions",
+        b'{"model": "tiny", "prompt": "x", "temperature": NaN}',
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "temperature"
 
 

@@ -35,8 +35,9 @@ class Colocated(colocated_pb2_grpc.ColocatedServiceServicer):
         return common_pb2.HandshakeReply(worker=info)
 
     def Load(self, request, context):
-        return common_pb2.LoadReport(worker_id="c", role=common_pb2.WORKER_ROLE_COLOCATED, free_kv_blocks=100,
-                                     total_kv_blocks=100)  # fmt: skip
+        return common_pb2.LoadReport(
+            worker_id="c", role=common_pb2.WORKER_ROLE_COLOCATED, free_kv_blocks=100, total_kv_blocks=100
+        )
 
     def Generate(self, request, context):
         yield from _tokens(request.request_id, 200)
@@ -67,7 +68,9 @@ async def _run(backend: GrpcBackend) -> tuple[list[int], Timing]:
 
 @pytest.mark.asyncio
 async def test_a_colocated_worker_stands_in_for_an_empty_decode_pool():
-    servers, (address,) = serve_on_loopback([(colocated_pb2_grpc.add_ColocatedServiceServicer_to_server, Colocated())])
+    servers, (address,) = serve_on_loopback(
+        [(colocated_pb2_grpc.add_ColocatedServiceServicer_to_server, Colocated())]
+    )
     try:
         backend = GrpcBackend("disaggregated", {"colocated": [address]}, poll_interval_s=60)
         tokens, timing = await _run(backend)
@@ -79,7 +82,9 @@ async def test_a_colocated_worker_stands_in_for_an_empty_decode_pool():
 @pytest.mark.asyncio
 async def test_a_worker_listed_as_decode_that_reports_colocated_is_routed_as_colocated(tmp_path: Path):
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    decode_pb2_grpc.add_DecodeServiceServicer_to_server(NowColocated(tokens=3, finish=common_pb2.FINISH_REASON_STOP), server)
+    decode_pb2_grpc.add_DecodeServiceServicer_to_server(
+        NowColocated(tokens=3, finish=common_pb2.FINISH_REASON_STOP), server
+    )
     colocated_pb2_grpc.add_ColocatedServiceServicer_to_server(Colocated(), server)
     address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
     server.start()
@@ -96,11 +101,18 @@ async def test_a_worker_listed_as_decode_that_reports_colocated_is_routed_as_col
 
 @pytest.mark.asyncio
 async def test_mode_auto_prefills_on_the_decode_worker_while_the_prefill_pool_is_empty():
-    servers, (address,) = serve_on_loopback([
-        (decode_pb2_grpc.add_DecodeServiceServicer_to_server, LocalDecode(tokens=3, finish=common_pb2.FINISH_REASON_STOP)),
-    ])  # fmt: skip
+    servers, (address,) = serve_on_loopback(
+        [
+            (
+                decode_pb2_grpc.add_DecodeServiceServicer_to_server,
+                LocalDecode(tokens=3, finish=common_pb2.FINISH_REASON_STOP),
+            ),
+        ]
+    )
     try:
-        backend = GrpcBackend("auto", {"decode": [address], "prefill": []}, poll_interval_s=60, wake=WakeLimits(8, 10))
+        backend = GrpcBackend(
+            "auto", {"decode": [address], "prefill": []}, poll_interval_s=60, wake=WakeLimits(8, 10)
+        )
         tokens, timing = await _run(backend)
         assert tokens == [300, 301, 302] and timing.prefill == "local"
     finally:

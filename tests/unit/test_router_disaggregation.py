@@ -87,8 +87,9 @@ TPOT_SLO_S = 0.050
 
 
 def _decode(recent_tpot_s: float, streams: int = 3) -> WorkerView:
-    return WorkerView("d", free_kv_blocks=100, total_kv_blocks=100, recent_tpot_s=recent_tpot_s,
-                      inflight_requests=streams)  # fmt: skip
+    return WorkerView(
+        "d", free_kv_blocks=100, total_kv_blocks=100, recent_tpot_s=recent_tpot_s, inflight_requests=streams
+    )
 
 
 def test_a_decode_worker_near_the_tpot_slo_takes_no_local_prefill():
@@ -129,12 +130,19 @@ MIXED = POLICY.model_copy(update={"mixed_decode_ratio": 0.5})
 
 
 def _prefill(address: str = "p", streams: int = 0, queued: int = 0, free: int = 100) -> WorkerView:
-    return WorkerView(address, queued_prompt_tokens=queued, inflight_requests=streams, free_kv_blocks=free,
-                      total_kv_blocks=100)  # fmt: skip
+    return WorkerView(
+        address,
+        queued_prompt_tokens=queued,
+        inflight_requests=streams,
+        free_kv_blocks=free,
+        total_kv_blocks=100,
+    )
 
 
 def test_a_prefill_worker_takes_whole_requests_only_while_the_decode_worker_has_twice_its_streams():
-    assert pick_mixed(MIXED, [_prefill()], _decode(0.02, streams=1), 5) is None  # a quiet decode worker keeps it
+    assert (
+        pick_mixed(MIXED, [_prefill()], _decode(0.02, streams=1), 5) is None
+    )  # a quiet decode worker keeps it
     assert pick_mixed(MIXED, [_prefill()], _decode(0.02, streams=2), 5).address == "p"
     assert pick_mixed(MIXED, [_prefill(streams=1)], _decode(0.02, streams=3), 5) is None
     assert pick_mixed(MIXED, [_prefill(streams=1)], _decode(0.02, streams=4), 5).address == "p"
@@ -173,10 +181,22 @@ def test_a_prompt_bound_for_the_decode_worker_is_placed_as_on_colocated_workers(
     assert pick_mixed(MIXED, [_prefill()], one, 5, route=LOCAL).address == "p"  # 1 of 2 streams once it lands
     assert pick_mixed(MIXED, [_prefill()], one, 5, route=DISAGG) is None  # a long prompt: below 0.5 x 1 only
     queued = WorkerView("d", queued_prompt_tokens=300, inflight_requests=1)
-    assert pick_mixed(even, [_prefill(streams=1, queued=100)], queued, 5, route=LOCAL).address == "p"  # shorter queue
-    assert pick_mixed(even, [_prefill(streams=2)], queued, 5, route=LOCAL) is None  # past the ratio, however idle
-    assert pick_mixed(MIXED, [_prefill(streams=1)], WorkerView("d", queued_prompt_tokens=300, inflight_requests=2),
-                      5, route=LOCAL) is None  # at 0.5 it may hold half the decode worker's streams once this one lands
+    assert (
+        pick_mixed(even, [_prefill(streams=1, queued=100)], queued, 5, route=LOCAL).address == "p"
+    )  # shorter queue
+    assert (
+        pick_mixed(even, [_prefill(streams=2)], queued, 5, route=LOCAL) is None
+    )  # past the ratio, however idle
+    assert (
+        pick_mixed(
+            MIXED,
+            [_prefill(streams=1)],
+            WorkerView("d", queued_prompt_tokens=300, inflight_requests=2),
+            5,
+            route=LOCAL,
+        )
+        is None
+    )  # at 0.5 it may hold half the decode worker's streams once this one lands
     # short prompts that never finish alternate, as a colocated router would place them
     decode, prefill = WorkerView("d"), _prefill()
     for _ in range(6):

@@ -67,12 +67,19 @@ async def test_a_failed_lookup_keeps_the_last_good_workers_and_says_so(caplog):
         assert list(backend.pools.workers["decode"]) == [f"127.0.0.1:{port}"] and not backend.pools.retiring
         warnings = [r.getMessage() for r in caplog.records if "cannot resolve" in r.getMessage()]
         assert len(warnings) == 1 and "keeping its last 1 addresses" in warnings[0]  # once, not every poll
-        exposition = metrics.registry.get_sample_value(names.ROUTER_DISCOVERY_STALE, {"service": "svc", "pool": "router"})
+        exposition = metrics.registry.get_sample_value(
+            names.ROUTER_DISCOVERY_STALE, {"service": "svc", "pool": "router"}
+        )
         assert exposition == 1
         dns.failing = False
         await backend.pools.refresh()
         assert backend.pools.stale_names == set()
-        assert metrics.registry.get_sample_value(names.ROUTER_DISCOVERY_STALE, {"service": "svc", "pool": "router"}) == 0
+        assert (
+            metrics.registry.get_sample_value(
+                names.ROUTER_DISCOVERY_STALE, {"service": "svc", "pool": "router"}
+            )
+            == 0
+        )
     finally:
         await backend.close()
         await server.stop(None)

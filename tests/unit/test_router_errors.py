@@ -19,7 +19,12 @@ from tests.unit.router_harness import CHAT, SERVED, ScriptedBackend, client_for,
     ("path", "body", "param", "fragment"),
     [
         ("/v1/completions", {"model": SERVED}, "prompt", "prompt: Field required"),
-        ("/v1/completions", {"model": SERVED, "prompt": "x", "temperature": -1}, "temperature", "temperature"),
+        (
+            "/v1/completions",
+            {"model": SERVED, "prompt": "x", "temperature": -1},
+            "temperature",
+            "temperature",
+        ),
         ("/v1/completions", {"model": SERVED, "prompt": "x", "n": 17}, "n", "less than or equal to 16"),
         ("/v1/completions", {"model": SERVED, "prompt": "x", "max_tokens": 0}, "max_tokens", "max_tokens"),
         ("/v1/completions", {"model": SERVED, "prompt": 7}, "prompt", "list of token ids"),
@@ -79,8 +84,11 @@ async def test_backend_errors_before_the_first_token_keep_their_status(tok, stre
     r = await post(app, "/v1/completions", req)
     assert r.status_code == 503 and r.headers["retry-after"] == "2"
     assert r.json()["error"] == {
-        "message": "no healthy decode worker", "type": "server_error", "param": None, "code": None,
-    }  # fmt: skip
+        "message": "no healthy decode worker",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
     assert app.state.admission.in_flight == 0
 
 
@@ -100,7 +108,10 @@ async def test_error_mid_stream_becomes_an_error_event_then_done(tok):
     r = await post(app, "/v1/completions", {"model": SERVED, "prompt": "x"})  # not streamed: plain 503
     assert r.status_code == 503 and r.json()["error"]["message"] == "decode worker went away"
     metrics = (await client_for(app).get("/metrics")).text
-    assert 'tandem_requests_total{pool="router",prefill="disaggregated",service="default",status="503"} 2.0' in metrics
+    assert (
+        'tandem_requests_total{pool="router",prefill="disaggregated",service="default",status="503"} 2.0'
+        in metrics
+    )
 
 
 @pytest.mark.asyncio

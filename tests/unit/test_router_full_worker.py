@@ -21,18 +21,25 @@ class FullDecode(EndingDecode):
 
     def Reserve(self, request, context):
         self.reserves += 1
-        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "decode worker at its limit of 8 token streams; try another worker")
+        context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "decode worker at its limit of 8 token streams; try another worker",
+        )
 
 
 @pytest.mark.asyncio
 async def test_a_full_worker_sends_the_request_to_another_and_stays_in_rotation():
     full, free = FullDecode(), EndingDecode(tokens=3, finish=common_pb2.FINISH_REASON_STOP)
-    servers, addresses = serve_on_loopback([
-        (decode_pb2_grpc.add_DecodeServiceServicer_to_server, full),
-        (decode_pb2_grpc.add_DecodeServiceServicer_to_server, free),
-        (prefill_pb2_grpc.add_PrefillServiceServicer_to_server, QuickPrefill()),
-    ])  # fmt: skip
-    backend = GrpcBackend("disaggregated", {"decode": addresses[:2], "prefill": addresses[2:]}, poll_interval_s=60)
+    servers, addresses = serve_on_loopback(
+        [
+            (decode_pb2_grpc.add_DecodeServiceServicer_to_server, full),
+            (decode_pb2_grpc.add_DecodeServiceServicer_to_server, free),
+            (prefill_pb2_grpc.add_PrefillServiceServicer_to_server, QuickPrefill()),
+        ]
+    )
+    backend = GrpcBackend(
+        "disaggregated", {"decode": addresses[:2], "prefill": addresses[2:]}, poll_interval_s=60
+    )
     await backend.start()
     try:
         for view in backend.pools.views("decode"):  # the full worker looks the emptier: picked first

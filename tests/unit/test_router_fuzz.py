@@ -56,7 +56,9 @@ def from_schema(schema: dict[str, Any], doc: dict[str, Any], wild: bool = False)
     if kind == "number":
         if wild:
             return st.sampled_from(_edges(schema) + [1e308, -1e308, 5e-324]) | st.floats(allow_nan=False)
-        return st.floats(lo, hi, allow_nan=False, allow_infinity=False, exclude_min="exclusiveMinimum" in schema)
+        return st.floats(
+            lo, hi, allow_nan=False, allow_infinity=False, exclude_min="exclusiveMinimum" in schema
+        )
     if kind == "string":
         longest = schema.get("maxLength")
         if wild:
@@ -97,13 +99,17 @@ def field(name: str, schema: dict[str, Any], doc: dict[str, Any]) -> st.SearchSt
 def _body_strategy(doc: dict[str, Any], path: str) -> st.SearchStrategy[bytes]:
     """A valid body with at most one field pushed to an edge or swapped for any JSON, or no object at all."""
     schema = doc["components"]["schemas"][
-        doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
+        doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit(
+            "/", 1
+        )[-1]
     ]
     props = schema["properties"]
     required = {k: field(k, props[k], doc) for k in schema["required"]}
     optional = sorted(set(props) - set(required))
     objects = st.sets(st.sampled_from(optional), max_size=5).flatmap(
-        lambda names: st.fixed_dictionaries({**required, **{k: field(k, props[k], doc) for k in sorted(names)}})
+        lambda names: st.fixed_dictionaries(
+            {**required, **{k: field(k, props[k], doc) for k in sorted(names)}}
+        )
     )
     wild_field = st.sampled_from(sorted(props)).flatmap(
         lambda name: st.tuples(st.just(name), from_schema(props[name], doc, wild=True) | JSON)
@@ -205,7 +211,11 @@ async def test_every_edge_of_every_field_in_the_document(tok, path):
     doc = app.openapi()
     name = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     schema = doc["components"]["schemas"][name.rsplit("/", 1)[-1]]
-    base = {"model": SERVED, "prompt": "hello"} if "prompt" in schema["properties"] else {"model": SERVED, "messages": CHAT}
+    base = (
+        {"model": SERVED, "prompt": "hello"}
+        if "prompt" in schema["properties"]
+        else {"model": SERVED, "messages": CHAT}
+    )
     sent = 0
     async with client_for(app) as c:
         assert (await c.post(path, json=base)).status_code == 200
@@ -213,7 +223,8 @@ async def test_every_edge_of_every_field_in_the_document(tok, path):
             for value in edge_values(prop_schema, doc) + [None, "x", [], {}, True]:
                 body = json.dumps({**base, prop: value}).encode()
                 r = await asyncio.wait_for(
-                    c.post(path, content=body, headers={"content-type": "application/json"}), REQUEST_TIMEOUT_S
+                    c.post(path, content=body, headers={"content-type": "application/json"}),
+                    REQUEST_TIMEOUT_S,
                 )
                 check_response(r.status_code, r.headers, r.text, body)
                 sent += 1
@@ -224,7 +235,10 @@ async def test_every_edge_of_every_field_in_the_document(tok, path):
 def test_the_openapi_document_describes_both_request_bodies(tok):
     doc = create_app(ScriptedBackend(tok), tok, SERVED).openapi()
     schemas = doc["components"]["schemas"]
-    for path, name in (("/v1/completions", "CompletionRequest"), ("/v1/chat/completions", "ChatCompletionRequest")):
+    for path, name in (
+        ("/v1/completions", "CompletionRequest"),
+        ("/v1/chat/completions", "ChatCompletionRequest"),
+    ):
         body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
         assert body == {"$ref": f"#/components/schemas/{name}"}
     assert schemas["CompletionRequest"]["properties"]["top_k"]["anyOf"][0]["minimum"] == -1

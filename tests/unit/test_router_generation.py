@@ -47,7 +47,9 @@ async def test_completion_non_streaming_shape_and_usage(tok):
     rid, seen_ids, params = backend.calls[0]
     assert rid == body["id"] and seen_ids == prompt_ids
     assert "x-tandem-retries" not in r.headers
-    assert not any("127.0.0.1:700" in v for v in r.headers.values()), r.headers  # worker addresses stay inside
+    assert not any("127.0.0.1:700" in v for v in r.headers.values()), (
+        r.headers
+    )  # worker addresses stay inside
     assert params.max_tokens == 16 and params.temperature == 0.0 and params.greedy
 
 
@@ -56,9 +58,19 @@ async def test_completion_accepts_token_ids_and_passes_sampling_fields(tok):
     backend = ScriptedBackend(tok, finish="length")
     app = create_app(backend, tok, SERVED)
     req = {
-        "model": SERVED, "prompt": [5, 6, 7], "max_tokens": 40, "temperature": 0.7, "top_p": 0.9, "top_k": 20,
-        "seed": 3, "stop": "zzz", "stop_token_ids": [9], "ignore_eos": True, "min_tokens": 2, "user": "u",
-    }  # fmt: skip
+        "model": SERVED,
+        "prompt": [5, 6, 7],
+        "max_tokens": 40,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 20,
+        "seed": 3,
+        "stop": "zzz",
+        "stop_token_ids": [9],
+        "ignore_eos": True,
+        "min_tokens": 2,
+        "user": "u",
+    }
     r = await post(app, "/v1/completions", req)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["finish_reason"] == "length"
@@ -75,7 +87,9 @@ async def test_completion_streaming_chunks_and_usage(tok):
     req = {"model": SERVED, "prompt": "Hi", "stream": True, "stream_options": {"include_usage": True}}
     r = await post(app, "/v1/completions", req)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-    assert not any("127.0.0.1:700" in v for v in r.headers.values()), r.headers  # worker addresses stay inside
+    assert not any("127.0.0.1:700" in v for v in r.headers.values()), (
+        r.headers
+    )  # worker addresses stay inside
     events = sse_events(r.text)
     assert events[-1] == "[DONE]"
     chunks, usage_chunk = events[:-2], events[-2]
@@ -124,7 +138,6 @@ async def test_streamed_logprobs_cover_every_token_once(tok):
 # ---- chat ----
 
 
-
 @pytest.mark.asyncio
 async def test_chat_non_streaming_uses_the_template_without_a_second_bos(tok):
     backend = ScriptedBackend(tok)
@@ -138,7 +151,9 @@ async def test_chat_non_streaming_uses_the_template_without_a_second_bos(tok):
     assert body["choices"][0]["message"] == {"role": "assistant", "content": ANSWER}
     assert body["choices"][0]["finish_reason"] == "stop"
     _, ids, params = backend.calls[0]
-    assert ids == tok.encode(tok.apply_chat_template(CHAT, add_generation_prompt=True), add_special_tokens=False)
+    assert ids == tok.encode(
+        tok.apply_chat_template(CHAT, add_generation_prompt=True), add_special_tokens=False
+    )
     assert ids[0] == tok.bos_token_id and ids[1] != tok.bos_token_id
     assert params.max_tokens == 50
     assert body["usage"]["prompt_tokens"] == len(ids)

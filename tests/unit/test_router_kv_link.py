@@ -26,7 +26,9 @@ class LinkFails(QuickPrefill):
         self.calls += 1
         if self.calls <= self.times:
             self.before_failing()
-            context.abort(grpc.StatusCode.UNAVAILABLE, "KV transfer failed: the decode worker could not be reached")
+            context.abort(
+                grpc.StatusCode.UNAVAILABLE, "KV transfer failed: the decode worker could not be reached"
+            )
         return super().Prefill(request, context)
 
 

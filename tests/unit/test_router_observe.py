@@ -22,7 +22,9 @@ async def test_models_liveness_and_readiness(tok):
         assert models["object"] == "list" and [m["id"] for m in models["data"]] == [SERVED]
         for path in (names.LIVENESS_PATH, names.READINESS_PATH, "/health"):
             assert (await c.get(path)).status_code == 200, path
-        backend.healthy = False  # no worker can serve: not ready, but the process is alive and must not be restarted
+        backend.healthy = (
+            False  # no worker can serve: not ready, but the process is alive and must not be restarted
+        )
         assert (await c.get(names.LIVENESS_PATH)).status_code == 200
         for path in (names.READINESS_PATH, "/health"):
             r = await c.get(path)
@@ -69,7 +71,9 @@ async def test_metrics_after_a_request(tok):
 async def test_slo_series_judge_each_completed_request(tok):
     backend = ScriptedBackend(tok)
     backend.delay_s = 0.02  # 20 ms per token: meets a 1 s TTFT target, misses a 5 ms TPOT target
-    app = create_app(backend, tok, SERVED, service_name="svc", slo=Slo(ttft_ms=1000, tpot_ms=5, percentile=95))
+    app = create_app(
+        backend, tok, SERVED, service_name="svc", slo=Slo(ttft_ms=1000, tpot_ms=5, percentile=95)
+    )
     await post(app, "/v1/completions", {"model": SERVED, "prompt": "x", "stream": True})
     await post(app, "/v1/completions", {"model": "nope", "prompt": "x"})  # a 404 is not judged
     async with client_for(app) as c:
@@ -85,7 +89,10 @@ async def test_slo_series_judge_each_completed_request(tok):
     assert 'tandem_router_routable_workers{pool="router",role="prefill",service="svc"} 2.0' in text
     backend.healthy = False
     async with client_for(app) as c:
-        assert 'tandem_router_routable_workers{pool="router",role="decode",service="svc"} 0.0' in (await c.get("/metrics")).text
+        assert (
+            'tandem_router_routable_workers{pool="router",role="decode",service="svc"} 0.0'
+            in (await c.get("/metrics")).text
+        )
 
 
 def test_slo_outcomes():

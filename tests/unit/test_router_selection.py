@@ -57,6 +57,10 @@ def test_headless_service_names_resolve_to_one_address_per_pod():
     from tandem.worker.router.membership import DiscoveryError, resolve
 
     assert resolve("10.0.0.7:50051") == ["10.0.0.7:50051"]
-    assert resolve("dns:///localhost:50051") in (["127.0.0.1:50051"], ["127.0.0.1:50051", "[::1]:50051"], ["[::1]:50051"])
+    assert resolve("dns:///localhost:50051") in (
+        ["127.0.0.1:50051"],
+        ["127.0.0.1:50051", "[::1]:50051"],
+        ["[::1]:50051"],
+    )
     with pytest.raises(DiscoveryError):
         resolve("dns:///no-such-host.invalid:50051")

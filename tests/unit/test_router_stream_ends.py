@@ -28,7 +28,9 @@ class EndingDecode(ScriptedDecode):
     def StreamTokens(self, request, context):
         self.streams += 1
         for i in range(self.tokens):
-            yield common_pb2.TokenEvent(request_id=request.request_id, token_id=100 + i, has_token=True, index=i)
+            yield common_pb2.TokenEvent(
+                request_id=request.request_id, token_id=100 + i, has_token=True, index=i
+            )
         yield common_pb2.TokenEvent(
             request_id=request.request_id, finish_reason=self.finish, error=self.error, index=self.tokens
         )
@@ -50,11 +52,15 @@ class QuickPrefill(prefill_pb2_grpc.PrefillServiceServicer):
 
 
 async def _serve(decode: EndingDecode, tok: Tokenizer):
-    servers, addresses = serve_on_loopback([
-        (decode_pb2_grpc.add_DecodeServiceServicer_to_server, decode),
-        (prefill_pb2_grpc.add_PrefillServiceServicer_to_server, QuickPrefill()),
-    ])  # fmt: skip
-    backend = GrpcBackend("disaggregated", {"decode": [addresses[0]], "prefill": [addresses[1]]}, poll_interval_s=60)
+    servers, addresses = serve_on_loopback(
+        [
+            (decode_pb2_grpc.add_DecodeServiceServicer_to_server, decode),
+            (prefill_pb2_grpc.add_PrefillServiceServicer_to_server, QuickPrefill()),
+        ]
+    )
+    backend = GrpcBackend(
+        "disaggregated", {"decode": [addresses[0]], "prefill": [addresses[1]]}, poll_interval_s=60
+    )
     await backend.start()
     return servers, backend, create_app(backend, tok, "tiny")
 
@@ -69,7 +75,9 @@ async def test_a_worker_side_end_mid_stream_is_an_error_event_not_a_stop(tok, fi
     servers, backend, app = await _serve(EndingDecode(tokens=3, finish=finish), tok)
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as c:
-            r = await c.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 8, "stream": True})
+            r = await c.post(
+                "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 8, "stream": True}
+            )
         events = _events(r.text)
         assert events[-1] == "[DONE]"
         last = json.loads(events[-2])
@@ -89,7 +97,9 @@ async def test_a_worker_side_abort_before_any_token_is_a_5xx(tok):
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as c:
             r = await c.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 8})
-            s = await c.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 8, "stream": True})
+            s = await c.post(
+                "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 8, "stream": True}
+            )
         assert r.status_code == 503, r.text
         assert s.status_code == 503 and "retry-after" in s.headers, s.text
         assert decode.streams >= 2  # tried again before answering

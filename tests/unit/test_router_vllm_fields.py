@@ -33,7 +33,9 @@ async def test_continuous_usage_stats_puts_the_running_usage_on_every_chunk(tok,
     assert all(c["usage"]["prompt_tokens"] == prompt_tokens for c in chunks)
     assert all(c["usage"]["total_tokens"] == prompt_tokens + c["usage"]["completion_tokens"] for c in chunks)
     text_key = "text" if path == "/v1/completions" else "content"
-    texts = [c["choices"][0].get(text_key) or c["choices"][0].get("delta", {}).get(text_key) or "" for c in chunks]
+    texts = [
+        c["choices"][0].get(text_key) or c["choices"][0].get("delta", {}).get(text_key) or "" for c in chunks
+    ]
     assert "".join(texts) == ANSWER
 
 
@@ -51,40 +53,89 @@ async def test_continuous_usage_stats_follows_include_usage_as_vllm_does(tok, op
     body = {**ENDPOINTS["/v1/completions"], "stream": True, "stream_options": options}
     events = sse_events((await post(app, "/v1/completions", body)).text)[:-1]
     with_usage = [e.get("usage") is not None for e in events]
-    assert with_usage == {"all": [True] * len(events), "none": [False] * len(events),
-                          "last": [False] * (len(events) - 1) + [True]}[usage_chunks]  # fmt: skip
+    assert (
+        with_usage
+        == {
+            "all": [True] * len(events),
+            "none": [False] * len(events),
+            "last": [False] * (len(events) - 1) + [True],
+        }[usage_chunks]
+    )
 
 
 # ---- every extension field: the outcome the table gives it ----
 
 SHARED_PROBES: dict[str, object] = {
-    "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2, "presence_penalty": 0.5, "frequency_penalty": 0.5,
-    "stop_token_ids": [7], "include_stop_str_in_output": True, "ignore_eos": True, "min_tokens": 2,
-    "skip_special_tokens": False, "spaces_between_special_tokens": False, "truncate_prompt_tokens": 2,
-    "prompt_logprobs": 1, "allowed_token_ids": [1], "bad_words": ["x"], "guided_json": {"type": "object"},
-    "guided_regex": "a+", "guided_choice": ["yes", "no"], "guided_grammar": 'start: "yes" | "no"',
-    "structured_outputs": {"choice": ["a", "b"]}, "guided_decoding_backend": "xgrammar",
-    "guided_whitespace_pattern": " ", "priority": 1, "request_id": "probe-id", "logits_processors": ["m.f"],
-    "return_tokens_as_token_ids": True, "kv_transfer_params": {"a": 1}, "vllm_xargs": {"a": 1},
-    "use_beam_search": True, "length_penalty": 0.5, "cache_salt": "s", "logit_bias": {"1": 1.0}, "echo": True,
-    "user": "u", "response_format": {"type": "json_object"},
-}  # fmt: skip
+    "top_k": 5,
+    "min_p": 0.1,
+    "repetition_penalty": 1.2,
+    "presence_penalty": 0.5,
+    "frequency_penalty": 0.5,
+    "stop_token_ids": [7],
+    "include_stop_str_in_output": True,
+    "ignore_eos": True,
+    "min_tokens": 2,
+    "skip_special_tokens": False,
+    "spaces_between_special_tokens": False,
+    "truncate_prompt_tokens": 2,
+    "prompt_logprobs": 1,
+    "allowed_token_ids": [1],
+    "bad_words": ["x"],
+    "guided_json": {"type": "object"},
+    "guided_regex": "a+",
+    "guided_choice": ["yes", "no"],
+    "guided_grammar": 'start: "yes" | "no"',
+    "structured_outputs": {"choice": ["a", "b"]},
+    "guided_decoding_backend": "xgrammar",
+    "guided_whitespace_pattern": " ",
+    "priority": 1,
+    "request_id": "probe-id",
+    "logits_processors": ["m.f"],
+    "return_tokens_as_token_ids": True,
+    "kv_transfer_params": {"a": 1},
+    "vllm_xargs": {"a": 1},
+    "use_beam_search": True,
+    "length_penalty": 0.5,
+    "cache_salt": "s",
+    "logit_bias": {"1": 1.0},
+    "echo": True,
+    "user": "u",
+    "response_format": {"type": "json_object"},
+}
 NESTED_PROBES = {  # each beside structured_outputs.regex, the constraint they qualify
-    "structured_outputs.json": {"type": "object"}, "structured_outputs.choice": ["a"],
-    "structured_outputs.grammar": 'start: "a"', "structured_outputs.json_object": True,
-    "structured_outputs.backend": "xgrammar", "structured_outputs.disable_fallback": True,
-    "structured_outputs.structural_tag": "x", "structured_outputs.whitespace_pattern": " ",
-    "structured_outputs.disable_any_whitespace": True, "structured_outputs.disable_additional_properties": True,
-}  # fmt: skip
+    "structured_outputs.json": {"type": "object"},
+    "structured_outputs.choice": ["a"],
+    "structured_outputs.grammar": 'start: "a"',
+    "structured_outputs.json_object": True,
+    "structured_outputs.backend": "xgrammar",
+    "structured_outputs.disable_fallback": True,
+    "structured_outputs.structural_tag": "x",
+    "structured_outputs.whitespace_pattern": " ",
+    "structured_outputs.disable_any_whitespace": True,
+    "structured_outputs.disable_additional_properties": True,
+}
 CHAT_PROBES: dict[str, object] = {
-    "add_generation_prompt": False, "continue_final_message": True, "chat_template": "{{ messages }}",
-    "mm_processor_kwargs": {}, "include_reasoning": False, "structural_tag": "x", "add_special_tokens": True,
-    "parallel_tool_calls": False, "metadata": {"a": "b"},
-}  # fmt: skip
-COMPLETION_PROBES: dict[str, object] = {"prompt_embeds": "x", "suffix": "x", "best_of": 2, "add_special_tokens": False}
+    "add_generation_prompt": False,
+    "continue_final_message": True,
+    "chat_template": "{{ messages }}",
+    "mm_processor_kwargs": {},
+    "include_reasoning": False,
+    "structural_tag": "x",
+    "add_special_tokens": True,
+    "parallel_tool_calls": False,
+    "metadata": {"a": "b"},
+}
+COMPLETION_PROBES: dict[str, object] = {
+    "prompt_embeds": "x",
+    "suffix": "x",
+    "best_of": 2,
+    "add_special_tokens": False,
+}
 # what a probe needs set in both requests: chat's echo repeats a last assistant message
-BESIDE = {"continue_final_message": {"add_generation_prompt": False},
-          "echo": {"messages": [*CHAT, {"role": "assistant", "content": "Sure:"}]}}  # fmt: skip
+BESIDE = {
+    "continue_final_message": {"add_generation_prompt": False},
+    "echo": {"messages": [*CHAT, {"role": "assistant", "content": "Sure:"}]},
+}
 # implemented, with no effect a scripted answer shows on the tiny model's template: their own tests below
 OWN_TESTS = {"documents", "chat_template_kwargs"}
 
@@ -115,7 +166,9 @@ async def _seen(app, backend, path: str, body: dict):
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize(("path", "field", "set_", "beside"), list(_cases()), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    ("path", "field", "set_", "beside"), list(_cases()), ids=lambda v: v if isinstance(v, str) else ""
+)
 async def test_each_extension_field_has_its_documented_outcome(tok, path, field, set_, beside):
     """Refused: a 400 naming the field. No effect: exactly what the request without it does. Implemented:
     something the workers are sent (or the answer's id) changes."""
@@ -168,8 +221,11 @@ async def test_documents_and_chat_template_kwargs_reach_the_template(tok):
     )
     backend = ScriptedBackend(tok)
     app = create_app(backend, templated, SERVED)
-    body = {**ENDPOINTS["/v1/chat/completions"], "documents": [{"title": "Doc", "text": "x"}],
-            "chat_template_kwargs": {"thinking": True, "messages": "cannot replace the messages"}}  # fmt: skip
+    body = {
+        **ENDPOINTS["/v1/chat/completions"],
+        "documents": [{"title": "Doc", "text": "x"}],
+        "chat_template_kwargs": {"thinking": True, "messages": "cannot replace the messages"},
+    }
     assert (await post(app, "/v1/chat/completions", body)).status_code == 200
     assert tok.decode(backend.calls[0][1]) == "[Doc]<think>Be brief.Say hello"
 
@@ -179,7 +235,12 @@ async def test_continue_final_message_leaves_the_last_message_open(tok):
     backend = ScriptedBackend(tok)
     app = create_app(backend, tok, SERVED)
     messages = [*CHAT, {"role": "assistant", "content": "Hello, I am"}]
-    body = {"model": SERVED, "messages": messages, "add_generation_prompt": False, "continue_final_message": True}
+    body = {
+        "model": SERVED,
+        "messages": messages,
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+    }
     assert (await post(app, "/v1/chat/completions", body)).status_code == 200
     assert tok.decode(backend.calls[0][1], skip_special_tokens=False).endswith("Hello, I am")
 
@@ -192,7 +253,9 @@ async def test_text_options_shape_the_answer(tok):
     plain = (await post(app, "/v1/completions", base)).json()["choices"][0]["text"]
     kept = (await post(app, "/v1/completions", {**base, "include_stop_str_in_output": True})).json()
     assert plain == "Hello world, stop" and kept["choices"][0]["text"] == "Hello world, stop here."
-    ids = (await post(app, "/v1/completions", {**base, "logprobs": 0, "return_tokens_as_token_ids": True})).json()
+    ids = (
+        await post(app, "/v1/completions", {**base, "logprobs": 0, "return_tokens_as_token_ids": True})
+    ).json()
     assert ids["choices"][0]["logprobs"]["tokens"][:2] == [f"token_id:{t}" for t in backend.ids[:2]]
     long_prompt = {**ENDPOINTS["/v1/completions"], "prompt": [5, 6, 7, 8, 9], "truncate_prompt_tokens": 2}
     assert (await post(app, "/v1/completions", long_prompt)).status_code == 200
@@ -202,7 +265,11 @@ async def test_text_options_shape_the_answer(tok):
 @pytest.mark.asyncio
 async def test_two_output_constraints_are_refused_naming_the_second(tok):
     app = create_app(ScriptedBackend(tok), tok, SERVED)
-    body = {**ENDPOINTS["/v1/chat/completions"], "guided_regex": "a+", "response_format": {"type": "json_object"}}
+    body = {
+        **ENDPOINTS["/v1/chat/completions"],
+        "guided_regex": "a+",
+        "response_format": {"type": "json_object"},
+    }
     r = await post(app, "/v1/chat/completions", body)
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
     bad = {**ENDPOINTS["/v1/completions"], "guided_regex": "(unclosed"}
@@ -216,7 +283,9 @@ async def test_echo_puts_the_prompt_before_the_answer(tok, stream):
     app = create_app(ScriptedBackend(tok), tok, SERVED)
     ids_prompt = tok.encode("Once upon a time", add_special_tokens=False)
     for prompt, echoed in (("Once upon a time", "Once upon a time"), (ids_prompt, "Once upon a time")):
-        r = await post(app, "/v1/completions", {"model": SERVED, "prompt": prompt, "echo": True, "stream": stream})
+        r = await post(
+            app, "/v1/completions", {"model": SERVED, "prompt": prompt, "echo": True, "stream": stream}
+        )
         if stream:
             chunks = sse_events(r.text)[:-1]
             assert chunks[0]["choices"][0]["text"] == echoed
@@ -224,8 +293,14 @@ async def test_echo_puts_the_prompt_before_the_answer(tok, stream):
         else:
             text = r.json()["choices"][0]["text"]
         assert text == echoed + ANSWER
-    chat = {"model": SERVED, "messages": [*CHAT, {"role": "assistant", "content": "Sure:"}], "echo": True,
-            "add_generation_prompt": False, "continue_final_message": True, "stream": stream}  # fmt: skip
+    chat = {
+        "model": SERVED,
+        "messages": [*CHAT, {"role": "assistant", "content": "Sure:"}],
+        "echo": True,
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+        "stream": stream,
+    }
     r = await post(app, "/v1/chat/completions", chat)
     if stream:
         text = "".join(c["choices"][0]["delta"].get("content") or "" for c in sse_events(r.text)[:-1])
@@ -245,10 +320,15 @@ async def test_echo_with_logprobs_scores_the_prompt_first_as_evaluation_harnesse
     lp = choice["logprobs"]
     assert choice["text"] == "Once upon a time" + "Hello world"
     assert backend.calls[0][2].prompt_logprobs == 1  # the workers were asked to score the prompt
-    assert lp["tokens"] == [tok.decode([t], skip_special_tokens=False) for t in prompt_ids] + ["Hello", " world"]
+    assert lp["tokens"] == [tok.decode([t], skip_special_tokens=False) for t in prompt_ids] + [
+        "Hello",
+        " world",
+    ]
     n = len(prompt_ids)
     assert lp["token_logprobs"] == pytest.approx([None] + [-0.01 * p for p in range(1, n)] + [-0.1, -0.2])
-    assert lp["top_logprobs"][0] is None and len(lp["top_logprobs"][1]) == 1 + 1  # one alternative, and the token
+    assert (
+        lp["top_logprobs"][0] is None and len(lp["top_logprobs"][1]) == 1 + 1
+    )  # one alternative, and the token
     assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][0] == 0
     r = await post(app, "/v1/completions", {**body, "stream": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "echo"

@@ -42,17 +42,26 @@ def test_vllm_series_match_tandems():
     ours, vllm = {"service": "svc", "pool": "router"}, {"model_name": "llama-3"}
 
     def ttft(suffix: str) -> float:  # tandem's TTFT is split by where the prompt ran
-        return sum(get(names.TTFT_SECONDS + suffix, {**ours, "prefill": p}) or 0 for p in ("none", "disaggregated"))
+        return sum(
+            get(names.TTFT_SECONDS + suffix, {**ours, "prefill": p}) or 0 for p in ("none", "disaggregated")
+        )
 
     assert get(names.VLLM_TTFT_SECONDS + "_count", vllm) == ttft("_count") == 2
     assert get(names.VLLM_TTFT_SECONDS + "_sum", vllm) == ttft("_sum")
-    for theirs, mine in ((names.VLLM_ITL_SECONDS, names.ITL_SECONDS), (names.VLLM_E2E_SECONDS, names.E2E_SECONDS)):
+    for theirs, mine in (
+        (names.VLLM_ITL_SECONDS, names.ITL_SECONDS),
+        (names.VLLM_E2E_SECONDS, names.E2E_SECONDS),
+    ):
         for suffix in ("_count", "_sum"):
             assert get(theirs + suffix, vllm) == get(mine + suffix, ours), theirs + suffix
     assert get(names.VLLM_ITL_SECONDS + "_count", vllm) == 4 + 2
     # prompts count once prefilled (the failed one never was); every generated token counts
     assert get(names.VLLM_PROMPT_TOKENS + "_total", vllm) == 12 + 30
-    assert get(names.VLLM_GENERATION_TOKENS + "_total", vllm) == get(names.REQUEST_OUTPUT_TOKENS + "_sum", ours) == 8
+    assert (
+        get(names.VLLM_GENERATION_TOKENS + "_total", vllm)
+        == get(names.REQUEST_OUTPUT_TOKENS + "_sum", ours)
+        == 8
+    )
 
 
 def test_vllm_histograms_use_vllms_buckets_and_label():
@@ -60,8 +69,11 @@ def test_vllm_histograms_use_vllms_buckets_and_label():
     _serve(m, prompt=4, tokens=2, ttft=0.01, gap=0.01)
     text = m.exposition()[0].decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    for name, buckets in ((names.VLLM_TTFT_SECONDS, VLLM_TTFT_BUCKETS), (names.VLLM_ITL_SECONDS, VLLM_ITL_BUCKETS),
-                          (names.VLLM_E2E_SECONDS, VLLM_E2E_BUCKETS)):
+    for name, buckets in (
+        (names.VLLM_TTFT_SECONDS, VLLM_TTFT_BUCKETS),
+        (names.VLLM_ITL_SECONDS, VLLM_ITL_BUCKETS),
+        (names.VLLM_E2E_SECONDS, VLLM_E2E_BUCKETS),
+    ):
         f = families[name]
         assert f.type == "histogram"
         les = [float(s.labels["le"]) for s in f.samples if s.name.endswith("_bucket")]

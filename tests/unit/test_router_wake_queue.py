@@ -54,10 +54,15 @@ async def _until(condition, timeout_s: float = 5.0) -> None:
 
 @pytest.fixture
 def workers():
-    servers, addresses = serve_on_loopback([
-        (decode_pb2_grpc.add_DecodeServiceServicer_to_server, EndingDecode(tokens=3, finish=common_pb2.FINISH_REASON_STOP)),
-        (prefill_pb2_grpc.add_PrefillServiceServicer_to_server, QuickPrefill()),
-    ])  # fmt: skip
+    servers, addresses = serve_on_loopback(
+        [
+            (
+                decode_pb2_grpc.add_DecodeServiceServicer_to_server,
+                EndingDecode(tokens=3, finish=common_pb2.FINISH_REASON_STOP),
+            ),
+            (prefill_pb2_grpc.add_PrefillServiceServicer_to_server, QuickPrefill()),
+        ]
+    )
     yield {"decode": [addresses[0]], "prefill": [addresses[1]]}
     for s in servers:
         s.stop(0)
@@ -101,10 +106,14 @@ class SlowFirstLoad(EndingDecode):
 
 
 @pytest.mark.asyncio
-async def test_a_worker_that_introduced_itself_but_has_not_reported_its_load_is_still_waking(tmp_path, workers):
+async def test_a_worker_that_introduced_itself_but_has_not_reported_its_load_is_still_waking(
+    tmp_path, workers
+):
     """Between its Handshake and its first Load answer a new worker is neither failed nor routable: the held
     request keeps waiting for it instead of ending its hold on a 503."""
-    servers, addresses = serve_on_loopback([(decode_pb2_grpc.add_DecodeServiceServicer_to_server, SlowFirstLoad())])
+    servers, addresses = serve_on_loopback(
+        [(decode_pb2_grpc.add_DecodeServiceServicer_to_server, SlowFirstLoad())]
+    )
     backend = await _backend(tmp_path, WakeLimits(8, 30), prefill=workers["prefill"])
     try:
         request = asyncio.ensure_future(_generate(backend))
@@ -130,14 +139,18 @@ class FlipsAway(EndingDecode):
         refuse_while_draining(context, "decode worker")
 
     def Load(self, request, context):
-        return common_pb2.LoadReport(worker_id="d", free_kv_blocks=100, total_kv_blocks=100, draining=self.draining)
+        return common_pb2.LoadReport(
+            worker_id="d", free_kv_blocks=100, total_kv_blocks=100, draining=self.draining
+        )
 
 
 @pytest.mark.asyncio
 async def test_a_retry_finding_its_pool_momentarily_empty_is_held_until_a_worker_joins_it(tmp_path, workers):
     """A flip's window: the decode pool's only worker begins to drain under a request, and the worker that
     takes its place has not joined the pool yet. The retry is held, not refused, and served once it joins."""
-    servers, (leaving,) = serve_on_loopback([(decode_pb2_grpc.add_DecodeServiceServicer_to_server, FlipsAway())])
+    servers, (leaving,) = serve_on_loopback(
+        [(decode_pb2_grpc.add_DecodeServiceServicer_to_server, FlipsAway())]
+    )
     backend = await _backend(tmp_path, WakeLimits(8, 30), prefill=workers["prefill"], decode=[leaving])
     try:
         await _until(lambda: backend.routable_workers()["decode"] == 1)
@@ -161,7 +174,9 @@ async def test_both_pools_at_zero_wake_together(tmp_path, workers):
     backend = await _backend(tmp_path, WakeLimits(8, 30))
     try:
         request = asyncio.ensure_future(_generate(backend))
-        await _until(lambda: backend.wake_queue.held("decode") == 1 and backend.wake_queue.held("prefill") == 1)
+        await _until(
+            lambda: backend.wake_queue.held("decode") == 1 and backend.wake_queue.held("prefill") == 1
+        )
         _write(tmp_path / "workers.json", **workers)
         assert await asyncio.wait_for(request, 10) == [100, 101, 102]
     finally:
@@ -238,12 +253,18 @@ async def test_over_http_the_held_count_is_a_metric_and_a_leaving_client_leaves_
             request = asyncio.ensure_future(c.post("/v1/completions", json=body))
             await _until(lambda: len(backend.wake_queue) == 1)
             metrics = (await c.get("/metrics")).text
-            assert f'{names.ROUTER_HELD_REQUESTS}{{pool="router",role="decode",service="default"}} 1.0' in metrics
+            assert (
+                f'{names.ROUTER_HELD_REQUESTS}{{pool="router",role="decode",service="default"}} 1.0'
+                in metrics
+            )
             request.cancel()  # the client gives up
             await asyncio.gather(request, return_exceptions=True)
             await _until(lambda: len(backend.wake_queue) == 0)
             metrics = (await c.get("/metrics")).text
-            assert f'{names.ROUTER_HELD_REQUESTS}{{pool="router",role="decode",service="default"}} 0.0' in metrics
+            assert (
+                f'{names.ROUTER_HELD_REQUESTS}{{pool="router",role="decode",service="default"}} 0.0'
+                in metrics
+            )
             assert backend.inflight == 0 and app.state.admission.in_flight == 0
     finally:
         await backend.close()

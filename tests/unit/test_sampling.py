@@ -36,7 +36,11 @@ def test_sampled_rows_follow_the_distribution():
 
 def test_mixed_batch_filters_each_row_by_its_own_parameters():
     logits = torch.tensor([[5.0, 4.0, 3.0, 0.0], [0.0, 1.0, 2.0, 9.0], [3.0, 2.0, 1.0, 0.0]])
-    params = [SamplingParams(temperature=1.0, top_k=1), SamplingParams(temperature=0.0), SamplingParams(top_p=0.7)]
+    params = [
+        SamplingParams(temperature=1.0, top_k=1),
+        SamplingParams(temperature=0.0),
+        SamplingParams(top_p=0.7),
+    ]
     third = set()
     for seed in range(50):
         tokens, _ = sample(logits, params, [_gen(seed), None, _gen(seed + 100)])
@@ -88,7 +92,16 @@ def test_presence_and_frequency_penalties_count_the_output_only():
     logits = torch.zeros(1, 8)
     p = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
     got = apply_penalties(logits, [p], [[1, 2]], [[5, 5, 5, 6]])[0]
-    assert got.tolist() == [0, 0, 0, 0, 0, -(0.5 + 3 * 0.25), -(0.5 + 0.25), 0]  # prompt tokens 1, 2 untouched
+    assert got.tolist() == [
+        0,
+        0,
+        0,
+        0,
+        0,
+        -(0.5 + 3 * 0.25),
+        -(0.5 + 0.25),
+        0,
+    ]  # prompt tokens 1, 2 untouched
 
 
 def test_a_penalty_changes_the_greedy_pick_and_rows_without_one_are_left_alone():

@@ -32,7 +32,9 @@ def penalties_row_by_row(logits, params, prompts, outputs):
             picked = row[seen]
             row[seen] = torch.where(picked > 0, picked / p.repetition_penalty, picked * p.repetition_penalty)
         if outputs[i] and (p.presence_penalty or p.frequency_penalty):
-            counts = torch.bincount(torch.tensor(outputs[i], device=device), minlength=vocab)[:vocab].to(row.dtype)
+            counts = torch.bincount(torch.tensor(outputs[i], device=device), minlength=vocab)[:vocab].to(
+                row.dtype
+            )
             row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
     return logits
 
@@ -53,17 +55,19 @@ def probs_knob_by_knob(logits, params):
 def random_params(rng: random.Random, n: int) -> list[SamplingParams]:
     choices = []
     for _ in range(n):
-        choices.append(SamplingParams(
-            temperature=rng.choice([0.0, 0.7, 1.0, 1.3]),
-            top_k=rng.choice([0, 1, 5, 40]),
-            top_p=rng.choice([1.0, 0.9, 0.5]),
-            min_p=rng.choice([0.0, 0.05]),
-            repetition_penalty=rng.choice([1.0, 1.0, 1.2, 0.8]),
-            presence_penalty=rng.choice([0.0, 0.5, -0.3]),
-            frequency_penalty=rng.choice([0.0, 0.4]),
-            seed=rng.choice([None, rng.randrange(1000)]),
-            max_tokens=8,
-        ))  # fmt: skip
+        choices.append(
+            SamplingParams(
+                temperature=rng.choice([0.0, 0.7, 1.0, 1.3]),
+                top_k=rng.choice([0, 1, 5, 40]),
+                top_p=rng.choice([1.0, 0.9, 0.5]),
+                min_p=rng.choice([0.0, 0.05]),
+                repetition_penalty=rng.choice([1.0, 1.0, 1.2, 0.8]),
+                presence_penalty=rng.choice([0.0, 0.5, -0.3]),
+                frequency_penalty=rng.choice([0.0, 0.4]),
+                seed=rng.choice([None, rng.randrange(1000)]),
+                max_tokens=8,
+            )
+        )
     return choices
 
 
@@ -104,15 +108,20 @@ def test_seeded_rows_draw_what_their_generators_alone_would():
         return [None if p.seed is None else torch.Generator().manual_seed(p.seed) for p in params]
 
     batched, _ = sample(logits, params, gens())
-    alone = [sample(logits[i : i + 1], [p], [g])[0][0] for i, (p, g) in enumerate(zip(params, gens(), strict=True))]
+    alone = [
+        sample(logits[i : i + 1], [p], [g])[0][0] for i, (p, g) in enumerate(zip(params, gens(), strict=True))
+    ]
     assert batched == alone
     assert batched[1] == int(logits[1].argmax())
     assert batched[0] == batched[3], "rows with the same seed and logits draw the same token"
 
 
 def test_min_tokens_bans_every_rows_stop_ids_in_one_mask():
-    constraints = [TokenConstraint(None, 3, (2, 5)), TokenConstraint(None, 1, (7,), emitted=1),
-                   TokenConstraint(None, 2, (0, 96))]  # fmt: skip
+    constraints = [
+        TokenConstraint(None, 3, (2, 5)),
+        TokenConstraint(None, 1, (7,), emitted=1),
+        TokenConstraint(None, 2, (0, 96)),
+    ]
     allowed = allowed_tokens(constraints, VOCAB, (2,))
     want = torch.ones(3, VOCAB, dtype=torch.bool)
     want[0, [2, 5]] = False

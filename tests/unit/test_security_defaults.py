@@ -12,12 +12,16 @@ DEFAULTS = parse('{"tls": {"secretName": "tandem-tls"}, "apiKeys": {"secretName"
 
 
 def _spec(**security) -> InferenceServiceSpec:
-    return InferenceServiceSpec.model_validate({"model": {"source": {"path": "/m"}, "servedName": "m"}, "security": security})
+    return InferenceServiceSpec.model_validate(
+        {"model": {"source": {"path": "/m"}, "servedName": "m"}, "security": security}
+    )
 
 
 def test_unset_parts_take_the_defaults_and_reach_the_pods():
     spec = with_defaults(_spec(), DEFAULTS)
-    assert spec.security.tls.secret_name == "tandem-tls" and spec.security.api_keys.secret_name == "tandem-keys"
+    assert (
+        spec.security.tls.secret_name == "tandem-tls" and spec.security.api_keys.secret_name == "tandem-keys"
+    )
     args = render.router_deployment(spec, "s", "ns", "u")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--tls-dir" in args and "--api-keys-file" in args
 

@@ -47,9 +47,13 @@ def test_the_sweep_removes_a_killed_creators_segments_and_keeps_a_live_ones():
     dead, dead_name = _holder()
     live, live_name = _holder()
     try:
-        os.killpg(dead.pid, signal.SIGKILL)  # the process and its resource tracker: nothing unlinks the segment
+        os.killpg(
+            dead.pid, signal.SIGKILL
+        )  # the process and its resource tracker: nothing unlinks the segment
         dead.wait(timeout=10)
-        assert os.path.exists(os.path.join(SHM_DIR, dead_name)), "the killed process's segment is already gone"
+        assert os.path.exists(os.path.join(SHM_DIR, dead_name)), (
+            "the killed process's segment is already gone"
+        )
         removed = sweep_dead_segments()
         assert dead_name in removed and live_name not in removed
         assert not os.path.exists(os.path.join(SHM_DIR, dead_name))

@@ -13,8 +13,16 @@ def test_the_spec_defaults_to_the_one_slo():
 
 def test_seconds_and_fractions_round_trip():
     slo = Slo.from_seconds(0.25, 0.04, 0.95)
-    assert (slo.ttft_ms, slo.tpot_ms, slo.percentile) == (pytest.approx(250), pytest.approx(40), pytest.approx(95))
-    assert (slo.ttft_s, slo.tpot_s, slo.objective) == (pytest.approx(0.25), pytest.approx(0.04), pytest.approx(0.95))
+    assert (slo.ttft_ms, slo.tpot_ms, slo.percentile) == (
+        pytest.approx(250),
+        pytest.approx(40),
+        pytest.approx(95),
+    )
+    assert (slo.ttft_s, slo.tpot_s, slo.objective) == (
+        pytest.approx(0.25),
+        pytest.approx(0.04),
+        pytest.approx(0.95),
+    )
     assert Slo.from_seconds(1, 1).percentile == Slo().percentile
 
 

@@ -26,7 +26,9 @@ def test_check_mode_finds_a_stale_reference(tmp_path, capsys):
     out = ["--out", str(tmp_path), "--doc", str(tmp_path / "ref.md")]
     assert crdgen.main(out) == 0
     assert crdgen.main([*out, "--check"]) == 0
-    (tmp_path / "ref.md").write_text((tmp_path / "ref.md").read_text().replace("| `servedName` |", "| `name` |"))
+    (tmp_path / "ref.md").write_text(
+        (tmp_path / "ref.md").read_text().replace("| `servedName` |", "| `name` |")
+    )
     assert crdgen.main([*out, "--check"]) == 1
     assert "ref.md is out of date" in capsys.readouterr().err
 
@@ -51,7 +53,9 @@ def documented(text: str, expected: set[str]) -> set[str]:
         if line.startswith("## "):
             heading = line[3:]
             own = heading == "spec" or heading.startswith("spec.")  # else a shared object's table
-            prefixes = heading.split(", ") if own else sorted(p for p in expected if p.endswith("." + heading))
+            prefixes = (
+                heading.split(", ") if own else sorted(p for p in expected if p.endswith("." + heading))
+            )
         elif m := re.match(r"\| `([^`]+)` \|", line):
             out |= {m[1] if m[1].startswith("metadata.") else f"{p}.{m[1]}" for p in prefixes}
     return out
@@ -63,7 +67,9 @@ def test_every_field_of_the_types_has_exactly_one_row_per_place():
     expected = set(field_paths(InferenceServiceSpec, "spec"))
     rows = documented(DOC.read_text(), expected)
     assert rows - {"metadata.name"} == expected
-    assert "spec.decode.tolerations" in rows and not any(".tolerations[]" in r or ".affinity." in r for r in rows)
+    assert "spec.decode.tolerations" in rows and not any(
+        ".tolerations[]" in r or ".affinity." in r for r in rows
+    )
     assert "spec.router.podTemplate.volumeMounts[].mountPath" in rows
 
 
@@ -98,7 +104,9 @@ def test_every_admission_rule_of_the_crds_is_listed_with_its_field():
         for message in set(_messages(crd.document())):
             assert specdoc.prose(message) in text, message
     rules = text[text.index("## Admission rules") : text.index("## status")]
-    assert "| `spec.{prefill,decode}.replicas` | replicas must be between minReplicas and maxReplicas |" in rules
+    assert (
+        "| `spec.{prefill,decode}.replicas` | replicas must be between minReplicas and maxReplicas |" in rules
+    )
     assert "| `spec.model.source.hostPath` | spec.model.source.hostPath must be an absolute path |" in rules
 
 
@@ -121,19 +129,28 @@ def test_every_link_resolves():
 def test_a_row_says_type_default_and_bounds():
     spec = crdgen.structural(InferenceServiceSpec)["properties"]
     slo = {r.path: r for r in specdoc.rows(spec["slo"])}
-    assert slo["percentile"] == specdoc.Row("percentile", "integer", "`90`", "1 to 100", slo["percentile"].description)
+    assert slo["percentile"] == specdoc.Row(
+        "percentile", "integer", "`90`", "1 to 100", slo["percentile"].description
+    )
     gw = {r.path: r for r in specdoc.rows(spec["gateway"])}
-    assert (gw["parentRefs"].kind, gw["parentRefs"].default, gw["parentRefs"].bounds) == ("[]object", "required", "1 to 32 items")
+    assert (gw["parentRefs"].kind, gw["parentRefs"].default, gw["parentRefs"].bounds) == (
+        "[]object",
+        "required",
+        "1 to 32 items",
+    )
     assert gw["endpointPickerRef.failureMode"].bounds == "`FailOpen`, `FailClose`"
     assert specdoc.bounds({"type": "string", "minLength": 1, "pattern": r"^\S+$"}) == "not empty; no spaces"
 
 
 def test_rules_shared_by_sections_are_said_once():
-    assert specdoc.collapse(["spec.prefill.env[]", "spec.decode.env[]", "spec.router.podTemplate", "spec.mode"]) == \
-        ["spec.{prefill,decode}.env[]", "spec.router.podTemplate", "spec.mode"]  # fmt: skip
+    assert specdoc.collapse(
+        ["spec.prefill.env[]", "spec.decode.env[]", "spec.router.podTemplate", "spec.mode"]
+    ) == ["spec.{prefill,decode}.env[]", "spec.router.podTemplate", "spec.mode"]
 
 
 def test_angle_brackets_and_pipes_survive_markdown():
     assert specdoc.prose("named <name>-router | x") == "named `<name>-router` \\| x"
-    assert specdoc.Row("a", "string", "", specdoc.bounds({"pattern": "^(a|b)$"}), "").line() == \
-        "| `a` | string |  | matches `^(a\\|b)$` |  |"  # fmt: skip
+    assert (
+        specdoc.Row("a", "string", "", specdoc.bounds({"pattern": "^(a|b)$"}), "").line()
+        == "| `a` | string |  | matches `^(a\\|b)$` |  |"
+    )

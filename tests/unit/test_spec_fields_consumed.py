@@ -45,22 +45,28 @@ VALUES: dict[str, list[Any]] = {
     "autoscaling.prometheusUrl": [ABSENT, "http://prometheus.monitoring:9090"],
     "router.disaggregation.localPrefillMaxTpotFraction": [0.0, 0.8],
     "router.disaggregation.mixedDecodeRatio": [0.0, 0.5],
-    **{f"{pool}.podTemplate.{field}": values for pool in ("router", "prefill", "decode") for field, values in {
-        "imagePullSecrets": [[], [{"name": "registry"}]],
-        "volumes": [[], [{"name": "cache", "emptyDir": {}}]],
-        "volumeMounts": [[], [{"name": "cache", "mountPath": "/cache"}]],
-        "env": [[], [{"name": "A", "value": "1"}]],
-        "labels": [{}, {"team": "a"}],
-        "annotations": [{}, {"team": "a"}],
-    }.items()},
+    **{
+        f"{pool}.podTemplate.{field}": values
+        for pool in ("router", "prefill", "decode")
+        for field, values in {
+            "imagePullSecrets": [[], [{"name": "registry"}]],
+            "volumes": [[], [{"name": "cache", "emptyDir": {}}]],
+            "volumeMounts": [[], [{"name": "cache", "mountPath": "/cache"}]],
+            "env": [[], [{"name": "A", "value": "1"}]],
+            "labels": [{}, {"team": "a"}],
+            "annotations": [{}, {"team": "a"}],
+        }.items()
+    },
     "gateway.parentRefs": [[{"name": "a"}], [{"name": "b", "namespace": "gw", "sectionName": "http"}]],
 }
 
 # The rest of the spec a field needs around it to take effect (merged into the base spec).
 CONTEXT: list[tuple[str, dict[str, Any]]] = [
     ("model.source.pvc.", {"model": {"source": {"pvc": {"claimName": "models"}}}}),
-    ("model.source.huggingFace.tokenSecretRef.", {"model": {"source": {"huggingFace": {
-        "repoId": "org/m", "tokenSecretRef": {"name": "hf"}}}}}),
+    (
+        "model.source.huggingFace.tokenSecretRef.",
+        {"model": {"source": {"huggingFace": {"repoId": "org/m", "tokenSecretRef": {"name": "hf"}}}}},
+    ),
     ("model.source.huggingFace.", {"model": {"source": {"huggingFace": {"repoId": "org/m"}}}}),
     # replica bounds act while the built-in autoscaler owns the count (operator/pools.py)
     ("prefill.minReplicas", {"autoscaling": {"enabled": True}}),
@@ -71,12 +77,27 @@ CONTEXT: list[tuple[str, dict[str, Any]]] = [
     # the live pool is scaled out of bounds in `observe`, so the switch shows as a clamp
     ("autoscaling.enabled", {}),
     ("autoscaling.flip.", {"roleFlip": True}),  # the autoscaler flips only workers that can take both roles
-    ("autoscaling.shape.", {"mode": "auto", "roleFlip": True, "autoscaling": {"enabled": True}}),  # mode auto reads it
+    (
+        "autoscaling.shape.",
+        {"mode": "auto", "roleFlip": True, "autoscaling": {"enabled": True}},
+    ),  # mode auto reads it
     ("engine.speculative.draftModel.", {"engine": {"speculative": {"method": "draft"}}}),
-    *((f"router.disaggregation.{f}", {"router": {"disaggregation": {"mode": "conditional"}}}) for f in (
-        "localPrefillMaxTokens", "prefillQueueTokens", "localPrefillMaxTpotFraction", "mixedDecodeRatio")),  # only it reads them
-    *((f"{pool}.podTemplate.volumeMounts", {pool: {"podTemplate": {"volumes": [{"name": "cache", "emptyDir": {}}]}}})
-      for pool in ("router", "prefill", "decode")),
+    *(
+        (f"router.disaggregation.{f}", {"router": {"disaggregation": {"mode": "conditional"}}})
+        for f in (
+            "localPrefillMaxTokens",
+            "prefillQueueTokens",
+            "localPrefillMaxTpotFraction",
+            "mixedDecodeRatio",
+        )
+    ),  # only it reads them
+    *(
+        (
+            f"{pool}.podTemplate.volumeMounts",
+            {pool: {"podTemplate": {"volumes": [{"name": "cache", "emptyDir": {}}]}}},
+        )
+        for pool in ("router", "prefill", "decode")
+    ),
     ("gateway.", {"gateway": {"parentRefs": [{"name": "gw"}], "endpointPickerRef": {"name": "epp"}}}),
 ]
 
@@ -173,8 +194,11 @@ def observe(spec: InferenceServiceSpec) -> str:
     except ValueError as e:  # `tandem up` serves local paths only; it says so
         local = [str(e)]
     autoscaler = autoscaler_inputs(spec, None)  # what the autoscaler loop runs (operator and tandem up)
-    return json.dumps({"sizes": sizes, "manifests": manifests, "local": local, "autoscaler": autoscaler},
-                      sort_keys=True, default=str)
+    return json.dumps(
+        {"sizes": sizes, "manifests": manifests, "local": local, "autoscaler": autoscaler},
+        sort_keys=True,
+        default=str,
+    )
 
 
 FIELDS = leaves(_spec_schema())

@@ -33,9 +33,13 @@ def early_exit_model(tiny_model_dir):
     return upper_layers_scaled(load_model(tiny_model_dir), DRAFT_LAYERS, 0.0)
 
 
-def _engine(model, layers: int | None = DRAFT_LAYERS, k: int = 4, policy: BackoffPolicy | None = None, **overrides):
+def _engine(
+    model, layers: int | None = DRAFT_LAYERS, k: int = 4, policy: BackoffPolicy | None = None, **overrides
+):
     spec = SpeculativeConfig("draft", k, draft_layers=layers) if layers else None
-    engine = Engine(model, EngineConfig(**{"block_size": 4, "num_kv_blocks": 256, "speculative": spec, **overrides}))
+    engine = Engine(
+        model, EngineConfig(**{"block_size": 4, "num_kv_blocks": 256, "speculative": spec, **overrides})
+    )
     if policy is not None:
         assert engine.speculator is not None
         engine.speculator.policy = policy
@@ -67,11 +71,17 @@ def test_each_sequence_drafts_its_own_count_one_token_per_step_at_its_positions(
     proposer = DraftModelProposer(step, lambda s, n: min(n, room[id(s)]))
     drafts = proposer.propose(seqs, [3, 3, 2])  # type: ignore[arg-type]
     assert drafts == [[11, 13, 16], [103], [5, 6]]
-    assert calls == [([10, 100, 5], [1, 3, 0]), ([11, 5], [2, 1]), ([13], [3])]  # each step feeds its drafts back
+    assert calls == [
+        ([10, 100, 5], [1, 3, 0]),
+        ([11, 5], [2, 1]),
+        ([13], [3]),
+    ]  # each step feeds its drafts back
 
 
 def test_no_room_no_drafts_and_no_step():
-    proposer = DraftModelProposer(lambda *a: pytest.fail("stepped"), lambda s, n: 1)  # room for the last token only
+    proposer = DraftModelProposer(
+        lambda *a: pytest.fail("stepped"), lambda s, n: 1
+    )  # room for the last token only
     assert proposer.propose([_Seq([1, 2])], [4]) == [[]]  # type: ignore[list-item]
     assert drafts_that_fit(4, 0) == drafts_that_fit(4, 1) == 0 and drafts_that_fit(4, 3) == 2
     assert drafts_that_fit(4, 9) == 4 and still_drafting([3, 1, 2], [0, 1, 2], 1) == [0, 2]
@@ -100,7 +110,9 @@ def test_continuous_batch_mixing_drafting_and_plain_sequences(request, which):
         (seeded_prompt(9, 7), SamplingParams(max_tokens=25, temperature=0.0, stop_token_ids=[17, 402, 877])),
         (seeded_prompt(15, 8), SamplingParams(max_tokens=1, **GREEDY)),  # never drafts
     ]
-    late = {3: [(seeded_prompt(70, 9), SamplingParams(max_tokens=20, **GREEDY))]}  # a chunked prompt joins mid-way
+    late = {
+        3: [(seeded_prompt(70, 9), SamplingParams(max_tokens=20, **GREEDY))]
+    }  # a chunked prompt joins mid-way
     plain = run_to_completion(_engine(model, layers=None, prefill_chunk_tokens=16), requests, late)
     engine = _engine(model, policy=ALWAYS, prefill_chunk_tokens=16)
     mixed = 0
@@ -127,10 +139,15 @@ def test_a_model_whose_upper_layers_add_nothing_accepts_nearly_every_draft(early
     prompts = [seeded_prompt(n, n) for n in (9, 17, 26)]
     engine = _engine(early_exit_model, k=5)
     got = run_to_completion(engine, [(p, SamplingParams(max_tokens=48, **GREEDY)) for p in prompts])
-    want = run_to_completion(_engine(early_exit_model, layers=None), [(p, SamplingParams(max_tokens=48, **GREEDY)) for p in prompts])
+    want = run_to_completion(
+        _engine(early_exit_model, layers=None),
+        [(p, SamplingParams(max_tokens=48, **GREEDY)) for p in prompts],
+    )
     assert got == want
     assert _acceptance(engine) >= 0.95
-    assert engine.speculator is not None and engine.speculator.accepted_tokens > 3 * 48 // 2  # most were drafts
+    assert (
+        engine.speculator is not None and engine.speculator.accepted_tokens > 3 * 48 // 2
+    )  # most were drafts
 
 
 def test_early_exit_below_the_silenced_layers_is_not_the_model(early_exit_model):
@@ -212,8 +229,13 @@ def test_sampled_tokens_after_drafts_are_distributed_as_without_them(early_exit_
     runs = []
     for layers in (None, DRAFT_LAYERS):
         policy = ALWAYS if layers else None
-        engine = _engine(early_exit_model, layers=layers, policy=policy, num_kv_blocks=n * 4, max_running_sequences=n)
-        reqs = [(prompt, SamplingParams(max_tokens=3, temperature=0.05, seed=s, ignore_eos=True)) for s in range(n)]
+        engine = _engine(
+            early_exit_model, layers=layers, policy=policy, num_kv_blocks=n * 4, max_running_sequences=n
+        )
+        reqs = [
+            (prompt, SamplingParams(max_tokens=3, temperature=0.05, seed=s, ignore_eos=True))
+            for s in range(n)
+        ]
         runs.append([toks for toks, _ in run_to_completion(engine, reqs).values()])
     assert engine.speculator is not None and engine.speculator.verifies == n  # each verified its one draft
     assert 0.2 < _acceptance(engine) < 0.95
@@ -253,7 +275,9 @@ def test_a_prefilled_sequence_drafts_over_the_transferred_cache(early_exit_model
     tokens = [o.token_id for o in out]
     while decode.has_work():
         tokens += [o.token_id for o in decode.step()]
-    want = run_to_completion(_engine(early_exit_model, layers=None), [(prompt, SamplingParams(max_tokens=30, **GREEDY))])
+    want = run_to_completion(
+        _engine(early_exit_model, layers=None), [(prompt, SamplingParams(max_tokens=30, **GREEDY))]
+    )
     assert tokens == want["r0"][0]
     assert _acceptance(decode) > 0.9 and decode.blocks.num_used == 0
 

@@ -23,11 +23,15 @@ def tiny_model(tiny_model_dir):
 
 def _engine(model, k: int | None = 4, **overrides) -> Engine:
     spec = SpeculativeConfig(num_tokens=k) if k else None
-    return Engine(model, EngineConfig(**{"block_size": 4, "num_kv_blocks": 256, "speculative": spec, **overrides}))
+    return Engine(
+        model, EngineConfig(**{"block_size": 4, "num_kv_blocks": 256, "speculative": spec, **overrides})
+    )
 
 
 def _reference(model, prompt: list[int], n: int) -> list[int]:
-    return run_to_completion(_engine(model, k=None), [(prompt, SamplingParams(max_tokens=n, **GREEDY))])["r0"][0]
+    return run_to_completion(_engine(model, k=None), [(prompt, SamplingParams(max_tokens=n, **GREEDY))])[
+        "r0"
+    ][0]
 
 
 class Scripted:
@@ -58,10 +62,15 @@ def test_continuous_batch_mixing_speculating_and_plain_sequences(tiny_model):
     requests = [
         (seeded_prompt(20, 4), SamplingParams(max_tokens=40, **GREEDY)),
         (pattern * 5, SamplingParams(max_tokens=33, **GREEDY)),  # drafts from the prompt itself
-        (seeded_prompt(12, 5), SamplingParams(max_tokens=30, temperature=0.8, seed=7, ignore_eos=True)),  # other draws
+        (
+            seeded_prompt(12, 5),
+            SamplingParams(max_tokens=30, temperature=0.8, seed=7, ignore_eos=True),
+        ),  # other draws
         (seeded_prompt(9, 6), SamplingParams(max_tokens=25, temperature=0.0, stop_token_ids=[17, 402, 877])),
     ]
-    late = {3: [(seeded_prompt(70, 8), SamplingParams(max_tokens=20, **GREEDY))]}  # a chunked prompt joins mid-way
+    late = {
+        3: [(seeded_prompt(70, 8), SamplingParams(max_tokens=20, **GREEDY))]
+    }  # a chunked prompt joins mid-way
     plain = run_to_completion(_engine(tiny_model, k=None, prefill_chunk_tokens=16), requests, late)
     engine = _engine(tiny_model, prefill_chunk_tokens=16)
     mixed_steps = 0
@@ -93,7 +102,9 @@ def test_stop_token_and_max_tokens_end_exactly_inside_accepted_drafts(tiny_model
     ]:
         engine = _engine(tiny_model, k=4)
         assert engine.speculator is not None
-        engine.speculator.proposer = Scripted(full, right=4, vocab=tiny_model.config.vocab_size)  # all accepted
+        engine.speculator.proposer = Scripted(
+            full, right=4, vocab=tiny_model.config.vocab_size
+        )  # all accepted
         engine.speculator.policy = BackoffPolicy(first_pause_steps=1)  # speculate from the first decode step
         tokens, why = run_to_completion(engine, [(prompt, params)])["r0"]
         n = want_len or full[16:].index(full[16 + 8]) + 1
@@ -161,7 +172,6 @@ def test_speculation_matches_transformers_greedy():
     for i, prompt in enumerate(prompts):
         assert got[f"r{i}"][0] == hf_greedy(hf, prompt, 40)
     assert engine.speculator is not None and engine.speculator.accepted_tokens > 0
-
 
 
 def test_penalties_see_the_drafts_before_each_verified_row(tiny_model):

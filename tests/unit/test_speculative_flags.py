@@ -22,9 +22,13 @@ FLAG = ["--speculative", "ngram", "--speculative-tokens", "6"]
 
 
 def _spec(mode: str = "disaggregated", **engine) -> InferenceServiceSpec:
-    return InferenceServiceSpec.model_validate({
-        "model": {"source": {"path": "/models/x"}, "servedName": "x"}, "mode": mode, "engine": engine,
-    })  # fmt: skip
+    return InferenceServiceSpec.model_validate(
+        {
+            "model": {"source": {"path": "/models/x"}, "servedName": "x"},
+            "mode": mode,
+            "engine": engine,
+        }
+    )
 
 
 def _carries(argv: list[str]) -> bool:
@@ -60,7 +64,10 @@ def test_the_draft_method_carries_its_layers_to_the_decode_worker():
     args = _worker_args(_spec(speculative=draft))
     assert " ".join(want) in " ".join(args["decode"]) and "--speculative" not in " ".join(args["prefill"])
     assert speculative_config(parse_args(args["decode"][1:])) == SpeculativeConfig("draft", 3, draft_layers=2)
-    procs = {p.role: p.argv for p in plan(InferenceService(name="s", spec=_spec(speculative=draft)), Path("/"), cpus=4)}
+    procs = {
+        p.role: p.argv
+        for p in plan(InferenceService(name="s", spec=_spec(speculative=draft)), Path("/"), cpus=4)
+    }
     assert " ".join(want) in " ".join(procs["decode"])
     assert "--speculative-draft-layers" not in _worker_args(_spec(speculative={"numTokens": 3}))["decode"]
 
@@ -72,7 +79,10 @@ def test_the_draft_method_carries_its_layers_to_the_decode_worker():
         ({"numTokens": 17}, "numTokens"),
         ({"method": "magic"}, "method"),
         ({"method": "draft"}, "draftModel is required by method draft"),
-        ({"method": "ngram", "draftModel": {"layers": 2}}, "draftModel is required by method draft and only by it"),
+        (
+            {"method": "ngram", "draftModel": {"layers": 2}},
+            "draftModel is required by method draft and only by it",
+        ),
         ({"draftModel": {"layers": 2}}, "only by it"),
         ({"method": "draft", "draftModel": {"layers": 0}}, "layers"),
         ({"method": "draft", "draftModel": {}}, "layers"),
@@ -93,7 +103,10 @@ def test_the_worker_refuses_a_draft_with_as_many_layers_as_the_model(tiny_model_
 
 
 def test_metrics_count_proposed_and_accepted_drafts(tiny_model_dir):
-    engine = Engine(load_model(tiny_model_dir), EngineConfig(block_size=4, num_kv_blocks=64, speculative=SpeculativeConfig()))
+    engine = Engine(
+        load_model(tiny_model_dir),
+        EngineConfig(block_size=4, num_kv_blocks=64, speculative=SpeculativeConfig()),
+    )
     metrics = WorkerMetrics("svc", "decode").watch(engine)
     labels = {"service": "svc", "pool": "decode"}
     engine.add_request([5, 6, 7] * 6, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), "r")
@@ -102,8 +115,16 @@ def test_metrics_count_proposed_and_accepted_drafts(tiny_model_dir):
         metrics.on_step(engine)
     spec = engine.speculator
     assert spec is not None and spec.accepted_tokens > 0
-    got = [metrics.registry.get_sample_value(n, labels) for n in (
-        names.SPEC_PROPOSED_TOKENS_TOTAL, names.SPEC_ACCEPTED_TOKENS_TOTAL, names.SPEC_VERIFY_STEPS_TOTAL)]  # fmt: skip
+    got = [
+        metrics.registry.get_sample_value(n, labels)
+        for n in (
+            names.SPEC_PROPOSED_TOKENS_TOTAL,
+            names.SPEC_ACCEPTED_TOKENS_TOTAL,
+            names.SPEC_VERIFY_STEPS_TOTAL,
+        )
+    ]
     assert got == [spec.proposed_tokens, spec.accepted_tokens, spec.verifies]
     assert 0 < got[1] <= got[0]
-    assert metrics.registry.get_sample_value(names.PREFILL_TOKENS_TOTAL, labels) == 18  # verifies are not prompt
+    assert (
+        metrics.registry.get_sample_value(names.PREFILL_TOKENS_TOTAL, labels) == 18
+    )  # verifies are not prompt

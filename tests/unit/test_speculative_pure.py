@@ -21,16 +21,23 @@ from tandem.worker.engine.speculative.speculator import (
 )
 
 
-@pytest.mark.parametrize("tokens, k, expected", [
-    ([1, 2, 3, 9, 1, 2], 3, [3, 9, 1]),  # the trigram is not there; the bigram [1, 2] was followed by 3 9 1
-    ([5, 1, 2, 7, 1, 2, 8, 1, 2], 2, [8, 1]),  # the latest occurrence wins
-    ([4, 1, 2, 3, 6, 1, 2, 3], 2, [6, 1]),  # the longest n-gram wins over a later shorter one
-    ([7, 7, 7], 4, [7, 7, 7, 7]),  # the copy runs on into the suffix and its own drafts
-    ([1, 2, 1, 2], 5, [1, 2, 1, 2, 1]),
-    ([1, 2, 3, 4], 3, []),  # nothing repeats
-    ([1], 3, []),
-    ([1, 2, 1], 0, []),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "tokens, k, expected",
+    [
+        (
+            [1, 2, 3, 9, 1, 2],
+            3,
+            [3, 9, 1],
+        ),  # the trigram is not there; the bigram [1, 2] was followed by 3 9 1
+        ([5, 1, 2, 7, 1, 2, 8, 1, 2], 2, [8, 1]),  # the latest occurrence wins
+        ([4, 1, 2, 3, 6, 1, 2, 3], 2, [6, 1]),  # the longest n-gram wins over a later shorter one
+        ([7, 7, 7], 4, [7, 7, 7, 7]),  # the copy runs on into the suffix and its own drafts
+        ([1, 2, 1, 2], 5, [1, 2, 1, 2, 1]),
+        ([1, 2, 3, 4], 3, []),  # nothing repeats
+        ([1], 3, []),
+        ([1, 2, 1], 0, []),
+    ],
+)
 def test_ngram_draft(tokens, k, expected):
     assert ngram_draft(tokens, k, min_n=1, max_n=3) == expected
 
@@ -40,9 +47,15 @@ def test_ngram_min_size_refuses_single_token_matches():
     assert ngram_draft([3, 1, 4, 3], 2, min_n=1, max_n=3) == [1, 4]
 
 
-@pytest.mark.parametrize("draft, target, n", [
-    ([1, 2, 3], [1, 2, 3, 4], 3), ([1, 2, 3], [1, 5, 3, 4], 1), ([1, 2], [9, 2, 3], 0), ([], [4], 0),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "draft, target, n",
+    [
+        ([1, 2, 3], [1, 2, 3, 4], 3),
+        ([1, 2, 3], [1, 5, 3, 4], 1),
+        ([1, 2], [9, 2, 3], 0),
+        ([], [4], 0),
+    ],
+)
 def test_accepted_prefix(draft, target, n):
     assert accepted_prefix(draft, target) == n
 
@@ -105,9 +118,16 @@ def test_speculator_skips_paused_sequences_and_counts():
     assert spec.drafts([seq], 100) == {seq: [1, 1]}  # step 2: a probe drafts half as many
     spec.record(seq, 2, 0)
     assert (spec.proposed_tokens, spec.accepted_tokens, spec.verifies) == (2, 0, 1)
-    assert [bool(spec.drafts([seq], 100)) for _ in range(4)] == [False, True, False, False]  # steps 3-6: every 4th
+    assert [bool(spec.drafts([seq], 100)) for _ in range(4)] == [
+        False,
+        True,
+        False,
+        False,
+    ]  # steps 3-6: every 4th
     spec.record(seq, 2, 2)
-    assert [spec.drafts([seq], 100) for _ in range(2)] == [{seq: [1, 1, 1, 1]}] * 2  # trusted: every step, all 4
+    assert [spec.drafts([seq], 100) for _ in range(2)] == [
+        {seq: [1, 1, 1, 1]}
+    ] * 2  # trusted: every step, all 4
     assert spec.drafts([], 100) == {} and spec.states == {}  # finished sequences are forgotten
 
 
@@ -118,7 +138,9 @@ def test_a_draft_model_probes_with_one_draft():
         def propose(self, seqs, num_tokens):
             return [[1] * k for k in num_tokens]
 
-    spec = Speculator(SpeculativeConfig("draft", 4, draft_layers=1), Always(), BackoffPolicy(first_pause_steps=1))
+    spec = Speculator(
+        SpeculativeConfig("draft", 4, draft_layers=1), Always(), BackoffPolicy(first_pause_steps=1)
+    )
     seq = _seq(5, 1)
     assert spec.drafts([seq], 100) == {seq: [1]}
     spec.record(seq, 1, 1)

@@ -72,7 +72,9 @@ def test_sampled_sequences_speculate_reproducibly_under_a_seed(tiny_model):
     params = SamplingParams(max_tokens=40, temperature=0.2, top_k=20, seed=11, ignore_eos=True)
     runs = []
     for _ in range(2):
-        engine = Engine(tiny_model, EngineConfig(block_size=4, num_kv_blocks=64, speculative=SpeculativeConfig()))
+        engine = Engine(
+            tiny_model, EngineConfig(block_size=4, num_kv_blocks=64, speculative=SpeculativeConfig())
+        )
         assert engine.speculator is not None
         engine.speculator.policy = BackoffPolicy(first_pause_steps=1)
         runs.append(_run(engine, prompt, params))

@@ -25,7 +25,11 @@ TIME_TOOL = {
     "function": {
         "name": "get_time",
         "description": "The time in a zone",
-        "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]},
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+        },
     },
 }
 CALL_TEXT = '{"name": "get_time", "arguments": {"zone": "UTC"}}'
@@ -42,7 +46,11 @@ def chat(**fields) -> dict:
     [
         ("/v1/chat/completions", chat(frobnicate=1), "frobnicate"),
         ("/v1/chat/completions", chat(stream_options={"include_usage": True, "x": 1}), "stream_options"),
-        ("/v1/chat/completions", {**chat(), "messages": [{"role": "user", "content": "x", "extra": 1}]}, "messages"),
+        (
+            "/v1/chat/completions",
+            {**chat(), "messages": [{"role": "user", "content": "x", "extra": 1}]},
+            "messages",
+        ),
         ("/v1/completions", {"model": SERVED, "prompt": "x", "unknown_knob": True}, "unknown_knob"),
         ("/v1/chat/completions", chat(logit_bias={"5": 10}), "logit_bias"),
         ("/v1/chat/completions", chat(store=True), "store"),
@@ -55,13 +63,30 @@ def chat(**fields) -> dict:
         ("/v1/completions", {"model": SERVED, "prompt": "x", "suffix": "end"}, "suffix"),
         ("/v1/completions", {"model": SERVED, "prompt": "x", "best_of": 3}, "best_of"),
         ("/v1/chat/completions", chat(tool_choice="required"), "tool_choice"),  # no tools
-        ("/v1/chat/completions", chat(tools=[TIME_TOOL], tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice"),
+        (
+            "/v1/chat/completions",
+            chat(tools=[TIME_TOOL], tool_choice={"type": "function", "function": {"name": "nope"}}),
+            "tool_choice",
+        ),
         ("/v1/chat/completions", chat(response_format={"type": "json_schema"}), "response_format"),
-        ("/v1/chat/completions", chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}), "response_format.json_schema.schema"),
-        ("/v1/chat/completions", chat(response_format={"type": "json_object"}, ignore_eos=True), "ignore_eos"),
+        (
+            "/v1/chat/completions",
+            chat(
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "nope"}},
+                }
+            ),
+            "response_format.json_schema.schema",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(response_format={"type": "json_object"}, ignore_eos=True),
+            "ignore_eos",
+        ),
         ("/v1/chat/completions", chat(min_tokens=9, max_tokens=3), "min_tokens"),
     ],
-)  # fmt: skip
+)
 async def test_unimplemented_or_unknown_fields_are_400_naming_them(tok, path, body, param):  # noqa: F811
     backend = ScriptedBackend(tok)
     r = await post(create_app(backend, tok, SERVED), path, body)
@@ -94,8 +119,16 @@ def _types_in(annotation) -> list:
 @pytest.mark.asyncio
 async def test_no_op_values_of_unimplemented_fields_are_accepted(tok):  # noqa: F811
     backend = ScriptedBackend(tok)
-    body = chat(store=False, service_tier="auto", modalities=["text"], user="u1", metadata={"k": "v"},
-                parallel_tool_calls=False, safety_identifier="s", prompt_cache_key="p")  # fmt: skip
+    body = chat(
+        store=False,
+        service_tier="auto",
+        modalities=["text"],
+        user="u1",
+        metadata={"k": "v"},
+        parallel_tool_calls=False,
+        safety_identifier="s",
+        prompt_cache_key="p",
+    )
     r = await post(create_app(backend, tok, SERVED), "/v1/chat/completions", body)
     assert r.status_code == 200, r.text
 
@@ -110,7 +143,12 @@ async def test_response_format_and_forced_tools_send_a_grammar_and_free_text_non
         chat(),
         chat(response_format={"type": "text"}),
         chat(response_format={"type": "json_object"}),
-        chat(response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": True}}),
+        chat(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "a", "schema": schema, "strict": True},
+            }
+        ),
         chat(tools=[TIME_TOOL]),  # auto: the model may answer in text
         chat(tools=[TIME_TOOL], tool_choice="required"),
         chat(tools=[TIME_TOOL], tool_choice={"type": "function", "function": {"name": "get_time"}}),
@@ -121,6 +159,7 @@ async def test_response_format_and_forced_tools_send_a_grammar_and_free_text_non
     grammars = [params.grammar for _, _, params in backend.calls]
     assert grammars[:2] == [None, None] and grammars[4] is None and grammars[7] is None
     assert all(grammars[i] for i in (2, 3, 5, 6))
+
     def schema_of(grammar: str) -> dict:
         sent = json.loads(grammar)["grammars"][0]["json_schema"]
         assert sent.pop("x-guidance")["whitespace_flexible"] is False  # compact JSON, no runs of spaces
@@ -147,7 +186,9 @@ def test_response_format_grammar_refuses_what_llguidance_cannot_enforce():
 
     assert response_format_grammar(None) is None and response_format_grammar({"type": "text"}) is None
     with pytest.raises(ApiError) as e:
-        response_format_grammar({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}})
+        response_format_grammar(
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}
+        )
     assert e.value.status == 400 and e.value.param == "response_format.json_schema.schema"
 
 
@@ -174,14 +215,23 @@ def test_parse_tool_calls(text, names):
 
 
 def test_may_be_tool_call_holds_only_what_could_become_one():
-    assert may_be_tool_call("") and may_be_tool_call("  ") and may_be_tool_call(" {") and may_be_tool_call("<tool")
+    assert (
+        may_be_tool_call("")
+        and may_be_tool_call("  ")
+        and may_be_tool_call(" {")
+        and may_be_tool_call("<tool")
+    )
     assert may_be_tool_call("<tool_call>{") and may_be_tool_call("[")
     assert not may_be_tool_call("It") and not may_be_tool_call("<b>") and not may_be_tool_call(" x{")
 
 
 def test_tool_call_openai_shape():
     call = ToolCall("get_time", '{"zone": "UTC"}', id="call_1")
-    assert call.as_openai() == {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'}}
+    assert call.as_openai() == {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'},
+    }
     assert call.as_openai(index=2)["index"] == 2
 
 
@@ -207,7 +257,9 @@ async def test_a_tool_call_answer_in_the_openai_shape_whole_and_streamed(tok, to
 @pytest.mark.asyncio
 async def test_with_tools_offered_plain_text_still_streams_as_content(tok):  # noqa: F811
     backend = ScriptedBackend(tok)
-    r = await post(create_app(backend, tok, SERVED), "/v1/chat/completions", chat(tools=[TIME_TOOL], stream=True))
+    r = await post(
+        create_app(backend, tok, SERVED), "/v1/chat/completions", chat(tools=[TIME_TOOL], stream=True)
+    )
     events = [e for e in sse_events(r.text) if isinstance(e, dict)]
     content = [e["choices"][0]["delta"].get("content") for e in events]
     assert "".join(c or "" for c in content) == "Hello world, stop here. END now"
@@ -220,8 +272,11 @@ async def test_with_tools_offered_plain_text_still_streams_as_content(tok):  # n
 @pytest.mark.parametrize("stream", [False, True])
 async def test_n_choices_are_n_generations_with_their_own_seeds(tok, stream):  # noqa: F811
     backend = ScriptedBackend(tok)
-    r = await post(create_app(backend, tok, SERVED), "/v1/chat/completions", chat(n=3, seed=10, stream=stream,
-                                                                                   stream_options={"include_usage": True} if stream else None))  # fmt: skip
+    r = await post(
+        create_app(backend, tok, SERVED),
+        "/v1/chat/completions",
+        chat(n=3, seed=10, stream=stream, stream_options={"include_usage": True} if stream else None),
+    )
     assert r.status_code == 200, r.text
     assert sorted(p.seed for _, _, p in backend.calls) == [10, 11, 12]
     assert len({rid for rid, _, _ in backend.calls}) == 3
@@ -237,7 +292,9 @@ async def test_n_choices_are_n_generations_with_their_own_seeds(tok, stream):  #
         body = r.json()
         assert [c["index"] for c in body["choices"]] == [0, 1, 2]
         usage = body["usage"]
-    assert usage["completion_tokens"] == 3 * len(backend.ids) and usage["prompt_tokens"] == len(backend.calls[0][1])
+    assert usage["completion_tokens"] == 3 * len(backend.ids) and usage["prompt_tokens"] == len(
+        backend.calls[0][1]
+    )
 
 
 # --- the chat template with tools, against transformers --------------------------------------------------
@@ -245,17 +302,25 @@ def test_tools_and_tool_turns_render_as_transformers_renders_them(tok, tiny_mode
     import transformers
 
     hf = transformers.AutoTokenizer.from_pretrained(str(tiny_model_dir))
-    call = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'}}
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'},
+    }
     messages = [
         {"role": "user", "content": "What time is it?"},
         {"role": "assistant", "content": "", "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
     ]
     ours = tok.apply_chat_template(messages, tools=[TIME_TOOL])
-    assert ours == hf.apply_chat_template(messages, tools=[TIME_TOOL], tokenize=False, add_generation_prompt=True)
+    assert ours == hf.apply_chat_template(
+        messages, tools=[TIME_TOOL], tokenize=False, add_generation_prompt=True
+    )
     assert tok.encode_chat(messages, tools=[TIME_TOOL]) == list(
         hf.apply_chat_template(messages, tools=[TIME_TOOL], add_generation_prompt=True, return_dict=False)
     )
     assert json.dumps(TIME_TOOL) in ours and CALL_TEXT in ours and "<|tool|>\n12:00" in ours
-    assert tok.apply_chat_template(messages[:1]) == hf.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
+    assert tok.apply_chat_template(messages[:1]) == hf.apply_chat_template(
+        messages[:1], tokenize=False, add_generation_prompt=True
+    )
     assert "Tools:" not in tok.apply_chat_template(messages[:1])  # no tools: the prompt is as before

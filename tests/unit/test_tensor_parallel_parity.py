@@ -15,9 +15,18 @@ from tandem.worker.hf.config import ModelLoadError
 from tests.hf_reference import LLAMA_GQA, MIXTRAL, QWEN2_BIAS, QWEN2_MOE, engine_for, hf_model
 from tests.unit.test_model_parity import _forward, _prompt, _run
 
-ODD_HEADS = {**LLAMA_GQA, "num_attention_heads": 6, "num_key_value_heads": 2, "hidden_size": 96, "vocab_size": 509}
-CONFIGS = {"llama-3-heads-per-rank-odd-vocab-untied": ODD_HEADS, "qwen2-bias-tied": QWEN2_BIAS,
-           "qwen2-moe-shared-expert-tied": QWEN2_MOE}  # fmt: skip
+ODD_HEADS = {
+    **LLAMA_GQA,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 2,
+    "hidden_size": 96,
+    "vocab_size": 509,
+}
+CONFIGS = {
+    "llama-3-heads-per-rank-odd-vocab-untied": ODD_HEADS,
+    "qwen2-bias-tied": QWEN2_BIAS,
+    "qwen2-moe-shared-expert-tied": QWEN2_MOE,
+}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +56,9 @@ def test_prompt_and_decode_logits_match_one_rank(models):
 def test_greedy_tokens_match_one_rank_over_32_tokens(models):
     one, two = models
     prompts = [_prompt(n, seed=n) for n in (5, 19, 11)]
-    assert _run(engine_for(two, prefill_chunk_tokens=8), prompts, 32) == _run(engine_for(one, prefill_chunk_tokens=8), prompts, 32)
+    assert _run(engine_for(two, prefill_chunk_tokens=8), prompts, 32) == _run(
+        engine_for(one, prefill_chunk_tokens=8), prompts, 32
+    )
 
 
 def test_kv_blocks_read_with_every_rank_s_heads_and_written_back_to_each(models):
@@ -69,5 +80,7 @@ def test_kv_blocks_read_with_every_rank_s_heads_and_written_back_to_each(models)
 
 def test_a_model_whose_kv_heads_two_ranks_cannot_split_is_refused_naming_the_field(group, tmp_path):
     hf_model(MIXTRAL).save_pretrained(tmp_path)  # 3 KV heads
-    with pytest.raises(ModelLoadError, match=r"resources.gpus: 2 does not divide the model's num_key_value_heads \(3\)"):
+    with pytest.raises(
+        ModelLoadError, match=r"resources.gpus: 2 does not divide the model's num_key_value_heads \(3\)"
+    ):
         load_tensor_parallel(tmp_path, "float32", "none", group)

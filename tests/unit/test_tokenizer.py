@@ -34,7 +34,10 @@ def test_common_words_are_single_tokens(tok):
 
 def test_bos_is_prepended_only_when_asked(tok):
     assert tok.bos_token_id == tok.backend.token_to_id("<s>")
-    with_bos, without = tok.encode("hello", add_special_tokens=True), tok.encode("hello", add_special_tokens=False)
+    with_bos, without = (
+        tok.encode("hello", add_special_tokens=True),
+        tok.encode("hello", add_special_tokens=False),
+    )
     assert with_bos == [tok.bos_token_id, *without]
     assert tok.decode(with_bos) == "hello"
     assert tok.decode(with_bos, skip_special_tokens=False) == "<s>hello"
@@ -170,7 +173,9 @@ def _variant(tmp_path, tiny_model_dir, post_processor, add_bos, add_eos):
     [(True, ABSENT), (False, ABSENT), (ABSENT, ABSENT), (ABSENT, True), (True, True)],
     ids=["bos-true", "bos-false", "bos-absent", "eos-true", "bos-eos-true"],
 )
-def test_encode_and_chat_match_transformers_auto_tokenizer(tmp_path, tiny_model_dir, post_processor, add_bos, add_eos):
+def test_encode_and_chat_match_transformers_auto_tokenizer(
+    tmp_path, tiny_model_dir, post_processor, add_bos, add_eos
+):
     import transformers
 
     model_dir = _variant(tmp_path, tiny_model_dir, POST_PROCESSORS[post_processor], add_bos, add_eos)
@@ -179,10 +184,15 @@ def test_encode_and_chat_match_transformers_auto_tokenizer(tmp_path, tiny_model_
     for text in TEXTS:
         assert ours.encode(text) == hf.encode(text), text
         assert ours.encode(text, add_special_tokens=False) == hf.encode(text, add_special_tokens=False), text
-    assert ours.apply_chat_template(CHAT) == hf.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    assert ours.apply_chat_template(CHAT) == hf.apply_chat_template(
+        CHAT, tokenize=False, add_generation_prompt=True
+    )
     chat_ids = hf.apply_chat_template(CHAT, add_generation_prompt=True, return_dict=False)
     assert ours.encode_chat(CHAT) == list(chat_ids)
-    assert chat_ids[:2] == [ours.bos_token_id, ours.backend.token_to_id("<|system|>")]  # one BOS, from the template
+    assert chat_ids[:2] == [
+        ours.bos_token_id,
+        ours.backend.token_to_id("<|system|>"),
+    ]  # one BOS, from the template
 
 
 def test_chat_template_sees_the_named_special_tokens_transformers_passes(tmp_path, tiny_model_dir):
@@ -190,8 +200,11 @@ def test_chat_template_sees_the_named_special_tokens_transformers_passes(tmp_pat
 
     model_dir = _variant(tmp_path, tiny_model_dir, None, True, ABSENT)
     config = json.loads((model_dir / "tokenizer_config.json").read_text())
-    config.update(unk_token="<|user|>", chat_template="{{ pad_token }}|{{ unk_token }}|{{ bos_token }}|{{ sep_token }}|"
-                  "{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}")  # fmt: skip
+    config.update(
+        unk_token="<|user|>",
+        chat_template="{{ pad_token }}|{{ unk_token }}|{{ bos_token }}|{{ sep_token }}|"
+        "{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}",
+    )
     (model_dir / "tokenizer_config.json").write_text(json.dumps(config))
     ours = Tokenizer.from_dir(model_dir)
     hf = transformers.AutoTokenizer.from_pretrained(str(model_dir))
@@ -206,7 +219,9 @@ def test_special_tokens_come_from_the_post_processor_alone(tmp_path, tiny_model_
     def added(post_processor, add_bos, add_eos):
         sub = tmp_path / f"{post_processor}-{add_bos}-{add_eos}"
         sub.mkdir()
-        t = Tokenizer.from_dir(_variant(sub, tiny_model_dir, POST_PROCESSORS[post_processor], add_bos, add_eos))
+        t = Tokenizer.from_dir(
+            _variant(sub, tiny_model_dir, POST_PROCESSORS[post_processor], add_bos, add_eos)
+        )
         full, body = t.encode("hello"), t.encode("hello", add_special_tokens=False)
         assert full[len(full) - len(body) :] == body
         return [t.backend.id_to_token(i) for i in full[: len(full) - len(body)]]

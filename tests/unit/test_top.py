@@ -28,7 +28,9 @@ def test_histogram_quantile_follows_prometheus():
     buckets = [(0.1, 10.0), (0.2, 20.0), (math.inf, 20.0)]
     assert histogram_quantile(0.5, buckets) == 0.1
     assert histogram_quantile(0.75, buckets) == 0.15000000000000002  # linear inside (0.1, 0.2]
-    assert histogram_quantile(0.99, [(0.1, 10.0), (math.inf, 12.0)]) == 0.1  # rank in +Inf: highest finite bound
+    assert (
+        histogram_quantile(0.99, [(0.1, 10.0), (math.inf, 12.0)]) == 0.1
+    )  # rank in +Inf: highest finite bound
     assert histogram_quantile(0.5, [(0.1, 0.0), (math.inf, 0.0)]) is None  # no requests
     assert histogram_quantile(0.5, []) is None
 
@@ -49,8 +51,12 @@ class Clock:
 
 def _router_text(fast: int, slow: int) -> str:
     """A real router registry after `fast` requests meeting a 100 ms TTFT target and `slow` missing it."""
-    m = RouterMetrics("llama", lambda: 0, slo=Slo(ttft_ms=100, tpot_ms=10, percentile=90),
-                      routable_workers=lambda: {"prefill": 1, "decode": 2, "colocated": 0})
+    m = RouterMetrics(
+        "llama",
+        lambda: 0,
+        slo=Slo(ttft_ms=100, tpot_ms=10, percentile=90),
+        routable_workers=lambda: {"prefill": 1, "decode": 2, "colocated": 0},
+    )
     clock = Clock()
     for ttft in [0.05] * fast + [0.4] * slow:
         req = m.start_request(clock)
@@ -78,23 +84,35 @@ def test_router_exposition_becomes_a_row():
 
 
 def test_inference_service_and_its_scaling_events():
-    obj = {"metadata": {"name": "llama", "namespace": "ml"},
-           "spec": {"slo": {"ttftMs": 300, "tpotMs": 40, "percentile": 95}},
-           "status": {"pools": {"prefill": {"desiredReplicas": 2, "readyReplicas": 1},
-                                "decode": {"desiredReplicas": 3, "readyReplicas": 3}}}}  # fmt: skip
+    obj = {
+        "metadata": {"name": "llama", "namespace": "ml"},
+        "spec": {"slo": {"ttftMs": 300, "tpotMs": 40, "percentile": 95}},
+        "status": {
+            "pools": {
+                "prefill": {"desiredReplicas": 2, "readyReplicas": 1},
+                "decode": {"desiredReplicas": 3, "readyReplicas": 3},
+            }
+        },
+    }
     st = service_state(obj)
     assert st.key == ("ml", "llama") and (st.slo_ttft_s, st.slo_tpot_s, st.objective) == (0.3, 0.04, 0.95)
     assert st.pools["prefill"] == PoolState(2, 1)
     now = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 
     def event(name, kind, reason, ago, message):
-        return {"involvedObject": {"kind": kind, "name": name}, "reason": reason, "message": message,
-                "lastTimestamp": (now - dt.timedelta(seconds=ago)).isoformat().replace("+00:00", "Z")}
+        return {
+            "involvedObject": {"kind": kind, "name": name},
+            "reason": reason,
+            "message": message,
+            "lastTimestamp": (now - dt.timedelta(seconds=ago)).isoformat().replace("+00:00", "Z"),
+        }
 
-    events = [event("llama-decode", "TandemPool", "Scaled", 90, "2 -> 3: TPOT p90 over target"),
-              event("llama-prefill", "TandemPool", "SLOBreach", 30, "prefill 1->2: prefill queue wait"),
-              event("llama", "InferenceService", "Ready", 5, "ready"),
-              event("llamas-decode", "TandemPool", "Scaled", 1, "another service")]  # fmt: skip
+    events = [
+        event("llama-decode", "TandemPool", "Scaled", 90, "2 -> 3: TPOT p90 over target"),
+        event("llama-prefill", "TandemPool", "SLOBreach", 30, "prefill 1->2: prefill queue wait"),
+        event("llama", "InferenceService", "Ready", 5, "ready"),
+        event("llamas-decode", "TandemPool", "Scaled", 1, "another service"),
+    ]
     assert last_scaling(events, "llama", now) == "30s ago llama-prefill: prefill 1->2: prefill queue wait"
     assert last_scaling(events[:1], "llama", now) == "90s ago llama-decode: 2 -> 3: TPOT p90 over target"
     assert last_scaling(events[2:3], "llama", now) is None
@@ -102,8 +120,9 @@ def test_inference_service_and_its_scaling_events():
 
 def test_sources_merge_into_one_row_and_render():
     kube = ServiceState("llama", "ml", {"decode": PoolState(3, 2)}, slo_ttft_s=0.3, last_scaling="30s ago x")
-    router = ServiceState("llama", None, {"decode": PoolState(None, 3)}, ttft_s=0.45, attainment={"ttft": 0.5},
-                          objective=0.95)
+    router = ServiceState(
+        "llama", None, {"decode": PoolState(None, 3)}, ttft_s=0.45, attainment={"ttft": 0.5}, objective=0.95
+    )
     other = ServiceState("llama", "other-ns")
     rows = merge_sources([kube, other], [router])
     assert len(rows) == 3  # the router's row (namespace unknown) cannot pick between two namespaces: its own
@@ -126,17 +145,24 @@ def test_a_local_spec_gives_desired_replicas_and_the_slo(tmp_path):
     from tandem.operator.top.scrape import RouterScrape
 
     path = tmp_path / "svc.yaml"
-    path.write_text("apiVersion: serving.tandem.dev/v1alpha1\nkind: InferenceService\nmetadata: {name: tiny}\n"
-                    "spec:\n  model: {source: {path: m}, servedName: tiny}\n  prefill: {replicas: 2}\n  decode: {replicas: 3}\n"
-                    "  slo: {ttftMs: 400, tpotMs: 30, percentile: 95}\n")  # fmt: skip
+    path.write_text(
+        "apiVersion: serving.tandem.dev/v1alpha1\nkind: InferenceService\nmetadata: {name: tiny}\n"
+        "spec:\n  model: {source: {path: m}, servedName: tiny}\n  prefill: {replicas: 2}\n  decode: {replicas: 3}\n"
+        "  slo: {ttftMs: 400, tpotMs: 30, percentile: 95}\n"
+    )
     (st,) = SpecSource([str(path)]).poll()
-    assert st.key == ("", "tiny") and st.pools == {"prefill": PoolState(2, None), "decode": PoolState(3, None)}
+    assert st.key == ("", "tiny") and st.pools == {
+        "prefill": PoolState(2, None),
+        "decode": PoolState(3, None),
+    }
     assert (st.slo_ttft_s, st.slo_tpot_s, st.objective) == (0.4, 0.03, 0.95)
     (row,) = merge_sources([st], [ServiceState("tiny", None, {"prefill": PoolState(None, 1)}, ttft_s=0.2)])
     assert row.pools["prefill"] == PoolState(2, 1) and row.ttft_s == 0.2 and row.slo_ttft_s == 0.4
     # -f alone still scrapes the local router; --prometheus alone does not
     assert [type(s) for s in sources(parse_args(["-f", str(path)]))] == [SpecSource, RouterScrape]
-    assert all(not isinstance(s, RouterScrape) for s in sources(parse_args(["--prometheus", "http://127.0.0.1:1"])))
+    assert all(
+        not isinstance(s, RouterScrape) for s in sources(parse_args(["--prometheus", "http://127.0.0.1:1"]))
+    )
 
 
 def test_an_unreachable_router_is_reported_in_the_title():

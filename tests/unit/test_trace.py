@@ -22,15 +22,28 @@ def test_common_field_names(record):
 
 def test_epoch_milliseconds_are_recognised(tmp_path):
     path = tmp_path / "t.jsonl"
-    rows = [{"timestamp": 1_700_000_000_000, "input_len": 1, "output_len": 1},
-            {"timestamp": 1_700_000_002_500, "input_len": 1, "output_len": 1}]  # fmt: skip
+    rows = [
+        {"timestamp": 1_700_000_000_000, "input_len": 1, "output_len": 1},
+        {"timestamp": 1_700_000_002_500, "input_len": 1, "output_len": 1},
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows))
     assert [r.arrival_s for r in load_trace(path)] == [0.0, 2.5]
-    assert parse_jsonl(['{"ts": 1000, "input_len": 1, "output_len": 1}', '{"ts": 3000, "input_len": 1, "output_len": 1}'], "ms")[1].arrival_s == 2.0
+    assert (
+        parse_jsonl(
+            [
+                '{"ts": 1000, "input_len": 1, "output_len": 1}',
+                '{"ts": 3000, "input_len": 1, "output_len": 1}',
+            ],
+            "ms",
+        )[1].arrival_s
+        == 2.0
+    )
 
 
 def test_wall_clock_with_seven_fraction_digits():
-    assert parse_timestamp("2023-11-16 18:17:04.0319600") - parse_timestamp("2023-11-16 18:17:03.9799600") == pytest.approx(0.052)
+    assert parse_timestamp("2023-11-16 18:17:04.0319600") - parse_timestamp(
+        "2023-11-16 18:17:03.9799600"
+    ) == pytest.approx(0.052)
 
 
 def test_a_record_without_lengths_names_what_it_looked_for():

@@ -39,7 +39,9 @@ POOL = 24
 SCALE = 0.2
 
 
-def _cache(kvh: int, d: int, dtype: torch.dtype, int8: bool, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def _cache(
+    kvh: int, d: int, dtype: torch.dtype, int8: bool, g: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     k = torch.randn(POOL, PAGE, kvh, d, generator=g).to(dtype)
     v = torch.randn(POOL, PAGE, kvh, d, generator=g).to(dtype)
     return (pack(k), pack(v)) if int8 else (k, v)
@@ -56,15 +58,23 @@ def _tables(context_lens: list[int], g: torch.Generator) -> list[list[int]]:
     return tables
 
 
-def _batch(query_lens: list[int], context_lens: list[int], tables: list[list[int]], backend: str) -> AttentionBatch:
-    slots = [t[p // PAGE] * PAGE + p % PAGE for q, c, t in zip(query_lens, context_lens, tables, strict=True) for p in range(c - q, c)]
+def _batch(
+    query_lens: list[int], context_lens: list[int], tables: list[list[int]], backend: str
+) -> AttentionBatch:
+    slots = [
+        t[p // PAGE] * PAGE + p % PAGE
+        for q, c, t in zip(query_lens, context_lens, tables, strict=True)
+        for p in range(c - q, c)
+    ]
     return AttentionBatch(query_lens, context_lens, tables, torch.tensor(slots), PAGE, backend)
 
 
 def _both(q, k_cache, v_cache, query_lens, context_lens, tables, splits=None):
     """(triton, sdpa) outputs of one general step; `splits` forces the split count."""
     kvh, d = k_cache.shape[2], q.shape[2]
-    unused = torch.zeros(q.shape[0], kvh, d, dtype=q.dtype)  # the reference reads the cache unless a prompt is fresh
+    unused = torch.zeros(
+        q.shape[0], kvh, d, dtype=q.dtype
+    )  # the reference reads the cache unless a prompt is fresh
     ref = attend(q, unused, unused, k_cache, v_cache, _batch(query_lens, context_lens, tables, "sdpa"), SCALE)
     batch = _batch(query_lens, context_lens, tables, "triton")
     layout = batch.tile_layout(q.shape[1] // kvh)
@@ -81,7 +91,9 @@ def test_decode_rows_match_sdpa(group, head_dim, splits):
     context_lens = [1, 8, 13, 37]  # one key; a full page; partial last pages; several pages
     k_cache, v_cache = _cache(kvh, head_dim, torch.float32, False, g)
     q = torch.randn(len(context_lens), kvh * group, head_dim, generator=g)
-    out, ref = _both(q, k_cache, v_cache, [1] * len(context_lens), context_lens, _tables(context_lens, g), splits)
+    out, ref = _both(
+        q, k_cache, v_cache, [1] * len(context_lens), context_lens, _tables(context_lens, g), splits
+    )
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
 
 
@@ -93,7 +105,9 @@ def test_dtypes_and_the_8_bit_cache_match_sdpa(dtype, int8):
     context_lens = [5, 30, 17]
     k_cache, v_cache = _cache(kvh, d, dtype, int8, g)
     q = torch.randn(len(context_lens), kvh * group, d, generator=g).to(dtype)
-    tol = 2e-5 if dtype == torch.float32 else 2e-2  # bf16: the reference rounds P and the unpacked pages to bf16
+    tol = (
+        2e-5 if dtype == torch.float32 else 2e-2
+    )  # bf16: the reference rounds P and the unpacked pages to bf16
     for splits in (1, 2):
         out, ref = _both(q, k_cache, v_cache, [1] * 3, context_lens, _tables(context_lens, g), splits)
         assert out.dtype == dtype
@@ -125,7 +139,9 @@ def test_static_decode_rows_with_their_new_key_match_sdpa(int8):
     k_cache, v_cache = _cache(kvh, d, torch.float32, int8, g)
     pages = _tables([max(int(c) - 1, 1) for c in context_lens], g)
     table = torch.tensor([p + [POOL - 1] * (width - len(p)) for p in pages])
-    qkv = torch.randn(4, (group + 1) * kvh, d, generator=g)  # the model's views: q and k of one tensor, v another
+    qkv = torch.randn(
+        4, (group + 1) * kvh, d, generator=g
+    )  # the model's views: q and k of one tensor, v another
     q, k_new = qkv[:, : group * kvh], qkv[:, group * kvh :]
     v_new = torch.randn(4, kvh, d, generator=g)
     outs = {}
@@ -134,7 +150,9 @@ def test_static_decode_rows_with_their_new_key_match_sdpa(int8):
         outs[backend] = static_decode_attention(q, k_new, v_new, k_cache, v_cache, batch, SCALE)
     torch.testing.assert_close(outs["triton"], outs["sdpa"], atol=2e-5, rtol=1e-5)
     k_stored, v_stored = as_stored(k_new, k_cache), as_stored(v_new, v_cache)
-    split = tp.paged_decode_attention(q, k_cache, v_cache, table, context_lens - 1, SCALE, k_stored, v_stored, 4)
+    split = tp.paged_decode_attention(
+        q, k_cache, v_cache, table, context_lens - 1, SCALE, k_stored, v_stored, 4
+    )
     torch.testing.assert_close(split, outs["sdpa"], atol=2e-5, rtol=1e-5)
 
 
@@ -148,7 +166,9 @@ def test_an_engine_on_the_triton_backend_decodes_as_the_sdpa_one(tmp_path):
     from tests.decode_parity import requests, run_lockstep, static_engine
 
     model = load_model(create_tiny_model(tmp_path, TinySpec(layers=1, seed=2)))  # 8 heads over 4 KV heads
-    small = dict(block_size=4, num_kv_blocks=64, max_running_sequences=4, max_model_len=32, prefill_chunk_tokens=6)
+    small = dict(
+        block_size=4, num_kv_blocks=64, max_running_sequences=4, max_model_len=32, prefill_chunk_tokens=6
+    )
     sdpa = Engine(model, EngineConfig(**small))
     triton = static_engine(model, compile=False, attention="triton", **small)
     run = run_lockstep(sdpa, triton, requests(3, seed=5, longest=11), late=1)
@@ -164,8 +184,15 @@ def test_the_split_count_comes_from_shapes_and_fills_the_gpu():
     assert tp.num_splits(programs=64, max_keys=4096) == 4
     with pytest.raises(ValueError, match="power of two"):
         q = torch.zeros(1, 1, 64)
-        tp.paged_decode_attention(q, torch.zeros(1, PAGE, 1, 64), torch.zeros(1, PAGE, 1, 64),
-                                  torch.zeros(1, 1, dtype=torch.long), torch.ones(1), SCALE, splits=3)  # fmt: skip
+        tp.paged_decode_attention(
+            q,
+            torch.zeros(1, PAGE, 1, 64),
+            torch.zeros(1, PAGE, 1, 64),
+            torch.zeros(1, 1, dtype=torch.long),
+            torch.ones(1),
+            SCALE,
+            splits=3,
+        )
 
 
 def test_the_backend_is_refused_off_cuda_without_the_interpreter(monkeypatch):
@@ -224,5 +251,7 @@ def test_the_kernels_compile_for_an_h200_without_one(tmp_path):
         pytest.skip("this triton has no bundled ptxas to compile for an NVIDIA target")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
-    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_H200], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE_FOR_H200], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]

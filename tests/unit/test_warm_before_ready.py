@@ -21,7 +21,9 @@ FIRST_REQUESTS = {
 
 
 def engine(tiny_model_dir):
-    return build_engine(tiny_model_dir, EngineConfig(num_kv_blocks=64, block_size=4, prefill_chunk_tokens=32))[0]
+    return build_engine(
+        tiny_model_dir, EngineConfig(num_kv_blocks=64, block_size=4, prefill_chunk_tokens=32)
+    )[0]
 
 
 def serve(engine, requests):
@@ -36,9 +38,18 @@ def test_the_first_request_after_warm_up_takes_no_new_path(tiny_model_dir, kind)
     warmed = engine(tiny_model_dir)
     warm_up(warmed)
     assert warmed.ready
-    expected = {step_paths.PREFILL, step_paths.DECODE, step_paths.GREEDY, step_paths.SAMPLED, step_paths.SEEDED,
-                step_paths.FILTERED, step_paths.PENALISED, step_paths.CONSTRAINED, step_paths.LOGPROBS,
-                step_paths.TOP_LOGPROBS}  # fmt: skip
+    expected = {
+        step_paths.PREFILL,
+        step_paths.DECODE,
+        step_paths.GREEDY,
+        step_paths.SAMPLED,
+        step_paths.SEEDED,
+        step_paths.FILTERED,
+        step_paths.PENALISED,
+        step_paths.CONSTRAINED,
+        step_paths.LOGPROBS,
+        step_paths.TOP_LOGPROBS,
+    }
     assert expected <= warmed.paths_run
     serve(warmed, FIRST_REQUESTS[kind])
     assert warmed.cold_after_ready == []
@@ -57,5 +68,9 @@ def test_step_paths_name_each_kind_of_row():
     assert step_paths.forward_paths([3], [[7, 8]]) == [step_paths.VERIFY]
     params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_p=0.5, seed=1)]
     assert step_paths.sampling_paths(params, [False, True]) == [
-        step_paths.GREEDY, step_paths.SAMPLED, step_paths.SEEDED, step_paths.FILTERED, step_paths.CONSTRAINED,
-    ]  # fmt: skip
+        step_paths.GREEDY,
+        step_paths.SAMPLED,
+        step_paths.SEEDED,
+        step_paths.FILTERED,
+        step_paths.CONSTRAINED,
+    ]

@@ -31,14 +31,29 @@ E4M3_HALF_ULP = 2.0**-4  # 3 mantissa bits: a normal value rounds within 1/16 of
 E4M3_SUBNORMAL_HALF_STEP = 2.0**-10  # below 2^-6 the step is 2^-9, times the row's scale
 
 COMPRESSED_TENSORS_CHANNEL = {
-    "quant_method": "compressed-tensors", "format": "float-quantized",
-    "config_groups": {"group_0": {
-        "targets": ["Linear"],
-        "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "dynamic": False, "symmetric": True},
-        "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True, "symmetric": True},
-    }},
+    "quant_method": "compressed-tensors",
+    "format": "float-quantized",
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {
+                "num_bits": 8,
+                "type": "float",
+                "strategy": "channel",
+                "dynamic": False,
+                "symmetric": True,
+            },
+            "input_activations": {
+                "num_bits": 8,
+                "type": "float",
+                "strategy": "token",
+                "dynamic": True,
+                "symmetric": True,
+            },
+        }
+    },
     "ignore": [],
-}  # fmt: skip
+}
 HF_FP8_STATIC = {"quant_method": "fp8", "activation_scheme": "static"}
 
 
@@ -116,11 +131,16 @@ def test_an_fp8_checkpoint_loads_to_the_weights_quantizing_the_bf16_one_gives(ti
     stored = load_model(fp8_dir, "bfloat16", quantization="fp8")
     assert stored.config.checkpoint_quantization == "fp8"
     want, got = _fp8_buffers(at_load), _fp8_buffers(stored)
-    assert got.keys() == want.keys() and "model.layers.0.self_attn.qkv_proj.weight" in got and "lm_head.weight" in got
+    assert (
+        got.keys() == want.keys()
+        and "model.layers.0.self_attn.qkv_proj.weight" in got
+        and "lm_head.weight" in got
+    )
     for name in want:  # bit for bit, the fused q/k/v and gate/up included
-        assert got[name].dtype == want[name].dtype and torch.equal(got[name].view(torch.uint8) if got[name].dtype == FP8
-                                                                   else got[name], want[name].view(torch.uint8)
-                                                                   if want[name].dtype == FP8 else want[name]), name  # fmt: skip
+        assert got[name].dtype == want[name].dtype and torch.equal(
+            got[name].view(torch.uint8) if got[name].dtype == FP8 else got[name],
+            want[name].view(torch.uint8) if want[name].dtype == FP8 else want[name],
+        ), name
     prompt = list(range(3, 23))
     assert agreement(at_load, stored, prompt, n=16).max_abs_error == 0
 
@@ -132,23 +152,36 @@ def test_a_per_tensor_fp8_checkpoint_keeps_static_input_scales(tiny_model_dir, t
     qkv = model.model.layers[0].self_attn.qkv_proj
     p = "model.layers.0.self_attn."
     assert isinstance(qkv, Fp8Linear) and qkv.input_scale is not None
-    assert float(qkv.input_scale) == max(float(state[f"{p}{x}_proj.input_scale"]) for x in "qkv")  # fused: the largest
+    assert float(qkv.input_scale) == max(
+        float(state[f"{p}{x}_proj.input_scale"]) for x in "qkv"
+    )  # fused: the largest
     q_rows = state[p + "q_proj.weight"].shape[0]
-    assert bool((qkv.weight_scale[:q_rows] == state[p + "q_proj.weight_scale"]).all())  # one per tensor, repeated
+    assert bool(
+        (qkv.weight_scale[:q_rows] == state[p + "q_proj.weight_scale"]).all()
+    )  # one per tensor, repeated
     assert torch.equal(qkv.weight[:q_rows].view(torch.uint8), state[p + "q_proj.weight"].view(torch.uint8))
     # without fp8, the same checkpoint is dequantized into the model's dtype and stays near the original
     dequantized = load_model(fp8_dir, "float32")
     assert not any(isinstance(m, Fp8Linear) for m in dequantized.modules())
     ref = load_model(tiny_model_dir, "float32")
-    assert agreement(ref, dequantized, list(range(3, 23)), n=32).rel_error < 0.2  # measured: 0.11 (flat logits)
+    assert (
+        agreement(ref, dequantized, list(range(3, 23)), n=32).rel_error < 0.2
+    )  # measured: 0.11 (flat logits)
 
 
 def test_fp8_at_load_stays_close_to_the_unquantized_model(tiny_model_dir):
     ref = load_model(tiny_model_dir, "float32")
     quant = load_model(tiny_model_dir, "float32", quantization="fp8")
     assert sum(isinstance(m, Fp8Linear) for m in quant.modules()) == 4 * quant.config.num_layers + 1
-    results = [agreement(ref, quant, torch.randint(3, 1000, (20,), generator=torch.Generator().manual_seed(s)).tolist(),
-                         n=64) for s in (0, 1, 2)]  # fmt: skip
+    results = [
+        agreement(
+            ref,
+            quant,
+            torch.randint(3, 1000, (20,), generator=torch.Generator().manual_seed(s)).tolist(),
+            n=64,
+        )
+        for s in (0, 1, 2)
+    ]
     # e4m3 keeps 3 mantissa bits (int8 per channel keeps ~7 at a row's largest weight), on weights and activations;
     # measured on the seed-0 tiny model, whose logits are nearly flat: rel error about 0.1
     assert max(r.rel_error for r in results) < 0.2, results
@@ -156,12 +189,19 @@ def test_fp8_at_load_stays_close_to_the_unquantized_model(tiny_model_dir):
 
 
 def test_block_wise_and_other_checkpoint_quantizations_are_refused(tiny_model_dir, tmp_path):
-    for i, (qc, match) in enumerate([
-        ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "block-wise FP8"),
-        ({"quant_method": "gptq", "bits": 4}, "quant_method 'gptq' is not supported"),
-        ({"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}}},
-         "only FP8"),
-    ]):  # fmt: skip
+    for i, (qc, match) in enumerate(
+        [
+            ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "block-wise FP8"),
+            ({"quant_method": "gptq", "bits": 4}, "quant_method 'gptq' is not supported"),
+            (
+                {
+                    "quant_method": "compressed-tensors",
+                    "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}},
+                },
+                "only FP8",
+            ),
+        ]
+    ):
         d = tmp_path / str(i)
         shutil.copytree(tiny_model_dir, d)
         config = json.loads((d / "config.json").read_text())
@@ -176,7 +216,12 @@ def test_a_gpu_without_fp8_is_refused_with_the_reason(monkeypatch):
     monkeypatch.setattr(weight_fp8, "_row_wise_scaled_mm_works", lambda device: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
     problem = fp8_problem("cuda")
-    assert problem is not None and "compute capability 8.9 or newer" in problem and "A100" in problem and "8.0" in problem
+    assert (
+        problem is not None
+        and "compute capability 8.9 or newer" in problem
+        and "A100" in problem
+        and "8.0" in problem
+    )
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert fp8_problem("cuda") is None
     monkeypatch.undo()

@@ -41,14 +41,18 @@ def test_a_bfloat16_scale_costs_no_accuracy_beyond_the_rounding():
     assert bool((err <= scales.float()[:, None] * 0.5 * 1.01).all())
 
 
-@pytest.mark.parametrize(("dtype", "in_features"), [(torch.bfloat16, 64), (torch.bfloat16, 100), (torch.float32, 64)])
+@pytest.mark.parametrize(
+    ("dtype", "in_features"), [(torch.bfloat16, 64), (torch.bfloat16, 100), (torch.float32, 64)]
+)
 def test_int8_linear_matches_the_dequantized_weight(dtype, in_features):
     linear = nn.Linear(in_features, 40, bias=True).to(dtype)
     layer = Int8Linear.from_linear(linear)
     assert layer.uses_kernel == (dtype == torch.bfloat16 and in_features % 8 == 0)
     x = torch.randn(2, 3, in_features).to(dtype)
     with torch.no_grad():
-        want = torch.nn.functional.linear(x.float(), dequantize_weight(layer.weight_int8, layer.scales, torch.float32))
+        want = torch.nn.functional.linear(
+            x.float(), dequantize_weight(layer.weight_int8, layer.scales, torch.float32)
+        )
         want = want + linear.bias.float()
         got = layer(x)
     assert got.shape == (2, 3, 40) and got.dtype == dtype

@@ -39,10 +39,16 @@ def test_drain_from_the_operator_or_the_workers_own_pod():
 
 
 def test_every_identity_of_the_service_reads_load_and_health_and_unknown_methods_are_refused():
-    for m in ("/tandem.v1.DecodeService/Load", "/grpc.health.v1.Health/Check", "/tandem.v1.DecodeService/Handshake"):
+    for m in (
+        "/tandem.v1.DecodeService/Load",
+        "/grpc.health.v1.Health/Check",
+        "/tandem.v1.DecodeService/Handshake",
+    ):
         assert all(allowed(m, c, DECODE, loopback=False) for c in (ROUTER, PREFILL, OPERATOR))
         assert not allowed(m, Identity("router", "other"), DECODE, loopback=False)
-    assert not allowed("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", ROUTER, DECODE, False)
+    assert not allowed(
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", ROUTER, DECODE, False
+    )
     assert "/tandem.v1.PrefillService/Prefill" in CALLERS
 
 
@@ -54,7 +60,14 @@ def test_identities_parse_from_certificate_names_only_when_unambiguous():
     assert from_sans([ROUTER.uri, PREFILL.uri]) is None  # a certificate naming two roles is neither
 
 
-@pytest.mark.parametrize(("peer", "local"), [("ipv4:127.0.0.1:5000", True), ("ipv6:[::1]:5000", True),
-                                              ("ipv4:10.0.0.7:5000", False), ("unix:/tmp/s", False)])
+@pytest.mark.parametrize(
+    ("peer", "local"),
+    [
+        ("ipv4:127.0.0.1:5000", True),
+        ("ipv6:[::1]:5000", True),
+        ("ipv4:10.0.0.7:5000", False),
+        ("unix:/tmp/s", False),
+    ],
+)
 def test_loopback_peers(peer, local):
     assert is_loopback(peer) is local

@@ -41,7 +41,11 @@ def test_vllm_named_engine_series_follow_the_engine(tiny_model_dir):
     assert (vllm(names.VLLM_RUNNING), vllm(names.VLLM_WAITING), vllm(names.VLLM_KV_CACHE_USAGE)) == (0, 0, 0)
     prompt = list(range(1, 10))
     engine.add_request(prompt, SamplingParams(max_tokens=2), "a")
-    assert (vllm(names.VLLM_WAITING), vllm(names.VLLM_RUNNING)) == (1, 0) == (engine.num_waiting, engine.num_running)
+    assert (
+        (vllm(names.VLLM_WAITING), vllm(names.VLLM_RUNNING))
+        == (1, 0)
+        == (engine.num_waiting, engine.num_running)
+    )
     engine.step()
     metrics.on_step(engine)
     assert (vllm(names.VLLM_WAITING), vllm(names.VLLM_RUNNING)) == (0, 1)
@@ -50,10 +54,16 @@ def test_vllm_named_engine_series_follow_the_engine(tiny_model_dir):
     engine.step()
     metrics.on_step(engine)
     labels = {"service": "svc", "pool": "decode"}
-    assert vllm(names.VLLM_PREFIX_CACHE_QUERIES + "_total") == metrics.registry.get_sample_value(
-        names.PREFIX_CACHE_QUERIED_TOKENS_TOTAL, labels) > 0
-    assert vllm(names.VLLM_PREFIX_CACHE_HITS + "_total") == metrics.registry.get_sample_value(
-        names.PREFIX_CACHE_HIT_TOKENS_TOTAL, labels) > 0
+    assert (
+        vllm(names.VLLM_PREFIX_CACHE_QUERIES + "_total")
+        == metrics.registry.get_sample_value(names.PREFIX_CACHE_QUERIED_TOKENS_TOTAL, labels)
+        > 0
+    )
+    assert (
+        vllm(names.VLLM_PREFIX_CACHE_HITS + "_total")
+        == metrics.registry.get_sample_value(names.PREFIX_CACHE_HIT_TOKENS_TOTAL, labels)
+        > 0
+    )
 
 
 def test_kv_pushes_are_counted_by_transport_and_move_with_the_pool():
@@ -63,9 +73,14 @@ def test_kv_pushes_are_counted_by_transport_and_move_with_the_pool():
     metrics.kv_pushed("grpc", 512, span_s=0.03, tail_s=0.004)
 
     def sample(name: str, transport: str, pool: str = "prefill") -> float | None:
-        return metrics.registry.get_sample_value(name, {"service": "svc", "pool": pool, "transport": transport})
+        return metrics.registry.get_sample_value(
+            name, {"service": "svc", "pool": pool, "transport": transport}
+        )
 
-    assert (sample(names.KV_TRANSFER_BYTES_TOTAL, "shm"), sample(names.KV_TRANSFER_BYTES_TOTAL, "grpc")) == (5120, 512)
+    assert (sample(names.KV_TRANSFER_BYTES_TOTAL, "shm"), sample(names.KV_TRANSFER_BYTES_TOTAL, "grpc")) == (
+        5120,
+        512,
+    )
     assert sample(names.KV_TRANSFER_SECONDS + "_count", "shm") == 2
     assert sample(names.KV_TRANSFER_SECONDS + "_sum", "shm") == 0.03
     assert sample(names.KV_TRANSFER_TAIL_SECONDS + "_sum", "grpc") == 0.004

@@ -21,7 +21,9 @@ def test_bounds_follow_the_engine_batch():
     assert rpc_limits(64, streams=10, transfers=3).threads == 10 + 10 + 3 + RpcLimits(1, 1).control
     assert rpc_class("/tandem.v1.DecodeService/StreamTokens") == "streams"
     assert rpc_class("/tandem.v1.ColocatedService/Generate") == "streams"
-    assert rpc_class("/tandem.v1.DecodeService/PushKv") == "pushes"  # after a Reserve, never refused for a Reserve
+    assert (
+        rpc_class("/tandem.v1.DecodeService/PushKv") == "pushes"
+    )  # after a Reserve, never refused for a Reserve
     assert rpc_class("/tandem.v1.PrefillService/Prefill") == "transfers"
     for control in ("Load", "Abort", "Handshake", "Drain", "Check"):
         assert rpc_class(f"/x.S/{control}") is None
@@ -75,7 +77,9 @@ def _wait(condition, timeout_s: float = 10.0) -> None:
 
 def test_streams_past_the_bound_are_refused_and_control_still_answers(served):
     stub, limiter, servicer = served
-    calls = [stub.StreamTokens(decode_pb2.StreamTokensRequest(request_id=f"r{i}"), timeout=30) for i in range(3)]
+    calls = [
+        stub.StreamTokens(decode_pb2.StreamTokensRequest(request_id=f"r{i}"), timeout=30) for i in range(3)
+    ]
     for call in calls:
         next(call)  # each one holds a slot and a thread
     with pytest.raises(grpc.RpcError) as refused:
@@ -109,7 +113,9 @@ def test_streams_cancelled_while_waiting_for_a_thread_hold_no_slot(served):
     threads = limiter.limits.threads
     busy = [stub.Handshake.future(common_pb2.HandshakeRequest(), timeout=30) for _ in range(threads)]
     time.sleep(0.5)  # every pool thread is taken
-    queued = [stub.StreamTokens(decode_pb2.StreamTokensRequest(request_id=f"q{i}"), timeout=30) for i in range(5)]
+    queued = [
+        stub.StreamTokens(decode_pb2.StreamTokensRequest(request_id=f"q{i}"), timeout=30) for i in range(5)
+    ]
     time.sleep(0.5)  # they arrived and wait for a thread
     for call in queued:
         call.cancel()
@@ -119,7 +125,9 @@ def test_streams_cancelled_while_waiting_for_a_thread_hold_no_slot(served):
         f.result(timeout=30)
     servicer.release.clear()
     _wait(lambda: limiter.slots["streams"].in_use == 0)
-    calls = [stub.StreamTokens(decode_pb2.StreamTokensRequest(request_id=f"r{i}"), timeout=30) for i in range(3)]
+    calls = [
+        stub.StreamTokens(decode_pb2.StreamTokensRequest(request_id=f"r{i}"), timeout=30) for i in range(3)
+    ]
     for call in calls:  # the whole bound is free again
         next(call)
     servicer.release.set()

@@ -55,7 +55,9 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or not 1 <= self.max_tokens <= UINT32_MAX:
-            raise InvalidRequest(f"max_tokens must be an integer in [1, {UINT32_MAX}], got {self.max_tokens!r}")
+            raise InvalidRequest(
+                f"max_tokens must be an integer in [1, {UINT32_MAX}], got {self.max_tokens!r}"
+            )
         if not 0.0 <= self.temperature <= 100.0:
             raise InvalidRequest(f"temperature must be in [0, 100], got {self.temperature!r}")
         if not 0.0 < self.top_p <= 1.0:
@@ -69,13 +71,19 @@ class SamplingParams:
         if any(not s for s in self.stop):
             raise InvalidRequest("stop strings must be non-empty")
         if self.cache_salt is not None and not 0 < len(self.cache_salt) <= MAX_CACHE_SALT:
-            raise InvalidRequest(f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT} characters")
+            raise InvalidRequest(
+                f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT} characters"
+            )
         if not 0 <= self.min_tokens <= UINT32_MAX:
             raise InvalidRequest(f"min_tokens must be in [0, {UINT32_MAX}], got {self.min_tokens!r}")
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise InvalidRequest(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
+            raise InvalidRequest(
+                f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}"
+            )
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
-            raise InvalidRequest(f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.prompt_logprobs!r}")
+            raise InvalidRequest(
+                f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.prompt_logprobs!r}"
+            )
         if not 0.0 <= self.min_p <= 1.0:
             raise InvalidRequest(f"min_p must be in [0, 1], got {self.min_p!r}")
         if not 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:

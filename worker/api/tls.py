@@ -49,11 +49,19 @@ class TlsConfig:
         missing = [n for n in (CERT, KEY, CA) if not (d / n).is_file()]
         if missing:
             raise FileNotFoundError(f"TLS directory {d} lacks {', '.join(missing)}")
-        return cls((d / CERT).read_bytes(), (d / KEY).read_bytes(), (d / CA).read_bytes(), server_name or None,
-                   service, d)
+        return cls(
+            (d / CERT).read_bytes(),
+            (d / KEY).read_bytes(),
+            (d / CA).read_bytes(),
+            server_name or None,
+            service,
+            d,
+        )
 
     @classmethod
-    def optional(cls, directory: str | None, server_name: str | None = None, service: str = "") -> TlsConfig | None:
+    def optional(
+        cls, directory: str | None, server_name: str | None = None, service: str = ""
+    ) -> TlsConfig | None:
         return cls.from_dir(directory, server_name, service) if directory else None
 
     def identity(self) -> Identity | None:
@@ -77,13 +85,17 @@ class TlsConfig:
         )
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
-        return grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert)
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert
+        )
 
     def channel_options(self) -> list[tuple[str, Any]]:
         return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
 
 
-def add_port(server: grpc.Server | aio.Server, address: str, tls: TlsConfig | None, tls_dir: str | None = None) -> int:
+def add_port(
+    server: grpc.Server | aio.Server, address: str, tls: TlsConfig | None, tls_dir: str | None = None
+) -> int:
     """Listen on `address`, with mutual TLS when `tls` is given; with `tls_dir` (a synchronous server), the
     files there are read again when they change (cert-manager renews them in place), for new connections."""
     if tls is None:

@@ -75,7 +75,10 @@ def top_logprobs_from_proto(msgs: Iterable[common_pb2.TokenLogprob]) -> list[tup
 
 
 def prompt_logprobs_to_proto(entries: PromptLogprobs) -> list[common_pb2.PromptLogprob]:
-    return [common_pb2.PromptLogprob(logprob=lp, rank=rank, top=top_logprobs_to_proto(top)) for lp, rank, top in entries]
+    return [
+        common_pb2.PromptLogprob(logprob=lp, rank=rank, top=top_logprobs_to_proto(top))
+        for lp, rank, top in entries
+    ]
 
 
 def prompt_logprobs_from_proto(msgs: Iterable[common_pb2.PromptLogprob]) -> PromptLogprobs:

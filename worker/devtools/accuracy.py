@@ -46,7 +46,9 @@ def _decode(
         for i in range(n):
             pos = torch.arange(start, start + len(chunk))
             slots = torch.tensor(table)[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE
-            batch = AttentionBatch([len(chunk)], [start + len(chunk)], [table], slots.to(param.device), BLOCK_SIZE)
+            batch = AttentionBatch(
+                [len(chunk)], [start + len(chunk)], [table], slots.to(param.device), BLOCK_SIZE
+            )
             hidden = model(torch.tensor(chunk, device=param.device), pos.to(param.device), kv.k, kv.v, batch)
             logits = model.logits(hidden[-1:]).float().cpu()
             rows.append(logits)
@@ -56,12 +58,16 @@ def _decode(
     return torch.cat(rows), tokens
 
 
-def forced_logits(model: Transformer, prompt: list[int], continuation: list[int], kv_cache_dtype: str = "auto") -> torch.Tensor:
+def forced_logits(
+    model: Transformer, prompt: list[int], continuation: list[int], kv_cache_dtype: str = "auto"
+) -> torch.Tensor:
     """[len(continuation), V] float32: the logits that predict each continuation token."""
     return _decode(model, prompt, len(continuation), kv_cache_dtype, continuation)[0]
 
 
-def greedy_continuation(model: Transformer, prompt: list[int], n: int, kv_cache_dtype: str = "auto") -> list[int]:
+def greedy_continuation(
+    model: Transformer, prompt: list[int], n: int, kv_cache_dtype: str = "auto"
+) -> list[int]:
     """The model's own greedy `n` tokens after `prompt`."""
     return _decode(model, prompt, n, kv_cache_dtype, None)[1]
 
@@ -74,7 +80,9 @@ def compare(reference: torch.Tensor, got: torch.Tensor, continuation: list[int])
     prefix = same.index(False) if False in same else len(same)
     top2 = reference.topk(2, dim=-1).values
     margin = float((top2[:, 0] - top2[:, 1]).median())
-    return Agreement(err, err / float(reference.abs().max()), sum(same) / len(same), prefix, len(same), margin)
+    return Agreement(
+        err, err / float(reference.abs().max()), sum(same) / len(same), prefix, len(same), margin
+    )
 
 
 def agreement(

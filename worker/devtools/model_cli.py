@@ -34,8 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--heads", type=int, default=d.heads)
     tiny.add_argument("--kv-heads", type=int, default=d.kv_heads)
     tiny.add_argument("--intermediate", type=int, default=d.intermediate)
-    tiny.add_argument("--experts", type=int, default=d.experts, help="mixtral, qwen2_moe: routed experts per layer")
-    tiny.add_argument("--experts-per-token", type=int, default=d.experts_per_token, help="mixtral, qwen2_moe: top k")
+    tiny.add_argument(
+        "--experts", type=int, default=d.experts, help="mixtral, qwen2_moe: routed experts per layer"
+    )
+    tiny.add_argument(
+        "--experts-per-token", type=int, default=d.experts_per_token, help="mixtral, qwen2_moe: top k"
+    )
     tiny.add_argument("--max-positions", type=int, default=d.max_positions)
     tiny.add_argument("--tie-embeddings", action="store_true", help="share lm_head with embed_tokens")
     tiny.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=d.dtype)

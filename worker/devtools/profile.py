@@ -34,7 +34,9 @@ def _ints(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="Measure prefill and decode capacity on the real engine.")
+    p = argparse.ArgumentParser(
+        prog=PROG, description="Measure prefill and decode capacity on the real engine."
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="a Hugging Face model directory to measure")
     src.add_argument("--from", dest="source", help="an existing profile to rescale instead of measuring")
@@ -43,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (a worker's engine.threads)")
     p.add_argument("--prompt-lengths", type=_ints, default=[64, 256, 1024, 2048])
-    p.add_argument("--chunks", type=_ints, default=[512], help="prefill chunk sizes; the first is the default")
+    p.add_argument(
+        "--chunks", type=_ints, default=[512], help="prefill chunk sizes; the first is the default"
+    )
     p.add_argument("--batches", type=_ints, default=[1, 4, 16, 32])
     p.add_argument("--contexts", type=_ints, default=[128, 1024])
     p.add_argument("--decode-steps", type=int, default=6, help="timed steps per decode point")
@@ -51,19 +55,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-kv-blocks", type=int, default=4096, help="KV blocks of one replica (its capacity)")
     p.add_argument("--max-running-sequences", type=int, default=64)
-    p.add_argument("--kv-transfer-ms-per-token", type=float, default=0.0, help="not measured here; see bench/")
+    p.add_argument(
+        "--kv-transfer-ms-per-token", type=float, default=0.0, help="not measured here; see bench/"
+    )
     p.add_argument("--speedup", type=float, default=1.0, help="what-if: divide every time by this")
     p.add_argument("--prefill-speedup", type=float, default=1.0, help="what-if: divide prefill times by this")
     p.add_argument("--decode-speedup", type=float, default=1.0, help="what-if: divide decode times by this")
     p.add_argument(
-        "--scale-to-prefill-tokens-per-s", type=float, default=None,
+        "--scale-to-prefill-tokens-per-s",
+        type=float,
+        default=None,
         help="what-if: scale prefill so one replica does this many prompt tokens/s at the profiled chunk "
         "(a GPU's published figure)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--scale-to-decode-step-ms", type=float, default=None,
+        "--scale-to-decode-step-ms",
+        type=float,
+        default=None,
         help="what-if: scale decode so one step of a single 512-token sequence takes this long",
-    )  # fmt: skip
+    )
     p.add_argument("--note", default="", help="what the scaling stands for (kept in the profile)")
     p.add_argument("--seed", type=int, default=0)
     return p
@@ -126,7 +136,10 @@ def measure(args: argparse.Namespace) -> Profile:
     params = SamplingParams(max_tokens=args.decode_steps + 4, temperature=0.0, ignore_eos=True)
     for ctx in args.contexts:
         for batch in args.batches:
-            if batch > args.max_running_sequences or batch * (ctx + params.max_tokens) > args.num_kv_blocks * args.block_size:
+            if (
+                batch > args.max_running_sequences
+                or batch * (ctx + params.max_tokens) > args.num_kv_blocks * args.block_size
+            ):
                 continue  # does not fit one replica
             for i in range(batch):
                 ids = [rng.randrange(FIRST_TOKEN_ID, vocab) for _ in range(ctx)]
@@ -163,20 +176,29 @@ def import_dynamo(argv: list[str]) -> int:
     from tandem.profile_dynamo import from_dynamo
 
     p = argparse.ArgumentParser(prog=f"{PROG} import-dynamo", description=import_dynamo.__doc__)
-    p.add_argument("directory", help="a Dynamo profiler result: selected_{prefill,decode}_interpolation/raw_data.npz")
+    p.add_argument(
+        "directory", help="a Dynamo profiler result: selected_{prefill,decode}_interpolation/raw_data.npz"
+    )
     p.add_argument("-o", "--output", required=True, help="where to write the profile JSON")
     p.add_argument("--model", required=True, help="the model the profile measured (kept in the profile)")
     p.add_argument("--device", required=True, help="the accelerator it ran on, e.g. H200")
     p.add_argument("--dtype", default="fp8")
-    p.add_argument("--cold-start-s", type=float, default=60.0, help="pod created to Ready (not in Dynamo's data)")
+    p.add_argument(
+        "--cold-start-s", type=float, default=60.0, help="pod created to Ready (not in Dynamo's data)"
+    )
     p.add_argument("--max-running-sequences", type=int, default=256, help="the engine's max_num_seqs")
     p.add_argument("--note", default="", help="where the data came from and under which licence")
     args = p.parse_args(argv)
     try:
         profile = from_dynamo(
-            args.directory, model=args.model, device=args.device, dtype=args.dtype,
-            cold_start_ms=args.cold_start_s * 1000, max_running_sequences=args.max_running_sequences, note=args.note,
-        )  # fmt: skip
+            args.directory,
+            model=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            cold_start_ms=args.cold_start_s * 1000,
+            max_running_sequences=args.max_running_sequences,
+            note=args.note,
+        )
     except (FileNotFoundError, ValueError, KeyError) as e:
         print(f"{PROG} import-dynamo: error: {e}", file=sys.stderr)
         return 2

@@ -27,7 +27,7 @@ VOCAB_SIZE = 1536
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% if tools %}"
-    "{{ '<|system|>\nTo call a tool, answer {\"name\": <tool name>, \"arguments\": <JSON object>} and nothing else. Tools:\n' }}"
+    '{{ \'<|system|>\nTo call a tool, answer {"name": <tool name>, "arguments": <JSON object>} and nothing else. Tools:\n\' }}'
     "{% for tool in tools %}{{ tool | tojson }}{{ '\n' }}{% endfor %}"
     "{{ '<|end|>\n' }}"
     "{% endif %}"
@@ -185,7 +185,9 @@ def hf_config(spec: TinySpec, vocab_size: int, bos_id: int, eos_id: int) -> dict
     if spec.arch == "llama":
         config.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
     elif spec.arch == "mixtral":
-        config.update(num_local_experts=spec.experts, num_experts_per_tok=spec.experts_per_token, sliding_window=None)
+        config.update(
+            num_local_experts=spec.experts, num_experts_per_tok=spec.experts_per_token, sliding_window=None
+        )
     else:
         config.update(use_sliding_window=False, sliding_window=None, max_window_layers=spec.layers)
     if spec.arch == "qwen2_moe":

@@ -31,7 +31,11 @@ DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
     "bfloat16": torch.bfloat16,
 }
-QUANTIZATIONS = ("none", "int8", "fp8")  # model.quantization: weights as stored, int8 or fp8 (see layers/weight_*)
+QUANTIZATIONS = (
+    "none",
+    "int8",
+    "fp8",
+)  # model.quantization: weights as stored, int8 or fp8 (see layers/weight_*)
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -120,7 +124,9 @@ def load_state_dict(
                 tensor = f.get_tensor(name)
                 if tensor.dtype == weight_fp8.FP8:
                     if shard is not None:
-                        raise ModelLoadError(f"{model_dir}: FP8 checkpoints cannot be split across tensor-parallel ranks yet")
+                        raise ModelLoadError(
+                            f"{model_dir}: FP8 checkpoints cannot be split across tensor-parallel ranks yet"
+                        )
                     state.update(_fp8_weight(name, tensor, files, device))
                     continue
                 state[name] = (shard(name, tensor) if shard is not None else tensor).to(target)
@@ -130,17 +136,23 @@ def load_state_dict(
     return ordered
 
 
-def _fp8_weight(name: str, q: torch.Tensor, files: dict[str, Path], device: str | torch.device) -> dict[str, torch.Tensor]:
+def _fp8_weight(
+    name: str, q: torch.Tensor, files: dict[str, Path], device: str | torch.device
+) -> dict[str, torch.Tensor]:
     """An FP8 checkpoint's layer: its e4m3 `weight` as stored, `weight_scale` as one float32 per output channel
     (a per-tensor scale repeated), and `input_scale` (static activations) when the checkpoint has one."""
     prefix = name.removesuffix("weight")
     if prefix + "weight_scale_inv" in files:
-        raise ModelLoadError(f"{name}: block-wise FP8 scales (weight_scale_inv) are not supported; per-tensor and per-channel are")
+        raise ModelLoadError(
+            f"{name}: block-wise FP8 scales (weight_scale_inv) are not supported; per-tensor and per-channel are"
+        )
     if prefix + "weight_scale" not in files:
         raise ModelLoadError(f"{name} is float8_e4m3fn but the checkpoint has no {prefix}weight_scale")
     scale = _read(files, prefix + "weight_scale", device).float().reshape(-1)
     if scale.numel() not in (1, q.shape[0]):
-        raise ModelLoadError(f"{prefix}weight_scale has {scale.numel()} values; expected 1 or {q.shape[0]} (one per output channel)")
+        raise ModelLoadError(
+            f"{prefix}weight_scale has {scale.numel()} values; expected 1 or {q.shape[0]} (one per output channel)"
+        )
     out = {name: q, prefix + "weight_scale": scale.expand(q.shape[0]).contiguous()}
     if prefix + "input_scale" in files:
         out[prefix + "input_scale"] = _read(files, prefix + "input_scale", device).float().reshape(())
@@ -173,7 +185,10 @@ def load_checkpoint(
 
 
 def load_model(
-    model_dir: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu", quantization: str = "none"
+    model_dir: str | Path,
+    dtype: str | torch.dtype = "float32",
+    device: str = "cpu",
+    quantization: str = "none",
 ) -> Transformer:
     """Our Transformer with the checkpoint's weights (no random init: parameters start on `meta`), its
     linear layers quantized as they load when `quantization` is `int8` (see weight_int8) or `fp8` (see
@@ -197,7 +212,9 @@ def load_model(
     del state
     if quantization == "int8":
         weight_int8.quantize_model(model)
-    elif quantization == "fp8" and config.checkpoint_quantization != "fp8":  # an FP8 checkpoint's own choice stands
+    elif (
+        quantization == "fp8" and config.checkpoint_quantization != "fp8"
+    ):  # an FP8 checkpoint's own choice stands
         weight_fp8.quantize_model(model)
     return model.eval()
 
@@ -210,7 +227,9 @@ def _fp8_layers_as_stored(model: Transformer, state: dict[str, torch.Tensor]) ->
         source = f"{prefixes[id(parent)]}{getattr(parent, 'fused_parts', {}).get(name, (name,))[0]}."
         weight = state.get(source + "weight")
         if weight is not None and weight.dtype == weight_fp8.FP8:
-            setattr(parent, name, weight_fp8.Fp8Linear.empty(linear, static_input=source + "input_scale" in state))
+            setattr(
+                parent, name, weight_fp8.Fp8Linear.empty(linear, static_input=source + "input_scale" in state)
+            )
 
 
 def build_engine(
@@ -223,7 +242,9 @@ def build_engine(
     return engine_for_model(load_model(model_dir, dtype, device, quantization), model_dir, engine_config)
 
 
-def engine_for_model(model: CausalLM, model_dir: str | Path, engine_config: EngineConfig) -> tuple[Engine, Tokenizer]:
+def engine_for_model(
+    model: CausalLM, model_dir: str | Path, engine_config: EngineConfig
+) -> tuple[Engine, Tokenizer]:
     """An engine around an already loaded model (its KV cache sized after the weights are in)."""
     tokenizer = Tokenizer.from_dir(model_dir)
     eos = tuple(tokenizer.eos_token_ids) or model.config.eos_token_ids

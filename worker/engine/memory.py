@@ -61,7 +61,11 @@ def decode_gather_bytes(
     `gathered_block_bytes` is what one block takes once gathered when that differs from the cache's (an
     8-bit cache: the packed copy and the one unpacked to the model's dtype). `padded`: the static decode step
     (`engine.decodeStep`) gathers every padded row's whole page-table bucket, whatever the cache holds."""
-    tokens = max_context_tokens if padded else min(max_context_tokens, max(0, budget_bytes) // block_bytes * block_size)
+    tokens = (
+        max_context_tokens
+        if padded
+        else min(max_context_tokens, max(0, budget_bytes) // block_bytes * block_size)
+    )
     return tokens * ((gathered_block_bytes or block_bytes) // block_size) // num_layers
 
 
@@ -167,8 +171,13 @@ def plan_kv_cache(
         reading = read_cuda_memory(param.device)
         budget = kv_budget_bytes(reading, memory_percent)
         gather = decode_gather_bytes(
-            budget, block_bytes, config.block_size, model.config.num_layers, config.max_running_sequences * max_len,
-            gathered, padded=config.decode_step != "eager",
+            budget,
+            block_bytes,
+            config.block_size,
+            model.config.num_layers,
+            config.max_running_sequences * max_len,
+            gathered,
+            padded=config.decode_step != "eager",
         )
         blocks = blocks_for_budget(budget - gather, block_bytes, need)
         return plan(
@@ -178,4 +187,7 @@ def plan_kv_cache(
             f"and {gather / GIB:.2f} GiB for decode attention",
         )
     budget = CPU_KV_BUDGET_BYTES * memory_percent // 100
-    return plan(blocks_for_budget(budget, block_bytes, need), f"{memory_percent}% of a {CPU_KV_BUDGET_BYTES / GIB:.0f} GiB CPU budget")
+    return plan(
+        blocks_for_budget(budget, block_bytes, need),
+        f"{memory_percent}% of a {CPU_KV_BUDGET_BYTES / GIB:.0f} GiB CPU budget",
+    )

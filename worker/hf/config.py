@@ -85,7 +85,9 @@ class ModelConfig:
             architecture=arch,
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
-            num_experts=hf.get("num_experts") or hf.get("num_local_experts") or 0,  # Mixtral's key, and Qwen3-MoE's as transformers 5 writes it
+            num_experts=hf.get("num_experts")
+            or hf.get("num_local_experts")
+            or 0,  # Mixtral's key, and Qwen3-MoE's as transformers 5 writes it
             num_experts_per_tok=hf.get("num_experts_per_tok") or 0,
             moe_intermediate_size=hf.get("moe_intermediate_size") or hf["intermediate_size"],
             shared_expert_intermediate_size=hf.get("shared_expert_intermediate_size") or 0,

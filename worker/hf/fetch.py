@@ -99,7 +99,9 @@ def locked(folder: Path) -> Iterator[float]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _listing(repo_id: str, revision: str, endpoint: str | None, token: str | None) -> tuple[str, dict[str, int]]:
+def _listing(
+    repo_id: str, revision: str, endpoint: str | None, token: str | None
+) -> tuple[str, dict[str, int]]:
     """(commit, file -> size) of a revision, in one request to the Hub's API."""
     from huggingface_hub import HfApi
 
@@ -109,14 +111,22 @@ def _listing(repo_id: str, revision: str, endpoint: str | None, token: str | Non
     return info.sha, {s.rfilename: int(s.size or 0) for s in info.siblings or []}
 
 
-def _download(repo_id: str, commit: str, name: str, folder: Path, endpoint: str | None, token: str | None) -> None:
+def _download(
+    repo_id: str, commit: str, name: str, folder: Path, endpoint: str | None, token: str | None
+) -> None:
     from huggingface_hub import hf_hub_download
 
     hf_hub_download(repo_id, name, revision=commit, local_dir=folder, endpoint=endpoint, token=token)
 
 
-def fetch(repo_id: str, revision: str, folder: Path, part: Part, endpoint: str | None = None,
-          token: str | None = None) -> Outcome:
+def fetch(
+    repo_id: str,
+    revision: str,
+    folder: Path,
+    part: Part,
+    endpoint: str | None = None,
+    token: str | None = None,
+) -> Outcome:
     """Make `folder` hold `part` of the repository at `revision`; download only what is not there yet.
 
     Raises NoWeights (the repository has nothing the loader reads) or the client's error (network, auth);
@@ -150,8 +160,14 @@ def fetch(repo_id: str, revision: str, folder: Path, part: Part, endpoint: str |
         for f in todo:  # a damaged file under its final name: the client would trust its own metadata
             if _size(folder / f) not in (None, sizes[f]):
                 (folder / f).unlink()
-        log.info("downloading %d of %d files (%.1f MiB) of %s@%s", len(todo), len(wanted), total / 2**20,
-                 repo_id, commit[:12])
+        log.info(
+            "downloading %d of %d files (%.1f MiB) of %s@%s",
+            len(todo),
+            len(wanted),
+            total / 2**20,
+            repo_id,
+            commit[:12],
+        )
         done = 0
         with ThreadPoolExecutor(max_workers=PARALLEL_FILES, thread_name_prefix="fetch") as pool:
             futures = {pool.submit(_download, repo_id, commit, f, folder, endpoint, token): f for f in todo}
@@ -164,17 +180,29 @@ def fetch(repo_id: str, revision: str, folder: Path, part: Part, endpoint: str |
         if wrong:
             for f in wrong:
                 (folder / f).unlink(missing_ok=True)
-            raise RuntimeError(f"sizes differ from the Hub's listing, removed to fetch again: {sorted(wrong)}")
+            raise RuntimeError(
+                f"sizes differ from the Hub's listing, removed to fetch again: {sorted(wrong)}"
+            )
         _write_marker(folder, repo_id, commit, part, {f: sizes[f] for f in wanted})
-        return _outcome("miss" if todo or fetched else "hit", folder, part, started, waited, commit, total + fetched)
+        return _outcome(
+            "miss" if todo or fetched else "hit", folder, part, started, waited, commit, total + fetched
+        )
 
 
-def _outcome(cache: str, folder: Path, part: Part, started: float, waited: float, commit: str,
-             downloaded: int) -> Outcome:
+def _outcome(
+    cache: str, folder: Path, part: Part, started: float, waited: float, commit: str, downloaded: int
+) -> Outcome:
     parts = read_marker(folder).get("parts") or {}
     files = parts.get(part.value) or parts.get(Part.weights.value) or {}
-    return Outcome(cache, len(files), downloaded, round(time.monotonic() - started, 3), round(waited, 3), commit,
-                   _positions(folder))  # fmt: skip
+    return Outcome(
+        cache,
+        len(files),
+        downloaded,
+        round(time.monotonic() - started, 3),
+        round(waited, 3),
+        commit,
+        _positions(folder),
+    )
 
 
 def _positions(folder: Path) -> int | None:
@@ -190,12 +218,23 @@ def _positions(folder: Path) -> int | None:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="tandem fetch-model", description=__doc__.splitlines()[0])
     p.add_argument("repo_id", help="a Hugging Face model repository, e.g. meta-llama/Llama-3.1-8B-Instruct")
-    p.add_argument("--revision", default="main", help="branch, tag or commit (a commit makes a cache hit offline)")
-    p.add_argument("--dir", required=True, type=Path, help="the folder to fill (shared by the pods of a node)")
-    p.add_argument("--part", choices=[p.value for p in Part], default=Part.weights.value,
-                   help="weights: weights, config and tokenizer (workers); tokenizer: config and tokenizer (routers)")
-    p.add_argument("--report", default=TERMINATION_LOG,
-                   help="write the outcome (JSON) here when the folder exists (the container's termination message)")
+    p.add_argument(
+        "--revision", default="main", help="branch, tag or commit (a commit makes a cache hit offline)"
+    )
+    p.add_argument(
+        "--dir", required=True, type=Path, help="the folder to fill (shared by the pods of a node)"
+    )
+    p.add_argument(
+        "--part",
+        choices=[p.value for p in Part],
+        default=Part.weights.value,
+        help="weights: weights, config and tokenizer (workers); tokenizer: config and tokenizer (routers)",
+    )
+    p.add_argument(
+        "--report",
+        default=TERMINATION_LOG,
+        help="write the outcome (JSON) here when the folder exists (the container's termination message)",
+    )
     return p.parse_args(argv)
 
 

@@ -11,10 +11,17 @@ from enum import StrEnum
 SINGLE_WEIGHTS = "model.safetensors"  # what worker/engine/loading.py reads without an index
 WEIGHTS_INDEX = "model.safetensors.index.json"
 # Read by worker/hf/config.py and worker/hf/tokenizer.py; the rest of a repository is left on the Hub.
-CONFIG_AND_TOKENIZER = frozenset({
-    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-    "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
-})
+CONFIG_AND_TOKENIZER = frozenset(
+    {
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "chat_template.jinja",
+        "chat_template.json",
+    }
+)
 
 
 class Part(StrEnum):
@@ -64,6 +71,10 @@ def select(listing: Iterable[str], part: Part, index_text: str | None = None) ->
         return sorted({*chosen, WEIGHTS_INDEX, *shards(index_text)})
     if SINGLE_WEIGHTS in present:
         return sorted({*chosen, SINGLE_WEIGHTS})
-    others = sorted(f for f in files if f.endswith((".bin", ".pt", ".pth", ".msgpack", ".h5", ".safetensors")))
-    raise NoWeights(f"no {SINGLE_WEIGHTS} or {WEIGHTS_INDEX} in the repository (it has {others or 'no weights'}); "
-                    "only safetensors checkpoints are loaded")
+    others = sorted(
+        f for f in files if f.endswith((".bin", ".pt", ".pth", ".msgpack", ".h5", ".safetensors"))
+    )
+    raise NoWeights(
+        f"no {SINGLE_WEIGHTS} or {WEIGHTS_INDEX} in the repository (it has {others or 'no weights'}); "
+        "only safetensors checkpoints are loaded"
+    )

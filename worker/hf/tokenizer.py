@@ -24,7 +24,15 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where newer transformers versions save the template
 REPLACEMENT_CHAR = "\ufffd"  # what a byte-level decoder prints for an incomplete UTF-8 sequence
 # The named special tokens transformers hands a chat template (its SPECIAL_TOKENS_ATTRIBUTES)
-SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+SPECIAL_TOKEN_NAMES = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
 PREFIX_WINDOW = 6  # tokens of context kept before the unread ones when decoding incrementally
 
 
@@ -109,7 +117,9 @@ class Tokenizer:
         eos_ids = [backend.token_to_id(t) for t in eos_tokens] + list(extra_eos_ids)
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(i for i in eos_ids if i is not None))
         self.chat_template = chat_template
-        self.special_tokens = dict(special_tokens or {})  # named ones (pad_token, unk_token...), for templates
+        self.special_tokens = dict(
+            special_tokens or {}
+        )  # named ones (pad_token, unk_token...), for templates
         self._template = compile_chat_template(chat_template) if chat_template else None
 
     @classmethod
@@ -190,21 +200,31 @@ class Tokenizer:
         text cut right after its content."""
         if self._template is None:
             raise ChatTemplateError("this model has no chat template (tokenizer_config.json chat_template)")
-        variables = {**self.special_tokens, "bos_token": self.bos_token or "", "eos_token": self.eos_token or ""}
+        variables = {
+            **self.special_tokens,
+            "bos_token": self.bos_token or "",
+            "eos_token": self.eos_token or "",
+        }
         try:
-            text = self._template.render({
-                **(extra or {}), **variables, "messages": list(messages),
-                "tools": None if tools is None else list(tools),
-                "documents": None if documents is None else list(documents),
-                "add_generation_prompt": add_generation_prompt,
-            })  # fmt: skip
+            text = self._template.render(
+                {
+                    **(extra or {}),
+                    **variables,
+                    "messages": list(messages),
+                    "tools": None if tools is None else list(tools),
+                    "documents": None if documents is None else list(documents),
+                    "add_generation_prompt": add_generation_prompt,
+                }
+            )
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"chat template failed: {e}") from None
         if continue_final_message:
             final = str(messages[-1].get("content") or "").strip() if messages else ""
             at = text.rfind(final) if final else -1
             if at < 0:
-                raise ChatTemplateError("continue_final_message: the final message is not in the rendered chat")
+                raise ChatTemplateError(
+                    "continue_final_message: the final message is not in the rendered chat"
+                )
             text = text[: at + len(final)]
         return text
 

@@ -28,7 +28,9 @@ def row_bytes(head_dim: int) -> int:
     return head_dim + SCALE_BYTES
 
 
-def block_shape(block_size: int, num_kv_heads: int, head_dim: int, kv_cache_dtype: str) -> tuple[int, int, int]:
+def block_shape(
+    block_size: int, num_kv_heads: int, head_dim: int, kv_cache_dtype: str
+) -> tuple[int, int, int]:
     """One layer's block: [block_size, num_kv_heads, row]."""
     return (block_size, num_kv_heads, row_bytes(head_dim) if is_packed(kv_cache_dtype) else head_dim)
 

@@ -56,9 +56,13 @@ class KvLayout:
     @classmethod
     def from_worker_info(cls, info: common_pb2.WorkerInfo) -> KvLayout:
         return cls(
-            info.num_layers, info.block_size, info.num_kv_heads, info.head_dim, dtype_from_name(info.dtype),
+            info.num_layers,
+            info.block_size,
+            info.num_kv_heads,
+            info.head_dim,
+            dtype_from_name(info.dtype),
             kv_cache_dtype_of(info),
-        )  # fmt: skip
+        )
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -116,7 +120,12 @@ class KvSender(ABC):
 
     @abstractmethod
     def send(
-        self, layer: int, block_ids: Sequence[int], k: torch.Tensor, v: torch.Tensor, ready: torch.cuda.Event | None = None
+        self,
+        layer: int,
+        block_ids: Sequence[int],
+        k: torch.Tensor,
+        v: torch.Tensor,
+        ready: torch.cuda.Event | None = None,
     ) -> None:
         """Queue one layer's blocks; `ready`, when given, is the CUDA event after which `k` and `v` hold them."""
 
@@ -125,7 +134,10 @@ class KvSender(ABC):
 
     @abstractmethod
     def commit(
-        self, first_token: int, first_token_logprob: float = 0.0, top_logprobs: list[tuple[int, float]] | None = None
+        self,
+        first_token: int,
+        first_token_logprob: float = 0.0,
+        top_logprobs: list[tuple[int, float]] | None = None,
     ) -> decode_pb2.PushKvReply: ...
 
     @abstractmethod

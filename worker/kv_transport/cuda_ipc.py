@@ -34,7 +34,9 @@ def export_buffer(ring: StagingRing) -> decode_pb2.CudaIpcBuffer:
     region = ring.region
     if not region.is_cuda or region.storage_offset() != 0 or not region.is_contiguous():
         raise ValueError("not a whole, contiguous CUDA staging buffer")
-    (device, handle, size, offset, ref_name, ref_offset, event, sync) = region.untyped_storage()._share_cuda_()
+    (device, handle, size, offset, ref_name, ref_offset, event, sync) = (
+        region.untyped_storage()._share_cuda_()
+    )
     return decode_pb2.CudaIpcBuffer(
         device=device,
         handle=handle,
@@ -79,9 +81,21 @@ def attach_cuda_ring(control_name: str, buf: decode_pb2.CudaIpcBuffer, local_dev
         control.close()
         raise KvTransferError("refusing the CUDA staging buffer: " + "; ".join(problems))
     region = rebuild_cuda_tensor(
-        torch.Tensor, (buf.storage_size,), (1,), 0, torch.storage.TypedStorage, torch.uint8,
-        buf.device, buf.handle, buf.storage_size, buf.storage_offset, False,
-        buf.ref_counter_name.encode(), buf.ref_counter_offset, buf.event_handle, buf.event_sync_required,
+        torch.Tensor,
+        (buf.storage_size,),
+        (1,),
+        0,
+        torch.storage.TypedStorage,
+        torch.uint8,
+        buf.device,
+        buf.handle,
+        buf.storage_size,
+        buf.storage_offset,
+        False,
+        buf.ref_counter_name.encode(),
+        buf.ref_counter_offset,
+        buf.event_handle,
+        buf.event_sync_required,
     )
     control.region = region
     return control

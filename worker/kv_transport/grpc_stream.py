@@ -96,7 +96,12 @@ class StreamKvSender(KvSender):
 
     # -- KvSender ----------------------------------------------------------------------------------
     def send(
-        self, layer: int, block_ids: Sequence[int], k: torch.Tensor, v: torch.Tensor, ready: torch.cuda.Event | None = None
+        self,
+        layer: int,
+        block_ids: Sequence[int],
+        k: torch.Tensor,
+        v: torch.Tensor,
+        ready: torch.cuda.Event | None = None,
     ) -> None:
         self._check_open()
         ids = list(block_ids)
@@ -125,7 +130,10 @@ class StreamKvSender(KvSender):
         self._queue.put((header, payload))
 
     def commit(
-        self, first_token: int, first_token_logprob: float = 0.0, top_logprobs: list[tuple[int, float]] | None = None
+        self,
+        first_token: int,
+        first_token_logprob: float = 0.0,
+        top_logprobs: list[tuple[int, float]] | None = None,
     ) -> decode_pb2.PushKvReply:
         self._check_open()
         header = decode_pb2.KvChunkHeader(
@@ -134,7 +142,9 @@ class StreamKvSender(KvSender):
             kind=decode_pb2.KV_CHUNK_KIND_COMMIT,
             first_token=first_token,
             first_token_logprob=first_token_logprob,
-            first_token_top_logprobs=[common_pb2.TokenLogprob(token_id=t, logprob=lp) for t, lp in top_logprobs or []],
+            first_token_top_logprobs=[
+                common_pb2.TokenLogprob(token_id=t, logprob=lp) for t, lp in top_logprobs or []
+            ],
         )
         self._queue.put((header, b""))
         self._queue.put(_END)
@@ -162,8 +172,12 @@ class StreamKvSender(KvSender):
             failed = None if self._future.cancelled() else self._future.exception()
             reply = None if self._future.cancelled() or failed else self._future.result()
             lost = isinstance(failed, grpc.RpcError) and failed.code() in (  # type: ignore[attr-defined]
-                grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-            raise (DecodeUnreachable if lost else KvTransferError)(f"PushKv stream ended early: {reply or failed}")
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+            )
+            raise (DecodeUnreachable if lost else KvTransferError)(
+                f"PushKv stream ended early: {reply or failed}"
+            )
 
     def _frames(self) -> Iterator[bytes]:
         try:

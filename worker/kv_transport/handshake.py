@@ -12,7 +12,9 @@ from tandem.v1 import common_pb2
 from tandem.worker.kv_transport import transports
 
 T = common_pb2
-DEFAULT_LEASE_MS = 30_000  # how long a decode worker holds reserved blocks for a transfer (spec kvTransfer.leaseMs)
+DEFAULT_LEASE_MS = (
+    30_000  # how long a decode worker holds reserved blocks for a transfer (spec kvTransfer.leaseMs)
+)
 
 _LAYOUT_FIELDS = (
     "model_name",
@@ -68,15 +70,26 @@ def choose_transport(sender: common_pb2.WorkerInfo, receiver: common_pb2.WorkerI
 
 
 def reserve_transports(
-    offered: Sequence[int], sender_host_id: str, receiver: common_pb2.WorkerInfo, sender_cuda_device_uuid: str = ""
+    offered: Sequence[int],
+    sender_host_id: str,
+    receiver: common_pb2.WorkerInfo,
+    sender_cuda_device_uuid: str = "",
 ) -> list[int]:
     """What a decode worker may grant a reservation, best first, from what the prefill worker says of itself
     in it (an empty list of transports: the gRPC stream only)."""
-    return transports.candidates(transports.sender_from_reserve(offered, sender_host_id, sender_cuda_device_uuid), receiver)
+    return transports.candidates(
+        transports.sender_from_reserve(offered, sender_host_id, sender_cuda_device_uuid), receiver
+    )
 
 
 def reserve_transport(
-    offered: Sequence[int], sender_host_id: str, receiver: common_pb2.WorkerInfo, sender_cuda_device_uuid: str = ""
+    offered: Sequence[int],
+    sender_host_id: str,
+    receiver: common_pb2.WorkerInfo,
+    sender_cuda_device_uuid: str = "",
 ) -> int:
     """The transport a decode worker grants a reservation when its staging has room."""
-    return next(iter(reserve_transports(offered, sender_host_id, receiver, sender_cuda_device_uuid)), T.KV_TRANSPORT_UNSPECIFIED)
+    return next(
+        iter(reserve_transports(offered, sender_host_id, receiver, sender_cuda_device_uuid)),
+        T.KV_TRANSPORT_UNSPECIFIED,
+    )

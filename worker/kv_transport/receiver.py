@@ -168,7 +168,9 @@ class KvReceiver:
             res = self.table.get(header.transfer_id)
             assert res is not None
             if self.vocab_size is not None and not 0 <= header.first_token < self.vocab_size:
-                raise InvalidChunk(f"first token {header.first_token} is outside the vocabulary of {self.vocab_size}")
+                raise InvalidChunk(
+                    f"first token {header.first_token} is outside the vocabulary of {self.vocab_size}"
+                )
             if not res.is_complete():
                 raise IncompleteTransfer(
                     f"transfer {header.transfer_id} committed with {res.missing()} layer-blocks missing"

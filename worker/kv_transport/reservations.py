@@ -35,7 +35,9 @@ class Reservation:
     deadline: float
     num_layers: int
     received: set[tuple[int, int]] = field(default_factory=set, repr=False)
-    next_sequence: int = 0  # the `sequence` the next data chunk must carry (a replayed or reordered one is refused)
+    next_sequence: int = (
+        0  # the `sequence` the next data chunk must carry (a replayed or reordered one is refused)
+    )
     staging: Any = None  # a staging ring lent to this transfer, released with it
 
     def is_complete(self) -> bool:

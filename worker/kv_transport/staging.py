@@ -40,7 +40,9 @@ def ring_start(write_pos: int, length: int, capacity: int) -> int:
 def check_segment_name(name: str) -> None:
     """Refuse any name this worker's kind could not have minted (a path, `..`, another process's segment)."""
     if not SEGMENT_NAME.fullmatch(name):
-        raise KvTransferError(f"staging segment name {name[:80]!r} is not a minted {SEGMENT_PREFIX}<pid>-<hex> token")
+        raise KvTransferError(
+            f"staging segment name {name[:80]!r} is not a minted {SEGMENT_PREFIX}<pid>-<hex> token"
+        )
 
 
 def segment_problems(st: os.stat_result, expected_size: int | None, uid: int) -> list[str]:

@@ -13,8 +13,12 @@ class TensorKvStore:
     def __init__(self, layout: KvLayout, num_blocks: int, device: str | torch.device = "cpu"):
         shape = (num_blocks, *layout.block_shape)
         self.layout = layout
-        self.k = [torch.zeros(shape, dtype=layout.storage_dtype, device=device) for _ in range(layout.num_layers)]
-        self.v = [torch.zeros(shape, dtype=layout.storage_dtype, device=device) for _ in range(layout.num_layers)]
+        self.k = [
+            torch.zeros(shape, dtype=layout.storage_dtype, device=device) for _ in range(layout.num_layers)
+        ]
+        self.v = [
+            torch.zeros(shape, dtype=layout.storage_dtype, device=device) for _ in range(layout.num_layers)
+        ]
 
     @classmethod
     def random(cls, layout: KvLayout, num_blocks: int, seed: int = 0) -> TensorKvStore:

@@ -81,9 +81,11 @@ def check_prompt_fits(req: oa.SamplingRequest, token_bytes: int, max_model_len: 
 def check_model(req: oa.SamplingRequest, served_name: str) -> None:
     if req.model != served_name:
         raise oa.ApiError(
-            404, f"model {req.model!r} does not exist; this router serves {served_name!r}",
-            param="model", code="model_not_found",
-        )  # fmt: skip
+            404,
+            f"model {req.model!r} does not exist; this router serves {served_name!r}",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def resolve_max_tokens(
@@ -126,6 +128,9 @@ def completion_prompt_ids(req: oa.CompletionRequest, tokenizer: Tokenizer) -> li
 def chat_prompt_ids(req: oa.ChatCompletionRequest, tokenizer: Tokenizer) -> list[int]:
     messages = [m.for_template() for m in req.messages]
     ids = tokenizer.encode_chat(
-        messages, tools=req.tool_dicts(), add_special_tokens=bool(req.add_special_tokens), **req.template_options()
+        messages,
+        tools=req.tool_dicts(),
+        add_special_tokens=bool(req.add_special_tokens),
+        **req.template_options(),
     )
     return req.truncated(ids)

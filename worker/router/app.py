@@ -81,7 +81,9 @@ class Serving:
             check_model(req, self.served_name)
             req.check_supported()
             req.check_token_ids(self.tokenizer.vocab_size)
-            check_prompt_fits(req, self.token_bytes, self.max_model_len)  # by its bytes: no tokeniser run for a hopeless one
+            check_prompt_fits(
+                req, self.token_bytes, self.max_model_len
+            )  # by its bytes: no tokeniser run for a hopeless one
             self.admission.acquire()  # before the costly part: a full router refuses without templating or tokenising
             admitted = True
             # templates and tokenizers take time on long prompts: off the event loop, other requests go on
@@ -89,7 +91,9 @@ class Serving:
             max_tokens = resolve_max_tokens(
                 req.requested_max_tokens(), default_max_tokens, len(prompt_ids), self.max_model_len
             )
-            params = await anyio.to_thread.run_sync(req.sampling_params, max_tokens)  # a grammar compiles here
+            params = await anyio.to_thread.run_sync(
+                req.sampling_params, max_tokens
+            )  # a grammar compiles here
             clock.on_prompt(len(prompt_ids))
             rid = oa.new_id(id_kind)  # the workers know a request by the router's id, never a client's
             gen = Generations(self.backend, self.tokenizer, rid, prompt_ids, params, clock, req.n)
@@ -146,22 +150,36 @@ def create_app(
     each completed request is judged against. `/metrics` is served here only with `public_metrics` (else on
     the metrics port alone), `/docs` and `/openapi.json` only with `docs`."""
     metrics = RouterMetrics(
-        service_name, backend.queue_depth, slo=slo, routable_workers=backend.routable_workers,
-        discovery_stale=getattr(backend, "discovery_stale", None), model_name=served_name,
+        service_name,
+        backend.queue_depth,
+        slo=slo,
+        routable_workers=backend.routable_workers,
+        discovery_stale=getattr(backend, "discovery_stale", None),
+        model_name=served_name,
         wake_queue=getattr(backend, "wake_queue", None),
-    )  # fmt: skip
+    )
     admission = Admission(max_queued_requests)
     token_bytes = max_token_bytes(tokenizer.backend.get_vocab(with_added_tokens=True))
     app = FastAPI(
-        title="tandem router", lifespan=backend_lifespan(backend), docs_url="/docs" if docs else None,
-        redoc_url="/redoc" if docs else None, openapi_url="/openapi.json" if docs else None,
-    )  # fmt: skip
+        title="tandem router",
+        lifespan=backend_lifespan(backend),
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
+        openapi_url="/openapi.json" if docs else None,
+    )
     app.state.metrics, app.state.admission, app.state.backend = metrics, admission, backend
     if api_keys is not None:  # probes stay open; /metrics too unless protect_metrics
         app.add_middleware(RequireApiKey, keys=api_keys, protect_metrics=protect_metrics)
     add_error_handlers(app)
     serving = Serving(
-        backend, tokenizer, served_name, max_model_len, limits or RequestLimits(), admission, metrics, token_bytes
+        backend,
+        tokenizer,
+        served_name,
+        max_model_len,
+        limits or RequestLimits(),
+        admission,
+        metrics,
+        token_bytes,
     )
     add_completion_routes(app, serving)
     add_model_routes(app, served_name, max_model_len)
@@ -198,16 +216,26 @@ def add_completion_routes(app: FastAPI, serving: Serving) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await serve(
-            request, oa.CompletionRequest, "cmpl", completion_prompt_ids, DEFAULT_COMPLETION_MAX_TOKENS,
-            answer_completion, lambda gen, req, rid: choices.completion_chunks(gen, req, rid, oa.now_s(), served_name),
-        )  # fmt: skip
+            request,
+            oa.CompletionRequest,
+            "cmpl",
+            completion_prompt_ids,
+            DEFAULT_COMPLETION_MAX_TOKENS,
+            answer_completion,
+            lambda gen, req, rid: choices.completion_chunks(gen, req, rid, oa.now_s(), served_name),
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await serve(
-            request, oa.ChatCompletionRequest, "chatcmpl", chat_prompt_ids, DEFAULT_CHAT_MAX_TOKENS, answer_chat,
+            request,
+            oa.ChatCompletionRequest,
+            "chatcmpl",
+            chat_prompt_ids,
+            DEFAULT_CHAT_MAX_TOKENS,
+            answer_chat,
             lambda gen, req, rid: choices.chat_chunks(gen, req, rid, oa.now_s(), served_name),
-        )  # fmt: skip
+        )
 
     document_request_bodies(
         app, {"/v1/completions": oa.CompletionRequest, "/v1/chat/completions": oa.ChatCompletionRequest}

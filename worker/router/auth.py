@@ -110,9 +110,11 @@ class RequireApiKey:
             return
         message = "missing API key: send Authorization: Bearer <key>" if header is None else "invalid API key"
         body = json.dumps(error_body(401, message, code="invalid_api_key")).encode()
-        await send({
-            "type": "http.response.start",
-            "status": 401,
-            "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
-        })  # fmt: skip
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

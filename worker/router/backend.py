@@ -14,7 +14,9 @@ class TokenOut:
     token_id: int
     logprob: float
     finish_reason: str | None = None  # "stop" | "length" | "abort" on the last token
-    top_logprobs: list[tuple[int, float]] = field(default_factory=list)  # the likeliest tokens here, best first
+    top_logprobs: list[tuple[int, float]] = field(
+        default_factory=list
+    )  # the likeliest tokens here, best first
     prompt_logprobs: PromptLogprobs | None = None  # on the first token, when the params ask
 
 

@@ -17,7 +17,11 @@ def build_backend(args) -> GrpcBackend:
             return value
         return [a for a in (value or "").split(",") if a]
 
-    addresses = {"prefill": split(args.prefill), "decode": split(args.decode), "colocated": split(args.colocated)}
+    addresses = {
+        "prefill": split(args.prefill),
+        "decode": split(args.decode),
+        "colocated": split(args.colocated),
+    }
     tls = TlsConfig.optional(getattr(args, "tls_dir", None), service=getattr(args, "service", ""))
     defaults = DisaggregationPolicy()
     policy = DisaggregationPolicy(
@@ -29,8 +33,17 @@ def build_backend(args) -> GrpcBackend:
         ),
         mixed_decode_ratio=getattr(args, "mixed_decode_ratio", defaults.mixed_decode_ratio),
     )
-    wake = WakeLimits(getattr(args, "max_held", WakeLimits.max_requests), getattr(args, "hold_timeout", WakeLimits.timeout_s))
+    wake = WakeLimits(
+        getattr(args, "max_held", WakeLimits.max_requests),
+        getattr(args, "hold_timeout", WakeLimits.timeout_s),
+    )
     return GrpcBackend(
-        args.mode, addresses, getattr(args, "workers_file", None), lease_ms=args.kv_lease_ms, tls=tls,
-        disaggregation=policy, tpot_slo_s=getattr(args, "slo_tpot_ms", 0.0) / 1000, wake=wake,
-    )  # fmt: skip
+        args.mode,
+        addresses,
+        getattr(args, "workers_file", None),
+        lease_ms=args.kv_lease_ms,
+        tls=tls,
+        disaggregation=policy,
+        tpot_slo_s=getattr(args, "slo_tpot_ms", 0.0) / 1000,
+        wake=wake,
+    )

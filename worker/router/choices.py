@@ -38,15 +38,27 @@ class Generations:
     timing, token counts)."""
 
     def __init__(
-        self, backend: Backend, tokenizer: Tokenizer, request_id: str, prompt_ids: Sequence[int],
-        params: SamplingParams, clock: RequestClock, n: int,
-    ) -> None:  # fmt: skip
+        self,
+        backend: Backend,
+        tokenizer: Tokenizer,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        clock: RequestClock,
+        n: int,
+    ) -> None:
         self.tokenizer, self.prompt_ids = tokenizer, list(prompt_ids)
         self.each = [
-            Generation(backend, tokenizer, request_id if i == 0 else f"{request_id}-{i}", prompt_ids,
-                       choice_params(params, i), clock if i == 0 else None)
+            Generation(
+                backend,
+                tokenizer,
+                request_id if i == 0 else f"{request_id}-{i}",
+                prompt_ids,
+                choice_params(params, i),
+                clock if i == 0 else None,
+            )
             for i in range(n)
-        ]  # fmt: skip
+        ]
 
     @property
     def timing(self) -> Timing:
@@ -146,7 +158,9 @@ def echoed(req: oa.SamplingRequest, gens: Generations) -> str:
     return gens.tokenizer.decode(gens.prompt_ids)
 
 
-def answer_completion(whole: list[TextDelta], gens: Generations, req: oa.CompletionRequest, rid: str, model: str) -> Chunk:
+def answer_completion(
+    whole: list[TextDelta], gens: Generations, req: oa.CompletionRequest, rid: str, model: str
+) -> Chunk:
     echo = echoed(req, gens)
     choices = []
     for i, (d, gen) in enumerate(zip(whole, gens.each, strict=True)):
@@ -157,7 +171,9 @@ def answer_completion(whole: list[TextDelta], gens: Generations, req: oa.Complet
     return oa.completion_object(rid, oa.now_s(), model, choices, gens.usage(), chunk=False)
 
 
-def answer_chat(whole: list[TextDelta], gens: Generations, req: oa.ChatCompletionRequest, rid: str, model: str) -> Chunk:
+def answer_chat(
+    whole: list[TextDelta], gens: Generations, req: oa.ChatCompletionRequest, rid: str, model: str
+) -> Chunk:
     reading, echo = ToolReading.of(req), echoed(req, gens)
     choices = []
     for i, d in enumerate(whole):
@@ -178,7 +194,9 @@ async def completion_chunks(
     def chunk(choices: list[dict], usage: dict | None = None) -> dict:
         if usage is None and req.continuous_usage:
             usage = gens.usage()  # the counts so far, on every chunk
-        return oa.completion_object(rid, created, model, choices, usage, chunk=True, usage_field=req.include_usage)
+        return oa.completion_object(
+            rid, created, model, choices, usage, chunk=True, usage_field=req.include_usage
+        )
 
     offsets = [0] * len(gens.each)
     if echo := echoed(req, gens):

@@ -41,7 +41,12 @@ from tandem.spec import DisaggregationSpec as DisaggregationPolicy
 from tandem.worker.router.selection import WorkerView, pick_prefill
 
 __all__ = [
-    "DisaggregationMode", "DisaggregationPolicy", "PrefillDecision", "PrefillRoute", "choose_prefill", "pick_mixed",
+    "DisaggregationMode",
+    "DisaggregationPolicy",
+    "PrefillDecision",
+    "PrefillRoute",
+    "choose_prefill",
+    "pick_mixed",
 ]
 
 
@@ -147,15 +152,24 @@ def pick_mixed(
     local = route is PrefillRoute.local
     streams_after = decode.inflight_requests + 1 if local else decode.inflight_requests
     candidates = [
-        p for p in prefill_workers
-        if p.routable and p.inflight_requests + 1 <= ratio * streams_after
+        p
+        for p in prefill_workers
+        if p.routable
+        and p.inflight_requests + 1 <= ratio * streams_after
         and queued_tokens(p) <= bound
         and (p.total_kv_blocks == 0 or p.free_kv_blocks >= blocks_needed)
         and decode_tpot_has_headroom(p, tpot_slo_s, fraction)
-    ]  # fmt: skip
+    ]
     if not local:
-        return min(candidates, key=lambda p: (p.inflight_requests, queued_tokens(p), p.last_picked, p.address), default=None)
+        return min(
+            candidates,
+            key=lambda p: (p.inflight_requests, queued_tokens(p), p.last_picked, p.address),
+            default=None,
+        )
     best = pick_prefill(candidates)  # as a colocated router would pick among them
-    if best is None or (queued_tokens(best), best.inflight_requests) >= (queued_tokens(decode), decode.inflight_requests):
+    if best is None or (queued_tokens(best), best.inflight_requests) >= (
+        queued_tokens(decode),
+        decode.inflight_requests,
+    ):
         return None
     return best

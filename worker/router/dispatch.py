@@ -62,7 +62,6 @@ from tandem.worker.router.worker_errors import (
 log = logging.getLogger(__name__)
 
 
-
 class _Retry(Exception):
     """This attempt failed before any token reached the client; try other workers."""
 
@@ -99,7 +98,9 @@ class GrpcBackend:
 
     def _poll_interval(self) -> float:
         """Poll faster while requests wait for a pool to wake: they start once its first worker answers."""
-        return min(self.poll_interval_s, WAKE_POLL_INTERVAL_S) if len(self.wake_queue) else self.poll_interval_s
+        return (
+            min(self.poll_interval_s, WAKE_POLL_INTERVAL_S) if len(self.wake_queue) else self.poll_interval_s
+        )
 
     async def close(self) -> None:
         if self._poller:
@@ -113,7 +114,11 @@ class GrpcBackend:
         prefill has none; a routable colocated worker serves a request whole)."""
         if self.mode == "colocated":
             return ["colocated"]
-        if self.disaggregation.mode is DisaggregationMode.always and self.mode != "auto" and not self._routable("colocated"):
+        if (
+            self.disaggregation.mode is DisaggregationMode.always
+            and self.mode != "auto"
+            and not self._routable("colocated")
+        ):
             return ["prefill", "decode"]
         return ["decode"]  # never: every prompt is prefilled where it decodes; conditional: it may be
 
@@ -121,7 +126,11 @@ class GrpcBackend:
         """Every needed pool can take a request now, or has no worker at all and requests wait for it to
         wake (a pool scaled to zero must not take the router out of its Service). Workers that joined and
         never answered keep it unready, as at start."""
-        never = self.disaggregation.mode is DisaggregationMode.never or self.mode == "auto" or self._routable("colocated")
+        never = (
+            self.disaggregation.mode is DisaggregationMode.never
+            or self.mode == "auto"
+            or self._routable("colocated")
+        )
         roles = self.needed_roles() if self.mode == "colocated" or never else ["prefill", "decode"]
         holds = self.wake_queue.limits.max_requests > 0
         return all(self._routable(r) or (holds and not self.pools.workers[r]) for r in roles)
@@ -156,20 +165,29 @@ class GrpcBackend:
         return {role: sum(v.routable for v in self.pools.views(role)) for role in STUBS}
 
     def _blocks_needed(self, num_tokens: int) -> int:
-        sizes = [w.info.block_size for side in self._sides("decode") for w in self.pools.workers[side].values()
-                 if w.info and w.info.block_size]
+        sizes = [
+            w.info.block_size
+            for side in self._sides("decode")
+            for w in self.pools.workers[side].values()
+            if w.info and w.info.block_size
+        ]
         return -(-num_tokens // (sizes[0] if sizes else self.block_size))
 
     def _pick(self, role: str, tried: set[str], blocks_needed: int = 0) -> Worker:
         views = self._views(role)
         view = pick_decode(views, blocks_needed, tried) if role == "decode" else pick_prefill(views, tried)
         if view is None:
-            view = pick_decode(views, blocks_needed) if role == "decode" else pick_prefill(views)  # retry a tried one
+            view = (
+                pick_decode(views, blocks_needed) if role == "decode" else pick_prefill(views)
+            )  # retry a tried one
         if view is None:
             raise BackendError(f"no healthy {role} worker", status=503, retry_after_s=1)
         view.last_picked = time.monotonic()
-        return next(self.pools.workers[side][view.address] for side in self._sides(role)
-                    if view.address in self.pools.workers[side])
+        return next(
+            self.pools.workers[side][view.address]
+            for side in self._sides(role)
+            if view.address in self.pools.workers[side]
+        )
 
     # --- requests -----------------------------------------------------------------------------
     async def generate(
@@ -196,7 +214,9 @@ class GrpcBackend:
                 except _Retry as e:
                     if started:
                         raise BackendError(f"worker failed mid-stream: {e}", status=503) from None
-                    log.warning("request %s attempt %d failed before the first token: %s", request_id, attempt, e)
+                    log.warning(
+                        "request %s attempt %d failed before the first token: %s", request_id, attempt, e
+                    )
             raise BackendError(f"request failed on {self.max_attempts} attempts", status=503, retry_after_s=1)
         finally:
             self.inflight -= 1
@@ -217,7 +237,9 @@ class GrpcBackend:
                 await self.wake_queue.hold([role], lambda r: not self._may_wake(r))
             else:
                 await self.pools.refresh()
-                await self.pools.poll_all()  # every role: a worker that took this role moves here as it is polled
+                await (
+                    self.pools.poll_all()
+                )  # every role: a worker that took this role moves here as it is polled
                 polled = True
 
     async def _colocated(self, request_id, prompt_ids, params, timing, tried) -> AsyncIterator[TokenOut]:
@@ -226,16 +248,22 @@ class GrpcBackend:
         async for token in self._generate_on(worker, request_id, prompt_ids, params, timing, tried):
             yield token
 
-    async def _generate_on(self, worker, request_id, prompt_ids, params, timing, tried) -> AsyncIterator[TokenOut]:
+    async def _generate_on(
+        self, worker, request_id, prompt_ids, params, timing, tried
+    ) -> AsyncIterator[TokenOut]:
         """Both phases on one worker: a colocated one, or a decode worker prefilling locally."""
         tried.add(worker.view.address)
         timing.decode_worker = timing.prefill_worker = worker.view.address
         worker.in_use += 1
         call = worker.stub.Generate(  # type: ignore[attr-defined]
-            common_pb2.GenerateRequest(request_id=request_id, prompt_token_ids=prompt_ids, sampling=params_to_proto(params))
+            common_pb2.GenerateRequest(
+                request_id=request_id, prompt_token_ids=prompt_ids, sampling=params_to_proto(params)
+            )
         )
         worker.view.inflight_requests += 1
-        worker.view.inflight_prompt_tokens += len(prompt_ids)  # until its first token: a prompt ahead of others
+        worker.view.inflight_prompt_tokens += len(
+            prompt_ids
+        )  # until its first token: a prompt ahead of others
         queued = True
         try:
             async for token in _relay(call, worker):
@@ -253,18 +281,26 @@ class GrpcBackend:
     async def _disaggregated(self, request_id, prompt_ids, params, timing, tried) -> AsyncIterator[TokenOut]:
         blocks = self._blocks_needed(len(prompt_ids) + params.max_tokens)
         decode = await self._pick_or_wait("decode", tried, blocks)
-        if decode.role == "colocated":  # a colocated worker stands in for the decode pool: the request runs whole
+        if (
+            decode.role == "colocated"
+        ):  # a colocated worker stands in for the decode pool: the request runs whole
             timing.prefill = "colocated"
             async for token in self._generate_on(decode, request_id, prompt_ids, params, timing, tried):
                 yield token
             return
         decision = choose_prefill(
-            self.disaggregation, len(prompt_ids), self.pools.views("prefill"), decode.view, blocks,
+            self.disaggregation,
+            len(prompt_ids),
+            self.pools.views("prefill"),
+            decode.view,
+            blocks,
             tpot_slo_s=self.tpot_slo_s,
-        )  # fmt: skip
+        )
         # a prompt scored for its logprobs runs where it is answered: its scores come with the first token
         route = PrefillRoute.local if params.prompt_logprobs is not None else decision.route
-        if self.mode == "auto" and not self._routable("prefill"):  # an empty prefill pool is a change of shape
+        if self.mode == "auto" and not self._routable(
+            "prefill"
+        ):  # an empty prefill pool is a change of shape
             route = PrefillRoute.local  # under way (a collapse): the decode worker prefills, nothing waits
         untried = [v for v in self.pools.views("prefill") if v.address not in tried]
         mixed = pick_mixed(self.disaggregation, untried, decode.view, blocks, self.tpot_slo_s, route)
@@ -294,21 +330,30 @@ class GrpcBackend:
         decode.in_use += 1
         prefill.in_use += 1
         try:
-            async for token in self._reserve_prefill_relay(request_id, prompt_ids, params, timing, decode, prefill):
+            async for token in self._reserve_prefill_relay(
+                request_id, prompt_ids, params, timing, decode, prefill
+            ):
                 yield token
         finally:
             decode.in_use -= 1
             prefill.in_use -= 1
 
-    async def _reserve_prefill_relay(self, request_id, prompt_ids, params, timing, decode, prefill) -> AsyncIterator[TokenOut]:
+    async def _reserve_prefill_relay(
+        self, request_id, prompt_ids, params, timing, decode, prefill
+    ) -> AsyncIterator[TokenOut]:
         transfer_id = uuid.uuid4().hex
         sampling = params_to_proto(params)
         prefill_info = prefill.info or common_pb2.WorkerInfo()
         try:
             reservation = await decode.stub.Reserve(  # type: ignore[attr-defined]
                 decode_pb2.ReserveRequest(
-                    transfer_id=transfer_id, request_id=request_id, prompt_token_ids=prompt_ids, sampling=sampling,
-                    lease_ms=self.lease_ms, transports=prefill_info.transports, prefill_host_id=prefill_info.host_id,
+                    transfer_id=transfer_id,
+                    request_id=request_id,
+                    prompt_token_ids=prompt_ids,
+                    sampling=sampling,
+                    lease_ms=self.lease_ms,
+                    transports=prefill_info.transports,
+                    prefill_host_id=prefill_info.host_id,
                     prefill_cuda_device_uuid=prefill_info.cuda_device_uuid,
                 ),
                 timeout=10,
@@ -325,8 +370,12 @@ class GrpcBackend:
         prefill.view.inflight_prompt_tokens += len(prompt_ids)
         prefill_call = prefill.stub.Prefill(  # type: ignore[attr-defined]
             prefill_pb2.PrefillRequest(
-                request_id=request_id, transfer_id=transfer_id, prompt_token_ids=prompt_ids, sampling=sampling,
-                decode_address=decode.view.address, reservation=reservation,
+                request_id=request_id,
+                transfer_id=transfer_id,
+                prompt_token_ids=prompt_ids,
+                sampling=sampling,
+                decode_address=decode.view.address,
+                reservation=reservation,
             ),
             timeout=max(30.0, self.lease_ms / 1000),
         )
@@ -336,7 +385,8 @@ class GrpcBackend:
                 reply = await prefill_call
                 timing.kv_bytes = reply.kv_bytes
                 timing.extra.update(
-                    prefill_compute_s=reply.timings.compute_s, kv_transfer_tail_s=reply.timings.transfer_tail_s
+                    prefill_compute_s=reply.timings.compute_s,
+                    kv_transfer_tail_s=reply.timings.transfer_tail_s,
                 )
             except aio.AioRpcError as e:
                 prefill.view.inflight_prompt_tokens -= len(prompt_ids)
@@ -356,11 +406,15 @@ class GrpcBackend:
             decode.view.inflight_requests -= 1
             stream.cancel()
             prefill_call.cancel()
-            if not ended:  # the client left or the stream broke: free the decode reservation now, not at lease expiry
+            if (
+                not ended
+            ):  # the client left or the stream broke: free the decode reservation now, not at lease expiry
                 await _abort_decode(decode, transfer_id, request_id, "the request ended before its answer")
 
 
-_ABORTS: set[asyncio.Task] = set()  # aborts still in flight, held so they finish even if their caller is cancelled
+_ABORTS: set[asyncio.Task] = (
+    set()
+)  # aborts still in flight, held so they finish even if their caller is cancelled
 
 
 async def _abort_decode(decode: Worker, transfer_id: str, request_id: str, reason: str) -> None:
@@ -370,7 +424,8 @@ async def _abort_decode(decode: Worker, transfer_id: str, request_id: str, reaso
     async def abort() -> None:
         with contextlib.suppress(aio.AioRpcError):
             await decode.stub.Abort(  # type: ignore[attr-defined]
-                decode_pb2.AbortRequest(transfer_id=transfer_id, request_id=request_id, reason=reason), timeout=2
+                decode_pb2.AbortRequest(transfer_id=transfer_id, request_id=request_id, reason=reason),
+                timeout=2,
             )
 
     task = asyncio.ensure_future(abort())
@@ -396,14 +451,18 @@ async def _relay(call, worker: Worker) -> AsyncIterator[TokenOut]:
                 last_token_at = now
                 reason = FINISH_NAMES.get(event.finish_reason) if event.finish_reason else None
                 prompt = prompt_logprobs_from_proto(event.prompt_logprobs)
-                yield TokenOut(event.token_id, event.logprob, reason, top_logprobs_from_proto(event.top_logprobs), prompt)
+                yield TokenOut(
+                    event.token_id, event.logprob, reason, top_logprobs_from_proto(event.top_logprobs), prompt
+                )
                 if reason:
                     return
             elif event.finish_reason:
                 reason = FINISH_NAMES.get(event.finish_reason, "error")
                 if reason in NORMAL_ENDS and not event.error:
                     return
-                raise _Retry(f"{worker.view.address}: the stream ended with {reason}: {event.error or 'no token'}")
+                raise _Retry(
+                    f"{worker.view.address}: the stream ended with {reason}: {event.error or 'no token'}"
+                )
     except aio.AioRpcError as e:
         raise_client_error(e)
         if is_draining(e):

@@ -78,7 +78,11 @@ class Generation:
         scores = self.prompt_logprobs or []
         entries = [TokenLogprob(self.token_text(self.prompt_ids[0]), None)] if self.prompt_ids else []
         for token_id, (lp, _, top) in zip(self.prompt_ids[1:], scores, strict=False):
-            entries.append(TokenLogprob(self.token_text(token_id), lp, [TokenLogprob(self.token_text(t), v) for t, v in top]))
+            entries.append(
+                TokenLogprob(
+                    self.token_text(token_id), lp, [TokenLogprob(self.token_text(t), v) for t, v in top]
+                )
+            )
         return entries
 
     def prompt_logprobs_field(self) -> list[dict[str, dict[str, Any]] | None]:
@@ -86,7 +90,10 @@ class Generation:
         and the likeliest tokens there, ranked."""
         out: list[dict[str, dict[str, Any]] | None] = [None] if self.prompt_ids else []
         for token_id, (lp, rank, top) in zip(self.prompt_ids[1:], self.prompt_logprobs or [], strict=False):
-            ranked = {str(t): {"logprob": v, "rank": i, "decoded_token": self.token_text(t)} for i, (t, v) in enumerate(top, 1)}
+            ranked = {
+                str(t): {"logprob": v, "rank": i, "decoded_token": self.token_text(t)}
+                for i, (t, v) in enumerate(top, 1)
+            }
             ranked[str(token_id)] = {"logprob": lp, "rank": rank, "decoded_token": self.token_text(token_id)}
             out.append(ranked)
         return out

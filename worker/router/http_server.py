@@ -37,9 +37,15 @@ def over_capacity(open_connections: int, max_connections: int) -> bool:
 async def _refuse(scope: Any, receive: Any, send: Any) -> None:
     """503 with Retry-After, in the OpenAI error shape, and the connection closed."""
     body = json.dumps(
-        {"error": {"message": "the router is at its connection limit; retry later", "type": "server_error",
-                   "param": None, "code": "too_many_connections"}}
-    ).encode()  # fmt: skip
+        {
+            "error": {
+                "message": "the router is at its connection limit; retry later",
+                "type": "server_error",
+                "param": None,
+                "code": "too_many_connections",
+            }
+        }
+    ).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
@@ -99,8 +105,12 @@ def uvicorn_config(app: Any, host: str, port: int, limits: ServerLimits, log_lev
     import uvicorn
 
     return uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, access_log=False,
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
         http=bounded_protocol(limits),  # type: ignore[arg-type]
         timeout_keep_alive=max(1, round(limits.keep_alive_s)),
         h11_max_incomplete_event_size=limits.max_header_bytes,
-    )  # fmt: skip
+    )

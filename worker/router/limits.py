@@ -24,9 +24,10 @@ class BodyGone(Exception):
 
 def too_large(size: int, limits: RequestLimits) -> ApiError:
     return ApiError(
-        413, f"request body of {size} bytes or more exceeds the limit of {limits.max_body_bytes} bytes",
+        413,
+        f"request body of {size} bytes or more exceeds the limit of {limits.max_body_bytes} bytes",
         code="request_too_large",
-    )  # fmt: skip
+    )
 
 
 async def read_body(request: Request, limits: RequestLimits) -> bytes:

@@ -35,8 +35,10 @@ def check_args(args: RouterOptions | argparse.Namespace) -> str | None:
         return None  # the file names the workers, possibly later
     if args.mode == "disaggregated" and args.disaggregation == DisaggregationMode.never and not args.decode:
         return "disaggregation never needs --decode addresses (or --workers-file)"
-    if args.mode == "disaggregated" and args.disaggregation != DisaggregationMode.never and not (
-        args.prefill and args.decode
+    if (
+        args.mode == "disaggregated"
+        and args.disaggregation != DisaggregationMode.never
+        and not (args.prefill and args.decode)
     ):
         return "disaggregated mode needs --prefill and --decode addresses (or --workers-file)"
     if args.mode == "colocated" and not args.colocated:

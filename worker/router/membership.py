@@ -40,8 +40,11 @@ STUBS = {
 UNHEALTHY_FOR_S = 2.0
 DNS_PREFIX = "dns:///"
 FLIPPABLE = ("prefill", "decode", "colocated")  # the roles a worker may change between at runtime
-REPORTED_ROLES = {common_pb2.WORKER_ROLE_PREFILL: "prefill", common_pb2.WORKER_ROLE_DECODE: "decode",
-                  common_pb2.WORKER_ROLE_COLOCATED: "colocated"}  # fmt: skip
+REPORTED_ROLES = {
+    common_pb2.WORKER_ROLE_PREFILL: "prefill",
+    common_pb2.WORKER_ROLE_DECODE: "decode",
+    common_pb2.WORKER_ROLE_COLOCATED: "colocated",
+}
 
 
 def placed_role(listed: str, reported: str | None) -> str:
@@ -84,13 +87,17 @@ class Pools:
         self.workers_file = workers_file
         self.tls = tls  # mutual TLS to every worker, or plaintext
         self.certs = ClientCertWatch(tls)  # renewed in place: new channels, the open calls finish on the old
-        self.renewed_away: list[tuple[Worker, aio.Channel]] = []  # old channels, closed once their worker is idle
+        self.renewed_away: list[
+            tuple[Worker, aio.Channel]
+        ] = []  # old channels, closed once their worker is idle
         self._file_mtime = 0.0
         self.workers: dict[str, dict[str, Worker]] = {r: {} for r in STUBS}
         self.retiring: list[Worker] = []  # left the membership, still finishing requests
         self._resolved: dict[str, list[str]] = {}  # dns:/// name -> the addresses it last resolved to
         self.stale_names: set[str] = set()  # names whose last lookup failed (their last good set is kept)
-        self.reported: dict[str, str] = {}  # address -> the role it last reported, where that differs from its list's
+        self.reported: dict[
+            str, str
+        ] = {}  # address -> the role it last reported, where that differs from its list's
 
     def views(self, role: str) -> list[WorkerView]:
         return [w.view for w in self.workers[role].values()]
@@ -101,7 +108,10 @@ class Pools:
             data = json.loads(Path(self.workers_file).read_text() or "{}")
             for role in STUBS:
                 wanted[role] = list(dict.fromkeys(wanted[role] + list(data.get(role, []))))
-        return {role: [a for address in addresses for a in self._resolve(address)] for role, addresses in wanted.items()}
+        return {
+            role: [a for address in addresses for a in self._resolve(address)]
+            for role, addresses in wanted.items()
+        }
 
     def _resolve(self, address: str) -> list[str]:
         fresh: list[str] | None = None
@@ -133,8 +143,10 @@ class Pools:
                 self.renewed_away.append((w, w.channel))
                 w.channel = aio_channel(address, fresh.to(role))
                 w.stub = STUBS[role](w.channel)
-        log.info("client certificate renewed: %d worker channel(s) redialled",
-                 sum(len(c) for c in self.workers.values()))
+        log.info(
+            "client certificate renewed: %d worker channel(s) redialled",
+            sum(len(c) for c in self.workers.values()),
+        )
 
     async def refresh(self, force: bool = False) -> None:
         """Dial workers that joined; retire those that left; move those that changed role."""
@@ -156,7 +168,9 @@ class Pools:
             for address in addresses:
                 if address not in current:
                     channel = aio_channel(address, self.tls.to(role) if self.tls else None)
-                    current[address] = Worker(role, WorkerView(address, healthy=False), channel, STUBS[role](channel))
+                    current[address] = Worker(
+                        role, WorkerView(address, healthy=False), channel, STUBS[role](channel)
+                    )
             for address in list(current):
                 if address not in addresses:  # scaled away: no new requests, the held ones finish
                     gone = current.pop(address)
@@ -207,13 +221,28 @@ class Pools:
     async def poll_all(self, role: str | None = None) -> None:
         roles = [role] if role else list(self.workers)
         await asyncio.gather(*(poll(w) for r in roles for w in self.workers[r].values()))
-        moved = [w for r in roles for w in self.workers[r].values() if placed_role(w.role, w.reported_role) != w.role]
+        moved = [
+            w
+            for r in roles
+            for w in self.workers[r].values()
+            if placed_role(w.role, w.reported_role) != w.role
+        ]
         if moved:
             for w in moved:
-                log.info("worker %s now reports role %s: moved from the %s pool", w.view.address, w.reported_role, w.role)
+                log.info(
+                    "worker %s now reports role %s: moved from the %s pool",
+                    w.view.address,
+                    w.reported_role,
+                    w.role,
+                )
                 self.reported[w.view.address] = w.reported_role  # type: ignore[assignment]
             await self.refresh(force=True)
-            joined = [self.workers[r][w.view.address] for w in moved for r in FLIPPABLE if w.view.address in self.workers[r]]
+            joined = [
+                self.workers[r][w.view.address]
+                for w in moved
+                for r in FLIPPABLE
+                if w.view.address in self.workers[r]
+            ]
             await asyncio.gather(*(poll(w) for w in joined))
 
 
@@ -225,7 +254,9 @@ async def poll(w: Worker) -> None:
         w.info = info  # known once it also reported its load: until then it is still starting
     except aio.AioRpcError as e:
         if e.code() == grpc.StatusCode.UNAVAILABLE:
-            w.view.healthy = False  # out of rotation until it answers (a request failure also waits out a window)
+            w.view.healthy = (
+                False  # out of rotation until it answers (a request failure also waits out a window)
+            )
         return  # a slow answer (a busy worker) keeps the last load, it is not a failure
     w.reported_role = REPORTED_ROLES.get(load.role, w.reported_role)
     if time.monotonic() < w.unhealthy_until and not w.view.healthy:

@@ -44,12 +44,74 @@ from tandem.worker.router.wake_queue import WakeQueue
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600)
 
 # vLLM's buckets for its names (vllm/v1/metrics/loggers.py), so its dashboards' quantiles read the same.
-VLLM_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-VLLM_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                    40.0, 80.0)
-VLLM_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-                    480.0, 960.0, 1920.0, 7680.0)
+VLLM_TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+VLLM_ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+VLLM_E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 # Values of the `status` label of REQUESTS_TOTAL: the HTTP status the request ended with, as text.
 # A stream that fails after it started counts with the error's status; a client that went away, 499.
@@ -233,13 +295,21 @@ class VllmRequestMetrics:
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(name, doc, label, registry=r, buckets=buckets).labels(model_name)
 
-        self.ttft = histogram(names.VLLM_TTFT_SECONDS, "Histogram of time to first token in seconds.", VLLM_TTFT_BUCKETS)
-        self.itl = histogram(names.VLLM_ITL_SECONDS, "Histogram of inter-token latency in seconds.", VLLM_ITL_BUCKETS)
-        self.e2e = histogram(names.VLLM_E2E_SECONDS, "Histogram of e2e request latency in seconds.", VLLM_E2E_BUCKETS)
-        self.prompt_tokens = Counter(names.VLLM_PROMPT_TOKENS, "Number of prefill tokens processed.", label,
-                                     registry=r).labels(model_name)
-        self.generation_tokens = Counter(names.VLLM_GENERATION_TOKENS, "Number of generation tokens processed.",
-                                         label, registry=r).labels(model_name)
+        self.ttft = histogram(
+            names.VLLM_TTFT_SECONDS, "Histogram of time to first token in seconds.", VLLM_TTFT_BUCKETS
+        )
+        self.itl = histogram(
+            names.VLLM_ITL_SECONDS, "Histogram of inter-token latency in seconds.", VLLM_ITL_BUCKETS
+        )
+        self.e2e = histogram(
+            names.VLLM_E2E_SECONDS, "Histogram of e2e request latency in seconds.", VLLM_E2E_BUCKETS
+        )
+        self.prompt_tokens = Counter(
+            names.VLLM_PROMPT_TOKENS, "Number of prefill tokens processed.", label, registry=r
+        ).labels(model_name)
+        self.generation_tokens = Counter(
+            names.VLLM_GENERATION_TOKENS, "Number of generation tokens processed.", label, registry=r
+        ).labels(model_name)
 
 
 class RequestClock:

@@ -51,9 +51,16 @@ REFUSED_UNLESS: dict[str, tuple[Any, ...]] = {
 }
 # Fields accepted whatever their value, because they change nothing in the answer
 NO_EFFECT = {
-    "user", "metadata", "safety_identifier", "prompt_cache_key", "parallel_tool_calls", "guided_decoding_backend",
-    "include_reasoning", "structured_outputs.disable_fallback", "structured_outputs.backend",
-}  # fmt: skip
+    "user",
+    "metadata",
+    "safety_identifier",
+    "prompt_cache_key",
+    "parallel_tool_calls",
+    "guided_decoding_backend",
+    "include_reasoning",
+    "structured_outputs.disable_fallback",
+    "structured_outputs.backend",
+}
 REFUSED_ELSEWHERE = {"best_of"}  # refused unless equal to n (check_completion)
 NESTED = ("stream_options", "structured_outputs")
 
@@ -93,8 +100,11 @@ def check_sampling(req: SamplingRequest) -> None:
         raise ApiError(400, f"min_tokens ({req.min_tokens}) exceeds max_tokens", param="min_tokens")
     rf = req.response_format
     if rf is not None and (rf.type == "json_schema") != (rf.json_schema is not None):
-        raise ApiError(400, "response_format: json_schema is required with (and only with) type json_schema",
-                       param="response_format")  # fmt: skip
+        raise ApiError(
+            400,
+            "response_format: json_schema is required with (and only with) type json_schema",
+            param="response_format",
+        )
     if req.prompt_logprobs is not None and req.stream:
         raise ApiError(400, "prompt_logprobs are not available when stream is true", param="prompt_logprobs")
     constraints = req.constraints()
@@ -126,12 +136,16 @@ def check_chat(req: ChatCompletionRequest) -> None:
         param = req.constraints()[0][0]
         raise ApiError(400, f"{param} cannot be combined with a forced tool call", param=param)
     if req.echo and req.logprobs:
-        raise ApiError(400, "echo with logprobs is only for completions (the prompt's logprobs: prompt_logprobs)",
-                       param="echo")  # fmt: skip
+        raise ApiError(
+            400,
+            "echo with logprobs is only for completions (the prompt's logprobs: prompt_logprobs)",
+            param="echo",
+        )
     if req.echo and req.tools and req.tool_choice != "none":
         raise ApiError(400, "echo cannot be combined with tool calls", param="echo")
     if req.forces_tool_call() and req.ignore_eos:
         raise ApiError(400, "ignore_eos cannot be combined with structured output", param="ignore_eos")
     if req.continue_final_message and req.add_generation_prompt:
-        raise ApiError(400, "continue_final_message needs add_generation_prompt: false",
-                       param="continue_final_message")  # fmt: skip
+        raise ApiError(
+            400, "continue_final_message needs add_generation_prompt: false", param="continue_final_message"
+        )

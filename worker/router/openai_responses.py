@@ -36,7 +36,8 @@ def completion_logprobs(entries: list[TokenLogprob], text_offset: int) -> dict[s
         "tokens": [e.token for e in entries],
         "token_logprobs": [e.logprob for e in entries],
         "top_logprobs": [
-            None if e.logprob is None else {**{t.token: t.logprob for t in e.top}, e.token: e.logprob} for e in entries
+            None if e.logprob is None else {**{t.token: t.logprob for t in e.top}, e.token: e.logprob}
+            for e in entries
         ],
         "text_offset": offsets,
     }
@@ -52,10 +53,23 @@ def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
 
 
 def _response_object(
-    object_name: str, request_id: str, created: int, model: str, choices: list[dict], usage_: dict | None,
-    chunk: bool, usage_field: bool, **extra: Any,
+    object_name: str,
+    request_id: str,
+    created: int,
+    model: str,
+    choices: list[dict],
+    usage_: dict | None,
+    chunk: bool,
+    usage_field: bool,
+    **extra: Any,
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {"id": request_id, "object": object_name, "created": created, "model": model, **extra}
+    body: dict[str, Any] = {
+        "id": request_id,
+        "object": object_name,
+        "created": created,
+        "model": model,
+        **extra,
+    }
     body["choices"] = choices
     if not chunk or usage_field:  # with include_usage every chunk has "usage" (null until the last)
         body["usage"] = usage_
@@ -63,15 +77,29 @@ def _response_object(
 
 
 def completion_object(
-    request_id: str, created: int, model: str, choices: list[dict], usage_: dict | None, *,
-    chunk: bool, usage_field: bool = False,
+    request_id: str,
+    created: int,
+    model: str,
+    choices: list[dict],
+    usage_: dict | None,
+    *,
+    chunk: bool,
+    usage_field: bool = False,
 ) -> dict[str, Any]:
-    return _response_object("text_completion", request_id, created, model, choices, usage_, chunk, usage_field)
+    return _response_object(
+        "text_completion", request_id, created, model, choices, usage_, chunk, usage_field
+    )
 
 
 def chat_object(
-    request_id: str, created: int, model: str, choices: list[dict], usage_: dict | None, *,
-    chunk: bool, usage_field: bool = False,
+    request_id: str,
+    created: int,
+    model: str,
+    choices: list[dict],
+    usage_: dict | None,
+    *,
+    chunk: bool,
+    usage_field: bool = False,
 ) -> dict[str, Any]:
     name = "chat.completion.chunk" if chunk else "chat.completion"
     return _response_object(
@@ -93,7 +121,10 @@ def chat_message(content: str | None, tool_calls: list[dict[str, Any]] | None = 
 
 
 def chat_choice(
-    content: str | None, finish_reason: str | None, logprobs: dict | None, index: int = 0,
+    content: str | None,
+    finish_reason: str | None,
+    logprobs: dict | None,
+    index: int = 0,
     tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     return {
@@ -101,8 +132,10 @@ def chat_choice(
         "message": chat_message(content, tool_calls),
         "logprobs": logprobs,
         "finish_reason": finish_reason,
-    }  # fmt: skip
+    }
 
 
-def chat_delta_choice(delta: dict[str, Any], finish_reason: str | None, logprobs: dict | None, index: int = 0) -> dict:
+def chat_delta_choice(
+    delta: dict[str, Any], finish_reason: str | None, logprobs: dict | None, index: int = 0
+) -> dict:
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}

@@ -41,8 +41,12 @@ MAX_STOP_TOKEN_IDS = 256
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seeds OpenAI clients (and vLLM) accept
 STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)  # every field a request may carry is declared
 # vLLM's guided decoding fields, each one kind of constraint on the output
-GUIDED_FIELDS = (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
-                 ("guided_grammar", "grammar"))  # fmt: skip
+GUIDED_FIELDS = (
+    ("guided_json", "json"),
+    ("guided_regex", "regex"),
+    ("guided_choice", "choice"),
+    ("guided_grammar", "grammar"),
+)
 
 
 class StreamOptions(BaseModel):
@@ -113,7 +117,9 @@ class SamplingRequest(VllmSamplingExtensions):
         bad = [t for t in self.stop_token_ids or [] if t >= vocab_size]
         if bad:
             raise ApiError(
-                400, f"stop_token_ids outside the vocabulary of {vocab_size}: {bad[:5]}", param="stop_token_ids"
+                400,
+                f"stop_token_ids outside the vocabulary of {vocab_size}: {bad[:5]}",
+                param="stop_token_ids",
             )
 
     def stop_strings(self) -> list[str]:

@@ -55,7 +55,9 @@ class VllmSamplingExtensions(BaseModel):
     guided_decoding_backend: str | None = None
     guided_whitespace_pattern: str | None = None
     priority: int = 0
-    request_id: str | None = Field(None, min_length=1, max_length=MAX_REQUEST_ID, pattern=r"^[A-Za-z0-9._:-]+$")
+    request_id: str | None = Field(
+        None, min_length=1, max_length=MAX_REQUEST_ID, pattern=r"^[A-Za-z0-9._:-]+$"
+    )
     logits_processors: Any = None
     return_tokens_as_token_ids: bool | None = None
     kv_transfer_params: Any = None

@@ -34,8 +34,15 @@ def pick_prefill(workers: Iterable[WorkerView], exclude: Set[str] = frozenset())
     candidates = [w for w in workers if w.routable and w.address not in exclude]
     if not candidates:
         return None
-    return min(candidates, key=lambda w: (w.queued_prompt_tokens + w.inflight_prompt_tokens, w.inflight_requests,
-                                          w.last_picked, w.address))  # fmt: skip
+    return min(
+        candidates,
+        key=lambda w: (
+            w.queued_prompt_tokens + w.inflight_prompt_tokens,
+            w.inflight_requests,
+            w.last_picked,
+            w.address,
+        ),
+    )
 
 
 def pick_decode(
@@ -48,4 +55,12 @@ def pick_decode(
     pool = roomy or candidates
     if not pool:
         return None
-    return min(pool, key=lambda w: (w.running_sequences + w.inflight_requests, -w.free_kv_blocks, w.last_picked, w.address))
+    return min(
+        pool,
+        key=lambda w: (
+            w.running_sequences + w.inflight_requests,
+            -w.free_kv_blocks,
+            w.last_picked,
+            w.address,
+        ),
+    )

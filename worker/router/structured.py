@@ -24,7 +24,11 @@ if TYPE_CHECKING:
 TOOL_CALL_TAGS = ("<tool_call>", "</tool_call>")
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 # whitespace-free JSON, so a random model cannot spend its tokens on spaces; the OpenAI client parses either
-JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_OPTIONS: JsonCompileOptions = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
 
 
 def json_schema_grammar(schema: dict[str, Any], param: str) -> str:
@@ -65,7 +69,11 @@ def constraint_grammar(param: str, kind: str, value: Any) -> str:
             except json.JSONDecodeError as e:
                 raise ApiError(400, f"{param}: not JSON: {e}", param=param) from None
         return json_schema_grammar(schema, param)
-    formats: dict[str, Literal["regex", "choice", "grammar"]] = {"regex": "regex", "choice": "choice", "grammar": "grammar"}
+    formats: dict[str, Literal["regex", "choice", "grammar"]] = {
+        "regex": "regex",
+        "choice": "choice",
+        "grammar": "grammar",
+    }
     try:
         grammar = llguidance.grammar_from(formats[kind], json.dumps(value) if kind == "choice" else value)
     except ValueError as e:
@@ -93,7 +101,9 @@ def tool_call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
     return calls[0] if len(calls) == 1 else {"anyOf": calls}
 
 
-def forced_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None) -> list[dict] | None:
+def forced_tools(
+    tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None
+) -> list[dict] | None:
     """The tools the output must call one of (None: the model may answer in text)."""
     if not tools or tool_choice in (None, "auto", "none"):
         return None
@@ -103,11 +113,15 @@ def forced_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str
     name = tool_choice["function"]["name"]
     chosen = [t for t in tools if t["function"]["name"] == name]
     if not chosen:
-        raise ApiError(400, f"tool_choice names function {name!r}, which is not in tools", param="tool_choice")
+        raise ApiError(
+            400, f"tool_choice names function {name!r}, which is not in tools", param="tool_choice"
+        )
     return chosen
 
 
-def tool_choice_grammar(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None) -> str | None:
+def tool_choice_grammar(
+    tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None
+) -> str | None:
     forced = forced_tools(tools, tool_choice)
     return None if forced is None else json_schema_grammar(tool_call_schema(forced), "tools")
 
@@ -122,7 +136,11 @@ class ToolCall:
         self.id = self.id or f"call_{uuid.uuid4().hex[:24]}"
 
     def as_openai(self, index: int | None = None) -> dict[str, Any]:
-        call: dict[str, Any] = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        call: dict[str, Any] = {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
         return call if index is None else {"index": index, **call}
 
 

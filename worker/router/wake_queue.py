@@ -63,8 +63,10 @@ class WakeQueue:
         retry = min(max(1, math.ceil(self.limits.timeout_s - oldest)), TIMED_OUT_RETRY_AFTER_S)
         return BackendError(
             f"no {' or '.join(sorted(roles))} worker yet and {len(self._held)} requests already wait for one "
-            f"(router.wakeQueue.maxRequests {self.limits.max_requests})", status=503, retry_after_s=retry,
-        )  # fmt: skip
+            f"(router.wakeQueue.maxRequests {self.limits.max_requests})",
+            status=503,
+            retry_after_s=retry,
+        )
 
     async def hold(self, roles: Collection[str], ready: Callable[[str], bool]) -> float:
         """Wait until `ready(role)` for every role in `roles`; the seconds waited. Raises BackendError (503
@@ -82,8 +84,9 @@ class WakeQueue:
                     raise BackendError(
                         f"no {' or '.join(sorted(r for r in waiting if not ready(r)))} worker came up within "
                         f"{self.limits.timeout_s:g} s (router.wakeQueue.timeoutSeconds)",
-                        status=503, retry_after_s=TIMED_OUT_RETRY_AFTER_S,
-                    )  # fmt: skip
+                        status=503,
+                        retry_after_s=TIMED_OUT_RETRY_AFTER_S,
+                    )
                 await asyncio.sleep(CHECK_INTERVAL_S)
             return self.clock() - since
         finally:

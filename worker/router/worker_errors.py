@@ -21,10 +21,14 @@ def raise_client_error(e: aio.AioRpcError) -> None:
 
 def is_draining(e: aio.AioRpcError) -> bool:
     """The worker refused because it drains (it says so in trailing metadata), not because it failed."""
-    return any(key == names.DRAINING_METADATA_KEY and value == "1" for key, value in (e.trailing_metadata() or ()))
+    return any(
+        key == names.DRAINING_METADATA_KEY and value == "1" for key, value in (e.trailing_metadata() or ())
+    )
 
 
-KV_TRANSFER_FAILED = "KV transfer failed"  # how a prefill worker reports that its push to the decode worker broke
+KV_TRANSFER_FAILED = (
+    "KV transfer failed"  # how a prefill worker reports that its push to the decode worker broke
+)
 
 
 def kv_link_failed(e: aio.AioRpcError) -> bool:

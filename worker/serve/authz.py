@@ -38,11 +38,14 @@ CALLERS: dict[str, frozenset[str]] = {
     "/tandem.v1.ColocatedService/Abort": ROUTER,
     "/tandem.v1.LifecycleService/Drain": frozenset({OPERATOR, SELF}),
     "/tandem.v1.LifecycleService/SetRole": frozenset({OPERATOR, SELF}),
-    **{f"/tandem.v1.{s}/{m}": PEERS for s in ("PrefillService", "DecodeService", "ColocatedService")
-       for m in ("Handshake", "Load")},
+    **{
+        f"/tandem.v1.{s}/{m}": PEERS
+        for s in ("PrefillService", "DecodeService", "ColocatedService")
+        for m in ("Handshake", "Load")
+    },
     "/grpc.health.v1.Health/Check": PEERS,
     "/grpc.health.v1.Health/Watch": PEERS,
-}  # fmt: skip
+}
 
 
 def is_loopback(peer: str) -> bool:
@@ -94,9 +97,15 @@ class Authorizer(grpc.ServerInterceptor):
         def check(context: grpc.ServicerContext) -> None:
             caller = caller_identity(context)
             if not allowed(method, caller, self.me, is_loopback(context.peer())):
-                who = f"{caller.describe()} of {caller.service or 'the cluster'}" if caller else "a caller without a tandem identity"
+                who = (
+                    f"{caller.describe()} of {caller.service or 'the cluster'}"
+                    if caller
+                    else "a caller without a tandem identity"
+                )
                 log.warning("refused %r from %s (%r)", method, who, context.peer())
-                context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{who} may not call {method.rsplit('/', 1)[-1]}")
+                context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED, f"{who} may not call {method.rsplit('/', 1)[-1]}"
+                )
 
         return checked(handler, check)
 

@@ -32,7 +32,9 @@ class ColocatedServicer:
         with self._lock:
             return self._streams + load.running + load.waiting
 
-    def Handshake(self, request: common_pb2.HandshakeRequest, context: grpc.ServicerContext) -> common_pb2.HandshakeReply:
+    def Handshake(
+        self, request: common_pb2.HandshakeRequest, context: grpc.ServicerContext
+    ) -> common_pb2.HandshakeReply:
         return common_pb2.HandshakeReply(worker=self.info, transport=common_pb2.KV_TRANSPORT_UNSPECIFIED)
 
     def Generate(self, request: common_pb2.GenerateRequest, context: grpc.ServicerContext):
@@ -49,7 +51,9 @@ class ColocatedServicer:
     def _generate(self, request: common_pb2.GenerateRequest, context: grpc.ServicerContext):
         yield from generate_tokens(self.loop, request, context)
 
-    def Abort(self, request: colocated_pb2.ColocatedAbortRequest, context: grpc.ServicerContext) -> colocated_pb2.ColocatedAbortReply:
+    def Abort(
+        self, request: colocated_pb2.ColocatedAbortRequest, context: grpc.ServicerContext
+    ) -> colocated_pb2.ColocatedAbortReply:
         return colocated_pb2.ColocatedAbortReply(found=self.loop.abort(request.request_id, "abort"))
 
     def Load(self, request: common_pb2.LoadRequest, context: grpc.ServicerContext) -> common_pb2.LoadReport:

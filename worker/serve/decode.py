@@ -88,8 +88,13 @@ class DecodeServicer:
         self.max_lease_ms = max_lease_ms  # the service's lease: a Reserve asking longer gets this
         self.kv_authenticated = kv_authenticated  # pushes come only from a prefill identity of this service
         self.layout = KvLayout.from_worker_info(info)
-        self.receiver = KvReceiver(loop.engine.kv, self.layout, on_release=self._released, on_commit=self._committed,
-                                   vocab_size=loop.engine.model.config.vocab_size)
+        self.receiver = KvReceiver(
+            loop.engine.kv,
+            self.layout,
+            on_release=self._released,
+            on_commit=self._committed,
+            vocab_size=loop.engine.model.config.vocab_size,
+        )
         self._lock = threading.Lock()
         self._pending: dict[str, Pending] = {}  # transfer_id -> what to admit
         self._outputs: dict[str, Output] = {}  # request_id -> token queue
@@ -118,17 +123,26 @@ class DecodeServicer:
             return held + load.running + load.waiting
 
     # --- RPCs ---------------------------------------------------------------------------------
-    def Handshake(self, request: common_pb2.HandshakeRequest, context: grpc.ServicerContext) -> common_pb2.HandshakeReply:
+    def Handshake(
+        self, request: common_pb2.HandshakeRequest, context: grpc.ServicerContext
+    ) -> common_pb2.HandshakeReply:
         peer = request.peer
         if not peer.num_layers:  # no peer named: nothing to check or choose
             return common_pb2.HandshakeReply(worker=self.info, transport=common_pb2.KV_TRANSPORT_UNSPECIFIED)
         transport = reserve_transport(peer.transports, peer.host_id, self.info, peer.cuda_device_uuid)
-        self.pairings.note(peer.worker_id, transport, "handshake: KV from prefill worker %s would come over %s", peer.worker_id)
+        self.pairings.note(
+            peer.worker_id,
+            transport,
+            "handshake: KV from prefill worker %s would come over %s",
+            peer.worker_id,
+        )
         return common_pb2.HandshakeReply(  # the transport a Reserve from this peer would be granted
             worker=self.info, problems=check_compatible(peer, self.info), transport=transport
         )
 
-    def Reserve(self, request: decode_pb2.ReserveRequest, context: grpc.ServicerContext) -> decode_pb2.ReserveReply:
+    def Reserve(
+        self, request: decode_pb2.ReserveRequest, context: grpc.ServicerContext
+    ) -> decode_pb2.ReserveReply:
         with self._lock:
             if self.draining:
                 refuse_while_draining(context, "decode worker")
@@ -146,7 +160,9 @@ class DecodeServicer:
             with self._lock:
                 self._reserving -= 1
 
-    def _reserve(self, request: decode_pb2.ReserveRequest, context: grpc.ServicerContext) -> decode_pb2.ReserveReply:
+    def _reserve(
+        self, request: decode_pb2.ReserveRequest, context: grpc.ServicerContext
+    ) -> decode_pb2.ReserveReply:
         prompt = list(request.prompt_token_ids)
         try:
             params = params_from_proto(request.sampling)
@@ -181,11 +197,18 @@ class DecodeServicer:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "every staging ring is in use")
         assert transport is not None  # context.abort raised otherwise
         asked = ", ".join(transport_label(t) for t in request.transports) or "grpc"
-        self.pairings.note(request.prefill_host_id, transport, "KV from prefill workers on host %r (offering %s) comes over %s",
-                           request.prefill_host_id, asked)
+        self.pairings.note(
+            request.prefill_host_id,
+            transport,
+            "KV from prefill workers on host %r (offering %s) comes over %s",
+            request.prefill_host_id,
+            asked,
+        )
         res.staging = ring
         with self._lock:
-            self._pending[request.transfer_id] = Pending(request.request_id, prompt, params, block_table, ring, transport)
+            self._pending[request.transfer_id] = Pending(
+                request.request_id, prompt, params, block_table, ring, transport
+            )
         if not context.is_active():  # the router gave up while this ran: it may never send the Abort
             self._drop(request.request_id, request.transfer_id, "reserve cancelled")
         return decode_pb2.ReserveReply(
@@ -266,8 +289,13 @@ class DecodeServicer:
         self.loop.admit(
             pending.request_id,
             lambda e: e.admit_prefilled(
-                pending.request_id, pending.prompt_ids, pending.params, pending.block_table,
-                done.first_token, done.first_token_logprob, done.first_token_top_logprobs,
+                pending.request_id,
+                pending.prompt_ids,
+                pending.params,
+                pending.block_table,
+                done.first_token,
+                done.first_token_logprob,
+                done.first_token_top_logprobs,
                 share=self.kv_authenticated,
             ),
             stream,
@@ -279,11 +307,15 @@ class DecodeServicer:
             pending = self._pending.pop(released.reservation.transfer_id, None)
             output = self._outputs.get(request_id)
             if output is not None and output.unclaimed_until is not None and released.reason != "superseded":
-                del self._outputs[request_id]  # no stream reads it: nobody to tell (a superseding Reserve's is new)
+                del self._outputs[
+                    request_id
+                ]  # no stream reads it: nobody to tell (a superseding Reserve's is new)
         if pending is None:
             return
         self._give_back_ring(pending)
-        self.loop.post(lambda e: e.release(pending.block_table))  # may run in a gRPC callback: never wait a step
+        self.loop.post(
+            lambda e: e.release(pending.block_table)
+        )  # may run in a gRPC callback: never wait a step
         if output is not None:
             output.queue.put(StreamEnd("error", f"KV transfer did not complete: {released.reason}"))
         log.info("released reservation %r: %r", released.reservation.transfer_id, released.reason)
@@ -292,7 +324,9 @@ class DecodeServicer:
         if pending.ring is not None:
             self.staging[pending.transport].give_back(pending.ring)
 
-    def _drop(self, request_id: str, transfer_id: str = "", reason: str = "aborted") -> tuple[list[Released], bool]:
+    def _drop(
+        self, request_id: str, transfer_id: str = "", reason: str = "aborted"
+    ) -> tuple[list[Released], bool]:
         """End a request wherever it is (reservation, engine, unread token queue) and free what it holds."""
         released = self.receiver.abort(transfer_id, request_id, reason)
         running = bool(request_id) and self.loop.abort(request_id, "abort")

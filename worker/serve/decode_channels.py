@@ -18,8 +18,9 @@ MAX_DECODE_CHANNELS = 64  # decode workers a prefill worker keeps a channel to
 
 
 class DecodeChannels:
-    def __init__(self, tls: TlsConfig | None, options: Sequence[tuple[str, Any]] = (),
-                 limit: int = MAX_DECODE_CHANNELS) -> None:
+    def __init__(
+        self, tls: TlsConfig | None, options: Sequence[tuple[str, Any]] = (), limit: int = MAX_DECODE_CHANNELS
+    ) -> None:
         self.options, self.limit = list(options), limit
         self.certs = ClientCertWatch(tls)
         self._open: OrderedDict[str, grpc.Channel] = OrderedDict()  # least recently used first
@@ -38,7 +39,9 @@ class DecodeChannels:
                 self._open.move_to_end(address)
                 return channel
             tls = self.certs.tls
-            channel = self._open[address] = tls_channel(address, tls.to("decode") if tls else None, self.options)
+            channel = self._open[address] = tls_channel(
+                address, tls.to("decode") if tls else None, self.options
+            )
             if len(self._open) > self.limit:
                 to_close.append(self._open.popitem(last=False)[1])
         for old in to_close:

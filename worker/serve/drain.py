@@ -60,7 +60,9 @@ class Drainer:
             self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
             self._deadline = self.clock() + self.timeout_s
             self.started.set()
-        log.info("draining (%r): %d held, exiting within %.0f s", reason, self.servicer.busy(), self.timeout_s)
+        log.info(
+            "draining (%r): %d held, exiting within %.0f s", reason, self.servicer.busy(), self.timeout_s
+        )
 
     def seconds_left(self) -> float:
         return max(0.0, self._deadline - self.clock()) if self.started.is_set() else self.timeout_s
@@ -77,9 +79,13 @@ class Drainer:
         return True
 
     # --- the Drain RPC ------------------------------------------------------------------------
-    def Drain(self, request: lifecycle_pb2.DrainRequest, context: grpc.ServicerContext) -> lifecycle_pb2.DrainReply:
+    def Drain(
+        self, request: lifecycle_pb2.DrainRequest, context: grpc.ServicerContext
+    ) -> lifecycle_pb2.DrainReply:
         self.begin(request.reason or "Drain RPC")
-        return lifecycle_pb2.DrainReply(draining=True, busy=self.servicer.busy(), deadline_s=self.seconds_left())
+        return lifecycle_pb2.DrainReply(
+            draining=True, busy=self.servicer.busy(), deadline_s=self.seconds_left()
+        )
 
 
 class Lifecycle:
@@ -89,7 +95,9 @@ class Lifecycle:
         self.Drain = drainer.Drain
         self.roles = roles
 
-    def SetRole(self, request: lifecycle_pb2.SetRoleRequest, context: grpc.ServicerContext) -> lifecycle_pb2.SetRoleReply:
+    def SetRole(
+        self, request: lifecycle_pb2.SetRoleRequest, context: grpc.ServicerContext
+    ) -> lifecycle_pb2.SetRoleReply:
         if self.roles is None:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server does not change role")
         return self.roles.SetRole(request, context)  # type: ignore[union-attr]

@@ -14,7 +14,11 @@ from tandem.worker.api.tls import TlsConfig, channel
 
 
 def drain(
-    address: str, reason: str, wait: bool, poll_s: float = 0.5, timeout_s: float | None = None,
+    address: str,
+    reason: str,
+    wait: bool,
+    poll_s: float = 0.5,
+    timeout_s: float | None = None,
     tls: TlsConfig | None = None,
 ) -> int:
     """Start the drain; with `wait`, ask again until the worker holds nothing or has gone.
@@ -40,9 +44,13 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="tandem drain", description=__doc__)
     p.add_argument("--address", default=f"127.0.0.1:{names.GRPC_PORT}", help="the worker's gRPC host:port")
     p.add_argument("--reason", default="preStop")
-    p.add_argument("--wait", action="store_true", help="return only once the worker holds nothing (or exited)")
+    p.add_argument(
+        "--wait", action="store_true", help="return only once the worker holds nothing (or exited)"
+    )
     p.add_argument("--timeout", type=float, default=None, help="stop waiting after this many seconds")
-    p.add_argument("--tls-dir", default=None, help="mutual TLS: tls.crt, tls.key, ca.crt (default: plaintext)")
+    p.add_argument(
+        "--tls-dir", default=None, help="mutual TLS: tls.crt, tls.key, ca.crt (default: plaintext)"
+    )
     p.add_argument("--tls-server-name", default=None, help="name in the worker's certificate")
     args = p.parse_args(argv)
     try:

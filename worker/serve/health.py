@@ -23,7 +23,11 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def engine_problem(
-    running: bool, beat_age_s: float, failed_steps: int, stall_s: float = STALL_S, failed_limit: int = FAILED_STEPS_LIMIT
+    running: bool,
+    beat_age_s: float,
+    failed_steps: int,
+    stall_s: float = STALL_S,
+    failed_limit: int = FAILED_STEPS_LIMIT,
 ) -> str | None:
     """Why the engine is not live (pure), or None when it is."""
     if not running:

@@ -107,7 +107,10 @@ def main(argv: list[str]) -> int:
 
 def log_with_role(role: str) -> RoleField:
     """Logging at the level the environment asks, each line with the worker's role (SetRole changes it)."""
-    logging.basicConfig(level=os.environ.get("TANDEM_LOG_LEVEL", "INFO").upper(), format="%(asctime)s %(role)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("TANDEM_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(role)s %(levelname)s %(message)s",
+    )
     role_field = RoleField(role)
     for handler in logging.getLogger().handlers:
         handler.addFilter(role_field)
@@ -119,7 +122,9 @@ def prepare(args: WorkerOptions) -> Prepared:
     device = args.device or "cpu"  # parse_args chose one
     with options_checked():
         transports = offered_transports(args.kv_transport, device)
-    if args.role == "colocated":  # no staging rings held for KV it may never receive: inline on gRPC if it flips
+    if (
+        args.role == "colocated"
+    ):  # no staging rings held for KV it may never receive: inline on gRPC if it flips
         transports = [common_pb2.KV_TRANSPORT_GRPC]
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -140,7 +145,12 @@ def prepare(args: WorkerOptions) -> Prepared:
     with options_checked():  # after the weights: the cache takes what they and the largest batch leave
         kv_plan = plan_kv_cache(model, engine_config, args.num_kv_blocks, args.kv_cache_memory_percent)
     kv_plan_s = time.monotonic() - planning
-    log.info("%s; KV stored as %s, weights quantization %s", kv_plan.describe(), args.kv_cache_dtype, args.quantization)
+    log.info(
+        "%s; KV stored as %s, weights quantization %s",
+        kv_plan.describe(),
+        args.kv_cache_dtype,
+        args.quantization,
+    )
     return Prepared(transports, engine_config, model, kv_plan, loaded_s, kv_plan_s)
 
 
@@ -194,9 +204,22 @@ def start_serving(
     server.start()
     watches = _watch(args, loop, health_servicer, drainer, roles)
     limits = limiter.limits
-    log.info("gRPC: %d token streams, %d KV pushes, %d transfers at once, %d control threads",
-             limits.streams, limits.pushes, limits.transfers, limits.control)  # fmt: skip
-    log.info("%s worker %s serving %s on %s:%d (%d KV blocks)", args.role, worker_id, args.served_name, args.host, port, num_blocks)
+    log.info(
+        "gRPC: %d token streams, %d KV pushes, %d transfers at once, %d control threads",
+        limits.streams,
+        limits.pushes,
+        limits.transfers,
+        limits.control,
+    )
+    log.info(
+        "%s worker %s serving %s on %s:%d (%d KV blocks)",
+        args.role,
+        worker_id,
+        args.served_name,
+        args.host,
+        port,
+        num_blocks,
+    )
     print(f"READY {args.role} {args.host}:{port}", flush=True)
     return Started(server, services, loop, drainer, watches)
 
@@ -210,8 +233,9 @@ def _grpc_server(args: WorkerOptions, me: Identity, tls: TlsConfig | None) -> tu
     authz = [Authorizer(me)] if tls is not None else []
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=limiter.limits.threads, thread_name_prefix="grpc"),
-        interceptors=[*authz, limiter], options=BULK_CHANNEL_OPTIONS,
-    )  # fmt: skip
+        interceptors=[*authz, limiter],
+        options=BULK_CHANNEL_OPTIONS,
+    )
     return server, limiter
 
 
@@ -300,13 +324,21 @@ def _load(args: WorkerOptions, device: str) -> CausalLM:
     from tandem.worker.engine.tp.split import tensor_parallel_problem
 
     problem = tensor_parallel_problem(
-        ModelConfig.from_dir(args.model_dir), ranks, device, args.decode_step, args.compile,
+        ModelConfig.from_dir(args.model_dir),
+        ranks,
+        device,
+        args.decode_step,
+        args.compile,
         torch.cuda.device_count() if device.startswith("cuda") else None,
-    )  # fmt: skip
+    )
     if problem:
         raise ValueError(problem)
     group = start_ranks(ranks, device, args.threads)
-    log.info("model split across %d tensor-parallel ranks (%s)", ranks, "NCCL" if device.startswith("cuda") else "gloo")
+    log.info(
+        "model split across %d tensor-parallel ranks (%s)",
+        ranks,
+        "NCCL" if device.startswith("cuda") else "gloo",
+    )
     # rank 0's view runs the same calls as one model (its forward, logits and KV cache span the ranks)
     return load_tensor_parallel(args.model_dir, args.dtype, args.quantization, group)
 
@@ -324,7 +356,8 @@ def speculative_config(args: WorkerOptions) -> SpeculativeConfig | None:
     if args.speculative is None:
         return None
     return SpeculativeConfig(
-        method=args.speculative, num_tokens=args.speculative_tokens or SPECULATIVE_TOKENS,
+        method=args.speculative,
+        num_tokens=args.speculative_tokens or SPECULATIVE_TOKENS,
         draft_layers=args.speculative_draft_layers,
     )
 
@@ -373,8 +406,12 @@ def _add_servicers(server, args, loop, info, metrics, tls) -> dict:
     from tandem.worker.serve.prefill import PrefillServicer
 
     # the staging each offered transport lends per reservation (shared-memory rings, CUDA buffers)
-    staging = {t.kind: t.staging(args.device) for t in transports.REGISTRY if t.staged and t.kind in info.transports}
-    decode = DecodeServicer(loop, info, staging, max_lease_ms=args.kv_lease_ms, kv_authenticated=tls is not None)
+    staging = {
+        t.kind: t.staging(args.device) for t in transports.REGISTRY if t.staged and t.kind in info.transports
+    }
+    decode = DecodeServicer(
+        loop, info, staging, max_lease_ms=args.kv_lease_ms, kv_authenticated=tls is not None
+    )
     add_to_server(server, decode)
     compression = wire_compression(args.kv_compression, args.kv_cache_dtype)  # an 8-bit cache travels raw
     prefill = PrefillServicer(loop, info, compression, metrics, tls=tls)

@@ -15,7 +15,9 @@ KV_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1
 
 
 class WorkerMetrics:
-    def __init__(self, service: str, pool: str, registry: CollectorRegistry | None = None, model_name: str = "model"):
+    def __init__(
+        self, service: str, pool: str, registry: CollectorRegistry | None = None, model_name: str = "model"
+    ):
         self.registry = registry or CollectorRegistry()
         labels = list(names.METRIC_LABELS)
         r = self.registry
@@ -30,32 +32,67 @@ class WorkerMetrics:
             self._series.append(metric)
             return metric.labels(service=service, pool=pool)
 
-        self.queued_prompt_tokens = bind(Gauge(names.PREFILL_QUEUED_TOKENS, "Prompt tokens waiting to be prefilled", labels, registry=r))
-        self.prefill_tokens = bind(Counter(names.PREFILL_TOKENS_TOTAL, "Prompt tokens prefilled", labels, registry=r))
+        self.queued_prompt_tokens = bind(
+            Gauge(names.PREFILL_QUEUED_TOKENS, "Prompt tokens waiting to be prefilled", labels, registry=r)
+        )
+        self.prefill_tokens = bind(
+            Counter(names.PREFILL_TOKENS_TOTAL, "Prompt tokens prefilled", labels, registry=r)
+        )
         per_transport = [*labels, "transport"]  # grpc | shm | cuda_ipc: what the pair used for that prompt
-        self._kv_bytes = Counter(names.KV_TRANSFER_BYTES_TOTAL, "KV cache bytes pushed to decode workers, by the "
-                                 "transport the prefill and decode worker used", per_transport, registry=r)
+        self._kv_bytes = Counter(
+            names.KV_TRANSFER_BYTES_TOTAL,
+            "KV cache bytes pushed to decode workers, by the transport the prefill and decode worker used",
+            per_transport,
+            registry=r,
+        )
         self._kv_seconds = Histogram(
-            names.KV_TRANSFER_SECONDS, "Per prompt pushed to a decode worker: from its first KV chunk read for the push "
+            names.KV_TRANSFER_SECONDS,
+            "Per prompt pushed to a decode worker: from its first KV chunk read for the push "
             "to the decode worker's acknowledgement of the commit (the last chunk and the first token); overlaps the "
-            "compute of the prompt's later layers", per_transport, registry=r, buckets=KV_BUCKETS)  # fmt: skip
+            "compute of the prompt's later layers",
+            per_transport,
+            registry=r,
+            buckets=KV_BUCKETS,
+        )
         self._kv_tail = Histogram(
-            names.KV_TRANSFER_TAIL_SECONDS, "Per prompt pushed to a decode worker: from its first token computed (its "
+            names.KV_TRANSFER_TAIL_SECONDS,
+            "Per prompt pushed to a decode worker: from its first token computed (its "
             "last layer done) to the decode worker's acknowledgement of the commit; the transfer time the compute "
-            "did not hide", per_transport, registry=r, buckets=KV_BUCKETS)  # fmt: skip
+            "did not hide",
+            per_transport,
+            registry=r,
+            buckets=KV_BUCKETS,
+        )
         self._per_transport = [self._kv_bytes, self._kv_seconds, self._kv_tail]
-        self.running = bind(Gauge(names.DECODE_RUNNING_SEQUENCES, "Sequences in the running batch", labels, registry=r))
+        self.running = bind(
+            Gauge(names.DECODE_RUNNING_SEQUENCES, "Sequences in the running batch", labels, registry=r)
+        )
         self.kv_used = bind(Gauge(names.KV_BLOCKS_USED, "KV cache blocks in use", labels, registry=r))
         self.kv_total = bind(Gauge(names.KV_BLOCKS_TOTAL, "KV cache blocks in the pool", labels, registry=r))
         self.prefix_queried = bind(
-            Counter(names.PREFIX_CACHE_QUERIED_TOKENS_TOTAL, "Prompt tokens looked up in the prefix cache", labels, registry=r)
+            Counter(
+                names.PREFIX_CACHE_QUERIED_TOKENS_TOTAL,
+                "Prompt tokens looked up in the prefix cache",
+                labels,
+                registry=r,
+            )
         )
         self.prefix_hits = bind(
-            Counter(names.PREFIX_CACHE_HIT_TOKENS_TOTAL, "Prompt tokens found in the prefix cache", labels, registry=r)
+            Counter(
+                names.PREFIX_CACHE_HIT_TOKENS_TOTAL,
+                "Prompt tokens found in the prefix cache",
+                labels,
+                registry=r,
+            )
         )
         self._prefix_seen = (0, 0)
         self.spec_proposed = bind(
-            Counter(names.SPEC_PROPOSED_TOKENS_TOTAL, "Draft tokens verified by speculative decoding", labels, registry=r)
+            Counter(
+                names.SPEC_PROPOSED_TOKENS_TOTAL,
+                "Draft tokens verified by speculative decoding",
+                labels,
+                registry=r,
+            )
         )
         self.spec_accepted = bind(
             Counter(names.SPEC_ACCEPTED_TOKENS_TOTAL, "Draft tokens the model accepted", labels, registry=r)
@@ -64,15 +101,28 @@ class WorkerMetrics:
             Counter(names.SPEC_VERIFY_STEPS_TOTAL, "Sequence steps that verified drafts", labels, registry=r)
         )
         self._spec_seen = (0, 0, 0)
-        self.held = bind(Gauge(names.WORKER_HELD_REQUESTS, "Requests this worker holds in any state", labels, registry=r))
-        startup = Gauge(names.WORKER_STARTUP_SECONDS, "Seconds this worker's start spent per phase: load (weights "
-                        "read into memory), kv_plan (sizing the KV cache), warmup (every path a request can take, "
-                        "decode_graphs included), decode_graphs (the static decode step's buckets)",
-                        [*labels, "phase"], registry=r)  # fmt: skip
-        self.startup = {phase: startup.labels(service=service, pool=pool, phase=phase) for phase in names.STARTUP_PHASES}
+        self.held = bind(
+            Gauge(names.WORKER_HELD_REQUESTS, "Requests this worker holds in any state", labels, registry=r)
+        )
+        startup = Gauge(
+            names.WORKER_STARTUP_SECONDS,
+            "Seconds this worker's start spent per phase: load (weights "
+            "read into memory), kv_plan (sizing the KV cache), warmup (every path a request can take, "
+            "decode_graphs included), decode_graphs (the static decode step's buckets)",
+            [*labels, "phase"],
+            registry=r,
+        )
+        self.startup = {
+            phase: startup.labels(service=service, pool=pool, phase=phase) for phase in names.STARTUP_PHASES
+        }
         self.batch_size = bind(
-            Histogram(names.DECODE_BATCH_SIZE, "Sequences per engine step", labels, registry=r,
-                      buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+            Histogram(
+                names.DECODE_BATCH_SIZE,
+                "Sequences per engine step",
+                labels,
+                registry=r,
+                buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            )
         )
 
     def watch(self, engine: Engine) -> WorkerMetrics:
@@ -134,7 +184,12 @@ class WorkerMetrics:
         spec = engine.speculator
         if spec is not None:
             seen = (spec.proposed_tokens, spec.accepted_tokens, spec.verifies)
-            for counter, now, before in zip((self.spec_proposed, self.spec_accepted, self.spec_verifies), seen, self._spec_seen, strict=True):
+            for counter, now, before in zip(
+                (self.spec_proposed, self.spec_accepted, self.spec_verifies),
+                seen,
+                self._spec_seen,
+                strict=True,
+            ):
                 counter.inc(now - before)
             self._spec_seen = seen
         if sched is not None and sched.seqs:
@@ -158,9 +213,12 @@ class VllmEngineMetrics:
         self.running = gauge(names.VLLM_RUNNING, "Number of requests in model execution batches.")
         self.waiting = gauge(names.VLLM_WAITING, "Number of requests waiting to be processed.")
         self.kv_usage = gauge(names.VLLM_KV_CACHE_USAGE, "KV-cache usage. 1 means 100 percent usage.")
-        self.prefix_queries = counter(names.VLLM_PREFIX_CACHE_QUERIES,
-                                      "Prefix cache queries, in terms of number of queried tokens.")
-        self.prefix_hits = counter(names.VLLM_PREFIX_CACHE_HITS, "Prefix cache hits, in terms of number of cached tokens.")
+        self.prefix_queries = counter(
+            names.VLLM_PREFIX_CACHE_QUERIES, "Prefix cache queries, in terms of number of queried tokens."
+        )
+        self.prefix_hits = counter(
+            names.VLLM_PREFIX_CACHE_HITS, "Prefix cache hits, in terms of number of cached tokens."
+        )
 
     def watch(self, engine: Engine) -> None:
         """Read the gauges from `engine` at scrape time, like tandem's own."""

@@ -134,13 +134,21 @@ class PrefillServicer:
             return self._inflight + self._generating
 
     # --- RPCs ---------------------------------------------------------------------------------
-    def Handshake(self, request: common_pb2.HandshakeRequest, context: grpc.ServicerContext) -> common_pb2.HandshakeReply:
+    def Handshake(
+        self, request: common_pb2.HandshakeRequest, context: grpc.ServicerContext
+    ) -> common_pb2.HandshakeReply:
         peer = request.peer
         if not peer.num_layers:  # no peer named: nothing to check or choose
             return common_pb2.HandshakeReply(worker=self.info, transport=common_pb2.KV_TRANSPORT_UNSPECIFIED)
-        transport = reserve_transport(self.info.transports, self.info.host_id, peer, self.info.cuda_device_uuid)
-        self.pairings.note(peer.worker_id, transport, "handshake: KV to decode worker %s would go over %s", peer.worker_id)
-        return common_pb2.HandshakeReply(worker=self.info, problems=check_compatible(self.info, peer), transport=transport)
+        transport = reserve_transport(
+            self.info.transports, self.info.host_id, peer, self.info.cuda_device_uuid
+        )
+        self.pairings.note(
+            peer.worker_id, transport, "handshake: KV to decode worker %s would go over %s", peer.worker_id
+        )
+        return common_pb2.HandshakeReply(
+            worker=self.info, problems=check_compatible(self.info, peer), transport=transport
+        )
 
     def Load(self, request: common_pb2.LoadRequest, context: grpc.ServicerContext) -> common_pb2.LoadReport:
         return self.load_of() if self.load_of is not None else self.own_load()
@@ -148,7 +156,9 @@ class PrefillServicer:
     def own_load(self) -> common_pb2.LoadReport:
         return load_report(self.loop.snapshot, self.info.worker_id, "prefill", 0, self.draining)
 
-    def Prefill(self, request: prefill_pb2.PrefillRequest, context: grpc.ServicerContext) -> prefill_pb2.PrefillReply:
+    def Prefill(
+        self, request: prefill_pb2.PrefillRequest, context: grpc.ServicerContext
+    ) -> prefill_pb2.PrefillReply:
         with self._lock:
             if self.draining:
                 refuse_while_draining(context, "prefill worker")
@@ -172,7 +182,9 @@ class PrefillServicer:
             with self._lock:
                 self._generating -= 1
 
-    def _prefill(self, request: prefill_pb2.PrefillRequest, context: grpc.ServicerContext) -> prefill_pb2.PrefillReply:
+    def _prefill(
+        self, request: prefill_pb2.PrefillRequest, context: grpc.ServicerContext
+    ) -> prefill_pb2.PrefillReply:
         arrived = time.perf_counter()
         prompt = list(request.prompt_token_ids)
         try:
@@ -185,7 +197,9 @@ class PrefillServicer:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         with self._lock:  # a second Prefill under one request id must not take over the first one's transfer
             if request.request_id in self._transfers:
-                context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request {request.request_id!r} is already prefilling")
+                context.abort(
+                    grpc.StatusCode.ALREADY_EXISTS, f"request {request.request_id!r} is already prefilling"
+                )
             self._transfers[request.request_id] = None
         try:
             return self._transfer(request, context, prompt, params, arrived)
@@ -209,7 +223,12 @@ class PrefillServicer:
             timeout_s=push_timeout_s(reservation.lease_deadline_ms, time.time()),
         )
         transfer = Transfer(sender, reservation.first_block_index, list(reservation.block_ids))
-        self.pairings.note(request.decode_address, sender.transport, "KV to decode worker %s goes over %s", request.decode_address)
+        self.pairings.note(
+            request.decode_address,
+            sender.transport,
+            "KV to decode worker %s goes over %s",
+            request.decode_address,
+        )
         with self._lock:
             self._transfers[request.request_id] = transfer
         try:
@@ -221,10 +240,14 @@ class PrefillServicer:
             first = next(EngineLoop.iterate(stream))
             computed = time.perf_counter()
             if isinstance(first, StreamEnd):
-                context.abort(grpc.StatusCode.INTERNAL, first.error or f"prefill ended: {first.finish_reason}")
+                context.abort(
+                    grpc.StatusCode.INTERNAL, first.error or f"prefill ended: {first.finish_reason}"
+                )
             if transfer.errors:
                 unreachable = any(isinstance(e, DecodeUnreachable) for e in transfer.errors)
-                raise (DecodeUnreachable if unreachable else KvTransferError)("; ".join(map(str, transfer.errors)))
+                raise (DecodeUnreachable if unreachable else KvTransferError)(
+                    "; ".join(map(str, transfer.errors))
+                )
             reply = sender.commit(first.token_id, first.logprob, first.top_logprobs)
         except KvTransferError as e:
             sender.abort(str(e))
@@ -236,7 +259,12 @@ class PrefillServicer:
             context.abort(grpc.StatusCode.ABORTED, f"decode worker refused the KV: {reply.error}")
         done = time.perf_counter()
         if self.metrics is not None and transfer.first_pushed is not None:
-            self.metrics.kv_pushed(transport_label(sender.transport), transfer.kv_bytes, done - transfer.first_pushed, done - computed)
+            self.metrics.kv_pushed(
+                transport_label(sender.transport),
+                transfer.kv_bytes,
+                done - transfer.first_pushed,
+                done - computed,
+            )
         return prefill_pb2.PrefillReply(
             first_token=first.token_id,
             first_token_logprob=first.logprob,

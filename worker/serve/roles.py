@@ -56,16 +56,19 @@ class Flip:
     switch_s: float
 
 
-def refusal(to: str, current: str, servicers: Mapping[str, object], certified: frozenset[str] | None,
-            exiting: bool) -> str | None:
+def refusal(
+    to: str, current: str, servicers: Mapping[str, object], certified: frozenset[str] | None, exiting: bool
+) -> str | None:
     """Why this worker may not take role `to` (pure); None when it may."""
     if exiting:
         return "the worker is draining to exit"
     if to not in servicers:
         return f"a {current} worker cannot take the role {to!r} (it serves {', '.join(sorted(servicers))})"
     if certified is not None and to not in certified:
-        return f"this worker's certificate does not name the role {to!r} (it names {', '.join(sorted(certified))}); " \
-               "turn spec.roleFlip on so workers get certificates for every worker role"
+        return (
+            f"this worker's certificate does not name the role {to!r} (it names {', '.join(sorted(certified))}); "
+            "turn spec.roleFlip on so workers get certificates for every worker role"
+        )
     return None
 
 
@@ -125,13 +128,17 @@ class RoleSwitch:
             old = self.servicers[current]
             start = self.clock()
             old.draining = True  # new work is refused from now on; the router retries elsewhere
-            log.info("changing role %s -> %s (%s): draining %d held", current, to, reason or "SetRole", old.busy())
+            log.info(
+                "changing role %s -> %s (%s): draining %d held", current, to, reason or "SetRole", old.busy()
+            )
             deadline = start + (drain_timeout_s or self.drain_timeout_s)
             while old.busy() > 0:
                 if self.clock() >= deadline:
                     old.draining = self._exiting
-                    raise DrainTimedOut(f"{old.busy()} still held by the {current} role after "
-                                        f"{self.clock() - start:.1f} s; the worker stays {current}")
+                    raise DrainTimedOut(
+                        f"{old.busy()} still held by the {current} role after "
+                        f"{self.clock() - start:.1f} s; the worker stays {current}"
+                    )
                 time.sleep(0.01)
             drained = self.clock()
             old.activate(False)
@@ -143,7 +150,9 @@ class RoleSwitch:
             self.servicers[to].draining = self._exiting
             self._report_health()
             done = self.clock()
-        log.info("now a %s worker (drained in %.3f s, switched in %.3f s)", to, drained - start, done - drained)
+        log.info(
+            "now a %s worker (drained in %.3f s, switched in %.3f s)", to, drained - start, done - drained
+        )
         return Flip(current, to, drained - start, done - drained)
 
     def _report_health(self) -> None:
@@ -153,10 +162,14 @@ class RoleSwitch:
             self.health.set(names.WORKER_ROLE_SERVICE_PREFIX + r, SERVING if r == self.role else NOT_SERVING)
 
     # --- the SetRole RPC ------------------------------------------------------------------------
-    def SetRole(self, request: lifecycle_pb2.SetRoleRequest, context: grpc.ServicerContext) -> lifecycle_pb2.SetRoleReply:
+    def SetRole(
+        self, request: lifecycle_pb2.SetRoleRequest, context: grpc.ServicerContext
+    ) -> lifecycle_pb2.SetRoleReply:
         to = ROLE_NAMES.get(request.role)
         if to is None:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "SetRole needs a role: prefill, decode or colocated")
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "SetRole needs a role: prefill, decode or colocated"
+            )
         assert to is not None
         try:
             flip = self.set_role(to, request.drain_timeout_s, request.reason)
@@ -165,6 +178,8 @@ class RoleSwitch:
         except DrainTimedOut as e:
             context.abort(grpc.StatusCode.ABORTED, str(e))
         return lifecycle_pb2.SetRoleReply(
-            role=ROLES[flip.role], previous_role=ROLES[flip.previous], drain_s=flip.drain_s, switch_s=flip.switch_s
+            role=ROLES[flip.role],
+            previous_role=ROLES[flip.previous],
+            drain_s=flip.drain_s,
+            switch_s=flip.switch_s,
         )
-

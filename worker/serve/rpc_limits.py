@@ -40,7 +40,9 @@ class RpcLimits:
         return self.streams + self.pushes + self.transfers + self.control
 
 
-def rpc_limits(max_running_sequences: int, streams: int | None = None, transfers: int | None = None) -> RpcLimits:
+def rpc_limits(
+    max_running_sequences: int, streams: int | None = None, transfers: int | None = None
+) -> RpcLimits:
     """Bounds from the engine's batch (pure): streams for twice the running batch (as many again queued or in
     transfer), transfers for one batch; either may be given explicitly."""
     return RpcLimits(
@@ -101,7 +103,9 @@ class RpcLimiter(grpc.ServerInterceptor):
         if handler is None or kind is None:
             return handler
         slots = self.slots[kind]
-        return _bounded(handler, slots, f"worker at its limit of {slots.limit} concurrent {kind}; try another worker")
+        return _bounded(
+            handler, slots, f"worker at its limit of {slots.limit} concurrent {kind}; try another worker"
+        )
 
 
 def _bounded(handler: Any, slots: Slots, refusal: str) -> Any:

@@ -23,7 +23,10 @@ ROLES = {
 def token_event(request_id: str, item: StepOutput | StreamEnd, index: int) -> common_pb2.TokenEvent:
     if isinstance(item, StreamEnd):
         return common_pb2.TokenEvent(
-            request_id=request_id, finish_reason=FINISH_REASONS.get(item.finish_reason, 4), error=item.error, index=index
+            request_id=request_id,
+            finish_reason=FINISH_REASONS.get(item.finish_reason, 4),
+            error=item.error,
+            index=index,
         )
     return common_pb2.TokenEvent(
         request_id=request_id,
@@ -77,7 +80,9 @@ def worker_info(
         host_id=host_id(),
         transports=transports,
         shm_capable=shm,
-        cuda_device=engine.device.index if engine.device.type == "cuda" and engine.device.index is not None else -1,
+        cuda_device=engine.device.index
+        if engine.device.type == "cuda" and engine.device.index is not None
+        else -1,
         protocol_version=PROTOCOL_VERSION,
         kv_cache_dtype=engine.config.kv_cache_dtype,
         cuda_device_uuid=cuda_device_uuid(engine.device),

@@ -13,7 +13,9 @@ _SATURATED = 1000.0  # a pool that cannot keep up at all ranks above any latency
 
 
 def apply_budget(
-    decisions: dict[Pool, Decision], latency_shares: Mapping[Pool, Callable[[int], float] | None], cfg: PolicyConfig
+    decisions: dict[Pool, Decision],
+    latency_shares: Mapping[Pool, Callable[[int], float] | None],
+    cfg: PolicyConfig,
 ) -> dict[Pool, Decision]:
     """Cut the desired counts to the budget: each GPU goes to the pool whose SLO gains most from it."""
     assert cfg.gpu_budget is not None
@@ -49,5 +51,12 @@ def apply_budget(
             out[p] = d
             continue
         why = f"{d.reason}; GPU budget {cfg.gpu_budget} allows {alloc[p]}"
-        out[p] = Decision(p, d.current, alloc[p], why.replace(f"{d.current}->{d.desired}", f"{d.current}->{alloc[p]}"), "GPUBudget", d.details)
+        out[p] = Decision(
+            p,
+            d.current,
+            alloc[p],
+            why.replace(f"{d.current}->{d.desired}", f"{d.current}->{alloc[p]}"),
+            "GPUBudget",
+            d.details,
+        )
     return out

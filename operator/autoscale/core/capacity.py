@@ -43,7 +43,9 @@ class Need:
     """Replicas a pool needs at a load: the whole number that meets the target, and the load in replicas."""
 
     replicas: int
-    load_replicas: float  # the work in replica-equivalents at full use (prefill) or at the chosen batch (decode)
+    load_replicas: (
+        float  # the work in replica-equivalents at full use (prefill) or at the chosen batch (decode)
+    )
     latency_ms: float  # predicted latency at `replicas`
     batch: float = 0.0  # decode: the largest batch per replica that meets the TPOT target
 

@@ -44,17 +44,23 @@ def colocated_tpot_ms(profile: Profile, replicas: int, prefill: PrefillLoad, dec
     return decode_tpot_ms(profile, replicas, decode, stretch=1 / (1 - u))
 
 
-def colocated_ttft_ms(profile: Profile, replicas: int, prefill: PrefillLoad, decode: DecodeLoad, percentile: float) -> float:
+def colocated_ttft_ms(
+    profile: Profile, replicas: int, prefill: PrefillLoad, decode: DecodeLoad, percentile: float
+) -> float:
     """TTFT at `percentile` on `replicas` colocated workers: the prefill queue plus a decode step per chunk."""
     tpot = colocated_tpot_ms(profile, replicas, prefill, decode)
     if math.isinf(tpot):
         return math.inf
     chunks = max(1, math.ceil(prefill.prompt_tokens_p / profile.prefill_chunk_tokens))
     batch = decode.rate_rps / max(replicas, 1) * decode.output_tokens_mean * tpot / 1000
-    return prefill_ttft_ms(profile, replicas, prefill, percentile) + chunks * profile.decode_step_ms(batch, decode.context_tokens)
+    return prefill_ttft_ms(profile, replicas, prefill, percentile) + chunks * profile.decode_step_ms(
+        batch, decode.context_tokens
+    )
 
 
-def colocated_need(profile: Profile, prefill: PrefillLoad, decode: DecodeLoad, slo: Slo, target_share: float) -> Need:
+def colocated_need(
+    profile: Profile, prefill: PrefillLoad, decode: DecodeLoad, slo: Slo, target_share: float
+) -> Need:
     """The fewest colocated workers whose TTFT and TPOT both stay within `target_share` of the SLO (at least 1).
 
     `latency_ms` is the predicted TPOT at that count; MAX_REPLICAS_SEARCHED with inf when no count meets it
@@ -70,6 +76,9 @@ def colocated_need(profile: Profile, prefill: PrefillLoad, decode: DecodeLoad, s
         return Need(MAX_REPLICAS_SEARCHED, load, math.inf)
     for n in range(max(1, math.floor(load)), MAX_REPLICAS_SEARCHED):
         tpot = colocated_tpot_ms(profile, n, prefill, decode)
-        if tpot <= tpot_target and colocated_ttft_ms(profile, n, prefill, decode, slo.percentile) <= ttft_target:
+        if (
+            tpot <= tpot_target
+            and colocated_ttft_ms(profile, n, prefill, decode, slo.percentile) <= ttft_target
+        ):
             return Need(n, load, tpot)
     return Need(MAX_REPLICAS_SEARCHED, load, math.inf)

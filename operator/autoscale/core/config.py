@@ -28,8 +28,12 @@ class PolicyConfig:
     scale_up_cooldown_s: float = 0.0  # between two steps up (the in-flight hold already spaces them)
     margin: float = 0.8  # size for this share of the SLO
     up_tolerance: float = 0.1  # a forecast alone adds replicas only once N would run past (1 + this) x margin
-    up_confirm_s: float = 0.0  # a forecast alone moves up only after asking this long (reactive terms act at once)
-    down_step_fraction: float = 0.25  # a step down removes up to this share of the pool (at least one replica)
+    up_confirm_s: float = (
+        0.0  # a forecast alone moves up only after asking this long (reactive terms act at once)
+    )
+    down_step_fraction: float = (
+        0.25  # a step down removes up to this share of the pool (at least one replica)
+    )
     hysteresis: float = 0.85  # step down only if N-1 replicas run at <= hysteresis x margin of the SLO
     stale_after_s: float = 60.0  # an observation older than this is not acted on
     in_flight_timeout_s: float = 600.0  # give up waiting for a change that never lands (pods unschedulable)
@@ -51,17 +55,29 @@ class PolicyConfig:
         return self.limits.get(pool, PoolLimits(1, 1))
 
 
-def policy_config(spec: InferenceServiceSpec, profile: Profile, cold_start_s: float | None = None) -> PolicyConfig:
+def policy_config(
+    spec: InferenceServiceSpec, profile: Profile, cold_start_s: float | None = None
+) -> PolicyConfig:
     """The policy settings an InferenceService asks for (the profile is read by the caller: file or ConfigMap)."""
     a = spec.autoscaling
-    colocated = {Pool.colocated: _limits(spec.decode.min_replicas, spec.decode.max_replicas, spec.decode.resources.gpus)}
+    colocated = {
+        Pool.colocated: _limits(
+            spec.decode.min_replicas, spec.decode.max_replicas, spec.decode.resources.gpus
+        )
+    }
     if spec.mode == Mode.colocated:
         limits = colocated
     else:
         limits = {
-            Pool.prefill: _limits(spec.prefill.min_replicas, spec.prefill.max_replicas, spec.prefill.resources.gpus),
-            Pool.decode: _limits(spec.decode.min_replicas, spec.decode.max_replicas, spec.decode.resources.gpus),
-            **(colocated if spec.mode == Mode.auto else {}),  # auto: the colocated pool is sized as spec.decode
+            Pool.prefill: _limits(
+                spec.prefill.min_replicas, spec.prefill.max_replicas, spec.prefill.resources.gpus
+            ),
+            Pool.decode: _limits(
+                spec.decode.min_replicas, spec.decode.max_replicas, spec.decode.resources.gpus
+            ),
+            **(
+                colocated if spec.mode == Mode.auto else {}
+            ),  # auto: the colocated pool is sized as spec.decode
         }
     return PolicyConfig(
         slo=spec.slo.to_slo(),
@@ -83,4 +99,3 @@ def policy_config(spec: InferenceServiceSpec, profile: Profile, cold_start_s: fl
 
 def _limits(lo: int, hi: int, gpus: int) -> PoolLimits:
     return PoolLimits(lo, hi, gpus)
-

@@ -84,16 +84,21 @@ def decide_with_flips(
     return decisions, (flip,) if flip else (), FlipState(policy, loan)
 
 
-def _unrecord(policy: PolicyState, before: PolicyState, decided: dict[Pool, Decision], final: dict[Pool, Decision]) -> PolicyState:
+def _unrecord(
+    policy: PolicyState, before: PolicyState, decided: dict[Pool, Decision], final: dict[Pool, Decision]
+) -> PolicyState:
     """A step down the flip rules turned into a hold did not happen: the pool's last change stays the one before."""
     pools = dict(policy.pools)
     for pool, d in final.items():
         if decided[pool].desired < decided[pool].current and not d.changes and pool in before.pools:
             old = before.pools[pool]
             pools[pool] = replace(
-                pools[pool], target=old.target, target_since_s=old.target_since_s,
-                last_change_s=old.last_change_s, last_direction=old.last_direction,
-            )  # fmt: skip
+                pools[pool],
+                target=old.target,
+                target_since_s=old.target_since_s,
+                last_change_s=old.last_change_s,
+                last_direction=old.last_direction,
+            )
     return PolicyState(pools)
 
 
@@ -121,7 +126,10 @@ class Offer:
 
 
 def lend(
-    observations: dict[Pool, PoolObservation], decisions: dict[Pool, Decision], config: PolicyConfig, now_s: float
+    observations: dict[Pool, PoolObservation],
+    decisions: dict[Pool, Decision],
+    config: PolicyConfig,
+    now_s: float,
 ) -> tuple[Flip | None, Loan | None]:
     """Flip workers to a pool that breaches, from the other pool's slack, if that is faster than a cold start."""
     for target in (Pool.decode, Pool.prefill):
@@ -143,7 +151,9 @@ def lend(
             f"(drain {offer.drain_s:.1f} s + flip {config.flip_s:g} s) while {d.desired - d.current} new pods start"
         )
         details = {"slack_replicas": offer.slack, "drain_s": offer.drain_s, "flip_s": config.flip_s}
-        return Flip(source, target, count, reason, flipped_to(target), cost, details), Loan(source, target, count, now_s)
+        return Flip(source, target, count, reason, flipped_to(target), cost, details), Loan(
+            source, target, count, now_s
+        )
     return None, None
 
 
@@ -151,7 +161,9 @@ def _breach(obs: PoolObservation, d: Decision, config: PolicyConfig) -> str:
     """Why the pool breaches now ('' if it does not): its latency above the SLO (even when the forecast asks
     for more than the breach alone), or a reactive scale-up (a stall, a growing queue, the running batch)."""
     latency, slo, label = (
-        (obs.ttft_ms, config.slo.ttft_ms, "TTFT") if obs.pool == Pool.prefill else (obs.tpot_ms, config.slo.tpot_ms, "TPOT")
+        (obs.ttft_ms, config.slo.ttft_ms, "TTFT")
+        if obs.pool == Pool.prefill
+        else (obs.tpot_ms, config.slo.tpot_ms, "TPOT")
     )
     if not missing(latency) and float(latency) > slo:  # type: ignore[arg-type]
         return f"{label} p{config.slo.percentile:g} {latency:.0f} ms > {slo:.0f} ms SLO"
@@ -183,11 +195,19 @@ def slack(obs: PoolObservation, d: Decision, config: PolicyConfig) -> Offer | No
 
 
 def _idle(obs: PoolObservation) -> bool:
-    return not (obs.arrival_rate_rps or 0) > 0 and not (obs.queued_prompt_tokens or 0) > 0 and not (obs.running_sequences or 0) > 0
+    return (
+        not (obs.arrival_rate_rps or 0) > 0
+        and not (obs.queued_prompt_tokens or 0) > 0
+        and not (obs.running_sequences or 0) > 0
+    )
 
 
 def _sizing(obs: PoolObservation, config: PolicyConfig, d: Decision) -> Sizing | None:
-    needed = ("prompt_tokens_mean", "ttft_ms") if obs.pool == Pool.prefill else ("prompt_tokens_mean", "output_tokens_mean", "tpot_ms")
+    needed = (
+        ("prompt_tokens_mean", "ttft_ms")
+        if obs.pool == Pool.prefill
+        else ("prompt_tokens_mean", "output_tokens_mean", "tpot_ms")
+    )
     if any(missing(getattr(obs, name)) for name in needed):
         return None
     rate = max(float(obs.arrival_rate_rps or 0.0), d.details.get("predicted_rate_rps", 0.0))
@@ -201,12 +221,17 @@ def _present_fits(obs: PoolObservation, config: PolicyConfig, replicas: int) -> 
         running = float(obs.running_sequences or 0.0)
         context = float(obs.prompt_tokens_mean or 0.0) + float(obs.output_tokens_mean or 0.0) / 2
         batch = running / replicas
-        return batch <= profile.max_running_sequences and profile.decode_step_ms(max(batch, 1.0), context) <= margin * config.slo.tpot_ms
+        return (
+            batch <= profile.max_running_sequences
+            and profile.decode_step_ms(max(batch, 1.0), context) <= margin * config.slo.tpot_ms
+        )
     prompt = float(obs.prompt_tokens_mean or 0.0)
     if prompt <= 0:
         return True
     backlog_ms = float(obs.queued_prompt_tokens or 0.0) / (replicas * prompt / profile.prefill_ms(prompt))
-    return backlog_ms + profile.prefill_ms(float(obs.prompt_tokens_p90 or prompt)) <= margin * config.slo.ttft_ms
+    return (
+        backlog_ms + profile.prefill_ms(float(obs.prompt_tokens_p90 or prompt)) <= margin * config.slo.ttft_ms
+    )
 
 
 def _drain_s(obs: PoolObservation, config: PolicyConfig) -> float:
@@ -222,7 +247,10 @@ def _drain_s(obs: PoolObservation, config: PolicyConfig) -> float:
 
 
 def settle(
-    observations: dict[Pool, PoolObservation], decisions: dict[Pool, Decision], loan: Loan, config: PolicyConfig
+    observations: dict[Pool, PoolObservation],
+    decisions: dict[Pool, Decision],
+    loan: Loan,
+    config: PolicyConfig,
 ) -> tuple[dict[Pool, Decision], Flip | None, Loan | None]:
     """Return the workers when the lender needs them or the borrower's own pods are Ready; else hold the lender."""
     home, serving = loan.home, loan.serving

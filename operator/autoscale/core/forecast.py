@@ -41,7 +41,9 @@ def observe(f: RateForecaster, value: float, at_s: float) -> RateForecaster:
     if dt <= 0:
         return f
     if f.observations == 1:  # the second point fixes the first trend (Holt's usual start)
-        return replace(f, level=value, trend=(value - f.level) / dt, last_value=value, last_at_s=at_s, observations=2)
+        return replace(
+            f, level=value, trend=(value - f.level) / dt, last_value=value, last_at_s=at_s, observations=2
+        )
     predicted = f.level + f.trend * dt
     w = f.error_decay
     error_holt = (1 - w) * f.error_holt + w * abs(value - max(predicted, 0.0))

@@ -63,14 +63,26 @@ class Tick:
 
 
 class Autoscaler:
-    def __init__(self, target: Target, source: MetricSource, actuator: Actuator, config: PolicyConfig,
-                 shape: ShapeConfig | None = None):  # fmt: skip
+    def __init__(
+        self,
+        target: Target,
+        source: MetricSource,
+        actuator: Actuator,
+        config: PolicyConfig,
+        shape: ShapeConfig | None = None,
+    ):
         if config.flip_enabled and not isinstance(actuator, FlipActuator):
-            log.warning("%s/%s: flips are on but this backend cannot change a worker's role; they stay off",
-                        target.namespace, target.service)  # fmt: skip
+            log.warning(
+                "%s/%s: flips are on but this backend cannot change a worker's role; they stay off",
+                target.namespace,
+                target.service,
+            )
         if shape is not None and not isinstance(actuator, ShapeActuator):
-            log.warning("%s/%s: mode auto, but this backend cannot change the shape; it keeps the one it has",
-                        target.namespace, target.service)  # fmt: skip
+            log.warning(
+                "%s/%s: mode auto, but this backend cannot change the shape; it keeps the one it has",
+                target.namespace,
+                target.service,
+            )
             shape = None
         self.target, self.source, self.actuator, self.config = target, source, actuator, config
         self.state = FlipState()
@@ -81,12 +93,15 @@ class Autoscaler:
         try:
             observations = self.source.observe(self.target, replicas, now_s)
         except MetricsUnavailable as e:
-            log.warning("%s/%s: metrics unavailable, pools hold: %s", self.target.namespace, self.target.service, e)
+            log.warning(
+                "%s/%s: metrics unavailable, pools hold: %s", self.target.namespace, self.target.service, e
+            )
             return Tick(now_s, replicas, unavailable=str(e))
         shaped = None
         if self.shape is not None:
-            shaped, self.shape_state = shape_tick(observations, replicas, self.shape_state, self.shape, now_s,
-                                                     self.config.limits)
+            shaped, self.shape_state = shape_tick(
+                observations, replicas, self.shape_state, self.shape, now_s, self.config.limits
+            )
             if shaped is not None and shaped.action is not ShapeAction.keep:
                 log.info("%s/%s: %s", self.target.namespace, self.target.service, shaped.reason)
                 assert isinstance(self.actuator, ShapeActuator)
@@ -97,7 +112,11 @@ class Autoscaler:
             if now is None:
                 return Tick(now_s, replicas, observations, unavailable="a change of shape is in flight")
             observations = {p: o for p, o in observations.items() if p in shape_pools(now)}
-        config = self.config if isinstance(self.actuator, FlipActuator) else replace(self.config, flip_enabled=False)
+        config = (
+            self.config
+            if isinstance(self.actuator, FlipActuator)
+            else replace(self.config, flip_enabled=False)
+        )
         decisions, flips, self.state = decide_with_flips(observations, self.state, config, now_s)
         applied = []
         for decision in decisions.values():  # counts first: they were decided before the flips

@@ -114,7 +114,12 @@ def _metrics_absent(t: Tick) -> Decision | None:
 
 
 def _is_idle(obs: PoolObservation) -> bool:
-    return obs.arrival_rate_rps <= 0 and not (obs.queued_prompt_tokens or 0) > 0 and not (obs.running_sequences or 0) > 0 and not holds_demand(obs)  # type: ignore[operator]
+    return (
+        obs.arrival_rate_rps <= 0
+        and not (obs.queued_prompt_tokens or 0) > 0
+        and not (obs.running_sequences or 0) > 0
+        and not holds_demand(obs)
+    )  # type: ignore[operator]
 
 
 # Up: the target is above the current count.
@@ -124,7 +129,10 @@ def _arriving_covers(t: Tick, p: Plan) -> Decision | None:
     if not t.arriving or max(p.sizing.need.replicas, p.sizing.now_need) > t.current:
         return None
     r = t.obs.replicas
-    return t.hold("InFlight", f"waiting for {t.ps.target} (ready {r.ready}, starting {r.starting}, draining {r.draining})")
+    return t.hold(
+        "InFlight",
+        f"waiting for {t.ps.target} (ready {r.ready}, starting {r.starting}, draining {r.draining})",
+    )
 
 
 def _up_cooldown(t: Tick, p: Plan) -> Decision | None:
@@ -143,7 +151,9 @@ def _confirming(t: Tick, p: Plan) -> Decision | None:
     since = t.ps.up_since_s
     if since is None or t.now_s - since >= t.cfg.up_confirm_s:
         return None
-    return t.hold("Confirming", f"{p.text}; confirming for {t.cfg.up_confirm_s:.0f} s before going up", **p.details)
+    return t.hold(
+        "Confirming", f"{p.text}; confirming for {t.cfg.up_confirm_s:.0f} s before going up", **p.details
+    )
 
 
 def _scale_up(t: Tick, p: Plan) -> Decision:
@@ -197,7 +207,9 @@ def _decide_pool(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, now_s: 
 def _track(t: Tick) -> Tick:
     """The forecaster sees the rate; a target is forgotten once reached, given up on, or nothing moves."""
     rate, ps, r = float(t.obs.arrival_rate_rps), t.ps, t.obs.replicas  # type: ignore[arg-type]
-    forecaster = fc.start(rate, t.obs.at_s) if ps.forecaster is None else fc.observe(ps.forecaster, rate, t.obs.at_s)
+    forecaster = (
+        fc.start(rate, t.obs.at_s) if ps.forecaster is None else fc.observe(ps.forecaster, rate, t.obs.at_s)
+    )
     ps = replace(ps, forecaster=forecaster)
     arriving = False
     if ps.target is not None:
@@ -233,7 +245,9 @@ def _plan(t: Tick, stalled: str) -> Plan:
     }
     push, lagging = _push(t, s, stalled)
     predictive = need.replicas
-    if predictive > current:  # a forecast alone moves up only past a tolerance band (the SLO breach does not wait)
+    if (
+        predictive > current
+    ):  # a forecast alone moves up only past a tolerance band (the SLO breach does not wait)
         loose = min(cfg.margin * (1 + cfg.up_tolerance), 0.95)
         predictive = max(current, size_pool(obs, cfg, floor_rate, loose).need.replicas)
     target = min(max(predictive, push.replicas, t.limits.min_replicas), t.limits.max_replicas)
@@ -251,7 +265,11 @@ def _push(t: Tick, s: Sizing, stalled: str) -> tuple[Push, str]:
     elif s.observed_ms > s.slo_ms:
         lagging = f"; {_breach_text(t, s)} but the present {s.now_source} implies {s.now_ms:.0f} ms"
     if s.now_need > max(push.replicas, s.need.replicas, current):
-        push = Push(s.now_need, f"{t.obs.running_sequences:.0f} running sequences need {s.now_need} replicas", "RunningBatch")
+        push = Push(
+            s.now_need,
+            f"{t.obs.running_sequences:.0f} running sequences need {s.now_need} replicas",
+            "RunningBatch",
+        )
     growing = _queue_growing(t.obs, t.ps, t.cfg, current)
     if growing and push.replicas <= current:
         push = Push(current + 1, growing, "QueueGrowing")
@@ -290,14 +308,20 @@ def _end_quiet_spell(ps: PoolState, now_s: float) -> PoolState:
         return ps
     if ps.last_direction < 0 and ps.last_change_s >= ps.low_since_s:
         return replace(ps, low_since_s=None)
-    return replace(ps, low_since_s=None, quiet_spells_s=(*ps.quiet_spells_s, now_s - ps.low_since_s)[-QUIET_SPELLS:])
+    return replace(
+        ps, low_since_s=None, quiet_spells_s=(*ps.quiet_spells_s, now_s - ps.low_since_s)[-QUIET_SPELLS:]
+    )
 
 
 def _stalled(obs: PoolObservation, cfg: PolicyConfig) -> tuple[PoolObservation, str]:
     """A pool with work waiting and no completion in the window is stalled: a breach, not missing data."""
     slo = cfg.slo
     prompt = obs.prompt_tokens_mean
-    if obs.pool in (Pool.prefill, Pool.colocated) and missing(obs.ttft_ms) and (obs.queued_prompt_tokens or 0) > 0:
+    if (
+        obs.pool in (Pool.prefill, Pool.colocated)
+        and missing(obs.ttft_ms)
+        and (obs.queued_prompt_tokens or 0) > 0
+    ):
         backlog = float(obs.queued_prompt_tokens)  # type: ignore[arg-type]
         implied = 0.0
         if not missing(prompt) and prompt:
@@ -305,8 +329,14 @@ def _stalled(obs: PoolObservation, cfg: PolicyConfig) -> tuple[PoolObservation, 
             implied = backlog / per_ms
         ttft = max(implied, 2 * slo.ttft_ms)
         return replace(obs, ttft_ms=ttft), f"{backlog:.0f} prompt tokens wait and none finished in the window"
-    if obs.pool in (Pool.decode, Pool.colocated) and missing(obs.tpot_ms) and (obs.running_sequences or 0) > 0:
-        return replace(obs, tpot_ms=2 * slo.tpot_ms), f"{obs.running_sequences:.0f} sequences run and no token came in the window"
+    if (
+        obs.pool in (Pool.decode, Pool.colocated)
+        and missing(obs.tpot_ms)
+        and (obs.running_sequences or 0) > 0
+    ):
+        return replace(
+            obs, tpot_ms=2 * slo.tpot_ms
+        ), f"{obs.running_sequences:.0f} sequences run and no token came in the window"
     return obs, ""
 
 

@@ -49,7 +49,9 @@ class Tick:
 
     @property
     def current(self) -> int:
-        return self.obs.replicas.ready + self.obs.replicas.starting  # starting replicas are capacity on its way
+        return (
+            self.obs.replicas.ready + self.obs.replicas.starting
+        )  # starting replicas are capacity on its way
 
     @property
     def limits(self) -> PoolLimits:

@@ -44,12 +44,22 @@ def slo_met(tick: Tick, slo: SloSpec) -> tuple[str, str, str]:
         return "False", "TTFTAndTPOTAboveTarget", "; ".join(m for _, m in over)
     if over:
         return "False", over[0][0], over[0][1]
-    return "True", "WithinTarget", f"TTFT p{slo.percentile} {_ms(ttft)} ms <= {slo.ttft_ms} ms, TPOT {_ms(tpot)} ms <= {slo.tpot_ms} ms"
+    return (
+        "True",
+        "WithinTarget",
+        f"TTFT p{slo.percentile} {_ms(ttft)} ms <= {slo.ttft_ms} ms, TPOT {_ms(tpot)} ms <= {slo.tpot_ms} ms",
+    )
 
 
 def decision_body(d: Decision, at: str) -> Body:
-    return {"pool": d.pool.value, "fromReplicas": d.current, "toReplicas": d.desired, "reason": d.reason,
-            "reasonCode": d.reason_code, "time": at}  # fmt: skip
+    return {
+        "pool": d.pool.value,
+        "fromReplicas": d.current,
+        "toReplicas": d.desired,
+        "reason": d.reason,
+        "reasonCode": d.reason_code,
+        "time": at,
+    }
 
 
 def shape_body(tick: Tick, previous: Body, at: str) -> Body:
@@ -61,14 +71,21 @@ def shape_body(tick: Tick, previous: Body, at: str) -> Body:
     return {"current": str(now) if now is not None else "changing", **body}
 
 
-def slo_status(tick: Tick, slo: SloSpec, window_s: int, attainment: Mapping[str, float], previous: Body, at: str) -> Body:
+def slo_status(
+    tick: Tick, slo: SloSpec, window_s: int, attainment: Mapping[str, float], previous: Body, at: str
+) -> Body:
     """`status.slo`, `status.autoscaling` and the SLOMet condition (other conditions kept as they are).
     `at` is the tick's time as RFC 3339; the last decision stays until a newer one changes a pool."""
     ttft, tpot = observed_latencies(tick)
     slo_body: Body = {
-        "percentile": slo.percentile, "windowSeconds": window_s, "ttftTargetMs": slo.ttft_ms, "tpotTargetMs": slo.tpot_ms,
-        "ttft": f"{_ms(ttft)}/{slo.ttft_ms}ms", "tpot": f"{_ms(tpot)}/{slo.tpot_ms}ms", "observedAt": at,
-    }  # fmt: skip
+        "percentile": slo.percentile,
+        "windowSeconds": window_s,
+        "ttftTargetMs": slo.ttft_ms,
+        "tpotTargetMs": slo.tpot_ms,
+        "ttft": f"{_ms(ttft)}/{slo.ttft_ms}ms",
+        "tpot": f"{_ms(tpot)}/{slo.tpot_ms}ms",
+        "observedAt": at,
+    }
     if ttft is not None:
         slo_body["ttftMs"] = round(ttft, 1)
     if tpot is not None:
@@ -79,8 +96,12 @@ def slo_status(tick: Tick, slo: SloSpec, window_s: int, attainment: Mapping[str,
     for pool, r in tick.replicas.items():
         d = tick.decisions.get(pool)
         desired = d.desired if d is not None else r.ready + r.starting
-        pools[pool.value] = {"desiredReplicas": desired, "readyReplicas": r.ready, "startingReplicas": r.starting,
-                             "drainingReplicas": r.draining}  # fmt: skip
+        pools[pool.value] = {
+            "desiredReplicas": desired,
+            "readyReplicas": r.ready,
+            "startingReplicas": r.starting,
+            "drainingReplicas": r.draining,
+        }
     autoscaling: Body = {"pools": pools}
     last = ((previous.get("autoscaling") or {}).get("lastDecision")) or None
     if tick.applied:
@@ -92,7 +113,12 @@ def slo_status(tick: Tick, slo: SloSpec, window_s: int, attainment: Mapping[str,
     status, reason, message = slo_met(tick, slo)
     prev = {c["type"]: c for c in previous.get("conditions") or []}
     old = prev.get("SLOMet") or {}
-    condition = {"type": "SLOMet", "status": status, "reason": reason, "message": message[:1024],
-                 "lastTransitionTime": at if old.get("status") != status else old.get("lastTransitionTime", at)}  # fmt: skip
+    condition = {
+        "type": "SLOMet",
+        "status": status,
+        "reason": reason,
+        "message": message[:1024],
+        "lastTransitionTime": at if old.get("status") != status else old.get("lastTransitionTime", at),
+    }
     conditions = [c for t, c in prev.items() if t != "SLOMet"] + [condition]
     return {"slo": slo_body, "autoscaling": autoscaling, "conditions": conditions}

@@ -32,7 +32,9 @@ def _stabilizing(t: Tick, p: Plan) -> Decision | None:
     waited, window = _low_for(t), t.cfg.stabilization_s
     if waited >= window:
         return None
-    return t.hold("Stabilizing", f"{p.text}; stabilizing {waited:.0f}/{window:.0f} s before going down", **p.details)
+    return t.hold(
+        "Stabilizing", f"{p.text}; stabilizing {waited:.0f}/{window:.0f} s before going down", **p.details
+    )
 
 
 def _down_cooldown(t: Tick, p: Plan) -> Decision | None:
@@ -58,20 +60,29 @@ def _break_even(t: Tick, p: Plan) -> Decision | None:
     if not longer or longer[len(longer) // 2] - waited >= cold:
         return None
     left = longer[len(longer) // 2] - waited
-    why = (f"{p.text}; quiet spells this long ended about {left:.0f} s later, within a {cold:.0f} s "
-           "cold start: a replica removed now would be wanted back before it paid off")  # fmt: skip
+    why = (
+        f"{p.text}; quiet spells this long ended about {left:.0f} s later, within a {cold:.0f} s "
+        "cold start: a replica removed now would be wanted back before it paid off"
+    )
     return t.hold("BreakEven", why, **p.details)
 
 
 def step_down(t: Tick, p: Plan) -> Decision:
     """Down by up to `down_step_fraction` of the pool, to the fewest replicas that keep the SLO with margin."""
     current, share, label = t.current, p.sizing.latency_share, p.sizing.label
-    bound = max(p.target, t.limits.min_replicas, current - max(1, math.floor(current * t.cfg.down_step_fraction)))
+    bound = max(
+        p.target, t.limits.min_replicas, current - max(1, math.floor(current * t.cfg.down_step_fraction))
+    )
     desired = next((n for n in range(bound, current) if share(n) <= t.cfg.margin * t.cfg.hysteresis), current)
     if desired == current:
         why = f"{current - 1} replicas would run at {share(current - 1):.0%} of the {label} SLO; {p.text}"
         return t.hold("NoMargin", why, **p.details)
-    return t.move(desired, "ScaleDown", f"{p.text}; {desired} replicas keep {label} at {share(desired):.0%} of the SLO", p.details)
+    return t.move(
+        desired,
+        "ScaleDown",
+        f"{p.text}; {desired} replicas keep {label} at {share(desired):.0%} of the SLO",
+        p.details,
+    )
 
 
 DOWN_RULES = (_last_change_in_flight, _stabilizing, _down_cooldown, _above_margin, _break_even)

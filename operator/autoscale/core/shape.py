@@ -51,7 +51,9 @@ class Shape:
     decode: int = 0
 
     def __post_init__(self) -> None:
-        if min(self.colocated, self.prefill, self.decode) < 0 or (self.colocated and (self.prefill or self.decode)):
+        if min(self.colocated, self.prefill, self.decode) < 0 or (
+            self.colocated and (self.prefill or self.decode)
+        ):
             raise ValueError(f"a shape is colocated workers or a split, not both: {self!r}")
 
     @property
@@ -95,9 +97,14 @@ class ShapeLoad:
             return None if missing(v) else v
 
         return cls(
-            rate, prompt, output, present(front.prompt_tokens_p90), present(front.prefix_hit_rate) or 0.0,
-            present(front.ttft_ms), present(back.tpot_ms),
-        )  # fmt: skip
+            rate,
+            prompt,
+            output,
+            present(front.prompt_tokens_p90),
+            present(front.prefix_hit_rate) or 0.0,
+            present(front.ttft_ms),
+            present(back.tpot_ms),
+        )
 
 
 @dataclass(frozen=True)
@@ -133,8 +140,16 @@ def decide_shape(load: ShapeLoad, current: Shape, since_change_s: float, cfg: Sh
     gpus_now, gpus_other = _gpus(need_now, cfg), _gpus(other, cfg)
     details = {"current_need_gpus": float(gpus_now), "other_need_gpus": float(gpus_other)}
     if _unreachable(other) or gpus_other > min((1 - cfg.band) * gpus_now, gpus_now - 1):
-        now = "it needs " + _described(need_now, cfg) if not _unreachable(need_now) else _described(need_now, cfg)
-        then = _described(other, cfg) if _unreachable(other) else f"{_described(other, cfg)} saves less than {cfg.band:.0%}"
+        now = (
+            "it needs " + _described(need_now, cfg)
+            if not _unreachable(need_now)
+            else _described(need_now, cfg)
+        )
+        then = (
+            _described(other, cfg)
+            if _unreachable(other)
+            else f"{_described(other, cfg)} saves less than {cfg.band:.0%}"
+        )
         return _keep(current, f"Kept {current}: {now}; {then}", details)
     action = ShapeAction.collapse if current.split else ShapeAction.split
     why = _why(load, current, colocated, split, cfg)
@@ -151,7 +166,9 @@ def decide_shape(load: ShapeLoad, current: Shape, since_change_s: float, cfg: Sh
             f"workers drain {drain_s:.1f} s + flip {cfg.flip_s:g} s) and saves {saving:.0f} GPU-s in {cfg.horizon_s:.0f} s"
         )
         return _keep(current, text, details)
-    return ShapeDecision(action, current, other, f"{'Collapsed' if current.split else 'Split'}: {why}", details)
+    return ShapeDecision(
+        action, current, other, f"{'Collapsed' if current.split else 'Split'}: {why}", details
+    )
 
 
 def _loads(load: ShapeLoad) -> tuple[PrefillLoad, DecodeLoad]:

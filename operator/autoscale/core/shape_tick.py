@@ -29,8 +29,13 @@ def shape_config(spec: InferenceServiceSpec, config: PolicyConfig) -> ShapeConfi
     if spec.mode != Mode.auto:
         return None
     s = spec.autoscaling.shape
-    return ShapeConfig.from_policy(config, dwell_s=s.dwell_seconds, band=s.band_percent / 100,
-                                   horizon_s=s.horizon_seconds, gpus_per_replica=max(spec.decode.resources.gpus, 1))  # fmt: skip
+    return ShapeConfig.from_policy(
+        config,
+        dwell_s=s.dwell_seconds,
+        band=s.band_percent / 100,
+        horizon_s=s.horizon_seconds,
+        gpus_per_replica=max(spec.decode.resources.gpus, 1),
+    )
 
 
 @dataclass(frozen=True)
@@ -54,11 +59,14 @@ def shape_pools(shape: Shape) -> tuple[Pool, ...]:
 
 def _idle(observations: Mapping[Pool, PoolObservation]) -> bool:
     return all(
-        o.arrival_rate_rps is not None and not missing(o.arrival_rate_rps) and o.arrival_rate_rps <= 0
-        and not (o.running_sequences or 0) > 0 and not (o.queued_prompt_tokens or 0) > 0
+        o.arrival_rate_rps is not None
+        and not missing(o.arrival_rate_rps)
+        and o.arrival_rate_rps <= 0
+        and not (o.running_sequences or 0) > 0
+        and not (o.queued_prompt_tokens or 0) > 0
         and not (o.held_requests or 0) > 0
         for o in observations.values()
-    )  # fmt: skip
+    )
 
 
 def load_of(observations: Mapping[Pool, PoolObservation], shape: Shape) -> ShapeLoad | None:
@@ -73,11 +81,16 @@ def load_of(observations: Mapping[Pool, PoolObservation], shape: Shape) -> Shape
 
 def within(shape: Shape, limits: Mapping[Pool, PoolLimits]) -> Shape:
     """`shape` with each pool's count inside its bounds (pure); at least one worker of each kind it has."""
+
     def bound(pool: Pool, n: int) -> int:
         lim = limits.get(pool)
         return n if lim is None or not n else min(max(n, lim.min_replicas, 1), max(lim.max_replicas, 1))
 
-    return Shape(bound(Pool.colocated, shape.colocated), bound(Pool.prefill, shape.prefill), bound(Pool.decode, shape.decode))
+    return Shape(
+        bound(Pool.colocated, shape.colocated),
+        bound(Pool.prefill, shape.prefill),
+        bound(Pool.decode, shape.decode),
+    )
 
 
 def shape_tick(
@@ -100,7 +113,9 @@ def shape_tick(
     decision = decide_shape(load, shape, now_s - state.last_change_s, cfg)
     bounded = within(decision.target, limits) if limits is not None else decision.target
     if bounded != decision.target:
-        decision = replace(decision, target=bounded, reason=f"{decision.reason}; {bounded} within the pools' bounds")
+        decision = replace(
+            decision, target=bounded, reason=f"{decision.reason}; {bounded} within the pools' bounds"
+        )
     if decision.target == decision.current:
         return decision, state
     return decision, ShapeState(last_change_s=now_s)
@@ -132,7 +147,7 @@ def reshape(roles: Mapping[str, str], target: Shape, order: Sequence[str] = ()) 
     free.sort(key=lambda n: (roles[n] != "prefill", rank.get(n, len(rank)), n))
     flips = dict(zip(free, short, strict=False))
     start: dict[str, int] = {}
-    for r in short[len(flips):]:
+    for r in short[len(flips) :]:
         start[r] = start.get(r, 0) + 1
     to_decode = {n: r for n, r in flips.items() if r == "decode"}
     waves = [w for w in (to_decode, {n: r for n, r in flips.items() if r != "decode"}) if w]

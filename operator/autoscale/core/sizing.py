@@ -73,12 +73,21 @@ def size_pool(obs: PoolObservation, cfg: PolicyConfig, rate: float, share: float
         now_ms = observed
         if not missing(obs.queued_prompt_tokens) and prompt > 0:
             tokens_per_ms = ready * prompt / profile.prefill_ms(prompt)
-            now_ms = float(obs.queued_prompt_tokens) / tokens_per_ms + profile.prefill_ms(prefill_load.prompt_tokens_p)  # type: ignore[arg-type]
+            now_ms = float(obs.queued_prompt_tokens) / tokens_per_ms + profile.prefill_ms(
+                prefill_load.prompt_tokens_p
+            )  # type: ignore[arg-type]
         service = profile.prefill_ms(prefill_load.prompt_tokens_p * (1 - prefill_load.prefix_hit_rate))
         return Sizing(
-            need, observed, slo.ttft_ms, "TTFT", ttft_share, now_ms, "backlog", service_ms=service,
+            need,
+            observed,
+            slo.ttft_ms,
+            "TTFT",
+            ttft_share,
+            now_ms,
+            "backlog",
+            service_ms=service,
             rate_rps=prefill_load.rate_rps,
-        )  # fmt: skip
+        )
     if obs.pool == Pool.decode:
         need = decode_need(profile, decode_load, slo, margin)
         observed = float(obs.tpot_ms)  # type: ignore[arg-type]
@@ -88,8 +97,16 @@ def size_pool(obs: PoolObservation, cfg: PolicyConfig, rate: float, share: float
             now_ms = profile.decode_step_ms(running / ready, decode_load.context_tokens)
             now_need = math.ceil(running / max(need.batch, 1.0) - 1e-9)
         return Sizing(
-            need, observed, slo.tpot_ms, "TPOT", tpot_share, now_ms, "batch", now_need, rate_rps=decode_load.rate_rps
-        )  # fmt: skip
+            need,
+            observed,
+            slo.tpot_ms,
+            "TPOT",
+            tpot_share,
+            now_ms,
+            "batch",
+            now_need,
+            rate_rps=decode_load.rate_rps,
+        )
     # colocated: both phases share each worker's steps (colocated.py), so the need is not the larger of the split's
     need = colocated_need(profile, prefill_load, decode_load, slo, margin)
 
@@ -105,6 +122,11 @@ def size_pool(obs: PoolObservation, cfg: PolicyConfig, rate: float, share: float
         else (float(obs.tpot_ms), slo.tpot_ms, "TPOT")  # type: ignore[arg-type]
     )
     return Sizing(
-        need, observed, slo_ms, label, colocated_share, observed,
+        need,
+        observed,
+        slo_ms,
+        label,
+        colocated_share,
+        observed,
         rate_rps=prefill_load.rate_rps,
-    )  # fmt: skip
+    )

@@ -25,6 +25,8 @@ class Target:
 
 
 class MetricSource(Protocol):
-    def observe(self, target: Target, replicas: Mapping[Pool, Replicas], now_s: float) -> dict[Pool, PoolObservation]:
+    def observe(
+        self, target: Target, replicas: Mapping[Pool, Replicas], now_s: float
+    ) -> dict[Pool, PoolObservation]:
         """One observation per pool of `target` over its window; raises MetricsUnavailable."""
         ...

@@ -59,7 +59,9 @@ class Decision:
     current: int
     desired: int
     reason: str  # e.g. "decode 2->3: TPOT p90 61 ms > 50 ms SLO; predicted 14 req/s needs 2.6 replicas at batch 24"
-    reason_code: str  # CamelCase, for metrics labels and conditions: SLOBreach, Forecast, ScaleDownIdle, Hold...
+    reason_code: (
+        str  # CamelCase, for metrics labels and conditions: SLOBreach, Forecast, ScaleDownIdle, Hold...
+    )
     details: dict[str, float] = field(default_factory=dict)
 
     @property

@@ -31,7 +31,9 @@ def wake_from_zero(obs: PoolObservation, limits: PoolLimits) -> Decision | None:
     desired = min(max(1, limits.min_replicas), limits.max_replicas)
     waited = f" for {obs.held_oldest_s:.0f} s" if obs.held_oldest_s else ""
     why = f"{held:.0f} requests held{waited} by the router with no {obs.pool} worker"
-    return Decision(obs.pool, 0, desired, f"{obs.pool} 0->{desired}: {why}", WAKE_FROM_ZERO, {"held_requests": held})
+    return Decision(
+        obs.pool, 0, desired, f"{obs.pool} 0->{desired}: {why}", WAKE_FROM_ZERO, {"held_requests": held}
+    )
 
 
 def wakes_from_zero(spec: InferenceServiceSpec) -> set[str]:
@@ -39,4 +41,8 @@ def wakes_from_zero(spec: InferenceServiceSpec) -> set[str]:
     they are not broken."""
     if not spec.autoscaling.enabled:
         return set()
-    return {pool for pool in worker_pools(spec) if (spec.prefill if pool == "prefill" else spec.decode).min_replicas == 0}
+    return {
+        pool
+        for pool in worker_pools(spec)
+        if (spec.prefill if pool == "prefill" else spec.decode).min_replicas == 0
+    }

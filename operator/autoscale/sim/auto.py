@@ -76,9 +76,16 @@ class AutoSimulation(FlipSimulation, ColocatedSimulation):
             return
         before = self._shape()
         self._split = out.target.split
-        wanted = {Pool.prefill: out.target.prefill, Pool.decode: out.target.decode} if out.target.split else {Pool.colocated: out.target.colocated}
+        wanted = (
+            {Pool.prefill: out.target.prefill, Pool.decode: out.target.decode}
+            if out.target.split
+            else {Pool.colocated: out.target.colocated}
+        )
         old = (Pool.colocated,) if out.target.split else SPLIT
-        for target, count in wanted.items():  # the least loaded ready workers of the old shape take the new roles
+        for (
+            target,
+            count,
+        ) in wanted.items():  # the least loaded ready workers of the old shape take the new roles
             for source in old:
                 count -= self.flip(source, target, count) if count > 0 else 0
         for pool in old:
@@ -93,8 +100,15 @@ class AutoSimulation(FlipSimulation, ColocatedSimulation):
             self._to_prefill(req)
 
     def _shape(self) -> Shape:
-        live = {pool: len([r for r in self._billed(pool) if not r.draining]) + self._incoming(pool) for pool in self.replicas}
-        return Shape(prefill=live[Pool.prefill], decode=live[Pool.decode]) if self._split else Shape(colocated=live[Pool.colocated])
+        live = {
+            pool: len([r for r in self._billed(pool) if not r.draining]) + self._incoming(pool)
+            for pool in self.replicas
+        }
+        return (
+            Shape(prefill=live[Pool.prefill], decode=live[Pool.decode])
+            if self._split
+            else Shape(colocated=live[Pool.colocated])
+        )
 
     def _start_flip(self, rep: Replica, target: Pool) -> None:
         if rep.pool != Pool.colocated:
@@ -143,7 +157,9 @@ class AutoSimulation(FlipSimulation, ColocatedSimulation):
         if any(r.ready(self.now) for r in self.replicas[Pool.decode]):
             Simulation._to_decode(self, req)
             return
-        draining = [r for r in self.replicas[Pool.decode] if r.gone_s is None and r.draining and r.flip_to is None]
+        draining = [
+            r for r in self.replicas[Pool.decode] if r.gone_s is None and r.draining and r.flip_to is None
+        ]
         colocated = [r for r in self.replicas[Pool.colocated] if r.ready(self.now)]
         req.remaining = req.output_len - 1
         if draining:

@@ -67,7 +67,10 @@ def _flipping_controller(config: PolicyConfig) -> Controller:
     def control(snap: Snapshot) -> Control:
         nonlocal state
         decisions, flips, state = decide_with_flips(snap.observations, state, config, snap.at_s)
-        return Control({pool: d.desired for pool, d in decisions.items()}, tuple((f.source, f.target, f.count) for f in flips))
+        return Control(
+            {pool: d.desired for pool, d in decisions.items()},
+            tuple((f.source, f.target, f.count) for f in flips),
+        )
 
     return control
 
@@ -108,7 +111,10 @@ class DynamoPlanner:
         itl_ms = self.profile.decode_step_ms(batch, context)
         engine_rps_d = batch / (osl * itl_ms / 1000)
         decode = math.ceil(demand / engine_rps_d)
-        self._bound = {Pool.prefill: _clamp(prefill, self.limits[Pool.prefill]), Pool.decode: _clamp(decode, self.limits[Pool.decode])}
+        self._bound = {
+            Pool.prefill: _clamp(prefill, self.limits[Pool.prefill]),
+            Pool.decode: _clamp(decode, self.limits[Pool.decode]),
+        }
 
     def _load(self, pool: Pool, snap: Snapshot) -> int:
         obs = snap.observations[pool]
@@ -121,7 +127,9 @@ class DynamoPlanner:
             per_engine = [self.profile.prefill_ms(q + isl) for q in snap.prefill_queued_tokens]
             slo = self.slo.ttft_ms
         else:
-            per_engine = [self.profile.decode_step_ms(max(n, 1), snap.decode_context_mean) for n in snap.decode_running]
+            per_engine = [
+                self.profile.decode_step_ms(max(n, 1), snap.decode_context_mean) for n in snap.decode_running
+            ]
             slo = self.slo.tpot_ms
         desired = current
         if per_engine and max(per_engine) > slo:
@@ -171,7 +179,12 @@ class Hpa:
 
 
 def static_sizes(
-    trace: list[TraceRequest], profile: Profile, slo: Slo, limits: dict[Pool, PoolLimits], margin: float, peak: bool
+    trace: list[TraceRequest],
+    profile: Profile,
+    slo: Slo,
+    limits: dict[Pool, PoolLimits],
+    margin: float,
+    peak: bool,
 ) -> dict[Pool, int]:
     """Fixed pool sizes for the trace's peak minute (or its mean rate) by the capacity model."""
     if not trace:

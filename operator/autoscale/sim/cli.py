@@ -40,22 +40,43 @@ def _policies(text: str) -> list[str]:
     names = list(KNOWN) if text == "all" else [p.strip() for p in text.split(",") if p.strip()]
     unknown = [n for n in names if n not in KNOWN]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown policy {', '.join(unknown)}; choose from {', '.join(KNOWN)} or all")
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {', '.join(unknown)}; choose from {', '.join(KNOWN)} or all"
+        )
     return names
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__)
-    p.add_argument("--trace", required=True, help="Azure-style CSV or JSONL (timestamp, input and output lengths)")
-    p.add_argument("--policy", type=_policies, default=["tandem"], help=f"{', '.join(KNOWN)}, a comma list, or all")
-    p.add_argument("--profile", help="a `tandem profile` JSON or a shipped profile name (default: h200-llama-3.1-8b-fp8, Dynamo's H200 data)")
-    p.add_argument("--profile-speedup", type=float, default=1.0, help="what-if: prefill and decode this much faster")
-    p.add_argument("--prefill-speedup", type=float, default=1.0, help="what-if: prefill this much faster (again)")
-    p.add_argument("--decode-speedup", type=float, default=1.0, help="what-if: decode this much faster (again)")
-    p.add_argument("--time-scale", type=float, default=1.0, help="compress the trace's time axis this many times")
-    p.add_argument("--rate-scale", type=float, default=1.0, help="send each request this many times (0.5: half)")
+    p.add_argument(
+        "--trace", required=True, help="Azure-style CSV or JSONL (timestamp, input and output lengths)"
+    )
+    p.add_argument(
+        "--policy", type=_policies, default=["tandem"], help=f"{', '.join(KNOWN)}, a comma list, or all"
+    )
+    p.add_argument(
+        "--profile",
+        help="a `tandem profile` JSON or a shipped profile name (default: h200-llama-3.1-8b-fp8, Dynamo's H200 data)",
+    )
+    p.add_argument(
+        "--profile-speedup", type=float, default=1.0, help="what-if: prefill and decode this much faster"
+    )
+    p.add_argument(
+        "--prefill-speedup", type=float, default=1.0, help="what-if: prefill this much faster (again)"
+    )
+    p.add_argument(
+        "--decode-speedup", type=float, default=1.0, help="what-if: decode this much faster (again)"
+    )
+    p.add_argument(
+        "--time-scale", type=float, default=1.0, help="compress the trace's time axis this many times"
+    )
+    p.add_argument(
+        "--rate-scale", type=float, default=1.0, help="send each request this many times (0.5: half)"
+    )
     p.add_argument("--limit", type=int, default=None, help="only the first N requests of the trace")
-    p.add_argument("--time-unit", choices=["auto", "s", "ms"], default="auto", help="JSONL numeric timestamps")
+    p.add_argument(
+        "--time-unit", choices=["auto", "s", "ms"], default="auto", help="JSONL numeric timestamps"
+    )
     p.add_argument("--slo-ttft-ms", type=float, default=500.0)
     p.add_argument("--slo-tpot-ms", type=float, default=50.0)
     p.add_argument("--percentile", type=float, default=90.0)
@@ -65,16 +86,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-max", type=int, default=32)
     p.add_argument("--interval-s", type=float, default=15.0)
     p.add_argument("--window-s", type=float, default=60.0)
-    p.add_argument("--scrape-s", type=float, default=15.0,
-                   help="Prometheus' scrape interval: the policy sees counters and gauges as of the last scrape")
+    p.add_argument(
+        "--scrape-s",
+        type=float,
+        default=15.0,
+        help="Prometheus' scrape interval: the policy sees counters and gauges as of the last scrape",
+    )
     p.add_argument("--stabilization-s", type=float, default=180.0)
     p.add_argument("--scale-down-cooldown-s", type=float, default=120.0)
     p.add_argument("--cold-start-s", type=float, default=None, help="default: the profile's")
-    p.add_argument("--flip-s", type=float, default=2.0,
-                   help="tandem-flips and auto: a drained worker serves its new role after this")
-    p.add_argument("--shape-dwell-s", type=float, default=600.0, help="auto: no shape change sooner than this after the last")
-    p.add_argument("--shape-band", type=float, default=0.1,
-                   help="auto: change shape only when the other needs at most 1 - this of the current one's GPUs")
+    p.add_argument(
+        "--flip-s",
+        type=float,
+        default=2.0,
+        help="tandem-flips and auto: a drained worker serves its new role after this",
+    )
+    p.add_argument(
+        "--shape-dwell-s",
+        type=float,
+        default=600.0,
+        help="auto: no shape change sooner than this after the last",
+    )
+    p.add_argument(
+        "--shape-band",
+        type=float,
+        default=0.1,
+        help="auto: change shape only when the other needs at most 1 - this of the current one's GPUs",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per policy")
     p.add_argument("--plot", help="draw replicas and latency against the SLO over time to this PNG")
     return p
@@ -82,7 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def scenario(args: argparse.Namespace) -> Scenario:
     profile = profile_named(args.profile)
-    prefill_x, decode_x = args.profile_speedup * args.prefill_speedup, args.profile_speedup * args.decode_speedup
+    prefill_x, decode_x = (
+        args.profile_speedup * args.prefill_speedup,
+        args.profile_speedup * args.decode_speedup,
+    )
     if (prefill_x, decode_x) != (1.0, 1.0):
         profile = profile.scaled(prefill_x, decode_x)
     return Scenario(
@@ -109,7 +150,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         cells.append([fmt.format(row[k]) if row.get(k) is not None else "-" for k, _, fmt in COLUMNS])
     widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in cells)
+    return "\n".join(
+        "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        for r in cells
+    )
 
 
 def plot(results: dict[str, SimResult], sc: Scenario, path: str) -> None:
@@ -124,11 +168,20 @@ def plot(results: dict[str, SimResult], sc: Scenario, path: str) -> None:
         axes[0][0].step(t, [x[1] for x in res.timeline], where="post", label=name)
         axes[0][1].step(t, [x[2] for x in res.timeline], where="post", label=name)
         lt = [x[0] / 60 for x in res.latency_timeline]
-        axes[1][0].plot(lt, [x[1] if x[1] is not None else float("nan") for x in res.latency_timeline], label=name)
-        axes[1][1].plot(lt, [x[2] if x[2] is not None else float("nan") for x in res.latency_timeline], label=name)
+        axes[1][0].plot(
+            lt, [x[1] if x[1] is not None else float("nan") for x in res.latency_timeline], label=name
+        )
+        axes[1][1].plot(
+            lt, [x[2] if x[2] is not None else float("nan") for x in res.latency_timeline], label=name
+        )
     axes[1][0].axhline(sc.slo.ttft_ms, color="k", linestyle="--", label="SLO")
     axes[1][1].axhline(sc.slo.tpot_ms, color="k", linestyle="--", label="SLO")
-    titles = ["prefill replicas", "decode replicas", f"TTFT p{sc.slo.percentile:g} (ms)", f"TPOT p{sc.slo.percentile:g} (ms)"]
+    titles = [
+        "prefill replicas",
+        "decode replicas",
+        f"TTFT p{sc.slo.percentile:g} (ms)",
+        f"TPOT p{sc.slo.percentile:g} (ms)",
+    ]
     for ax, title in zip([a for row in axes for a in row], titles, strict=True):
         ax.set_title(title)
         ax.grid(alpha=0.3)

@@ -76,7 +76,9 @@ class ColocatedSimulation(Simulation):
         rep.version += 1
         if tokens:
             self._prefill_step.add(rep.id)
-            decode_ms = self.profile.decode_step_ms(len(rep.running), self._context(rep)) if rep.running else 0.0
+            decode_ms = (
+                self.profile.decode_step_ms(len(rep.running), self._context(rep)) if rep.running else 0.0
+            )
             rep.step_s = (decode_ms + self.profile.prefill_ms(tokens)) / 1000
             self._push(rep.segment_start_s + rep.step_s, "decoded", (rep, rep.version))
             return
@@ -92,7 +94,11 @@ class ColocatedSimulation(Simulation):
         while rep.queue and budget > 0 and len(done) < room:
             nxt = rep.queue[0]
             started = self._prefilled.get(nxt.id, 0)
-            if not started and (rep.running or done) and kv + nxt.input_len + nxt.output_len > self.profile.kv_capacity_tokens:
+            if (
+                not started
+                and (rep.running or done)
+                and kv + nxt.input_len + nxt.output_len > self.profile.kv_capacity_tokens
+            ):
                 break
             take = min(nxt.input_len - started, budget)
             budget -= take

@@ -33,7 +33,12 @@ class Histogram:
         total = 0
         for le, n in zip(self.bounds, self.counts, strict=True):
             total += n
-            out[(f"{self.name}_bucket", tuple(sorted((*labels, ("le", "+Inf" if math.isinf(le) else repr(le))))))] = total
+            out[
+                (
+                    f"{self.name}_bucket",
+                    tuple(sorted((*labels, ("le", "+Inf" if math.isinf(le) else repr(le))))),
+                )
+            ] = total
         out[(f"{self.name}_count", labels)] = float(total)
         out[(f"{self.name}_sum", labels)] = self.sum
         return out
@@ -74,8 +79,10 @@ class Exposition:
         self.router.add(Snapshot(now_s, samples), self.window_s)
         for pool, pods in gauges.items():
             worker: Samples = {
-                (metric, (("pod", pod), ("pool", pool.value))): value for pod, metrics in pods.items() for metric, value in metrics.items()
-            }  # fmt: skip
+                (metric, (("pod", pod), ("pool", pool.value))): value
+                for pod, metrics in pods.items()
+                for metric, value in metrics.items()
+            }
             self.workers.setdefault(pool, Window()).add(Snapshot(now_s, worker), self.window_s)
 
     def observed(self, pool: Pool, percentile: float) -> dict[str, float | None]:

@@ -73,8 +73,12 @@ class FlipSimulation(Simulation):
         self._push(rep.ready_at_s, "ready", rep)
 
     def _incoming(self, pool: Pool) -> int:
-        return sum(1 for reps in self.replicas.values() for r in reps if r.flip_to == pool and r.gone_s is None)
+        return sum(
+            1 for reps in self.replicas.values() for r in reps if r.flip_to == pool and r.gone_s is None
+        )
 
 
-def simulate_with_flips(trace: Sequence[TraceRequest], config: SimConfig, controller: Controller) -> SimResult:
+def simulate_with_flips(
+    trace: Sequence[TraceRequest], config: SimConfig, controller: Controller
+) -> SimResult:
     return FlipSimulation(trace, config, controller).run()

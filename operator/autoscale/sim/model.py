@@ -60,7 +60,9 @@ class SimConfig:
     profile: Profile
     interval_s: float = 15.0
     window_s: float = 60.0
-    scrape_s: float = 15.0  # Prometheus' scrape interval: gauges and counters move the policy's view this often
+    scrape_s: float = (
+        15.0  # Prometheus' scrape interval: gauges and counters move the policy's view this often
+    )
     cold_start_s: float | None = None  # None: the profile's
     percentile: float = 90.0
     drain: bool = True  # False: scale-down drops in-flight requests (a policy that does not drain)
@@ -106,5 +108,9 @@ class SimResult:
     latency_timeline: list[tuple[float, float | None, float | None]]  # (t, ttft at p, tpot at p) per tick
     actions: dict[Pool, list[tuple[float, int, int]]]  # (t, from, to) per applied change
     flips: list[tuple[float, Pool, Pool, int]] = field(default_factory=list)  # (t, source, target, workers)
-    colocated_timeline: list[tuple[float, int]] = field(default_factory=list)  # (t, colocated workers billed), `auto`
-    shape_changes: list[tuple[float, str, str, str]] = field(default_factory=list)  # (t, from, to, reason), `auto`
+    colocated_timeline: list[tuple[float, int]] = field(
+        default_factory=list
+    )  # (t, colocated workers billed), `auto`
+    shape_changes: list[tuple[float, str, str, str]] = field(
+        default_factory=list
+    )  # (t, from, to, reason), `auto`

@@ -45,7 +45,9 @@ class Scenario:
     scale_down_cooldown_s: float = 120.0
     margin: float = 0.8
     cold_start_s: float | None = None
-    flip_s: float = 2.0  # tandem-flips and auto: a drained worker serves its new role this long after the flip
+    flip_s: float = (
+        2.0  # tandem-flips and auto: a drained worker serves its new role this long after the flip
+    )
     shape_dwell_s: float = 600.0  # auto: no shape change sooner than this after the last one
     shape_band: float = 0.1  # auto: the other shape must need at most 1 - band of the current one's GPUs
 
@@ -58,17 +60,31 @@ def warm_start(trace: list[TraceRequest], sc: Scenario, first_s: float = 300.0) 
 
 def build(policy: str, trace: list[TraceRequest], sc: Scenario) -> tuple[Controller, SimConfig]:
     base = SimConfig(
-        profile=sc.profile, interval_s=sc.interval_s, window_s=sc.window_s, cold_start_s=sc.cold_start_s,
-        scrape_s=sc.scrape_s, percentile=sc.slo.percentile,
-        initial=warm_start(trace, sc), flip_s=sc.flip_s,
+        profile=sc.profile,
+        interval_s=sc.interval_s,
+        window_s=sc.window_s,
+        cold_start_s=sc.cold_start_s,
+        scrape_s=sc.scrape_s,
+        percentile=sc.slo.percentile,
+        initial=warm_start(trace, sc),
+        flip_s=sc.flip_s,
     )
     if policy in ("tandem", "tandem-flips", "auto"):
-        limits = sc.limits if Pool.colocated in sc.limits else sc.limits | {Pool.colocated: sc.limits[Pool.decode]}
+        limits = (
+            sc.limits if Pool.colocated in sc.limits else sc.limits | {Pool.colocated: sc.limits[Pool.decode]}
+        )
         config = PolicyConfig(
-            slo=sc.slo, profile=sc.profile, limits=limits, interval_s=sc.interval_s,
-            stabilization_s=sc.stabilization_s, scale_down_cooldown_s=sc.scale_down_cooldown_s,
-            margin=sc.margin, stale_after_s=3 * sc.interval_s, cold_start_s=sc.cold_start_s,
-            flip_enabled=policy == "tandem-flips", flip_s=sc.flip_s,
+            slo=sc.slo,
+            profile=sc.profile,
+            limits=limits,
+            interval_s=sc.interval_s,
+            stabilization_s=sc.stabilization_s,
+            scale_down_cooldown_s=sc.scale_down_cooldown_s,
+            margin=sc.margin,
+            stale_after_s=3 * sc.interval_s,
+            cold_start_s=sc.cold_start_s,
+            flip_enabled=policy == "tandem-flips",
+            flip_s=sc.flip_s,
         )
         if policy == "auto":
             shape = ShapeConfig.from_policy(config, dwell_s=sc.shape_dwell_s, band=sc.shape_band)
@@ -84,12 +100,20 @@ def build(policy: str, trace: list[TraceRequest], sc: Scenario) -> tuple[Control
     if policy == "static-colocated":
         n = static_colocated_size(trace, sc.profile, sc.slo, sc.limits[Pool.decode], sc.margin, peak=True)
         return static_controller({Pool.decode: n}), replace(base, initial={Pool.decode: n})
-    raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES + COLOCATED_POLICIES + AUTO_POLICIES)}")
+    raise ValueError(
+        f"unknown policy {policy!r}; choose from {', '.join(POLICIES + COLOCATED_POLICIES + AUTO_POLICIES)}"
+    )
 
 
 def run(policy: str, trace: list[TraceRequest], sc: Scenario) -> tuple[SimResult, dict[str, Any]]:
     controller, config = build(policy, trace, sc)
-    simulate = simulate_colocated if policy in COLOCATED_POLICIES else simulate_auto if policy in AUTO_POLICIES else simulate_with_flips
+    simulate = (
+        simulate_colocated
+        if policy in COLOCATED_POLICIES
+        else simulate_auto
+        if policy in AUTO_POLICIES
+        else simulate_with_flips
+    )
     result = simulate(trace, config, controller)
     return result, summarise(policy, result, sc.slo)
 
@@ -102,7 +126,9 @@ def _reversals(actions: list[tuple[float, int, int]]) -> int:
 def summarise(policy: str, result: SimResult, slo: Slo) -> dict[str, Any]:
     """The JSON fields `tandem simulate` prints; attainment is joint (TTFT and TPOT both within the SLO)."""
     reqs = result.requests
-    ttfts = [(r.first_token_s - r.arrival_s) * 1000 for r in reqs if r.first_token_s is not None and not r.failed]
+    ttfts = [
+        (r.first_token_s - r.arrival_s) * 1000 for r in reqs if r.first_token_s is not None and not r.failed
+    ]
     tpots = [
         (r.finish_s - r.first_token_s) / (r.output_len - 1) * 1000
         for r in reqs
@@ -113,7 +139,9 @@ def summarise(policy: str, result: SimResult, slo: Slo) -> dict[str, Any]:
         if r.failed or r.finish_s is None or r.first_token_s is None:
             continue
         ttft_ok = (r.first_token_s - r.arrival_s) * 1000 <= slo.ttft_ms
-        tpot_ok = r.output_len <= 1 or (r.finish_s - r.first_token_s) / (r.output_len - 1) * 1000 <= slo.tpot_ms
+        tpot_ok = (
+            r.output_len <= 1 or (r.finish_s - r.first_token_s) / (r.output_len - 1) * 1000 <= slo.tpot_ms
+        )
         good += ttft_ok and tpot_ok
         ttft_good += ttft_ok
         tpot_good += tpot_ok

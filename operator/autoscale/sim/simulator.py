@@ -40,7 +40,9 @@ from tandem.trace import TraceRequest
 class Simulation:
     def __init__(self, trace: Sequence[TraceRequest], config: SimConfig, controller: Controller):
         self.cfg, self.controller, self.profile = config, controller, config.profile
-        self.requests = [Request(i, r.arrival_s, max(r.input_len, 1), max(r.output_len, 1)) for i, r in enumerate(trace)]
+        self.requests = [
+            Request(i, r.arrival_s, max(r.input_len, 1), max(r.output_len, 1)) for i, r in enumerate(trace)
+        ]
         self.events: list[tuple[float, int, int, str, object]] = []
         self._seq = itertools.count()
         self.now = 0.0
@@ -81,7 +83,13 @@ class Simulation:
             getattr(self, "_on_" + kind)(payload)
         self._bill(self.now)
         return SimResult(
-            self.requests, self.now, self.gpu_seconds, self.timeline, self.latency_timeline, self.actions, self.flips
+            self.requests,
+            self.now,
+            self.gpu_seconds,
+            self.timeline,
+            self.latency_timeline,
+            self.actions,
+            self.flips,
         )
 
     def _all_done(self) -> bool:
@@ -300,7 +308,10 @@ class Simulation:
     def _on_tick(self, _: object) -> None:
         snap = self.snapshot()
         obs = snap.observations
-        front, back = obs.get(Pool.prefill) or obs[Pool.colocated], obs.get(Pool.decode) or obs[Pool.colocated]
+        front, back = (
+            obs.get(Pool.prefill) or obs[Pool.colocated],
+            obs.get(Pool.decode) or obs[Pool.colocated],
+        )
         self.latency_timeline.append((self.now, front.ttft_ms, back.tpot_ms))
         self._act(self.controller(snap))
         self.timeline.append((self.now, len(self._billed(Pool.prefill)), len(self._billed(Pool.decode))))
@@ -316,12 +327,17 @@ class Simulation:
 
     def _on_scrape(self, _: object) -> None:
         """Prometheus scrapes the router and every worker process that is up (starting ones are not yet)."""
-        up = {pool: [r for r in self.replicas[pool] if r.gone_s is None and r.ready_at_s <= self.now] for pool in self.replicas}
+        up = {
+            pool: [r for r in self.replicas[pool] if r.gone_s is None and r.ready_at_s <= self.now]
+            for pool in self.replicas
+        }
         for rep in up[Pool.decode]:
             self._advance(rep)
         cap = float(self.profile.kv_capacity_tokens)
         gauges = {
-            Pool.prefill: {str(r.id): {names.PREFILL_QUEUED_TOKENS: float(r.queued_tokens)} for r in up[Pool.prefill]},
+            Pool.prefill: {
+                str(r.id): {names.PREFILL_QUEUED_TOKENS: float(r.queued_tokens)} for r in up[Pool.prefill]
+            },
             Pool.decode: {
                 str(r.id): {
                     names.DECODE_RUNNING_SEQUENCES: float(len(r.running)),
@@ -350,10 +366,15 @@ class Simulation:
         window = self.cfg.window_s
         lo = self.now - window
         obs = {
-            pool: observation(pool, self.exposition.observed(pool, self.cfg.percentile), self._replica_counts(pool),
-                              self.now, window)
+            pool: observation(
+                pool,
+                self.exposition.observed(pool, self.cfg.percentile),
+                self._replica_counts(pool),
+                self.now,
+                window,
+            )
             for pool in self._observed_pools()
-        }  # fmt: skip
+        }
         # The raw replicas, for the load-based baselines that read the engines' own state.
         pre = [r for r in self.replicas[Pool.prefill] if r.ready(self.now)]
         dec = [r for r in self.replicas[Pool.decode] if r.ready(self.now)]
@@ -394,7 +415,8 @@ class Simulation:
         live = self._billed(pool)
         return Replicas(
             ready=sum(1 for r in live if r.ready(self.now)),
-            starting=sum(1 for r in live if not r.draining and r.ready_at_s > self.now) + self._incoming(pool),
+            starting=sum(1 for r in live if not r.draining and r.ready_at_s > self.now)
+            + self._incoming(pool),
             draining=sum(1 for r in live if r.draining and r.flip_to is None),
         )
 
@@ -403,7 +425,9 @@ def simulate(trace: Sequence[TraceRequest], config: SimConfig, controller: Contr
     return Simulation(trace, config, controller).run()
 
 
-def scale_trace(trace: Sequence[TraceRequest], time_scale: float = 1.0, rate_scale: float = 1.0) -> list[TraceRequest]:
+def scale_trace(
+    trace: Sequence[TraceRequest], time_scale: float = 1.0, rate_scale: float = 1.0
+) -> list[TraceRequest]:
     """Compress time `time_scale` times; then keep every request `rate_scale` times (fractions by a fixed
     stride, so the result is deterministic): rate_scale 2 sends each request twice, 0.5 every other one."""
     out: list[TraceRequest] = []

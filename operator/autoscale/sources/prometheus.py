@@ -30,12 +30,16 @@ class PrometheusSource:
             raise MetricsUnavailable(f"Prometheus at {self.url}: {resp.status_code} {body.get('error', '')}")
         return [(s.get("metric", {}), float(s["value"][1])) for s in body["data"]["result"]]
 
-    def observe(self, target: Target, replicas: Mapping[Pool, Replicas], now_s: float) -> dict[Pool, PoolObservation]:
+    def observe(
+        self, target: Target, replicas: Mapping[Pool, Replicas], now_s: float
+    ) -> dict[Pool, PoolObservation]:
         window = f"{int(target.window_s)}s"
         out = {}
         for pool in target.pools:
             values: dict[str, float | None] = {}
-            for name, expr in promql.pool_queries(pool, target.namespace, target.service, window, target.percentile).items():
+            for name, expr in promql.pool_queries(
+                pool, target.namespace, target.service, window, target.percentile
+            ).items():
                 series = self.query(expr)
                 values[name] = series[0][1] if series else None
             out[pool] = observation(pool, values, replicas.get(pool, Replicas(0)), now_s, target.window_s)

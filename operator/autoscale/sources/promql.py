@@ -61,8 +61,15 @@ def router(namespace: str, service: str, op: str = "=") -> Matchers:
     return Matchers(namespace, service, None, op)
 
 
-def pool_queries(pool: Pool, namespace: str, service: str, window: str, percentile: float, op: str = "=",
-                 pool_value: str | None = None) -> Mapping[str, str]:
+def pool_queries(
+    pool: Pool,
+    namespace: str,
+    service: str,
+    window: str,
+    percentile: float,
+    op: str = "=",
+    pool_value: str | None = None,
+) -> Mapping[str, str]:
     """PoolObservation field -> query, for one pool. TTFT is the prefill pool's SLO, TPOT the decode
     pool's (both measured at the router); a colocated pool answers for both."""
     r = router(namespace, service, op)
@@ -79,7 +86,9 @@ def pool_queries(pool: Pool, namespace: str, service: str, window: str, percenti
         ),
         "kv_usage": ratio(gauge_sum(names.KV_BLOCKS_USED, w), gauge_sum(names.KV_BLOCKS_TOTAL, w)),
     }
-    held_for = f'role{op}"{pool_value if pool_value is not None else pool.value}"'  # the router's gauges, by pool
+    held_for = (
+        f'role{op}"{pool_value if pool_value is not None else pool.value}"'  # the router's gauges, by pool
+    )
     out["held_requests"] = f"sum by ({r.by}) ({names.ROUTER_HELD_REQUESTS}{r.render(held_for)})"
     out["held_oldest_s"] = f"max by ({r.by}) ({names.ROUTER_HELD_OLDEST_SECONDS}{r.render(held_for)})"
     if pool in (Pool.prefill, Pool.colocated):

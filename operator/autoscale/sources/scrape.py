@@ -110,7 +110,9 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def figures(pool: Pool, router: list[Window], workers: list[Window], percentile: float) -> dict[str, float | None]:
+def figures(
+    pool: Pool, router: list[Window], workers: list[Window], percentile: float
+) -> dict[str, float | None]:
     """The PoolObservation fields promql.pool_queries names, from scraped windows (seconds for latencies)."""
     span = max((w.span_s for w in router), default=0.0)
     q = percentile / 100
@@ -120,7 +122,9 @@ def figures(pool: Pool, router: list[Window], workers: list[Window], percentile:
         return total / span if total is not None and span > 0 else None
 
     def mean(name: str) -> float | None:
-        return _ratio(_sum(router, lambda w: w.delta(f"{name}_sum")), _sum(router, lambda w: w.delta(f"{name}_count")))
+        return _ratio(
+            _sum(router, lambda w: w.delta(f"{name}_sum")), _sum(router, lambda w: w.delta(f"{name}_count"))
+        )
 
     def quantile(windows: list[Window], name: str, qq: float) -> float | None:
         buckets = _buckets(windows, name)
@@ -136,13 +140,16 @@ def figures(pool: Pool, router: list[Window], workers: list[Window], percentile:
             _sum(workers, lambda w: w.delta(names.PREFIX_CACHE_QUERIED_TOKENS_TOTAL)),
         ),
         "kv_usage": _ratio(
-            _sum(workers, lambda w: w.current(names.KV_BLOCKS_USED)), _sum(workers, lambda w: w.current(names.KV_BLOCKS_TOTAL))
+            _sum(workers, lambda w: w.current(names.KV_BLOCKS_USED)),
+            _sum(workers, lambda w: w.current(names.KV_BLOCKS_TOTAL)),
         ),
     }
     held_for = pool.value
 
     def for_pool(name: str) -> Callable[[Window], dict[Labels, float]]:
-        return lambda w: {labels: v for labels, v in w.current(name).items() if dict(labels).get("role") == held_for}
+        return lambda w: {
+            labels: v for labels, v in w.current(name).items() if dict(labels).get("role") == held_for
+        }
 
     out["held_requests"] = _sum(router, for_pool(names.ROUTER_HELD_REQUESTS))
     oldest = [v for w in router for v in for_pool(names.ROUTER_HELD_OLDEST_SECONDS)(w).values()]
@@ -175,8 +182,12 @@ def read_bounded(client: httpx.Client, url: str, limit: int) -> str:
 class ScrapeSource:
     """Scrapes every endpoint `targets()` names (keys: "router" and the pool names) on each observe."""
 
-    def __init__(self, targets: Callable[[], Mapping[str, list[str]]], timeout_s: float = 2.0,
-                 client: httpx.Client | None = None):
+    def __init__(
+        self,
+        targets: Callable[[], Mapping[str, list[str]]],
+        timeout_s: float = 2.0,
+        client: httpx.Client | None = None,
+    ):
         self.targets = targets
         self.client = client or httpx.Client(timeout=timeout_s)
         self.windows: dict[str, Window] = {}
@@ -191,18 +202,29 @@ class ScrapeSource:
         window.add(Snapshot(now_s, samples), window_s)
         return window
 
-    def observe(self, target: Target, replicas: Mapping[Pool, Replicas], now_s: float) -> dict[Pool, PoolObservation]:
+    def observe(
+        self, target: Target, replicas: Mapping[Pool, Replicas], now_s: float
+    ) -> dict[Pool, PoolObservation]:
         with self._lock:
             urls = self.targets()
-            scraped = {role: [w for w in (self._scrape(u, now_s, target.window_s) for u in us) if w is not None]
-                       for role, us in urls.items()}  # fmt: skip
+            scraped = {
+                role: [w for w in (self._scrape(u, now_s, target.window_s) for u in us) if w is not None]
+                for role, us in urls.items()
+            }
             for gone in set(self.windows) - {u for us in urls.values() for u in us}:
                 del self.windows[gone]  # a replica that left
         router = scraped.get(ROUTER, [])
         if not router:
-            raise MetricsUnavailable(f"no router /metrics answered ({', '.join(urls.get(ROUTER, [])) or 'none known'})")
+            raise MetricsUnavailable(
+                f"no router /metrics answered ({', '.join(urls.get(ROUTER, [])) or 'none known'})"
+            )
         return {
-            pool: observation(pool, figures(pool, router, scraped.get(pool.value, []), target.percentile),
-                              replicas.get(pool, Replicas(0)), now_s, target.window_s)
+            pool: observation(
+                pool,
+                figures(pool, router, scraped.get(pool.value, []), target.percentile),
+                replicas.get(pool, Replicas(0)),
+                now_s,
+                target.window_s,
+            )
             for pool in target.pools
-        }  # fmt: skip
+        }

@@ -26,7 +26,9 @@ SERVICE = "tiny"
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", f"realnode: runs pods on a real kubelet + containerd node (set {ENABLE}=1)")
+    config.addinivalue_line(
+        "markers", f"realnode: runs pods on a real kubelet + containerd node (set {ENABLE}=1)"
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -36,9 +38,14 @@ def pytest_collection_modifyitems(config, items):
             # the first test also waits for the session's node: builds, and importing the images into containerd
             item.add_marker(pytest.mark.timeout(1800))
             if os.environ.get(ENABLE) != "1":
-                item.add_marker(pytest.mark.skip(reason=(
-                    f"real-node tests build images and a kubelet and start containerd (minutes, root): "
-                    f"run them with {ENABLE}=1 pytest tests/k8s/realnode")))
+                item.add_marker(
+                    pytest.mark.skip(
+                        reason=(
+                            f"real-node tests build images and a kubelet and start containerd (minutes, root): "
+                            f"run them with {ENABLE}=1 pytest tests/k8s/realnode"
+                        )
+                    )
+                )
 
 
 class RealCluster:
@@ -86,8 +93,11 @@ def tiny_model_dir() -> Path:
     """A tiny random Llama (`tandem model create-tiny`) in a folder the pods' uid 1000 can read."""
     d = Path(tempfile.mkdtemp(prefix="tandem-realnode-model-"))
     d.chmod(0o755)
-    subprocess.run([sys.executable, "-m", "tandem", "model", "create-tiny", str(d / "tiny")], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "tandem", "model", "create-tiny", str(d / "tiny")],
+        check=True,
+        capture_output=True,
+    )
     for p in [d, *d.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
     return d
@@ -97,12 +107,19 @@ def tiny_service(namespace: str, image: str, model_pv: str) -> str:
     """The PV/PVC holding the tiny model and an InferenceService on it: router, 1 prefill, 2 decode, no GPU,
     with role flips on (each worker follows its role label through a downward-API file)."""
     isvc = {
-        "apiVersion": "serving.tandem.dev/v1alpha1", "kind": "InferenceService",
+        "apiVersion": "serving.tandem.dev/v1alpha1",
+        "kind": "InferenceService",
         "metadata": {"name": SERVICE, "namespace": namespace},
         "spec": {
-            "model": {"source": {"pvc": {"claimName": "models", "path": "tiny"}}, "servedName": "tiny",
-                      "dtype": "float32", "maxContextLength": 2048},
-            "mode": "disaggregated", "image": image, "roleFlip": True,
+            "model": {
+                "source": {"pvc": {"claimName": "models", "path": "tiny"}},
+                "servedName": "tiny",
+                "dtype": "float32",
+                "maxContextLength": 2048,
+            },
+            "mode": "disaggregated",
+            "image": image,
+            "roleFlip": True,
             "prefill": {"replicas": 1, "resources": {"gpus": 0}},
             "decode": {"replicas": 2, "minReplicas": 1, "maxReplicas": 2, "resources": {"gpus": 0}},
             "slo": {"ttftMs": 5000, "tpotMs": 1000, "percentile": 90},
@@ -110,17 +127,34 @@ def tiny_service(namespace: str, image: str, model_pv: str) -> str:
             "engine": {"blockSize": 16, "numKvBlocks": 512},
         },
     }
-    return yaml.safe_dump_all([
-        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"models-{namespace}"},
-         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
-                  "hostPath": {"path": model_pv, "type": "Directory"},
-                  "claimRef": {"namespace": namespace, "name": "models"}}},
-        {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-         "metadata": {"name": "models", "namespace": namespace},
-         "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": f"models-{namespace}",
-                  "resources": {"requests": {"storage": "1Gi"}}}},
-        isvc,
-    ])
+    return yaml.safe_dump_all(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": f"models-{namespace}"},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadOnlyMany"],
+                    "storageClassName": "",
+                    "hostPath": {"path": model_pv, "type": "Directory"},
+                    "claimRef": {"namespace": namespace, "name": "models"},
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "models", "namespace": namespace},
+                "spec": {
+                    "accessModes": ["ReadOnlyMany"],
+                    "storageClassName": "",
+                    "volumeName": f"models-{namespace}",
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            },
+            isvc,
+        ]
+    )
 
 
 @contextmanager
@@ -131,8 +165,11 @@ def tiny_namespace(real_cluster: RealCluster):
     ns = f"rn-{uuid.uuid4().hex[:6]}"
     cp.kubectl("create", "namespace", ns)
     cp.kubectl("label", "namespace", ns, f"{PSS_ENFORCE}=restricted")
-    wait_for(lambda: cp.kubectl("get", "serviceaccount", "default", "-n", ns, check=False).returncode == 0,
-             60, "default service account")
+    wait_for(
+        lambda: cp.kubectl("get", "serviceaccount", "default", "-n", ns, check=False).returncode == 0,
+        60,
+        "default service account",
+    )
     model = tiny_model_dir()
     cp.kubectl("apply", "-f", "-", input=tiny_service(ns, real_cluster.images["WORKER"][0], str(model)))
     try:
@@ -154,6 +191,7 @@ def pods(cp: ControlPlane, ns: str, pool: str | None = None) -> list[dict]:
     import json
 
     from tandem import names
+
     sel = f"{names.LABEL_SERVICE}={SERVICE}" + (f",{names.LABEL_POOL}={pool}" if pool else "")
     return json.loads(cp.kubectl("get", "pods", "-n", ns, "-l", sel, "-o", "json").stdout)["items"]
 

@@ -20,7 +20,7 @@ def _names(msg: bytes, off: int) -> tuple[str, int]:
     labels = []
     while msg[off]:
         n = msg[off]
-        labels.append(msg[off + 1:off + 1 + n].decode("ascii", "replace"))
+        labels.append(msg[off + 1 : off + 1 + n].decode("ascii", "replace"))
         off += n + 1
     return ".".join(labels).lower(), off + 1
 
@@ -36,8 +36,10 @@ class ClusterDns:
         self.sock.settimeout(0.5)
         self.records: dict[str, list[str]] = {}
         self.stop_event = threading.Event()
-        self.threads = [threading.Thread(target=self._serve, daemon=True),
-                        threading.Thread(target=self._refresh, daemon=True)]
+        self.threads = [
+            threading.Thread(target=self._serve, daemon=True),
+            threading.Thread(target=self._refresh, daemon=True),
+        ]
 
     def start(self) -> ClusterDns:
         for t in self.threads:
@@ -61,10 +63,14 @@ class ClusterDns:
     def _load(self) -> dict[str, list[str]]:
         svcs = json.loads(self.cp.kubectl("get", "services", "-A", "-o", "json").stdout)["items"]
         slices = json.loads(self.cp.kubectl("get", "endpointslices", "-A", "-o", "json").stdout)["items"]
-        publish_all = {(s["metadata"]["namespace"], s["metadata"]["name"])
-                       for s in svcs if s["spec"].get("publishNotReadyAddresses")}
-        out: dict[str, list[str]] = {f"{s['metadata']['name']}.{s['metadata']['namespace']}.{DOMAIN}": []
-                                     for s in svcs}
+        publish_all = {
+            (s["metadata"]["namespace"], s["metadata"]["name"])
+            for s in svcs
+            if s["spec"].get("publishNotReadyAddresses")
+        }
+        out: dict[str, list[str]] = {
+            f"{s['metadata']['name']}.{s['metadata']['namespace']}.{DOMAIN}": [] for s in svcs
+        }
         for sl in slices:
             ns = sl["metadata"]["namespace"]
             svc = sl["metadata"].get("labels", {}).get("kubernetes.io/service-name")
@@ -90,8 +96,8 @@ class ClusterDns:
     def _answer(self, msg: bytes) -> bytes:
         qid, _flags, _qdcount = struct.unpack("!HHH", msg[:6])
         name, off = _names(msg, 12)
-        qtype, _qclass = struct.unpack("!HH", msg[off:off + 4])
-        question = msg[12:off + 4]
+        qtype, _qclass = struct.unpack("!HH", msg[off : off + 4])
+        question = msg[12 : off + 4]
         addrs = self.records.get(name)
         if addrs is None:
             # NXDOMAIN, recursion available, one question

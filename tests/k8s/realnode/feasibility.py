@@ -18,15 +18,21 @@ from tests.k8s.realnode.node import NODE_LABEL, NODE_NAME, RealNode, build, star
 
 def pod(image: str) -> dict:
     return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hello", "namespace": "default"},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "hello", "namespace": "default"},
         "spec": {
             "nodeSelector": {NODE_LABEL: "true"},
-            "containers": [{
-                "name": "web", "image": image, "imagePullPolicy": "Never",
-                "command": ["python3", "-m", "http.server", "8080", "--directory", "/etc"],
-                "ports": [{"containerPort": 8080}],
-                "readinessProbe": {"httpGet": {"path": "/hostname", "port": 8080}, "periodSeconds": 1},
-            }],
+            "containers": [
+                {
+                    "name": "web",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "command": ["python3", "-m", "http.server", "8080", "--directory", "/etc"],
+                    "ports": [{"containerPort": 8080}],
+                    "readinessProbe": {"httpGet": {"path": "/hostname", "port": 8080}, "periodSeconds": 1},
+                }
+            ],
         },
     }
 
@@ -48,9 +54,13 @@ def main() -> int:
         step(f"control plane up at {cp.server}")
         node = RealNode(cp, node_bin, images).start()
         info = json.loads(cp.kubectl("get", "node", NODE_NAME, "-o", "json").stdout)["status"]["nodeInfo"]
-        step(f"node {NODE_NAME} Ready: kubelet {info['kubeletVersion']}, runtime {info['containerRuntimeVersion']}")
+        step(
+            f"node {NODE_NAME} Ready: kubelet {info['kubeletVersion']}, runtime {info['containerRuntimeVersion']}"
+        )
         cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(pod(images["BASE"][0])))
-        out = cp.kubectl("wait", "--for=condition=Ready", "pod/hello", "--timeout=180s", check=False, timeout=200)
+        out = cp.kubectl(
+            "wait", "--for=condition=Ready", "pod/hello", "--timeout=180s", check=False, timeout=200
+        )
         if out.returncode != 0:
             step("pod did not become Ready:\n" + cp.kubectl("describe", "pod", "hello").stdout[-3000:])
             return 1

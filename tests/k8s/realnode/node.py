@@ -34,8 +34,12 @@ def build(*project_images: str) -> tuple[Path, dict[str, tuple[str, Path]]]:
     """Run build-node.sh and images.sh (both cached; project_images: "operator", "worker"); returns the bin folder and {NAME: (image ref, OCI archive)}."""
     out = subprocess.run(["bash", str(HERE / "build-node.sh")], check=True, text=True, stdout=subprocess.PIPE)
     bin_dir = Path(out.stdout.strip().splitlines()[-1])
-    out = subprocess.run(["bash", str(HERE / "images.sh"), str(bin_dir / "pause"), *project_images], check=True, text=True,
-                         stdout=subprocess.PIPE)
+    out = subprocess.run(
+        ["bash", str(HERE / "images.sh"), str(bin_dir / "pause"), *project_images],
+        check=True,
+        text=True,
+        stdout=subprocess.PIPE,
+    )
     images = {}
     for line in out.stdout.splitlines():
         if "=" in line and " " in line:
@@ -55,15 +59,23 @@ def start_control_plane(cp: ControlPlane) -> ControlPlane:
 def _mounts_under(prefixes: list[str]) -> list[str]:
     with open("/proc/self/mounts") as f:
         points = [line.split()[1].encode().decode("unicode_escape") for line in f]
-    return sorted({p for p in points if any(p == x or p.startswith(x.rstrip("/") + "/") for x in prefixes)},
-                  key=len, reverse=True)
+    return sorted(
+        {p for p in points if any(p == x or p.startswith(x.rstrip("/") + "/") for x in prefixes)},
+        key=len,
+        reverse=True,
+    )
 
 
 class RealNode:
     """containerd and a kubelet on this machine, registered as NODE_NAME with the label NODE_LABEL=true."""
 
-    def __init__(self, cp: ControlPlane, bin_dir: Path, images: dict[str, tuple[str, Path]],
-                 cluster_dns: str | None = None):
+    def __init__(
+        self,
+        cp: ControlPlane,
+        bin_dir: Path,
+        images: dict[str, tuple[str, Path]],
+        cluster_dns: str | None = None,
+    ):
         """cluster_dns: the nameserver the pods' resolv.conf names (ClusterDns on GATEWAY), or none."""
         self.cp, self.bin, self.images, self.cluster_dns = cp, bin_dir, images, cluster_dns
         # short paths: the containerd socket must fit in a unix socket address
@@ -80,27 +92,38 @@ class RealNode:
         cni = self.dir / "cni"
         (cni / "net.d").mkdir(parents=True, exist_ok=True)
         conflist = {
-            "cniVersion": "0.4.0", "name": "tandem-realnode",
+            "cniVersion": "0.4.0",
+            "name": "tandem-realnode",
             "plugins": [
-                {"type": "bridge", "bridge": BRIDGE, "isGateway": True, "isDefaultGateway": False,
-                 "ipMasq": False, "hairpinMode": True,
-                 "ipam": {"type": "host-local", "dataDir": str(cni / "ipam"),
-                          "ranges": [[{"subnet": POD_CIDR, "gateway": GATEWAY}]], "routes": []}},
+                {
+                    "type": "bridge",
+                    "bridge": BRIDGE,
+                    "isGateway": True,
+                    "isDefaultGateway": False,
+                    "ipMasq": False,
+                    "hairpinMode": True,
+                    "ipam": {
+                        "type": "host-local",
+                        "dataDir": str(cni / "ipam"),
+                        "ranges": [[{"subnet": POD_CIDR, "gateway": GATEWAY}]],
+                        "routes": [],
+                    },
+                },
                 {"type": "portmap", "capabilities": {"portMappings": True}},
             ],
         }
         (cni / "net.d" / "10-tandem.conflist").write_text(json.dumps(conflist, indent=1))
         cfg = f"""version = 2
-root = "{self.dir / 'containerd'}"
-state = "{self.run_dir / 'state'}"
+root = "{self.dir / "containerd"}"
+state = "{self.run_dir / "state"}"
 [grpc]
   address = "{self.sock}"
 [ttrpc]
-  address = "{self.run_dir / 'ttrpc.sock'}"
+  address = "{self.run_dir / "ttrpc.sock"}"
 [plugins."io.containerd.internal.v1.opt"]
-  path = "{self.dir / 'opt'}"
+  path = "{self.dir / "opt"}"
 [plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{self.images['PAUSE'][0]}"
+  sandbox_image = "{self.images["PAUSE"][0]}"
   enable_selinux = false
   # On a host that drops CAP_SYS_RESOURCE runc cannot lower oom_score_adj below ours (the pause
   # container's -998 fails with "failed to update /proc/self/oom_score_adj: Permission denied").
@@ -112,11 +135,11 @@ state = "{self.run_dir / 'state'}"
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
-        Root = "{self.run_dir / 'runc'}"
-        BinaryName = "{os.environ.get('TANDEM_REALNODE_RUNC', 'runc')}"
+        Root = "{self.run_dir / "runc"}"
+        BinaryName = "{os.environ.get("TANDEM_REALNODE_RUNC", "runc")}"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
-    conf_dir = "{cni / 'net.d'}"
+    conf_dir = "{cni / "net.d"}"
 """
         path = self.dir / "containerd.toml"
         path.write_text(cfg)
@@ -126,39 +149,103 @@ state = "{self.run_dir / 'state'}"
         """A client certificate for system:node:NODE_NAME signed by the control plane's CA, its kubeconfig,
         and the KubeletConfiguration."""
         d, ca = self.dir, self.cp.dir
-        subprocess.run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "kubelet.key", "-out",
-                        "kubelet.csr", "-subj", f"/O=system:nodes/CN=system:node:{NODE_NAME}"],
-                       cwd=d, check=True, capture_output=True)
-        subprocess.run(["openssl", "x509", "-req", "-in", "kubelet.csr", "-CA", str(ca / "ca.crt"), "-CAkey",
-                        str(ca / "ca.key"), "-CAcreateserial", "-out", "kubelet.crt", "-days", "2"],
-                       cwd=d, check=True, capture_output=True)
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "kubelet.key",
+                "-out",
+                "kubelet.csr",
+                "-subj",
+                f"/O=system:nodes/CN=system:node:{NODE_NAME}",
+            ],
+            cwd=d,
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(
+            [
+                "openssl",
+                "x509",
+                "-req",
+                "-in",
+                "kubelet.csr",
+                "-CA",
+                str(ca / "ca.crt"),
+                "-CAkey",
+                str(ca / "ca.key"),
+                "-CAcreateserial",
+                "-out",
+                "kubelet.crt",
+                "-days",
+                "2",
+            ],
+            cwd=d,
+            check=True,
+            capture_output=True,
+        )
         kubeconfig = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "node",
-            "clusters": [{"name": "tandem", "cluster": {"server": self.cp.server,
-                                                        "certificate-authority": str(ca / "ca.crt")}}],
-            "users": [{"name": "node", "user": {"client-certificate": str(d / "kubelet.crt"),
-                                                "client-key": str(d / "kubelet.key")}}],
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "node",
+            "clusters": [
+                {
+                    "name": "tandem",
+                    "cluster": {"server": self.cp.server, "certificate-authority": str(ca / "ca.crt")},
+                }
+            ],
+            "users": [
+                {
+                    "name": "node",
+                    "user": {
+                        "client-certificate": str(d / "kubelet.crt"),
+                        "client-key": str(d / "kubelet.key"),
+                    },
+                }
+            ],
             "contexts": [{"name": "node", "context": {"cluster": "tandem", "user": "node"}}],
         }
         (d / "kubelet.kubeconfig").write_text(yaml.safe_dump(kubeconfig))
         # The pods' resolv.conf: never the host's resolver (off this machine); cluster DNS is set per test.
         (d / "resolv.conf").write_text("options ndots:5\n")
         config = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
             # the kubelet refuses a loopback node IP: it serves on the pods' bridge (this machine only)
-            "address": GATEWAY, "port": self.kubelet_port, "readOnlyPort": 0, "healthzPort": 0,
+            "address": GATEWAY,
+            "port": self.kubelet_port,
+            "readOnlyPort": 0,
+            "healthzPort": 0,
             "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
             "authorization": {"mode": "AlwaysAllow"},
-            "cgroupDriver": "cgroupfs", "failCgroupV1": False, "failSwapOn": False,
+            "cgroupDriver": "cgroupfs",
+            "failCgroupV1": False,
+            "failSwapOn": False,
             "containerRuntimeEndpoint": f"unix://{self.sock}",
             "podLogsDir": str(d / "pod-logs"),
-            "clusterDomain": "cluster.local", "resolvConf": str(d / "resolv.conf"),
-            "podCIDR": POD_CIDR, "maxPods": 30, "serializeImagePulls": False,
-            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-            "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%", "imagefs.available": "1%",
-                             "nodefs.inodesFree": "1%"},
-            "makeIPTablesUtilChains": False, "registerNode": True, "rotateCertificates": False,
-            "nodeStatusUpdateFrequency": "5s", "syncFrequency": "10s", "fileCheckFrequency": "10s",
+            "clusterDomain": "cluster.local",
+            "resolvConf": str(d / "resolv.conf"),
+            "podCIDR": POD_CIDR,
+            "maxPods": 30,
+            "serializeImagePulls": False,
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "evictionHard": {
+                "memory.available": "50Mi",
+                "nodefs.available": "1%",
+                "imagefs.available": "1%",
+                "nodefs.inodesFree": "1%",
+            },
+            "makeIPTablesUtilChains": False,
+            "registerNode": True,
+            "rotateCertificates": False,
+            "nodeStatusUpdateFrequency": "5s",
+            "syncFrequency": "10s",
+            "fileCheckFrequency": "10s",
             "shutdownGracePeriod": "0s",
             "localStorageCapacityIsolation": True,
         }
@@ -170,12 +257,18 @@ state = "{self.run_dir / 'state'}"
     # --- processes ---------------------------------------------------------------------------------
     def _spawn(self, name: str, args: list[str]) -> None:
         log = open(self.cp.logs / f"{name}.log", "a")
-        self.procs[name] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir,
-                                            start_new_session=True)
+        self.procs[name] = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir, start_new_session=True
+        )
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(["ctr", "--address", str(self.sock), "--namespace", "k8s.io", *args], text=True,
-                              capture_output=True, check=check, timeout=600)
+        return subprocess.run(
+            ["ctr", "--address", str(self.sock), "--namespace", "k8s.io", *args],
+            text=True,
+            capture_output=True,
+            check=check,
+            timeout=600,
+        )
 
     def _wait(self, what: str, ok, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -195,7 +288,9 @@ state = "{self.run_dir / 'state'}"
         (the CNI bridge plugin adopts it as it is)."""
         if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode != 0:
             subprocess.run(["ip", "link", "add", BRIDGE, "type", "bridge"], check=True)
-            subprocess.run(["ip", "addr", "add", f"{GATEWAY}/{POD_CIDR.split('/')[1]}", "dev", BRIDGE], check=True)
+            subprocess.run(
+                ["ip", "addr", "add", f"{GATEWAY}/{POD_CIDR.split('/')[1]}", "dev", BRIDGE], check=True
+            )
         subprocess.run(["ip", "link", "set", BRIDGE, "up"], check=True)
 
     def start(self, timeout: float = 180) -> RealNode:
@@ -211,22 +306,42 @@ state = "{self.run_dir / 'state'}"
                 raise RuntimeError(f"image {ref} did not import from {archive}")
         kubeconfig, config = self._kubelet_files()
         # RBAC only (no Node authorizer) in the test control plane: the kubelet's user gets the node role
-        self.cp.kubectl("create", "clusterrolebinding", "tandem-realnode", "--clusterrole=system:node",
-                        f"--user=system:node:{NODE_NAME}", check=False)
-        self._spawn("kubelet", [
-            str(self.bin / "kubelet"), f"--kubeconfig={kubeconfig}", f"--config={config}",
-            f"--root-dir={self.dir / 'kubelet'}", f"--cert-dir={self.dir / 'kubelet-pki'}",
-            f"--hostname-override={NODE_NAME}", f"--node-ip={GATEWAY}",
-            f"--node-labels={NODE_LABEL}=true", "--v=2",
-        ])
+        self.cp.kubectl(
+            "create",
+            "clusterrolebinding",
+            "tandem-realnode",
+            "--clusterrole=system:node",
+            f"--user=system:node:{NODE_NAME}",
+            check=False,
+        )
+        self._spawn(
+            "kubelet",
+            [
+                str(self.bin / "kubelet"),
+                f"--kubeconfig={kubeconfig}",
+                f"--config={config}",
+                f"--root-dir={self.dir / 'kubelet'}",
+                f"--cert-dir={self.dir / 'kubelet-pki'}",
+                f"--hostname-override={NODE_NAME}",
+                f"--node-ip={GATEWAY}",
+                f"--node-labels={NODE_LABEL}=true",
+                "--v=2",
+            ],
+        )
         self._wait("the real node Ready", self._ready, timeout)
         # The node lifecycle controller (which lifts this taint) is off in the test control plane.
         self.cp.kubectl("taint", "node", NODE_NAME, "node.kubernetes.io/not-ready:NoSchedule-", check=False)
         return self
 
     def _ready(self) -> bool:
-        out = self.cp.kubectl("get", "node", NODE_NAME, "-o",
-                              "jsonpath={.status.conditions[?(@.type=='Ready')].status}", check=False)
+        out = self.cp.kubectl(
+            "get",
+            "node",
+            NODE_NAME,
+            "-o",
+            "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
+            check=False,
+        )
         return out.returncode == 0 and out.stdout.strip() == "True"
 
     def stop(self) -> None:
@@ -291,7 +406,7 @@ state = "{self.run_dir / 'state'}"
         results = Path("/var/lib/cni/results")
         if results.is_dir():
             ours = [f for f in results.iterdir() if f.name.startswith("tandem-realnode-")]
-            ids = {f.name[len("tandem-realnode-"):].rsplit("-", 1)[0] for f in ours}
+            ids = {f.name[len("tandem-realnode-") :].rsplit("-", 1)[0] for f in ours}
             for f in [*ours, *(results / f"cni-loopback-{i}-lo" for i in ids)]:
                 f.unlink(missing_ok=True)
         Path("/var/lib/kubelet/device-plugins/kubelet.sock").unlink(missing_ok=True)
@@ -302,9 +417,19 @@ state = "{self.run_dir / 'state'}"
                 os.rmdir("/run/netns")
             except OSError:
                 pass
-        for d in ("/var/lib/kubelet/device-plugins", "/var/lib/kubelet", "/var/lib/cni/results", "/var/lib/cni",
-                  "/run/containerd/fifo", "/run/containerd/s", "/run/containerd/runc/k8s.io",
-                  "/run/containerd/runc", "/run/containerd", "/var/log/pods", "/var/log/containers"):
+        for d in (
+            "/var/lib/kubelet/device-plugins",
+            "/var/lib/kubelet",
+            "/var/lib/cni/results",
+            "/var/lib/cni",
+            "/run/containerd/fifo",
+            "/run/containerd/s",
+            "/run/containerd/runc/k8s.io",
+            "/run/containerd/runc",
+            "/run/containerd",
+            "/var/log/pods",
+            "/var/log/containers",
+        ):
             try:
                 os.rmdir(d)
             except OSError:

@@ -24,13 +24,38 @@ def test_the_charts_operator_in_a_pod_serves_an_inference_service(real_cluster):
     cp = real_cluster.cp
     repo, tag = real_cluster.images["OPERATOR"][0].rsplit(":", 1)
     # one replica; the CRDs are the control plane's already
-    helm(cp, "install", RELEASE, str(CHART), "-n", NS, "--create-namespace", "--set", f"image.repository={repo}",
-         "--set", f"image.tag={tag}", "--set", "image.pullPolicy=Never", "--set", "replicas=1",
-         "--set", "crds.install=false", "--set", "resyncSeconds=10")
+    helm(
+        cp,
+        "install",
+        RELEASE,
+        str(CHART),
+        "-n",
+        NS,
+        "--create-namespace",
+        "--set",
+        f"image.repository={repo}",
+        "--set",
+        f"image.tag={tag}",
+        "--set",
+        "image.pullPolicy=Never",
+        "--set",
+        "replicas=1",
+        "--set",
+        "crds.install=false",
+        "--set",
+        "resyncSeconds=10",
+    )
     try:
         # the rollout this starts replaces the first pod, which cannot reach the API server
-        cp.kubectl("set", "env", f"deployment/{RELEASE}", "-n", NS, f"KUBERNETES_SERVICE_HOST={GATEWAY}",
-                   f"KUBERNETES_SERVICE_PORT={cp.port}")
+        cp.kubectl(
+            "set",
+            "env",
+            f"deployment/{RELEASE}",
+            "-n",
+            NS,
+            f"KUBERNETES_SERVICE_HOST={GATEWAY}",
+            f"KUBERNETES_SERVICE_PORT={cp.port}",
+        )
         cp.kubectl("rollout", "status", f"deployment/{RELEASE}", "-n", NS, "--timeout=300s", timeout=320)
 
         def operator_pod() -> dict | None:

@@ -29,9 +29,22 @@ class PortForward:
 
     def __init__(self, cp, ns: str, target: str, port: int):
         self.proc = subprocess.Popen(
-            [str(cp.bin / "kubectl"), "--kubeconfig", str(cp.kubeconfig()), "-n", ns, "port-forward",
-             "--address", "127.0.0.1", target, f":{port}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True)
+            [
+                str(cp.bin / "kubectl"),
+                "--kubeconfig",
+                str(cp.kubeconfig()),
+                "-n",
+                ns,
+                "port-forward",
+                "--address",
+                "127.0.0.1",
+                target,
+                f":{port}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         line = self.proc.stdout.readline()
         m = re.search(r"127\.0\.0\.1:(\d+)", line)
         if not m:
@@ -46,10 +59,20 @@ class PortForward:
 
 def stream_chat(port: int, max_tokens: int, timeout: float = 600) -> dict:
     """One streamed chat completion; returns the chunks' text pieces, finish reason and whether [DONE] came."""
-    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hello there"}],
-                       "stream": True, "max_tokens": max_tokens, "ignore_eos": True}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "hello there"}],
+            "stream": True,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+        }
+    ).encode()
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
     out: dict = {"pieces": [], "finish": None, "done": False, "first_at": None}
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         for raw in resp:
@@ -132,7 +155,9 @@ def test_model_volume_mounted_read_only(real_cluster, tiny):
         listing = exec_in(cp, tiny, name, "ls", "/models/tiny").stdout.split()
         assert "config.json" in listing and any(f.endswith(".safetensors") for f in listing), (name, listing)
         ro = exec_in(cp, tiny, name, "sh", "-c", "touch /models/tiny/x 2>&1", check=False)
-        assert ro.returncode != 0 and "Read-only file system" in ro.stdout, f"{name}: the model volume is writable"
+        assert ro.returncode != 0 and "Read-only file system" in ro.stdout, (
+            f"{name}: the model volume is writable"
+        )
 
 
 def test_downward_api_files_present(real_cluster, tiny):
@@ -156,7 +181,10 @@ def test_downward_api_files_present(real_cluster, tiny):
                 checked += 1
         if p["metadata"]["labels"][names.LABEL_POOL] in ("prefill", "decode"):
             labels = exec_in(cp, tiny, name, "cat", f"{PODINFO_MOUNT}/labels").stdout
-            assert f'{names.LABEL_ROLE}="{p["metadata"]["labels"][names.LABEL_ROLE]}"' in labels, (name, labels)
+            assert f'{names.LABEL_ROLE}="{p["metadata"]["labels"][names.LABEL_ROLE]}"' in labels, (
+                name,
+                labels,
+            )
     assert checked >= 3, "every worker pod of a roleFlip service mounts its labels file"
 
 
@@ -221,17 +249,32 @@ def test_scale_down_victim_drains_its_open_stream(real_cluster, tiny):
     try:
         t.start()
         decodes = pods(cp, tiny, "decode")
-        holder = wait_for(lambda: next((p for p in decodes if decode_held(cp, p) >= 1), None), 120,
-                          "the decode worker that holds the stream", interval=0.5)
+        holder = wait_for(
+            lambda: next((p for p in decodes if decode_held(cp, p) >= 1), None),
+            120,
+            "the decode worker that holds the stream",
+            interval=0.5,
+        )
         victim = holder["metadata"]["name"]
         assert not result.get("done"), "the stream ended before the scale-down; make it longer"
-        logs = subprocess.Popen([str(cp.bin / "kubectl"), "--kubeconfig", str(cp.kubeconfig()), "-n", tiny,
-                                 "logs", "-f", victim], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        logs = subprocess.Popen(
+            [str(cp.bin / "kubectl"), "--kubeconfig", str(cp.kubeconfig()), "-n", tiny, "logs", "-f", victim],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         # the ReplicaSet removes the pod with the lowest deletion cost: make it the one holding the stream
         for p in decodes:
             cost = "-1000" if p["metadata"]["name"] == victim else "1000"
-            cp.kubectl("annotate", "pod", "-n", tiny, p["metadata"]["name"], "--overwrite",
-                       f"controller.kubernetes.io/pod-deletion-cost={cost}")
+            cp.kubectl(
+                "annotate",
+                "pod",
+                "-n",
+                tiny,
+                p["metadata"]["name"],
+                "--overwrite",
+                f"controller.kubernetes.io/pod-deletion-cost={cost}",
+            )
         cp.kubectl("scale", "-n", tiny, f"tpool/{SERVICE}-decode", "--replicas=1")
         wait_for(lambda: pods_named(cp, tiny, victim, "deletionTimestamp"), 120, "the victim terminating")
         t.join(timeout=600)

@@ -45,7 +45,9 @@ def prefix_hashes(token_ids: Sequence[int], block_size: int, root: BlockHash) ->
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, seed: bytes = b""):
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, seed: bytes = b""
+    ):
         self.num_blocks, self.block_size = num_blocks, block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.seed = seed  # per model: blocks of another model's cache could never match
@@ -118,7 +120,11 @@ class BlockManager:
             self.ref_counts[block] += 1
 
     def allocate_prompt(
-        self, token_ids: Sequence[int], extra_tokens: int = 0, cache_salt: str | None = None, reuse: bool = True
+        self,
+        token_ids: Sequence[int],
+        extra_tokens: int = 0,
+        cache_salt: str | None = None,
+        reuse: bool = True,
     ) -> tuple[list[int], int]:
         """Blocks for a prompt (+ room for `extra_tokens`), reusing cached prefix blocks of the same salt
         (unless not `reuse`: a prompt whose every position must run).

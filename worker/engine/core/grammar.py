@@ -26,14 +26,20 @@ class GrammarVocab:
     """The model's vocabulary as llguidance sees it (built once per engine, on first use)."""
 
     def __init__(self, tokenizer_file: str | Path, vocab_size: int, eos_token_ids: tuple[int, ...]):
-        self.tokenizer_file, self.vocab_size, self.eos_token_ids = str(tokenizer_file), vocab_size, eos_token_ids
+        self.tokenizer_file, self.vocab_size, self.eos_token_ids = (
+            str(tokenizer_file),
+            vocab_size,
+            eos_token_ids,
+        )
         self._tokenizer: llguidance.LLTokenizer | None = None
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
         if self._tokenizer is None:
             eos = list(self.eos_token_ids) or None
-            self._tokenizer = llguidance.LLTokenizer(self.tokenizer_file, n_vocab=self.vocab_size, eos_token=eos)
+            self._tokenizer = llguidance.LLTokenizer(
+                self.tokenizer_file, n_vocab=self.vocab_size, eos_token=eos
+            )
         return self._tokenizer
 
     def matcher(self, grammar: str) -> llguidance.LLMatcher:
@@ -81,7 +87,10 @@ def constraint_for(
 
 
 def allowed_tokens(
-    constraints: list[TokenConstraint], vocab_size: int, eos_token_ids: tuple[int, ...], device: torch.device | None = None
+    constraints: list[TokenConstraint],
+    vocab_size: int,
+    eos_token_ids: tuple[int, ...],
+    device: torch.device | None = None,
 ) -> torch.Tensor:
     """[M, V] bool on `device` (the host by default): True where each constraint lets the token through. The
     matchers fill a packed bitmask on the host; it crosses in one copy and is unpacked where the logits are."""

@@ -29,12 +29,16 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return logits.masked_fill(drop | (logits < kth), float("-inf"))
 
 
-def token_counts(token_lists: list[list[int]], vocab: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def token_counts(
+    token_lists: list[list[int]], vocab: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     """[N, V] how often each token id occurs in each row's list: one scatter of the flat ids on `device`."""
     counts = torch.zeros(len(token_lists), vocab, dtype=dtype, device=device)
     flat = list(itertools.chain.from_iterable(token_lists))
     if flat:
-        rows = torch.repeat_interleave(torch.arange(len(token_lists)), torch.tensor([len(t) for t in token_lists]))
+        rows = torch.repeat_interleave(
+            torch.arange(len(token_lists)), torch.tensor([len(t) for t in token_lists])
+        )
         ids = torch.stack((rows, torch.tensor(flat))).to(device, non_blocking=True)  # [2, total]: one copy
         counts.index_put_((ids[0], ids[1]), torch.ones((), dtype=dtype, device=device), accumulate=True)
     return counts
@@ -52,8 +56,9 @@ def apply_penalties(
     device, vocab = logits.device, logits.shape[-1]
     chosen = [params[i] for i in rows]
     # [R, 3] repetition, frequency and presence penalties: one copy to the device
-    factors = torch.tensor([[p.repetition_penalty, p.frequency_penalty, p.presence_penalty] for p in chosen],
-                           dtype=logits.dtype).to(device, non_blocking=True)  # fmt: skip
+    factors = torch.tensor(
+        [[p.repetition_penalty, p.frequency_penalty, p.presence_penalty] for p in chosen], dtype=logits.dtype
+    ).to(device, non_blocking=True)
     index = torch.tensor(rows).to(device, non_blocking=True)
     picked = logits.index_select(0, index)  # [R, V]
     counts = token_counts([outputs[i] for i in rows], vocab, logits.dtype, device)  # [R, V]

@@ -31,7 +31,9 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         if self.max_prefill_tokens_with_decodes is not None and self.max_prefill_tokens_with_decodes < 1:
-            raise ValueError(f"max_prefill_tokens_with_decodes must be at least 1, got {self.max_prefill_tokens_with_decodes}")
+            raise ValueError(
+                f"max_prefill_tokens_with_decodes must be at least 1, got {self.max_prefill_tokens_with_decodes}"
+            )
 
 
 @dataclass
@@ -40,7 +42,9 @@ class SchedulerOutput:
 
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)  # drafts included
-    drafts: list[list[int]] = field(default_factory=list)  # per sequence: draft tokens to verify (most are [])
+    drafts: list[list[int]] = field(
+        default_factory=list
+    )  # per sequence: draft tokens to verify (most are [])
     preempted: list[Sequence] = field(default_factory=list)
 
     @property
@@ -105,7 +109,9 @@ class Scheduler:
                 break
             self.waiting.popleft()
             seq.num_computed = cached
-            seq.block_hashes = [self.blocks.block_hashes[b] for b in seq.block_table[: cached // self.blocks.block_size]]  # type: ignore[misc]
+            seq.block_hashes = [
+                self.blocks.block_hashes[b] for b in seq.block_table[: cached // self.blocks.block_size]
+            ]  # type: ignore[misc]
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             n = min(seq.num_uncomputed, budget, self.config.prefill_chunk_tokens, prompt_budget)

@@ -29,7 +29,9 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
-    block_hashes: list[bytes] = field(default_factory=list)  # hashes of the leading full blocks, once computed
+    block_hashes: list[bytes] = field(
+        default_factory=list
+    )  # hashes of the leading full blocks, once computed
     shared: bool = True  # its full blocks join the prefix cache (not KV that arrived unauthenticated)
     num_computed: int = 0  # tokens whose KV is in the cache
     status: SeqStatus = SeqStatus.WAITING

@@ -67,7 +67,9 @@ class AttentionBatch:
         for n in self.query_lens:
             self.starts.append(self.starts[-1] + n)
         if self.table is None:
-            self.table = block_table_tensor(self.block_tables, self.context_lens, self.block_size).to(self.device)
+            self.table = block_table_tensor(self.block_tables, self.context_lens, self.block_size).to(
+                self.device
+            )
         rows = [i for i, n in enumerate(self.query_lens) if n <= SHORT_QUERY_TOKENS]
         self.decode_rows = rows if len(rows) > 1 else []
 
@@ -98,13 +100,17 @@ class AttentionBatch:
         need = max(-(-self.context_lens[i] // self.block_size) for i in rows)
         offsets = torch.arange(q_len)
         real = offsets[None, :] < qlens[:, None]  # [B, Q]
-        tokens = torch.where(real, starts[:, None] + offsets[None, :], starts[:, None])  # padding repeats row 0
+        tokens = torch.where(
+            real, starts[:, None] + offsets[None, :], starts[:, None]
+        )  # padding repeats row 0
         q_pos = (lens - qlens)[:, None] + offsets[None, :]  # [B, Q]
         real_rows = real.flatten().nonzero()[:, 0]
         put = functools.partial(torch.Tensor.to, device=self.device, non_blocking=True)
         q_pos, lens = put(q_pos), put(lens)
         kv = torch.arange(need * self.block_size, device=self.device)
-        mask = (kv[None, None, :] <= q_pos[:, :, None]) & (kv[None, None, :] < lens[:, None, None])  # [B, Q, L]
+        mask = (kv[None, None, :] <= q_pos[:, :, None]) & (
+            kv[None, None, :] < lens[:, None, None]
+        )  # [B, Q, L]
         blocks = self.pages.index_select(0, put(torch.tensor(rows, dtype=torch.long)))[:, :need].flatten()
         return put(tokens), put(real_rows), put(tokens.flatten()[real_rows]), blocks, mask[:, None]
 
@@ -127,7 +133,9 @@ class AttentionBatch:
         return self._tiles
 
 
-StepBatch: TypeAlias = AttentionBatch | StaticDecodeBatch  # a step's layout: any step, or a padded pure-decode batch
+StepBatch: TypeAlias = (
+    AttentionBatch | StaticDecodeBatch
+)  # a step's layout: any step, or a padded pure-decode batch
 
 
 def check_backend(backend: str, device: torch.device) -> None:
@@ -138,7 +146,9 @@ def check_backend(backend: str, device: torch.device) -> None:
         raise ValueError(TRITON_NEEDS_CUDA)
 
 
-def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: StepBatch) -> None:
+def store_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: StepBatch
+) -> None:
     """Write this step's keys and values to their slots; the static decode step keeps them instead, and its
     runner writes them after the pass (a compiled graph may copy a whole cache it writes in place)."""
     if isinstance(batch, StaticDecodeBatch):
@@ -148,7 +158,9 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     write_slots(v_cache, batch.slot_mapping, v)
 
 
-def block_table_tensor(block_tables: list[list[int]], context_lens: list[int], block_size: int) -> torch.Tensor:
+def block_table_tensor(
+    block_tables: list[list[int]], context_lens: list[int], block_size: int
+) -> torch.Tensor:
     """[S, W] the blocks that cover each context, padded with block 0 to the longest (on the host)."""
     need = [-(-ctx // block_size) for ctx in context_lens]
     width = max(need, default=0)
@@ -220,7 +232,13 @@ def sdpa_paged_attention(
             q_pos = torch.arange(ctx - n, ctx, device=q.device)
             mask, causal = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None], False  # [n, ctx]
         o = F.scaled_dot_product_attention(
-            qi, ki.transpose(0, 1)[None], vi.transpose(0, 1)[None], attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa
+            qi,
+            ki.transpose(0, 1)[None],
+            vi.transpose(0, 1)[None],
+            attn_mask=mask,
+            is_causal=causal,
+            scale=scale,
+            enable_gqa=gqa,
         )
         out[s:e] = o[0].transpose(0, 1)
     return out

@@ -110,6 +110,8 @@ def flex_paged_attention(
     else:
         with warnings.catch_warnings():  # eager flex warns that it is meant to be compiled
             warnings.simplefilter("ignore")
-            out = flex_attention(queries, keys, values, block_mask=layout.block_mask, scale=scale, enable_gqa=nh != kvh)
+            out = flex_attention(
+                queries, keys, values, block_mask=layout.block_mask, scale=scale, enable_gqa=nh != kvh
+            )
     assert isinstance(out, torch.Tensor)
     return out.transpose(1, 2).reshape(-1, nh, d)[layout.token_rows]

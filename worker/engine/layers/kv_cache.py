@@ -13,7 +13,9 @@ from tandem.worker.hf.config import ModelConfig
 from tandem.worker.kv.layout import block_shape, storage_dtype, write_rows
 
 
-def kv_block_nbytes(config: ModelConfig, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> int:
+def kv_block_nbytes(
+    config: ModelConfig, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto"
+) -> int:
     """Bytes one block takes across all layers, keys and values (8-bit: values and their scales)."""
     shape = block_shape(block_size, config.num_kv_heads, config.head_dim, kv_cache_dtype)
     elem = torch.tensor([], dtype=storage_dtype(dtype, kv_cache_dtype)).element_size()

@@ -60,7 +60,9 @@ class Experts(nn.Module):
 
             gates, ups, downs = take(gate), take(up), take(down)
             if gates and ups:
-                state_dict[prefix + "gate_up"] = torch.stack([torch.cat(gu) for gu in zip(gates, ups, strict=True)])
+                state_dict[prefix + "gate_up"] = torch.stack(
+                    [torch.cat(gu) for gu in zip(gates, ups, strict=True)]
+                )
             if downs:
                 state_dict[prefix + "down"] = torch.stack(downs)
 
@@ -101,13 +103,17 @@ class Experts(nn.Module):
 class SparseMoe(nn.Module):
     """Router, routed experts and an optional gated shared expert, as one tensor-in, tensor-out MLP."""
 
-    def __init__(self, config: ModelConfig, names: tuple[str, str, str], shared_expert: nn.Module | None = None):
+    def __init__(
+        self, config: ModelConfig, names: tuple[str, str, str], shared_expert: nn.Module | None = None
+    ):
         super().__init__()
         self.top_k, self.renormalize = config.num_experts_per_tok, config.norm_topk_prob
         self.gate = Router(config.num_experts, config.hidden_size)
         self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size, names)
         self.shared_expert = shared_expert
-        self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False) if shared_expert is not None else None
+        self.shared_expert_gate = (
+            nn.Linear(config.hidden_size, 1, bias=False) if shared_expert is not None else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, experts = route(self.gate(x), self.top_k, self.renormalize)

@@ -53,7 +53,9 @@ def static_decode_attention(
         from tandem.worker.engine.layers.triton_paged import paged_decode_op
 
         k_stored, v_stored = as_stored(k_new, k_cache), as_stored(v_new, v_cache)
-        return paged_decode_op(q, k_cache, v_cache, batch.table, batch.context_lens - 1, scale, k_stored, v_stored)
+        return paged_decode_op(
+            q, k_cache, v_cache, batch.table, batch.context_lens - 1, scale, k_stored, v_stored
+        )
     b, width = batch.table.shape
     kvh, d = k_new.shape[1], q.shape[2]
     pages = batch.table.reshape(-1)

@@ -59,15 +59,55 @@ def num_splits(programs: int, max_keys: int) -> int:
 
 @triton.jit
 def _paged_attention(
-    Q, K, V, KScale, VScale, Table, KvLens, QLens, QStarts, TileSeq, TileQ0, KNew, VNew,
-    Out, PartOut, PartLse,
-    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_sb, stride_ss, stride_sh,
-    stride_tb, stride_knt, stride_knh, stride_vnt, stride_vnh, stride_ot, stride_oh, stride_pt, stride_ph, stride_ps,
+    Q,
+    K,
+    V,
+    KScale,
+    VScale,
+    Table,
+    KvLens,
+    QLens,
+    QStarts,
+    TileSeq,
+    TileQ0,
+    KNew,
+    VNew,
+    Out,
+    PartOut,
+    PartLse,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_sb,
+    stride_ss,
+    stride_sh,
+    stride_tb,
+    stride_knt,
+    stride_knh,
+    stride_vnt,
+    stride_vnh,
+    stride_ot,
+    stride_oh,
+    stride_pt,
+    stride_ph,
+    stride_ps,
     qk_scale,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SPLIT_KEYS: tl.constexpr, SPLITS: tl.constexpr,
-    ONE_QUERY: tl.constexpr, HAS_NEW: tl.constexpr, INT8: tl.constexpr, IEEE: tl.constexpr, DOT_F32: tl.constexpr,
-):  # fmt: skip
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE: tl.constexpr,
+    SPLIT_KEYS: tl.constexpr,
+    SPLITS: tl.constexpr,
+    ONE_QUERY: tl.constexpr,
+    HAS_NEW: tl.constexpr,
+    INT8: tl.constexpr,
+    IEEE: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -90,8 +130,11 @@ def _paged_attention(
     q_pos = kv_len - q_len + HAS_NEW + qi  # each row's position: it sees keys at or before it
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
-    q = tl.load(Q + (q_start + qi)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+    q = tl.load(
+        Q + (q_start + qi)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
     if DOT_F32:
         q = q.to(tl.float32)
     dot_dtype = q.dtype
@@ -121,7 +164,9 @@ def _paged_attention(
         k = tl.load(K + slot[:, None] + d[None, :], mask=kv_mask, other=0)
         v = tl.load(V + slot[:, None] + d[None, :], mask=kv_mask, other=0)
         if INT8:
-            scale_at = page.to(tl.int64) * stride_sb + (key % PAGE) * stride_ss + kvh * stride_sh + HEAD_DIM // 4
+            scale_at = (
+                page.to(tl.int64) * stride_sb + (key % PAGE) * stride_ss + kvh * stride_sh + HEAD_DIM // 4
+            )
             k_scale = tl.load(KScale + scale_at, mask=key_ok, other=0.0)
             v_scale = tl.load(VScale + scale_at, mask=key_ok, other=0.0)
         k = k.to(dot_dtype)
@@ -153,8 +198,11 @@ def _paged_attention(
     l_safe = tl.where(l_sum == 0.0, 1.0, l_sum)
     o = acc / l_safe[:, None]
     if SPLITS == 1:
-        tl.store(Out + flat[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
-                 o.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])  # fmt: skip
+        tl.store(
+            Out + flat[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+            o.to(Out.dtype.element_ty),
+            mask=row_ok[:, None] & d_ok[None, :],
+        )
     else:
         at = flat * stride_pt + head * stride_ph + split * stride_ps
         tl.store(PartOut + at[:, None] * BLOCK_D + d[None, :], o, mask=row_ok[:, None])
@@ -165,9 +213,18 @@ def _paged_attention(
 
 @triton.jit
 def _merge_splits(
-    PartOut, PartLse, Out, stride_pt, stride_ph, stride_ps, stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr,
-):  # fmt: skip
+    PartOut,
+    PartLse,
+    Out,
+    stride_pt,
+    stride_ph,
+    stride_ps,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SPLITS: tl.constexpr,
+):
     """Each (token, head)'s splits merged by their log-sum-exp (base 2)."""
     t = tl.program_id(0)
     h = tl.program_id(1)
@@ -197,7 +254,9 @@ class TileLayout:
     longest_query: int
 
 
-def tile_layout(query_lens: list[int], context_lens: list[int], group: int, device: torch.device) -> TileLayout:
+def tile_layout(
+    query_lens: list[int], context_lens: list[int], group: int, device: torch.device
+) -> TileLayout:
     """Tiles of `rows // group` queries over each sequence's new tokens (host lists in, device tensors out)."""
     longest = max(query_lens)
     rows = _pow2(group, DECODE_ROWS) if longest == 1 else _pow2(max(group, CHUNK_ROWS))
@@ -218,10 +277,20 @@ def tile_layout(query_lens: list[int], context_lens: list[int], group: int, devi
 
 
 def _launch(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor, kv_lens: torch.Tensor,
-    scale: float, tiles: int, rows: int, one_query: bool, layout: TileLayout | None,
-    k_new: torch.Tensor | None, v_new: torch.Tensor | None, splits: int | None,
-) -> torch.Tensor:  # fmt: skip
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    table: torch.Tensor,
+    kv_lens: torch.Tensor,
+    scale: float,
+    tiles: int,
+    rows: int,
+    one_query: bool,
+    layout: TileLayout | None,
+    k_new: torch.Tensor | None,
+    v_new: torch.Tensor | None,
+    splits: int | None,
+) -> torch.Tensor:
     q = q if q.stride(-1) == 1 else q.contiguous()  # the kernel steps along head_dim by one element
     k_new, v_new = (x if x is None or x.stride(-1) == 1 else x.contiguous() for x in (k_new, v_new))
     t, nh, d = q.shape
@@ -244,7 +313,10 @@ def _launch(
         part_out = part_lse = out  # unused
     if int8:
         k, v = k_cache.view(torch.int8), v_cache.view(torch.int8)
-        k_scale, v_scale = k_cache.view(torch.float32), v_cache.view(torch.float32)  # rows are head_dim + 4 bytes
+        k_scale, v_scale = (
+            k_cache.view(torch.float32),
+            v_cache.view(torch.float32),
+        )  # rows are head_dim + 4 bytes
     else:
         k, v, k_scale, v_scale = k_cache, v_cache, k_cache, v_cache
     lay = layout
@@ -253,21 +325,66 @@ def _launch(
     kn = k_new if k_new is not None else q
     vn = v_new if v_new is not None else q
     _paged_attention[(tiles, kvh, splits)](
-        q, k, v, k_scale, v_scale, table, kv_lens, *ints, kn, vn, out, part_out, part_lse,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
-        k_scale.stride(0), k_scale.stride(1), k_scale.stride(2),
-        table.stride(0), kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), out.stride(0), out.stride(1),
-        part_lse.stride(0), part_lse.stride(1), part_lse.stride(2) if splits > 1 else 0,
+        q,
+        k,
+        v,
+        k_scale,
+        v_scale,
+        table,
+        kv_lens,
+        *ints,
+        kn,
+        vn,
+        out,
+        part_out,
+        part_lse,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        k_scale.stride(0),
+        k_scale.stride(1),
+        k_scale.stride(2),
+        table.stride(0),
+        kn.stride(0),
+        kn.stride(1),
+        vn.stride(0),
+        vn.stride(1),
+        out.stride(0),
+        out.stride(1),
+        part_lse.stride(0),
+        part_lse.stride(1),
+        part_lse.stride(2) if splits > 1 else 0,
         scale * LOG2E,
-        GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=rows, BLOCK_N=BLOCK_N, PAGE=page,
-        SPLIT_KEYS=split_keys, SPLITS=splits, ONE_QUERY=one_query, HAS_NEW=int(has_new), INT8=int8,
-        IEEE=q.dtype == torch.float32 or dot_f32, DOT_F32=dot_f32,
-    )  # fmt: skip
+        GROUP=group,
+        HEAD_DIM=d,
+        BLOCK_D=block_d,
+        BLOCK_M=rows,
+        BLOCK_N=BLOCK_N,
+        PAGE=page,
+        SPLIT_KEYS=split_keys,
+        SPLITS=splits,
+        ONE_QUERY=one_query,
+        HAS_NEW=int(has_new),
+        INT8=int8,
+        IEEE=q.dtype == torch.float32 or dot_f32,
+        DOT_F32=dot_f32,
+    )
     if splits > 1:
         _merge_splits[(t, nh)](
-            part_out, part_lse, out, part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
-            out.stride(0), out.stride(1), HEAD_DIM=d, BLOCK_D=block_d, SPLITS=splits,
-        )  # fmt: skip
+            part_out,
+            part_lse,
+            out,
+            part_lse.stride(0),
+            part_lse.stride(1),
+            part_lse.stride(2),
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=d,
+            BLOCK_D=block_d,
+            SPLITS=splits,
+        )
     return out
 
 
@@ -278,14 +395,28 @@ def paged_decode_attention(
     table: torch.Tensor,  # [B, W] pages of each row's context (past it: any page, masked)
     kv_lens: torch.Tensor,  # [B] int keys each row reads from the cache
     scale: float,
-    k_new: torch.Tensor | None = None,  # [B, KVH, D]: one more key per row, after its cached ones (not stored)
+    k_new: torch.Tensor
+    | None = None,  # [B, KVH, D]: one more key per row, after its cached ones (not stored)
     v_new: torch.Tensor | None = None,
     splits: int | None = None,  # None: from the shapes (num_splits)
 ) -> torch.Tensor:  # [B, NH, D]
     """Each row's one query over its cached keys (and its new key, if given): decode, graph-capturable."""
     group = q.shape[1] // k_cache.shape[2]
-    return _launch(q, k_cache, v_cache, table, kv_lens, scale, q.shape[0], _pow2(group, DECODE_ROWS), True,
-                   None, k_new, v_new, splits)  # fmt: skip
+    return _launch(
+        q,
+        k_cache,
+        v_cache,
+        table,
+        kv_lens,
+        scale,
+        q.shape[0],
+        _pow2(group, DECODE_ROWS),
+        True,
+        None,
+        k_new,
+        v_new,
+        splits,
+    )
 
 
 def paged_attention(
@@ -300,15 +431,22 @@ def paged_attention(
     """Causal attention of each sequence's new queries over its whole context in the cache (any query lengths)."""
     tiles = layout.tile_seq.shape[0]
     one = layout.longest_query == 1 and tiles == q.shape[0]
-    return _launch(q, k_cache, v_cache, table, layout.kv_lens, scale, tiles, layout.rows, one, layout, None, None,
-                   splits)  # fmt: skip
+    return _launch(
+        q, k_cache, v_cache, table, layout.kv_lens, scale, tiles, layout.rows, one, layout, None, None, splits
+    )
 
 
 @torch.library.custom_op("tandem::paged_decode_attention", mutates_args=())
 def paged_decode_op(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor, kv_lens: torch.Tensor,
-    scale: float, k_new: torch.Tensor, v_new: torch.Tensor,
-) -> torch.Tensor:  # fmt: skip
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    table: torch.Tensor,
+    kv_lens: torch.Tensor,
+    scale: float,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+) -> torch.Tensor:
     """`paged_decode_attention` with a new key per row, as one operator: torch.compile keeps it whole (it neither
     traces into the launch nor into the interpreter) and a CUDA graph captures its kernels."""
     return paged_decode_attention(q, k_cache, v_cache, table, kv_lens, scale, k_new, v_new)

@@ -39,7 +39,9 @@ def dequantize_weight(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype)
     return (q.float() * scales.float().reshape(-1, 1)).to(dtype)
 
 
-def quantize_activation(x: torch.Tensor, static_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activation(
+    x: torch.Tensor, static_scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """[M, K] -> (e4m3 [M, K], float32 scales [M, 1]): each row's absmax / 448 (per token), or `static_scale`
     for every row (per tensor, values past the range saturate)."""
     x32 = x.float()
@@ -96,8 +98,13 @@ class Fp8Linear(nn.Module):
     weight_scale: torch.Tensor  # [out] float32
     input_scale: torch.Tensor | None  # [] float32: static per-tensor activations; None: per token
 
-    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
-                 input_scale: torch.Tensor | None = None):  # fmt: skip
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        weight_scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        input_scale: torch.Tensor | None = None,
+    ):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.register_buffer("weight", weight)
@@ -115,13 +122,17 @@ class Fp8Linear(nn.Module):
         """A layer of `linear`'s shape with uninitialised buffers on `linear`'s device (meta: to be assigned)."""
         w = linear.weight
         return cls(
-            torch.empty(w.shape, dtype=FP8, device=w.device), torch.empty(w.shape[0], device=w.device),
-            linear.bias, torch.empty((), device=w.device) if static_input else None,
-        )  # fmt: skip
+            torch.empty(w.shape, dtype=FP8, device=w.device),
+            torch.empty(w.shape[0], device=w.device),
+            linear.bias,
+            torch.empty((), device=w.device) if static_input else None,
+        )
 
     @functools.cached_property
     def uses_kernel(self) -> bool:
-        return self.weight.device.type == "cpu" or not (self.in_features % DIM_MULTIPLE or self.out_features % DIM_MULTIPLE)
+        return self.weight.device.type == "cpu" or not (
+            self.in_features % DIM_MULTIPLE or self.out_features % DIM_MULTIPLE
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
@@ -136,7 +147,9 @@ class Fp8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         act = "static per-tensor" if self.input_scale is not None else "dynamic per-token"
-        return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 per-channel, {act}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 per-channel, {act}"
+        )
 
 
 def fp8_linears(model: nn.Module, lm_head: bool = True) -> list[tuple[nn.Module, str, nn.Linear]]:

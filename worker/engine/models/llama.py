@@ -91,7 +91,11 @@ def fuse_on_load(module: nn.Module, fused: str, parts: tuple[str, ...]) -> None:
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+        )
         h, bias = config.hidden_size, config.attention_bias
         q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(h, q_out + 2 * kv_out, bias=bias)  # q_proj, k_proj, v_proj fused
@@ -151,7 +155,9 @@ class _Body(nn.Module):
     def __init__(self, config: ModelConfig, make_mlp: MlpFactory):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, make_mlp(config, i)) for i in range(config.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, make_mlp(config, i)) for i in range(config.num_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
@@ -208,7 +214,9 @@ class Transformer(nn.Module):
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         layer: DecoderLayer
         for i, layer in enumerate(itertools.islice(self.model.layers, num_layers)):  # type: ignore[assignment]
-            h = x + self.reduce(layer.self_attn(layer.input_layernorm(x), cos, sin, k_caches[i], v_caches[i], batch))
+            h = x + self.reduce(
+                layer.self_attn(layer.input_layernorm(x), cos, sin, k_caches[i], v_caches[i], batch)
+            )
             x = h + self.reduce(layer.mlp(layer.post_attention_layernorm(h)))
             if layer_hook is not None:
                 layer_hook(i)
@@ -234,7 +242,9 @@ def dense_mlp_shapes(config: ModelConfig, layer: int, prefix: str) -> dict[str, 
     }
 
 
-def expected_shapes(config: ModelConfig, mlp_shapes: MlpShapes = dense_mlp_shapes) -> dict[str, tuple[int, ...]]:
+def expected_shapes(
+    config: ModelConfig, mlp_shapes: MlpShapes = dense_mlp_shapes
+) -> dict[str, tuple[int, ...]]:
     """The checkpoint's tensors by their Hugging Face Llama names, in checkpoint order (the registry's
     tensor-name mapping); `mlp_shapes` names each layer's MLP tensors (mixture-of-experts models pass theirs)."""
     hidden, vocab = config.hidden_size, config.vocab_size

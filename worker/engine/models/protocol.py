@@ -75,12 +75,21 @@ class CausalLM(Protocol):
         num_layers: int | None = None,
     ) -> torch.Tensor: ...
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...  # [N, H] -> [N, V] float32, the whole vocabulary
+    def logits(
+        self, hidden: torch.Tensor
+    ) -> torch.Tensor: ...  # [N, H] -> [N, V] float32, the whole vocabulary
 
 
-if TYPE_CHECKING:  # mypy checks each class against the protocol here; test_model_protocol holds the registry to it
+if (
+    TYPE_CHECKING
+):  # mypy checks each class against the protocol here; test_model_protocol holds the registry to it
     # relative: mypy resolves these by the files' own paths (the package-dir mapping hides `tandem.worker` from it)
     from ..tp.model import TensorParallelModel
     from . import llama, mixtral, qwen2_moe
 
-    MODEL_CLASSES: tuple[type[CausalLM], ...] = (llama.Transformer, mixtral.Model, qwen2_moe.Model, TensorParallelModel)
+    MODEL_CLASSES: tuple[type[CausalLM], ...] = (
+        llama.Transformer,
+        mixtral.Model,
+        qwen2_moe.Model,
+        TensorParallelModel,
+    )

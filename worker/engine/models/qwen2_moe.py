@@ -26,7 +26,11 @@ class Model(llama.Transformer):
 def moe_shapes(config: ModelConfig, layer: int, prefix: str) -> dict[str, tuple[int, ...]]:
     if not config.is_moe_layer(layer):
         return llama.dense_mlp_shapes(config, layer, prefix)
-    hidden, inter, shared = config.hidden_size, config.moe_intermediate_size, config.shared_expert_intermediate_size
+    hidden, inter, shared = (
+        config.hidden_size,
+        config.moe_intermediate_size,
+        config.shared_expert_intermediate_size,
+    )
     p = prefix + "mlp."
     shapes: dict[str, tuple[int, ...]] = {p + "gate.weight": (config.num_experts, hidden)}
     for e in range(config.num_experts):
@@ -35,7 +39,9 @@ def moe_shapes(config: ModelConfig, layer: int, prefix: str) -> dict[str, tuple[
     if shared:
         s = p + "shared_expert."
         shapes.update({s + "gate_proj.weight": (shared, hidden), s + "up_proj.weight": (shared, hidden)})
-        shapes.update({s + "down_proj.weight": (hidden, shared), p + "shared_expert_gate.weight": (1, hidden)})
+        shapes.update(
+            {s + "down_proj.weight": (hidden, shared), p + "shared_expert_gate.weight": (1, hidden)}
+        )
     return shapes
 
 

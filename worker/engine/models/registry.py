@@ -16,7 +16,9 @@ from typing import Any
 @dataclass(frozen=True)
 class Architecture:
     module: str  # the file under models/ with its `Model` class and `expected_shapes`
-    fixed: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields it always has (Qwen2: q/k/v bias)
+    fixed: dict[str, Any] = field(
+        default_factory=dict
+    )  # ModelConfig fields it always has (Qwen2: q/k/v bias)
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -26,7 +28,9 @@ ARCHITECTURES: dict[str, Architecture] = {
     "Qwen3ForCausalLM": Architecture("llama", fixed={"qk_norm": True}),
     "MixtralForCausalLM": Architecture("mixtral", fixed={"norm_topk_prob": True}),
     "Qwen2MoeForCausalLM": Architecture("qwen2_moe", fixed={"attention_bias": True}),
-    "Qwen3MoeForCausalLM": Architecture("qwen2_moe", fixed={"qk_norm": True}),  # no shared expert in its config
+    "Qwen3MoeForCausalLM": Architecture(
+        "qwen2_moe", fixed={"qk_norm": True}
+    ),  # no shared expert in its config
 }
 
 

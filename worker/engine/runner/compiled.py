@@ -33,9 +33,20 @@ def compile_layers(model: Transformer) -> Transformer:
 
 # A warm-up request that takes every sampling path at once (filters, seed, penalties, min_tokens, logprobs).
 EVERY_SAMPLING_PATH = SamplingParams(
-    max_tokens=3, temperature=0.8, top_k=5, top_p=0.9, min_p=0.05, seed=0, repetition_penalty=1.1,
-    presence_penalty=0.1, frequency_penalty=0.1, min_tokens=1, logprobs=True, top_logprobs=2, ignore_eos=True,
-)  # fmt: skip
+    max_tokens=3,
+    temperature=0.8,
+    top_k=5,
+    top_p=0.9,
+    min_p=0.05,
+    seed=0,
+    repetition_penalty=1.1,
+    presence_penalty=0.1,
+    frequency_penalty=0.1,
+    min_tokens=1,
+    logprobs=True,
+    top_logprobs=2,
+    ignore_eos=True,
+)
 
 
 def warm_up(engine: Engine) -> int:
@@ -50,7 +61,9 @@ def warm_up(engine: Engine) -> int:
         log.info("decode step: %d buckets %s in %.1f s", len(runner.shapes), kind, seconds)
     greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
     config, block = engine.config, engine.config.block_size
-    chunk = max(2, min(config.prefill_chunk_tokens, engine.max_model_len - 4, (config.num_kv_blocks // 2) * block - 1))
+    chunk = max(
+        2, min(config.prefill_chunk_tokens, engine.max_model_len - 4, (config.num_kv_blocks // 2) * block - 1)
+    )
     waves = [
         [([1] * 5, greedy)],
         [([1] * 5, greedy), ([1] * 6, greedy)],

@@ -150,7 +150,9 @@ class DecodeStepRunner:
             ]
         shape = inputs.shape
         graph = self._graphs.get(shape)
-        if graph is None:  # warm_up captures a first request's buckets; the others are captured when first needed
+        if (
+            graph is None
+        ):  # warm_up captures a first request's buckets; the others are captured when first needed
             log.info("capturing decode bucket %s on its first use", shape)
             self._capture(padded_decode_inputs([], [], [], shape, self.block_size, self.scratch_block))
             graph = self._graphs[shape]

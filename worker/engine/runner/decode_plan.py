@@ -13,7 +13,9 @@ def buckets(limit: int, smallest: int = 1) -> tuple[int, ...]:
     """Powers of two from `smallest` below `limit`, then `limit` itself: the padded sizes a dimension of at most
     `limit` takes. (A compiled step starts at 2: size 1 would specialise into a graph of its own.)"""
     if limit < 1 or smallest < 1:
-        raise ValueError(f"a bucketed size needs a limit and a smallest size of at least 1, got {limit}, {smallest}")
+        raise ValueError(
+            f"a bucketed size needs a limit and a smallest size of at least 1, got {limit}, {smallest}"
+        )
     out = []
     size = smallest
     while size < limit:
@@ -42,7 +44,9 @@ def blocks_for(context_len: int, block_size: int) -> int:
     return -(-context_len // block_size)
 
 
-def is_pure_decode(num_new_tokens: Sequence[int], drafts: Sequence[Sequence[int]], uncomputed: Sequence[int]) -> bool:
+def is_pure_decode(
+    num_new_tokens: Sequence[int], drafts: Sequence[Sequence[int]], uncomputed: Sequence[int]
+) -> bool:
     """Whether a step is pure decode: every sequence runs exactly one new token, with no drafts, and that token
     is its last (`uncomputed` tokens are 1), so each sequence samples exactly one row. A prompt chunk longer
     than one token, or a drafts-verifying step, is not."""

@@ -50,10 +50,14 @@ class EngineConfig:
     max_model_len: int | None = None  # defaults to the model's max positions
     enable_prefix_caching: bool = True
     prefix_cache_seed: str = ""  # the model's identity: roots every prefix hash chain
-    attention: str = "sdpa"  # sdpa (reference: gathers each context) | flex | triton (both read the cache in place)
+    attention: str = (
+        "sdpa"  # sdpa (reference: gathers each context) | flex | triton (both read the cache in place)
+    )
     speculative: SpeculativeConfig | None = None  # draft tokens verified per decode step (None: off)
     kv_cache_dtype: str = "auto"  # auto: the model's dtype | int8 (values and per-token-head scales, kv_int8)
-    decode_step: str = "eager"  # eager | compiled | cudaGraphs: pure-decode steps padded and compiled (decode_graphs)
+    decode_step: str = (
+        "eager"  # eager | compiled | cudaGraphs: pure-decode steps padded and compiled (decode_graphs)
+    )
 
     def __post_init__(self) -> None:
         if self.attention not in BACKENDS:
@@ -61,7 +65,9 @@ class EngineConfig:
         if is_packed(self.kv_cache_dtype) and self.attention == "flex":
             raise ValueError(KV_INT8_NEEDS_SDPA)
         if self.decode_step not in DECODE_STEPS:
-            raise ValueError(f"decode_step must be one of {', '.join(DECODE_STEPS)}, got {self.decode_step!r}")
+            raise ValueError(
+                f"decode_step must be one of {', '.join(DECODE_STEPS)}, got {self.decode_step!r}"
+            )
 
 
 @dataclass
@@ -95,12 +101,21 @@ class Engine:
         self.max_model_len = served_context_length(model.config.max_position_embeddings, config.max_model_len)
         check_decode_step(config.decode_step, self.device)
         check_backend(config.attention, self.device)
-        static_decode = config.decode_step != "eager"  # its padding rows write to one more page, past the pool
+        static_decode = (
+            config.decode_step != "eager"
+        )  # its padding rows write to one more page, past the pool
         self.kv = model.kv_cache(  # tensor parallel: this rank's KV heads, read and written across the ranks
-            config.num_kv_blocks + int(static_decode), config.block_size, self.dtype, self.device, config.kv_cache_dtype
+            config.num_kv_blocks + int(static_decode),
+            config.block_size,
+            self.dtype,
+            self.device,
+            config.kv_cache_dtype,
         )
         self.blocks = BlockManager(
-            config.num_kv_blocks, config.block_size, config.enable_prefix_caching, config.prefix_cache_seed.encode()
+            config.num_kv_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            config.prefix_cache_seed.encode(),
         )
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -111,7 +126,9 @@ class Engine:
             ),
             self.blocks,
         )
-        self.eos_token_ids = eos_token_ids  # stop strings are the router's: it sees the text, the engine sees ids
+        self.eos_token_ids = (
+            eos_token_ids  # stop strings are the router's: it sees the text, the engine sees ids
+        )
         self.seqs: dict[str, Sequence] = {}
         self.layer_hook: EngineLayerHook | None = None
         self.last_schedule: SchedulerOutput | None = None  # for metrics
@@ -125,10 +142,17 @@ class Engine:
         self.decode_step: DecodeStepRunner | None = None
         if static_decode:
             self.decode_step = DecodeStepRunner(
-                model, self.kv.k, self.kv.v, config.block_size, config.max_running_sequences, self.max_model_len,
-                scratch_block=config.num_kv_blocks, staging=self.staging, cuda_graphs=config.decode_step == "cudaGraphs",
+                model,
+                self.kv.k,
+                self.kv.v,
+                config.block_size,
+                config.max_running_sequences,
+                self.max_model_len,
+                scratch_block=config.num_kv_blocks,
+                staging=self.staging,
+                cuda_graphs=config.decode_step == "cudaGraphs",
                 attention=config.attention,
-            )  # fmt: skip
+            )
 
     def _proposer(self, spec: SpeculativeConfig) -> Proposer:
         if spec.draft_layers is None:
@@ -153,7 +177,9 @@ class Engine:
         if params.grammar:  # refuse a grammar llguidance cannot compile before any KV moves
             constraint_for(params, self.grammar_vocab, self.eos_token_ids)
 
-    def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
+    def add_request(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> str:
         self.validate(prompt_ids, params)
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.seqs:
@@ -197,8 +223,14 @@ class Engine:
         """Start decoding a sequence whose prompt KV already sits in `block_table`; its first token (sampled
         where the prompt ran) also advances its grammar here, before this engine samples the second. With
         `share`, its full blocks join the prefix cache (only KV from an authenticated prefill worker may)."""
-        seq = Sequence(request_id, list(prompt_ids), params, block_table=block_table, num_computed=len(prompt_ids),
-                       shared=share)
+        seq = Sequence(
+            request_id,
+            list(prompt_ids),
+            params,
+            block_table=block_table,
+            num_computed=len(prompt_ids),
+            shared=share,
+        )
         seq.constraint = constraint_for(params, self.grammar_vocab, self.eos_token_ids)
         self.seqs[request_id] = seq
         self.scheduler.add_running(seq)
@@ -207,7 +239,9 @@ class Engine:
 
     # --- one step ------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        drafts = self.speculator.drafts(self.scheduler.running, self.max_model_len) if self.speculator else None
+        drafts = (
+            self.speculator.drafts(self.scheduler.running, self.max_model_len) if self.speculator else None
+        )
         sched = self.last_schedule = self.scheduler.schedule(drafts)
         if not sched:
             return []
@@ -242,7 +276,11 @@ class Engine:
         at = 0  # each sequence's first row: its own tokens, then its drafts (step_inputs' order)
         for seq, n, draft in zip(sched.seqs, sched.num_new_tokens, sched.drafts, strict=True):
             start, k = seq.num_computed, seq.params.prompt_logprobs
-            positions = [] if k is None else [p for p in range(start, start + n - len(draft)) if p + 1 < len(seq.prompt_ids)]
+            positions = (
+                []
+                if k is None
+                else [p for p in range(start, start + n - len(draft)) if p + 1 < len(seq.prompt_ids)]
+            )
             if positions:
                 rows = torch.tensor([at + p - start for p in positions], device=hidden.device)
                 logp = torch.log_softmax(self.model.logits(hidden.index_select(0, rows)).float(), dim=-1)
@@ -250,7 +288,9 @@ class Engine:
                 picked = logp.gather(1, targets[:, None])
                 ranks = (logp > picked).sum(-1) + 1
                 tops = top_logprobs(logp, [k or 0] * len(positions))
-                for p, lp, rank, top in zip(positions, picked[:, 0].tolist(), ranks.tolist(), tops, strict=True):
+                for p, lp, rank, top in zip(
+                    positions, picked[:, 0].tolist(), ranks.tolist(), tops, strict=True
+                ):
                     seq.prompt_scores[p + 1] = (lp, rank, top)
             at += n
 
@@ -296,13 +336,21 @@ class Engine:
         if not rows:
             return {}
         seqs = [to_sample[i][0] for i in layout.drawn for _ in range(layout.sizes[i])]
-        self._ran(*sampling_paths([s.params for s in seqs], [s.constraint is not None and s.constraint.active for s in seqs]))
+        self._ran(
+            *sampling_paths(
+                [s.params for s in seqs], [s.constraint is not None and s.constraint.active for s in seqs]
+            )
+        )
         picked = logits
         if len(rows) < layout.num_rows:
             picked = logits.index_select(0, torch.tensor(rows).to(logits.device, non_blocking=True))
         if any(s.params.penalized for s in seqs):
             # each row's output so far: a draft row's includes the drafts before it
-            outputs = [s.output_ids + d[:j] for s, d in (to_sample[i] for i in layout.drawn) for j in range(len(d) + 1)]
+            outputs = [
+                s.output_ids + d[:j]
+                for s, d in (to_sample[i] for i in layout.drawn)
+                for j in range(len(d) + 1)
+            ]
             picked = apply_penalties(picked, [s.params for s in seqs], [s.prompt_ids for s in seqs], outputs)
         picked = constrain_logits(picked, [s.constraint for s in seqs], self.eos_token_ids)
         tokens, logprobs = sample(picked, [s.params for s in seqs], [s.generator for s in seqs])
@@ -319,7 +367,9 @@ class Engine:
                     self.cold_after_ready.append(path)
                     log.warning("step path %r ran for the first time after the worker was ready", path)
 
-    def _verify(self, seq: Sequence, draft: list[int], target: list[int], logprobs: list[float]) -> list[StepOutput]:
+    def _verify(
+        self, seq: Sequence, draft: list[int], target: list[int], logprobs: list[float]
+    ) -> list[StepOutput]:
         """Emit the drafts the model agrees with and its own next token, stopping where the request ends."""
         assert self.speculator is not None
         accepted = accepted_prefix(draft, target)
@@ -341,12 +391,15 @@ class Engine:
             self.scheduler.release_unused(seq)
         return out
 
-    def _verify_sampled(self, seq: Sequence, draft: list[int], logits: torch.Tensor) -> tuple[list[int], list[float]]:
+    def _verify_sampled(
+        self, seq: Sequence, draft: list[int], logits: torch.Tensor
+    ) -> tuple[list[int], list[float]]:
         """The tokens a speculative-sampling verify emits, padded to one per row (only a prefix is emitted)."""
         n = len(logits)
         if seq.params.penalized:
-            logits = apply_penalties(logits, [seq.params] * n, [seq.prompt_ids] * n,
-                                     [seq.output_ids + draft[:j] for j in range(n)])  # fmt: skip
+            logits = apply_penalties(
+                logits, [seq.params] * n, [seq.prompt_ids] * n, [seq.output_ids + draft[:j] for j in range(n)]
+            )
         emitted = verify_sampled(sampling_probs(logits, [seq.params] * n), draft, seq.generator)
         logprobs = [0.0] * len(emitted)
         if seq.params.logprobs:
@@ -355,7 +408,9 @@ class Engine:
         pad = len(draft) + 1 - len(emitted)  # after a rejection: `_verify` stops at the first mismatch
         return emitted + [-1] * pad, logprobs + [0.0] * pad
 
-    def _append(self, seq: Sequence, token: int, logprob: float, top: list[tuple[int, float]] | None = None) -> StepOutput:
+    def _append(
+        self, seq: Sequence, token: int, logprob: float, top: list[tuple[int, float]] | None = None
+    ) -> StepOutput:
         seq.append_output(token, logprob)
         reason = self._finish_reason(seq)
         if reason is not None:

@@ -178,7 +178,9 @@ class EngineLoop:
 
     def _refresh(self) -> None:
         e = self.engine
-        self.snapshot = LoadSnapshot(e.queued_prompt_tokens, e.num_running, e.num_waiting, e.blocks.num_free, e.blocks.num_blocks)
+        self.snapshot = LoadSnapshot(
+            e.queued_prompt_tokens, e.num_running, e.num_waiting, e.blocks.num_free, e.blocks.num_blocks
+        )
 
     def _deliver(self, outputs: list[StepOutput]) -> None:
         for out in outputs:

@@ -22,7 +22,9 @@ class StepInputs:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     batch: AttentionBatch
-    sample_rows: torch.Tensor  # [N] flat tokens whose logits are sampled: a sequence's last new token, or with
+    sample_rows: (
+        torch.Tensor
+    )  # [N] flat tokens whose logits are sampled: a sequence's last new token, or with
     # drafts its last token and every draft (in order)
     num_sampled: int
 
@@ -63,12 +65,16 @@ def token_positions(cached: torch.Tensor, query_lens: torch.Tensor) -> tuple[tor
     return seq, cached[seq] + torch.arange(len(seq)) - first[seq]
 
 
-def slot_mapping(table: torch.Tensor, seq: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+def slot_mapping(
+    table: torch.Tensor, seq: torch.Tensor, positions: torch.Tensor, block_size: int
+) -> torch.Tensor:
     """Flat cache slot (block * block_size + offset) of each new token, from the [S, W] page table."""
     return table[seq, positions // block_size] * block_size + positions % block_size
 
 
-def build_step_inputs(sched: SchedulerOutput, block_size: int, backend: str, staging: HostStaging) -> StepInputs:
+def build_step_inputs(
+    sched: SchedulerOutput, block_size: int, backend: str, staging: HostStaging
+) -> StepInputs:
     ids: list[int] = []
     cached: list[int] = []
     sample_rows: list[int] = []
@@ -110,7 +116,12 @@ def one_token_inputs(
     slots = slot_mapping(table, torch.arange(len(seqs)), pos, block_size)
     put = staging.to_device
     batch = AttentionBatch(
-        [1] * len(seqs), context_lens, tables, put("draft_slots", slots), block_size, backend,
+        [1] * len(seqs),
+        context_lens,
+        tables,
+        put("draft_slots", slots),
+        block_size,
+        backend,
         table=put("draft_table", table),
-    )  # fmt: skip
+    )
     return put("draft_positions", pos), batch

@@ -38,7 +38,9 @@ def may_propose(policy: BackoffPolicy, state: AcceptanceState, step: int) -> boo
     return state.trusted or step % (state.pause or policy.first_pause_steps) == 0
 
 
-def after_verify(policy: BackoffPolicy, state: AcceptanceState, proposed: int, accepted: int) -> AcceptanceState:
+def after_verify(
+    policy: BackoffPolicy, state: AcceptanceState, proposed: int, accepted: int
+) -> AcceptanceState:
     """The state once `accepted` of `proposed` drafts were verified."""
     if proposed <= 0:
         return state

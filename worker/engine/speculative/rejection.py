@@ -11,7 +11,9 @@ from __future__ import annotations
 import torch
 
 
-def verify_sampled(probs: torch.Tensor, draft: list[int], generator: torch.Generator | None = None) -> list[int]:
+def verify_sampled(
+    probs: torch.Tensor, draft: list[int], generator: torch.Generator | None = None
+) -> list[int]:
     """The tokens to emit (the accepted drafts, then one drawn token) from `probs` [len(draft) + 1, V],
     row i the target's distribution after the sequence and the first i drafts; on the host."""
     probs = probs.float().cpu()

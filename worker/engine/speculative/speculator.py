@@ -69,7 +69,11 @@ class Speculator:
             state = self.states.get(seq.request_id, AcceptanceState())
             if not may_propose(self.policy, state, self.step):
                 continue
-            wanted = self.config.num_tokens if state.trusted else probe_tokens(self.config.num_tokens, self.config.method)
+            wanted = (
+                self.config.num_tokens
+                if state.trusted
+                else probe_tokens(self.config.num_tokens, self.config.method)
+            )
             k = draft_budget(seq, wanted, max_model_len)
             if k > 0:
                 chosen.append(seq)

@@ -62,7 +62,9 @@ class Follower:
                 raise ValueError(f"unknown tensor-parallel command {kind!r}")
         return True
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, batch: tuple, hooked: bool, num_layers: int | None) -> None:
+    def _forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, batch: tuple, hooked: bool, num_layers: int | None
+    ) -> None:
         assert self.model is not None and self.kv is not None
         device = self.group.device
 
@@ -70,8 +72,15 @@ class Follower:
             while (command := self.group.receive())[0] != "next":
                 self.run(command)
 
-        self.model(ids.to(device), positions.to(device), self.kv.k, self.kv.v, rebuilt(batch, device),
-                   until_next if hooked else None, num_layers)  # fmt: skip
+        self.model(
+            ids.to(device),
+            positions.to(device),
+            self.kv.k,
+            self.kv.v,
+            rebuilt(batch, device),
+            until_next if hooked else None,
+            num_layers,
+        )
 
 
 def main(argv: list[str]) -> int:

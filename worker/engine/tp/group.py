@@ -108,18 +108,34 @@ def _join(store: dist.Store, rank: int, ranks: int, device: torch.device) -> TpG
 
 def _loopback_env() -> None:
     if sys.platform.startswith("linux"):
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the ranks share one host: never a pod's other NICs
+        os.environ.setdefault(
+            "GLOO_SOCKET_IFNAME", "lo"
+        )  # the ranks share one host: never a pod's other NICs
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
 
 
 def start_ranks(ranks: int, device: str | torch.device, threads: int | None = None) -> TpGroup:
     """Rank 0 (this process): start ranks 1..N-1 and join them in one process group."""
     _loopback_env()
-    store = dist.TCPStore("127.0.0.1", 0, ranks, is_master=True, timeout=START_TIMEOUT, wait_for_workers=False)
+    store = dist.TCPStore(
+        "127.0.0.1", 0, ranks, is_master=True, timeout=START_TIMEOUT, wait_for_workers=False
+    )
     followers = []
     for rank in range(1, ranks):
-        argv = [sys.executable, "-P", "-m", FOLLOWER_MODULE, "--rank", str(rank), "--ranks", str(ranks),
-                "--port", str(store.port), "--device", str(rank_device(device, rank))]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-P",
+            "-m",
+            FOLLOWER_MODULE,
+            "--rank",
+            str(rank),
+            "--ranks",
+            str(ranks),
+            "--port",
+            str(store.port),
+            "--device",
+            str(rank_device(device, rank)),
+        ]
         if threads:
             argv += ["--threads", str(threads)]
         followers.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL))

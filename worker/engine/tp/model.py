@@ -41,20 +41,31 @@ class VocabParallelEmbedding(nn.Embedding):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.first
         outside = (local < 0) | (local >= self.num_embeddings)
-        return self.reduce(F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill(outside[:, None], 0))
+        return self.reduce(
+            F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill(outside[:, None], 0)
+        )
 
 
-def load_shard(model_dir: str | Path, dtype: str, device: torch.device, quantization: str, group: TpGroup) -> Transformer:
+def load_shard(
+    model_dir: str | Path, dtype: str, device: torch.device, quantization: str, group: TpGroup
+) -> Transformer:
     """This rank's share of the checkpoint in our model, with the ranks' collectives in its forward."""
     config = ModelConfig.from_dir(model_dir)
     check_split(config, group.ranks)
     mine = local_config(config, group.ranks)
-    state = load_state_dict(model_dir, config, parse_dtype(dtype), "cpu",
-                            shard=functools.partial(_slice, rank=group.rank, ranks=group.ranks))  # fmt: skip
+    state = load_state_dict(
+        model_dir,
+        config,
+        parse_dtype(dtype),
+        "cpu",
+        shard=functools.partial(_slice, rank=group.rank, ranks=group.ranks),
+    )
     state = {name: t.to(device) for name, t in state.items()}
     with torch.device("meta"):
         model: Transformer = model_module(config.architecture).Model(mine)
-        embed = VocabParallelEmbedding(mine.vocab_size, config.hidden_size, group.rank * local_vocab(config.vocab_size, group.ranks))
+        embed = VocabParallelEmbedding(
+            mine.vocab_size, config.hidden_size, group.rank * local_vocab(config.vocab_size, group.ranks)
+        )
         model.model.embed_tokens = embed
     model.load_state_dict(state, strict=True, assign=True)
     if config.tie_word_embeddings:
@@ -79,13 +90,22 @@ def _slice(name: str, tensor: torch.Tensor, rank: int, ranks: int) -> torch.Tens
 def portable(batch: AttentionBatch) -> tuple:
     """An attention batch as plain values, to send to the other ranks."""
     assert batch.table is not None
-    return (batch.query_lens, batch.context_lens, batch.block_tables, batch.slot_mapping.cpu(), batch.block_size,
-            batch.backend, batch.table.cpu())  # fmt: skip
+    return (
+        batch.query_lens,
+        batch.context_lens,
+        batch.block_tables,
+        batch.slot_mapping.cpu(),
+        batch.block_size,
+        batch.backend,
+        batch.table.cpu(),
+    )
 
 
 def rebuilt(fields: tuple, device: torch.device) -> AttentionBatch:
     query_lens, context_lens, tables, slots, block_size, backend, table = fields
-    return AttentionBatch(query_lens, context_lens, tables, slots.to(device), block_size, backend, table=table.to(device))
+    return AttentionBatch(
+        query_lens, context_lens, tables, slots.to(device), block_size, backend, table=table.to(device)
+    )
 
 
 class ShardedKvCache:
@@ -112,7 +132,9 @@ class ShardedKvCache:
             write_shard(self.local, self.group, layer, block_ids, k, v)
 
 
-def read_shard(kv: KvCache, group: TpGroup, layer: int, block_ids: list[int]) -> tuple[torch.Tensor | None, ...]:
+def read_shard(
+    kv: KvCache, group: TpGroup, layer: int, block_ids: list[int]
+) -> tuple[torch.Tensor | None, ...]:
     """Every rank: send this rank's heads of the blocks; rank 0 gets them all (the others None)."""
     k, v = kv.read_blocks(layer, block_ids)
     return group.gather_heads(k), group.gather_heads(v)
@@ -154,10 +176,21 @@ class TensorParallelModel(nn.Module):
         layer_hook: LayerHook | None = None,
         num_layers: int | None = None,
     ) -> torch.Tensor:
-        if not isinstance(batch, AttentionBatch):  # tensor_parallel_problem refuses a static decode step first
+        if not isinstance(
+            batch, AttentionBatch
+        ):  # tensor_parallel_problem refuses a static decode step first
             raise TypeError("tensor-parallel ranks run the general step only (engine.decodeStep eager)")
         with self.lock:
-            self.group.send(("forward", input_ids.cpu(), positions.cpu(), portable(batch), layer_hook is not None, num_layers))
+            self.group.send(
+                (
+                    "forward",
+                    input_ids.cpu(),
+                    positions.cpu(),
+                    portable(batch),
+                    layer_hook is not None,
+                    num_layers,
+                )
+            )
             hook = None
             if layer_hook is not None:
                 user_hook = layer_hook

@@ -16,8 +16,18 @@ import torch
 from tandem.worker.hf.config import ModelConfig, ModelLoadError
 
 GPUS_FIELD = "resources.gpus"
-ROWS = ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias",
-        "gate_proj.weight", "up_proj.weight", "w1.weight", "w3.weight")  # fmt: skip
+ROWS = (
+    "q_proj.weight",
+    "q_proj.bias",
+    "k_proj.weight",
+    "k_proj.bias",
+    "v_proj.weight",
+    "v_proj.bias",
+    "gate_proj.weight",
+    "up_proj.weight",
+    "w1.weight",
+    "w3.weight",
+)
 COLUMNS = ("o_proj.weight", "down_proj.weight", "w2.weight")
 VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
 
@@ -43,8 +53,10 @@ def split_problem(config: ModelConfig, ranks: int) -> str | None:
         widths["shared_expert_intermediate_size"] = config.shared_expert_intermediate_size
     for name, width in widths.items():
         if width % ranks:
-            return (f"{GPUS_FIELD}: {ranks} does not divide the model's {name} ({width}); "
-                    f"use a power of two that divides it")  # fmt: skip
+            return (
+                f"{GPUS_FIELD}: {ranks} does not divide the model's {name} ({width}); "
+                f"use a power of two that divides it"
+            )
     return None
 
 

@@ -55,7 +55,9 @@ def same_host(a: common_pb2.WorkerInfo, b: common_pb2.WorkerInfo) -> bool:
 
 
 def _discover() -> tuple[KvTransport, ...]:
-    found = [importlib.import_module(f"{__name__}.{m.name}").TRANSPORT for m in pkgutil.iter_modules(__path__)]
+    found = [
+        importlib.import_module(f"{__name__}.{m.name}").TRANSPORT for m in pkgutil.iter_modules(__path__)
+    ]
     return tuple(sorted(found, key=lambda t: -t.priority))
 
 
@@ -100,9 +102,14 @@ def choose_transport(sender: common_pb2.WorkerInfo, receiver: common_pb2.WorkerI
     return next(iter(candidates(sender, receiver)), T.KV_TRANSPORT_UNSPECIFIED)
 
 
-def sender_from_reserve(offered: Sequence[int], host_id: str, cuda_device_uuid: str = "") -> common_pb2.WorkerInfo:
+def sender_from_reserve(
+    offered: Sequence[int], host_id: str, cuda_device_uuid: str = ""
+) -> common_pb2.WorkerInfo:
     """What a ReserveRequest says of the prefill worker that sent it, as the WorkerInfo pairing reads."""
     return common_pb2.WorkerInfo(
-        host_id=host_id, transports=offered, shm_capable=T.KV_TRANSPORT_SHM in offered,
-        cuda_device=0 if cuda_device_uuid else -1, cuda_device_uuid=cuda_device_uuid,
-    )  # fmt: skip
+        host_id=host_id,
+        transports=offered,
+        shm_capable=T.KV_TRANSPORT_SHM in offered,
+        cuda_device=0 if cuda_device_uuid else -1,
+        cuda_device_uuid=cuda_device_uuid,
+    )

@@ -14,7 +14,11 @@ RINGS, RING_BYTES = 2, 64 << 20
 
 
 def _pairs(sender: common_pb2.WorkerInfo, receiver: common_pb2.WorkerInfo) -> bool:
-    return same_host(sender, receiver) and bool(sender.cuda_device_uuid) and sender.cuda_device_uuid == receiver.cuda_device_uuid
+    return (
+        same_host(sender, receiver)
+        and bool(sender.cuda_device_uuid)
+        and sender.cuda_device_uuid == receiver.cuda_device_uuid
+    )
 
 
 def _staging(device: str) -> Any:

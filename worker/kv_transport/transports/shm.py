@@ -36,7 +36,9 @@ TRANSPORT = KvTransport(
     kind=common_pb2.KV_TRANSPORT_SHM,
     priority=10,
     offered=_offered,
-    pairs=lambda sender, receiver: same_host(sender, receiver) and sender.shm_capable and receiver.shm_capable,
+    pairs=lambda sender, receiver: (
+        same_host(sender, receiver) and sender.shm_capable and receiver.shm_capable
+    ),
     setting="shm",
     staging=_staging,
     describe=lambda ring: {"shm_name": ring.name, "shm_capacity": ring.capacity},

@@ -133,12 +133,21 @@ class KubeActuator:
 
     def mark_victims(self, pool: Pool) -> dict[str, int]:
         """Set every pod's deletion cost from its running sequences; returns the costs."""
-        pods = [p for p in self.all_pods if home_of(p) == pool.value and not p["metadata"].get("deletionTimestamp")]
+        pods = [
+            p
+            for p in self.all_pods
+            if home_of(p) == pool.value and not p["metadata"].get("deletionTimestamp")
+        ]
         costs = flip_aware_costs(deletion_costs(self.running_by_pod(pods)), pods, pool)
         for pod in pods:
             name = pod["metadata"]["name"]
             if (pod["metadata"].get("annotations") or {}).get(DELETION_COST) != str(costs[name]):
-                self.kube.merge_patch("Pod", self.namespace, name, {"metadata": {"annotations": {DELETION_COST: str(costs[name])}}})
+                self.kube.merge_patch(
+                    "Pod",
+                    self.namespace,
+                    name,
+                    {"metadata": {"annotations": {DELETION_COST: str(costs[name])}}},
+                )
         return costs
 
     def apply(self, decision: Decision) -> None:
@@ -151,8 +160,9 @@ class KubeActuator:
         if decision.desired < decision.current:
             self.mark_victims(decision.pool)
         replicas = home_replicas(decision.desired, decision.pool, self.all_pods)  # = desired without flips
-        self.kube.merge_patch("TandemPool", self.namespace, self.pool_name(decision.pool),
-                              {"spec": {"replicas": replicas}})  # fmt: skip
+        self.kube.merge_patch(
+            "TandemPool", self.namespace, self.pool_name(decision.pool), {"spec": {"replicas": replicas}}
+        )
         self.written[decision.pool] = replicas
         reason = "ScaledUp" if decision.desired > decision.current else "ScaledDown"
         self.event(reason, f"{decision.reason} [{decision.reason_code}]", "Normal")
@@ -162,8 +172,14 @@ class KubeActuator:
         an Event names the flip."""
         serving = self.pods.get(flip.source, [])
         chosen = flip_candidates(self.all_pods, flip, self.running_by_pod(serving))
-        patch_flip(self.kube.merge_patch, self.namespace, chosen, flip.target, dt.datetime.now(dt.UTC).isoformat())
-        short = "" if len(chosen) == flip.count else f"; {len(chosen)} of {flip.count}: {flip.source} keeps a Ready pod"
+        patch_flip(
+            self.kube.merge_patch, self.namespace, chosen, flip.target, dt.datetime.now(dt.UTC).isoformat()
+        )
+        short = (
+            ""
+            if len(chosen) == flip.count
+            else f"; {len(chosen)} of {flip.count}: {flip.source} keeps a Ready pod"
+        )
         if chosen:
             self.event(flip.reason_code, f"{flip.reason} ({', '.join(chosen)}){short}", "Normal")
         if short:
@@ -189,13 +205,16 @@ class KubeActuator:
             self.kube.merge_patch("Pod", self.namespace, name, flip_patch(Pool(role), at))
         if not plan.waves:
             for name, cost in drain_costs(self.all_pods, plan.drain).items():
-                self.kube.merge_patch("Pod", self.namespace, name, {"metadata": {"annotations": {DELETION_COST: str(cost)}}})
+                self.kube.merge_patch(
+                    "Pod", self.namespace, name, {"metadata": {"annotations": {DELETION_COST: str(cost)}}}
+                )
         now = {h: sum(1 for p in live(self.all_pods) if home_of(p) == h) for h in HOMES}
         for home in HOMES:  # while flips remain, homes only grow: pods start first, drains go last
             replicas = plan.homes[home] if not plan.waves else max(plan.homes[home], now[home])
             if self.written.get(Pool(home)) != replicas or replicas != now[home]:
-                self.kube.merge_patch("TandemPool", self.namespace, self.pool_name(Pool(home)),
-                                      {"spec": {"replicas": replicas}})  # fmt: skip
+                self.kube.merge_patch(
+                    "TandemPool", self.namespace, self.pool_name(Pool(home)), {"spec": {"replicas": replicas}}
+                )
                 self.written[Pool(home)] = replicas
         if plan.settled:
             self.reshaping = None

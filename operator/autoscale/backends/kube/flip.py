@@ -53,8 +53,16 @@ def flip_candidates(pods: list[Body], flip: Flip, running: Mapping[str, float | 
     `flip.source`: the pods of one flip are relabelled at once, so only those that leave another Ready pod
     serving the source may go (flip_waves' first wave, in that order); a later tick decides again."""
     live = _live(pods)
-    serving = [p for p in live if role_of(p) == flip.source.value and running.get(p["metadata"]["name"]) is not None]
-    serving.sort(key=lambda p: (home_of(p) != flip.target.value, running[p["metadata"]["name"]] or 0.0, p["metadata"]["name"]))
+    serving = [
+        p for p in live if role_of(p) == flip.source.value and running.get(p["metadata"]["name"]) is not None
+    ]
+    serving.sort(
+        key=lambda p: (
+            home_of(p) != flip.target.value,
+            running[p["metadata"]["name"]] or 0.0,
+            p["metadata"]["name"],
+        )
+    )
     roles = {p["metadata"]["name"]: role_of(p) for p in live if is_ready(p)}  # a pod not Ready serves no pool
     waves, _ = flip_waves(roles, dict.fromkeys((p["metadata"]["name"] for p in serving), flip.target.value))
     return waves[0][: flip.count] if waves else []
@@ -81,7 +89,12 @@ def flip_aware_costs(costs: Mapping[str, int], pods: list[Body], pool: Pool) -> 
     return out
 
 
-def patch_flip(merge_patch: Callable[[str, str, str, Body], object], namespace: str, pod_names: list[str],
-               target: Pool, at: str) -> None:  # fmt: skip
+def patch_flip(
+    merge_patch: Callable[[str, str, str, Body], object],
+    namespace: str,
+    pod_names: list[str],
+    target: Pool,
+    at: str,
+) -> None:
     for name in pod_names:
         merge_patch("Pod", namespace, name, flip_patch(target, at))

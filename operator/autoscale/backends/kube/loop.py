@@ -46,15 +46,25 @@ class AutoscalerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         labels = ("namespace", "service", "pool")
-        self.desired = Gauge(names.AUTOSCALER_DESIRED_REPLICAS, "Replicas the autoscaler wants per pool", labels,
-                             registry=self.registry)  # fmt: skip
-        self.decisions = Counter(names.AUTOSCALER_DECISIONS_TOTAL, "Autoscaler decisions per pool, by reason",
-                                 (*labels, "reason"), registry=self.registry)  # fmt: skip
+        self.desired = Gauge(
+            names.AUTOSCALER_DESIRED_REPLICAS,
+            "Replicas the autoscaler wants per pool",
+            labels,
+            registry=self.registry,
+        )
+        self.decisions = Counter(
+            names.AUTOSCALER_DECISIONS_TOTAL,
+            "Autoscaler decisions per pool, by reason",
+            (*labels, "reason"),
+            registry=self.registry,
+        )
 
 
 def pools_of(svc: InferenceService) -> tuple[Pool, ...]:
     """The pools a service's pods serve: mode auto's pods serve any of the three roles."""
-    return {Mode.colocated: (Pool.colocated,), Mode.auto: SHAPE_POOLS}.get(svc.spec.mode, (Pool.prefill, Pool.decode))
+    return {Mode.colocated: (Pool.colocated,), Mode.auto: SHAPE_POOLS}.get(
+        svc.spec.mode, (Pool.prefill, Pool.decode)
+    )
 
 
 def _now_iso() -> str:
@@ -73,7 +83,11 @@ def running_by_pod(http: httpx.Client, pods: list[Body]) -> dict[str, float | No
             samples = parse(http.get(f"http://{ip}:{names.METRICS_PORT}/metrics").text)
         except (httpx.HTTPError, ValueError):
             continue
-        held = [v for (n, _), v in samples.items() if n in (names.DECODE_RUNNING_SEQUENCES, names.PREFILL_QUEUED_TOKENS)]
+        held = [
+            v
+            for (n, _), v in samples.items()
+            if n in (names.DECODE_RUNNING_SEQUENCES, names.PREFILL_QUEUED_TOKENS)
+        ]
         out[name] = sum(held) if held else None
     return out
 
@@ -104,8 +118,13 @@ class Managed:
 class KubeAutoscalers:
     """One Autoscaler per InferenceService with autoscaling on, ticked from the operator's event loop."""
 
-    def __init__(self, kube: Kube, cache: ObjectCache, prometheus_url: str | None = None,
-                 metrics: AutoscalerMetrics | None = None):
+    def __init__(
+        self,
+        kube: Kube,
+        cache: ObjectCache,
+        prometheus_url: str | None = None,
+        metrics: AutoscalerMetrics | None = None,
+    ):
         self.kube, self.cache, self.prometheus_url = kube, cache, prometheus_url
         self.metrics = metrics or AutoscalerMetrics()
         self.http = httpx.Client(timeout=2.0)
@@ -118,7 +137,13 @@ class KubeAutoscalers:
         cm = self.kube.get("ConfigMap", svc.namespace, name)
         data = ((cm or {}).get("data") or {}).get(PROFILE_KEY)
         if data is None:
-            log.warning("%s/%s: ConfigMap %s has no %s; using the shipped profile", svc.namespace, svc.name, name, PROFILE_KEY)
+            log.warning(
+                "%s/%s: ConfigMap %s has no %s; using the shipped profile",
+                svc.namespace,
+                svc.name,
+                name,
+                PROFILE_KEY,
+            )
             return shipped_profile()
         return Profile.model_validate(json.loads(data))
 
@@ -148,7 +173,9 @@ class KubeAutoscalers:
         if m is None or m.generation != generation:
             pools = pools_of(svc)
             source = self._source(svc.namespace, svc.name, svc.spec.autoscaling.prometheus_url)
-            target = Target(svc.namespace, svc.name, pools, svc.spec.autoscaling.window_seconds, svc.spec.slo.percentile)
+            target = Target(
+                svc.namespace, svc.name, pools, svc.spec.autoscaling.window_seconds, svc.spec.slo.percentile
+            )
             actuator = KubeActuator(self.kube, obj, pools, lambda pods: self._held(source, target, pods))
             if m is not None:
                 actuator.written = m.actuator.written
@@ -165,12 +192,17 @@ class KubeAutoscalers:
         svc = parse_object(obj)
         m = self._managed(obj)
         for pool, replicas in m.actuator.manual_edits().items():
-            m.actuator.event("ManualScaleOverridden",
-                             f"{pool.value} replicas set to {replicas} by hand; autoscaling is on, its next decision wins",
-                             "Warning")  # fmt: skip
+            m.actuator.event(
+                "ManualScaleOverridden",
+                f"{pool.value} replicas set to {replicas} by hand; autoscaling is on, its next decision wins",
+                "Warning",
+            )
             m.actuator.written.pop(pool, None)
-        seen = observed(obj.get("status") or {}, [p.value for p in m.actuator.pools],
-                        [pod for pods in m.actuator.pods.values() for pod in pods])
+        seen = observed(
+            obj.get("status") or {},
+            [p.value for p in m.actuator.pools],
+            [pod for pods in m.actuator.pods.values() for pod in pods],
+        )
         cold = learn(seen).expected_s()  # a cache hit's and a miss's cold starts, learned apart
         if cold is not None:
             m.autoscaler.config = policy_config(svc.spec, m.autoscaler.config.profile, cold_start_s=cold)
@@ -188,9 +220,12 @@ class KubeAutoscalers:
             self.metrics.decisions.labels(**labels, reason=d.reason_code).inc()
         at = _now_iso()
         self.kube.patch_status(  # on a conflict the reconciler's conditions are read afresh
-            KIND, obj, lambda previous: slo_status(tick, svc.spec.slo, svc.spec.autoscaling.window_seconds,
-                                                   attainment, previous, at),
-        )  # fmt: skip
+            KIND,
+            obj,
+            lambda previous: slo_status(
+                tick, svc.spec.slo, svc.spec.autoscaling.window_seconds, attainment, previous, at
+            ),
+        )
 
     def due(self, now_s: float) -> list[Body]:
         """InferenceServices whose next tick is due; forgets those that turned autoscaling off or went."""

@@ -33,8 +33,11 @@ Body = dict[str, Any]
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 DRAIN_FIRST = -1000  # below any cost the pools' own step downs set
 HOMES = (names.POOL_PREFILL, names.POOL_DECODE)
-BORN_IN = {names.POOL_PREFILL: names.POOL_PREFILL, names.POOL_DECODE: names.POOL_DECODE,
-           names.POOL_COLOCATED: names.POOL_DECODE}  # fmt: skip
+BORN_IN = {
+    names.POOL_PREFILL: names.POOL_PREFILL,
+    names.POOL_DECODE: names.POOL_DECODE,
+    names.POOL_COLOCATED: names.POOL_DECODE,
+}
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ def live(pods: list[Body]) -> list[Body]:
 
 def move_order(pods: list[Body], running: Mapping[str, float | None]) -> list[str]:
     """Ready pods before starting ones, then the fewest running sequences (unknown last), then by name."""
+
     def key(p: Body) -> tuple[bool, float, str]:
         name = p["metadata"]["name"]
         held = running.get(name)
@@ -66,7 +70,9 @@ def move_order(pods: list[Body], running: Mapping[str, float | None]) -> list[st
     return [p["metadata"]["name"] for p in sorted(pods, key=key)]
 
 
-def plan_reshape(pods: list[Body], target: Shape, running: Mapping[str, float | None] | None = None) -> KubeReshape:
+def plan_reshape(
+    pods: list[Body], target: Shape, running: Mapping[str, float | None] | None = None
+) -> KubeReshape:
     """The next step from the service's worker pods (any role, Ready or not) to `target`."""
     mine = live(pods)
     named = {p["metadata"]["name"]: p for p in mine}
@@ -102,7 +108,11 @@ def shape_of(text: str) -> Shape | None:
     if rest == "colocated" and count.isdigit():
         return Shape(colocated=int(count))
     p, _, d = text.partition("P+")
-    return Shape(prefill=int(p), decode=int(d[:-1])) if p.isdigit() and d.endswith("D") and d[:-1].isdigit() else None
+    return (
+        Shape(prefill=int(p), decode=int(d[:-1]))
+        if p.isdigit() and d.endswith("D") and d[:-1].isdigit()
+        else None
+    )
 
 
 def resumed(status: Body) -> Shape | None:
@@ -121,4 +131,3 @@ def drain_costs(pods: list[Body], drain: tuple[str, ...]) -> dict[str, int]:
         elif (p["metadata"].get("annotations") or {}).get(DELETION_COST) == str(DRAIN_FIRST):
             costs[name] = 0  # drained by an earlier plan that changed: kept now
     return costs
-

@@ -72,7 +72,9 @@ class LocalActuator:
 
 
 def local_autoscaler(pools: LocalPools, svc: InferenceService, base: Path) -> Autoscaler:
-    roles = {Mode.colocated: (Pool.colocated,), Mode.auto: SHAPE_POOLS}.get(svc.spec.mode, (Pool.prefill, Pool.decode))
+    roles = {Mode.colocated: (Pool.colocated,), Mode.auto: SHAPE_POOLS}.get(
+        svc.spec.mode, (Pool.prefill, Pool.decode)
+    )
     a = svc.spec.autoscaling
     path = a.profile
     profile = load_profile(path if Path(path).is_absolute() else base / path) if path else shipped_profile()

@@ -69,7 +69,9 @@ def anchor_config(ctx: dict[str, Any], options: dict[str, Any] | None = None) ->
 class DynamoPolicy:
     """The object Dynamo's loop drives: `initial_tick_ms`, `on_tick(metrics)`, `finalize(operations)`."""
 
-    def __init__(self, ctx: dict[str, Any], options: dict[str, Any] | None = None, log_path: str | None = None):
+    def __init__(
+        self, ctx: dict[str, Any], options: dict[str, Any] | None = None, log_path: str | None = None
+    ):
         self.config = anchor_config(ctx, options)
         window_s = max(60.0, 4 * self.config.interval_s)
         self.source = ReplayTickSource(float(ctx["max_kv_tokens"]), window_s)
@@ -87,7 +89,9 @@ class DynamoPolicy:
         self.actuator.pending = {}
         tick = self.autoscaler.tick(float(m["now_ms"]) / 1000)
         for d in tick.applied:
-            self.decisions.append({"at_s": tick.at_s, **{k: v for k, v in asdict(d).items() if k != "details"}})
+            self.decisions.append(
+                {"at_s": tick.at_s, **{k: v for k, v in asdict(d).items() if k != "details"}}
+            )
         return {
             "target_prefill": self.actuator.pending.get(Pool.prefill),
             "target_decode": self.actuator.pending.get(Pool.decode),

@@ -41,10 +41,14 @@ def pod_metric(m: dict[str, Any], pool: Pool) -> float | None:
 class HpaPolicy:
     """Two HPAs, one per pool, driven by the loop's ticks."""
 
-    def __init__(self, ctx: dict[str, Any], target: float = 0.7, tolerance: float = 0.1, stabilization_s: float = 300.0):
+    def __init__(
+        self, ctx: dict[str, Any], target: float = 0.7, tolerance: float = 0.1, stabilization_s: float = 300.0
+    ):
         self.max_replicas = int(ctx.get("max_gpus") or 16) - 1
-        self.targets = {Pool.prefill: target * float(ctx.get("max_num_batched_tokens") or 8192),
-                        Pool.decode: target * MAX_RUNNING_SEQUENCES}  # fmt: skip
+        self.targets = {
+            Pool.prefill: target * float(ctx.get("max_num_batched_tokens") or 8192),
+            Pool.decode: target * MAX_RUNNING_SEQUENCES,
+        }
         self.tolerance, self.stabilization_s = tolerance, stabilization_s
         self.history: dict[Pool, deque[tuple[float, int]]] = {p: deque() for p in (Pool.prefill, Pool.decode)}
 
@@ -58,7 +62,9 @@ class HpaPolicy:
         metric = pod_metric(m, pool)
         recommendation = current
         if metric is not None and r.ready > 0:
-            recommendation = hpa_recommendation(r.ready, r.starting, metric, self.targets[pool], self.tolerance)
+            recommendation = hpa_recommendation(
+                r.ready, r.starting, metric, self.targets[pool], self.tolerance
+            )
         recommendation = min(recommendation, max(2 * current, current + 4))
         history = self.history[pool]
         history.append((now_s, recommendation))

@@ -117,7 +117,9 @@ class ReplayTickSource:
             return {}
         return {pool: pool_counts(self.tick, pool) for pool in (Pool.prefill, Pool.decode)}
 
-    def observe(self, target: Target, replicas: Mapping[Pool, Replicas], now_s: float) -> dict[Pool, PoolObservation]:
+    def observe(
+        self, target: Target, replicas: Mapping[Pool, Replicas], now_s: float
+    ) -> dict[Pool, PoolObservation]:
         if self.tick is None:
             raise MetricsUnavailable("no tick yet")
         m, slices = self.tick, list(self.slices)
@@ -132,23 +134,35 @@ class ReplayTickSource:
         prefill = list(m.get("prefill_fpm_snapshots") or [])
         decode = list(m.get("decode_fpm_snapshots") or [])
         active_decode = max(int(m.get("active_decode_count", 0)), 1)
-        decode_kv = sum(float(s["sum_decode_kv_tokens"]) + float(s["sum_queued_decode_kv_tokens"]) for s in decode)
+        decode_kv = sum(
+            float(s["sum_decode_kv_tokens"]) + float(s["sum_queued_decode_kv_tokens"]) for s in decode
+        )
         per_pool: dict[Pool, dict[str, float | None]] = {
             Pool.prefill: {
-                "ttft_ms": weighted_percentile([(s.ttft_mean_ms, s.ttft_count) for s in slices], target.percentile),
+                "ttft_ms": weighted_percentile(
+                    [(s.ttft_mean_ms, s.ttft_count) for s in slices], target.percentile
+                ),
                 "queued_prompt_tokens": float(sum(s["sum_queued_prefill_tokens"] for s in prefill)),
             },
             Pool.decode: {
-                "tpot_ms": weighted_percentile([(s.itl_mean_ms, s.itl_count) for s in slices], target.percentile),
-                "running_sequences": float(sum(s["num_decode_requests"] + s["num_queued_decode"] for s in decode)),
+                "tpot_ms": weighted_percentile(
+                    [(s.itl_mean_ms, s.itl_count) for s in slices], target.percentile
+                ),
+                "running_sequences": float(
+                    sum(s["num_decode_requests"] + s["num_queued_decode"] for s in decode)
+                ),
                 "kv_usage": decode_kv / (active_decode * self.kv_capacity_tokens),
             },
         }
         return {
             pool: PoolObservation(
-                pool=pool, at_s=now_s, window_s=self.window_s,
-                replicas=replicas.get(pool, pool_counts(m, pool)), **common, **per_pool[pool],
-            )  # fmt: skip
+                pool=pool,
+                at_s=now_s,
+                window_s=self.window_s,
+                replicas=replicas.get(pool, pool_counts(m, pool)),
+                **common,
+                **per_pool[pool],
+            )
             for pool in target.pools
             if pool in per_pool
         }
