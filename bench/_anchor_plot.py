@@ -31,7 +31,8 @@ def front_series(points: Iterable[Point]) -> dict[str, tuple[list[float], list[f
 
 
 def write_pareto_plot(panels: Mapping[str, list[Point]], path: str | Path, target: float) -> Path:
-    """One panel per case title: every setting as a marker, each family's front as a line, the target dashed."""
+    """One panel per case title: every setting as a marker, each family's front as a line, the target
+    dashed."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -53,10 +53,10 @@ def cost_at(points: Iterable[Point], target: float) -> tuple[float | None, str]:
 def staircase(
     evaluate: Callable[[int, int], float], target: float, max_gpus: int, hint: tuple[int, int] | None = None
 ) -> list[tuple[int, int, float]]:
-    """Every (P, D, attainment) evaluated while walking the boundary of the pools that reach `target`: for
-    P = 1, 2, ... the fewest D that reaches it among the pools cheaper than the best found (a binary search
-    below the last P's, since it never grows with P), until no larger P can be cheaper. Attainment grows with
-    P and D. A `hint` (a pool believed to reach the target, e.g. from an earlier run) is evaluated first; if it
+    """Every (P, D, attainment) evaluated while walking the boundary of the pools that reach `target`: for P =
+    1, 2, ... the fewest D that reaches it among the pools cheaper than the best found (a binary search below
+    the last P's, since it never grows with P), until no larger P can be cheaper. Attainment grows with P and
+    D. A `hint` (a pool believed to reach the target, e.g. from an earlier run) is evaluated first; if it
     reaches, only cheaper pools are walked, so the answer is the same with fewer evaluations."""
     seen: list[tuple[int, int, float]] = []
 
@@ -83,8 +83,8 @@ def staircase(
 
 
 def count_search(evaluate: Callable[[int], float], target: float, most: int) -> list[tuple[int, float]]:
-    """Every (N, attainment) evaluated finding the fewest N <= `most` that reaches `target` (fixed colocated workers):
-    doubling from 1 until one reaches it, then a binary search below. Attainment grows with N."""
+    """Every (N, attainment) evaluated finding the fewest N <= `most` that reaches `target` (fixed colocated
+    workers): doubling from 1 until one reaches it, then a binary search below. Attainment grows with N."""
     seen: list[tuple[int, float]] = []
 
     def reaches(n: int) -> bool:
@@ -106,11 +106,12 @@ def count_search(evaluate: Callable[[int], float], target: float, most: int) -> 
 def box_search(
     evaluate: Callable[[int, int], float], target: float, p_max: int, d_max: int
 ) -> list[tuple[int, int, float]]:
-    """Every (P, D, attainment) evaluated finding the cheapest pool with P <= p_max and D <= d_max that reaches
-    `target`: along the box's shorter side, for each count the fewest of the other that reaches it (a binary
-    search below the last count's, since it never grows), until no pool left in the box can be cheaper than
-    the best found. Attainment grows with P and D. Used with a pool known to reach the target as the box's
-    corner (the day's peak hour's), it costs a few evaluations where the open staircase costs one per P."""
+    """Every (P, D, attainment) evaluated finding the cheapest pool with P <= p_max and D <= d_max that
+    reaches `target`: along the box's shorter side, for each count the fewest of the other that reaches it (a
+    binary search below the last count's, since it never grows), until no pool left in the box can be cheaper
+    than the best found. Attainment grows with P and D. Used with a pool known to reach the target as the
+    box's corner (the day's peak hour's), it costs a few evaluations where the open staircase costs one per
+    P."""
     walk_decode = d_max < p_max  # the outer loop runs over the shorter side
 
     def reaches(outer: int, inner: int) -> bool:

@@ -1,6 +1,7 @@
-"""One case replayed on tandem's own simulator for the autoscaling benchmark (`--referee simulate`): the policies by
-the names the Dynamo harness takes, plus fixed colocated workers (`colocated:N`) and the shape as the autoscaler's
-choice (`auto`), which Dynamo's replay cannot express (a run there is disaggregated or aggregated, fixed)."""
+"""One case replayed on tandem's own simulator for the autoscaling benchmark (`--referee simulate`): the
+policies by the names the Dynamo harness takes, plus fixed colocated workers (`colocated:N`) and the shape as
+the autoscaler's choice (`auto`), which Dynamo's replay cannot express (a run there is disaggregated or
+aggregated, fixed)."""
 
 from __future__ import annotations
 

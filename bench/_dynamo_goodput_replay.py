@@ -1,13 +1,14 @@
 """Runs fixed aggregated or disaggregated pools through Dynamo's own replay, for bench/goodput_dynamo.py.
 
-    DYNAMO_PYTHON bench/_dynamo_goodput_replay.py --harness DIR     # one job per stdin line, one result per stdout line
+    DYNAMO_PYTHON bench/_dynamo_goodput_replay.py --harness DIR  # a job per stdin line, a result per line out
 
 Run by the Python that has ai-dynamo 1.6.1 (a script, not a module: it imports only the standard library,
 Dynamo and the harness in DIR, whose README sets that Python up). Each job on stdin names a Mooncake JSONL
-trace, an arrival speed-up and a pool: {"agg": N} (N aggregated workers, prefill and decode in one engine)
-or {"prefill": P, "decode": D}. Every engine runs on NVIDIA's H200 profile of Llama-3.1-8B-Instruct-FP8, the
-harness's conversion of it. One JSON line per job comes back, as soon as it ran: the job and, per request in trace order,
-[input tokens, TTFT ms, TPOT ms] (TTFT null for a request that did not finish; TPOT 0 for one output token).
+trace, an arrival speed-up and a pool: {"agg": N} (N aggregated workers, prefill and decode in one engine) or
+{"prefill": P, "decode": D}. Every engine runs on NVIDIA's H200 profile of Llama-3.1-8B-Instruct-FP8, the
+harness's conversion of it. One JSON line per job comes back, as soon as it ran: the job and, per request in
+trace order, [input tokens, TTFT ms, TPOT ms] (TTFT null for a request that did not finish; TPOT 0 for one
+output token).
 """
 
 from __future__ import annotations

@@ -72,8 +72,8 @@ def trace_tables(trace: dict, scales: list[float], target: float, threshold: int
     probes, base, modes = probes_of(trace), Slo.from_seconds(**trace["slo_base"]), modes_of(trace)
     others = [m for m in modes if m != "colocated"]
     yield (
-        f"#### {trace['trace']} ({trace['trace_rows']} rows; shaped median {trace['median_input_len']} prompt / "
-        f"{trace['median_output_len']} output tokens)"
+        f"#### {trace['trace']} ({trace['trace_rows']} rows; shaped median {trace['median_input_len']} "
+        f"prompt / {trace['median_output_len']} output tokens)"
     )
     yield ""
     yield (
@@ -124,7 +124,8 @@ def short_prompt_verdict(trace: dict, threshold: int, mode: str = "conditional")
         return f"{trace['trace']}: no completed prompt of <= {threshold} tokens at {top:g} req/s to compare"
     return (
         f"{trace['trace']}: TTFT p90 of prompts of <= {threshold} tokens at {top:g} req/s, {mode} "
-        f"{1000 * ours:.0f} ms vs colocated {1000 * colocated:.0f} ms ({'met' if ours <= colocated else 'MISSED'})"
+        f"{1000 * ours:.0f} ms vs colocated {1000 * colocated:.0f} ms "
+        f"({'met' if ours <= colocated else 'MISSED'})"
     )
 
 
@@ -181,8 +182,8 @@ def within_control(trace: dict, scales: list[float], target: float, mode: str = 
             below.append(f"{title} at s = {s:g}: {med:.2f}x, control {floor:.2f}x")
     return (
         f"{trace['trace']}: {mode} / colocated below both 1 and the A/A control's lowest repeat "
-        f"({CONTROL} / colocated) at {len(below)} of {judged} points{': ' if below else ''}{'; '.join(below)} "
-        f"({'MISSED' if below else 'met'})"
+        f"({CONTROL} / colocated) at {len(below)} of {judged} "
+        f"points{': ' if below else ''}{'; '.join(below)} ({'MISSED' if below else 'met'})"
     )
 
 
@@ -191,13 +192,14 @@ def report(result: dict) -> str:
     lines = [
         f"Goodput sweep: {cfg['repeats']} repeats of {len(result['traces'][0]['rates'])} rates x "
         f"{len(modes_of(result['traces'][0]))} modes per trace; "
-        f"lengths / {cfg['length_scale']:g}, capped at {cfg['max_input_len']} in / {cfg['max_output_len']} out; "
-        f"model hidden {cfg['hidden']}, {cfg['layers']} layers, float32, {cfg['threads']} torch thread per worker; "
-        f"conditional: localPrefillMaxTokens {cfg['local_prefill_max_tokens']}, prefillQueueTokens "
-        f"{cfg['prefill_queue_tokens']}, mixedDecodeRatio {cfg.get('mixed_decode_ratio', 0):g}"
+        f"lengths / {cfg['length_scale']:g}, capped at {cfg['max_input_len']} in / {cfg['max_output_len']} "
+        f"out; model hidden {cfg['hidden']}, {cfg['layers']} layers, float32, {cfg['threads']} torch thread "
+        f"per worker; conditional: localPrefillMaxTokens {cfg['local_prefill_max_tokens']}, "
+        f"prefillQueueTokens {cfg['prefill_queue_tokens']}, mixedDecodeRatio "
+        f"{cfg.get('mixed_decode_ratio', 0):g}"
         + (
-            f"; conditional-slo: the same, its router told a TPOT SLO of {cfg['slo_aware_tpot_ms']:g} ms with "
-            f"localPrefillMaxTpotFraction {cfg['slo_aware_fraction']:g}"
+            f"; conditional-slo: the same, its router told a TPOT SLO of {cfg['slo_aware_tpot_ms']:g} ms "
+            f"with localPrefillMaxTpotFraction {cfg['slo_aware_fraction']:g}"
             if cfg.get("slo_aware_tpot_ms")
             else ""
         )
@@ -213,7 +215,8 @@ def report(result: dict) -> str:
     foreign = [f for f in result.get("foreign_cpu_share") or [] if f is not None]
     if loads:
         lines.append(
-            f"Load average (1 min), sampled before every probe: median {statistics.median(loads):.2f}, max {max(loads):.2f}"
+            f"Load average (1 min), sampled before every probe: median {statistics.median(loads):.2f}, max "
+            f"{max(loads):.2f}"
         )
     if foreign:
         lines.append(
@@ -231,8 +234,8 @@ def report(result: dict) -> str:
     if reruns:
         worst = max(r["foreign_cpu_share"] for r in reruns)
         lines.append(
-            f"  {len(reruns)} attempt{'s' * (len(reruns) != 1)} thrown away and run again (other work took up to "
-            f"{worst:.0%} of the CPUs); "
+            f"  {len(reruns)} attempt{'s' * (len(reruns) != 1)} thrown away and run again (other work took "
+            f"up to {worst:.0%} of the CPUs); "
             "the shares above are the kept attempts'"
         )
     busy = busy_reason(loads, foreign, cfg.get("quiet_load", float("inf"))) if loads or foreign else None

@@ -21,7 +21,8 @@ def load_average() -> float:
 
 
 def busy_ticks(stat_first_line: str) -> int:
-    """Clock ticks the host's CPUs spent busy, from /proc/stat's `cpu` line (pure): all but idle and iowait."""
+    """Clock ticks the host's CPUs spent busy, from /proc/stat's `cpu` line (pure): all but idle and
+    iowait."""
     fields = [int(x) for x in stat_first_line.split()[1:]]
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
     return sum(fields[:8]) - idle

@@ -67,7 +67,8 @@ def probe_row(
 
 
 def engine_batch(mean_batch: float | None) -> int:
-    """The batch the engine alone is timed at for a probe: its decode worker's mean sequences per step, rounded."""
+    """The batch the engine alone is timed at for a probe: its decode worker's mean sequences per step,
+    rounded."""
     return max(1, round(mean_batch or 1))
 
 
@@ -80,7 +81,8 @@ def with_engine_step(row: dict, step_ms: dict[int, float]) -> dict:
 
 
 def saturated(row: dict, floor: float = 0.5) -> bool:
-    """A probe past saturation: fewer than `floor` of its requests met the SLO; higher rates only queue more."""
+    """A probe past saturation: fewer than `floor` of its requests met the SLO; higher rates only queue
+    more."""
     return row["attainment"] < floor
 
 
@@ -115,9 +117,10 @@ def fmt(value: float | None, pattern: str = "{:.1f}") -> str:
 def report(result: dict) -> str:
     cfg, slo = result["config"], Slo(**result["slo"])
     lines = [
-        f"tandem on one GPU ({result['device']}): {cfg['model_shape']}, {cfg['dtype']}, decode step {cfg['decode_step']}; "
-        f"trace {cfg['trace']} (inputs <= {cfg['max_input_len']}, outputs <= {cfg['max_output_len']}); "
-        f"SLO TTFT {slo.ttft_ms:g} ms, TPOT {slo.tpot_ms:g} ms at p{slo.percentile:g}",
+        f"tandem on one GPU ({result['device']}): {cfg['model_shape']}, {cfg['dtype']}, decode step "
+        f"{cfg['decode_step']}; trace {cfg['trace']} (inputs <= {cfg['max_input_len']}, outputs <= "
+        f"{cfg['max_output_len']}); SLO TTFT {slo.ttft_ms:g} ms, TPOT {slo.tpot_ms:g} ms at "
+        f"p{slo.percentile:g}",
         "",
         "| mode | rate req/s | ok/sent | TTFT p50 / p90 ms | TPOT p50 / p90 ms | SLO met | mean batch "
         "| engine step ms (batch) | TPOT p50 / engine step |",
@@ -125,10 +128,11 @@ def report(result: dict) -> str:
     ]
     for r in result["probes"]:
         lines.append(
-            f"| {r['mode']} | {r['rate']:g} | {r['completed']}/{r['requests']} | {fmt(r['ttft_p50_ms'])} / {fmt(r['ttft_p90_ms'])} "
-            f"| {fmt(r['tpot_p50_ms'], '{:.2f}')} / {fmt(r['tpot_p90_ms'], '{:.2f}')} | {r['attainment']:.0%} "
-            f"| {fmt(r['mean_batch'])} | {fmt(r['engine_step_ms'], '{:.2f}')} ({r['engine_batch']}) "
-            f"| {fmt(r['tpot_over_engine'], '{:.2f}')} |"
+            f"| {r['mode']} | {r['rate']:g} | {r['completed']}/{r['requests']} | {fmt(r['ttft_p50_ms'])} / "
+            f"{fmt(r['ttft_p90_ms'])} | {fmt(r['tpot_p50_ms'], '{:.2f}')} / "
+            f"{fmt(r['tpot_p90_ms'], '{:.2f}')} | {r['attainment']:.0%} | {fmt(r['mean_batch'])} | "
+            f"{fmt(r['engine_step_ms'], '{:.2f}')} ({r['engine_batch']}) | "
+            f"{fmt(r['tpot_over_engine'], '{:.2f}')} |"
         )
     lines += [
         "",
@@ -136,25 +140,28 @@ def report(result: dict) -> str:
     ]
     lines += [
         "",
-        f"KV transfer per prompt (disaggregated, prefill -> decode on one GPU), device copy {result['copy_gbps']:.1f} GB/s:",
-        "| prompt tokens | transport | KV MiB | span ms (first chunk -> commit ack) | tail ms (first token -> commit ack) "
-        "| copy floor ms | tail / floor |",
+        "KV transfer per prompt (disaggregated, prefill -> decode on one GPU), device copy "
+        f"{result['copy_gbps']:.1f} GB/s:",
+        "| prompt tokens | transport | KV MiB | span ms (first chunk -> commit ack) | tail ms (first token "
+        "-> commit ack) | copy floor ms | tail / floor |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for k in result["kv"]:
         lines.append(
-            f"| {k['prompt_tokens']} | {k['transport']} | {k['kv_bytes'] / 2**20:.1f} | {k['span_ms']:.2f} | {k['tail_ms']:.2f} "
-            f"| {fmt(k['copy_floor_ms'], '{:.3f}')} | {fmt(k['tail_over_floor'])} |"
+            f"| {k['prompt_tokens']} | {k['transport']} | {k['kv_bytes'] / 2**20:.1f} | {k['span_ms']:.2f} | "
+            f"{k['tail_ms']:.2f} | {fmt(k['copy_floor_ms'], '{:.3f}')} | {fmt(k['tail_over_floor'])} |"
         )
     lines += [
         "",
-        "startup (tandem_worker_startup_seconds by phase; ready: the stack's start to the router's readiness):",
+        "startup (tandem_worker_startup_seconds by phase; ready: the stack's start to the router's "
+        "readiness):",
         "| mode | worker | load s | warm-up s | stack ready s |",
         "| --- | --- | --- | --- | --- |",
     ]
     for s in result["startup"]:
         lines.append(
-            f"| {s['mode']} | {s['worker']} | {fmt(s['load_s'], '{:.2f}')} | {fmt(s['warmup_s'], '{:.2f}')} | {s['ready_s']:.1f} |"
+            f"| {s['mode']} | {s['worker']} | {fmt(s['load_s'], '{:.2f}')} | {fmt(s['warmup_s'], '{:.2f}')} "
+            f"| {s['ready_s']:.1f} |"
         )
     lines.append(f"wall {result['wall_s']:.0f} s")
     return "\n".join(lines)

@@ -1,5 +1,6 @@
 """Real Llama shapes for the GPU benches, and random weights written at them with a tokenizer that decodes
-every id the model can sample: one definition that bench.gpu_engine, bench.fp8_rows and bench.gpu_serving share."""
+every id the model can sample: one definition that bench.gpu_engine, bench.fp8_rows and bench.gpu_serving
+share."""
 
 from __future__ import annotations
 
@@ -66,21 +67,23 @@ LLAMA_3_1_ROPE_SCALING = {**LLAMA_3_ROPE_SCALING, "factor": 8.0}
 
 
 def write_llama_8b_shaped(model_dir: Path, seed: int = 0, device: str = "cpu") -> Path:
-    """Random weights at Llama-3.1-8B's shape (see write_llama_shaped; on a GPU seconds, on the CPU minutes)."""
+    """Random weights at Llama-3.1-8B's shape (see write_llama_shaped; on a GPU seconds, on the CPU
+    minutes)."""
     return write_llama_shaped(model_dir, LLAMA_3_1_8B, LLAMA_3_1_ROPE_SCALING, seed, device)
 
 
 def write_llama_1b_shaped(model_dir: Path, seed: int = 0) -> Path:
-    """The tiny-model writer at Llama-3.2-1B's shape and full vocab (the tiny tokenizer covers its first ids)."""
+    """The tiny-model writer at Llama-3.2-1B's shape and full vocab (the tiny tokenizer covers its first
+    ids)."""
     return write_llama_shaped(model_dir, LLAMA_3_2_1B, LLAMA_3_ROPE_SCALING, seed)
 
 
 def write_llama_shaped(
     model_dir: Path, spec: TinySpec, rope_scaling: dict, seed: int = 0, device: str = "cpu"
 ) -> Path:
-    """Random weights (drawn on `device`) at a Llama-3 shape and its full vocab (128256): the tiny tokenizer, with
-    one added token per id past its own, so every id the model can sample decodes to text (a served stream
-    whose ids decoded to nothing would carry no content to time)."""
+    """Random weights (drawn on `device`) at a Llama-3 shape and its full vocab (128256): the tiny tokenizer,
+    with one added token per id past its own, so every id the model can sample decodes to text (a served
+    stream whose ids decoded to nothing would carry no content to time)."""
     model_dir.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer()
     tok.add_tokens([f"<|t{i}|>" for i in range(tok.get_vocab_size(with_added_tokens=True), LLAMA_3_VOCAB)])

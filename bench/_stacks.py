@@ -1,4 +1,4 @@
-"""Shared helpers for the serving benchmarks: a random-weight model, local stacks from a spec, timed requests."""
+"""Helpers the serving benchmarks share: a random-weight model, local stacks from a spec, timed requests."""
 
 from __future__ import annotations
 
@@ -184,7 +184,8 @@ def scrape_metric(port: int, name: str) -> float:
 
 
 def metric_samples(port: int, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    """Every sample of `name` at a worker's Prometheus endpoint, by its labels (sorted (name, value) pairs)."""
+    """Every sample of `name` at a worker's Prometheus endpoint, by its labels (sorted (name, value)
+    pairs)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5, trust_env=False).text
@@ -197,7 +198,8 @@ def metric_samples(port: int, name: str) -> dict[tuple[tuple[str, str], ...], fl
 
 
 def worker_load(p: ProcessPlan) -> common_pb2.LoadReport:
-    """A worker's load report, asked with the stack's own identity (mutual TLS unless the spec turned it off)."""
+    """A worker's load report, asked with the stack's own identity (mutual TLS unless the spec turned it
+    off)."""
     channel = dial(p)
     try:
         return STUBS[p.role](channel).Load(common_pb2.LoadRequest(), timeout=5)

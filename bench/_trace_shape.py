@@ -1,4 +1,5 @@
-"""The goodput benchmark's workload decisions (pure): trace lengths scaled for a CPU model, arrivals at a target rate, SLOs."""
+"""The goodput benchmark's workload decisions (pure): trace lengths scaled for a CPU model, arrivals at a
+target rate, SLOs."""
 
 from __future__ import annotations
 

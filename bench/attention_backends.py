@@ -12,7 +12,7 @@ The floor is the KV bytes the step must read over the copy bandwidth this run me
 copy, bytes read plus written per second). Which backend the engine defaults to waits on these figures.
 
     python -m bench.attention_backends [--shape llama-3.1-8b] [--out attention.json]
-    python -m bench.attention_backends --dry-run   # the CPU at a tiny shape (triton only under TRITON_INTERPRET=1)
+    python -m bench.attention_backends --dry-run  # CPU, a tiny shape (triton only under TRITON_INTERPRET=1)
 """
 
 from __future__ import annotations
@@ -149,7 +149,8 @@ def general_step(point: PagedPoint, backend: str, context: int) -> Callable[[], 
 
 
 def static_step(point: PagedPoint, backend: str, context: int) -> Callable[[], object]:
-    """Every layer's `static_decode_attention` (its table padded to a power of two), captured as one CUDA graph."""
+    """Every layer's `static_decode_attention` (its table padded to a power of two), captured as one CUDA
+    graph."""
     device, batch = point.q.device, point.q.shape[0]
     width = 1 << (-(-context // PAGE) - 1).bit_length()
     table = torch.tensor([t + [t[0]] * (width - len(t)) for t in point.tables], device=device)

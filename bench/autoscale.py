@@ -4,20 +4,22 @@
     python -m bench.autoscale --validate           # + simulator vs a real `tandem up` 1P+1D, three loads
     python -m bench.autoscale --policies tandem,tandem-flips   # role flips off and on, side by side
 
-The replay: each trace's full hour through the discrete-event simulator (`tandem simulate`), every policy
-from the same warm start. Capacity comes from Dynamo's measured H200 profile of Llama-3.1-8B-FP8, converted
-(`tandem/profiles/h200-llama-3.1-8b-fp8.json`; --prefill-speedup and --decode-speedup rescale it as a what-if), replicas cold-start in --cold-start-s, SLOs are TTFT / TPOT at p90. The simulator is
-deterministic, so one run per policy is the figure (no spread to report); it needs no time compression
-to run in minutes (--time-scale is there to stress a policy with a faster trace).
+The replay: each trace's full hour through the discrete-event simulator (`tandem simulate`), every policy from
+the same warm start. Capacity comes from Dynamo's measured H200 profile of Llama-3.1-8B-FP8, converted
+(`tandem/profiles/h200-llama-3.1-8b-fp8.json`; --prefill-speedup and --decode-speedup rescale it as a
+what-if), replicas cold-start in --cold-start-s, SLOs are TTFT / TPOT at p90. The simulator is deterministic,
+so one run per policy is the figure (no spread to report); it needs no time compression to run in minutes
+(--time-scale is there to stress a policy with a faster trace).
 
---validate starts a real 1 prefill + 1 decode stack of the tiny model on this machine (CPU, one torch
-thread per worker), replays a slice of the conversation trace at three rates (lengths shrunk to what a
-CPU serves; 200 requests per rate, 3 runs with the rates interleaved, the real stack's own spread beside the error), and simulates the same requests on the same fixed pools, twice: with the profile as it is,
-and with the profile calibrated at idle (one request at a time through the real stack, so the stack's
-own speed on this host, router and transport included), which leaves the queueing and batching under
-load to the simulator. It prints TTFT and TPOT percentiles of each and whether they agree within 25%. The profile must be measured
-on the machine that runs the stack (`tandem profile --model DIR ...`; --profile to pass it), or the
-agreement only measures how far two machines differ.
+--validate starts a real 1 prefill + 1 decode stack of the tiny model on this machine (CPU, one torch thread
+per worker), replays a slice of the conversation trace at three rates (lengths shrunk to what a CPU serves;
+200 requests per rate, 3 runs with the rates interleaved, the real stack's own spread beside the error), and
+simulates the same requests on the same fixed pools, twice: with the profile as it is, and with the profile
+calibrated at idle (one request at a time through the real stack, so the stack's own speed on this host,
+router and transport included), which leaves the queueing and batching under load to the simulator. It prints
+TTFT and TPOT percentiles of each and whether they agree within 25%. The profile must be measured on the
+machine that runs the stack (`tandem profile --model DIR ...`; --profile to pass it), or the agreement only
+measures how far two machines differ.
 """
 
 from __future__ import annotations
@@ -126,7 +128,8 @@ def replay(args: argparse.Namespace) -> list[dict[str, Any]]:
 def markdown(rows: list[dict[str, Any]]) -> str:
     head = (
         "| trace | policy | GPU-h | SLO met (joint) | TTFT met | TPOT met | TTFT p90 ms | TPOT p90 ms "
-        "| GPU-h vs dynamo | GPU-h vs hpa | GPU-h vs tandem | flips/h | reversals/h (prefill, decode) | failed |"
+        "| GPU-h vs dynamo | GPU-h vs hpa | GPU-h vs tandem | flips/h | reversals/h (prefill, decode) | "
+        "failed |"
     )
     lines = [head, "|" + " --- |" * 14]
     for r in rows:
@@ -135,9 +138,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"| {r['trace']} | {r['policy']} | {r['gpu_hours']:.2f} | {r['slo_attainment']:.1%} "
             f"| {r['ttft_attainment']:.1%} | {r['tpot_attainment']:.1%} | {r['ttft_p90_ms']:.0f} "
             f"| {r['tpot_p90_ms']:.1f} | {r.get('gpu_hours_vs_dynamo', float('nan')):.2f} "
-            f"| {r.get('gpu_hours_vs_hpa', float('nan')):.2f} | {r.get('gpu_hours_vs_tandem', float('nan')):.2f} "
-            f"| {r['flips_per_hour']:.1f} | {rev['prefill']:.1f}, {rev['decode']:.1f} "
-            f"| {r['failed']} |"
+            f"| {r.get('gpu_hours_vs_hpa', float('nan')):.2f} | "
+            f"{r.get('gpu_hours_vs_tandem', float('nan')):.2f} | {r['flips_per_hour']:.1f} | "
+            f"{rev['prefill']:.1f}, {rev['decode']:.1f} | {r['failed']} |"
         )
     return "\n".join(lines)
 
@@ -223,7 +226,8 @@ def validate(args: argparse.Namespace) -> list[dict[str, Any]]:
             decode_x = percentile(idle_sim[1], 50) / percentile(idle_real[1], 50)
             calibrated = profile.scaled(prefill_x, decode_x, note="calibrated at idle against the real stack")
             print(
-                f"idle calibration: real prefill x{prefill_x:.2f}, decode x{decode_x:.2f} the profile's speed",
+                f"idle calibration: real prefill x{prefill_x:.2f}, decode x{decode_x:.2f} the profile's "
+                "speed",
                 flush=True,
             )
             loads = (0.2, 0.4, 0.6)  # offered prefill utilisation by the profile
@@ -282,9 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         source = args.profile or "Dynamo's H200 profile of Llama-3.1-8B-FP8 (converted)"
         print(
             f"\nprofile: {source}, prefill x{args.prefill_speedup:g}, decode x{args.decode_speedup:g}; "
-            f"SLO TTFT {args.slo_ttft_ms:g} ms, TPOT {args.slo_tpot_ms:g} ms at p90; cold start {args.cold_start_s:g} s; "
-            f"interval and scrape {args.interval_s:g} s; rate x{args.rate_scale:g}; decode min {args.decode_min}; "
-            f"flip {args.flip_s:g} s"
+            f"SLO TTFT {args.slo_ttft_ms:g} ms, TPOT {args.slo_tpot_ms:g} ms at p90; cold start "
+            f"{args.cold_start_s:g} s; interval and scrape {args.interval_s:g} s; rate x{args.rate_scale:g}; "
+            f"decode min {args.decode_min}; flip {args.flip_s:g} s"
         )
         print(f"traces: {AZURE_ATTRIBUTION}")
     checks = validate(args) if args.validate else []

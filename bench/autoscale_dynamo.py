@@ -1,12 +1,14 @@
-"""tandem's autoscaler judged inside Dynamo's own replay, against Dynamo's planner and the cheapest fixed pool.
+"""tandem's autoscaler judged inside Dynamo's own replay, against Dynamo's planner and the cheapest fixed
+pool.
 
     python -m bench.autoscale_dynamo --json out.json        # run with the Python that has ai-dynamo installed
 
 The referee is NVIDIA Dynamo 1.6.1's offline replay (its mocker engine model in its Rust loop) with NVIDIA's
 measured H200 profile of Llama-3.1-8B-Instruct-FP8, driven through the harness in `--replay-dir` (set-up in
-its README: `pip install --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1` and the planner's imports,
-then `pip install --no-deps -e .` of tandem). tandem runs as `module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy`, the
-same `decide` the operator runs, fed only what the loop's per-tick metrics hold.
+its README: `pip install --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1` and the planner's imports, then
+`pip install --no-deps -e .` of tandem). tandem runs as
+`module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy`, the same `decide` the operator runs,
+fed only what the loop's per-tick metrics hold.
 
 For each trace, rate scale, TTFT SLO and cold start, every policy is swept over its knob:
 - static (P, D): the cheapest pool reaching the attainment target, found by a staircase search over the
@@ -14,24 +16,26 @@ For each trace, rate scale, TTFT SLO and cold start, every policy is swept over 
   reach it, so only cheaper pools are walked);
 - Dynamo's planner: its load-based modes (throughput, latency) and the load mode at two threshold pairs
   (its SLA mode needs a package that is not installable here);
-- HPA: Kubernetes' HorizontalPodAutoscaler rules on per-pod queue and batch metrics (`tandem.operator.autoscale.backends.replay.hpa`),
+- HPA: Kubernetes' HorizontalPodAutoscaler rules on per-pod queue and batch metrics
+(`tandem.operator.autoscale.backends.replay.hpa`),
   at three targets;
-- tandem: SLO margin x scale-down stabilisation.
-A family's cost at the target is its cheapest setting that reaches it, or the GPU-hours interpolated on
-its Pareto front between the settings on either side, or "unreachable". Dynamo's replay is
-deterministic, so one run per setting is the figure. `--plot FILE` draws each case's settings and fronts
-(GPU-hours against joint attainment); with `--plot-from JSON` it draws them from an earlier `--json` without a replay.
+- tandem: SLO margin x scale-down stabilisation. A family's cost at the target is its cheapest setting that
+reaches it, or the GPU-hours interpolated on its Pareto front between the settings on either side, or
+"unreachable". Dynamo's replay is deterministic, so one run per setting is the figure. `--plot FILE` draws
+each case's settings and fronts (GPU-hours against joint attainment); with `--plot-from JSON` it draws them
+from an earlier `--json` without a replay.
 
 `--referee simulate` runs the same search on tandem's own simulator (`tandem simulate`, the H200 profile
-converted) instead: it also replays fixed colocated pools (`--families colocated`: the fewest workers that reach
-the target, `count_search`, joining the static family, so the cheapest fixed pool is the cheaper of N colocated
-and (P, D)) and `auto`, the shape as the autoscaler's choice (operator/autoscale/sim/auto.py). Dynamo's replay
-runs one fixed shape per run (its policy API sets a disaggregated run's prefill and decode counts), so neither
-runs there. `--plot-day FILE` draws each day's GPUs over time for `auto`, split-only tandem and the cheapest
-fixed pool.
+converted) instead: it also replays fixed colocated pools (`--families colocated`: the fewest workers that
+reach the target, `count_search`, joining the static family, so the cheapest fixed pool is the cheaper of N
+colocated and (P, D)) and `auto`, the shape as the autoscaler's choice (operator/autoscale/sim/auto.py).
+Dynamo's replay runs one fixed shape per run (its policy API sets a disaggregated run's prefill and decode
+counts), so neither runs there. `--plot-day FILE` draws each day's GPUs over time for `auto`, split-only
+tandem and the cheapest fixed pool.
 
 `--crosscheck` instead replays fixed pools through both `tandem simulate` (the H200 profile converted) and
-Dynamo's replay, and prints TTFT and TPOT p50 / p90 of each side by side with their ratio (target: within 25%).
+Dynamo's replay, and prints TTFT and TPOT p50 / p90 of each side by side with their ratio (target: within
+25%).
 
 Traces are the Azure LLM inference traces (conversation and code, one hour each) at their own rate and at
 `--rate-scales` times it (whole copies shifted by fractions of 10 s, so the rate curve above 10 s keeps
@@ -208,7 +212,8 @@ def static_search(
     hint: tuple[int, int] | None = None,
 ) -> list[Point]:
     """The fixed pools replayed finding the cheapest that reaches `target`: the staircase over the whole
-    budget (walking only pools cheaper than `hint` when that reaches it), or `box_search` inside (P, D) <= `box`."""
+    budget (walking only pools cheaper than `hint` when that reaches it), or `box_search` inside (P, D) <=
+    `box`."""
     memo: dict[tuple[int, int], Point] = {}
 
     def evaluate(p: int, d: int) -> float:
@@ -284,8 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--families",
         default="static,dynamo,hpa,tandem",
-        help="static (fixed split pools), colocated (fixed colocated pools, joining static's search), dynamo, "
-        "hpa, tandem, auto (the shape as the autoscaler's choice: --referee simulate)",
+        help="static (fixed split pools), colocated (fixed colocated pools, joining static's search), "
+        "dynamo, hpa, tandem, auto (the shape as the autoscaler's choice: --referee simulate)",
     )
     p.add_argument(
         "--referee",
@@ -349,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         if not a.plot:
             raise SystemExit("--plot-from needs --plot FILE")
         print(
-            f"Pareto plot: {write_pareto_plot(points_from_json(json.loads(a.plot_from.read_text())), a.plot, a.target)}"
+            "Pareto plot: "
+            f"{write_pareto_plot(points_from_json(json.loads(a.plot_from.read_text())), a.plot, a.target)}"
         )
         return 0
     families = set(a.families.split(","))
@@ -389,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
                     pool, a.replay_dir, hours, a.target, cache, {}, parse_hints(a.pool_hints)
                 )
                 _save(a.cache, cache)
-                # a day's search stays inside the box of its peak hour's cheapest pool (the day never runs faster)
+                # a day's search stays in the box of its peak hour's cheapest pool (the day is never faster)
                 by_label = {(c.label, c.slo_ttft_ms): k for k, c in hours.items()}
                 boxes = {}
                 for k, c in days.items():
@@ -411,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
                         cache[cache_key(c, pt.setting, {})] = asdict(pt)
                     statics[k] = statics.get(k, []) + found
                 _save(a.cache, cache)
-            # every scaling policy starts warm, from the cheapest fixed pool of its case (1,1 if none or --start-small)
+            # every scaling policy starts warm, from the cheapest fixed pool of its case (1,1 if none or
+            # --start-small)
             cheapest = {k: _cheapest(ps, a.target) for k, ps in statics.items()}
             cases = [
                 replace(c, init="1,1" if a.start_small else cheapest.get((c.trace, c.slo_ttft_ms)) or "1,1")
@@ -492,7 +499,8 @@ def _save(path: str | None, cache: dict[str, dict[str, Any]]) -> None:
 
 
 def _cheapest(points: list[Point], target: float) -> str | None:
-    """The cheapest fixed split pool that reaches `target`, as "P,D" (where scaling policies start); None if none does."""
+    """The cheapest fixed split pool that reaches `target`, as "P,D" (where scaling policies start); None if
+    none does."""
     reaching = [
         p for p in points if p.attainment >= target and p.setting.startswith("static:")
     ]  # split pools
@@ -571,16 +579,18 @@ def render(rows: list[dict[str, Any]], target: float) -> str:
         return how if r.get(family) is None else f"{r[family]:.2f} ({how})"
 
     head = (
-        f"| trace | TTFT SLO ms | cold start s | cheapest fixed pool GPU-h at {target:.0%} | Dynamo planner | HPA "
-        "| tandem | tandem / fixed | tandem / Dynamo | tandem reversals/h | auto | auto / fixed | auto shape changes/h |"
+        f"| trace | TTFT SLO ms | cold start s | cheapest fixed pool GPU-h at {target:.0%} | Dynamo planner "
+        "| HPA | tandem | tandem / fixed | tandem / Dynamo | tandem reversals/h | auto | auto / fixed | auto "
+        "shape changes/h |"
     )
     lines = [head, "| " + " | ".join(["---"] * 13) + " |"]
     for r in rows:
         lines.append(
             f"| {r['trace']} | {r['slo_ttft_ms']:g} | {r['startup_s']:g} | {cost(r, 'static')} "
             f"| {cost(r, 'dynamo')} | {cost(r, 'hpa')} | {cost(r, 'tandem')} "
-            f"| {fmt(r.get('tandem_vs_static'))} | {fmt(r.get('tandem_vs_dynamo'))} | {fmt(r.get('tandem_reversals_per_hour'))} "
-            f"| {cost(r, 'auto')} | {fmt(r.get('auto_vs_static'))} | {fmt(r.get('auto_shape_changes_per_hour'))} |"
+            f"| {fmt(r.get('tandem_vs_static'))} | {fmt(r.get('tandem_vs_dynamo'))} | "
+            f"{fmt(r.get('tandem_reversals_per_hour'))} | {cost(r, 'auto')} | {fmt(r.get('auto_vs_static'))} "
+            f"| {fmt(r.get('auto_shape_changes_per_hour'))} |"
         )
     return "\n".join(lines)
 

@@ -1,4 +1,4 @@
-"""Idle TTFT and TPOT, disaggregated (1 prefill + 1 decode) against colocated (1 worker), side by side in one run.
+"""Idle TTFT and TPOT, disaggregated (1 prefill + 1 decode) against colocated (1 worker), in one run.
 
     python -m bench.disagg_idle [--runs 3] [--requests 8] [--prompt-len 256] [--max-tokens 64] [--out r.json]
 
@@ -100,7 +100,8 @@ def verdict(runs: list[dict], quiet_load: float, target: float = TPOT_TARGET) ->
     if busy:
         return f"no verdict: {busy}; rerun on a quiet host"
     worst = max(r["tpot_ratio"] for r in runs)
-    return f"TPOT disaggregated / colocated <= {target:.2f} in every run: {'met' if worst <= target else 'MISSED'} (worst {worst:.3f})"
+    verdict = "met" if worst <= target else "MISSED"
+    return f"TPOT disaggregated / colocated <= {target:.2f} in every run: {verdict} (worst {worst:.3f})"
 
 
 def _share(share: float | None) -> str:
@@ -189,8 +190,8 @@ def main(argv: list[str]) -> int:
                 print(
                     f"  run {run}: TTFT colocated {r['ttft_ms'][COLOCATED]:.1f} ms, disaggregated "
                     f"{r['ttft_ms'][DISAGGREGATED]:.1f} ms; TPOT {r['tpot_ms'][COLOCATED]:.2f} / "
-                    f"{r['tpot_ms'][DISAGGREGATED]:.2f} ms = {r['tpot_ratio']:.3f}; load {r['load_average']}, other "
-                    f"processes {_share(r['foreign_cpu_share'])} of the CPUs; "
+                    f"{r['tpot_ms'][DISAGGREGATED]:.2f} ms = {r['tpot_ratio']:.3f}; load "
+                    f"{r['load_average']}, other processes {_share(r['foreign_cpu_share'])} of the CPUs; "
                     f"CPU ms per token {r['cpu_ms_per_token']}",
                     flush=True,
                 )
@@ -217,17 +218,18 @@ def report(result: dict) -> str:
         return [r[key][mode] for r in runs]
 
     lines = [
-        f"Idle latency, disaggregated (1 prefill + 1 decode, KV over {cfg['transport']}) vs colocated (1 worker): "
-        f"{cfg['prompt_len']}-token prompts, {cfg['max_tokens']} tokens out, {cfg['requests']} requests per stack "
-        f"per run, {len(runs)} runs, median (min-max) over runs; hidden {cfg['hidden']}, {cfg['layers']} layers, "
-        f"{cfg['threads']} torch thread(s) per worker",
+        f"Idle latency, disaggregated (1 prefill + 1 decode, KV over {cfg['transport']}) vs colocated (1 "
+        f"worker): {cfg['prompt_len']}-token prompts, {cfg['max_tokens']} tokens out, {cfg['requests']} "
+        f"requests per stack per run, {len(runs)} runs, median (min-max) over runs; hidden {cfg['hidden']}, "
+        f"{cfg['layers']} layers, {cfg['threads']} torch thread(s) per worker",
         "",
         "| | colocated | disaggregated | disaggregated / colocated |",
         "| --- | --- | --- | --- |",
-        f"| TTFT, ms | {spread(col('ttft_ms', COLOCATED), '{:.1f}')} | {spread(col('ttft_ms', DISAGGREGATED), '{:.1f}')} "
-        f"| {spread([r['ttft_ratio'] for r in runs])} (+{spread([r['ttft_overhead_ms'] for r in runs], '{:.1f}')} ms) |",
-        f"| TPOT, ms | {spread(col('tpot_ms', COLOCATED), '{:.2f}')} | {spread(col('tpot_ms', DISAGGREGATED), '{:.2f}')} "
-        f"| {spread([r['tpot_ratio'] for r in runs])} |",
+        f"| TTFT, ms | {spread(col('ttft_ms', COLOCATED), '{:.1f}')} | "
+        f"{spread(col('ttft_ms', DISAGGREGATED), '{:.1f}')} | {spread([r['ttft_ratio'] for r in runs])} "
+        f"(+{spread([r['ttft_overhead_ms'] for r in runs], '{:.1f}')} ms) |",
+        f"| TPOT, ms | {spread(col('tpot_ms', COLOCATED), '{:.2f}')} | "
+        f"{spread(col('tpot_ms', DISAGGREGATED), '{:.2f}')} | {spread([r['tpot_ratio'] for r in runs])} |",
         "",
         "CPU ms per output token, per process (median (min-max) over runs): "
         + "; ".join(

@@ -1,15 +1,16 @@
-"""Disaggregation overhead: TTFT of one 2k-token prompt, disaggregated against colocated, side by side in one run.
+"""Disaggregation overhead: TTFT of one 2k-token prompt, disaggregated against colocated, in one run.
 
-    python -m bench.disagg_overhead [--prompt-len 2048] [--repeat 7] [--hidden 512] [--layers 8] [--out r.json]
+    python -m bench.disagg_overhead [--prompt-len 2048] [--repeat 7] [--hidden 512] [--layers 8]
+                                    [--out r.json]
 
 Three stacks run at once on loopback, every worker with the same torch thread count (default 1): colocated
-(one worker), disaggregated with the KV transport on auto (shared memory on one host) and disaggregated
-with it forced to gRPC. On an otherwise idle stack, one request at a time goes to each stack in turn (the
-order rotates every repetition so drifting background load hits all alike), each with a fresh random
-prompt of exactly --prompt-len token ids (no prefix-cache hits), streamed, TTFT timed at the client.
-Reported: the median TTFT of each stack, disaggregated / colocated for both transports against the
-target (<= 1.10), the KV bytes per request, and from the prefill worker's metrics the bytes on its PushKv
-stream per request (headers only with shared memory) and its mean KV transfer span (first chunk to the commit's acknowledgement).
+(one worker), disaggregated with the KV transport on auto (shared memory on one host) and disaggregated with
+it forced to gRPC. On an otherwise idle stack, one request at a time goes to each stack in turn (the order
+rotates every repetition so drifting background load hits all alike), each with a fresh random prompt of
+exactly --prompt-len token ids (no prefix-cache hits), streamed, TTFT timed at the client. Reported: the
+median TTFT of each stack, disaggregated / colocated for both transports against the target (<= 1.10), the KV
+bytes per request, and from the prefill worker's metrics the bytes on its PushKv stream per request (headers
+only with shared memory) and its mean KV transfer span (first chunk to the commit's acknowledgement).
 """
 
 from __future__ import annotations
@@ -145,7 +146,8 @@ def main(argv: list[str]) -> int:
 
 
 def _prefill_counters(metrics_port: int) -> tuple[float, float, float]:
-    """(KV bytes pushed, sum and count of KV transfer spans (first chunk to commit), every transport) from a prefill worker."""
+    """(KV bytes pushed, sum and count of KV transfer spans (first chunk to commit), every transport) from a
+    prefill worker."""
     return (
         scrape_metric(metrics_port, names.KV_TRANSFER_BYTES_TOTAL),
         scrape_metric(metrics_port, names.KV_TRANSFER_SECONDS + "_sum"),
@@ -160,15 +162,17 @@ def report(result: dict) -> str:
         f"Disaggregation overhead: one {cfg['prompt_len']}-token prompt on an idle stack, median of "
         f"{cfg['repeat']} (model hidden {cfg['model']['hidden']}, {cfg['model']['layers']} layers, "
         f"{cfg['dtype']}, {cfg['threads_per_worker']} torch thread per worker)",
-        f"  TTFT colocated              median {med[COLOCATED]:8.1f} ms  best {result['ttft_min_ms'][COLOCATED]:8.1f} ms",
+        f"  TTFT colocated              median {med[COLOCATED]:8.1f} ms  best "
+        f"{result['ttft_min_ms'][COLOCATED]:8.1f} ms",
     ]
     for label, transport in DISAGG_TRANSPORTS.items():
         pw = result["prefill_worker"][label]
         lines.append(
-            f"  TTFT disaggregated ({transport:<4})  median {med[label]:8.1f} ms  best {result['ttft_min_ms'][label]:8.1f} ms  "
-            f"ratio {ratios[label]:.3f} (paired {result['paired_ratio_median'][label]:.3f}; target <= {result['target']:.2f}: "
-            f"{'met' if result['meets_target'][label] else 'MISSED'})  "
-            f"KV span {pw['kv_span_mean_ms']:.1f} ms, {pw['wire_bytes_per_request'] / 2**20:.2f} MiB/request on the PushKv stream"
+            f"  TTFT disaggregated ({transport:<4})  median {med[label]:8.1f} ms  best "
+            f"{result['ttft_min_ms'][label]:8.1f} ms  ratio {ratios[label]:.3f} (paired "
+            f"{result['paired_ratio_median'][label]:.3f}; target <= {result['target']:.2f}: "
+            f"{'met' if result['meets_target'][label] else 'MISSED'})  KV span {pw['kv_span_mean_ms']:.1f} "
+            f"ms, {pw['wire_bytes_per_request'] / 2**20:.2f} MiB/request on the PushKv stream"
         )
     lines.append(f"  KV per request: {result['kv_bytes_per_request'] / 2**20:.1f} MiB (K and V, all layers)")
     return "\n".join(lines)

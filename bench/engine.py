@@ -1,4 +1,4 @@
-"""Our engine against Hugging Face transformers' `generate`, side by side in one run: prefill and decode tokens/s.
+"""Our engine against Hugging Face transformers' `generate`, in one run: prefill and decode tokens/s.
 
 Both load the same random-weight checkpoint (written by `create_tiny_model`) in the same dtype and run
 under the same torch thread count. Each run sends a batch of B random prompts of L tokens and generates
@@ -83,7 +83,8 @@ class Row:
 
 
 class TokenClock(BaseStreamer):
-    """A transformers streamer that only records when each batch of tokens arrives (the first is the prompt)."""
+    """A transformers streamer that only records when each batch of tokens arrives (the first is the
+    prompt)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -328,7 +329,8 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict:
 
         warm_up(engine)
         log(
-            f"decode step: {len(engine.decode_step.start_shapes)} buckets warmed up in {engine.decode_step.warm_up_seconds:.1f} s"
+            f"decode step: {len(engine.decode_step.start_shapes)} buckets warmed up in "
+            f"{engine.decode_step.warm_up_seconds:.1f} s"
         )
     hf = load_hf(model_dir, torch.float32)
     vocab = engine.model.config.vocab_size
@@ -347,9 +349,9 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict:
         rows.append(bench_mixed(args, engine, hf, vocab, log))
     title = (
         f"{engine.model.config.architecture}, {params / 1e6:.1f}M params fp32, {args.threads} threads,"
-        f"{f' {args.tensor_parallel} tensor-parallel ranks (gloo),' if args.tensor_parallel > 1 else ''} {args.clock} clock, {args.decode_step} decode step, "
-        f"prompt {args.prompt_len}, {args.new_tokens} new tokens (mixed: 8-{2 * args.new_tokens}), "
-        f"median of {args.repeats}"
+        f"{f' {args.tensor_parallel} tensor-parallel ranks (gloo),' if args.tensor_parallel > 1 else ''} "
+        f"{args.clock} clock, {args.decode_step} decode step, prompt {args.prompt_len}, {args.new_tokens} "
+        f"new tokens (mixed: 8-{2 * args.new_tokens}), median of {args.repeats}"
     )
     print_table(rows, title)
     return {

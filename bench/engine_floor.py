@@ -43,7 +43,8 @@ def floor_seconds(model: nn.Module, tokens: int, sampled: int, repeats: int) -> 
 
 
 def floor_tok_s(model: nn.Module, phase: str, batch: int, prompt_len: int) -> float:
-    """Tokens/s if only the matmuls cost time: a prefill of `batch` prompts in one step, or one decode step."""
+    """Tokens/s if only the matmuls cost time: a prefill of `batch` prompts in one step, or one decode
+    step."""
     if phase == "prefill":
         return batch * prompt_len / floor_seconds(model, batch * prompt_len, batch, repeats=3)
     return batch / floor_seconds(model, batch, batch, repeats=20)

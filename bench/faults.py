@@ -291,12 +291,13 @@ def soak(args: argparse.Namespace, state: Path) -> None:
     print("\n".join(["", "events:", *events]))
     print(f"\nanswers: {kinds}; KV blocks held at the end: {leaked}")
     print(
-        f"\n{'process':<12} {'pid':>7} {'RSS after warm-up MiB':>22} {'at end MiB':>10} {'over s':>7} {'growth':>7}"
+        f"\n{'process':<12} {'pid':>7} {'RSS after warm-up MiB':>22} {'at end MiB':>10} {'over s':>7} "
+        f"{'growth':>7}"
     )
     for g in rows:
         print(
-            f"{g.name:<12} {g.pid:>7} {g.baseline_kib / 1024:>22.1f} {g.end_kib / 1024:>10.1f} {g.span_s:>7.0f} "
-            f"{g.percent:>6.1f}%"
+            f"{g.name:<12} {g.pid:>7} {g.baseline_kib / 1024:>22.1f} {g.end_kib / 1024:>10.1f} "
+            f"{g.span_s:>7.0f} {g.percent:>6.1f}%"
         )
 
 
@@ -327,7 +328,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tandem-faults-") as tmp:
         rows = run(args.clients, args.settle, Path(tmp), args.repeat)
     print(
-        f"\n{'fault':<26} {'sent':>5} {'failed':>6} {'lost':>5} {'blocks leaked':>13} {'recovery s':>10}  note"
+        f"\n{'fault':<26} {'sent':>5} {'failed':>6} {'lost':>5} {'blocks leaked':>13} {'recovery s':>10}  "
+        "note"
     )
     for label, sent, failed, lost, leaked, recovered, note in rows:
         rec = "never" if recovered is None else f"{recovered:.1f}"

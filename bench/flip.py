@@ -151,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
             runs.append(run)
             print(
-                f"run {i + 1}: flip {run['flip']['served_s']:.2f} s (SetRole {run['flip']['set_role_s']:.3f} s) | "
-                f"cold start {run['cold']['served_s']:.2f} s | load {run['load_average']:.1f}",
+                f"run {i + 1}: flip {run['flip']['served_s']:.2f} s (SetRole {run['flip']['set_role_s']:.3f} "
+                f"s) | cold start {run['cold']['served_s']:.2f} s | load {run['load_average']:.1f}",
                 flush=True,
             )
         pools.close()

@@ -150,8 +150,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--control",
         action="store_true",
-        help="add a second colocated stack, identical to the first (an A/A control): its ratio to colocated is "
-        "what this host's noise alone does to a ratio, and the verdict also reads conditional against it",
+        help="add a second colocated stack, identical to the first (an A/A control): its ratio to colocated "
+        "is what this host's noise alone does to a ratio, and the verdict also reads conditional against it",
     )
     p.add_argument(
         "--rates", default="0.6,1.2,2.4,4", help="probed rates, multiples of the idle service rate"
@@ -173,7 +173,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--reruns",
         type=int,
         default=2,
-        help="times a probe (or idle measurement) is run again while other work took more than 10%% of the CPUs",
+        help="times a probe (or idle measurement) is run again while other work took more than 10%% of the "
+        "CPUs",
     )
     p.add_argument(
         "--quiet-load",

@@ -216,8 +216,8 @@ def rate_of(cell_text: str) -> float | None:
 
 
 def write_plot(traces: list[dict[str, Any]], path: Path) -> Path:
-    """The goodput curves: per trace, goodput per GPU against the TPOT SLO (TTFT at 5x idle), aggregated and the
-    best disaggregated split, each point of the split named (matplotlib, Agg)."""
+    """The goodput curves: per trace, goodput per GPU against the TPOT SLO (TTFT at 5x idle), aggregated and
+    the best disaggregated split, each point of the split named (matplotlib, Agg)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -262,10 +262,10 @@ def write_plot(traces: list[dict[str, Any]], path: Path) -> Path:
 def report(result: dict[str, Any]) -> str:
     cfg = result["config"]
     lines = [
-        f"Goodput per GPU (req/s/GPU with >= {ATTAINMENT:.0%} of requests meeting TTFT and TPOT) in Dynamo's replay, "
-        f"H200 profile of Llama-3.1-8B-Instruct-FP8, {cfg['gpus']} GPUs: aggregated ({cfg['gpus']} workers) vs "
-        f"disaggregated (best P+D split); '<' below the lowest probed rate, '>=' at least the highest; "
-        f"{result['replays']} replays.",
+        f"Goodput per GPU (req/s/GPU with >= {ATTAINMENT:.0%} of requests meeting TTFT and TPOT) in Dynamo's "
+        f"replay, H200 profile of Llama-3.1-8B-Instruct-FP8, {cfg['gpus']} GPUs: aggregated ({cfg['gpus']} "
+        "workers) vs disaggregated (best P+D split); '<' below the lowest probed rate, '>=' at least the "
+        f"highest; {result['replays']} replays.",
     ]
     for t in result["traces"]:
         idle = "; ".join(
@@ -276,22 +276,23 @@ def report(result: dict[str, Any]) -> str:
             f"#### {t['trace']} (first {t['rows']} rows, {t['native_rate']:.2f} req/s; median request "
             f"{t['median_request']['input_len']} in / {t['median_request']['output_len']} out)",
             "",
-            f"Idle: {idle}. Prompts of <= {cfg['local_prefill_max_tokens']} tokens (tandem's conditional rule "
-            f"prefills them on the decode worker): {t['share_local']:.0%}.",
+            f"Idle: {idle}. Prompts of <= {cfg['local_prefill_max_tokens']} tokens (tandem's conditional "
+            f"rule prefills them on the decode worker): {t['share_local']:.0%}.",
         ]
         for title, rows in t["tables"].items():
             lines += [
                 "",
                 f"{title}:",
                 "",
-                "| s | TTFT / TPOT SLO, ms | aggregated | disaggregated (split) | disaggregated / aggregated |",
+                "| s | TTFT / TPOT SLO, ms | aggregated | disaggregated (split) | disaggregated / aggregated "
+                "|",
                 "| --- | --- | --- | --- | --- |",
             ]
             for r in rows:
                 ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
                 lines.append(
-                    f"| {r['tpot_scale']:g} | {r['slo_ttft_ms']:.0f} / {r['slo_tpot_ms']:.1f} | {r['aggregated']} | "
-                    f"{r['disaggregated']} ({r['split']}) | {ratio} |"
+                    f"| {r['tpot_scale']:g} | {r['slo_ttft_ms']:.0f} / {r['slo_tpot_ms']:.1f} | "
+                    f"{r['aggregated']} | {r['disaggregated']} ({r['split']}) | {ratio} |"
                 )
     return "\n".join(lines)
 

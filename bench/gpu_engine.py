@@ -1,4 +1,4 @@
-"""How close our engine gets to an H200's limits on a Llama-3.2-1B-shaped model: bandwidth, FLOPs, batch decode.
+"""How close our engine gets to an H200's limits with a Llama-3.2-1B shape: bandwidth, FLOPs, batch decode.
 
 A random-weight model with Llama-3.2-1B's shape (hidden 2048, 16 layers, 32 heads, 8 KV heads,
 intermediate 8192, vocab 128256, tied embeddings) is written in bf16 with the tiny-model tools and loaded
@@ -89,7 +89,8 @@ def decode_tok_s(engine: Engine, batch: int, args: argparse.Namespace, seed: int
 
 
 def compare_decode_steps(model: torch.nn.Module, args: argparse.Namespace, device: str) -> list[Result]:
-    """Decode tokens/s at batch 1 and `args.batch` for each decode-step mode, a fresh engine (and cache) each."""
+    """Decode tokens/s at batch 1 and `args.batch` for each decode-step mode, a fresh engine (and cache)
+    each."""
     results = []
     for mode in args.decode_step_modes:
         if mode == "cudaGraphs" and device != "cuda":
@@ -101,7 +102,8 @@ def compare_decode_steps(model: torch.nn.Module, args: argparse.Namespace, devic
             compiled_warm_up(engine)  # every bucket compiled (and captured) before timing
             warm_s = time.perf_counter() - start
             print(
-                f"{mode}: {len(engine.decode_step.start_shapes)} of {len(engine.decode_step.shapes)} decode buckets warmed up at start in {warm_s:.1f} s",
+                f"{mode}: {len(engine.decode_step.start_shapes)} of {len(engine.decode_step.shapes)} decode "
+                f"buckets warmed up at start in {warm_s:.1f} s",
                 flush=True,
             )
         for batch in (1, args.batch):
@@ -137,7 +139,8 @@ def run(args: argparse.Namespace, model_dir: Path, device: str = "cuda") -> list
 
 
 def host_step_rows(model: torch.nn.Module, args: argparse.Namespace, device: str) -> list[Result]:
-    """The host's CPU time per decode step at batch 1 and 256 (bench/step_cpu.py), eager, after `--context` tokens."""
+    """The host's CPU time per decode step at batch 1 and 256 (bench/step_cpu.py), eager, after `--context`
+    tokens."""
     table = host_step_table(model, engine_config(args), args.context, max(4, min(args.new_tokens, 16)))  # type: ignore[arg-type]
     rows = []
     for batch, step in table.items():
@@ -158,7 +161,8 @@ def host_step_rows(model: torch.nn.Module, args: argparse.Namespace, device: str
 
 
 def utilisation(model: torch.nn.Module, args: argparse.Namespace) -> list[Result]:
-    """Bandwidth and FLOP utilisation and batch decode tokens/s on the general path (`--attention`, `--compile`)."""
+    """Bandwidth and FLOP utilisation and batch decode tokens/s on the general path (`--attention`,
+    `--compile`)."""
     engine = Engine(model, engine_config(args), eos_token_ids=())
     if args.compile or args.attention in ("flex", "triton"):
         compiled_warm_up(engine)  # compile outside the timed runs
@@ -218,13 +222,15 @@ def moe_rows(args: argparse.Namespace, model_dir: Path, device: str) -> list[Res
 
 
 def tp_rows(args: argparse.Namespace, model_dir: Path, device: str) -> list[Result]:
-    """Prefill time and decode tokens/s with the model split across `args.tensor_parallel` ranks (eager steps)."""
+    """Prefill time and decode tokens/s with the model split across `args.tensor_parallel` ranks (eager
+    steps)."""
     ranks = args.tensor_parallel
     if ranks < 2:
         return []
     if device == "cuda" and torch.cuda.device_count() < ranks:
         print(
-            f"tensor parallel: skipped, {ranks} ranks need {ranks} GPUs and this host has {torch.cuda.device_count()}"
+            f"tensor parallel: skipped, {ranks} ranks need {ranks} GPUs and this host has "
+            f"{torch.cuda.device_count()}"
         )
         return []
     from tandem.worker.engine.tp.group import start_ranks

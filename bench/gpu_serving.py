@@ -1,8 +1,8 @@
-"""The served stack on one GPU: requests through the router beside the engine alone, and KV transfer per prompt
-beside the copy floor.
+"""The served stack on one GPU: requests through the router beside the engine alone, and KV transfer per
+prompt beside the copy floor.
 
     python -m bench.gpu_serving --trace azure_llm_2023_conv.csv [--decode-step cudaGraphs] [--out r.json]
-    python -m bench.gpu_serving --tiny --trace azure_llm_2023_conv.csv    # the same code on the CPU, tiny model
+    python -m bench.gpu_serving --tiny --trace azure_llm_2023_conv.csv  # the same code on the CPU, tiny model
 
 A Llama-3.1-8B-shaped model with random weights (bf16; `--quantization` another the engine loads) is written
 at start. Two stacks run through `tandem up`, one after the other, every worker on the same GPU: one
@@ -69,7 +69,7 @@ from tandem.spec import Quantization
 
 COLOCATED, DISAGGREGATED = "colocated", "disaggregated"
 BLOCK_SIZE = 16
-# Of --budget-s, the share by whose end no new probe of a mode starts (the rest: the KV rows, the engine alone)
+# Of --budget-s, the share after which no probe of a mode starts (the rest: the KV rows, the engine alone)
 BUDGET_SHARE = {"colocated": 0.4, "disaggregated": 0.8}
 COPY_MIN_BYTES = (
     64 << 20
@@ -268,7 +268,8 @@ def probe_rates(
     args: argparse.Namespace,
     stop_at: float,
 ) -> list[dict]:
-    """Each rate in turn until one is past saturation, or the monotonic clock passes `stop_at`; a row per rate."""
+    """Each rate in turn until one is past saturation, or the monotonic clock passes `stop_at`; a row per
+    rate."""
     (decoder,) = [p for p in stack.plans if p.role in ("decode", "colocated")]
     rows: list[dict] = []
     for i, rate in enumerate(float(r) for r in args.rates.split(",")):
@@ -289,8 +290,9 @@ def probe_rates(
         row = probe_row(mode, rate, latencies, (after[0] - before[0]) / steps if steps else None, SLO)
         rows.append(row)
         print(
-            f"  {mode} {rate:g} req/s: {row['completed']}/{row['requests']} ok, TTFT p90 {fmt(row['ttft_p90_ms'])} ms, "
-            f"TPOT p90 {fmt(row['tpot_p90_ms'], '{:.2f}')} ms, SLO met {row['attainment']:.0%}",
+            f"  {mode} {rate:g} req/s: {row['completed']}/{row['requests']} ok, TTFT p90 "
+            f"{fmt(row['ttft_p90_ms'])} ms, TPOT p90 {fmt(row['tpot_p90_ms'], '{:.2f}')} ms, SLO met "
+            f"{row['attainment']:.0%}",
             flush=True,
         )
         if saturated(row):
@@ -328,7 +330,8 @@ def kv_pushes(
 def engine_steps(
     model_dir: Path, args: argparse.Namespace, batches: set[int], context: int
 ) -> dict[int, float]:
-    """The engine alone, in this process: decode step milliseconds at each batch, prompts of `context` tokens."""
+    """The engine alone, in this process: decode step milliseconds at each batch, prompts of `context`
+    tokens."""
     import torch
 
     from bench.engine_timing import random_prompts, time_engine

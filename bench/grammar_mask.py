@@ -1,14 +1,14 @@
 """Grammar-constrained decoding libraries side by side: the per-token cost of the allowed-token mask, on the
 tiny model's vocabulary, for llguidance, xgrammar and outlines-core in one run.
 
-Beside them, the tiny model's own decode step at batch 1 on this host (the engine unconstrained), which
-each mask adds to. Each library compiles the same JSON schema (the shape `client.chat.completions.parse` sends for a small
-pydantic model) and walks the same valid document token by token: before each token it computes the mask
-of allowed next tokens (timed), then commits the token. Reported per library: the median and p99 of the
-per-token mask time (a fresh matcher's first mask apart, in its own column), the schema's compile time,
-and each figure's ratio to llguidance's; `--repeats`
-runs, median with the spread (min-max) of the per-run medians. Optional libraries that are not installed
-are skipped (`pip install -e '.[bench]'`; the worker itself depends on llguidance only).
+Beside them, the tiny model's own decode step at batch 1 on this host (the engine unconstrained), which each
+mask adds to. Each library compiles the same JSON schema (the shape `client.chat.completions.parse` sends for
+a small pydantic model) and walks the same valid document token by token: before each token it computes the
+mask of allowed next tokens (timed), then commits the token. Reported per library: the median and p99 of the
+per-token mask time (a fresh matcher's first mask apart, in its own column), the schema's compile time, and
+each figure's ratio to llguidance's; `--repeats` runs, median with the spread (min-max) of the per-run
+medians. Optional libraries that are not installed are skipped (`pip install -e '.[bench]'`; the worker itself
+depends on llguidance only).
 
     python -m bench.grammar_mask [--repeats 3] [--tokens-per-run 400]
 """
@@ -208,7 +208,8 @@ def main() -> None:
             print(f"{name:<14} " + " ".join(f"{c:>22}" for c in cells) + f"  {ratio}")
         steps = [decode_step_us(model_dir) for _ in range(args.repeats)]
         print(
-            f"tiny model decode step, batch 1: {statistics.median(steps):.0f} us ({min(steps):.0f}-{max(steps):.0f})"
+            f"tiny model decode step, batch 1: {statistics.median(steps):.0f} us "
+            f"({min(steps):.0f}-{max(steps):.0f})"
         )
 
 

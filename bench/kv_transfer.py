@@ -204,17 +204,19 @@ def main(argv: list[str] | None = None) -> int:
     decode.pool.close()
 
     print(
-        f"KV layout: {LAYOUT.num_layers} layers x [{LAYOUT.block_size}, {LAYOUT.num_kv_heads}, {LAYOUT.head_dim}] "
-        f"{LAYOUT.dtype}, best of {args.repeat}; GB/s = 1e9 bytes/s"
+        f"KV layout: {LAYOUT.num_layers} layers x [{LAYOUT.block_size}, {LAYOUT.num_kv_heads}, "
+        f"{LAYOUT.head_dim}] {LAYOUT.dtype}, best of {args.repeat}; GB/s = 1e9 bytes/s"
     )
     print(
-        f"{'size':>8} {'raw TCP':>9} {'gRPC':>9} {'gRPC-nocrc':>11} {'shm':>9} {'gRPC/raw':>9} {'nocrc/raw':>10} {'shm/gRPC':>9}"
+        f"{'size':>8} {'raw TCP':>9} {'gRPC':>9} {'gRPC-nocrc':>11} {'shm':>9} {'gRPC/raw':>9} "
+        f"{'nocrc/raw':>10} {'shm/gRPC':>9}"
     )
     fixed_ms = results.pop("fixed_ms")
     for nbytes, r in results.values():
         print(
-            f"{nbytes / 2**20:>6.0f}Mi {r['raw_tcp']:>9.2f} {r['grpc']:>9.2f} {r['grpc_nocrc']:>11.2f} {r['shm']:>9.2f}"
-            f" {r['grpc'] / r['raw_tcp']:>9.2f} {r['grpc_nocrc'] / r['raw_tcp']:>10.2f} {r['shm'] / r['grpc']:>9.2f}"
+            f"{nbytes / 2**20:>6.0f}Mi {r['raw_tcp']:>9.2f} {r['grpc']:>9.2f} {r['grpc_nocrc']:>11.2f} "
+            f"{r['shm']:>9.2f} {r['grpc'] / r['raw_tcp']:>9.2f} {r['grpc_nocrc'] / r['raw_tcp']:>10.2f} "
+            f"{r['shm'] / r['grpc']:>9.2f}"
         )
     print(f"fixed cost of one transfer (Reserve + empty PushKv stream + commit): {fixed_ms:.2f} ms")
     assert decode.rx.table.reserved_blocks() == 0 and len(decode.free) == num_blocks, "leaked KV blocks"

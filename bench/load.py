@@ -1,5 +1,5 @@
-"""Overload on loopback: one router, one prefill and one decode worker under a ramp to many concurrent streaming
-clients, then a burst of clients that disconnect at random points.
+"""Overload on loopback: one router, one prefill and one decode worker under a ramp to many concurrent
+streaming clients, then a burst of clients that disconnect at random points.
 
 Prints requests by outcome (ok / 429 / 503 / error event / other, and silent truncations: a 200 stream that
 ends without a finish reason or an error), the p99 latency of the workers' gRPC health checks and the router's
@@ -306,11 +306,13 @@ def main() -> None:
     print(f"burst of {args.burst} leaving clients: {r['burst']}")
     print(
         f"health checks (workers' gRPC, router /livez) during the ramp: p99 {r['health_p99_s']:.3f} s, "
-        f"max {r['health_max_s']:.3f} s over {r['health_checks']}; p99 by process {r['health_p99_by_process_s']}"
+        f"max {r['health_max_s']:.3f} s over {r['health_checks']}; p99 by process "
+        f"{r['health_p99_by_process_s']}"
     )
     print(f"worker restarts: {r['restarts']}")
     print(
-        f"2 s after the burst, per worker (KV blocks used or reserved, requests held): {r['held_2s_after_burst']}"
+        "2 s after the burst, per worker (KV blocks used or reserved, requests held): "
+        f"{r['held_2s_after_burst']}"
     )
     print(f"peak RSS (MiB): {r['peak_rss_mib']}")
     rec = r["recovered_after_s"]

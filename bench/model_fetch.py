@@ -1,7 +1,7 @@
-"""Model fetch for N pods: one shared cache folder (`tandem fetch-model`, what modelCache gives a node) against
-a folder per pod with the file filter, and against the unfiltered per-pod download the operator used before
-(`snapshot_download` of the whole repository), with the real `huggingface_hub` client against a local server
-in the Hub's API shape whose bandwidth is capped (a node's share of the uplink).
+"""Model fetch for N pods: one shared cache folder (`tandem fetch-model`, what modelCache gives a node)
+against a folder per pod with the file filter, and against the unfiltered per-pod download the operator used
+before (`snapshot_download` of the whole repository), with the real `huggingface_hub` client against a local
+server in the Hub's API shape whose bandwidth is capped (a node's share of the uplink).
 
     python bench/model_fetch.py [--pods 4] [--repeat 3] [--weights-mib 128] [--bandwidth-mib 256]
 
@@ -105,8 +105,8 @@ def main() -> None:
             finally:
                 shutil.rmtree(root, ignore_errors=True)
     print(
-        f"{args.weights_mib} MiB of safetensors (and a .bin copy), server capped at {args.bandwidth_mib:g} MiB/s, "
-        f"{args.repeat} repeats, median [min-max]"
+        f"{args.weights_mib} MiB of safetensors (and a .bin copy), server capped at {args.bandwidth_mib:g} "
+        f"MiB/s, {args.repeat} repeats, median [min-max]"
     )
     print(f"{'mode':<12} {'pods':>4}  {'time to the last pod':<28} {'served':<24}")
     for mode in MODES:
@@ -118,7 +118,8 @@ def main() -> None:
     per_pod, unfiltered = results["per-pod"]["seconds"], results["unfiltered"]["seconds"]
     print(f"shared / single, per repeat: {fmt([a / b for a, b in zip(shared, single, strict=True)], 'x')}")
     print(
-        f"unfiltered / shared, per repeat: {fmt([a / b for a, b in zip(unfiltered, shared, strict=True)], 'x')}"
+        "unfiltered / shared, per repeat: "
+        f"{fmt([a / b for a, b in zip(unfiltered, shared, strict=True)], 'x')}"
     )
     print(f"per-pod / shared, per repeat: {fmt([a / b for a, b in zip(per_pod, shared, strict=True)], 'x')}")
     print(json.dumps({"args": vars(args), "results": results}))

@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"operator CPU while creating {len(applied)} objects: {cpu_seconds(op.proc.pid) - cpu0:.1f} s")
         print(
             f"apply->all {CHILDREN_PER_OBJECT} children created over {len(lat)} objects: "
-            f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, max {lat[-1] * 1000:.0f} ms (target p99 < 1000 ms)"
+            f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, max {lat[-1] * 1000:.0f} ms (target p99 < "
+            "1000 ms)"
         )
         if args.rss_objects <= 0:
             return 0

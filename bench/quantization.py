@@ -147,8 +147,8 @@ def run(args: argparse.Namespace, model_dir: Path) -> dict:
     title = (
         f"{params / 1e6:.0f}M-parameter random-weight Llama ({args.layers} layers, hidden {args.hidden}, "
         f"{args.heads} heads / {args.kv_heads} KV heads, head_dim {base.config.head_dim}) in {args.dtype}, "
-        f"{args.threads} thread(s), {args.clock} clock, prompt {args.prompt_len}, {args.new_tokens} new tokens, "
-        f"median [min-max] of {args.repeats}; torch {torch.__version__}"
+        f"{args.threads} thread(s), {args.clock} clock, prompt {args.prompt_len}, {args.new_tokens} new "
+        f"tokens, median [min-max] of {args.repeats}; torch {torch.__version__}"
     )
     print_table(results, args.batch_sizes, title)
     return {
@@ -200,7 +200,8 @@ def print_table(results: list[VariantResult], batches: list[int], title: str) ->
     print(
         "| top-1 agreement over 64 tokens, mean [min] | - | "
         + " | ".join(
-            f"{statistics.mean(a.top1_agreement for a in r.accuracy):.1%} [{min(a.top1_agreement for a in r.accuracy):.0%}]"
+            f"{statistics.mean(a.top1_agreement for a in r.accuracy):.1%} "
+            f"[{min(a.top1_agreement for a in r.accuracy):.0%}]"
             for r in acc
         )
         + " |"

@@ -225,7 +225,7 @@ def worker_rows(workers: dict[str, str], dial: Dialer) -> list[Row]:
 def router_rows(url: str, workers: dict[str, str], vocab: int) -> list[Row]:
     rows = [kubernetes_router_row()]
     with httpx.Client(base_url=url, timeout=60) as c:
-        # `tandem up` binds loopback and gives the router no separate metrics port: /metrics is on its one port
+        # `tandem up` binds loopback and gives the router no metrics port of its own: /metrics is on its port
         rows.append(
             Row(
                 "GET /metrics on a `tandem up` router (loopback, one port by design)",

@@ -98,7 +98,8 @@ class Point:
 
 
 def scaled(model: Transformer, factor: float) -> Transformer:
-    """The model with every weight matrix multiplied by `factor` (norm weights kept): a model that does not repeat."""
+    """The model with every weight matrix multiplied by `factor` (norm weights kept): a model that does not
+    repeat."""
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
@@ -305,8 +306,8 @@ def main(argv: list[str]) -> int:
                 flush=True,
             )
     caption = (
-        f"tiny Llama ({args.layers} layers, hidden 256), fp32, CPU, {args.threads} thread(s), {args.clock} clock; "
-        f"prompt {args.prompt_len}, {args.new_tokens} new tokens, k={args.num_tokens}, "
+        f"tiny Llama ({args.layers} layers, hidden 256), fp32, CPU, {args.threads} thread(s), {args.clock} "
+        f"clock; prompt {args.prompt_len}, {args.new_tokens} new tokens, k={args.num_tokens}, "
         f"draft {args.draft_layers} layer(s), early-exit scale {args.early_exit_scale}, {args.repeats} runs"
     )
     print_table(points, caption)

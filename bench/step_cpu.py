@@ -4,7 +4,8 @@ A decode step is schedule (host), execute (host launches the device's work) and 
 sampled ids, then host bookkeeping). Here the device is drained before the step and again between execute and
 update, so neither wait counts, and each phase is timed with this thread's CPU clock (`time.thread_time`:
 other processes on the host and the device's own time do not count). On a GPU, `launch` is what it costs the
-host to enqueue the forward (kernel launches, or one graph replay); on the CPU it includes the forward's compute.
+host to enqueue the forward (kernel launches, or one graph replay); on the CPU it includes the forward's
+compute.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def host_step(engine: Engine, batch: int, context: int, steps: int, seed: int = 
 
 
 def host_step_config(config: EngineConfig, context: int, steps: int) -> EngineConfig:
-    """`config` with room for the largest batch at `context` tokens plus `steps` new ones, decoding eagerly."""
+    """`config` with room for the largest batch at `context` tokens plus `steps` new ones, decoding
+    eagerly."""
     batch, block = max(HOST_STEP_BATCHES), config.block_size
     return dataclasses.replace(
         config,

@@ -158,7 +158,8 @@ def main(argv: list[str]) -> int:
             run["ratio"] = cold_ms / run["warm_ttft_ms"]
             runs.append(run)
             print(
-                f"run {i + 1}: cold TTFT {cold_ms:.0f} ms (held {held_ms} ms), warm TTFT {run['warm_ttft_ms']:.1f} ms",
+                f"run {i + 1}: cold TTFT {cold_ms:.0f} ms (held {held_ms} ms), warm TTFT "
+                f"{run['warm_ttft_ms']:.1f} ms",
                 flush=True,
             )
     finally:
@@ -167,13 +168,15 @@ def main(argv: list[str]) -> int:
         log.close()
     col = {k: [r[k] for r in runs] for k in ("cold_ttft_ms", "cold_start_header_ms", "warm_ttft_ms", "ratio")}
     print(
-        f"\nload average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {args.runs} runs, median (min-max)"
+        f"\nload average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {args.runs} runs, median "
+        "(min-max)"
     )
     print("| first request TTFT, ms | from zero | warm | from zero / warm |")
     print("| --- | --- | --- | --- |")
     print(
-        f"| tiny model, `tandem up`, CPU | {spread(col['cold_ttft_ms'])} (held {spread(col['cold_start_header_ms'])}) "
-        f"| {spread(col['warm_ttft_ms'], '{:.1f}')} | {spread(col['ratio'], '{:.0f}')}x |"
+        f"| tiny model, `tandem up`, CPU | {spread(col['cold_ttft_ms'])} (held "
+        f"{spread(col['cold_start_header_ms'])}) | {spread(col['warm_ttft_ms'], '{:.1f}')} | "
+        f"{spread(col['ratio'], '{:.0f}')}x |"
     )
     if args.out:
         Path(args.out).write_text(json.dumps(runs, indent=2))

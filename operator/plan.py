@@ -204,7 +204,8 @@ def stuck_pools(desired: Mapping[str, int], deployments: Mapping[str, Body | Non
 def pods_to_read(
     desired: Mapping[str, int], deployments: Mapping[str, Body | None], previous: Mapping[str, Any]
 ) -> list[str]:
-    """Only a pool that is not rolled out, or whose ready pods changed, costs a pod read: steady state reads none."""
+    """Only a pool that is not rolled out, or whose ready pods changed, costs a pod read: steady state reads
+    none."""
     stuck = stuck_pools(desired, deployments)
     return [
         p

@@ -101,7 +101,8 @@ class _Taken(Exception):
 
 
 def read_facts(kube: Kube, namespace: str, spec: InferenceServiceSpec) -> Facts:
-    """The I/O edge of the preflight check; what the API refuses (RBAC, a Role without nodes) stays unknown."""
+    """The I/O edge of the preflight check; what the API refuses (RBAC, a Role without nodes) stays
+    unknown."""
     claims: dict[str, str | None] = {}
     for claim in claims_needed(spec):
         try:
@@ -128,7 +129,8 @@ def _settled(previous: dict[str, Any], generation: int) -> bool:
 
 class Reconciler:
     """Reconciles InferenceServices against one API server; holds what must outlive a reconcile: the watch
-    cache, the TLS Secrets issued, the exposure last seen, and the threads that write children side by side."""
+    cache, the TLS Secrets issued, the exposure last seen, and the threads that write children side by
+    side."""
 
     def __init__(self, kube: Kube, cache: ObjectCache | None = None, threads: int = 32):
         self.kube, self.cache = kube, cache
@@ -191,7 +193,8 @@ class Reconciler:
             meta.get("generation", 1),
         )
         previous = isvc.get("status") or {}
-        # the preflight's facts are read side by side with the children (read for nothing only when they block)
+        # the preflight's facts are read side by side with the children (read for nothing only when they
+        # block)
         facts = (
             None
             if _settled(previous, generation)
@@ -255,10 +258,11 @@ class Reconciler:
     def act(
         self, reader: Reader, isvc: Body, spec: InferenceServiceSpec, seen: Observed, p: Plan, out: Outcome
     ) -> None:
-        """Make the plan's writes, then read what they left and report it; raises ApiError on a refused write."""
-        # All or nothing: the API server validates and admits (quota included) every changed child before any is
-        # written, so a child it refuses leaves no GPU pool half-built beside it. The dry runs write nothing, so
-        # they go out beside the Secret and the pools, whose own writes stay in order.
+        """Make the plan's writes, then read what they left and report it; raises ApiError on a refused
+        write."""
+        # All or nothing: the API server validates and admits (quota included) every changed child before any
+        # is written, so a child it refuses leaves no GPU pool half-built beside it. The dry runs write
+        # nothing, so they go out beside the Secret and the pools, whose own writes stay in order.
         dry_runs = [] if p.blocked else [self.pool.submit(self.kube.apply, m, dry_run=True) for m in p.apply]
         try:
             if p.tls_secret:
@@ -278,7 +282,8 @@ class Reconciler:
             return
         for dry_run in dry_runs:
             dry_run.result()
-        # children are independent: apply them side by side, so a new object waits for one round trip, not nine
+        # children are independent: apply them side by side, so a new object waits for one round trip, not
+        # nine
         children = dict(seen.children)
         for manifest, body in zip(
             p.apply, self.pool.map(lambda m: reader.remember(self.kube.apply(m)), p.apply), strict=True
@@ -324,8 +329,8 @@ class Reconciler:
 
     def _issue_tls_secret(self, seen: Observed, flippable: bool, out: Outcome) -> None:
         """Issue the service's CA and every role's certificate into its Secret, once (with spec.roleFlip, the
-        prefill and decode certificates name both roles): the operator may create Secrets but not read them, so
-        one that exists (ours from an earlier reconcile) is left as it is (delete it to issue new ones)."""
+        prefill and decode certificates name both roles): the operator may create Secrets but not read them,
+        so one that exists (ours from an earlier reconcile) is left as it is (delete it to issue new ones)."""
         body = tls_secret(
             seen.name, seen.namespace, seen.uid, certs.secret_data(seen.name, TLS_ROLES, flippable)
         )

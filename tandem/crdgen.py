@@ -191,7 +191,10 @@ class Crd:
     def render(self) -> str:
         about = "".join(f"# {line}\n" for line in self.about.splitlines())
         body = yaml.safe_dump(self.document(), sort_keys=False, width=120, allow_unicode=True)
-        return f"{about}# Generated from the spec types by `python -m tandem.crdgen`: edit those, not this file.\n{body}"
+        generated = (
+            "# Generated from the spec types by `python -m tandem.crdgen`: edit those, not this file.\n"
+        )
+        return f"{about}{generated}{body}"
 
 
 _READY = '.status.conditions[?(@.type=="Ready")]'
@@ -240,7 +243,9 @@ CRDS = (
             "type": "object",
             "properties": {
                 "name": {
-                    "description": f"A DNS-1035 label of at most {NAME_MAX} characters, so <name>-colocated fits 63.",
+                    "description": (
+                        f"A DNS-1035 label of at most {NAME_MAX} characters, so <name>-colocated fits 63."
+                    ),
                     "type": "string",
                     "maxLength": NAME_MAX,
                     "pattern": DNS_LABEL,

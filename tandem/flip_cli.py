@@ -64,7 +64,8 @@ def main(argv: list[str]) -> int:
             return 2
         for address, reply in flipped:
             print(
-                f"{address}: now {args.to} (drained in {reply.drain_s:.2f} s, switched in {reply.switch_s:.3f} s)"
+                f"{address}: now {args.to} (drained in {reply.drain_s:.2f} s, switched in "
+                f"{reply.switch_s:.3f} s)"
             )
         return 0 if len(flipped) == args.count else 1
     try:
@@ -75,7 +76,8 @@ def main(argv: list[str]) -> int:
         print(f"tandem flip: {args.address}: {e.code().name} {e.details()}", file=sys.stderr)
         return 1
     print(
-        f"{args.address}: now {args.to} (drained in {reply.drain_s:.2f} s, switched in {reply.switch_s:.3f} s)"
+        f"{args.address}: now {args.to} (drained in {reply.drain_s:.2f} s, switched in {reply.switch_s:.3f} "
+        "s)"
     )
     return 0
 

@@ -25,7 +25,8 @@ _URI_PREFIX = f"spiffe://{DOMAIN}/"
 
 @dataclass(frozen=True)
 class Identity:
-    """`role` is the first of the certificate's roles (in ROLES order), `others` the rest (a flippable worker's)."""
+    """`role` is the first of the certificate's roles (in ROLES order), `others` the rest (a flippable
+    worker's)."""
 
     role: str
     service: str = ""

@@ -53,8 +53,8 @@ def worker_argv(
     health_port: int | None = None,
     drain_timeout_s: int | None = None,
 ) -> list[str]:
-    """Arguments of `tandem worker` (without the program name); `tls_dir` holds the mutual-TLS files
-    (its role's certificate: a local directory or the mounted Secret), `health_port` a plaintext probe port."""
+    """Arguments of `tandem worker` (without the program name); `tls_dir` holds the mutual-TLS files (its
+    role's certificate: a local directory or the mounted Secret), `health_port` a plaintext probe port."""
     opts = WorkerOptions.from_spec(
         spec,
         role,

@@ -56,8 +56,8 @@ SLO_OBJECTIVE_RATIO = "tandem_slo_objective_ratio"
 SLO_REQUESTS_TOTAL = "tandem_slo_requests_total"
 SLO_TTFT = "ttft"  # values of the `slo` label
 SLO_TPOT = "tpot"
-# The router's histogram buckets (shared so the simulator can expose what the router would). Seconds: TTFT spans
-# queueing plus prefill, TPOT/ITL one decode step.
+# The router's histogram buckets (shared so the simulator can expose what the router would). Seconds: TTFT
+# spans queueing plus prefill, TPOT/ITL one decode step.
 TTFT_BUCKETS = (
     0.005,
     0.01,
@@ -118,7 +118,8 @@ DECODE_BATCH_SIZE = "tandem_decode_batch_size"
 # Every worker: requests it holds (reservations, token queues, prefills, sequences); zero once idle
 WORKER_HELD_REQUESTS = "tandem_worker_held_requests"
 WORKER_STARTUP_SECONDS = "tandem_worker_startup_seconds"  # by phase, STARTUP_PHASES
-# weights in memory; KV cache sized; every step path run once (graphs included); the decode step's buckets alone
+# weights in memory; KV cache sized; every step path run once (graphs included); the decode step's buckets
+# alone
 STARTUP_PHASES = ("load", "kv_plan", "warmup", "decode_graphs")
 # Speculative decoding (decode and colocated engines): draft tokens verified, those the model accepted, and
 # the verify steps; acceptance rate = rate(accepted) / rate(proposed)

@@ -92,7 +92,8 @@ def _flag(f: Field) -> str:
 
 
 def _spec_value(name: str, info: FieldInfo) -> Any:
-    """An argparse type for a spec field: the text checked and converted as the spec would (constraints too)."""
+    """An argparse type for a spec field: the text checked and converted as the spec would (constraints
+    too)."""
     kind: Any = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
     adapter: TypeAdapter[Any] = TypeAdapter(kind)
 
@@ -211,19 +212,22 @@ class WorkerOptions(_Options):
     metrics_port: int = opt(0, "Prometheus /metrics port (0: off)")
     health_port: int = opt(
         0,
-        "also serve grpc.health.v1 alone, in plaintext, on its own server and threads (the kubelet's probes; 0: off)",
+        "also serve grpc.health.v1 alone, in plaintext, on its own server and threads (the kubelet's probes; "
+        "0: off)",
     )
     worker_id: str | None = opt(None)
     dtype: Dtype = opt(Dtype.float32)
     device: str | None = opt(None, "torch device (default: cuda when available, else cpu)")
     quantization: Quantization = opt(
         Quantization.none,
-        "weights: int8 or fp8 (e4m3, FP8 matmuls; compute capability 8.9+) quantizes every decoder projection and an untied lm_head as the checkpoint loads",
+        "weights: int8 or fp8 (e4m3, FP8 matmuls; compute capability 8.9+) quantizes every decoder "
+        "projection and an untied lm_head as the checkpoint loads",
     )
     max_model_len: int | None = opt(None)
     tensor_parallel: int | None = opt(
         None,
-        "ranks the model is split across (the pool's resources.gpus): one GPU each, or CPU processes where there is no GPU (default: 1)",
+        "ranks the model is split across (the pool's resources.gpus): one GPU each, or CPU processes where "
+        "there is no GPU (default: 1)",
     )
     # Engine knobs: named as in EngineSpec and EngineConfig, so that they flow through by name.
     block_size: int = opt(_ENGINE.block_size)
@@ -253,7 +257,8 @@ class WorkerOptions(_Options):
     )
     speculative: SpeculativeMethod | None = opt(
         None,
-        "speculative decoding: ngram drafts from prompt lookup, draft from the model's own first layers, verified in one pass per step (default: off)",
+        "speculative decoding: ngram drafts from prompt lookup, draft from the model's own first layers, "
+        "verified in one pass per step (default: off)",
     )
     speculative_tokens: int | None = opt(
         None, f"draft tokens per sequence per step (default: {SPECULATIVE_TOKENS})"
@@ -277,15 +282,18 @@ class WorkerOptions(_Options):
     tls_server_name: str | None = opt(None, "name in the peers' certificates (dialled by IP)")
     role_file: str | None = opt(
         None,
-        "a prefill or decode worker takes the role this pod labels file (downward API) names in its serving.tandem.dev/role label, whenever it changes",
+        "a prefill or decode worker takes the role this pod labels file (downward API) names in its "
+        "serving.tandem.dev/role label, whenever it changes",
     )
     max_streams: int | None = opt(
         None,
-        "token streams (StreamTokens, Generate) served at once; past it RESOURCE_EXHAUSTED (default: 2 x --max-running)",
+        "token streams (StreamTokens, Generate) served at once; past it RESOURCE_EXHAUSTED (default: 2 x "
+        "--max-running)",
     )
     max_transfers: int | None = opt(
         None,
-        "Reserve and Prefill RPCs served at once (KV pushes: as many as streams); past it RESOURCE_EXHAUSTED (default: --max-running)",
+        "Reserve and Prefill RPCs served at once (KV pushes: as many as streams); past it RESOURCE_EXHAUSTED "
+        "(default: --max-running)",
     )
     engine_stall_seconds: float = opt(
         ENGINE_STALL_S, "liveness fails when the engine loop has not come round for this long"
@@ -371,17 +379,18 @@ class RouterOptions(_Options):
     )
     prefill_queue_tokens: int = opt(
         _DISAGGREGATION.prefill_queue_tokens,
-        "conditional: past this many queued prompt tokens on every prefill worker, prefill on a decode worker with room",
+        "conditional: past this many queued prompt tokens on every prefill worker, prefill on a decode "
+        "worker with room",
     )
     local_prefill_max_tpot_fraction: float = opt(
         _DISAGGREGATION.local_prefill_max_tpot_fraction,
-        "conditional: no local prefill on a decode worker whose streams' recent TPOT is above this fraction of "
-        "--slo-tpot-ms (0: no check)",
+        "conditional: no local prefill on a decode worker whose streams' recent TPOT is above this fraction "
+        "of --slo-tpot-ms (0: no check)",
     )
     mixed_decode_ratio: float = opt(
         _DISAGGREGATION.mixed_decode_ratio,
-        "conditional: a prefill worker runs whole requests itself while it has fewer than this fraction of the decode "
-        "worker's streams and its queue has room (0: never)",
+        "conditional: a prefill worker runs whole requests itself while it has fewer than this fraction of "
+        "the decode worker's streams and its queue has room (0: never)",
     )
     prefill: list[str] = opt(help="prefill worker addresses, comma-separated", factory=list)
     decode: list[str] = opt(help="decode worker addresses, comma-separated", factory=list)
@@ -392,7 +401,8 @@ class RouterOptions(_Options):
     max_queued: int = opt(_ROUTER.max_queued_requests, "requests in flight before answering 429")
     max_held: int = opt(
         _WAKE.max_requests,
-        "requests held at once while a pool they need has no worker (scaled to zero, waking); past it 503 with Retry-After (0: refuse at once)",
+        "requests held at once while a pool they need has no worker (scaled to zero, waking); past it 503 "
+        "with Retry-After (0: refuse at once)",
     )
     hold_timeout: float = opt(
         float(_WAKE.timeout_seconds),

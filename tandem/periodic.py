@@ -12,7 +12,8 @@ log = logging.getLogger(__name__)
 
 
 class Every:
-    """Calls `check` every `every_s` seconds on a daemon thread named `name` (the first call one period in)."""
+    """Calls `check` every `every_s` seconds on a daemon thread named `name` (the first call one period
+    in)."""
 
     def __init__(self, every_s: float, check: Callable[[], object], name: str) -> None:
         self.every_s, self.check, self.name = every_s, check, name

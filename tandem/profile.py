@@ -15,9 +15,9 @@ read it. The JSON format (all times in milliseconds):
       "scale": {"prefill": 1.0, "decode": 1.0, "note": "as measured"}
     }
 
-Prefill time between measured prompt lengths is interpolated linearly (and extrapolated from the last
-two points); decode step time is the least-squares fit (in relative error) `a + b*batch + c*batch*context`, the shape of a
-step that reads the weights once and every running sequence's KV.
+Prefill time between measured prompt lengths is interpolated linearly (and extrapolated from the last two
+points); decode step time is the least-squares fit (in relative error) `a + b*batch + c*batch*context`, the
+shape of a step that reads the weights once and every running sequence's KV.
 """
 
 from __future__ import annotations

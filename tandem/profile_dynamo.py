@@ -1,4 +1,5 @@
-"""Read a Dynamo profiler result (its `selected_*_interpolation/raw_data.npz` pair) as a tandem capacity profile.
+"""Read a Dynamo profiler result (its `selected_*_interpolation/raw_data.npz` pair) as a tandem capacity
+profile.
 
 Dynamo's profiler measures one prefill worker's TTFT per prompt length, and one decode worker's inter-token
 latency over a grid of KV usage and context length. tandem's profile wants prefill time per prompt length

@@ -15,7 +15,8 @@ class Slo:
 
     @classmethod
     def from_seconds(cls, ttft_s: float, tpot_s: float, objective: float | None = None) -> Slo:
-        """From targets in seconds and the objective as a fraction 0..1 (Prometheus' and the client's units)."""
+        """From targets in seconds and the objective as a fraction 0..1 (Prometheus' and the client's
+        units)."""
         return cls(ttft_s * 1000, tpot_s * 1000, cls.percentile if objective is None else objective * 100)
 
     @property

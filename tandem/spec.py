@@ -102,7 +102,8 @@ class ModelSource(_Spec):
     model_config = ConfigDict(
         json_schema_extra=rules(
             cel(
-                "[has(self.path), has(self.pvc), has(self.hostPath), has(self.image), has(self.huggingFace)].filter(x, x).size() == 1",
+                "[has(self.path), has(self.pvc), has(self.hostPath), has(self.image), "
+                "has(self.huggingFace)].filter(x, x).size() == 1",
                 SOURCE_EXACTLY_ONE,
             )
         )
@@ -162,10 +163,10 @@ class ModelSpec(_Spec):
     max_position_embeddings, contexts are served up to the model's and the status says Degraded
     (ContextExceedsModel) with both numbers."""
     quantization: Quantization = Quantization.none
-    """none, int8 or fp8, for every decoder projection and an untied lm_head, quantized as the checkpoint loads
-    (the embeddings stay in dtype): int8 weight-only with one scale per output channel; fp8 e4m3 weights with
-    per-channel scales and per-token activations through scaled matmuls (GPUs of compute capability 8.9 or
-    more; FP8 checkpoints load as stored)."""
+    """none, int8 or fp8, for every decoder projection and an untied lm_head, quantized as the checkpoint
+    loads (the embeddings stay in dtype): int8 weight-only with one scale per output channel; fp8 e4m3 weights
+    with per-channel scales and per-token activations through scaled matmuls (GPUs of compute capability 8.9
+    or more; FP8 checkpoints load as stored)."""
 
 
 class Resources(_Spec):
@@ -212,8 +213,8 @@ class VolumeMount(_Spec):
     model_config = ConfigDict(
         json_schema_extra=rules(
             cel(
-                "!(self.mountPath in ['/models', '/tmp', '/dev/shm']) && !self.mountPath.startsWith('/models/') && "
-                "!self.mountPath.startsWith('/etc/tandem/')",
+                "!(self.mountPath in ['/models', '/tmp', '/dev/shm']) && "
+                "!self.mountPath.startsWith('/models/') && !self.mountPath.startsWith('/etc/tandem/')",
                 "podTemplate mount paths /models, /tmp, /dev/shm and /etc/tandem/ are the operator's",
             )
         )
@@ -244,7 +245,8 @@ class PodTemplateOverlay(_Spec):
     model_config = ConfigDict(
         json_schema_extra=rules(
             cel(
-                "!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes) && self.volumes.exists(v, v.name == m.name))",
+                "!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes) && "
+                "self.volumes.exists(v, v.name == m.name))",
                 "podTemplate.volumeMounts must each name a volume of podTemplate.volumes",
                 ".volumeMounts",
             )
@@ -257,7 +259,8 @@ class PodTemplateOverlay(_Spec):
         json_schema_extra=rules(
             cel(
                 "self.all(k, !k.startsWith('serving.tandem.dev/') && !k.startsWith('app.kubernetes.io/'))",
-                "podTemplate.labels may not set serving.tandem.dev/ or app.kubernetes.io/ labels: the operator's selectors use them",
+                "podTemplate.labels may not set serving.tandem.dev/ or app.kubernetes.io/ labels: the "
+                "operator's selectors use them",
             ),
             additionalProperties={"type": "string", "maxLength": 63},
         ),
@@ -269,7 +272,8 @@ class PodTemplateOverlay(_Spec):
         json_schema_extra=rules(
             cel(
                 "self.all(k, !k.startsWith('serving.tandem.dev/') && !k.startsWith('prometheus.io/'))",
-                "podTemplate.annotations may not set serving.tandem.dev/ or prometheus.io/ annotations: the operator sets them",
+                "podTemplate.annotations may not set serving.tandem.dev/ or prometheus.io/ annotations: the "
+                "operator sets them",
             )
         ),
     )
@@ -426,19 +430,20 @@ class SloSpec(_Spec):
 
 
 AUTOSCALING_FLIP_NEEDS_ROLE_FLIP = (
-    "spec.autoscaling.flip.enabled needs roleFlip: true (workers that hold certificates for both roles) and mode "
-    "disaggregated or auto"
+    "spec.autoscaling.flip.enabled needs roleFlip: true (workers that hold certificates for both roles) and "
+    "mode disaggregated or auto"
 )
 AUTO_NEEDS_AUTOSCALING = (
-    "spec.mode auto needs autoscaling.enabled and roleFlip: true: the autoscaler chooses the shape (colocated "
-    "workers or a prefill/decode split) and changes it by flipping warm workers, which hold certificates for every "
-    "worker role"
+    "spec.mode auto needs autoscaling.enabled and roleFlip: true: the autoscaler chooses the shape "
+    "(colocated workers or a prefill/decode split) and changes it by flipping warm workers, which hold "
+    "certificates for every worker role"
 )
 
 
 class FlipSpec(_Spec):
     """Role flips as an autoscaling action: a warm worker of the pool with slack serves the breaching pool
-    after its drain plus `flipSeconds`, while new pods of the right role start; it flips back once they are Ready."""
+    after its drain plus `flipSeconds`, while new pods of the right role start; it flips back once they are
+    Ready."""
 
     enabled: bool = False
     """Let the autoscaler flip workers between the prefill and decode roles."""
@@ -454,7 +459,8 @@ class ShapeSpec(_Spec):
     dwell_seconds: int = Field(default=600, ge=0)
     """No change of shape sooner than this after the last one."""
     band_percent: int = Field(default=10, ge=0, le=90)
-    """The other shape must need at least this share fewer GPUs (and at least one fewer) than the current one."""
+    """The other shape must need at least this share fewer GPUs (and at least one fewer) than the current
+    one."""
     horizon_seconds: int = Field(default=1800, gt=0)
     """The GPUs a change saves over this long must repay its cost (every worker drains and flips)."""
 
@@ -491,7 +497,8 @@ class AutoscalingSpec(_Spec):
 
 class Transport(StrEnum):
     """How prefill workers push KV to decode workers: `auto` uses shared memory between workers on one host
-    whose caches are on the CPU, else the gRPC stream; `grpc` and `shm` force one (shm: CPU caches, one host)."""
+    whose caches are on the CPU, else the gRPC stream; `grpc` and `shm` force one (shm: CPU caches, one
+    host)."""
 
     auto = "auto"
     grpc = "grpc"
@@ -521,7 +528,8 @@ def _spec_rules(schema: dict[str, Any]) -> None:
     )
     schema["x-kubernetes-validations"] = [
         cel(
-            f"{autoscaled} || !has(self.decode) || !has(self.decode.minReplicas) || self.decode.minReplicas > 0",
+            f"{autoscaled} || !has(self.decode) || !has(self.decode.minReplicas) || self.decode.minReplicas "
+            "> 0",
             f"spec.decode.{MIN_ZERO_NEEDS_AUTOSCALING}",
             ".decode.minReplicas",
         ),
@@ -532,7 +540,8 @@ def _spec_rules(schema: dict[str, Any]) -> None:
             ".prefill.minReplicas",
         ),
         cel(
-            f"!({flips}) || has(self.roleFlip) && self.roleFlip && (!has(self.mode) || self.mode != 'colocated')",
+            f"!({flips}) || has(self.roleFlip) && self.roleFlip && (!has(self.mode) || self.mode != "
+            "'colocated')",
             AUTOSCALING_FLIP_NEEDS_ROLE_FLIP,
             ".autoscaling.flip.enabled",
         ),
@@ -561,8 +570,8 @@ class InferenceServiceSpec(_Spec):
     router: RouterSpec = Field(default_factory=RouterSpec)
     """The OpenAI-compatible router Deployment in front of the pools."""
     prefill: PoolSpec = Field(default_factory=PoolSpec, json_schema_extra={"default": POOL_DEFAULT})
-    """The prefill pool (prompt processing; sets TTFT). In colocated mode spec.decode sizes the one pool, and a
-    prefill setting other than its default is refused."""
+    """The prefill pool (prompt processing; sets TTFT). In colocated mode spec.decode sizes the one pool, and
+    a prefill setting other than its default is refused."""
     decode: PoolSpec = Field(default_factory=PoolSpec, json_schema_extra={"default": POOL_DEFAULT})
     """The decode pool (token generation; sets TPOT). In colocated mode it sizes the one pool."""
     slo: SloSpec = Field(default_factory=SloSpec)
@@ -709,8 +718,9 @@ IGNORED_BY_MODE = (
             s.mode is not Mode.colocated
             and s.router.disaggregation.mode is not DisaggregationMode.conditional
         ),
-        "(!has(self.mode) || self.mode != 'colocated') && !(has(self.router) && has(self.router.disaggregation)"
-        " && has(self.router.disaggregation.mode) && self.router.disaggregation.mode == 'conditional')",
+        "(!has(self.mode) || self.mode != 'colocated') && !(has(self.router) && "
+        "has(self.router.disaggregation) && has(self.router.disaggregation.mode) && "
+        "self.router.disaggregation.mode == 'conditional')",
         tuple(f"router.disaggregation.{f}" for f in _CONDITIONAL_ONLY),
         "only mode conditional reads it",
     ),

@@ -57,8 +57,8 @@ class SpeculativeSpec(Spec):
     num_tokens: int = Field(default=4, ge=1, le=16)
     """Draft tokens per sequence per step."""
     draft_model: DraftModelSpec | None = None  # method draft only
-    """The draft of method draft (required by it, refused otherwise): the served model's first layers, then its
-    final norm and LM head. Their KV is the model's own, already in the cache the prefill worker sent, so
+    """The draft of method draft (required by it, refused otherwise): the served model's first layers, then
+    its final norm and LM head. Their KV is the model's own, already in the cache the prefill worker sent, so
     drafting needs no second checkpoint and no KV memory of its own."""
 
     @model_validator(mode="after")
@@ -90,8 +90,8 @@ class DecodeStep(StrEnum):
 
 
 KV_INT8_NEEDS_SDPA = (
-    "engine.kvCacheDtype int8 needs engine.attention sdpa or triton: the flex backend reads the cache in place and "
-    "cannot unpack 8-bit pages"
+    "engine.kvCacheDtype int8 needs engine.attention sdpa or triton: the flex backend reads the cache in "
+    "place and cannot unpack 8-bit pages"
 )
 
 
@@ -99,7 +99,8 @@ class EngineSpec(Spec):
     model_config = ConfigDict(
         json_schema_extra=rules(
             cel(
-                "!has(self.kvCacheDtype) || self.kvCacheDtype != 'int8' || !has(self.attention) || self.attention != 'flex'",
+                "!has(self.kvCacheDtype) || self.kvCacheDtype != 'int8' || !has(self.attention) || "
+                "self.attention != 'flex'",
                 KV_INT8_NEEDS_SDPA,
                 ".kvCacheDtype",
             )
@@ -129,7 +130,8 @@ class EngineSpec(Spec):
     """Attention over the paged KV cache: sdpa gathers each context (the reference), flex reads the cache in
     place (compiled on CUDA), triton reads it in place through our own kernel (CUDA only)."""
     compile: bool = False
-    """torch.compile the model's per-token layers on CUDA; the worker warms them up before it reports ready."""
+    """torch.compile the model's per-token layers on CUDA; the worker warms them up before it reports
+    ready."""
     decode_step: DecodeStep = DecodeStep.eager
     """Pure-decode steps in the decode pool: eager (the general path), compiled (one static-shape step padded
     to batch and page-table buckets, torch.compiled whole), cudaGraphs (that step captured as one CUDA graph

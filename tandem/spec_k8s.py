@@ -8,7 +8,11 @@ from typing import Any
 from tandem.spec_base import cel
 
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-LABEL_KEY = r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+# an optional DNS-subdomain prefix and a slash, then the name
+LABEL_KEY = (
+    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
 ENV_NAME = "^[ -<>-~]+$"  # printable ASCII but '='
 QUANTITY = cel("isQuantity(self)", "must be a quantity such as 500m, 2 or 8Gi")
 
@@ -49,8 +53,8 @@ VOLUME: dict[str, Any] = {
     "x-kubernetes-validations": [
         cel(
             f"[{', '.join(f'has(self.{s})' for s in _VOLUME_SOURCES)}].filter(x, x).size() == 1",
-            "a podTemplate volume is exactly one of configMap, secret, emptyDir, persistentVolumeClaim, projected, "
-            "downwardAPI, csi or ephemeral (the restricted Pod Security Standard allows no other)",
+            "a podTemplate volume is exactly one of configMap, secret, emptyDir, persistentVolumeClaim, "
+            "projected, downwardAPI, csi or ephemeral (the restricted Pod Security Standard allows no other)",
         ),
         cel(
             "!(self.name in ['model', 'tls', 'api-keys', 'scratch', 'dshm'])",

@@ -12,7 +12,8 @@ from tandem.spec_base import Spec, cel, rules
 
 
 class TandemPoolSpec(Spec):
-    """The desired size of one pool of an InferenceService; its Deployment follows it. Written through /scale."""
+    """The desired size of one pool of an InferenceService; its Deployment follows it. Written through
+    /scale."""
 
     service: str = Field(
         min_length=1, json_schema_extra=rules(cel("self == oldSelf", "spec.service is immutable"))

@@ -1,5 +1,5 @@
-"""`status`: what the operator and the autoscaler report on an InferenceService, typed so that the CRD's status
-schema comes from here (tandem.crdgen); the writers build these objects as dicts."""
+"""`status`: what the operator and the autoscaler report on an InferenceService, typed so that the CRD's
+status schema comes from here (tandem.crdgen); the writers build these objects as dicts."""
 
 from __future__ import annotations
 
@@ -226,7 +226,8 @@ class InferenceServiceStatus(Status):
     autoscaling: AutoscalingStatus | None = None
     """What the autoscaler wants and sees per pool, and its last scaling decision."""
     cold_start: dict[str, ColdStartStatus] | None = None
-    """Per pool, its pods' starts phase by phase (the last 8), and the median of each phase per kind of start."""
+    """Per pool, its pods' starts phase by phase (the last 8), and the median of each phase per kind of
+    start."""
     model_cache: dict[str, ModelCacheStatus] | None = None
     """Per pool, for a Hugging Face source, its pods' model fetches (the ModelCached condition sums them)."""
     conditions: list[Condition] | None = Field(

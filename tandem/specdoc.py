@@ -46,7 +46,8 @@ class Row:
 
 
 def prose(text: str) -> str:
-    """Text for a table cell: pipes escaped, and words like <name>-router in code, where Markdown keeps them."""
+    """Text for a table cell: pipes escaped, and words like <name>-router in code, where Markdown keeps
+    them."""
     return re.sub(r"[\w./-]*<\w+>[\w./-]*", lambda m: f"`{m.group()}`", text.replace("|", "\\|"))
 
 
@@ -222,21 +223,23 @@ def render(service: dict[str, Any], pool: dict[str, Any], example_path: str, exa
     out = [
         "# InferenceService reference",
         "",
-        "With this page you can write an InferenceService by hand, or read why the API server refused one: every "
-        "field of the spec with its type, default and allowed values, every rule checked on admission with the "
-        "message it answers, and what the status reports. The same spec runs on Kubernetes (`kubectl apply`) and "
-        "locally (`tandem up -f`).",
+        "With this page you can write an InferenceService by hand, or read why the API server refused one: "
+        "every field of the spec with its type, default and allowed values, every rule checked on admission "
+        "with the message it answers, and what the status reports. The same spec runs on Kubernetes "
+        "(`kubectl apply`) and locally (`tandem up -f`).",
         "",
-        f"A minimal one, [{example_path}](../{example_path}) (`tandem up -f {example_path} --create-tiny` runs it; "
-        "[examples/inferenceservice-gpu.yaml](../examples/inferenceservice-gpu.yaml) is one for GPU nodes):",
+        f"A minimal one, [{example_path}](../{example_path}) (`tandem up -f {example_path} --create-tiny` "
+        "runs it; [examples/inferenceservice-gpu.yaml](../examples/inferenceservice-gpu.yaml) is one for GPU "
+        "nodes):",
         "",
         "```yaml",
         example.rstrip("\n"),
         "```",
         "",
         f"`apiVersion: {group}/{version}`, `kind: {service['spec']['names']['kind']}`, short name `{short}`. "
-        "This page is generated from the spec types by `python -m tandem.crdgen`, with the CRDs, and a test fails "
-        "when it is out of date; `kubectl explain tsvc.spec` shows the same descriptions (the bare `inferenceservice` is KServe's kind where KServe is installed).",
+        "This page is generated from the spec types by `python -m tandem.crdgen`, with the CRDs, and a test "
+        "fails when it is out of date; `kubectl explain tsvc.spec` shows the same descriptions (the bare "
+        "`inferenceservice` is KServe's kind where KServe is installed).",
         "",
         "## spec",
         "",
@@ -262,8 +265,8 @@ def render(service: dict[str, Any], pool: dict[str, Any], example_path: str, exa
     out += [
         "## Admission rules",
         "",
-        "Besides the types and bounds above, the API server checks these rules (CEL in the CRD) and refuses an "
-        "object that breaks one with the message below, naming the field.",
+        "Besides the types and bounds above, the API server checks these rules (CEL in the CRD) and refuses "
+        "an object that breaks one with the message below, naming the field.",
         "",
         "| field | refused with |",
         "| --- | --- |",
@@ -291,10 +294,11 @@ def render(service: dict[str, Any], pool: dict[str, Any], example_path: str, exa
     out += [
         f"## {pool_names['kind']}",
         "",
-        f"The operator creates one {pool_names['kind']} (short name `{pool_names['shortNames'][0]}`) per pool of an "
-        "InferenceService, named `<service>-<pool>`, and owns it. "
-        f"{pool_schema['properties']['spec'].get('description', '')} `kubectl scale {pool_names['shortNames'][0]} "
-        "<service>-decode --replicas 3`, an HPA or KEDA drive one pool this way while `spec.autoscaling` is off.",
+        f"The operator creates one {pool_names['kind']} (short name `{pool_names['shortNames'][0]}`) per "
+        "pool of an InferenceService, named `<service>-<pool>`, and owns it. "
+        f"{pool_schema['properties']['spec'].get('description', '')} `kubectl scale "
+        f"{pool_names['shortNames'][0]} <service>-decode --replicas 3`, an HPA or KEDA drive one pool this "
+        "way while `spec.autoscaling` is off.",
         "",
         _table(
             [

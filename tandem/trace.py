@@ -1,5 +1,5 @@
-"""Request traces (the Azure LLM inference CSVs, or JSONL with a timestamp and token counts), read the same way
-by the load generator and the autoscaler's simulator."""
+"""Request traces (the Azure LLM inference CSVs, or JSONL with a timestamp and token counts), read the same
+way by the load generator and the autoscaler's simulator."""
 
 from __future__ import annotations
 
@@ -156,9 +156,9 @@ def to_mooncake_jsonl(requests: Iterable[TraceRequest], block_tokens: int = 512)
 def diurnal(
     requests: list[TraceRequest], hours: int = 24, low: float = 1.0, high: float = 8.0, hour_s: float = 3600.0
 ) -> list[TraceRequest]:
-    """A day from a shorter trace: hour h replays the next `hour_s` of the trace (wrapping) at a rate factor on
-    a cosine from `low` at 04:00 to `high` at 16:00. `hour_s` below 3600 compresses the day's curve (not the
-    requests' own timing): 900 makes the 24 hours of the curve last 6."""
+    """A day from a shorter trace: hour h replays the next `hour_s` of the trace (wrapping) at a rate factor
+    on a cosine from `low` at 04:00 to `high` at 16:00. `hour_s` below 3600 compresses the day's curve (not
+    the requests' own timing): 900 makes the 24 hours of the curve last 6."""
     if not requests:
         return []
     span = max(r.arrival_s for r in requests) + 1e-9

@@ -15,7 +15,8 @@ GREEDY = dict(temperature=0.0, ignore_eos=True)
 
 
 def static_engine(model: Transformer, compile: bool, **overrides) -> Engine:
-    """An engine with the static decode step; `compile=False` runs the same padded step without torch.compile."""
+    """An engine with the static decode step; `compile=False` runs the same padded step without
+    torch.compile."""
     engine = Engine(model, EngineConfig(**{"decode_step": "compiled", **overrides}))
     if not compile:  # torch.compile is lazy: nothing was compiled yet
         runner = engine.decode_step

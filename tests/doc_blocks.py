@@ -1,5 +1,5 @@
-"""The docs' runnable commands: fenced bash blocks marked `<!-- runnable ... -->` on the line before, which tests
-run as written (kubectl commands on the real API server, helm commands in the chart's install test)."""
+"""The docs' runnable commands: fenced bash blocks marked `<!-- runnable ... -->` on the line before, which
+tests run as written (kubectl commands on the real API server, helm commands in the chart's install test)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def runnable_commands(page: Path) -> list[list[str]]:
 
 
 def docs_command(tool: str, verb: str) -> list[str]:
-    """The one `tool verb ...` command the docs mark runnable, its arguments after the verb (a second one is an error)."""
+    """The one `tool verb ...` command the docs mark runnable, its arguments after the verb (a second one is
+    an error)."""
     found = [argv[2:] for page in DOCS for argv in runnable_commands(page) if argv[:2] == [tool, verb]]
     if len(found) != 1:
         raise LookupError(f"the docs mark {len(found)} runnable `{tool} {verb}` commands, not one: {found}")

@@ -1,4 +1,4 @@
-"""Engine runs shared by the speculative-decoding tests: seeded prompts, and a run to completion with late joiners."""
+"""Engine runs the speculative-decoding tests share: seeded prompts, a run to completion with late joiners."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ def seeded_prompt(n: int, seed: int, vocab: int = 1000) -> list[int]:
 def run_to_completion(
     engine: Engine, requests: list[tuple[list[int], SamplingParams]], late: dict[int, list] | None = None
 ) -> dict[str, tuple[list[int], str]]:
-    """Run to completion (requests in `late[step]` join at that step); returns request id -> (tokens, reason)."""
+    """Run to completion (requests in `late[step]` join at that step); returns request id -> (tokens,
+    reason)."""
     out: dict[str, list[int]] = {}
     reasons: dict[str, str] = {}
     for prompt, params in requests:

@@ -1,4 +1,4 @@
-"""Hugging Face transformers models on random weights: the numerical reference our model code is checked against."""
+"""Hugging Face transformers models on random weights: the numerical reference our model code is held to."""
 
 from __future__ import annotations
 

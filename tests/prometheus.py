@@ -149,7 +149,8 @@ class Prometheus:
                 return targets
             if time.monotonic() > deadline:
                 raise TimeoutError(
-                    f"targets not up after {timeout_s:.0f}s: {[(t['scrapeUrl'], t['health'], t['lastError']) for t in targets]}"
+                    f"targets not up after {timeout_s:.0f}s: "
+                    f"{[(t['scrapeUrl'], t['health'], t['lastError']) for t in targets]}"
                 )
             time.sleep(0.3)
 
@@ -196,7 +197,8 @@ def running_prometheus(
         while True:
             if proc.poll() is not None:
                 raise PrometheusError(
-                    f"prometheus exited with {proc.returncode}:\n{log_file.read_text(errors='replace')[-3000:]}"
+                    "prometheus exited with "
+                    f"{proc.returncode}:\n{log_file.read_text(errors='replace')[-3000:]}"
                 )
             try:
                 if prom.http.get("/-/ready").status_code == 200:

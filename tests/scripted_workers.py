@@ -28,7 +28,8 @@ class ScriptedDecode(decode_pb2_grpc.DecodeServiceServicer):
 def serve_on_loopback(
     servicers: Sequence[tuple[Callable[[Any, grpc.Server], None], Any]], threads: int = 4
 ) -> tuple[list[grpc.Server], list[str]]:
-    """Each (add_*_to_server, servicer) on its own server at a free loopback port: the servers and addresses."""
+    """Each (add_*_to_server, servicer) on its own server at a free loopback port: the servers and
+    addresses."""
     servers, addresses = [], []
     for add, servicer in servicers:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads))

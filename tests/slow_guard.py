@@ -1,6 +1,6 @@
-"""A pytest plugin that fails any test whose body runs longer than SLOW_UNMARKED_S without `@pytest.mark.slow`,
-so CI's time stays visible: a slow test is either marked (and known) or made faster. Fixture setup is not
-counted (a module-scoped stack started once is the point), only the test's own call.
+"""A pytest plugin that fails any test whose body runs longer than SLOW_UNMARKED_S without
+`@pytest.mark.slow`, so CI's time stays visible: a slow test is either marked (and known) or made faster.
+Fixture setup is not counted (a module-scoped stack started once is the point), only the test's own call.
 
 The limit is wall time on an unshared machine: where the host's 1-minute load average per core is above 1
 (other jobs on a shared host), the limit stretches by that factor, so that the guard flags tests that are
@@ -50,6 +50,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         report.outcome = "failed"
         stretched = f" ({base:g} s stretched by a load of {load:.1f} per core)" if limit > base else ""
         report.longrepr = (
-            f"{item.nodeid} took {call.duration:.1f} s, over {limit:g} s{stretched} without @pytest.mark.slow: "
-            "mark it slow, or share its slow fixtures (start them once per module)"
+            f"{item.nodeid} took {call.duration:.1f} s, over {limit:g} s{stretched} without "
+            "@pytest.mark.slow: mark it slow, or share its slow fixtures (start them once per module)"
         )

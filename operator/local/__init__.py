@@ -1,1 +1,1 @@
-"""`tandem up`: the operator's local backend, an InferenceService run as router and worker processes on this machine."""
+"""`tandem up`: the operator's local backend, an InferenceService run as router and worker processes here."""

@@ -130,7 +130,8 @@ def _serve_until_stopped(
 
 
 def _start_autoscaler(svc: InferenceService, stack: LocalStack, state: Path):
-    """With spec.autoscaling.enabled, the SLO autoscaler resizes the local pools (tandem.operator.autoscale.backends.local.loop)."""
+    """With spec.autoscaling.enabled, the SLO autoscaler resizes the local pools
+    (tandem.operator.autoscale.backends.local.loop)."""
     if not svc.spec.autoscaling.enabled:
         return None
     from tandem.operator.autoscale.backends.local.loop import LocalAutoscaleThread, local_autoscaler

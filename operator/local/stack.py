@@ -200,8 +200,8 @@ def serving(
     tls_root = local_tls_root(svc, Path.cwd(), state)
     if tls_root is None:
         print(
-            f"tandem up: WARNING {svc.name}: security.tls is off; its gRPC ports take plaintext calls from anyone "
-            "who can reach them",
+            f"tandem up: WARNING {svc.name}: security.tls is off; its gRPC ports take plaintext calls from "
+            "anyone who can reach them",
             file=sys.stderr,
             flush=True,
         )

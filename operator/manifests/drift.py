@@ -1,4 +1,4 @@
-"""Pure decisions about whether a live child differs from its rendered manifest (so steady state writes nothing)."""
+"""Whether a live child differs from its rendered manifest (pure), so that steady state writes nothing."""
 
 from __future__ import annotations
 

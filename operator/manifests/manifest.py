@@ -71,7 +71,8 @@ def content_hash(obj: Any) -> str:
 
 
 def with_hash(manifest: Manifest) -> Manifest:
-    """The manifest with a hash of itself in an annotation, so a changed render is seen without a deep diff."""
+    """The manifest with a hash of itself in an annotation, so a changed render is seen without a deep
+    diff."""
     digest = content_hash(manifest)
     meta = dict(manifest["metadata"])
     meta["annotations"] = {**meta.get("annotations", {}), HASH_ANNOTATION: digest}

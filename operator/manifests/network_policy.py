@@ -1,4 +1,4 @@
-"""The NetworkPolicy of each pool (`security.networkPolicy`): which pods and ports may reach it, nothing else."""
+"""Each pool's NetworkPolicy (`security.networkPolicy`): which pods and ports may reach it, nothing else."""
 
 from __future__ import annotations
 

@@ -79,7 +79,8 @@ def worker_args(spec: InferenceServiceSpec, service: str, pool: str) -> list[str
 
 def routed_pools(spec: InferenceServiceSpec) -> list[str]:
     """The roles the router finds workers of, each through its headless Service: the pools, and in mode auto
-    the colocated role too (pods of either Deployment relabelled colocated; it has no Deployment of its own)."""
+    the colocated role too (pods of either Deployment relabelled colocated; it has no Deployment of its
+    own)."""
     return [*worker_pools(spec), names.POOL_COLOCATED] if spec.mode is Mode.auto else worker_pools(spec)
 
 

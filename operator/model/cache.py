@@ -43,7 +43,8 @@ class ModelCache:
 
 
 def from_env(environ: Mapping[str, str] = os.environ) -> ModelCache | None:
-    """The chart's cache, or None (each pod downloads into its own emptyDir). Raises ValueError when invalid."""
+    """The chart's cache, or None (each pod downloads into its own emptyDir). Raises ValueError when
+    invalid."""
     host, claim = environ.get(ENV_HOST_PATH, "").strip(), environ.get(ENV_CLAIM, "").strip()
     if not host and not claim:
         return None

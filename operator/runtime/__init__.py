@@ -1,1 +1,2 @@
-"""The controller's machinery: the Kubernetes client, the watch cache, the work queue, leader election, health."""
+"""The controller's machinery: the Kubernetes client, the watch cache, the work queue, leader election,
+health."""

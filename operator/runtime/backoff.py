@@ -5,7 +5,7 @@ from __future__ import annotations
 
 BASE_SECONDS = 1.0
 CAP_SECONDS = 300.0
-# Bad request, forbidden (RBAC, quota), invalid: the same request gets the same answer until something changes.
+# Bad request, forbidden (RBAC, quota), invalid: the same request gets the same answer until a change.
 PERMANENT_STATUSES = frozenset({400, 403, 422})
 
 

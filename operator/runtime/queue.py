@@ -16,7 +16,8 @@ Key = tuple[str, str]  # (namespace, name)
 
 
 class ReconcileQueue:
-    """trigger(key) schedules fn(*key, fresh) in a worker thread; triggers during a run cause exactly one rerun.
+    """trigger(key) schedules fn(*key, fresh) in a worker thread; triggers during a run cause exactly one
+    rerun.
 
     `fresh` asks the reconcile to read the API rather than the watch cache; it sticks until a run uses it.
     After a failure the object waits `backoff(error, failures)` seconds; every trigger in that time (child
@@ -32,8 +33,8 @@ class ReconcileQueue:
     ):
         self._fn = fn
         self._sem = asyncio.Semaphore(concurrency)
-        # threads of its own: asyncio's default pool (CPUs + 4) is smaller than `concurrency` on a small node and is
-        # shared with the autoscaler's ticks
+        # threads of its own: asyncio's default pool (CPUs + 4) is smaller than `concurrency` on a small node
+        # and is shared with the autoscaler's ticks
         self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="reconcile")
         self._queued: set[Key] = set()
         self._running: set[Key] = set()
@@ -130,8 +131,9 @@ class ReconcileQueue:
     async def resync_forever(
         self, interval: float, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     ) -> None:
-        """Level-based safety net: reconcile every known InferenceService from fresh reads once every `interval` s,
-        spread over the interval, so that a burst of resyncs never queues ahead of an object that just changed."""
+        """Level-based safety net: reconcile every known InferenceService from fresh reads once every
+        `interval` s, spread over the interval, so that a burst of resyncs never queues ahead of an object
+        that just changed."""
         while True:
             keys = list(self.known)
             if not keys:

@@ -1,1 +1,2 @@
-"""Pure readings of what the reconcile observed: pods, cold starts, preflight findings, the status it reports."""
+"""Pure readings of what the reconcile observed: pods, cold starts, preflight findings, the status it
+reports."""

@@ -88,7 +88,8 @@ def pod_cold_start(pod: Body) -> Body | None:
 
 
 def merge(previous: list[Body], pods: list[Body], keep: int = KEEP) -> list[Body]:
-    """The pool's last `keep` starts: those already kept and those of `pods` now Ready, one per pod, newest last."""
+    """The pool's last `keep` starts: those already kept and those of `pods` now Ready, one per pod, newest
+    last."""
     by_pod = {s["pod"]: s for s in previous if isinstance(s, dict) and "pod" in s}
     for pod in pods:
         if (pod.get("metadata") or {}).get("deletionTimestamp"):

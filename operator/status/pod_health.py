@@ -55,7 +55,8 @@ def _problems(pod: Body) -> list[tuple[str, str]]:
                 words = waiting.get("message") or ""
                 last = (cs.get("lastState") or {}).get("terminated") or {}
                 if last:
-                    words = f"last exit code {last.get('exitCode')} ({last.get('reason') or 'Error'}) {words}".strip()
+                    code, reason = last.get("exitCode"), last.get("reason") or "Error"
+                    words = f"last exit code {code} ({reason}) {words}".strip()
                 out.append(
                     (waiting["reason"], _one_line(f"container {cs.get('name')}: {words}".rstrip(": ")))
                 )

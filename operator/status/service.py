@@ -88,15 +88,15 @@ def service_status(
 ) -> Body:
     """Conditions (Ready, Progressing, Degraded), per-pool replicas and the router endpoint.
 
-    `deployments` and `desired` are keyed by pool (including the router). `blocked` is (reason, message)
-    when the spec cannot be rolled out: it could not be rendered (InvalidSpec) or the API server refused a
-    child (ApplyFailed). `pod_problems` (pool -> (reason, message), see pod_health.py) are why a pool's pods
-    do not run. A pool with no replicas cannot serve, so it is not Ready, unless it is in `wakes` (autoscaled
-    with minReplicas 0: the router holds its requests and the autoscaler starts its first worker). The three
-    conditions tell one story: while something is failing, Progressing is False with the same reason as Degraded. With `tls`
-    given, Encrypted says whether the gRPC hops use mutual TLS (False, reason TLSOff, when the spec turned
-    it off). `serving` (spec.roleFlip): Ready pods by current role, which the pool counts show. lastTransitionTime
-    only moves when a condition's status flips.
+    `deployments` and `desired` are keyed by pool (including the router). `blocked` is (reason, message) when
+    the spec cannot be rolled out: it could not be rendered (InvalidSpec) or the API server refused a child
+    (ApplyFailed). `pod_problems` (pool -> (reason, message), see pod_health.py) are why a pool's pods do not
+    run. A pool with no replicas cannot serve, so it is not Ready, unless it is in `wakes` (autoscaled with
+    minReplicas 0: the router holds its requests and the autoscaler starts its first worker). The three
+    conditions tell one story: while something is failing, Progressing is False with the same reason as
+    Degraded. With `tls` given, Encrypted says whether the gRPC hops use mutual TLS (False, reason TLSOff,
+    when the spec turned it off). `serving` (spec.roleFlip): Ready pods by current role, which the pool counts
+    show. lastTransitionTime only moves when a condition's status flips.
     """
     prev = {c["type"]: c for c in previous.get("conditions") or []}
     if blocked:

@@ -1,7 +1,7 @@
 """Pure: what the reconciler adds to an InferenceService's status from the pods it read: each pool's cold
 starts, phase by phase (cold_start.py), and for a Hugging Face source the `ModelCached` condition with each
-pool's fetch progress (model_cached.py), with the model's max_position_embeddings its fetches read. Pools whose
-pods were not read keep what the status said."""
+pool's fetch progress (model_cached.py), with the model's max_position_embeddings its fetches read. Pools
+whose pods were not read keep what the status said."""
 
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ def with_pod_starts(
 
 
 def _keep_positions(read: Body, kept: Body | None) -> Body:
-    """A pool's fetches as read now, keeping the model's limit an earlier fetch reported until one reports again."""
+    """A pool's fetches as read now, keeping the model's limit an earlier fetch reported until one reports
+    again."""
     if "maxPositionEmbeddings" in read or not (kept or {}).get("maxPositionEmbeddings"):
         return read
     return {**read, "maxPositionEmbeddings": kept["maxPositionEmbeddings"]}  # type: ignore[index]

@@ -69,7 +69,8 @@ def last_scaling(events: Iterable[dict[str, Any]], service: str, now: dt.datetim
     if not mine:
         return None
     when, e = max(mine, key=lambda pair: pair[0])
-    return f"{int((now - when).total_seconds())}s ago {e['involvedObject']['name']}: {e.get('message') or e.get('reason')}"
+    ago = int((now - when).total_seconds())
+    return f"{ago}s ago {e['involvedObject']['name']}: {e.get('message') or e.get('reason')}"
 
 
 class KubeSource:

@@ -87,7 +87,8 @@ def merge_sources(*sources: Sequence[ServiceState]) -> list[ServiceState]:
 
 
 def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
-    """The autoscaler's scrape-side histogram_quantile (Prometheus' rule), with None instead of NaN for no data."""
+    """The autoscaler's scrape-side histogram_quantile (Prometheus' rule), with None instead of NaN for no
+    data."""
     value = scrape_quantile(q, buckets)
     return None if math.isnan(value) else value
 

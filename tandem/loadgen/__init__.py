@@ -1,1 +1,1 @@
-"""Load generator for any OpenAI-compatible endpoint (`tandem bench`); a client tool that never imports torch."""
+"""A load generator for any OpenAI-compatible endpoint (`tandem bench`); a client that never imports torch."""

@@ -1,4 +1,4 @@
-"""Trace files to workloads: the shared trace reader (`tandem.trace`) turned into the load generator's requests."""
+"""Trace files to workloads: the shared trace reader (`tandem.trace`) made into load generator requests."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Request shapes and arrival schedules (Poisson, length ranges, clamps), as pure functions of a seeded RNG."""
+"""Request shapes and arrival schedules (Poisson, length ranges, clamps): pure functions of a seeded RNG."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""Harnesses the tests and the benchmarks share: a real control plane on loopback, streamed load with faults."""
+"""Harnesses the tests and benchmarks share: a real control plane on loopback, streamed load with faults."""

@@ -95,7 +95,8 @@ class ControlPlane:
 
     # --- files -------------------------------------------------------------------------------------
     def token_kubeconfig(self, name: str, token: str) -> Path:
-        """A kubeconfig that authenticates with `token` (e.g. a ServiceAccount's, from the TokenRequest API)."""
+        """A kubeconfig that authenticates with `token` (e.g. a ServiceAccount's, from the TokenRequest
+        API)."""
         path = self.dir / f"{name}.kubeconfig"
         cfg = {
             "apiVersion": "v1",

@@ -22,9 +22,9 @@ _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>
 class FakeHub:
     """`repos`: repo id -> file name -> content, all at one commit (`COMMIT`; the revision `main` names it).
 
-    `gets[file]` counts the GETs of a file's content, `served[file]` the bytes sent; `bandwidth` (bytes/s,
-    the whole server) throttles content. `die_in(file, after)` makes the next GET of `file` send `after`
-    bytes of it and then stop the server, the connection cut mid-body; `start()` serves again on the same port.
+    `gets[file]` counts the GETs of a file's content, `served[file]` the bytes sent; `bandwidth` (bytes/s, the
+    whole server) throttles content. `die_in(file, after)` makes the next GET of `file` send `after` bytes of
+    it and then stop the server, the connection cut mid-body; `start()` serves again on the same port.
     """
 
     def __init__(self, repos: dict[str, dict[str, bytes]], bandwidth: float | None = None, port: int = 0):

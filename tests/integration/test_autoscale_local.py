@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slow
 
 @contextmanager
 def autoscaled(obj: dict, tmp_path: Path):
-    """The spec's local stack with its autoscaler ticking every 2 s: (the pools, the loop, the router's URL)."""
+    """The spec's local stack with its autoscaler ticking every 2 s: (the pools, the loop, the router's
+    URL)."""
     svc = parse_object(obj)
     base = free_port_block(8)
     with serving(svc, tmp_path, port=base, worker_port=base + 2) as (stack, url):
@@ -99,11 +100,12 @@ def test_mode_auto_collapses_when_idle_and_splits_under_load_with_no_failed_requ
     obj["spec"]["router"] = {"disaggregation": {"mode": "conditional"}}
     obj["spec"]["prefill"].update(minReplicas=1, maxReplicas=1)
     obj["spec"]["decode"].update(minReplicas=1, maxReplicas=1)
-    # a TPOT one colocated worker meets idle (the profile's idle step is under 0.8 x 40 ms) and a prefill 500x the
-    # shipped CPU one: whatever rate this host gives one client (0.05 req/s is enough), its prompts stretch a
-    # colocated step past the TPOT, which the split does not (prefill runs beside decode there). The prompts are
-    # held near 90 tokens: the shipped profile's decode step at a 500-token context misses 0.8 x 40 ms, and a
-    # 500x prefill of it the TTFT, so with longer prompts no shape meets the SLO and the rule keeps the one it has
+    # a TPOT one colocated worker meets idle (the profile's idle step is under 0.8 x 40 ms) and a prefill 500x
+    # the shipped CPU one: whatever rate this host gives one client (0.05 req/s is enough), its prompts
+    # stretch a colocated step past the TPOT, which the split does not (prefill runs beside decode there). The
+    # prompts are held near 90 tokens: the shipped profile's decode step at a 500-token context misses 0.8 x
+    # 40 ms, and a 500x prefill of it the TTFT, so with longer prompts no shape meets the SLO and the rule
+    # keeps the one it has
     obj["spec"]["slo"] = {"ttftMs": 600000, "tpotMs": 40, "percentile": 90}
     profile = tmp_path / "dear-prefill.json"
     save_profile(shipped_profile().scaled(prefill=0.002, note="prefill 500x dearer"), profile)

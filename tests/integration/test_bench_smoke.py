@@ -1,6 +1,6 @@
-"""Every bench runs: each one's smoke mode (tiny sizes on a CPU) goes end to end as `python -m bench.X` from the
-repository root, so a bench that stops running fails CI; and every module in bench/ is accounted for here, so a
-new bench comes with a smoke mode."""
+"""Every bench runs: each one's smoke mode (tiny sizes on a CPU) goes end to end as `python -m bench.X` from
+the repository root, so a bench that stops running fails CI; and every module in bench/ is accounted for here,
+so a new bench comes with a smoke mode."""
 
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ SLOW = {
     "continuous_batching",
     "speculative",
 }
-# a bench that no longer runs: fixing it turns its xfail into a failure (strict), which asks for it to leave this table
+# a bench that no longer runs: fixing it turns its xfail into a failure (strict), which asks for it to leave
+# this table
 BROKEN: dict[str, str] = {}
 ELSEWHERE = {  # module -> the test that runs its smoke mode and checks more of its output
     "gpu_serving": "tests/integration/test_gpu_serving_dry_run.py",

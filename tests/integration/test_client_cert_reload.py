@@ -55,7 +55,7 @@ async def test_a_renewed_client_certificate_is_used_without_a_restart_and_stream
     old_ca, new_ca = Authority("old CA"), Authority("new CA")
     bundle = old_ca.pem + new_ca.pem
     old_decode = old_ca.issue(Identity("decode", SERVICE))
-    # the worker already running trusts both CAs (the bundle is rolled out first); the one that joins, only the new
+    # the running worker trusts both CAs (the bundle is rolled out first); the one that joins, only the new
     server_a, a = await _serve("a", old_decode.cert, old_decode.key, bundle)
     new_decode = new_ca.issue(Identity("decode", SERVICE))
     server_b, b = await _serve("b", new_decode.cert, new_decode.key, new_decode.ca)

@@ -1,6 +1,7 @@
-"""A client that leaves frees everything it held on both pools within a second: KV blocks, reservations, staged
-transfers and token queues, whether it leaves right after sending (a burst, during the reservation), while its
-prompt is prefilled and its KV pushed, or while its answer is decoded. Real router and workers on loopback."""
+"""A client that leaves frees everything it held on both pools within a second: KV blocks, reservations,
+staged transfers and token queues, whether it leaves right after sending (a burst, during the reservation),
+while its prompt is prefilled and its KV pushed, or while its answer is decoded. Real router and workers on
+loopback."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Conditional disaggregation through `tandem up`: a short prompt is prefilled on the decode worker, a long one
-on the prefill pool, as the X-Tandem-Prefill header, the router's metrics and the workers' own prefill
-counters show; while the decode worker streams, the next request runs whole on the prefill worker; greedy
-text is the same whichever way a prompt ran, and a decode worker killed under a local prefill ends the stream
-with an error."""
+"""Conditional disaggregation through `tandem up`: a short prompt is prefilled on the decode worker, a long
+one on the prefill pool, as the X-Tandem-Prefill header, the router's metrics and the workers' own prefill
+counters show; while the decode worker streams, the next request runs whole on the prefill worker; greedy text
+is the same whichever way a prompt ran, and a decode worker killed under a local prefill ends the stream with
+an error."""
 
 from __future__ import annotations
 

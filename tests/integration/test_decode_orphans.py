@@ -1,6 +1,6 @@
 """A Reserve whose StreamTokens never comes (the router crashed or gave up between the two) expires with its
-lease: blocks, reservation and token queue go, and a drain that began meanwhile finishes instead of waiting out
-its deadline. A decode worker with a real engine, over real gRPC on loopback."""
+lease: blocks, reservation and token queue go, and a drain that began meanwhile finishes instead of waiting
+out its deadline. A decode worker with a real engine, over real gRPC on loopback."""
 
 from __future__ import annotations
 

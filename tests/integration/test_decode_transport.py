@@ -1,5 +1,5 @@
-"""The decode worker grants the KV transport `reserve_transport` decides, over real gRPC on loopback:
-forced transports are honoured, and a reservation with no transport in common is refused with its blocks freed."""
+"""The decode worker grants the KV transport `reserve_transport` decides, over real gRPC on loopback: forced
+transports are honoured, and a reservation with no transport in common is refused with its blocks freed."""
 
 from __future__ import annotations
 

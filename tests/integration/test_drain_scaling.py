@@ -73,7 +73,8 @@ class StreamingLoad:
                         self.ok += 1
 
     def _one(self, http: httpx.Client, body: dict) -> str | None:
-        """None when the stream ended with [DONE], every token, finish reason `length`; else what went wrong."""
+        """None when the stream ended with [DONE], every token, finish reason `length`; else what went
+        wrong."""
         tokens, finish, done = 0, None, False
         try:
             with http.stream("POST", f"{self.url}/v1/completions", json=body) as resp:
@@ -105,7 +106,8 @@ def _wait_ready(pools: LocalPools, role: str, want: int, timeout_s: float = 180)
         for p in pools.members(role):
             code = pools.stack.running[p.name].poll()
             assert code is None, (
-                f"{p.name} exited with {code}: {(pools.stack.log_dir / (p.name + '.log')).read_text()[-2000:]}"
+                f"{p.name} exited with {code}: "
+                f"{(pools.stack.log_dir / (p.name + '.log')).read_text()[-2000:]}"
             )
         assert time.monotonic() < deadline, f"{role}: {pools.replicas(role)} after {timeout_s}s"
         time.sleep(0.2)

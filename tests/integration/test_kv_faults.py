@@ -145,7 +145,8 @@ def test_a_stalled_kv_link_is_given_up_at_the_lease_and_fails_over_or_fails_clea
             _idle(stalled)
             _idle(prefill)
             print(
-                f"stall, lease {LEASE_MS} ms: slowest failed-over request {max(took):.1f} s, 503 after {took_s:.1f} s"
+                f"stall, lease {LEASE_MS} ms: slowest failed-over request {max(took):.1f} s, 503 after "
+                f"{took_s:.1f} s"
             )
             proxy.fault = Fault()
             _serves_again(url)

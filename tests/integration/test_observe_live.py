@@ -159,20 +159,23 @@ def test_panel_values_are_what_the_stack_did(observed):
         r["metric"]["pool"]: float(r["value"][1])
         for r in prom.query(
             grafana_vars(
-                'sum by (namespace, service, pool) (up{namespace=~"$namespace", service=~"$service", pool!="router"})'
+                'sum by (namespace, service, pool) (up{namespace=~"$namespace", service=~"$service", '
+                'pool!="router"})'
             )
         )
     }
     assert up == {"prefill": 1.0, "decode": 1.0}
     (target,) = prom.query(
         grafana_vars(
-            'max by (namespace, service) (tandem_slo_target_seconds{namespace=~"$namespace", service=~"$service", slo="ttft"})'
+            'max by (namespace, service) (tandem_slo_target_seconds{namespace=~"$namespace", '
+            'service=~"$service", slo="ttft"})'
         )
     )
     assert float(target["value"][1]) == 2.0  # spec.slo.ttftMs reaches the router's SLO line
     hits = prom.query(
         grafana_vars(
-            'sum by (pool) (tandem_prefix_cache_hit_tokens_total{namespace=~"$namespace", service=~"$service"})'
+            'sum by (pool) (tandem_prefix_cache_hit_tokens_total{namespace=~"$namespace", '
+            'service=~"$service"})'
         )
     )
     assert {r["metric"]["pool"] for r in hits if float(r["value"][1]) > 0} == {

@@ -1,6 +1,6 @@
-"""The README's local command works as written: `tandem up -f examples/tiny.yaml --create-tiny --demo` creates the
-tiny model, starts a router, a prefill and a decode worker, streams one answer, prints its TTFT and TPOT and
-stops (run in a scratch copy of examples/, on free ports so that it cannot collide with another stack)."""
+"""The README's local command works as written: `tandem up -f examples/tiny.yaml --create-tiny --demo` creates
+the tiny model, starts a router, a prefill and a decode worker, streams one answer, prints its TTFT and TPOT
+and stops (run in a scratch copy of examples/, on free ports so that it cannot collide with another stack)."""
 
 from __future__ import annotations
 

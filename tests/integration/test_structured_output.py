@@ -1,8 +1,8 @@
-"""Structured output through a real local stack (router, prefill and decode processes, every prompt prefilled on
-the prefill pool) with the official openai client: its parse helper with a pydantic model, JSON mode, tool
+"""Structured output through a real local stack (router, prefill and decode processes, every prompt prefilled
+on the prefill pool) with the official openai client: its parse helper with a pydantic model, JSON mode, tool
 calls (forced, named, streamed, parsed), several choices, top_logprobs, min_tokens, and a field the server
-does not implement refused by name. The tiny model's weights are random, so only the grammar makes its
-answers parse."""
+does not implement refused by name. The tiny model's weights are random, so only the grammar makes its answers
+parse."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_parse_helper_returns_the_pydantic_model_across_the_pools(client):
 
 
 def test_json_mode_answers_one_json_object(client):
-    # any JSON object: keys and nesting are the random model's, so a seed whose object closes within the budget
+    # any JSON object: keys and nesting are the random model's, so a seed whose object ends within the budget
     done = client.chat.completions.create(
         model="tiny",
         messages=USER,

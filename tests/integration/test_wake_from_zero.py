@@ -1,5 +1,5 @@
-"""`tandem up` with both pools at `minReplicas: 0`, run as users run it, over real sockets: the router holds the
-first requests while the autoscaler starts the pools' first workers, answers them with their cold start in
+"""`tandem up` with both pools at `minReplicas: 0`, run as users run it, over real sockets: the router holds
+the first requests while the autoscaler starts the pools' first workers, answers them with their cold start in
 X-Tandem-Cold-Start-Ms, refuses past its bound with 503 and Retry-After, forgets a client that left while
 held, and the pools go back to zero once idle and wake again."""
 

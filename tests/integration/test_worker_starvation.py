@@ -4,8 +4,8 @@ health has its own server. A real `tandem worker` process on loopback, more stre
 used to serve everything from.
 
 "At once" is judged by what the worker holds, not by a clock: every probe and load report is answered while
-every stream it took is still held (none ended, so no queued stream started). A probe queued behind the streams
-would be answered only once one ended, or not within its generous deadline."""
+every stream it took is still held (none ended, so no queued stream started). A probe queued behind the
+streams would be answered only once one ended, or not within its generous deadline."""
 
 from __future__ import annotations
 

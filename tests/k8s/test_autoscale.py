@@ -182,7 +182,7 @@ def test_a_flip_relabels_a_pod_leaves_the_replicasets_alone_and_the_flipped_pod_
     assert FLIPPED_AT in lent["metadata"]["annotations"]
     counts = actuator.replicas()
     assert (counts[Pool.prefill].ready, counts[Pool.decode].ready) == (2, 2)
-    # prefill 2->3 by role is one more prefill pod of its own; decode's ReplicaSet makes no pod for the lent one
+    # prefill 2->3 by role is one more prefill pod of its own; decode's ReplicaSet makes none for the lent one
     actuator.apply(Decision(Pool.prefill, 2, 3, "prefill 2->3: test", "SLOBreach"))
     assert get_json(cp, "tpool", "flipper-prefill", namespace=ns)["spec"]["replicas"] == 2
     wait_for(
@@ -212,8 +212,8 @@ def test_a_flip_relabels_a_pod_leaves_the_replicasets_alone_and_the_flipped_pod_
 def test_mode_auto_collapse_relabels_the_prefill_pod_drains_the_decode_pod_and_says_why(
     control_plane, operator, namespace
 ):
-    """A collapse of an `auto` service as the operator's autoscaler carries it out, a step per tick: the prefill
-    pod is relabelled colocated (the colocated Service selects it), the decode pod drains (its home's
+    """A collapse of an `auto` service as the operator's autoscaler carries it out, a step per tick: the
+    prefill pod is relabelled colocated (the colocated Service selects it), the decode pod drains (its home's
     TandemPool goes to 0, which the operator keeps), and an Event gives the shape rule's reason."""
     from tandem.operator.autoscale.core.shape import Shape, ShapeAction, ShapeDecision
     from tandem.operator.autoscale.core.shape_tick import SHAPE_POOLS, current_shape
@@ -234,7 +234,10 @@ def test_mode_auto_collapse_relabels_the_prefill_pod_drains_the_decode_pod_and_s
     owner = get_json(cp, "tsvc", "shaper", namespace=ns)
     actuator = KubeActuator(kube, owner, SHAPE_POOLS, lambda ps: {p["metadata"]["name"]: 0.0 for p in ps})
     assert current_shape(actuator.replicas()) == Shape(prefill=1, decode=1)
-    reason = "Collapsed: 0 req/s fits 1 colocated worker at TPOT p90 5 ms <= 50 ms; the split needs 1P+1D at 2 GPUs"
+    reason = (
+        "Collapsed: 0 req/s fits 1 colocated worker at TPOT p90 5 ms <= 50 ms; "
+        "the split needs 1P+1D at 2 GPUs"
+    )
     actuator.reshape(
         ShapeDecision(ShapeAction.collapse, Shape(prefill=1, decode=1), Shape(colocated=1), reason)
     )

@@ -165,7 +165,7 @@ def test_longest_name_that_fits_is_accepted(control_plane):
     assert out.returncode == 0, out.stderr
 
 
-# Accepted by the CRD, refused by the API server for a child: (id, spec, text the Degraded message must contain)
+# Accepted by the CRD, refused by the API server for a child: (id, spec, text the Degraded message holds)
 REPORTED = [
     (
         "affinity-unknown-field",

@@ -2,7 +2,8 @@
 established, the operator's Deployment, ServiceAccount and RBAC are created; the operator, run as a process
 with the chart's arguments and a token of the chart's ServiceAccount (kwok pods run nothing), reconciles the
 example InferenceService to Ready; `helm test`, `helm upgrade` (values, and a changed CRD with live objects
-kept), a value values.schema.json refuses, and `helm uninstall` leaving only the CRDs. The tests run in order as one install's life."""
+kept), a value values.schema.json refuses, and `helm uninstall` leaving only the CRDs. The tests run in order
+as one install's life."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from tests.k8s.test_operator_lifecycle import EXAMPLE, SERVICE, model_volume, re
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts/tandem"
 RELEASE, NS = "tandem", "tandem-system"
-# the docs' runnable `helm install` and `helm test` (docs/kubernetes.md), run as written with the chart's path made absolute
+# the docs' runnable `helm install` and `helm test` (docs/kubernetes.md), run as written with the chart's path
+# made absolute
 DOC_INSTALL = [str(CHART) if a == "charts/tandem" else a for a in doc_blocks.docs_command("helm", "install")]
 DOC_TEST = doc_blocks.docs_command("helm", "test")
 CRDS = ("inferenceservices.serving.tandem.dev", "tandempools.serving.tandem.dev")

@@ -238,7 +238,8 @@ def test_model_cached_and_the_cold_start_phases_reach_status(control_plane, oper
     assert done["status"]["coldStart"]["colocated"]["medians"]["miss"]["count"] == 1
     pool = done["status"]["modelCache"]["colocated"]
     assert (pool["cached"], pool["misses"], pool["bytes"]) == (1, 1, 3 << 20)
-    # the model's own limit, below the spec's: Degraded with both numbers, and the pool still counts as serving
+    # the model's own limit, below the spec's: Degraded with both numbers, and the pool still counts as
+    # serving
     assert pool["maxPositionEmbeddings"] == 131072
     degraded = wait_for(
         lambda: (

@@ -1,5 +1,6 @@
 """tandem's kinds beside the Gateway API, its Inference Extension and KServe on one API server: every kubectl
-command the READMEs, the docs pages, the chart's NOTES and the examples give reaches tandem's objects, not theirs."""
+command the READMEs, the docs pages, the chart's NOTES and the examples give reaches tandem's objects, not
+theirs."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from tests.k8s.conftest import get_json, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = "serving.tandem.dev"
-# docs/inferenceservice.md is generated from the spec types' descriptions, whose prose names kubectl verbs in passing
+# docs/inferenceservice.md is generated from the spec types' descriptions, whose prose names kubectl verbs in
+# passing
 DOCS = sorted(
     {
         str(p.relative_to(ROOT))
@@ -73,7 +75,8 @@ def group_of(cp, resource: str) -> str:
 
 
 def test_the_upstream_kinds_are_there_and_take_the_bare_names(control_plane, upstream):
-    """The control: with the upstream CRDs installed, the bare names are theirs (why tandem uses tsvc/tpool)."""
+    """The control: with the upstream CRDs installed, the bare names are theirs (why tandem uses
+    tsvc/tpool)."""
     assert {
         "inferencepools.inference.networking.k8s.io",
         "inferencepools.inference.networking.x-k8s.io",
@@ -155,10 +158,10 @@ def test_every_documented_kubectl_command_reaches_tandem(control_plane, upstream
 
 
 def test_gateway_objects_are_accepted_and_reference_what_exists(control_plane, upstream, operator, namespace):
-    """spec.gateway on the real API server with the upstream CRDs: the operator (with the chart's RBAC) renders
-    an InferencePool and an HTTPRoute the upstream schemas accept; the route's parent is the Gateway, its
-    backend the pool, the pool selects the router pods (not the workers) on the port they serve and names the
-    picker Service; dropping spec.gateway removes both."""
+    """spec.gateway on the real API server with the upstream CRDs: the operator (with the chart's RBAC)
+    renders an InferencePool and an HTTPRoute the upstream schemas accept; the route's parent is the Gateway,
+    its backend the pool, the pool selects the router pods (not the workers) on the port they serve and names
+    the picker Service; dropping spec.gateway removes both."""
     cp, ns, name = control_plane, ["-n", namespace], "gw-llama"
     gateway_objects = [
         {

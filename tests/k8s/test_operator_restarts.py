@@ -50,7 +50,8 @@ def replica_sets(cp, ns: str, name: str, pool_: str) -> int:
 
 
 def serving(cp, ns: str, name: str, pool_: str, replicas: int) -> dict | None:
-    """Ready at its generation with `replicas` ready pods in the pool, as the status and the Deployment say."""
+    """Ready at its generation with `replicas` ready pods in the pool, as the status and the Deployment
+    say."""
     isvc = ready_at_current_generation(cp, ns, name)
     dep = get_json(cp, "deployment", f"{name}-{pool_}", namespace=ns)
     ok = (
@@ -115,7 +116,8 @@ def test_killed_mid_reconcile_converges_without_duplicates_and_keeps_status(
 
 
 def test_killed_mid_scale_converges_to_the_written_replicas(control_plane, operator, namespace):
-    """The autoscaler's actuator writes the pool's replicas; the operator dies before or while it rolls them out."""
+    """The autoscaler's actuator writes the pool's replicas; the operator dies before or while it rolls them
+    out."""
     cp, ns, kube = control_plane, namespace, admin(control_plane)
     _apply(cp, ns, obj("grow", decode=pool(maxReplicas=4)))
     wait_for(lambda: serving(cp, ns, "grow", "decode", 1), 90, "grow Ready with 1 decode")

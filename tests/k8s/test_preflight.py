@@ -77,7 +77,8 @@ def test_more_gpus_than_any_node_is_degraded_but_applied_and_clears_on_a_smaller
 
 
 def test_no_gpu_node_for_a_pool_is_reported_and_clears_when_one_joins(control_plane, operator, namespace):
-    """A pool pinned to nodes that have not joined yet: reported, applied, Ready as soon as such a node is there."""
+    """A pool pinned to nodes that have not joined yet: reported, applied, Ready as soon as such a node is
+    there."""
     cp, ns = control_plane, namespace
     label = f"tandem-test/gpu-{uuid.uuid4().hex[:6]}"
     spec = {"decode": pool(nodeSelector={label: "yes"})}

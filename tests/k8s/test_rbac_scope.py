@@ -113,7 +113,8 @@ def _cluster_roles_of(cp, sa: str) -> list[dict]:
 
 
 def _answers(cp, sa: str, asks: list[tuple[str, str, str | None]]) -> dict[tuple[str, str, str | None], bool]:
-    """`kubectl auth can-i` for each (verb, resource, namespace or None for every namespace), a few at a time."""
+    """`kubectl auth can-i` for each (verb, resource, namespace or None for every namespace), a few at a
+    time."""
     with ThreadPoolExecutor(6) as pool:
         return dict(zip(asks, pool.map(lambda a: can_i(cp, sa, *a), asks), strict=True))
 

@@ -1,7 +1,8 @@
 """A tenant who may create InferenceServices in its namespace cannot reach past it through one: the chart's
 ValidatingAdmissionPolicy, applied to the real API server, refuses host paths outside the allow-list,
 tolerating every taint or the control plane's, control-plane node selectors, Secrets not named after the
-service, and a Prometheus outside the allow-list, each refusal naming the field; a careful spec is admitted."""
+service, and a Prometheus outside the allow-list, each refusal naming the field; a careful spec is
+admitted."""
 
 from __future__ import annotations
 

@@ -121,8 +121,8 @@ def test_the_pareto_plot_draws_each_familys_front_per_case(tmp_path):
 
 
 def test_plot_from_draws_a_recorded_runs_points_without_a_replay(tmp_path):
-    """--plot-from reads the points of a --json document (the committed tables' points here) into one panel per
-    case and draws them; docs/img/pareto.png is this command's output."""
+    """--plot-from reads the points of a --json document (the committed tables' points here) into one panel
+    per case and draws them; docs/img/pareto.png is this command's output."""
     recorded = Path(__file__).resolve().parents[2] / "bench/results/autoscale_dynamo_tables.json"
     panels = points_from_json(json.loads(recorded.read_text()))
     assert "conversation x8, TTFT 2 s, cold start 60 s" in panels and len(panels) == 4

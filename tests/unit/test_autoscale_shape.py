@@ -1,5 +1,6 @@
-"""The shape rule as a table: collapse at the trough, split under a tight TPOT, colocated under a loose one, and
-hysteresis, dwell and the cost of a change keeping the shape; the colocated capacity model checked by hand."""
+"""The shape rule as a table: collapse at the trough, split under a tight TPOT, colocated under a loose one,
+and hysteresis, dwell and the cost of a change keeping the shape; the colocated capacity model checked by
+hand."""
 
 import math
 from dataclasses import dataclass, field, replace
@@ -50,7 +51,8 @@ CASES = [
         Slo(ttft_ms=2000, tpot_ms=50),
         ShapeAction.collapse,
         Shape(colocated=1),
-        "Collapsed: 0.4 req/s fits 1 colocated worker at TPOT p90 5 ms <= 50 ms; the split needs 1P+1D at 2 GPUs",
+        "Collapsed: 0.4 req/s fits 1 colocated worker at TPOT p90 5 ms <= 50 ms; the split needs 1P+1D at 2 "
+        "GPUs",
     ),
     Case(
         "tight TPOT (1.5x idle) under long prompts splits",
@@ -59,7 +61,8 @@ CASES = [
         tpot_x_idle(1.5),
         ShapeAction.split,
         Shape(prefill=1, decode=2),
-        "Split: TPOT p90 9 ms > 7 ms under prefill interference; 1P+2D serves it at 3 GPUs, 6 colocated would need 6",
+        "Split: TPOT p90 9 ms > 7 ms under prefill interference; 1P+2D serves it at 3 GPUs, 6 colocated "
+        "would need 6",
     ),
     Case(
         "loose TPOT (8x idle) keeps colocated workers: the split saves nothing",

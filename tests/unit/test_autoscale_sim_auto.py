@@ -1,6 +1,6 @@
-"""`auto` in the simulator: the controller as a table (the shape rule over tandem's policy, what it answers per
-tick), and a small trace on which the simulated service collapses to one colocated worker at the trough and
-splits at the burst, serving every request."""
+"""`auto` in the simulator: the controller as a table (the shape rule over tandem's policy, what it answers
+per tick), and a small trace on which the simulated service collapses to one colocated worker at the trough
+and splits at the burst, serving every request."""
 
 import random
 from dataclasses import dataclass, field

@@ -1,6 +1,6 @@
-"""Colocated workers in the simulator: a lone request takes the profile's times, prompts longer than the chunk span
-steps, every request is served, and under load the simulated TPOT is the shape rule's colocated model's (and
-above the split's decode TPOT: prefill interference)."""
+"""Colocated workers in the simulator: a lone request takes the profile's times, prompts longer than the chunk
+span steps, every request is served, and under load the simulated TPOT is the shape rule's colocated model's
+(and above the split's decode TPOT: prefill interference)."""
 
 import random
 import statistics
@@ -68,7 +68,8 @@ def test_simulated_tpot_is_the_colocated_model(rate, replicas):
 
 
 def test_static_colocated_policy_bills_only_its_workers():
-    """`tandem simulate --policy static-colocated`: the colocated model's count for the peak minute, held fixed."""
+    """`tandem simulate --policy static-colocated`: the colocated model's count for the peak minute, held
+    fixed."""
     limits = {Pool.prefill: PoolLimits(1, 8), Pool.decode: PoolLimits(1, 8)}
     trace = poisson(4.0, 200, prompt=1000, output=50)
     result, summary = run("static-colocated", trace, Scenario(PROFILE, Slo(ttft_ms=500, tpot_ms=30), limits))

@@ -48,7 +48,8 @@ def test_a_flipped_decode_worker_drains_then_serves_prefill_after_the_flip_time(
     flipped = simulate_with_flips(LONG + BURST, CONFIG, flip_once(1.0, seen))
     plain = simulate_with_flips(LONG + BURST, CONFIG, lambda snap: {})
     assert flipped.flips == [(1.0, Pool.decode, Pool.prefill, 1)]
-    # its running generation finishes where it started (about 10.5 s; the burst's 1-token decodes join the batch), none fails
+    # its running generation finishes where it started (about 10.5 s; the burst's 1-token decodes join the
+    # batch), none fails
     assert [r.finish_s for r in flipped.requests[:2]] == pytest.approx(
         [r.finish_s for r in plain.requests[:2]], abs=0.05
     )

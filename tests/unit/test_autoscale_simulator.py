@@ -159,7 +159,7 @@ def test_a_prefill_step_batches_queued_prompts_that_fit_the_chunk():
     assert first[5] == pytest.approx(long_done + 0.040 + 0.050)  # 3000 tokens do not fit the chunk: alone
 
 
-# --- what the policy sees: the router's and workers' metrics, as Prometheus would have them ------------------
+# --- what the policy sees: the router's and workers' metrics, as Prometheus would have them ------
 
 
 def recording(seen):

@@ -123,7 +123,8 @@ def test_sources_that_cannot_be_read_say_so():
 
 
 def test_the_direct_scrape_reads_a_bounded_number_of_bytes():
-    """A pod serving an endless /metrics over a real socket: the read stops past the bound, the target is skipped."""
+    """A pod serving an endless /metrics over a real socket: the read stops past the bound, the target is
+    skipped."""
     import http.server
     import threading
 

@@ -89,7 +89,8 @@ def test_the_prometheus_query_reads_the_routers_gauge_for_the_pool():
     q = promql.pool_queries(Pool.decode, "ns", "svc", "60s", 90)
     assert (
         q["held_requests"]
-        == 'sum by (namespace, service) (tandem_router_held_requests{namespace="ns", service="svc", role="decode"})'
+        == 'sum by (namespace, service) (tandem_router_held_requests{namespace="ns", service="svc", '
+        'role="decode"})'
     )
     assert q["held_oldest_s"].startswith("max by (namespace, service) (tandem_router_held_oldest_seconds{")
 

@@ -1,4 +1,4 @@
-"""The engine benchmark's matmul floor times every decoder linear layer once and the LM head on sampled rows only."""
+"""The engine bench's matmul floor times every decoder linear layer once and the LM head on sampled rows."""
 
 from __future__ import annotations
 

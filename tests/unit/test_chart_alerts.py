@@ -49,7 +49,10 @@ def burn(slo: str, speed: str, ratio: str) -> dict:
         "exp_labels": {**SVC, "slo": slo, "severity": "page" if speed == "Fast" else "ticket"},
         "exp_annotations": {
             "summary": f"ns/llama is burning its {upper} error budget{' fast' if speed == 'Fast' else ''}",
-            "description": f"{ratio} of requests missed the {upper} target over {window[0]} ({window[1]} the budget rate){hint}",
+            "description": (
+                f"{ratio} of requests missed the {upper} target over {window[0]} ({window[1]} the "
+                f"budget rate){hint}"
+            ),
         },
     }
 
@@ -132,7 +135,10 @@ def worker_cases() -> list[dict]:
         "exp_labels": {**kv, "severity": "warning"},
         "exp_annotations": {
             "summary": "ns/llama decode pod llama-decode-1 KV cache is full",
-            "description": "98% of KV blocks in use for 5 minutes: new requests wait or preempt running ones; add decode replicas or KV memory.",
+            "description": (
+                "98% of KV blocks in use for 5 minutes: new requests wait or preempt running "
+                "ones; add decode replicas or KV memory."
+            ),
         },
     }
     return [

@@ -1,6 +1,7 @@
 """The chart's values: values.yaml documents every value in the `helm create` style (a comment that starts
 with the value's name), and `helm lint` / `helm template` pass with the defaults and with each file under
-charts/tandem/ci/ (what chart-testing runs). Helm from the control-plane build's cache or PATH; skips without."""
+charts/tandem/ci/ (what chart-testing runs). Helm from the control-plane build's cache or PATH; skips
+without."""
 
 from __future__ import annotations
 

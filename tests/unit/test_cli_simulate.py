@@ -1,4 +1,4 @@
-"""`tandem simulate` as a user runs it: JSON per policy on a small trace slice, a plot, a clear usage error."""
+"""`tandem simulate` as users run it: JSON per policy on a small trace slice, a plot, a clear usage error."""
 
 from __future__ import annotations
 

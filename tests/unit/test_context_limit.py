@@ -1,6 +1,6 @@
-"""The model's own context limit against spec.model.maxContextLength: one rule (tandem.context_limit), read from
-the model's config.json by the fetch, shown as Degraded with both numbers on the InferenceService, and held by
-the engine, which never takes a context beyond the model's positions."""
+"""The model's own context limit against spec.model.maxContextLength: one rule (tandem.context_limit), read
+from the model's config.json by the fetch, shown as Degraded with both numbers on the InferenceService, and
+held by the engine, which never takes a context beyond the model's positions."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from tests.unit.test_cold_start import HIT, pod, t
         (
             4097,
             4096,
-            "maxContextLength 4097 exceeds the model's max_position_embeddings 4096: contexts are served up to "
-            "4096 tokens",
+            "maxContextLength 4097 exceeds the model's max_position_embeddings 4096: contexts are served up "
+            "to 4096 tokens",
         ),
         (1_000_000, None, None),  # the model's limit not read yet: nothing to say
         (1_000_000, 0, None),

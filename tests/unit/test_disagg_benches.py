@@ -184,8 +184,8 @@ def test_share_local_counts_prompts_at_or_under_the_threshold():
 
 
 def test_goodput_curves_are_drawn_from_a_runs_tables_without_a_replay(tmp_path):
-    """--plot-from reads the traces' tables (the committed rows the disaggregation page reports here) and draws
-    the curves; docs/img/goodput-split.png is this command's output."""
+    """--plot-from reads the traces' tables (the committed rows the disaggregation page reports here) and
+    draws the curves; docs/img/goodput-split.png is this command's output."""
     assert (rate_of("6.35"), rate_of(">=32.00"), rate_of("< 0.5")) == (6.35, 32.0, None)
     recorded = Path(__file__).resolve().parents[2] / "bench/results/goodput_dynamo_tables.json"
     assert main(["--plot-from", str(recorded), "--plot", str(tmp_path / "g.png")]) == 0

@@ -15,14 +15,15 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(
     r"(?<!!)\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|!\[[^\]]*\]\(([^)\s]+)\)"
 )
-# Pictures another change commits; a link to one of them is a placeholder until then, any other missing file a fault.
+# Pictures another change commits; a link to one of them is a placeholder until then, any other missing file a
+# fault.
 PENDING: set[str] = set()
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
 
 
 def slug(heading: str) -> str:
-    """GitHub's anchor for a heading: markup and link targets dropped, lower case, punctuation removed (letters,
-    digits, spaces, hyphens and underscores kept), each space a hyphen."""
+    """GitHub's anchor for a heading: markup and link targets dropped, lower case, punctuation removed
+    (letters, digits, spaces, hyphens and underscores kept), each space a hyphen."""
     text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link's text stays, its target goes
     text = re.sub(r"<[^>]+>", "", text).strip().lower()
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")

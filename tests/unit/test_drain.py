@@ -130,7 +130,9 @@ class Idle:
 drainer = Drainer(Idle(), health.HealthServicer(), timeout_s=5)
 signal.signal(signal.SIGTERM, lambda signum, frame: drainer.begin("SIGTERM"))
 # the kernel may hand a process-directed SIGTERM to any thread: here, on purpose, to one that is not main
-threading.Thread(target=lambda: (time.sleep(0.3), signal.pthread_kill(threading.get_ident(), signal.SIGTERM))).start()
+threading.Thread(
+    target=lambda: (time.sleep(0.3), signal.pthread_kill(threading.get_ident(), signal.SIGTERM))
+).start()
 print("drained" if drainer.wait_drained() else "deadline", flush=True)
 """
 

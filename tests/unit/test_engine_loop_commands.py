@@ -1,6 +1,6 @@
-"""Cancellations reach the engine without waiting out a step: gRPC runs every RPC-end callback on the server's one
-polling thread, so an abort that waited a step per request freed a burst of N cancelled requests N steps late.
-A real engine on the tiny model, its steps slowed so a waiting abort would show."""
+"""Cancellations reach the engine without waiting out a step: gRPC runs every RPC-end callback on the server's
+one polling thread, so an abort that waited a step per request freed a burst of N cancelled requests N steps
+late. A real engine on the tiny model, its steps slowed so a waiting abort would show."""
 
 from __future__ import annotations
 

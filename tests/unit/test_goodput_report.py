@@ -59,8 +59,8 @@ def test_three_mode_runs_report_as_before_and_a_fourth_mode_gets_its_columns_and
     text = report(_result(three))
     assert "conditional-slo" not in text
     assert (
-        "| s | TTFT SLO ms | TPOT SLO ms | colocated | disaggregated | conditional | disaggregated / colocated"
-        in text
+        "| s | TTFT SLO ms | TPOT SLO ms | colocated | disaggregated | conditional | disaggregated / "
+        "colocated" in text
     )
     four = {**three, "conditional-slo": [0.02, 0.02, 0.05]}
     assert modes_of(_result(four)["traces"][0]) == list(four)

@@ -1,4 +1,4 @@
-"""The goodput sweep's arithmetic: attainment at a scaled SLO, goodput interpolated on the rate grid, spreads."""
+"""The goodput sweep's arithmetic: attainment at a scaled SLO, goodput interpolated over rates, spreads."""
 
 import pytest
 

@@ -137,15 +137,17 @@ def test_the_operator_image_installs_what_the_operator_imports_and_no_torch():
     assert "torch" not in reqs and "--no-deps /wheels" in IMAGES["operator"].read_text()
     for name, req in reqs.items():  # the same ranges pyproject.toml declares
         assert name in declared() and req.specifier == declared()[name].specifier, name
-    # every third-party module the operator's entry points import (at start and later), with torch unimportable
+    # every third-party module the operator's entry points import (at start and later), torch unimportable
     probe = (
         "import sys; sys.modules['torch'] = None\n"
-        "import tandem.cli, tandem.operator.__main__, tandem.operator.handlers, tandem.operator.runtime.check\n"
-        "import tandem.operator.top.cli, tandem.operator.top.kube, tandem.operator.top.prom, tandem.operator.top.scrape\n"
+        "import tandem.cli, tandem.operator.__main__, tandem.operator.handlers, "
+        "tandem.operator.runtime.check\nimport tandem.operator.top.cli, tandem.operator.top.kube, "
+        "tandem.operator.top.prom, tandem.operator.top.scrape\n"
         # what they import inside functions, once running: the leader, the defaults, the autoscaler
-        "import tandem.operator.runtime.leader, tandem.operator.model.cache, tandem.operator.manifests.security_defaults\n"
-        "import tandem.operator.autoscale.backends.kube.loop, tandem.operator.top.local\n"
-        "print(' '.join(sorted({m.split('.')[0] for m, mod in sys.modules.items() if getattr(mod, '__file__', None)})))"
+        "import tandem.operator.runtime.leader, tandem.operator.model.cache, "
+        "tandem.operator.manifests.security_defaults\nimport tandem.operator.autoscale.backends.kube.loop, "
+        "tandem.operator.top.local\nprint(' '.join(sorted({m.split('.')[0] for m, mod in sys.modules.items() "
+        "if getattr(mod, '__file__', None)})))"
     )  # namespace packages: their parts count
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr

@@ -105,7 +105,8 @@ class Rig:
 
 
 def genuine_frames(transfer_id: str, epoch: int, block_ids: list[int], kv: dict, run: int) -> list[bytes]:
-    """The chunks a sender writes for a transfer: per layer, runs of `run` blocks, in sequence, checksummed."""
+    """The chunks a sender writes for a transfer: per layer, runs of `run` blocks, in sequence,
+    checksummed."""
     frames = []
     for layer in range(LAYOUT.num_layers):
         for start in range(0, len(block_ids), run):

@@ -1,4 +1,4 @@
-"""Pure decisions of the KV transport: chunking, the codec, compression error, handshake and staging offsets."""
+"""The KV transport's pure decisions: chunking, the codec, compression error, handshake, staging offsets."""
 
 from __future__ import annotations
 

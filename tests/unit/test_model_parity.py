@@ -108,8 +108,8 @@ def test_prefix_cache_hit_gives_same_tokens(pair):
 
 
 def test_prompt_logprobs_match_transformers_across_chunks_and_past_the_prefix_cache(pair):
-    """Each prompt token's logprob, rank and likeliest alternatives, as transformers' logits give them, with the
-    prompt run in chunks and run again (its blocks cached: it still runs whole)."""
+    """Each prompt token's logprob, rank and likeliest alternatives, as transformers' logits give them, with
+    the prompt run in chunks and run again (its blocks cached: it still runs whole)."""
     hf, ours = pair
     prompt = _prompt(21, seed=5)
     with torch.no_grad():

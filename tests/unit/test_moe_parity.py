@@ -1,5 +1,6 @@
-"""Mixtral, Qwen2-MoE and Qwen3-MoE against transformers on random tiny checkpoints (fp32): written by transformers'
-save_pretrained, read by our loader (per-expert tensors stacked as they load), run through our engine."""
+"""Mixtral, Qwen2-MoE and Qwen3-MoE against transformers on random tiny checkpoints (fp32): written by
+transformers' save_pretrained, read by our loader (per-expert tensors stacked as they load), run through our
+engine."""
 
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ CRDS = (
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """PyYAML keeps the last of two equal keys; the API server's decoder may refuse the file. Refuse it here."""
+    """PyYAML keeps the last of two equal keys; the API server's decoder may refuse the file. Refuse it
+    here."""
 
 
 def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict:

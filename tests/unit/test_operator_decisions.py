@@ -62,7 +62,8 @@ def test_pool_replicas_owner_rule():
     auto = SPEC.model_copy(update={"autoscaling": SPEC.autoscaling.model_copy(update={"enabled": True})})
     assert desired_pool_replicas(auto, "decode", {"spec": {"replicas": 7}}) == (3, True)
     assert desired_pool_replicas(auto, "decode", {"spec": {"replicas": 2}}) == (2, False)
-    # mode auto: a Deployment is the home of pods of any role; a collapse may empty it (minReplicas is a role's)
+    # mode auto: a Deployment is the home of pods of any role; a collapse may empty it (minReplicas is a
+    # role's)
     shaped = auto.model_copy(update={"mode": Mode.auto, "role_flip": True})
     assert desired_pool_replicas(shaped, "decode", {"spec": {"replicas": 0}}) == (0, False)
     most = shaped.prefill.max_replicas + shaped.decode.max_replicas

@@ -146,7 +146,8 @@ def test_a_run_that_asks_for_a_recheck_runs_again_once():
 
 
 def test_the_resync_spreads_its_objects_over_the_interval():
-    """One fresh trigger per object per interval, one at a time, so new objects never wait behind all of them."""
+    """One fresh trigger per object per interval, one at a time, so new objects never wait behind all of
+    them."""
     naps: list[float] = []
     triggered: list[list[tuple[str, str]]] = []
 

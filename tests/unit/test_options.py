@@ -123,7 +123,8 @@ class EngineSpecWithNewKnobs(EngineSpec):
 
 def test_a_new_spec_knob_needs_no_edit_here(monkeypatch, capsys):
     """A knob added to EngineSpec (and to EngineConfig) reaches the engine's config through from_spec,
-    to_argv, from_argv and the worker, typed, defaulted and checked by the spec, with no edit to this module."""
+    to_argv, from_argv and the worker, typed, defaulted and checked by the spec, with no edit to this
+    module."""
     from tandem.worker.engine.runner.engine import EngineConfig
     from tandem.worker.serve import main as worker_main
 

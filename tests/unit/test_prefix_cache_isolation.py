@@ -26,7 +26,7 @@ def _publish(bm: BlockManager, tokens: list[int], salt: str | None = None) -> li
 
 def test_prompts_whose_old_hashes_collide_do_not_share():
     victim = [7, 8, 9, 10, 11, 12, 13, 14, 15]
-    # Python's int hash is n mod (2**61 - 1): the old `hash((parent, tuple(tokens)))` of these blocks is equal.
+    # Python's int hash is n mod (2**61 - 1): the old `hash((parent, tuple(tokens)))` of these blocks is equal
     attacker = [victim[0] + (2**61 - 1)] + victim[1:4] + [99, 98, 97, 96, 95]
     assert hash((None, tuple(victim[:4]))) == hash((None, tuple(attacker[:4])))
     bm = BlockManager(num_blocks=16, block_size=BS)

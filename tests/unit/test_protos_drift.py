@@ -1,4 +1,4 @@
-"""The checked-in stubs under protos/tandem/v1 are exactly what grpcio-tools generates from the .proto files."""
+"""The stubs checked in under protos/tandem/v1 are exactly what grpcio-tools makes of the .proto files."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The reconcile's decisions, tested on hand-built views of the world: what `plan` writes and what `report` says."""
+"""The reconcile's decisions on hand-built views of the world: what `plan` writes and what `report` says."""
 
 import copy
 from dataclasses import replace

@@ -1,6 +1,6 @@
-"""Conditional disaggregation: short prompts and a saturated prefill pool go local, long prompts to the prefill
-pool, no prompt goes local onto a decode worker whose streams are near the TPOT SLO, and a busy decode worker's
-overflow runs whole on an idle prefill worker."""
+"""Conditional disaggregation: short prompts and a saturated prefill pool go local, long prompts to the
+prefill pool, no prompt goes local onto a decode worker whose streams are near the TPOT SLO, and a busy decode
+worker's overflow runs whole on an idle prefill worker."""
 
 from tandem.worker.router.disaggregation import (
     REASON_DECODE_TPOT,

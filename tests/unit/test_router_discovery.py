@@ -1,5 +1,6 @@
 """A failed worker lookup keeps the pool it last resolved to (one DNS failure must not retire every worker),
-and says so in a log line and a router metric: the router's membership against a real gRPC worker on loopback."""
+and says so in a log line and a router metric: the router's membership against a real gRPC worker on
+loopback."""
 
 from __future__ import annotations
 

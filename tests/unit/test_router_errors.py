@@ -1,4 +1,4 @@
-"""The router's HTTP app answering bad requests and backend failures: statuses, reasons, SSE error events, 429."""
+"""The router's HTTP app on bad requests and backend failures: statuses, reasons, SSE error events, 429."""
 
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ from tests.unit.test_router_stream_ends import EndingDecode, QuickPrefill
 
 
 class LinkFails(QuickPrefill):
-    """Its first `times` pushes fail as a broken KV link does; `before_failing` runs first (to stop a server)."""
+    """Its first `times` pushes fail as a broken KV link does; `before_failing` runs first (to stop a
+    server)."""
 
     def __init__(self, times: int) -> None:
         self.times, self.calls = times, 0

@@ -1,4 +1,5 @@
-"""Worker selection: prefill (and colocated) by queued prompt tokens then streams, decode by room and running sequences, never an unhealthy or draining one."""
+"""Worker selection: prefill (and colocated) by queued prompt tokens then streams, decode by room and running
+sequences, never an unhealthy or draining one."""
 
 import pytest
 

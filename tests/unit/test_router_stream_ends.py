@@ -16,7 +16,8 @@ from tests.scripted_workers import INFO, ScriptedDecode, serve_on_loopback
 
 
 class EndingDecode(ScriptedDecode):
-    """Streams `tokens` tokens, then ends the stream with `finish` and no token (as a worker-side Abort does)."""
+    """Streams `tokens` tokens, then ends the stream with `finish` and no token (as a worker-side Abort
+    does)."""
 
     def __init__(self, tokens: int, finish: int, error: str = "") -> None:
         self.tokens, self.finish, self.error = tokens, finish, error

@@ -311,7 +311,8 @@ async def test_echo_puts_the_prompt_before_the_answer(tok, stream):
 
 @pytest.mark.asyncio
 async def test_echo_with_logprobs_scores_the_prompt_first_as_evaluation_harnesses_read_it(tok):
-    """lm-eval-harness's log-likelihood request: echo, logprobs, the prompt's tokens scored before the answer's."""
+    """lm-eval-harness's log-likelihood request: echo, logprobs, the prompt's tokens scored before the
+    answer's."""
     backend = ScriptedBackend(tok, "Hello world")
     app = create_app(backend, tok, SERVED)
     prompt_ids = tok.encode("Once upon a time")

@@ -1,4 +1,5 @@
-"""The step's logits-row layout: one row per sampling sequence plus one per draft; sampled drafts are left out."""
+"""The step's logits-row layout: one row per sampling sequence plus one per draft; sampled drafts are left
+out."""
 
 from tandem.worker.engine.runner.sample_rows import per_drawn, sample_rows
 

@@ -1,4 +1,4 @@
-"""The sampler: greedy is argmax, seeds reproduce, top-k, top-p and min-p never pick outside their set, penalties."""
+"""The sampler: greedy is argmax, seeds reproduce, top-k, top-p and min-p pick inside their set, penalties."""
 
 from __future__ import annotations
 

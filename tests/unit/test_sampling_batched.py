@@ -97,7 +97,8 @@ def test_masked_distributions_match_the_row_by_row_reference(seed):
 
 
 def test_seeded_rows_draw_what_their_generators_alone_would():
-    """Seeded rows in a batch draw the tokens a batch of one with the same seed draws (the noise is per row)."""
+    """Seeded rows in a batch draw the tokens a batch of one with the same seed draws (the noise is per
+    row)."""
     rng = random.Random(7)
     params = [SamplingParams(temperature=1.0, top_p=0.9, seed=s, max_tokens=4) for s in (3, 11, 3, 42)]
     params.insert(1, SamplingParams(temperature=0.0, max_tokens=4))  # a greedy row between them

@@ -1,4 +1,4 @@
-"""Cluster-wide security defaults: applied where an InferenceService leaves a part unset, never over what it set."""
+"""Cluster-wide security defaults: applied where an InferenceService leaves a part unset, never over it."""
 
 from __future__ import annotations
 

@@ -19,7 +19,10 @@ def test_unmarked_slow():
 def test_marked_slow():
     time.sleep(0.3)
 """
-INI = "[pytest]\nslow_unmarked_seconds = 0.1\nasyncio_default_fixture_loop_scope = function\nmarkers =\n    slow: slow\n"
+INI = (
+    "[pytest]\nslow_unmarked_seconds = 0.1\nasyncio_default_fixture_loop_scope = function\n"
+    "markers =\n    slow: slow\n"
+)
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """What admission refuses, as the spec types say it: every refusal names the field by its path below spec, in
-the words the CRD's rules use (tests/k8s/test_admission.py sends the same kinds of spec to a real API server)."""
+the words the CRD's rules use (tests/k8s/test_admission.py sends the same kinds of spec to a real API
+server)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ REFUSED = [
     (
         "colocated-prefill-replicas",
         _spec(mode="colocated", prefill={"replicas": 2, "maxReplicas": 8}),
-        "spec.prefill.replicas is ignored in mode colocated: one pool serves both phases, sized by spec.decode",
+        "spec.prefill.replicas is ignored in mode colocated: one pool serves both phases, sized by "
+        "spec.decode",
     ),
     (
         "colocated-prefill-gpus",
@@ -73,7 +75,8 @@ REFUSED = [
     (
         "conditional-knob-under-always",
         _spec(router={"disaggregation": {"mixedDecodeRatio": 0.5}}),
-        "spec.router.disaggregation.mixedDecodeRatio is ignored in router.disaggregation.mode always or never",
+        "spec.router.disaggregation.mixedDecodeRatio is ignored in router.disaggregation.mode always or "
+        "never",
     ),
     (
         "flip-without-role-flip",
@@ -145,7 +148,8 @@ def test_the_crd_refuses_what_each_mode_ignores_with_the_types_words():
 
 
 def test_every_crd_rule_on_the_spec_names_its_field():
-    """A rule on the whole spec would make the API server say only `spec: Invalid value`; each names a field."""
+    """A rule on the whole spec would make the API server say only `spec: Invalid value`; each names a
+    field."""
     assert all("fieldPath" in r for r in _rules(_schema())), yaml.safe_dump(_rules(_schema()))
 
 

@@ -1,4 +1,4 @@
-"""docs/inferenceservice.md is what the spec types give, and holds every field and admission rule they declare."""
+"""docs/inferenceservice.md is what the spec types give, with every field and admission rule they declare."""
 
 from __future__ import annotations
 

@@ -116,7 +116,8 @@ def _spec_schema() -> dict[str, Any]:
 
 
 def leaves(schema: dict[str, Any], prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
-    """(dotted path, schema) of every field a user sets: nested objects are walked, maps and lists are leaves."""
+    """(dotted path, schema) of every field a user sets: nested objects are walked, maps and lists are
+    leaves."""
     props = schema.get("properties")
     if schema.get("type") == "object" and props:
         return [leaf for key, sub in props.items() for leaf in leaves(sub, f"{prefix}{key}.")]

@@ -151,7 +151,8 @@ def test_a_model_whose_upper_layers_add_nothing_accepts_nearly_every_draft(early
 
 
 def test_early_exit_below_the_silenced_layers_is_not_the_model(early_exit_model):
-    """The acceptance above comes from exiting where the model is already done: one layer earlier, drafts fail."""
+    """The acceptance above comes from exiting where the model is already done: one layer earlier, drafts
+    fail."""
     engine = _engine(early_exit_model, layers=1, policy=ALWAYS)
     run_to_completion(engine, [(seeded_prompt(17, 17), SamplingParams(max_tokens=40, **GREEDY))])
     assert _acceptance(engine) < 0.5

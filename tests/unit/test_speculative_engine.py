@@ -114,7 +114,8 @@ def test_stop_token_and_max_tokens_end_exactly_inside_accepted_drafts(tiny_model
 
 @pytest.mark.parametrize("right", [0, 1, 2])
 def test_rejected_drafts_leave_the_block_pool_as_plain_decoding_would(tiny_model, right):
-    """Each verify emits `right + 1` tokens; after it the pool must equal a plain engine's `right + 1` steps later."""
+    """Each verify emits `right + 1` tokens; after it the pool must equal a plain engine's `right + 1` steps
+    later."""
     prompt = seeded_prompt(13, 12)
     full = prompt + _reference(tiny_model, prompt, 40)
     spec, plain = _engine(tiny_model, k=4), _engine(tiny_model, k=None)

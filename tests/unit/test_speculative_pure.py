@@ -1,4 +1,4 @@
-"""The pure parts of speculative decoding: n-gram lookup, greedy acceptance, draft budgets and the back-off."""
+"""Speculative decoding's pure parts: n-gram lookup, greedy acceptance, draft budgets and the back-off."""
 
 from __future__ import annotations
 

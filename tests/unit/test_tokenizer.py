@@ -214,7 +214,8 @@ def test_chat_template_sees_the_named_special_tokens_transformers_passes(tmp_pat
 
 
 def test_special_tokens_come_from_the_post_processor_alone(tmp_path, tiny_model_dir):
-    """The rule the transformers comparison checks, stated, so a change in transformers shows up here as well."""
+    """The rule the transformers comparison checks, stated, so a change in transformers shows up here as
+    well."""
 
     def added(post_processor, add_bos, add_eos):
         sub = tmp_path / f"{post_processor}-{add_bos}-{add_eos}"

@@ -147,8 +147,8 @@ def test_a_local_spec_gives_desired_replicas_and_the_slo(tmp_path):
     path = tmp_path / "svc.yaml"
     path.write_text(
         "apiVersion: serving.tandem.dev/v1alpha1\nkind: InferenceService\nmetadata: {name: tiny}\n"
-        "spec:\n  model: {source: {path: m}, servedName: tiny}\n  prefill: {replicas: 2}\n  decode: {replicas: 3}\n"
-        "  slo: {ttftMs: 400, tpotMs: 30, percentile: 95}\n"
+        "spec:\n  model: {source: {path: m}, servedName: tiny}\n  prefill: {replicas: 2}\n  decode: "
+        "{replicas: 3}\n  slo: {ttftMs: 400, tpotMs: 30, percentile: 95}\n"
     )
     (st,) = SpecSource([str(path)]).poll()
     assert st.key == ("", "tiny") and st.pools == {

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 if not torch.cuda.is_available() and "triton" not in sys.modules:
-    # Triton reads this as it defines kernels, its own library's included: before anything imports it. On a host
-    # without CUDA nothing else runs Triton, so it stays on for the rest of the process.
+    # Triton reads this as it defines kernels, its own library's included: before anything imports it. On a
+    # host without CUDA nothing else runs Triton, so it stays on for the rest of the process.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 pytest.importorskip("triton", reason="triton is not installed (it comes with torch's Linux wheels)")
@@ -29,8 +29,8 @@ from tandem.worker.engine.layers.static_decode import StaticDecodeBatch, as_stor
 
 pytestmark = pytest.mark.skipif(
     not tp.interpreted(),
-    reason="Triton's interpreter is off: this host has CUDA (tests/gpu/test_triton_attention_cuda.py runs the "
-    "kernel there), or triton was imported before this module could turn the interpreter on",
+    reason="Triton's interpreter is off: this host has CUDA (tests/gpu/test_triton_attention_cuda.py runs "
+    "the kernel there), or triton was imported before this module could turn the interpreter on",
 )
 
 
@@ -157,9 +157,9 @@ def test_static_decode_rows_with_their_new_key_match_sdpa(int8):
 
 
 def test_an_engine_on_the_triton_backend_decodes_as_the_sdpa_one(tmp_path):
-    """Through the engine: prompts (one chunked over its cached prefix), batched decodes on the general path and
-    in the static decode step (the custom op), against an sdpa engine, step by step (the 8-bit cache's reads are
-    checked above, kernel by kernel)."""
+    """Through the engine: prompts (one chunked over its cached prefix), batched decodes on the general path
+    and in the static decode step (the custom op), against an sdpa engine, step by step (the 8-bit cache's
+    reads are checked above, kernel by kernel)."""
     from tandem.worker.devtools.tiny import TinySpec, create_tiny_model
     from tandem.worker.engine.loading import load_model
     from tandem.worker.engine.runner.engine import Engine, EngineConfig
@@ -219,21 +219,24 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from tandem.worker.engine.layers import triton_paged as tp
 
-POINTERS = {"Table": "i64", "KvLens": "i64", "QLens": "i32", "QStarts": "i32", "TileSeq": "i32", "TileQ0": "i32",
-            "PartOut": "fp32", "PartLse": "fp32"}
-for dtype, int8, splits, one, new, d, group in [("bf16", False, 1, True, 0, 128, 4), ("bf16", True, 4, True, 1, 64, 8),
-                                                 ("bf16", True, 2, False, 0, 128, 6), ("fp32", False, 1, False, 0, 64, 1)]:
+POINTERS = {"Table": "i64", "KvLens": "i64", "QLens": "i32", "QStarts": "i32", "TileSeq": "i32",
+            "TileQ0": "i32", "PartOut": "fp32", "PartLse": "fp32"}
+CASES = [("bf16", False, 1, True, 0, 128, 4), ("bf16", True, 4, True, 1, 64, 8),
+         ("bf16", True, 2, False, 0, 128, 6), ("fp32", False, 1, False, 0, 64, 1)]
+for dtype, int8, splits, one, new, d, group in CASES:
     kv = "i8" if int8 else dtype
     types = {**{n: dtype for n in ("Q", "KNew", "VNew", "Out")}, "K": kv, "V": kv,
              "KScale": "fp32" if int8 else dtype, "VScale": "fp32" if int8 else dtype, **POINTERS}
     consts = dict(GROUP=group, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=16 if one else 64, BLOCK_N=tp.BLOCK_N, PAGE=16,
                   SPLIT_KEYS=256, SPLITS=splits, ONE_QUERY=one, HAS_NEW=new, INT8=int8, IEEE=dtype == "fp32",
                   DOT_F32=False)
-    sig = {n: "*" + types[n] if n in types else "fp32" if n == "qk_scale" else "i32" for n in tp._paged_attention.arg_names}
+    sig = {n: "*" + types[n] if n in types else "fp32" if n == "qk_scale" else "i32"
+           for n in tp._paged_attention.arg_names}
     triton.compile(ASTSource(tp._paged_attention, {**sig, **dict.fromkeys(consts, "constexpr")}, consts),
                    target=GPUTarget("cuda", 90, 32))
 consts = dict(HEAD_DIM=128, BLOCK_D=128, SPLITS=8)
-sig = {n: "*fp32" if n.startswith("Part") else "*bf16" if n == "Out" else "i32" for n in tp._merge_splits.arg_names}
+sig = {n: "*fp32" if n.startswith("Part") else "*bf16" if n == "Out" else "i32"
+       for n in tp._merge_splits.arg_names}
 triton.compile(ASTSource(tp._merge_splits, {**sig, **dict.fromkeys(consts, "constexpr")}, consts),
                target=GPUTarget("cuda", 90, 32))
 print("compiled")

@@ -1,4 +1,5 @@
-"""Warm before ready: after the worker's warm-up, a first request of any kind takes no step path for the first time."""
+"""Warm before ready: after the worker's warm-up, a first request of any kind takes no step path for the first
+time."""
 
 import dataclasses
 
@@ -56,7 +57,8 @@ def test_the_first_request_after_warm_up_takes_no_new_path(tiny_model_dir, kind)
 
 
 def test_without_warm_up_the_first_requests_take_cold_paths(tiny_model_dir):
-    """The record can fail: an engine marked ready without a warm-up reports the paths its first requests took."""
+    """The record can fail: an engine marked ready without a warm-up reports the paths its first requests
+    took."""
     cold = engine(tiny_model_dir)
     cold.ready = True
     serve(cold, FIRST_REQUESTS["sampled, every knob"])

@@ -1,6 +1,7 @@
-"""FP8 weights (`model.quantization: fp8`): per-channel e4m3 rounding bounds, the `_scaled_mm` layer against the
-quantization math, FP8 checkpoints in the Hugging Face layouts loaded as stored (the same weights as quantizing
-the bf16 checkpoint at load), and the refusals. torch's CPU `_scaled_mm` runs the real matmul here."""
+"""FP8 weights (`model.quantization: fp8`): per-channel e4m3 rounding bounds, the `_scaled_mm` layer against
+the quantization math, FP8 checkpoints in the Hugging Face layouts loaded as stored (the same weights as
+quantizing the bf16 checkpoint at load), and the refusals. torch's CPU `_scaled_mm` runs the real matmul
+here."""
 
 from __future__ import annotations
 
@@ -96,8 +97,9 @@ def test_fp8_linear_matches_the_quantization_math(static):
 
 
 def _fp8_checkpoint(src: Path, dst: Path, quantization_config: dict, per_tensor: bool = False) -> Path:
-    """`src`'s model written as an FP8 checkpoint: each projection and lm_head as e4m3 `weight` + `weight_scale`
-    (per channel [out, 1] as compressed-tensors writes it, or one per tensor with an `input_scale`)."""
+    """`src`'s model written as an FP8 checkpoint: each projection and lm_head as e4m3 `weight` +
+    `weight_scale` (per channel [out, 1] as compressed-tensors writes it, or one per tensor with an
+    `input_scale`)."""
     shutil.copytree(src, dst)
     config = json.loads((src / "config.json").read_text())
     (dst / "config.json").write_text(json.dumps({**config, "quantization_config": quantization_config}))
@@ -182,8 +184,8 @@ def test_fp8_at_load_stays_close_to_the_unquantized_model(tiny_model_dir):
         )
         for s in (0, 1, 2)
     ]
-    # e4m3 keeps 3 mantissa bits (int8 per channel keeps ~7 at a row's largest weight), on weights and activations;
-    # measured on the seed-0 tiny model, whose logits are nearly flat: rel error about 0.1
+    # e4m3 keeps 3 mantissa bits (int8 per channel keeps ~7 at a row's largest weight), on weights and
+    # activations; measured on the seed-0 tiny model, whose logits are nearly flat: rel error about 0.1
     assert max(r.rel_error for r in results) < 0.2, results
     assert sum(r.top1_agreement for r in results) / len(results) >= 0.6, results
 

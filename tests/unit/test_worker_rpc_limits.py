@@ -30,7 +30,8 @@ def test_bounds_follow_the_engine_batch():
 
 
 class Streaming(decode_pb2_grpc.DecodeServiceServicer):
-    """Token streams that send one event, then hold until released; Reserve that fails or succeeds on demand."""
+    """Token streams that send one event, then hold until released; Reserve that fails or succeeds on
+    demand."""
 
     def __init__(self) -> None:
         self.release = threading.Event()

@@ -11,7 +11,7 @@ MAX_TOP_LOGPROBS = 20  # alternatives per token, as OpenAI's API bounds them
 MAX_REPETITION_PENALTY = 10.0  # far past any useful value (vLLM only asks > 0); bounds what a float may do
 
 
-# A prompt's logprobs, per position but the first: (its token's logprob, that token's rank, the likeliest there)
+# A prompt's logprobs, per position but the first: (its token's logprob, that token's rank, the likeliest)
 PromptLogprobs = list[tuple[float, int, list[tuple[int, float]]]]
 
 
@@ -88,7 +88,8 @@ class SamplingParams:
             raise InvalidRequest(f"min_p must be in [0, 1], got {self.min_p!r}")
         if not 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
             raise InvalidRequest(
-                f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY}], got {self.repetition_penalty!r}"
+                f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY}], got "
+                f"{self.repetition_penalty!r}"
             )
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:

@@ -22,8 +22,8 @@ from grpc import aio
 from tandem.identity import Identity, from_sans, peer_name
 
 CERT, KEY, CA = "tls.crt", "tls.key", "ca.crt"
-# A peer that refused a connection (still starting, or restarted on its address) is redialled within a
-# second. gRPC's default backoff grows to minutes: a worker that took 28 s to start was not reached for 15 s more.
+# A peer that refused a connection (still starting, or restarted on its address) is redialled within a second.
+# gRPC's default backoff grows to minutes: a worker that took 28 s to start was not reached for 15 s more.
 RECONNECT_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),

@@ -70,6 +70,7 @@ def main(argv: list[str]) -> int:
             print(f"tandem model create-tiny: {e}")
             return 2
         print(
-            f"wrote {spec.arch} model ({spec.layers} layers, hidden {spec.hidden}, seed {spec.seed}) to {path}"
+            f"wrote {spec.arch} model ({spec.layers} layers, hidden {spec.hidden}, seed {spec.seed}) to "
+            f"{path}"
         )
     return 0

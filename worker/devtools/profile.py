@@ -1,4 +1,5 @@
-"""`tandem profile`: measure a worker's capacity on the real engine and write the profile the autoscaler reads.
+"""`tandem profile`: measure a worker's capacity on the real engine and write the profile the autoscaler
+reads.
 
 Prefill: one prompt of each length, run to its first token, at each chunk size. Decode: `batch` sequences
 of `context` tokens admitted as already prefilled (the decode worker's own path after a KV transfer), then

@@ -27,7 +27,8 @@ VOCAB_SIZE = 1536
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% if tools %}"
-    '{{ \'<|system|>\nTo call a tool, answer {"name": <tool name>, "arguments": <JSON object>} and nothing else. Tools:\n\' }}'
+    '{{ \'<|system|>\nTo call a tool, answer {"name": <tool name>, "arguments": <JSON object>} and nothing '
+    "else. Tools:\n' }}"
     "{% for tool in tools %}{{ tool | tojson }}{{ '\n' }}{% endfor %}"
     "{{ '<|end|>\n' }}"
     "{% endif %}"
@@ -207,7 +208,8 @@ def random_state_dict(
     config: ModelConfig, seed: int, dtype: str | torch.dtype = torch.float32, device: str = "cpu"
 ) -> dict[str, torch.Tensor]:
     """Seeded random weights: normal(0, 0.02) matrices and biases, norm weights near 1, on the CPU (drawn on
-    `device`: a GPU draws a billion-parameter model in seconds, the CPU in minutes; the draws differ by device).
+    `device`: a GPU draws a billion-parameter model in seconds, the CPU in minutes; the draws differ by
+    device).
 
     Biases and norm weights are perturbed (HF starts them at 0 and 1) so a loader or model that drops
     them would change the logits and fail parity tests.

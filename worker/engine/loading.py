@@ -95,7 +95,8 @@ def load_state_dict(
     shard: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors named in `expected_shapes(config)`, cast to `dtype` on `device`; with `shard`,
-    each tensor is cut to this tensor-parallel rank's slice as it is read (one full tensor in memory at a time).
+    each tensor is cut to this tensor-parallel rank's slice as it is read (one full tensor in memory at a
+    time).
 
     Missing tensors and shape mismatches raise ModelLoadError naming the tensor; extra tensors (such as
     `rotary_emb.inv_freq`) are ignored. With tied embeddings `lm_head.weight` is not read from the
@@ -139,19 +140,22 @@ def load_state_dict(
 def _fp8_weight(
     name: str, q: torch.Tensor, files: dict[str, Path], device: str | torch.device
 ) -> dict[str, torch.Tensor]:
-    """An FP8 checkpoint's layer: its e4m3 `weight` as stored, `weight_scale` as one float32 per output channel
-    (a per-tensor scale repeated), and `input_scale` (static activations) when the checkpoint has one."""
+    """An FP8 checkpoint's layer: its e4m3 `weight` as stored, `weight_scale` as one float32 per output
+    channel (a per-tensor scale repeated), and `input_scale` (static activations) when the checkpoint has
+    one."""
     prefix = name.removesuffix("weight")
     if prefix + "weight_scale_inv" in files:
         raise ModelLoadError(
-            f"{name}: block-wise FP8 scales (weight_scale_inv) are not supported; per-tensor and per-channel are"
+            f"{name}: block-wise FP8 scales (weight_scale_inv) are not supported; per-tensor and per-channel "
+            "are"
         )
     if prefix + "weight_scale" not in files:
         raise ModelLoadError(f"{name} is float8_e4m3fn but the checkpoint has no {prefix}weight_scale")
     scale = _read(files, prefix + "weight_scale", device).float().reshape(-1)
     if scale.numel() not in (1, q.shape[0]):
         raise ModelLoadError(
-            f"{prefix}weight_scale has {scale.numel()} values; expected 1 or {q.shape[0]} (one per output channel)"
+            f"{prefix}weight_scale has {scale.numel()} values; expected 1 or {q.shape[0]} (one per output "
+            "channel)"
         )
     out = {name: q, prefix + "weight_scale": scale.expand(q.shape[0]).contiguous()}
     if prefix + "input_scale" in files:
@@ -190,9 +194,9 @@ def load_model(
     device: str = "cpu",
     quantization: str = "none",
 ) -> Transformer:
-    """Our Transformer with the checkpoint's weights (no random init: parameters start on `meta`), its
-    linear layers quantized as they load when `quantization` is `int8` (see weight_int8) or `fp8` (see
-    weight_fp8). An FP8 checkpoint keeps its e4m3 weights and scales with `fp8`; otherwise it is dequantized."""
+    """Our Transformer with the checkpoint's weights (no random init: parameters start on `meta`), its linear
+    layers quantized as they load when `quantization` is `int8` (see weight_int8) or `fp8` (see weight_fp8).
+    An FP8 checkpoint keeps its e4m3 weights and scales with `fp8`; otherwise it is dequantized."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     if quantization == "fp8":

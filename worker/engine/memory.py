@@ -74,9 +74,10 @@ def blocks_for_budget(budget_bytes: int, block_bytes: int, min_blocks: int) -> i
     blocks = max(0, budget_bytes) // block_bytes
     if blocks < min_blocks:
         raise KvCacheTooSmall(
-            f"the KV cache gets {max(0, budget_bytes) / GIB:.2f} GiB = {blocks} blocks, fewer than the {min_blocks} "
-            "one sequence at the model's context needs: lower the context (model.maxContextLength), maxBatchTokens "
-            "or the dtype, raise kvCacheMemoryPercent, or give the worker a larger GPU"
+            f"the KV cache gets {max(0, budget_bytes) / GIB:.2f} GiB = {blocks} blocks, fewer than the "
+            f"{min_blocks} one sequence at the model's context needs: lower the context "
+            "(model.maxContextLength), maxBatchTokens or the dtype, raise kvCacheMemoryPercent, or give the "
+            "worker a larger GPU"
         )
     return blocks
 
@@ -102,9 +103,9 @@ class KvCachePlan:
 
     def describe(self) -> str:
         return (
-            f"KV cache: {self.num_blocks} blocks of {self.block_size} tokens ({self.total_bytes / GIB:.2f} GiB, "
-            f"{self.source}); {self.max_concurrent_sequences:.1f} concurrent sequences at the context of "
-            f"{self.max_model_len} tokens"
+            f"KV cache: {self.num_blocks} blocks of {self.block_size} tokens ({self.total_bytes / GIB:.2f} "
+            f"GiB, {self.source}); {self.max_concurrent_sequences:.1f} concurrent sequences at the context "
+            f"of {self.max_model_len} tokens"
         )
 
 
@@ -183,8 +184,8 @@ def plan_kv_cache(
         return plan(
             blocks,
             f"{memory_percent}% of {reading.free_bytes / GIB:.2f} GiB free after the weights "
-            f"({reading.allocated_bytes / GIB:.2f} GiB), less {reading.activation_bytes / GIB:.2f} GiB of activations "
-            f"and {gather / GIB:.2f} GiB for decode attention",
+            f"({reading.allocated_bytes / GIB:.2f} GiB), less {reading.activation_bytes / GIB:.2f} GiB of "
+            f"activations and {gather / GIB:.2f} GiB for decode attention",
         )
     budget = CPU_KV_BUDGET_BYTES * memory_percent // 100
     return plan(

@@ -1,4 +1,5 @@
-"""Which pre-quantized checkpoint a `config.json` describes: the FP8 layouts we load, and a clear refusal of the rest.
+"""Which pre-quantized checkpoint a `config.json` describes: the FP8 layouts we load, and a clear refusal of
+the rest.
 
 FP8 checkpoints from Hugging Face (`quant_method: fp8`), llm-compressor (`compressed-tensors`,
 `float-quantized`) and NVIDIA ModelOpt (`modelopt`, `quant_algo: FP8`) store each quantized linear layer as
@@ -42,8 +43,8 @@ def checkpoint_quantization(hf: dict[str, Any]) -> str:
                 )
             if weights.get("strategy") not in FP8_SCALE_STRATEGIES:
                 raise UnsupportedQuantization(
-                    f"compressed-tensors group {name}: weight scale strategy {weights.get('strategy')!r} is not "
-                    f"supported; use one of {', '.join(FP8_SCALE_STRATEGIES)}"
+                    f"compressed-tensors group {name}: weight scale strategy {weights.get('strategy')!r} is "
+                    f"not supported; use one of {', '.join(FP8_SCALE_STRATEGIES)}"
                 )
         return "fp8"
     if method == "modelopt":

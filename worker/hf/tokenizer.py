@@ -163,7 +163,8 @@ class Tokenizer:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of `text`, with the special tokens the post-processor adds (as transformers' `encode`)."""
+        """Token ids of `text`, with the special tokens the post-processor adds (as transformers'
+        `encode`)."""
         return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:

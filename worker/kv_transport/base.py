@@ -1,4 +1,4 @@
-"""The transport's contracts: the KV layout, the block store it reads and writes, the sender interface, errors."""
+"""The transport's contracts: the KV layout, the block store it reads and writes, the sender, the errors."""
 
 from __future__ import annotations
 
@@ -127,7 +127,8 @@ class KvSender(ABC):
         v: torch.Tensor,
         ready: torch.cuda.Event | None = None,
     ) -> None:
-        """Queue one layer's blocks; `ready`, when given, is the CUDA event after which `k` and `v` hold them."""
+        """Queue one layer's blocks; `ready`, when given, is the CUDA event after which `k` and `v` hold
+        them."""
 
     @abstractmethod
     def send_chunk(self, header: decode_pb2.KvChunkHeader, payload: bytes | memoryview = b"") -> None: ...

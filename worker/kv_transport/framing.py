@@ -1,4 +1,4 @@
-"""KvChunk framing by hand: the bytes protobuf would write for KvChunk, without protobuf copying the payload."""
+"""KvChunk framing by hand: the bytes protobuf writes for KvChunk, without protobuf copying the payload."""
 
 from __future__ import annotations
 

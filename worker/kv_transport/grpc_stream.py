@@ -1,4 +1,4 @@
-"""The PushKv stream: bulk channel options, the sender (inline payload or staging ring) and the server handler."""
+"""The PushKv stream: bulk channel options, the sender (inline payload or staging ring), the server side."""
 
 from __future__ import annotations
 

@@ -42,7 +42,8 @@ def check_compatible(sender: common_pb2.WorkerInfo, receiver: common_pb2.WorkerI
         a, b = getattr(sender, name), getattr(receiver, name)
         if a != b:
             problems.append(
-                f"{name} differs: {sender.worker_id or 'sender'} has {a!r}, {receiver.worker_id or 'receiver'} has {b!r}"
+                f"{name} differs: {sender.worker_id or 'sender'} has {a!r}, "
+                f"{receiver.worker_id or 'receiver'} has {b!r}"
             )
     a, b = kv_cache_dtype_of(sender), kv_cache_dtype_of(receiver)
     if a != b:

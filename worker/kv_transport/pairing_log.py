@@ -13,8 +13,8 @@ REMEMBERED = 1024  # (peer, transport) pairs kept; an older pair seen again is l
 
 
 def transport_label(kind: int) -> str:
-    """A transport as logs and metric labels name it: grpc, shm, cuda_ipc (a value this build does not know: its
-    number)."""
+    """A transport as logs and metric labels name it: grpc, shm, cuda_ipc (a value this build does not know:
+    its number)."""
     try:
         return common_pb2.KvTransport.Name(kind).removeprefix("KV_TRANSPORT_").lower()
     except ValueError:
@@ -28,7 +28,8 @@ class PairingLog:
         self._lock = threading.Lock()
 
     def note(self, peer: str, kind: int, message: str, *args: object) -> bool:
-        """Log `message % (*args, transport)` the first time `peer` uses transport `kind`; True when it logged."""
+        """Log `message % (*args, transport)` the first time `peer` uses transport `kind`; True when it
+        logged."""
         key = (peer, kind)
         with self._lock:
             if key in self._seen:

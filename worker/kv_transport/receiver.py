@@ -134,7 +134,8 @@ class KvReceiver:
                 got = chunk_checksum([data], header.scales)
                 if got != header.checksum:
                     raise ChecksumMismatch(
-                        f"transfer {header.transfer_id} layer {header.layer}: checksum {got:#010x} != {header.checksum:#010x}"
+                        f"transfer {header.transfer_id} layer {header.layer}: checksum {got:#010x} != "
+                        f"{header.checksum:#010x}"
                     )
             k, v = decode_blocks(data, self.layout, len(ids), header.compression, list(header.scales))
             self.store.write_blocks(header.layer, ids, k, v)
@@ -160,7 +161,8 @@ class KvReceiver:
             )
 
     def commit(self, header: decode_pb2.KvChunkHeader) -> tuple[ChunkVerdict, Committed | None]:
-        """Complete the reservation if every block of every layer arrived; raises IncompleteTransfer if not."""
+        """Complete the reservation if every block of every layer arrived; raises IncompleteTransfer if
+        not."""
         with self._lock:
             verdict = self.table.check(header.transfer_id, header.epoch, self._clock())
             if verdict is not ChunkVerdict.ACCEPT:

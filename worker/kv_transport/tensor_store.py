@@ -1,4 +1,4 @@
-"""A plain KvBlockStore over per-layer tensors [num_blocks, block_size, num_kv_heads, head_dim] (tests, bench)."""
+"""A plain KvBlockStore over per-layer tensors [num_blocks, block_size, kv_heads, head_dim] (tests, bench)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""What the router checks before it spends work on a request: the model it names, a prompt too long by its bytes
-alone for the served context (no tokeniser run), then the queue limit; only an admitted request is templated and
-tokenised, and then its prompt and output budget must fit the context."""
+"""What the router checks before it spends work on a request: the model it names, a prompt too long by its
+bytes alone for the served context (no tokeniser run), then the queue limit; only an admitted request is
+templated and tokenised, and then its prompt and output budget must fit the context."""
 
 from __future__ import annotations
 
@@ -58,8 +58,8 @@ def prompt_text_bytes(req: oa.SamplingRequest) -> int:
 
 
 def min_prompt_tokens(req: oa.SamplingRequest, token_bytes: int) -> int:
-    """The fewest tokens the prompt can take (pure): its token ids, or its text's bytes over the most bytes one
-    token can stand for (with slack)."""
+    """The fewest tokens the prompt can take (pure): its token ids, or its text's bytes over the most bytes
+    one token can stand for (with slack)."""
     if isinstance(req, oa.CompletionRequest) and not isinstance(prompt := req.single_prompt(), str):
         return len(prompt)
     return prompt_text_bytes(req) // (token_bytes * BYTES_SLACK)

@@ -52,7 +52,8 @@ class ClosingStreamingResponse(StreamingResponse):
 
 
 class StreamEnd:
-    """Releases what a streamed answer holds (backend stream, admission slot) and records its outcome, once."""
+    """Releases what a streamed answer holds (backend stream, admission slot) and records its outcome,
+    once."""
 
     def __init__(self, gen: Generations, clock: RequestClock, admission: Admission) -> None:
         self.gen, self.clock, self.admission = gen, clock, admission

@@ -1,5 +1,6 @@
 """The router's HTTP routes: OpenAI completions and chat (JSON or SSE), models, health and metrics; what a
-request may ask is `admission`, how failures answer is `errors`, how an answer reaches the client is `answers`."""
+request may ask is `admission`, how failures answer is `errors`, how an answer reaches the client is
+`answers`."""
 
 from __future__ import annotations
 
@@ -84,7 +85,8 @@ class Serving:
             check_prompt_fits(
                 req, self.token_bytes, self.max_model_len
             )  # by its bytes: no tokeniser run for a hopeless one
-            self.admission.acquire()  # before the costly part: a full router refuses without templating or tokenising
+            # before the costly part: a full router refuses without templating or tokenising
+            self.admission.acquire()
             admitted = True
             # templates and tokenizers take time on long prompts: off the event loop, other requests go on
             prompt_ids = await anyio.to_thread.run_sync(prompt_ids_of, req, self.tokenizer)

@@ -122,7 +122,8 @@ async def collect(gens: Generations) -> list[TextDelta]:
 
 @dataclasses.dataclass
 class ToolReading:
-    """How a chat request's choices are read: `tools` set when they may be tool calls, `forced` when they must be."""
+    """How a chat request's choices are read: `tools` set when they may be tool calls, `forced` when they must
+    be."""
 
     tools: list[dict[str, Any]] | None
     forced: bool
@@ -145,8 +146,8 @@ def chat_finish_reason(reason: str | None, calls: list[ToolCall] | None) -> str 
 
 
 def echoed(req: oa.SamplingRequest, gens: Generations) -> str:
-    """The text `echo` puts before each choice's: completions the prompt (as the workers saw it); chat, as vLLM,
-    the last message when it is the assistant's (the answer continues it)."""
+    """The text `echo` puts before each choice's: completions the prompt (as the workers saw it); chat, as
+    vLLM, the last message when it is the assistant's (the answer continues it)."""
     if not req.echo:
         return ""
     if isinstance(req, oa.ChatCompletionRequest):

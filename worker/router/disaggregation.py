@@ -1,4 +1,5 @@
-"""Conditional disaggregation (pure): per request, prefill on the prefill pool and move the KV, or on the decode worker.
+"""Conditional disaggregation (pure): per request, prefill on the prefill pool and move the KV, or on the
+decode worker.
 
 A transfer is worth paying for only when the prompt is long enough that prefill interference on the decode
 worker would cost more than the hop. Two rules pick `local` (prefill on the decode worker, no transfer):
@@ -16,7 +17,8 @@ sequence the decode worker is running, so a worker whose streams' recent TPOT is
 the SLO prefills nothing locally (the prompt goes to the prefill pool). Under a tight TPOT SLO conditional
 then behaves like `always`; under a loose one the rules above run as they are.
 
-Otherwise `disaggregated`. Mode `always` and `never` bypass the rules. The policy is the spec's `router.disaggregation`.
+Otherwise `disaggregated`. Mode `always` and `never` bypass the rules. The policy is the spec's
+`router.disaggregation`.
 
 Before any of that, conditional asks where the request decodes. With one prefill and one decode worker
 against two colocated ones, the split loses under a loose TPOT SLO: the decode worker saturates while the
@@ -51,7 +53,8 @@ __all__ = [
 
 
 class PrefillRoute(StrEnum):
-    """Where one request's prompt runs: the value of the `prefill` metric label and the X-Tandem-Prefill header."""
+    """Where one request's prompt runs: the value of the `prefill` metric label and the X-Tandem-Prefill
+    header."""
 
     disaggregated = "disaggregated"
     local = "local"
@@ -80,7 +83,8 @@ def queued_tokens(view: WorkerView) -> int:
 
 
 def prefill_saturated(prefill_workers: Iterable[WorkerView], bound: int) -> bool:
-    """Every routable prefill worker has more than `bound` prompt tokens queued (true when none is routable)."""
+    """Every routable prefill worker has more than `bound` prompt tokens queued (true when none is
+    routable)."""
     queues = [queued_tokens(w) for w in prefill_workers if w.routable]
     return not queues or min(queues) > bound
 

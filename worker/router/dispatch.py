@@ -1,11 +1,11 @@
 """The router's gRPC backend: routes each request over the pools (membership.py), relays its tokens, retries.
 
 Disaggregated: reserve blocks on a decode worker, open its token stream, ask a prefill worker to run the
-prompt and push the KV there, then relay tokens; or, when conditional disaggregation says the transfer is
-not worth it (disaggregation.py), let the decode worker prefill the prompt itself. Colocated workers of a
-disaggregated service (a worker that took the colocated role, as `mode: auto` does when a split does not
-pay) stand beside the decode pool: one picked where a decode worker would be runs the request whole. A worker that fails
-before the first token is marked unhealthy and the request is retried elsewhere; after the first token a
+prompt and push the KV there, then relay tokens; or, when conditional disaggregation says the transfer is not
+worth it (disaggregation.py), let the decode worker prefill the prompt itself. Colocated workers of a
+disaggregated service (a worker that took the colocated role, as `mode: auto` does when a split does not pay)
+stand beside the decode pool: one picked where a decode worker would be runs the request whole. A worker that
+fails before the first token is marked unhealthy and the request is retried elsewhere; after the first token a
 failure ends the stream with an error.
 
 Scaling down never cuts a stream: a worker that refuses work because it drains is taken out of rotation
@@ -322,8 +322,8 @@ class GrpcBackend:
             problems = check_compatible(prefill.info, decode.info)
             if problems:  # refuse rather than move KV that would decode into garbage
                 raise BackendError(
-                    f"prefill worker {prefill.view.address} cannot send KV to decode worker {decode.view.address}: "
-                    + "; ".join(problems),
+                    f"prefill worker {prefill.view.address} cannot send KV to decode worker "
+                    f"{decode.view.address}: " + "; ".join(problems),
                     status=503,
                 )
         timing.decode_worker, timing.prefill_worker = decode.view.address, prefill.view.address

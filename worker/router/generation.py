@@ -1,4 +1,4 @@
-"""One request through the backend: tokens in, releasable text out (detokenized, cut at stop strings, timed)."""
+"""A request through the backend: tokens in, releasable text out (detokenized, cut at stop strings, timed)."""
 
 from __future__ import annotations
 
@@ -86,8 +86,8 @@ class Generation:
         return entries
 
     def prompt_logprobs_field(self) -> list[dict[str, dict[str, Any]] | None]:
-        """vLLM's `prompt_logprobs`: per prompt token (the first: null) its id's logprob, rank and decoded text,
-        and the likeliest tokens there, ranked."""
+        """vLLM's `prompt_logprobs`: per prompt token (the first: null) its id's logprob, rank and decoded
+        text, and the likeliest tokens there, ranked."""
         out: list[dict[str, dict[str, Any]] | None] = [None] if self.prompt_ids else []
         for token_id, (lp, rank, top) in zip(self.prompt_ids[1:], self.prompt_logprobs or [], strict=False):
             ranked = {

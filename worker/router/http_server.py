@@ -1,9 +1,9 @@
-"""The router's HTTP server: uvicorn over h11 with a connection cap, a deadline for a request's headers, an idle
-keep-alive timeout and a bound on the header block, so that slow or idle clients cannot hold the router.
+"""The router's HTTP server: uvicorn over h11 with a connection cap, a deadline for a request's headers, an
+idle keep-alive timeout and a bound on the header block, so that slow or idle clients cannot hold the router.
 
 Past the cap, a new connection's request is answered 503 with Retry-After and the connection closed (uvicorn's
-own `limit_concurrency` answers without Retry-After). A connection whose request headers are not complete within
-the deadline (a slow sender, or one that never sends) is closed.
+own `limit_concurrency` answers without Retry-After). A connection whose request headers are not complete
+within the deadline (a slow sender, or one that never sends) is closed.
 """
 
 from __future__ import annotations

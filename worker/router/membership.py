@@ -178,7 +178,8 @@ class Pools:
                     self.retiring.append(gone)
 
     def _placed(self, listed: dict[str, list[str]]) -> dict[str, list[str]]:
-        """The lists with each worker moved to the role it reports; reports of workers no list names are dropped."""
+        """The lists with each worker moved to the role it reports; reports of workers no list names are
+        dropped."""
         out: dict[str, list[str]] = {r: [] for r in listed}
         for role, addresses in listed.items():
             for address in addresses:

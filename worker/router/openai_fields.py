@@ -73,7 +73,8 @@ def outcome(field: str) -> str:
 
 
 def _value(req: Any, dotted: str) -> tuple[bool, Any]:
-    """(whether the request sets the field at all: its model has it, and a nested one's parent is set; its value)."""
+    """(whether the request sets the field at all: its model has it, and a nested one's parent is set; its
+    value)."""
     obj = req
     for part in dotted.split("."):
         if obj is None:

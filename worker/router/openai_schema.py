@@ -168,7 +168,8 @@ class SamplingRequest(VllmSamplingExtensions):
         return structured.constraint_grammar(*found[0]) if found else None
 
     def response_id(self, own: str) -> str:
-        """The answer's id: the router's own (`kind-hex`), or, as vLLM, `kind-<request_id>` from the client's."""
+        """The answer's id: the router's own (`kind-hex`), or, as vLLM, `kind-<request_id>` from the
+        client's."""
         return own if self.request_id is None else f"{own.split('-', 1)[0]}-{self.request_id}"
 
     def truncated(self, prompt_ids: list[int]) -> list[int]:

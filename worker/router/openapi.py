@@ -1,4 +1,4 @@
-"""The router's OpenAPI document, with the request bodies its routes parse by hand (for clients and fuzzers)."""
+"""The router's OpenAPI document, with the request bodies its routes parse by hand (for clients, fuzzers)."""
 
 from __future__ import annotations
 

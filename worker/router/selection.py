@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 @dataclass
 class WorkerView:
-    """The router's picture of one worker (from its last load report plus the router's own in-flight count)."""
+    """The router's picture of one worker (from its last load report plus the router's own in-flight
+    count)."""
 
     address: str
     healthy: bool = True

@@ -53,7 +53,8 @@ LINK_SUSPECT_S = 10.0  # a second KV link failure to one decode worker this soon
 async def note_unreachable(decode: Worker, e: aio.AioRpcError) -> None:
     """A prefill worker could not push to this decode worker. Out of rotation if the router cannot reach it
     either (or it drains), or if a push to it already broke in the last LINK_SUSPECT_S (the link stays
-    broken); one push that broke once (a connect that timed out under load) does not take a live worker out."""
+    broken); one push that broke once (a connect that timed out under load) does not take a live worker
+    out."""
     now = time.monotonic()
     if now < decode.link_suspect_until:
         note_unavailable(decode, e)

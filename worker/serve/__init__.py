@@ -1,1 +1,1 @@
-"""The gRPC worker servers (prefill, decode, colocated), their wire conversions, metrics and `tandem worker`."""
+"""The gRPC worker servers (prefill, decode, colocated), wire conversions, metrics and `tandem worker`."""

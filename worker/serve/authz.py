@@ -1,11 +1,11 @@
 """Which peer may call which method of a worker, from the role its certificate names (tandem.identity).
 
-Mutual TLS proves a caller holds a certificate of the service's CA; this decides what each role may do:
-only the router starts work (Prefill, Reserve, StreamTokens, Generate, Abort), only a prefill worker
-pushes KV (PushKv, whose last frame commits), and Drain and SetRole come from the operator or from the
-worker's own pod over loopback (the preStop hook). A caller whose certificate names several roles (a
-worker that may flip names prefill and decode) may call what any of them may. Anything else, and any
-method this table does not name, is refused with PERMISSION_DENIED before the servicer runs. Plaintext workers (`security.tls.mode: off`) have no
+Mutual TLS proves a caller holds a certificate of the service's CA; this decides what each role may do: only
+the router starts work (Prefill, Reserve, StreamTokens, Generate, Abort), only a prefill worker pushes KV
+(PushKv, whose last frame commits), and Drain and SetRole come from the operator or from the worker's own pod
+over loopback (the preStop hook). A caller whose certificate names several roles (a worker that may flip names
+prefill and decode) may call what any of them may. Anything else, and any method this table does not name, is
+refused with PERMISSION_DENIED before the servicer runs. Plaintext workers (`security.tls.mode: off`) have no
 identities to check and run without it.
 """
 

@@ -1,4 +1,5 @@
-"""The colocated worker's gRPC service: both phases in one engine, the baseline disaggregation is measured against."""
+"""The colocated worker's gRPC service: both phases in one engine, the baseline disaggregation is measured
+against."""
 
 from __future__ import annotations
 

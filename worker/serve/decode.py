@@ -151,7 +151,8 @@ class DecodeServicer:
                 if waiting >= self.stream_slots.room:
                     context.abort(
                         grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"decode worker at its limit of {self.stream_slots.limit} token streams; try another worker",
+                        f"decode worker at its limit of {self.stream_slots.limit} token streams; try another "
+                        "worker",
                     )
             self._reserving += 1
         try:
@@ -251,7 +252,8 @@ class DecodeServicer:
                 self._outputs.pop(request.request_id, None)
 
     def Generate(self, request: common_pb2.GenerateRequest, context: grpc.ServicerContext):
-        """Prefill locally and stream the tokens; Abort by request_id (or the stream closing) frees the blocks."""
+        """Prefill locally and stream the tokens; Abort by request_id (or the stream closing) frees the
+        blocks."""
         with self._lock:
             if self.draining:
                 refuse_while_draining(context, "decode worker")

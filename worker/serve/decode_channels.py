@@ -28,7 +28,8 @@ class DecodeChannels:
         self._lock = threading.Lock()
 
     def get(self, address: str) -> grpc.Channel:
-        """The kept channel to `address` (with mutual TLS, one whose certificate says decode in this service)."""
+        """The kept channel to `address` (with mutual TLS, one whose certificate says decode in this
+        service)."""
         to_close: list[grpc.Channel] = []
         with self._lock:
             if self.certs.renewed() is not None:

@@ -38,7 +38,8 @@ def refuse_while_draining(context: grpc.ServicerContext, what: str) -> None:
 
 
 class Drainer:
-    """Starts the drain once (signal or RPC), then waits for the servicer to hold nothing or for the deadline."""
+    """Starts the drain once (signal or RPC), then waits for the servicer to hold nothing or for the
+    deadline."""
 
     def __init__(
         self,

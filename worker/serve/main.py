@@ -1,4 +1,5 @@
-"""`tandem worker`: serve one engine over gRPC as a prefill, decode or colocated worker (any of them, by SetRole), with health and metrics."""
+"""`tandem worker`: serve one engine over gRPC as a prefill, decode or colocated worker (any of them, by
+SetRole), with health and metrics."""
 
 from __future__ import annotations
 
@@ -155,12 +156,13 @@ def prepare(args: WorkerOptions) -> Prepared:
 
 
 def start_engine(args: WorkerOptions, prepared: Prepared) -> tuple[EngineLoop, WorkerMetrics]:
-    """The engine around the loaded model, warmed up (every path a request can take), watched by its metrics, running."""
+    """The engine around the loaded model, warmed up (every path a request can take), watched by its metrics,
+    running."""
     engine_config = dataclasses.replace(prepared.engine_config, num_kv_blocks=prepared.kv_plan.num_blocks)
     engine, _ = engine_for_model(prepared.model, args.model_dir, engine_config)
     started = time.monotonic()
-    # every path a first request can take (compiled graphs, captured buckets, sampling), before the health check
-    # says ready: the first request waits on none of them
+    # every path a first request can take (compiled graphs, captured buckets, sampling), before the health
+    # check says ready: the first request waits on none of them
     from tandem.worker.engine.runner.compiled import warm_up
 
     log.info("warmed up: %d steps took every path a request can take", warm_up(engine))

@@ -48,8 +48,8 @@ class WorkerMetrics:
         self._kv_seconds = Histogram(
             names.KV_TRANSFER_SECONDS,
             "Per prompt pushed to a decode worker: from its first KV chunk read for the push "
-            "to the decode worker's acknowledgement of the commit (the last chunk and the first token); overlaps the "
-            "compute of the prompt's later layers",
+            "to the decode worker's acknowledgement of the commit (the last chunk and the first token); "
+            "overlaps the compute of the prompt's later layers",
             per_transport,
             registry=r,
             buckets=KV_BUCKETS,
@@ -57,8 +57,8 @@ class WorkerMetrics:
         self._kv_tail = Histogram(
             names.KV_TRANSFER_TAIL_SECONDS,
             "Per prompt pushed to a decode worker: from its first token computed (its "
-            "last layer done) to the decode worker's acknowledgement of the commit; the transfer time the compute "
-            "did not hide",
+            "last layer done) to the decode worker's acknowledgement of the commit; the transfer time the "
+            "compute did not hide",
             per_transport,
             registry=r,
             buckets=KV_BUCKETS,
@@ -143,8 +143,8 @@ class WorkerMetrics:
         return self
 
     def kv_pushed(self, transport: str, nbytes: int, span_s: float, tail_s: float) -> None:
-        """One prompt's KV pushed and committed over `transport`: its bytes, its span (first chunk to the commit's
-        acknowledgement) and its tail (first token to that acknowledgement)."""
+        """One prompt's KV pushed and committed over `transport`: its bytes, its span (first chunk to the
+        commit's acknowledgement) and its tail (first token to that acknowledgement)."""
         labels = {"service": self.service, "pool": self.pool, "transport": transport}
         self._kv_bytes.labels(**labels).inc(nbytes)
         self._kv_seconds.labels(**labels).observe(span_s)

@@ -170,8 +170,8 @@ class PrefillServicer:
                 self._inflight -= 1
 
     def Generate(self, request: common_pb2.GenerateRequest, context: grpc.ServicerContext):
-        """Both phases here, as a colocated worker would (the router's mixed route, when the decode pool is the
-        busier one); the stream closing aborts the sequence and frees its blocks."""
+        """Both phases here, as a colocated worker would (the router's mixed route, when the decode pool is
+        the busier one); the stream closing aborts the sequence and frees its blocks."""
         with self._lock:
             if self.draining:
                 refuse_while_draining(context, "prefill worker")

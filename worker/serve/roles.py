@@ -66,8 +66,9 @@ def refusal(
         return f"a {current} worker cannot take the role {to!r} (it serves {', '.join(sorted(servicers))})"
     if certified is not None and to not in certified:
         return (
-            f"this worker's certificate does not name the role {to!r} (it names {', '.join(sorted(certified))}); "
-            "turn spec.roleFlip on so workers get certificates for every worker role"
+            f"this worker's certificate does not name the role {to!r} (it names "
+            f"{', '.join(sorted(certified))}); turn spec.roleFlip on so workers get certificates for every "
+            "worker role"
         )
     return None
 

@@ -32,7 +32,8 @@ class RpcLimits:
 
     @property
     def pushes(self) -> int:
-        """KV pushes at once: one per granted reservation, which a decode worker grants only with a stream free."""
+        """KV pushes at once: one per granted reservation, which a decode worker grants only with a stream
+        free."""
         return self.streams
 
     @property
@@ -52,7 +53,8 @@ def rpc_limits(
 
 
 def rpc_class(method: str) -> str | None:
-    """`streams`, `transfers`, `pushes` or None (control) for a full method name like /tandem.v1.DecodeService/Reserve."""
+    """`streams`, `transfers`, `pushes` or None (control) for a full method name like
+    /tandem.v1.DecodeService/Reserve."""
     name = method.rsplit("/", 1)[-1]
     if name in STREAM_METHODS:
         return "streams"
@@ -109,8 +111,8 @@ class RpcLimiter(grpc.ServerInterceptor):
 
 
 def _bounded(handler: Any, slots: Slots, refusal: str) -> Any:
-    """The handler with its behaviour run only with a slot taken (else RESOURCE_EXHAUSTED), the slot given back
-    once, whether the behaviour ends or the RPC's termination callback runs first."""
+    """The handler with its behaviour run only with a slot taken (else RESOURCE_EXHAUSTED), the slot given
+    back once, whether the behaviour ends or the RPC's termination callback runs first."""
 
     def take(context: grpc.ServicerContext) -> Callable[[], None]:
         if not slots.take():

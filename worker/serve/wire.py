@@ -51,7 +51,8 @@ def host_id() -> str:
 
 
 def offered_transports(kv_transport: str, device: str) -> list[int]:
-    """What a worker offers for KV, best first (the registry's; ValueError for a setting the device refuses)."""
+    """What a worker offers for KV, best first (the registry's; ValueError for a setting the device
+    refuses)."""
     return transports.offered_transports(kv_transport, device)
 
 

@@ -1,1 +1,2 @@
-"""The autoscaler's pure core: the policy's rules, the capacity model, flips, wake, the shape decision and one tick."""
+"""The autoscaler's pure core: the policy's rules, the capacity model, flips, wake, the shape decision and one
+tick."""

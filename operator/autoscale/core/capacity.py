@@ -1,4 +1,5 @@
-"""The capacity model: from a profile, the TTFT and TPOT a pool of N replicas gives at a load, and the N it needs.
+"""The capacity model: from a profile, the TTFT and TPOT a pool of N replicas gives at a load, and the N it
+needs.
 
 Prefill is a queue: requests wait for a free replica, then take their service time. TTFT at the SLO
 percentile is the M/G/c waiting-time percentile (Erlang C with the Allen-Cunneen correction for the

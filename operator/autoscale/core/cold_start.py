@@ -25,9 +25,9 @@ class ColdStartFigures:
     misses: int
 
     def expected_s(self) -> float | None:
-        """The cold start a new pod is expected to take: the hit's and the miss's figures weighted by how often
-        each was seen (a node that has the model is as likely as it was); the one known figure alone; None
-        with nothing seen (the profile's figure stands)."""
+        """The cold start a new pod is expected to take: the hit's and the miss's figures weighted by how
+        often each was seen (a node that has the model is as likely as it was); the one known figure alone;
+        None with nothing seen (the profile's figure stands)."""
         if self.hit_s is None or self.miss_s is None:
             return self.hit_s if self.miss_s is None else self.miss_s
         share = self.hits / (self.hits + self.misses)

@@ -1,4 +1,5 @@
-"""The capacity model of colocated workers: TTFT and TPOT when each worker serves both phases, and the N it needs.
+"""The capacity model of colocated workers: TTFT and TPOT when each worker serves both phases, and the N it
+needs.
 
 A colocated worker runs chunked prefill: every step carries its running batch's decode work plus a share
 of the prompts waiting. Per replica, prompts arrive at `rate/N` and each costs `prefill_ms(prompt)` of
@@ -47,7 +48,8 @@ def colocated_tpot_ms(profile: Profile, replicas: int, prefill: PrefillLoad, dec
 def colocated_ttft_ms(
     profile: Profile, replicas: int, prefill: PrefillLoad, decode: DecodeLoad, percentile: float
 ) -> float:
-    """TTFT at `percentile` on `replicas` colocated workers: the prefill queue plus a decode step per chunk."""
+    """TTFT at `percentile` on `replicas` colocated workers: the prefill queue plus a decode step per
+    chunk."""
     tpot = colocated_tpot_ms(profile, replicas, prefill, decode)
     if math.isinf(tpot):
         return math.inf
@@ -61,7 +63,8 @@ def colocated_ttft_ms(
 def colocated_need(
     profile: Profile, prefill: PrefillLoad, decode: DecodeLoad, slo: Slo, target_share: float
 ) -> Need:
-    """The fewest colocated workers whose TTFT and TPOT both stay within `target_share` of the SLO (at least 1).
+    """The fewest colocated workers whose TTFT and TPOT both stay within `target_share` of the SLO (at least
+    1).
 
     `latency_ms` is the predicted TPOT at that count; MAX_REPLICAS_SEARCHED with inf when no count meets it
     (an idle worker's own step or prompt already misses)."""

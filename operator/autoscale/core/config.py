@@ -1,4 +1,4 @@
-"""The policy's settings, built from an InferenceService spec (`slo`, `autoscaling`, pool bounds) and a profile."""
+"""The policy's settings from an InferenceService spec (`slo`, `autoscaling`, pool bounds) and a profile."""
 
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ class PolicyConfig:
 def policy_config(
     spec: InferenceServiceSpec, profile: Profile, cold_start_s: float | None = None
 ) -> PolicyConfig:
-    """The policy settings an InferenceService asks for (the profile is read by the caller: file or ConfigMap)."""
+    """The policy settings an InferenceService asks for (the profile is read by the caller: file or
+    ConfigMap)."""
     a = spec.autoscaling
     colocated = {
         Pool.colocated: _limits(

@@ -36,7 +36,8 @@ K = TypeVar("K")
 
 @dataclass(frozen=True)
 class Flip:
-    """`count` workers stop serving `source` now and serve `target` after `cost_s` (their drain plus the flip)."""
+    """`count` workers stop serving `source` now and serve `target` after `cost_s` (their drain plus the
+    flip)."""
 
     source: Pool
     target: Pool
@@ -70,7 +71,8 @@ def flipped_to(pool: Pool) -> str:
 def decide_with_flips(
     observations: dict[Pool, PoolObservation], state: FlipState, config: PolicyConfig, now_s: float
 ) -> tuple[dict[Pool, Decision], tuple[Flip, ...], FlipState]:
-    """`decide`, then the flip rules: settle an open loan (hold the lender, return the workers) or open one."""
+    """`decide`, then the flip rules: settle an open loan (hold the lender, return the workers) or open
+    one."""
     if not config.flip_enabled or set(observations) != {Pool.prefill, Pool.decode}:
         decisions, policy = decide(observations, state.policy, config, now_s)
         return decisions, (), replace(state, policy=policy)
@@ -87,7 +89,8 @@ def decide_with_flips(
 def _unrecord(
     policy: PolicyState, before: PolicyState, decided: dict[Pool, Decision], final: dict[Pool, Decision]
 ) -> PolicyState:
-    """A step down the flip rules turned into a hold did not happen: the pool's last change stays the one before."""
+    """A step down the flip rules turned into a hold did not happen: the pool's last change stays the one
+    before."""
     pools = dict(policy.pools)
     for pool, d in final.items():
         if decided[pool].desired < decided[pool].current and not d.changes and pool in before.pools:
@@ -131,7 +134,8 @@ def lend(
     config: PolicyConfig,
     now_s: float,
 ) -> tuple[Flip | None, Loan | None]:
-    """Flip workers to a pool that breaches, from the other pool's slack, if that is faster than a cold start."""
+    """Flip workers to a pool that breaches, from the other pool's slack, if that is faster than a cold
+    start."""
     for target in (Pool.decode, Pool.prefill):
         d = decisions[target]
         breach = _breach(observations[target], d, config)
@@ -148,7 +152,8 @@ def lend(
         reason = (
             f"{flipped_to(target)}: {breach}; {source} has {offer.slack:.1f} replicas of slack; "
             f"{count} {source} worker{'s serve' if count > 1 else ' serves'} {target} in {cost:.1f} s "
-            f"(drain {offer.drain_s:.1f} s + flip {config.flip_s:g} s) while {d.desired - d.current} new pods start"
+            f"(drain {offer.drain_s:.1f} s + flip {config.flip_s:g} s) while {d.desired - d.current} new "
+            "pods start"
         )
         details = {"slack_replicas": offer.slack, "drain_s": offer.drain_s, "flip_s": config.flip_s}
         return Flip(source, target, count, reason, flipped_to(target), cost, details), Loan(
@@ -252,7 +257,8 @@ def settle(
     loan: Loan,
     config: PolicyConfig,
 ) -> tuple[dict[Pool, Decision], Flip | None, Loan | None]:
-    """Return the workers when the lender needs them or the borrower's own pods are Ready; else hold the lender."""
+    """Return the workers when the lender needs them or the borrower's own pods are Ready; else hold the
+    lender."""
     home, serving = loan.home, loan.serving
     d_home, d_serving = decisions[home], decisions[serving]
     out = dict(decisions)

@@ -35,13 +35,15 @@ class FlipActuator(Protocol):
     """An actuator that can change a worker's role (SetRole): the policy lends workers only through one."""
 
     def flip(self, flip: Flip) -> None:
-        """Move `flip.count` workers serving `flip.source` to `flip.target` (a flip back picks lent ones first)."""
+        """Move `flip.count` workers serving `flip.source` to `flip.target` (a flip back picks lent ones
+        first)."""
         ...
 
 
 @runtime_checkable
 class ShapeActuator(Protocol):
-    """An actuator that can change the service's shape (mode auto): flips, starts and drains in a safe order."""
+    """An actuator that can change the service's shape (mode auto): flips, starts and drains in a safe
+    order."""
 
     def reshape(self, decision: ShapeDecision) -> None:
         """Move the pools from `decision.current` to `decision.target` (returns once the flips are done)."""

@@ -75,7 +75,8 @@ class Push(NamedTuple):
 
 @dataclass(frozen=True)
 class Plan:
-    """What the pool needs this tick: the capacity model's sizing, the reactive and predictive terms, the target."""
+    """What the pool needs this tick: the capacity model's sizing, the reactive and predictive terms, the
+    target."""
 
     sizing: Sizing
     text: str  # "predicted 12 req/s (holt) needs 2.4 replicas at batch 24": the tail of most reasons

@@ -19,7 +19,10 @@ def _last_change_in_flight(t: Tick, p: Plan) -> Decision | None:
     r = t.obs.replicas
     if not (t.arriving or r.draining):
         return None
-    why = f"{p.text}; waiting for the last change (starting {r.starting}, draining {r.draining}) before going down"
+    why = (
+        f"{p.text}; waiting for the last change (starting {r.starting}, draining {r.draining}) "
+        "before going down"
+    )
     return t.hold("InFlight", why, **p.details)
 
 
@@ -68,7 +71,8 @@ def _break_even(t: Tick, p: Plan) -> Decision | None:
 
 
 def step_down(t: Tick, p: Plan) -> Decision:
-    """Down by up to `down_step_fraction` of the pool, to the fewest replicas that keep the SLO with margin."""
+    """Down by up to `down_step_fraction` of the pool, to the fewest replicas that keep the SLO with
+    margin."""
     current, share, label = t.current, p.sizing.latency_share, p.sizing.label
     bound = max(
         p.target, t.limits.min_replicas, current - max(1, math.floor(current * t.cfg.down_step_fraction))

@@ -1,5 +1,5 @@
-"""The shape as a decision (pure): colocated workers or a prefill/decode split, whichever serves the load at the SLO
-on fewer GPUs, with hysteresis and a cost for each change.
+"""The shape as a decision (pure): colocated workers or a prefill/decode split, whichever serves the load at
+the SLO on fewer GPUs, with hysteresis and a cost for each change.
 
 The rule sizes both shapes for the window's load at the policy's margin (a share of the SLO) with the
 capacity model of the profile in use: the split with capacity.prefill_need and decode_need (at least one
@@ -70,7 +70,8 @@ class Shape:
 
 @dataclass(frozen=True)
 class ShapeLoad:
-    """The window the policy already reads (router-side): arrivals, lengths, and the latencies at the SLO percentile."""
+    """The window the policy already reads (router-side): arrivals, lengths, and the latencies at the SLO
+    percentile."""
 
     rate_rps: float
     prompt_tokens_mean: float
@@ -82,8 +83,9 @@ class ShapeLoad:
 
     @classmethod
     def observed(cls, observations: dict[Pool, PoolObservation]) -> ShapeLoad | None:
-        """The load from the policy's own observations: requests and prompts where prefill runs (the prefill or
-        colocated pool), outputs and TPOT where decode runs; None while a metric the rule needs is missing."""
+        """The load from the policy's own observations: requests and prompts where prefill runs (the prefill
+        or colocated pool), outputs and TPOT where decode runs; None while a metric the rule needs is
+        missing."""
         front = observations.get(Pool.colocated) or observations.get(Pool.prefill)
         back = observations.get(Pool.colocated) or observations.get(Pool.decode)
         if front is None or back is None:
@@ -154,7 +156,10 @@ def decide_shape(load: ShapeLoad, current: Shape, since_change_s: float, cfg: Sh
     action = ShapeAction.collapse if current.split else ShapeAction.split
     why = _why(load, current, colocated, split, cfg)
     if since_change_s < cfg.dwell_s:
-        text = f"Kept {current}: would {action.value} ({why}), but the last change was {since_change_s:.0f} s ago (dwell {cfg.dwell_s:.0f} s)"
+        text = (
+            f"Kept {current}: would {action.value} ({why}), but the last change was "
+            f"{since_change_s:.0f} s ago (dwell {cfg.dwell_s:.0f} s)"
+        )
         return _keep(current, text, details)
     drain_s = load.output_tokens_mean * (load.tpot_ms if load.tpot_ms is not None else cfg.slo.tpot_ms) / 1000
     cost = current.workers * cfg.gpus_per_replica * (drain_s + cfg.flip_s)
@@ -162,8 +167,9 @@ def decide_shape(load: ShapeLoad, current: Shape, since_change_s: float, cfg: Sh
     details |= {"change_cost_gpu_s": cost, "saving_gpu_s": saving}
     if saving <= cost:
         text = (
-            f"Kept {current}: would {action.value} ({why}), but the change costs {cost:.0f} GPU-s ({current.workers} "
-            f"workers drain {drain_s:.1f} s + flip {cfg.flip_s:g} s) and saves {saving:.0f} GPU-s in {cfg.horizon_s:.0f} s"
+            f"Kept {current}: would {action.value} ({why}), but the change costs {cost:.0f} GPU-s "
+            f"({current.workers} workers drain {drain_s:.1f} s + flip {cfg.flip_s:g} s) and saves "
+            f"{saving:.0f} GPU-s in {cfg.horizon_s:.0f} s"
         )
         return _keep(current, text, details)
     return ShapeDecision(
@@ -218,13 +224,14 @@ def _why(load: ShapeLoad, current: Shape, colocated: Shape, split: Shape, cfg: S
         n = colocated.colocated
         tpot = colocated_tpot_ms(cfg.profile, n, *_loads(load))
         return (
-            f"{load.rate_rps:.2g} req/s fits {n} colocated worker{'s' if n > 1 else ''} at TPOT {p} {tpot:.0f} ms "
-            f"<= {slo.tpot_ms:.0f} ms; the split needs {_described(split, cfg)}"
+            f"{load.rate_rps:.2g} req/s fits {n} colocated worker{'s' if n > 1 else ''} at TPOT {p} "
+            f"{tpot:.0f} ms <= {slo.tpot_ms:.0f} ms; the split needs {_described(split, cfg)}"
         )
     if load.tpot_ms is not None and load.tpot_ms > slo.tpot_ms:
         head = f"TPOT {p} {load.tpot_ms:.0f} ms > {slo.tpot_ms:.0f} ms under prefill interference"
     else:
         head = f"{load.rate_rps:.2g} req/s"
+    serves = f"{head}; {split} serves it at {_gpus(split, cfg)} GPUs"
     if _unreachable(colocated):
-        return f"{head}; {split} serves it at {_gpus(split, cfg)} GPUs, no count of colocated workers meets the SLO"
-    return f"{head}; {split} serves it at {_gpus(split, cfg)} GPUs, {colocated} would need {_gpus(colocated, cfg)}"
+        return f"{serves}, no count of colocated workers meets the SLO"
+    return f"{serves}, {colocated} would need {_gpus(colocated, cfg)}"

@@ -70,7 +70,8 @@ def _idle(observations: Mapping[Pool, PoolObservation]) -> bool:
 
 
 def load_of(observations: Mapping[Pool, PoolObservation], shape: Shape) -> ShapeLoad | None:
-    """The load the current shape's pools observed; zero when they are idle; None while a metric is missing."""
+    """The load the current shape's pools observed; zero when they are idle; None while a metric is
+    missing."""
     mine = {pool: o for pool, o in observations.items() if pool in shape_pools(shape)}
     if not mine:
         return None
@@ -140,9 +141,9 @@ def reshape(roles: Mapping[str, str], target: Shape, order: Sequence[str] = ()) 
     keep = {role: [n for n in names if roles[n] == role][: want[role]] for role in want}
     kept = {n for ns in keep.values() for n in ns}
     free = [n for n in names if n not in kept]
-    # roles still short of workers, filled from the free ones: a prefill worker to colocated before a decode one
-    # (the decode side keeps serving while it drains); in a split, flips fill prefill first and new workers
-    # decode, which start (and serve) before any worker leaves the decode side
+    # roles still short of workers, filled from the free ones: a prefill worker to colocated before a decode
+    # one (the decode side keeps serving while it drains); in a split, flips fill prefill first and new
+    # workers decode, which start (and serve) before any worker leaves the decode side
     short = [r for r in ("prefill", "decode", "colocated") for _ in range(want[r] - len(keep[r]))]
     free.sort(key=lambda n: (roles[n] != "prefill", rank.get(n, len(rank)), n))
     flips = dict(zip(free, short, strict=False))

@@ -29,7 +29,8 @@ def missing(value: float | None) -> bool:
 
 @dataclass(frozen=True)
 class Sizing:
-    """What the capacity model says about one pool at one rate: its need, its latency now and at N replicas."""
+    """What the capacity model says about one pool at one rate: its need, its latency now and at N
+    replicas."""
 
     need: Need
     observed_ms: float  # the binding latency now
@@ -107,7 +108,8 @@ def size_pool(obs: PoolObservation, cfg: PolicyConfig, rate: float, share: float
             now_need,
             rate_rps=decode_load.rate_rps,
         )
-    # colocated: both phases share each worker's steps (colocated.py), so the need is not the larger of the split's
+    # colocated: both phases share each worker's steps (colocated.py), so the need is not the larger of the
+    # split's
     need = colocated_need(profile, prefill_load, decode_load, slo, margin)
 
     def colocated_share(n: int) -> float:

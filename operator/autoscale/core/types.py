@@ -1,4 +1,4 @@
-"""The autoscaler's contract: what a metric source observes per pool, and what the policy decides (pure data)."""
+"""The autoscaler's contract: what a metric source sees per pool, and what the policy decides (pure data)."""
 
 from __future__ import annotations
 
@@ -53,12 +53,14 @@ class PoolObservation:
 
 @dataclass(frozen=True)
 class Decision:
-    """The policy's answer for one pool: the replica count it wants and why, in words a user reads in an Event."""
+    """The policy's answer for one pool: the replica count it wants and why, in words a user reads in an
+    Event."""
 
     pool: Pool
     current: int
     desired: int
-    reason: str  # e.g. "decode 2->3: TPOT p90 61 ms > 50 ms SLO; predicted 14 req/s needs 2.6 replicas at batch 24"
+    # e.g. "decode 2->3: TPOT p90 61 ms > 50 ms SLO; predicted 14 req/s needs 2.6 replicas at batch 24"
+    reason: str
     reason_code: (
         str  # CamelCase, for metrics labels and conditions: SLOBreach, Forecast, ScaleDownIdle, Hold...
     )

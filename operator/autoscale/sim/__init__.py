@@ -1,1 +1,1 @@
-"""The trace-replay simulator beside the policy: the engine's profile in, each policy's replicas and SLO out."""
+"""The trace-replay simulator beside the policy: an engine profile in, each policy's replicas and SLO out."""

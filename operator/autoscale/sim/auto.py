@@ -152,8 +152,8 @@ class AutoSimulation(FlipSimulation, ColocatedSimulation):
             self._to_decode(req)
 
     def _to_decode(self, req: Request) -> None:
-        """A prefilled request: to a ready decode worker; else to one still draining (it reserved the KV); else
-        to a colocated worker; else it waits for a decode worker."""
+        """A prefilled request: to a ready decode worker; else to one still draining (it reserved the KV);
+        else to a colocated worker; else it waits for a decode worker."""
         if any(r.ready(self.now) for r in self.replicas[Pool.decode]):
             Simulation._to_decode(self, req)
             return

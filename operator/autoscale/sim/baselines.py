@@ -8,7 +8,8 @@
   if every engine is below 80% of it, never below the throughput bound; no decision while scaling.
   An interval without requests leaves the bound where it was; scale-down does not drain.
 - `hpa`: the HorizontalPodAutoscaler's ratio rule `ceil(ready x metric / target)` with its 10%
-  tolerance and its missing-pods rule (pods not ready count at 0% of the target going up, 100% going down), scale-up limit (double or +4 per 15 s) and 300 s scale-down stabilisation (the largest
+  tolerance and its missing-pods rule (pods not ready count at 0% of the target going up, 100% going
+  down), scale-up limit (double or +4 per 15 s) and 300 s scale-down stabilisation (the largest
   recommendation of the window). Metrics: prefill busy share (target 70%), decode batch per replica
   over the largest batch that meets the TPOT SLO (target 70%).
 - `tandem-flips`: tandem's policy with role flips on (a breaching pool borrows warm workers of the other).
@@ -198,7 +199,8 @@ def static_sizes(
 def static_colocated_size(
     trace: list[TraceRequest], profile: Profile, slo: Slo, limits: PoolLimits, margin: float, peak: bool
 ) -> int:
-    """Fixed colocated workers for the trace's peak minute (or its mean rate) by the colocated capacity model."""
+    """Fixed colocated workers for the trace's peak minute (or its mean rate) by the colocated capacity
+    model."""
     if not trace:
         return limits.min_replicas
     prefill, decode = trace_load(trace, slo, peak)

@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--profile",
-        help="a `tandem profile` JSON or a shipped profile name (default: h200-llama-3.1-8b-fp8, Dynamo's H200 data)",
+        help="a `tandem profile` JSON or a shipped profile name (default: h200-llama-3.1-8b-fp8, Dynamo's "
+        "H200 data)",
     )
     p.add_argument(
         "--profile-speedup", type=float, default=1.0, help="what-if: prefill and decode this much faster"

@@ -1,13 +1,13 @@
-"""Colocated workers in the simulator: each worker serves both phases of a request, prefill chunks riding in its
-decode steps (chunked prefill), as the shape rule's capacity model (autoscale/colocated.py) assumes.
+"""Colocated workers in the simulator: each worker serves both phases of a request, prefill chunks riding in
+its decode steps (chunked prefill), as the shape rule's capacity model (autoscale/colocated.py) assumes.
 
 A request goes to the ready worker with the least work (queued prompt tokens, then running sequences). A
-worker's step runs its whole decode batch and, when prompts wait, the prompts at the queue's head while
-their tokens fit the profile's chunk and the batch and KV caps: such a step takes the decode step time at
-the batch plus the prefill time of those tokens; the prompts' first tokens come at its end, and they join
-the batch; a prompt longer than the chunk spans steps. A step without prompts is a plain decode step. Workers are billed as the decode pool's
-replicas; there is no prefill pool and no KV transfer. Not yet a shape the autoscaler drives: a fixed
-controller sizes the workers (`Pool.decode` counts).
+worker's step runs its whole decode batch and, when prompts wait, the prompts at the queue's head while their
+tokens fit the profile's chunk and the batch and KV caps: such a step takes the decode step time at the batch
+plus the prefill time of those tokens; the prompts' first tokens come at its end, and they join the batch; a
+prompt longer than the chunk spans steps. A step without prompts is a plain decode step. Workers are billed as
+the decode pool's replicas; there is no prefill pool and no KV transfer. Not yet a shape the autoscaler
+drives: a fixed controller sizes the workers (`Pool.decode` counts).
 """
 
 from __future__ import annotations
@@ -137,5 +137,6 @@ class ColocatedSimulation(Simulation):
 
 
 def simulate_colocated(trace: Sequence[TraceRequest], config: SimConfig, controller: Controller) -> SimResult:
-    """Replay `trace` on colocated workers; `config.initial` and the controller count them as `Pool.decode`."""
+    """Replay `trace` on colocated workers; `config.initial` and the controller count them as
+    `Pool.decode`."""
     return ColocatedSimulation(trace, config, controller).run()

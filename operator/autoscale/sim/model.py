@@ -1,5 +1,6 @@
-"""What the simulator replays and what a policy sees: requests, replicas, the run's configuration, the snapshot a
-policy reads at each tick, its answer (replicas, or a Control with role flips) and the run's result."""
+"""What the simulator replays and what a policy sees: requests, replicas, the run's configuration, the
+snapshot a policy reads at each tick, its answer (replicas, or a Control with role flips) and the run's
+result."""
 
 from __future__ import annotations
 
@@ -77,7 +78,8 @@ class SimConfig:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What a policy sees at a tick: per-pool observations plus the raw replicas (for load-based baselines)."""
+    """What a policy sees at a tick: per-pool observations plus the raw replicas (for load-based
+    baselines)."""
 
     at_s: float
     observations: dict[Pool, PoolObservation]
@@ -89,7 +91,8 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Control:
-    """A policy's answer with role flips: desired replicas per pool (by role), then (source, target, workers)."""
+    """A policy's answer with role flips: desired replicas per pool (by role), then (source, target,
+    workers)."""
 
     replicas: dict[Pool, int]
     flips: tuple[tuple[Pool, Pool, int], ...] = ()

@@ -1,4 +1,4 @@
-"""One policy over one trace: build its controller, run the simulator, and summarise the run (pure, no I/O)."""
+"""One policy over one trace: build its controller, run the simulator, and summarise it (pure, no I/O)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from tandem.slo import Slo
 from tandem.trace import TraceRequest
 
 POLICIES = ("tandem", "tandem-flips", "dynamo", "hpa", "static-peak", "static-mean")
-# Fixed colocated workers for the trace's peak minute (sim/colocated.py), counted as the decode pool's replicas.
+# Fixed colocated workers for the trace's peak minute (sim/colocated.py), counted as decode replicas.
 COLOCATED_POLICIES = ("static-colocated",)
 # The shape as the autoscaler's choice (sim/auto.py): the shape rule over tandem's policy, colocated or split.
 AUTO_POLICIES = ("auto",)
@@ -53,7 +53,8 @@ class Scenario:
 
 
 def warm_start(trace: list[TraceRequest], sc: Scenario, first_s: float = 300.0) -> dict[Pool, int]:
-    """Every policy starts from the pools its first minutes' mean load needs, as a service already up would."""
+    """Every policy starts from the pools its first minutes' mean load needs, as a service already up
+    would."""
     head = [r for r in trace if r.arrival_s <= first_s] or trace[:1]
     return static_sizes(head, sc.profile, sc.slo, sc.limits, sc.margin, peak=False)
 

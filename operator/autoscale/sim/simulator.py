@@ -1,16 +1,16 @@
 """A discrete-event replay of a trace through both pools, with an autoscaling policy in the loop.
 
-Per request: the router sends it to the prefill replica with the fewest prompt tokens ahead; the
-replica serves its queue first come, first served, in steps that batch queued prompts while their tokens
-fit the profile's chunk, each step taking the profile's prefill time for its tokens; the first token ends TTFT; the KV then travels to the
-decode replica with the fewest sequences for `kv_transfer_ms_per_token x prompt`; decode runs
-continuous batches, each step taking the profile's step time at the current batch and mean context,
-admitting waiting sequences at step boundaries up to the batch and KV caps. Replicas start after a
-cold start (billed while starting), and on scale-down either drain (finish their work, take no new
-work) or, for a policy that does not drain, drop their in-flight requests. Every `interval_s` the
-policy sees each pool's last window as production shows it: the router's and workers' metrics, scraped
-every `scrape_s` (sim/exposition.py), through the direct-scrape source's arithmetic. The simulated state and
-the policy contract are in sim/model.py.
+Per request: the router sends it to the prefill replica with the fewest prompt tokens ahead; the replica
+serves its queue first come, first served, in steps that batch queued prompts while their tokens fit the
+profile's chunk, each step taking the profile's prefill time for its tokens; the first token ends TTFT; the KV
+then travels to the decode replica with the fewest sequences for `kv_transfer_ms_per_token x prompt`; decode
+runs continuous batches, each step taking the profile's step time at the current batch and mean context,
+admitting waiting sequences at step boundaries up to the batch and KV caps. Replicas start after a cold start
+(billed while starting), and on scale-down either drain (finish their work, take no new work) or, for a policy
+that does not drain, drop their in-flight requests. Every `interval_s` the policy sees each pool's last window
+as production shows it: the router's and workers' metrics, scraped every `scrape_s` (sim/exposition.py),
+through the direct-scrape source's arithmetic. The simulated state and the policy contract are in
+sim/model.py.
 """
 
 from __future__ import annotations
@@ -401,7 +401,8 @@ class Simulation:
         return self.requests[i:j]
 
     def _busy_share(self, rep: Replica, since_s: float) -> float:
-        """Share of the window the replica spent serving (the busy time it accrued, spread over the window)."""
+        """Share of the window the replica spent serving (the busy time it accrued, spread over the
+        window)."""
         hist = self._busy_marks.setdefault(rep.id, [])
         busy_now = rep.busy_s - max(rep.busy_until_s - self.now, 0.0)
         hist.append((self.now, busy_now))

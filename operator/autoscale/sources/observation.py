@@ -1,4 +1,4 @@
-"""Turn the values a source read (one per PoolObservation field) into a PoolObservation: units, NaN, replicas."""
+"""Turn a source's values (one per PoolObservation field) into a PoolObservation: units, NaN, replicas."""
 
 from __future__ import annotations
 

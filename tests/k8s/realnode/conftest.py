@@ -35,14 +35,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.realnode)
-            # the first test also waits for the session's node: builds, and importing the images into containerd
+            # the first test also waits for the session's node: builds, and the images loaded into containerd
             item.add_marker(pytest.mark.timeout(1800))
             if os.environ.get(ENABLE) != "1":
                 item.add_marker(
                     pytest.mark.skip(
                         reason=(
-                            f"real-node tests build images and a kubelet and start containerd (minutes, root): "
-                            f"run them with {ENABLE}=1 pytest tests/k8s/realnode"
+                            "real-node tests build images and a kubelet and start containerd (minutes, "
+                            f"root): run them with {ENABLE}=1 pytest tests/k8s/realnode"
                         )
                     )
                 )

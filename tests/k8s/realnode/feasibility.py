@@ -1,7 +1,8 @@
 """Feasibility of real pods here, in one run: build (cached) containerd + runc + a kubelet from the control
 plane's Kubernetes version, join the test control plane as one real CPU node, and run one pod of a locally
-built image (Debian + Python, no registry) to Ready through a real HTTP readiness probe. Prints each step
-and exits 0 only if the pod became Ready and answered on its pod IP. Usage: python -m tests.k8s.realnode.feasibility"""
+built image (Debian + Python, no registry) to Ready through a real HTTP readiness probe. Prints each step and
+exits 0 only if the pod became Ready and answered on its pod IP. Usage: python -m
+tests.k8s.realnode.feasibility"""
 
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def main() -> int:
         node = RealNode(cp, node_bin, images).start()
         info = json.loads(cp.kubectl("get", "node", NODE_NAME, "-o", "json").stdout)["status"]["nodeInfo"]
         step(
-            f"node {NODE_NAME} Ready: kubelet {info['kubeletVersion']}, runtime {info['containerRuntimeVersion']}"
+            f"node {NODE_NAME} Ready: kubelet {info['kubeletVersion']}, runtime "
+            f"{info['containerRuntimeVersion']}"
         )
         cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(pod(images["BASE"][0])))
         out = cp.kubectl(

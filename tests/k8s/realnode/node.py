@@ -1,5 +1,5 @@
-"""One real Kubernetes node (containerd + runc + a kubelet built from Go modules, CPU only) joined to the
-test control plane of tandem/testing/cluster.py, so pods really start. Pods get addresses on a bridge inside this
+"""One real Kubernetes node (containerd + runc + a kubelet built from Go modules, CPU only) joined to the test
+control plane of tandem/testing/cluster.py, so pods really start. Pods get addresses on a bridge inside this
 machine with no default route: they reach each other and the host, nothing else. stop() removes every trace
 (containers, shims, mounts, network namespaces, the bridge, cgroups)."""
 
@@ -31,7 +31,8 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def build(*project_images: str) -> tuple[Path, dict[str, tuple[str, Path]]]:
-    """Run build-node.sh and images.sh (both cached; project_images: "operator", "worker"); returns the bin folder and {NAME: (image ref, OCI archive)}."""
+    """Run build-node.sh and images.sh (both cached; project_images: "operator", "worker"); returns the bin
+    folder and {NAME: (image ref, OCI archive)}."""
     out = subprocess.run(["bash", str(HERE / "build-node.sh")], check=True, text=True, stdout=subprocess.PIPE)
     bin_dir = Path(out.stdout.strip().splitlines()[-1])
     out = subprocess.run(
@@ -50,7 +51,8 @@ def build(*project_images: str) -> tuple[Path, dict[str, tuple[str, Path]]]:
 
 
 def start_control_plane(cp: ControlPlane) -> ControlPlane:
-    """Start `cp` (built with nodes=1) and delete its one kwok fake node: every pod must land on the real one."""
+    """Start `cp` (built with nodes=1) and delete its one kwok fake node: every pod must land on the real
+    one."""
     cp.start()
     cp.kubectl("delete", "nodes", "-l", "type=kwok", "--wait=true")
     return cp

@@ -58,7 +58,8 @@ class PortForward:
 
 
 def stream_chat(port: int, max_tokens: int, timeout: float = 600) -> dict:
-    """One streamed chat completion; returns the chunks' text pieces, finish reason and whether [DONE] came."""
+    """One streamed chat completion; returns the chunks' text pieces, finish reason and whether [DONE]
+    came."""
     body = json.dumps(
         {
             "model": "tiny",

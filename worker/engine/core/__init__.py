@@ -1,1 +1,1 @@
-"""Scheduling and block accounting: which sequences run each step and where their KV lives, and the sampler."""
+"""Scheduling and block accounting: which sequences run each step, where their KV lives; and the sampler."""

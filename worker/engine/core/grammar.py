@@ -1,4 +1,5 @@
-"""Constrained decoding: which tokens a sequence may sample next (its grammar, its min_tokens), as a mask on its logits.
+"""Constrained decoding: which tokens a sequence may sample next (its grammar, its min_tokens), as a mask on
+its logits.
 
 A request's grammar (llguidance's serialized form, made by the router from `response_format` or
 `tool_choice`) becomes one llguidance matcher per sequence, advanced by every token the sequence emits,
@@ -93,8 +94,10 @@ def allowed_tokens(
     device: torch.device | None = None,
 ) -> torch.Tensor:
     """[M, V] bool on `device` (the host by default): True where each constraint lets the token through. The
-    matchers fill a packed bitmask on the host; it crosses in one copy and is unpacked where the logits are."""
-    import llguidance.torch as llt  # here, not at the top: it imports torch._dynamo, 3 s of every worker's start
+    matchers fill a packed bitmask on the host; it crosses in one copy and is unpacked where the logits
+    are."""
+    # here, not at the top: it imports torch._dynamo, 3 s of every worker's start
+    import llguidance.torch as llt
 
     words = llt.allocate_token_bitmask(len(constraints), vocab_size)  # all bits set: everything allowed
     for i, c in enumerate(constraints):

@@ -95,8 +95,8 @@ def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
 def _exponential_noise(
     shape: tuple[int, int], generators: list[torch.Generator | None], device: torch.device
 ) -> torch.Tensor:
-    """Exp(1) noise [M, V]: one draw for the unseeded rows; each seeded row from its own generator, which lives
-    on the host, so those rows are drawn there and copied over together."""
+    """Exp(1) noise [M, V]: one draw for the unseeded rows; each seeded row from its own generator, which
+    lives on the host, so those rows are drawn there and copied over together."""
     noise = torch.empty(shape, device=device).exponential_()
     seeded = [i for i, g in enumerate(generators) if g is not None]
     if seeded:

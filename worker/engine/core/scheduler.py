@@ -1,10 +1,10 @@
 """Continuous batching: which sequences run this step and how many tokens each, under a token budget.
 
-Running sequences go first (decodes and unfinished prompt chunks, oldest first), then waiting prompts
-are admitted while blocks, the token budget and the running-sequence cap allow. A prompt longer than the
-chunk size is prefilled over several steps. A decoding sequence handed draft tokens runs them with its
-last token, as a short chunk, within the same budget. When a running sequence needs a block and none is free, the
-newest running sequence is preempted: its blocks are freed and it is recomputed later.
+Running sequences go first (decodes and unfinished prompt chunks, oldest first), then waiting prompts are
+admitted while blocks, the token budget and the running-sequence cap allow. A prompt longer than the chunk
+size is prefilled over several steps. A decoding sequence handed draft tokens runs them with its last token,
+as a short chunk, within the same budget. When a running sequence needs a block and none is free, the newest
+running sequence is preempted: its blocks are freed and it is recomputed later.
 
 With `max_prefill_tokens_with_decodes` set, a step that carries decodes carries at most that many prompt
 tokens beside them (stall-free batching, as Sarathi-Serve does it): a prompt that arrives at a busy decode
@@ -32,7 +32,8 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.max_prefill_tokens_with_decodes is not None and self.max_prefill_tokens_with_decodes < 1:
             raise ValueError(
-                f"max_prefill_tokens_with_decodes must be at least 1, got {self.max_prefill_tokens_with_decodes}"
+                "max_prefill_tokens_with_decodes must be at least 1, got "
+                f"{self.max_prefill_tokens_with_decodes}"
             )
 
 
@@ -75,7 +76,8 @@ class Scheduler:
 
     # --- one step ------------------------------------------------------------------------------
     def schedule(self, drafts: Mapping[Sequence, list[int]] | None = None) -> SchedulerOutput:
-        """This step's batch; a decoding sequence in `drafts` also runs its draft tokens (cut to the budget)."""
+        """This step's batch; a decoding sequence in `drafts` also runs its draft tokens (cut to the
+        budget)."""
         out = SchedulerOutput()
         budget = self.config.max_batch_tokens
         prompt_budget = self._prompt_budget()
@@ -123,7 +125,8 @@ class Scheduler:
         return out
 
     def _prompt_budget(self) -> int:
-        """Prompt tokens this step may carry: capped when any running sequence decodes, else the whole budget."""
+        """Prompt tokens this step may carry: capped when any running sequence decodes, else the whole
+        budget."""
         cap = self.config.max_prefill_tokens_with_decodes
         if cap is not None and any(not s.in_prefill for s in self.running if s.status is SeqStatus.RUNNING):
             return cap

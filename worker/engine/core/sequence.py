@@ -40,7 +40,7 @@ class Sequence:
     generator: torch.Generator | None = None
     num_preemptions: int = 0
     constraint: TokenConstraint | None = None  # grammar and min_tokens: advanced by every emitted token
-    # params.prompt_logprobs: prompt position p (>= 1) -> (logprob of its token, its rank, the likeliest there)
+    # params.prompt_logprobs: prompt position p (>= 1) -> (its token's logprob, its rank, the likeliest there)
     prompt_scores: dict[int, tuple[float, int, list[tuple[int, float]]]] = field(default_factory=dict)
     _tokens: list[int] = field(init=False, repr=False)  # prompt + output, grown in place
 

@@ -89,9 +89,9 @@ class AttentionBatch:
     # --- what the sdpa backend needs, derived once per step -------------------------------------
     @functools.cached_property
     def decode_index(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(flat token of each query row [B, Q], the real rows of the flattened [B * Q] grid [R] and their flat
-        tokens [R], the blocks [B * W], the causal mask over each context [B, 1, Q, W * block_size]); Q is
-        the longest query, shorter ones padded. Indices come from the host: nothing waits on the device."""
+        """(flat token of each query row [B, Q], the real rows of the flattened [B * Q] grid [R] and their
+        flat tokens [R], the blocks [B * W], the causal mask over each context [B, 1, Q, W * block_size]); Q
+        is the longest query, shorter ones padded. Indices come from the host: nothing waits on the device."""
         rows = self.decode_rows
         q_len = max(self.query_lens[i] for i in rows)
         lens = torch.tensor([self.context_lens[i] for i in rows])
@@ -172,7 +172,8 @@ def attend(
     q: torch.Tensor,  # [T, NH, D]
     k_new: torch.Tensor,  # [T, KVH, D]
     v_new: torch.Tensor,
-    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D], this step's keys already written (static step: not)
+    # [num_blocks, block_size, KVH, D], this step's keys already written (static step: not)
+    k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     batch: StepBatch,
     scale: float,

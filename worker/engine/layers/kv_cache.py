@@ -23,8 +23,9 @@ def kv_block_nbytes(
 
 
 class KvCache:
-    """Per layer `k[layer]`, `v[layer]`: [num_blocks, block_size, num_kv_heads, head_dim] in `dtype`, contiguous;
-    with `kv_cache_dtype` int8, uint8 [..., head_dim + 4] (values and scale per token and head, see kv_int8).
+    """Per layer `k[layer]`, `v[layer]`: [num_blocks, block_size, num_kv_heads, head_dim] in `dtype`,
+    contiguous; with `kv_cache_dtype` int8, uint8 [..., head_dim + 4] (values and scale per token and head,
+    see kv_int8).
 
     Each layer's pool is its own tensor, not a view of one: a compiled graph given views of one storage as
     inputs handles them through one base, and writing one of them copied the whole storage."""

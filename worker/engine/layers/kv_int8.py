@@ -19,7 +19,8 @@ __all__ = ["KV_INT8_NEEDS_SDPA", "KV_CACHE_DTYPES", "SCALE_BYTES", "is_packed", 
 
 
 def pack(x: torch.Tensor) -> torch.Tensor:
-    """[..., D] floats -> [..., D + 4] uint8: int8 values rounded against the row's absmax / 127, then the scale."""
+    """[..., D] floats -> [..., D + 4] uint8: int8 values rounded against the row's absmax / 127, then the
+    scale."""
     x32 = x.float()
     scale = (x32.abs().amax(dim=-1, keepdim=True) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
     q = torch.round(x32 / scale).clamp_(-127, 127).to(torch.int8)

@@ -1,14 +1,14 @@
 """Mixture-of-experts MLP: top-k routing, and the routed experts computed grouped by expert.
 
-The router scores every token against every expert (softmax in float32), keeps the top k and, where the
-model says so, renormalises their weights to sum to one. The experts' weights are stacked ([E, 2I, H]
-gate and up fused, [E, H, I] down) as the checkpoint loads. Tokens are sorted by expert so each expert runs
-one matmul over a contiguous slice of rows; the loop is over experts, never over tokens. Each row is then
-weighted and added back to its token. Sizing the slices reads the per-expert counts on the host, which a
-compiled or CUDA-graph-captured step cannot do: there every expert runs over every row and a [T, E] combine
-matrix (zero outside each token's top k) weights them, which is exact and costs E/k times the expert
-FLOPs (small at decode batch sizes, where the step reads every expert's weights anyway). An optional shared expert (Qwen2-MoE) runs on every token, scaled by
-a sigmoid gate.
+The router scores every token against every expert (softmax in float32), keeps the top k and, where the model
+says so, renormalises their weights to sum to one. The experts' weights are stacked ([E, 2I, H] gate and up
+fused, [E, H, I] down) as the checkpoint loads. Tokens are sorted by expert so each expert runs one matmul
+over a contiguous slice of rows; the loop is over experts, never over tokens. Each row is then weighted and
+added back to its token. Sizing the slices reads the per-expert counts on the host, which a compiled or
+CUDA-graph-captured step cannot do: there every expert runs over every row and a [T, E] combine matrix (zero
+outside each token's top k) weights them, which is exact and costs E/k times the expert FLOPs (small at decode
+batch sizes, where the step reads every expert's weights anyway). An optional shared expert (Qwen2-MoE) runs
+on every token, scaled by a sigmoid gate.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from tandem.worker.hf.config import ModelConfig
 
 
 def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Router logits [T, E] -> (weights [T, k] float32, experts [T, k]): softmax, top k, optional renormalisation."""
+    """Router logits [T, E] -> (weights [T, k] float32, experts [T, k]): softmax, top k, optional
+    renormalisation."""
     probs = torch.softmax(logits.float(), dim=-1)
     weights, experts = torch.topk(probs, top_k, dim=-1)
     if renormalize:
@@ -41,7 +42,8 @@ class Router(nn.Module):
 
 
 class Experts(nn.Module):
-    """The routed experts' stacked weights, loaded from the checkpoint's per-expert `gate`, `up` and `down`."""
+    """The routed experts' stacked weights, loaded from the checkpoint's per-expert `gate`, `up` and
+    `down`."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, names: tuple[str, str, str]):
         super().__init__()

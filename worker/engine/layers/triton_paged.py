@@ -1,4 +1,5 @@
-"""Paged attention in Triton that reads the KV cache in place: the block table is an input, nothing is gathered.
+"""Paged attention in Triton that reads the KV cache in place: the block table is an input, nothing is
+gathered.
 
 One kernel serves decode rows and prompt chunks over a cached prefix. A program owns one query tile of one
 sequence and one KV head: its rows are (query, head of the group) pairs, so the query heads of a KV group
@@ -257,7 +258,8 @@ class TileLayout:
 def tile_layout(
     query_lens: list[int], context_lens: list[int], group: int, device: torch.device
 ) -> TileLayout:
-    """Tiles of `rows // group` queries over each sequence's new tokens (host lists in, device tensors out)."""
+    """Tiles of `rows // group` queries over each sequence's new tokens (host lists in, device tensors
+    out)."""
     longest = max(query_lens)
     rows = _pow2(group, DECODE_ROWS) if longest == 1 else _pow2(max(group, CHUNK_ROWS))
     per_tile = rows // group
@@ -428,7 +430,8 @@ def paged_attention(
     scale: float,
     splits: int | None = None,
 ) -> torch.Tensor:  # [T, NH, D]
-    """Causal attention of each sequence's new queries over its whole context in the cache (any query lengths)."""
+    """Causal attention of each sequence's new queries over its whole context in the cache (any query
+    lengths)."""
     tiles = layout.tile_seq.shape[0]
     one = layout.longest_query == 1 and tiles == q.shape[0]
     return _launch(
@@ -447,8 +450,8 @@ def paged_decode_op(
     k_new: torch.Tensor,
     v_new: torch.Tensor,
 ) -> torch.Tensor:
-    """`paged_decode_attention` with a new key per row, as one operator: torch.compile keeps it whole (it neither
-    traces into the launch nor into the interpreter) and a CUDA graph captures its kernels."""
+    """`paged_decode_attention` with a new key per row, as one operator: torch.compile keeps it whole (it
+    neither traces into the launch nor into the interpreter) and a CUDA graph captures its kernels."""
     return paged_decode_attention(q, k_cache, v_cache, table, kv_lens, scale, k_new, v_new)
 
 

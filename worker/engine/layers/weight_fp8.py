@@ -61,7 +61,8 @@ def fp8_problem(device: torch.device | str) -> str | None:
             name = torch.cuda.get_device_name(device)
             return (
                 f"model.quantization fp8 needs a GPU with FP8 tensor cores (compute capability 8.9 or newer: "
-                f"Ada, Hopper, Blackwell); {name} has {major}.{minor}. Use quantization int8 or none on this GPU"
+                f"Ada, Hopper, Blackwell); {name} has {major}.{minor}. Use quantization int8 or none on this "
+                "GPU"
             )
     if device.type in ("cuda", "cpu") and _row_wise_scaled_mm_works(str(device)):
         return None
@@ -119,7 +120,8 @@ class Fp8Linear(nn.Module):
 
     @classmethod
     def empty(cls, linear: nn.Linear, static_input: bool) -> Fp8Linear:
-        """A layer of `linear`'s shape with uninitialised buffers on `linear`'s device (meta: to be assigned)."""
+        """A layer of `linear`'s shape with uninitialised buffers on `linear`'s device (meta: to be
+        assigned)."""
         w = linear.weight
         return cls(
             torch.empty(w.shape, dtype=FP8, device=w.device),

@@ -1,4 +1,5 @@
-"""Weight-only int8 for the model's linear layers (`model.quantization: int8`), quantized as a checkpoint loads.
+"""Weight-only int8 for the model's linear layers (`model.quantization: int8`), quantized as a checkpoint
+loads.
 
 Decode reads every weight once per step, so a weight stored in 8 bits instead of 16 or 32 halves (or
 quarters) the bytes a step moves. Each linear layer keeps its weight as int8 [out, in] with one scale per

@@ -1,4 +1,5 @@
-"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, TinyLlama) as pure torch code over a paged KV cache.
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, TinyLlama) as pure torch code over a paged KV
+cache.
 
 No scheduling and no I/O: the caller hands in a flat batch of tokens with their positions and an
 `AttentionBatch` that says where each sequence's KV lives. A Hugging Face checkpoint's state dict loads
@@ -246,7 +247,8 @@ def expected_shapes(
     config: ModelConfig, mlp_shapes: MlpShapes = dense_mlp_shapes
 ) -> dict[str, tuple[int, ...]]:
     """The checkpoint's tensors by their Hugging Face Llama names, in checkpoint order (the registry's
-    tensor-name mapping); `mlp_shapes` names each layer's MLP tensors (mixture-of-experts models pass theirs)."""
+    tensor-name mapping); `mlp_shapes` names each layer's MLP tensors (mixture-of-experts models pass
+    theirs)."""
     hidden, vocab = config.hidden_size, config.vocab_size
     q_out = config.num_heads * config.head_dim
     kv_out = config.num_kv_heads * config.head_dim

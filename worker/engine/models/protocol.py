@@ -1,8 +1,10 @@
-"""What the engine calls on a model: the small contract every model class (and tensor parallelism's rank-0 view) meets.
+"""What the engine calls on a model: the small contract every model class (and tensor parallelism's rank-0
+view) meets.
 
 The engine, its static decode step, the draft proposer and the KV-cache sizing see a model only through
 `CausalLM`, so a new architecture (or a wrapper that runs one across ranks) needs these members and no others.
-mypy holds every model class to it (the assignment at the bottom), and a unit test holds the registry to that list.
+mypy holds every model class to it (the assignment at the bottom), and a unit test holds the registry to that
+list.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ class PagedKv(Protocol):
 
 
 class CausalLM(Protocol):
-    """A decoder over a paged KV cache: hidden states for a flat batch of tokens, then logits for chosen rows."""
+    """A decoder over a paged KV cache: hidden states for a flat batch of tokens, then logits for chosen
+    rows."""
 
     config: ModelConfig  # the whole model's (vocabulary, context, layers)
 
@@ -83,7 +86,8 @@ class CausalLM(Protocol):
 if (
     TYPE_CHECKING
 ):  # mypy checks each class against the protocol here; test_model_protocol holds the registry to it
-    # relative: mypy resolves these by the files' own paths (the package-dir mapping hides `tandem.worker` from it)
+    # relative: mypy resolves these by the files' own paths (the package-dir mapping hides `tandem.worker`
+    # from it)
     from ..tp.model import TensorParallelModel
     from . import llama, mixtral, qwen2_moe
 

@@ -51,9 +51,9 @@ EVERY_SAMPLING_PATH = SamplingParams(
 
 def warm_up(engine: Engine) -> int:
     """Run every path a first request can take once, before the worker reports ready: the static decode step's
-    buckets (compiled, and on CUDA captured), a short prompt, a prompt of one whole prefill chunk, a single and
-    a batched decode, and each sampling path; returns the steps run. The engine is `ready` afterwards, and a
-    path first taken later is logged and recorded (`Engine.cold_after_ready`)."""
+    buckets (compiled, and on CUDA captured), a short prompt, a prompt of one whole prefill chunk, a single
+    and a batched decode, and each sampling path; returns the steps run. The engine is `ready` afterwards, and
+    a path first taken later is logged and recorded (`Engine.cold_after_ready`)."""
     runner = engine.decode_step
     if runner is not None:
         kind = "captured as CUDA graphs" if runner.cuda_graphs else "compiled"

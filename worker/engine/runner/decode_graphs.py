@@ -8,10 +8,10 @@ here only when it is pure decode (`decode_plan.is_pure_decode`) and no layer hoo
 takes the general path unchanged. Padding rows write to a scratch block past the block manager's pool
 (the cache holds one page more than the manager hands out), so they never touch a sequence's KV.
 
-The batch pads to 2, 4, 8, ... `max_running_sequences` rows and the page table to 2, 4, 8, ... blocks up
-to the served context (from 1 when not compiled). The function is compiled once with dynamic shapes (no
-bucket has a size 1, which would specialise into a graph of its own), and `warm_up` runs every bucket before
-the worker reports ready; with CUDA graphs it captures those a first request can take (the smallest batch, each
+The batch pads to 2, 4, 8, ... `max_running_sequences` rows and the page table to 2, 4, 8, ... blocks up to
+the served context (from 1 when not compiled). The function is compiled once with dynamic shapes (no bucket
+has a size 1, which would specialise into a graph of its own), and `warm_up` runs every bucket before the
+worker reports ready; with CUDA graphs it captures those a first request can take (the smallest batch, each
 width: a capture per bucket is what made start slow) and the rest when a step first needs them.
 """
 
@@ -46,7 +46,8 @@ CUDA_GRAPHS_NEED_CUDA = "engine.decodeStep cudaGraphs needs a CUDA device; use c
 
 
 def check_decode_step(decode_step: str, device: torch.device) -> None:
-    """Refuse a decode step this device cannot run (CUDA graphs off CUDA is an error, not a silent fallback)."""
+    """Refuse a decode step this device cannot run (CUDA graphs off CUDA is an error, not a silent
+    fallback)."""
     if decode_step not in DECODE_STEPS:
         raise ValueError(f"decodeStep must be one of {', '.join(DECODE_STEPS)}, got {decode_step!r}")
     if decode_step == "cudaGraphs" and device.type != "cuda":
@@ -54,7 +55,8 @@ def check_decode_step(decode_step: str, device: torch.device) -> None:
 
 
 class DecodeStepRunner:
-    """Runs pure-decode steps through one static-shape function per bucket (compiled; CUDA graphs optional)."""
+    """Runs pure-decode steps through one static-shape function per bucket (compiled; CUDA graphs
+    optional)."""
 
     def __init__(
         self,
@@ -89,8 +91,9 @@ class DecodeStepRunner:
 
     @property
     def shapes(self) -> list[tuple[int, int]]:
-        """Every (padded batch, table width) bucket, largest first (CUDA graphs share one memory pool); the first
-        has a batch unlike its width where one does, so the compiled graph does not take them to be equal."""
+        """Every (padded batch, table width) bucket, largest first (CUDA graphs share one memory pool); the
+        first has a batch unlike its width where one does, so the compiled graph does not take them to be
+        equal."""
         shapes = [(b, w) for b in reversed(self.batch_sizes) for w in reversed(self.widths)]
         first = next((s for s in shapes if s[0] != s[1]), shapes[0])
         return [first, *(s for s in shapes if s != first)]
@@ -104,13 +107,15 @@ class DecodeStepRunner:
         context_lens: torch.Tensor,
         table: torch.Tensor,
     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-        """(logits [B, V] float32, each layer's new keys and values): the pass reads the cache, never writes it."""
+        """(logits [B, V] float32, each layer's new keys and values): the pass reads the cache, never writes
+        it."""
         batch = StaticDecodeBatch(slot_mapping, table, context_lens, self.block_size, self.attention)
         hidden = self.model(input_ids, positions, self.k, self.v, batch)
         return self.model.logits(hidden), batch.new_kv
 
     def _step(self, *inputs: torch.Tensor) -> torch.Tensor:
-        """The compiled pass, then each layer's new keys and values written to their slots (eager: in place)."""
+        """The compiled pass, then each layer's new keys and values written to their slots (eager: in
+        place)."""
         logits, new_kv = self._fn(*inputs)
         slots = inputs[2]
         for (k, v), k_cache, v_cache in zip(new_kv, self.k, self.v, strict=True):
@@ -133,7 +138,8 @@ class DecodeStepRunner:
         return padded_decode_inputs(tokens, positions, tables, shape, self.block_size, self.scratch_block)
 
     def run(self, sched: SchedulerOutput) -> torch.Tensor | None:
-        """The step's logits [S, V] (one row per sequence, in order), or None: the engine's general path runs it."""
+        """The step's logits [S, V] (one row per sequence, in order), or None: the engine's general path runs
+        it."""
         inputs = self.inputs(sched)
         if inputs is None:
             return None
@@ -183,7 +189,8 @@ class DecodeStepRunner:
 
     @torch.inference_mode()
     def warm_up(self) -> float:
-        """Compile (and on CUDA capture) the start buckets on padding-only inputs; returns the seconds it took."""
+        """Compile (and on CUDA capture) the start buckets on padding-only inputs; returns the seconds it
+        took."""
         start = time.monotonic()
         for shape in self.start_shapes:
             inputs = padded_decode_inputs([], [], [], shape, self.block_size, self.scratch_block)

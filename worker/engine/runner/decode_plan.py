@@ -1,4 +1,4 @@
-"""The static-shape decode step's plan: which steps it runs, the padded shapes (buckets), and its padded inputs."""
+"""The static-shape decode step's plan: the steps it runs, the padded shapes (buckets), its padded inputs."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 
 
 def buckets(limit: int, smallest: int = 1) -> tuple[int, ...]:
-    """Powers of two from `smallest` below `limit`, then `limit` itself: the padded sizes a dimension of at most
-    `limit` takes. (A compiled step starts at 2: size 1 would specialise into a graph of its own.)"""
+    """Powers of two from `smallest` below `limit`, then `limit` itself: the padded sizes a dimension of at
+    most `limit` takes. (A compiled step starts at 2: size 1 would specialise into a graph of its own.)"""
     if limit < 1 or smallest < 1:
         raise ValueError(
             f"a bucketed size needs a limit and a smallest size of at least 1, got {limit}, {smallest}"
@@ -47,9 +47,9 @@ def blocks_for(context_len: int, block_size: int) -> int:
 def is_pure_decode(
     num_new_tokens: Sequence[int], drafts: Sequence[Sequence[int]], uncomputed: Sequence[int]
 ) -> bool:
-    """Whether a step is pure decode: every sequence runs exactly one new token, with no drafts, and that token
-    is its last (`uncomputed` tokens are 1), so each sequence samples exactly one row. A prompt chunk longer
-    than one token, or a drafts-verifying step, is not."""
+    """Whether a step is pure decode: every sequence runs exactly one new token, with no drafts, and that
+    token is its last (`uncomputed` tokens are 1), so each sequence samples exactly one row. A prompt chunk
+    longer than one token, or a drafts-verifying step, is not."""
     return bool(num_new_tokens) and all(
         n == 1 and not d and u == 1 for n, d, u in zip(num_new_tokens, drafts, uncomputed, strict=True)
     )

@@ -295,7 +295,8 @@ class Engine:
             at += n
 
     def _update(self, sched: SchedulerOutput, logits: torch.Tensor | None) -> list[StepOutput]:
-        """Advance what this step computed, sample where sequences reached their last token, emit (and verify drafts)."""
+        """Advance what this step computed, sample where sequences reached their last token, emit (and verify
+        drafts)."""
         to_sample = self._advance_computed(sched)
         if not to_sample:
             return []
@@ -331,7 +332,8 @@ class Engine:
     def _draw(
         self, to_sample: list[tuple[Sequence, list[int]]], layout: SampleRows, logits: torch.Tensor
     ) -> dict[int, tuple[list[int], list[float], list[list[tuple[int, float]]]]]:
-        """The batched sampler over the drawn rows: for each drawn sequence, its tokens, logprobs and alternatives."""
+        """The batched sampler over the drawn rows: for each drawn sequence, its tokens, logprobs and
+        alternatives."""
         rows = layout.drawn_rows
         if not rows:
             return {}
@@ -394,7 +396,8 @@ class Engine:
     def _verify_sampled(
         self, seq: Sequence, draft: list[int], logits: torch.Tensor
     ) -> tuple[list[int], list[float]]:
-        """The tokens a speculative-sampling verify emits, padded to one per row (only a prefix is emitted)."""
+        """The tokens a speculative-sampling verify emits, padded to one per row (only a prefix is
+        emitted)."""
         n = len(logits)
         if seq.params.penalized:
             logits = apply_penalties(

@@ -111,8 +111,9 @@ class EngineLoop:
         return self.call(self._aborter(request_id, reason))
 
     def abort_soon(self, request_id: str, reason: str = "abort") -> None:
-        """Queue an abort without waiting: for gRPC callbacks, which all run on the server's one polling thread,
-        so a callback that waits out a step delays every other cancellation (and the server) by a step."""
+        """Queue an abort without waiting: for gRPC callbacks, which all run on the server's one polling
+        thread, so a callback that waits out a step delays every other cancellation (and the server) by a
+        step."""
         self.post(self._aborter(request_id, reason))
 
     def post(self, fn: Callable[[Engine], object]) -> None:

@@ -1,4 +1,5 @@
-"""When drafts keep being rejected, stop proposing for a while: speculation must never cost much over plain decode.
+"""When drafts keep being rejected, stop proposing for a while: speculation must never cost much over plain
+decode.
 
 Pure: a policy and an immutable per-sequence state, changed by each verify. A trusted sequence proposes
 every step while its smoothed acceptance stays at or above `min_acceptance`. An untrusted one (new, or

@@ -1,4 +1,5 @@
-"""Self-speculative drafts (LayerSkip-style early exit): the target's first layers, then its final norm and LM head.
+"""Self-speculative drafts (LayerSkip-style early exit): the target's first layers, then its final norm and LM
+head.
 
 Why the target's own layers and not a separate draft checkpoint: in a disaggregated deployment the decode
 worker receives the prompt's KV from the prefill worker. A separate draft model would have no KV for the

@@ -44,13 +44,14 @@ class SpeculativeConfig:
         """Refuse a draft that is not a strict prefix of a model with `num_layers` layers."""
         if self.draft_layers is not None and not self.draft_layers < num_layers:
             raise ValueError(
-                f"speculative draftModel.layers is {self.draft_layers}, but the model has {num_layers} layers: "
-                f"the draft runs the first N of them, so N must be between 1 and {num_layers - 1}"
+                f"speculative draftModel.layers is {self.draft_layers}, but the model has {num_layers} "
+                f"layers: the draft runs the first N of them, so N must be between 1 and {num_layers - 1}"
             )
 
 
 def make_proposer(config: SpeculativeConfig) -> Proposer:
-    """The proposer of a method that needs no model (the draft method's runs the target: see draft_model.py)."""
+    """The proposer of a method that needs no model (the draft method's runs the target: see
+    draft_model.py)."""
     if config.method == "ngram":
         from tandem.worker.engine.speculative.ngram import NgramProposer
 

@@ -16,13 +16,15 @@ from tandem.worker.engine.speculative.proposer import Proposer, SpeculativeConfi
 
 
 def can_speculate(seq: Sequence) -> bool:
-    """Decoding, and nothing (a grammar, min_tokens, top_logprobs) needs each of its tokens sampled on its own."""
+    """Decoding, and nothing (a grammar, min_tokens, top_logprobs) needs each of its tokens sampled on its
+    own."""
     constrained = seq.constraint is not None and seq.constraint.active
     return not seq.in_prefill and seq.num_uncomputed == 1 and not constrained and not seq.params.top_logprobs
 
 
 def draft_budget(seq: Sequence, num_tokens: int, max_model_len: int) -> int:
-    """Drafts worth verifying: each accepted one is emitted, and a verify emits one token more than it accepts."""
+    """Drafts worth verifying: each accepted one is emitted, and a verify emits one token more than it
+    accepts."""
     left_in_request = seq.params.max_tokens - len(seq.output_ids) - 1
     left_in_context = max_model_len - seq.num_tokens - 1
     return max(0, min(num_tokens, left_in_request, left_in_context))

@@ -31,7 +31,8 @@ from tandem.worker.hf.config import ModelConfig
 
 
 class VocabParallelEmbedding(nn.Embedding):
-    """This rank's rows of the token embedding; ids outside them read zeros, and the ranks' rows are summed."""
+    """This rank's rows of the token embedding; ids outside them read zeros, and the ranks' rows are
+    summed."""
 
     def __init__(self, rows: int, dim: int, first: int):
         super().__init__(rows, dim)

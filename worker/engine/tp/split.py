@@ -86,7 +86,8 @@ def local_vocab(vocab_size: int, ranks: int) -> int:
 
 
 def local_config(config: ModelConfig, ranks: int) -> ModelConfig:
-    """One rank's share: 1/N of the heads, KV heads, MLP widths and (padded) vocabulary; head_dim unchanged."""
+    """One rank's share: 1/N of the heads, KV heads, MLP widths and (padded) vocabulary; head_dim
+    unchanged."""
     if ranks <= 1:
         return config
     check_split(config, ranks)

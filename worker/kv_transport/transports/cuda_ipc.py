@@ -1,5 +1,5 @@
-"""CUDA IPC: the decode worker lends a staging ring whose data is a CUDA buffer, the prefill worker opens it by
-its IPC handle and copies KV device to device. Both on one host with their caches on the same GPU (the same
+"""CUDA IPC: the decode worker lends a staging ring whose data is a CUDA buffer, the prefill worker opens it
+by its IPC handle and copies KV device to device. Both on one host with their caches on the same GPU (the same
 device UUID: a GPU another process cannot see cannot be opened); offered by `auto` on a GPU."""
 
 from __future__ import annotations

@@ -1,1 +1,2 @@
-"""The autoscaler in the operator: pods found through the API server, TandemPool replicas written, role labels moved."""
+"""The autoscaler in the operator: pods found through the API server, TandemPool replicas written, role labels
+moved."""

@@ -1,11 +1,11 @@
-"""Role flips on Kubernetes, as the autoscaler's actuator does them (operator/status/flip.py has the operator's
-own, for `tandem flip`): a pod's current role is its `serving.tandem.dev/role` label, which the operator
-sets and the worker follows (SetRole, through the downward-API labels file). Deployments select on the pool
-label only, so their ReplicaSets never see a flip. Pools count pods by current role; a decision resizes the
-home Deployment by what the role's count should become; a pod that flipped is annotated, so a later step
-down of its home pool removes it first, and one lent out is removed last. A flip never takes a pool's last
-Ready pod: the pods that would empty it are left where they are (autoscale/flip.py `flip_waves`, as the local
-backend sequences its flips). Pure, but for `patch_flip`."""
+"""Role flips on Kubernetes, as the autoscaler's actuator does them (operator/status/flip.py has the
+operator's own, for `tandem flip`): a pod's current role is its `serving.tandem.dev/role` label, which the
+operator sets and the worker follows (SetRole, through the downward-API labels file). Deployments select on
+the pool label only, so their ReplicaSets never see a flip. Pools count pods by current role; a decision
+resizes the home Deployment by what the role's count should become; a pod that flipped is annotated, so a
+later step down of its home pool removes it first, and one lent out is removed last. A flip never takes a
+pool's last Ready pod: the pods that would empty it are left where they are (autoscale/flip.py `flip_waves`,
+as the local backend sequences its flips). Pure, but for `patch_flip`."""
 
 from __future__ import annotations
 

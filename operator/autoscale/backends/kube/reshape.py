@@ -122,7 +122,8 @@ def resumed(status: Body) -> Shape | None:
 
 
 def drain_costs(pods: list[Body], drain: tuple[str, ...]) -> dict[str, int]:
-    """Deletion costs that make each home's ReplicaSet remove the pods to drain first (only those that change)."""
+    """Deletion costs that make each home's ReplicaSet remove the pods to drain first (only those that
+    change)."""
     costs = {}
     for p in live(pods):
         name = p["metadata"]["name"]

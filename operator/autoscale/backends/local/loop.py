@@ -49,7 +49,8 @@ class LocalActuator:
 
     def reshape(self, decision: ShapeDecision, ready_within_s: float = 600.0) -> None:
         """mode auto: start the workers the target shape has beyond the ones there are and wait until they
-        answer, flip warm workers wave by wave (each drains its old role's work first), then drain the rest."""
+        answer, flip warm workers wave by wave (each drains its old role's work first), then drain the
+        rest."""
         members = [p for role in SHAPE_POOLS for p in self.pools.members(role.value)]
         order = fewest_running({p.name: running_of(self.pools.load(p)) for p in members}, len(members))
         moves = reshape({p.name: p.role for p in members}, decision.target, order)

@@ -1,1 +1,2 @@
-"""The policy inside Dynamo's replay loop, the referee the benches run it under: its per-tick metrics as a source, the policy and the HPA as its planners."""
+"""The policy inside Dynamo's replay loop, the referee the benches run it under: its per-tick metrics as a
+source, the policy and the HPA as its planners."""

@@ -1,16 +1,19 @@
-"""tandem's autoscaling policy as an external policy of Dynamo's replay loop: judged by a simulator it does not own.
+"""tandem's autoscaling policy as an external policy of Dynamo's replay loop: judged by a simulator it does
+not own.
 
     python replay.py --trace T.jsonl --startup-s 60 \
         --policy module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy
 
 Each tick of Dynamo's loop goes through the same `Autoscaler.tick` the operator runs: a metric source
 (`ReplayTickSource`, which maps the loop's per-tick metrics onto what Prometheus would give; its docstring
-lists every mapping), the pure `decide`, and an actuator that hands the decided counts back to the loop.
-The capacity profile defaults to Dynamo's own H200 profile converted (`tandem/profiles/h200-llama-3.1-8b-fp8.json`).
+lists every mapping), the pure `decide`, and an actuator that hands the decided counts back to the loop. The
+capacity profile defaults to Dynamo's own H200 profile converted
+(`tandem/profiles/h200-llama-3.1-8b-fp8.json`).
 
 Settings come from the loop's context (SLO, GPU budget, cold start) and, for sweeps, from the environment:
-`TANDEM_ANCHOR_OPTIONS` is a JSON object of PolicyConfig fields (e.g. {"margin": 0.7, "stabilization_s": 300}),
-`TANDEM_ANCHOR_PROFILE` a profile path, `TANDEM_ANCHOR_LOG` a file that gets every scaling decision as JSON lines.
+`TANDEM_ANCHOR_OPTIONS` is a JSON object of PolicyConfig fields (e.g. {"margin": 0.7, "stabilization_s":
+300}), `TANDEM_ANCHOR_PROFILE` a profile path, `TANDEM_ANCHOR_LOG` a file that gets every scaling decision as
+JSON lines.
 """
 
 from __future__ import annotations
@@ -106,6 +109,7 @@ class DynamoPolicy:
 
 
 def dynamo_policy(ctx: dict[str, Any]) -> DynamoPolicy:
-    """The factory `replay.py --policy module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy` calls."""
+    """The factory `replay.py --policy module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy`
+    calls."""
     options = json.loads(os.environ.get("TANDEM_ANCHOR_OPTIONS") or "{}")
     return DynamoPolicy(ctx, options, os.environ.get("TANDEM_ANCHOR_LOG"))

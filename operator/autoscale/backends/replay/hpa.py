@@ -83,5 +83,6 @@ class HpaPolicy:
 
 
 def hpa_policy(ctx: dict[str, Any]) -> HpaPolicy:
-    """The factory `replay.py --policy module:tandem.operator.autoscale.backends.replay.hpa.hpa_policy` calls."""
+    """The factory `replay.py --policy module:tandem.operator.autoscale.backends.replay.hpa.hpa_policy`
+    calls."""
     return HpaPolicy(ctx, **json.loads(os.environ.get("TANDEM_HPA_OPTIONS") or "{}"))
