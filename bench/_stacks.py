@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import statistics
@@ -13,6 +14,9 @@ from pathlib import Path
 
 import httpx
 
+from tandem.loadgen.prompts import Vocabulary
+from tandem.loadgen.runner import run_workload
+from tandem.loadgen.workload import RequestSpec
 from tandem.operator.local.plan import ProcessPlan
 from tandem.operator.local.scale import dial
 from tandem.operator.local.stack import LocalStack, free_port_block, serving
@@ -258,3 +262,22 @@ def warm_up(
     for _ in range(rounds):
         for _stack, url in running.values():
             timed_completion(url, random_prompt(prompt_len, rng, vocab), max_tokens)
+
+
+def run_completions(
+    url: str, specs: list[RequestSpec], vocab: Vocabulary, seed: int, timeout_s: float, concurrency=None
+):
+    """Replay `specs` against a stack's router on /v1/completions; the load generator's outcome."""
+    return asyncio.run(
+        run_workload(
+            url,
+            "completions",
+            specs,
+            model=SERVED_NAME,
+            seed=seed,
+            timeout_s=timeout_s,
+            progress=False,
+            vocab=vocab,
+            concurrency=concurrency,
+        )
+    )

@@ -36,7 +36,6 @@ the modes.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import json
 import os
@@ -50,7 +49,7 @@ from bench._goodput_report import CONTROL, plot, report
 from bench._goodput_sweep import Latency, Probe
 from bench._host import CpuMeter, quietly
 from bench._smoke import add_smoke, smoke_sizes, write_tiny_trace
-from bench._stacks import SERVED_NAME, ModelShape, make_model, running_stacks, service_object, wait_idle
+from bench._stacks import ModelShape, make_model, run_completions, running_stacks, service_object, wait_idle
 from bench._trace_shape import (
     LengthShaping,
     at_rate,
@@ -61,7 +60,6 @@ from bench._trace_shape import (
 )
 from tandem.loadgen.prompts import Vocabulary, load_vocabulary
 from tandem.loadgen.report import percentile
-from tandem.loadgen.runner import run_workload
 from tandem.loadgen.trace import AZURE_ATTRIBUTION, attribution_for, load_trace
 from tandem.loadgen.workload import RequestSpec
 from tandem.slo import Slo
@@ -75,25 +73,11 @@ MODES = (COLOCATED, DISAGGREGATED, CONDITIONAL, SLO_AWARE, CONTROL)
 TRACES = ("../shared/traces/azure_llm_2023_conv.csv", "../shared/traces/azure_llm_2023_code.csv")
 
 
-def run(url: str, specs: list[RequestSpec], vocab: Vocabulary, seed: int, timeout_s: float, concurrency=None):
-    return asyncio.run(
-        run_workload(
-            url,
-            "completions",
-            specs,
-            model=SERVED_NAME,
-            seed=seed,
-            timeout_s=timeout_s,
-            progress=False,
-            vocab=vocab,
-            concurrency=concurrency,
-        )
-    )
-
-
 def idle_latency(url: str, input_len: int, output_len: int, repeat: int, vocab: Vocabulary, seed: int) -> Slo:
     """Median TTFT and TPOT of `repeat` requests sent one after another to an otherwise idle stack."""
-    outcome = run(url, [RequestSpec(0.0, input_len, output_len)] * repeat, vocab, seed, 60.0, concurrency=1)
+    outcome = run_completions(
+        url, [RequestSpec(0.0, input_len, output_len)] * repeat, vocab, seed, 60.0, concurrency=1
+    )
     ok = [r for r in outcome.results if r.ok]
     if len(ok) != repeat:
         raise RuntimeError(f"idle requests failed at {url}: {[r.error for r in outcome.results if not r.ok]}")
@@ -334,7 +318,9 @@ def sweep_trace(
     """Idle latencies, then every repeat of the rate grid, mode after mode, on one trace."""
     med_in, med_out = median_lengths(thinned(trace, min(len(trace), 1000), shaping))
     for _, url in running.values():  # warm up at this trace's lengths: first calls pay for lazy init
-        run(url, [RequestSpec(0.0, med_in, med_out)] * 2, vocab, next(seeds), args.request_timeout)
+        run_completions(
+            url, [RequestSpec(0.0, med_in, med_out)] * 2, vocab, next(seeds), args.request_timeout
+        )
 
     def meter() -> CpuMeter:
         return CpuMeter(
@@ -388,7 +374,9 @@ def sweep_trace(
 
                 outcome = measured(
                     f"{mode} at {rate} req/s",
-                    lambda url=url, specs=specs: run(url, specs, vocab, next(seeds), args.request_timeout),
+                    lambda url=url, specs=specs: run_completions(
+                        url, specs, vocab, next(seeds), args.request_timeout
+                    ),
                     before=settle,
                 )
                 probe = Probe(

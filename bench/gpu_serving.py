@@ -29,7 +29,6 @@ of copying those bytes once at this device's measured copy bandwidth. Every work
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import random
 import statistics
@@ -50,9 +49,9 @@ from bench._serving_report import (
     with_engine_step,
 )
 from bench._stacks import (
-    SERVED_NAME,
     metric_samples,
     random_prompt,
+    run_completions,
     running_stacks,
     service_object,
     timed_completion,
@@ -61,7 +60,6 @@ from bench._stacks import (
 from bench._trace_shape import LengthShaping, at_rate, median_lengths, requests_for_rate, thinned
 from tandem import names
 from tandem.loadgen.prompts import Vocabulary, load_vocabulary
-from tandem.loadgen.runner import run_workload
 from tandem.loadgen.trace import load_trace
 from tandem.loadgen.workload import RequestSpec
 from tandem.slo import DEFAULT as SLO
@@ -202,21 +200,6 @@ def stack_object(mode: str, model_dir: Path, args: argparse.Namespace, max_conte
     return obj
 
 
-def run(url: str, specs: list[RequestSpec], vocab: Vocabulary, seed: int, timeout_s: float):
-    return asyncio.run(
-        run_workload(
-            url,
-            "completions",
-            specs,
-            model=SERVED_NAME,
-            seed=seed,
-            timeout_s=timeout_s,
-            progress=False,
-            vocab=vocab,
-        )
-    )
-
-
 def batch_totals(port: int) -> tuple[float, float]:
     """(sum, count) of a worker's sequences-per-step histogram."""
     sums = metric_samples(port, names.DECODE_BATCH_SIZE + "_sum")
@@ -283,7 +266,7 @@ def probe_rates(
         specs = at_rate(thinned(trace, n, shaping), rate)
         wait_idle(stack)
         before = batch_totals(decoder.metrics_port)
-        outcome = run(url, specs, vocab, args.seed * 1000 + i, args.request_timeout)
+        outcome = run_completions(url, specs, vocab, args.seed * 1000 + i, args.request_timeout)
         after = batch_totals(decoder.metrics_port)
         steps = after[1] - before[1]
         latencies = [Latency(r.ok, r.ttft_s, r.tpot_s, r.input_len) for r in outcome.results]
@@ -420,7 +403,7 @@ def main(argv: list[str]) -> int:
                 ready_s = time.monotonic() - t
                 print(f"{mode}: ready in {ready_s:.1f} s", flush=True)
                 startup += startup_rows(mode, stack, ready_s)
-                run(
+                run_completions(
                     url, [RequestSpec(0.0, med_in, med_out)] * 2, vocab, 7, args.request_timeout
                 )  # first calls' lazy init
                 stop_at = started + args.budget_s * BUDGET_SHARE[mode]
