@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from tandem.worker.api.params import SamplingParams
-from tandem.worker.engine.core.sampling import apply_penalties, filter_min_p, sample
+from tandem.worker.engine.core.sampling import apply_penalties, filter_min_p, filter_top_k_top_p, sample
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -120,3 +120,20 @@ def test_min_p_matches_transformers_and_never_samples_below_the_floor():
     assert torch.equal(torch.isinf(filter_min_p(logits, torch.tensor([0.2]))), torch.isinf(want))
     drawn = {sample(logits, [SamplingParams(min_p=0.2)], [_gen(s)])[0][0] for s in range(200)}
     assert drawn == {0, 1, 2}  # 0.08 < 0.2 x 0.5: never drawn; the other three all are
+
+
+def test_top_p_applies_to_what_top_k_kept_as_transformers_and_vllm_do():
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    # probabilities 0.40, 0.35, 0.25: top_k=2 renormalises to 0.53, 0.47, so top_p=0.5 keeps token 0 alone
+    # (over the whole distribution it would keep 0 and 1)
+    logits = torch.log(torch.tensor([[0.40, 0.35, 0.25], [0.40, 0.35, 0.25]]))
+    kept = ~torch.isinf(filter_top_k_top_p(logits, torch.tensor([2, 0]), torch.tensor([0.5, 0.5])))
+    assert kept.tolist() == [[True, False, False], [True, True, False]]
+    rows = torch.randn(6, 40, generator=_gen(3))
+    for k, p in [(5, 0.6), (12, 0.9), (1, 0.3), (30, 0.2)]:
+        want = TopPLogitsWarper(p)(
+            torch.tensor([[0]]), TopKLogitsWarper(k)(torch.tensor([[0]]), rows.clone())
+        )
+        got = filter_top_k_top_p(rows, torch.full((6,), k), torch.full((6,), p))
+        assert torch.equal(torch.isinf(got), torch.isinf(want)), (k, p)

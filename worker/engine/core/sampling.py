@@ -18,15 +18,17 @@ from tandem.worker.api.params import SamplingParams
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Mask to -inf the tokens outside each row's top-k and top-p nucleus ([M, V]; k=0 and p=1 keep all)."""
+    """Mask to -inf the tokens outside each row's top-k and then outside the top-p nucleus of what top-k kept
+    ([M, V]; k=0 and p=1 keep all)."""
     vocab = logits.shape[-1]
     ordered, order = torch.sort(logits, dim=-1, descending=True)
     k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
-    kth = ordered.gather(1, (k - 1)[:, None])  # [M, 1] the k-th largest logit
-    probs = ordered.softmax(-1)
-    drop_sorted = (probs.cumsum(-1) - probs) >= top_p[:, None]  # keep the token that crosses top_p
+    kth = ordered.gather(1, (k - 1)[:, None])  # [M, 1] the k-th largest logit (its ties stay in)
+    outside_k = ordered < kth
+    probs = ordered.masked_fill(outside_k, float("-inf")).softmax(-1)  # top-p over what top-k kept, as vLLM
+    drop_sorted = outside_k | ((probs.cumsum(-1) - probs) >= top_p[:, None])  # keep the token crossing top_p
     drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-    return logits.masked_fill(drop | (logits < kth), float("-inf"))
+    return logits.masked_fill(drop, float("-inf"))
 
 
 def token_counts(
