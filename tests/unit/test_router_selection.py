@@ -64,4 +64,4 @@ def test_headless_service_names_resolve_to_one_address_per_pod():
         ["[::1]:50051"],
     )
     with pytest.raises(DiscoveryError):
-        resolve("dns:///no-such-host.invalid:50051")
+        resolve("dns:///localhost:not-a-port")

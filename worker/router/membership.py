@@ -5,7 +5,8 @@ Service) and, if given, a JSON workers file that may change. A worker that leave
 getting requests but keeps its channel until the requests it holds have finished; one that joins is
 dialled and polled (Handshake once, then Load) before it is routable. A name that fails to resolve keeps
 the addresses it last resolved to (one DNS failure must not retire a whole pool), and says so in a log line
-and in `stale_names`. A prefill or decode worker is placed by the role it reports in Load, whatever list
+and in `stale_names`; a name the DNS answers has no addresses (a headless Service whose pods are gone) empties
+its pool. A prefill or decode worker is placed by the role it reports in Load, whatever list
 names it: one that changed role (SetRole, between prefill, decode and colocated) leaves its old pool
 (finishing what it holds there) and is dialled again, asking for its new role's certificate, in the other,
 with no restart.
@@ -122,6 +123,8 @@ class Pools:
                 log.warning("%s; keeping its last %d addresses", e, len(self._resolved.get(address, [])))
         if fresh is not None and address in self.stale_names:
             log.info("%s resolves again (%d addresses)", address, len(fresh))
+        if fresh == [] and self._resolved.get(address):
+            log.info("%s has no addresses now (its pods are gone); its workers leave the pool", address)
         kept = keep_last_good(self._resolved.get(address), fresh)
         if fresh is None:
             self.stale_names.add(address)
@@ -282,14 +285,25 @@ def keep_last_good(previous: list[str] | None, fresh: list[str] | None) -> list[
     return fresh
 
 
+# The name server answered that the name has no addresses: a headless Service whose last pod went (DNS says
+# NXDOMAIN or no data for it), not a lookup that failed (EAI_AGAIN, EAI_FAIL), which keeps the last answer.
+NO_SUCH_ADDRESSES = frozenset(
+    code for code in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None)) if code is not None
+)
+
+
 def resolve(address: str) -> list[str]:
-    """`dns:///name:port` (a headless Service) to one `ip:port` per pod behind it; others as they are.
-    Raises DiscoveryError when the lookup fails."""
+    """`dns:///name:port` (a headless Service) to one `ip:port` per pod behind it (none once its pods are
+    gone); others as they are. Raises DiscoveryError when the lookup fails."""
     if not address.startswith(DNS_PREFIX):
         return [address]
     host, _, port = address[len(DNS_PREFIX) :].rpartition(":")
     try:
         infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        if e.errno in NO_SUCH_ADDRESSES:
+            return []
+        raise DiscoveryError(f"cannot resolve {address}: {e}") from None
     except (OSError, ValueError) as e:
         raise DiscoveryError(f"cannot resolve {address}: {e}") from None
     ips = sorted({str(info[4][0]) for info in infos})
