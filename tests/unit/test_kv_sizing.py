@@ -62,6 +62,8 @@ def test_decode_attention_room_is_one_layer_of_the_gathered_contexts():
     # a cache of 1 GiB holds fewer tokens than that: no more can be gathered than the cache holds
     assert decode_gather_bytes(GIB, block, size, layers, 64 * 8192) == GIB // layers
     assert decode_gather_bytes(-GIB, block, size, layers, 64 * 8192) == 0
+    for in_place in ("flex", "triton"):  # they read the pages where they are: no room for a gathered copy
+        assert decode_gather_bytes(100 * GIB, block, size, layers, 64 * 8192, attention=in_place) == 0
 
 
 def test_blocks_for_budget_needs_one_full_context():

@@ -54,13 +54,17 @@ def decode_gather_bytes(
     max_context_tokens: int,
     gathered_block_bytes: int | None = None,
     padded: bool = False,
+    attention: str = "sdpa",
 ) -> int:
     """The room a decode step over full contexts needs beyond the warm-up's: paged attention gathers one
     layer's keys and values of every decoding sequence (at most `max_context_tokens` = running x context,
     and at most what a cache of `budget_bytes` holds), a 1/num_layers share of those tokens' KV.
     `gathered_block_bytes` is what one block takes once gathered when that differs from the cache's (an
     8-bit cache: the packed copy and the one unpacked to the model's dtype). `padded`: the static decode step
-    (`engine.decodeStep`) gathers every padded row's whole page-table bucket, whatever the cache holds."""
+    (`engine.decodeStep`) gathers every padded row's whole page-table bucket, whatever the cache holds.
+    Only `sdpa` gathers: the `flex` and `triton` backends read the cache in place and need no room."""
+    if attention != "sdpa":
+        return 0
     tokens = (
         max_context_tokens
         if padded
@@ -179,6 +183,7 @@ def plan_kv_cache(
             config.max_running_sequences * max_len,
             gathered,
             padded=config.decode_step != "eager",
+            attention=config.attention,
         )
         blocks = blocks_for_budget(budget - gather, block_bytes, need)
         return plan(
