@@ -12,8 +12,18 @@ read it. The JSON format (all times in milliseconds):
       "kv_transfer_ms_per_token": 0.002,  # prefill -> decode KV push, per prompt token
       "prefill": [{"prompt_tokens": 128, "chunk_tokens": 512, "ms": 9.1}, ...],
       "decode":  [{"batch": 1, "context_tokens": 256, "step_ms": 4.2}, ...],
-      "scale": {"prefill": 1.0, "decode": 1.0, "note": "as measured"}
+      "scale": {"prefill": 1.0, "decode": 1.0, "note": "as measured"},
+      "provenance": {                     # optional: how `tandem profile` made it
+        "command": "tandem profile --model ...", "date": "2026-12-05T03:00:00Z", "commit": "2520fe0...",
+        "torch": "2.9.0", "device_name": "NVIDIA H200",
+        "engine": {"attention": "triton", "decode_step": "cudaGraphs", "quantization": "none", ...},
+        "startup_s": {"load": 4.1, "kv_plan": 0.9, "warmup": 21.0, "decode_graphs": 18.2}
+      }
     }
+
+`cold_start_ms` of a measured profile is load + kv_plan + warmup of `startup_s` (the worker's own startup
+phases, `tandem_worker_startup_seconds`; warmup includes the decode graphs): the engine's part of a replica's
+start, without the pod's scheduling, image pull and interpreter start.
 
 Prefill time between measured prompt lengths is interpolated linearly (and extrapolated from the last two
 points); decode step time is the least-squares fit (in relative error) `a + b*batch + c*batch*context`, the
@@ -51,6 +61,20 @@ class ProfileScale(BaseModel):
     note: str = "as measured"
 
 
+class Provenance(BaseModel):
+    """How a measured profile was made: the command to make it again, and what it ran on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    command: str
+    date: str  # ISO 8601, UTC
+    commit: str | None = None  # the source tree's git commit, where there was one
+    torch: str
+    device_name: str  # torch.cuda.get_device_name, or the CPU's model name
+    engine: dict[str, str] = Field(default_factory=dict)  # the serving knobs, as the worker's flags name them
+    startup_s: dict[str, float] = Field(default_factory=dict)  # the worker's startup phases (STARTUP_PHASES)
+
+
 class Profile(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", ignored_types=(cached_property,))
 
@@ -65,6 +89,7 @@ class Profile(BaseModel):
     prefill: list[PrefillPoint]
     decode: list[DecodePoint]
     scale: ProfileScale = Field(default_factory=ProfileScale)
+    provenance: Provenance | None = None  # None: a profile converted or written by hand
 
     @model_validator(mode="after")
     def _enough_points(self) -> Profile:

@@ -1,11 +1,18 @@
 """Read a Dynamo profiler result (its `selected_*_interpolation/raw_data.npz` pair) as a tandem capacity
-profile.
+profile, and write a tandem profile in that layout (so Dynamo's planner and mocker replay time tandem's
+engine).
 
 Dynamo's profiler measures one prefill worker's TTFT per prompt length, and one decode worker's inter-token
 latency over a grid of KV usage and context length. tandem's profile wants prefill time per prompt length
 and decode step time per (batch, context): the prefill points carry over as they are, and a decode point's
 batch is the number of sequences of that context that fill that share of the worker's KV capacity
 (`kv_usage x max_kv_tokens / context`), which is how Dynamo's profiler built the grid.
+
+Writing is the inverse, in the units and array names Dynamo's profiler writes (`profile_prefill.py`,
+`profile_decode.py`): prefill `prefill_isl` (tokens), `prefill_ttft` (ms), `prefill_thpt_per_gpu` (prompt
+tokens/s); decode `x_kv_usage` (the share of `max_kv_tokens` the batch's contexts fill), `y_context_length`
+(tokens), `z_itl` (ms), `z_thpt_per_gpu` (output tokens/s) and `max_kv_tokens` (one replica's KV capacity).
+Only the prefill points at the profile's own chunk size go out: Dynamo's prefill curve has no chunk axis.
 """
 
 from __future__ import annotations
@@ -69,3 +76,34 @@ def from_dynamo(
         decode=decode,
         scale=ProfileScale(note=note or "as measured by Dynamo's profiler"),
     )
+
+
+SOURCE_FILE = "tandem_profile.json"  # the profile the arrays came from, beside them: its provenance travels
+
+
+def to_dynamo(profile: Profile, directory: str | Path) -> list[Path]:
+    """Write `profile` as a Dynamo profiler result in `directory` (created); the files written."""
+    root = Path(directory)
+    prefill = sorted(
+        (p for p in profile.prefill if p.chunk_tokens == profile.prefill_chunk_tokens),
+        key=lambda p: p.prompt_tokens,
+    )
+    isl = np.array([p.prompt_tokens for p in prefill], dtype=np.int64)
+    ttft = np.array([p.ms for p in prefill], dtype=np.float64)
+    batch = np.array([p.batch for p in profile.decode], dtype=np.float64)
+    context = np.array([p.context_tokens for p in profile.decode], dtype=np.float64)
+    itl = np.array([p.step_ms for p in profile.decode], dtype=np.float64)
+    written = [root / PREFILL_FILE, root / DECODE_FILE, root / SOURCE_FILE]
+    for path in written[:2]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(written[0], prefill_isl=isl, prefill_ttft=ttft, prefill_thpt_per_gpu=isl / ttft * 1000)
+    np.savez(
+        written[1],
+        x_kv_usage=batch * context / profile.kv_capacity_tokens,
+        y_context_length=context,
+        z_itl=itl,
+        z_thpt_per_gpu=batch / itl * 1000,
+        max_kv_tokens=np.array([profile.kv_capacity_tokens], dtype=np.int64),
+    )
+    written[2].write_text(profile.model_dump_json(indent=2) + "\n")
+    return written

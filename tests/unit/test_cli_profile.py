@@ -46,6 +46,26 @@ def test_measures_the_real_engine(tiny_model_dir, tmp_path):
     assert sorted(x.batch for x in p.decode) == [1, 2, 4]
     assert all(x.ms > 0 for x in p.prefill) and all(x.step_ms > 0 for x in p.decode)
     assert p.kv_capacity_tokens == 64 * 16 and p.cold_start_ms > 0 and p.device == "cpu"
+    made = p.provenance
+    assert made is not None and made.command.startswith("tandem profile --model ")
+    assert made.torch and made.device_name and made.date.endswith("Z")
+    assert made.engine["attention"] == "sdpa" and made.engine["decode_step"] == "eager"
+    # the cold start is the worker's own startup phases: load, KV plan and warm-up
+    phases = made.startup_s
+    assert set(phases) == {"load", "kv_plan", "warmup", "decode_graphs"}
+    assert p.cold_start_ms == pytest.approx(
+        1000 * (phases["load"] + phases["kv_plan"] + phases["warmup"]), abs=1
+    )
+
+
+def test_a_knob_the_device_cannot_serve_is_refused_with_its_reason(tiny_model_dir, tmp_path):
+    out = tmp_path / "p.json"
+    done = run_profile(
+        "--model", str(tiny_model_dir), "--device", "cpu", "--decode-step", "cudaGraphs", "-o", str(out)
+    )
+    assert done.returncode == 2 and "cudaGraphs" in done.stderr and not out.exists()
+    bad = run_profile("--model", str(tiny_model_dir), "--attention", "paged", "-o", str(out))
+    assert bad.returncode == 2 and "--attention" in bad.stderr
 
 
 def test_rescales_an_existing_profile_for_a_what_if(tmp_path):

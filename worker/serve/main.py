@@ -31,7 +31,7 @@ from tandem.worker.engine.loading import engine_for_model, load_model
 from tandem.worker.engine.memory import KvCachePlan, plan_kv_cache
 from tandem.worker.engine.models.protocol import CausalLM
 from tandem.worker.engine.runner.decode_graphs import check_decode_step
-from tandem.worker.engine.runner.engine import EngineConfig
+from tandem.worker.engine.runner.engine import Engine, EngineConfig
 from tandem.worker.engine.runner.engine_loop import EngineLoop
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig
 from tandem.worker.hf.config import ModelConfig
@@ -155,9 +155,9 @@ def prepare(args: WorkerOptions) -> Prepared:
     return Prepared(transports, engine_config, model, kv_plan, loaded_s, kv_plan_s)
 
 
-def start_engine(args: WorkerOptions, prepared: Prepared) -> tuple[EngineLoop, WorkerMetrics]:
-    """The engine around the loaded model, warmed up (every path a request can take), watched by its metrics,
-    running."""
+def warmed_engine(args: WorkerOptions, prepared: Prepared) -> tuple[Engine, dict[str, float]]:
+    """The engine around the loaded model, warmed up (every path a request can take), and the seconds the
+    start spent in each phase (names.STARTUP_PHASES; warmup includes decode_graphs)."""
     engine_config = dataclasses.replace(prepared.engine_config, num_kv_blocks=prepared.kv_plan.num_blocks)
     engine, _ = engine_for_model(prepared.model, args.model_dir, engine_config)
     started = time.monotonic()
@@ -167,13 +167,24 @@ def start_engine(args: WorkerOptions, prepared: Prepared) -> tuple[EngineLoop, W
 
     log.info("warmed up: %d steps took every path a request can take", warm_up(engine))
     warmup_s = time.monotonic() - started
-    metrics = WorkerMetrics(args.service, args.role, model_name=args.served_name).watch(engine)
-    metrics.startup["load"].set(prepared.loaded_s)
-    metrics.startup["kv_plan"].set(prepared.kv_plan_s)
     graphs = engine.decode_step.warm_up_seconds if engine.decode_step is not None else None
-    metrics.startup["decode_graphs"].set(graphs or 0.0)
-    metrics.startup["warmup"].set(warmup_s)
-    log.info("started: weights loaded in %.2f s, warmed up in %.2f s", prepared.loaded_s, warmup_s)
+    phases = {
+        "load": prepared.loaded_s,
+        "kv_plan": prepared.kv_plan_s,
+        "warmup": warmup_s,
+        "decode_graphs": graphs or 0.0,
+    }
+    return engine, phases
+
+
+def start_engine(args: WorkerOptions, prepared: Prepared) -> tuple[EngineLoop, WorkerMetrics]:
+    """The engine around the loaded model, warmed up (every path a request can take), watched by its metrics,
+    running."""
+    engine, phases = warmed_engine(args, prepared)
+    metrics = WorkerMetrics(args.service, args.role, model_name=args.served_name).watch(engine)
+    for phase, seconds in phases.items():
+        metrics.startup[phase].set(seconds)
+    log.info("started: weights loaded in %.2f s, warmed up in %.2f s", phases["load"], phases["warmup"])
     if args.metrics_port:
         serve_metrics(args.metrics_port, args.host, metrics.registry)
     return EngineLoop(engine, on_step=metrics.on_step).start(), metrics
