@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from bench._anchor_replay import Case, _harness_args, _load_replay
+from bench._anchor_replay import Case, _harness_args, _load_replay, profile_argv
 
 CROSSCHECK_SHAPES = ((1, 1), (1, 2), (2, 1), (2, 2))
 
@@ -25,7 +25,7 @@ def crosscheck(replay_dir: str, case: Case, shapes: Iterable[tuple[int, int]]) -
     from tandem.slo import Slo
     from tandem.trace import load_trace as read
 
-    profile, trace = profile_named(None), read(case.trace)
+    profile, trace = profile_named(case.profile or None), read(case.trace)
     rows = []
     for p, d in shapes:
         replay = _load_replay(replay_dir)
@@ -41,6 +41,7 @@ def crosscheck(replay_dir: str, case: Case, shapes: Iterable[tuple[int, int]]) -
                 str(case.slo_ttft_ms),
                 "--slo-tpot-ms",
                 str(case.slo_tpot_ms),
+                *profile_argv(case),
             ]
             replay.run(_harness_args(replay, argv))
             theirs = json.loads(Path(dump.name).read_text())["summary"]

@@ -24,6 +24,39 @@ class Case:
     max_gpus: int
     init: str = "1,1"  # the pools a scaling policy starts from
     referee: str = "dynamo"  # dynamo (its replay) | simulate (tandem's simulator, bench/_anchor_sim.py)
+    profile: str = ""  # the engine's profile (a file or a shipped name); "": NVIDIA's H200 vLLM profile
+
+
+# --- the engine profile in Dynamo's layout, once per process ---------------------------------------------
+
+_exports: dict[str, str] = {}
+
+
+def dynamo_profile_dir(profile: str) -> str:
+    """`profile` exported in Dynamo's profiler layout (`tandem profile export-dynamo`), once per process."""
+    if profile not in _exports:
+        import atexit
+        import shutil
+        import tempfile
+
+        from tandem.profile import profile_named
+        from tandem.profile_dynamo import to_dynamo
+
+        folder = tempfile.mkdtemp(prefix="tandem-profile-dynamo-")
+        atexit.register(shutil.rmtree, folder, True)
+        to_dynamo(profile_named(profile), folder)
+        _exports[profile] = folder
+    return _exports[profile]
+
+
+def profile_argv(case: Case) -> list[str]:
+    """The harness's arguments that time its mocker with the case's profile (none: NVIDIA's, its default);
+    tandem's policy inside it sizes with the same profile."""
+    if not case.profile:
+        os.environ.pop("TANDEM_ANCHOR_PROFILE", None)
+        return []
+    os.environ["TANDEM_ANCHOR_PROFILE"] = case.profile
+    return ["--profile-dir", dynamo_profile_dir(case.profile)]
 
 
 # --- I/O: the replay ---------------------------------------------------------------------------------------
@@ -61,6 +94,7 @@ def replay_once(
         str(case.max_gpus),
         "--init",
         case.init,
+        *profile_argv(case),
     ]
     if policy.startswith("dynamo") and options:
         argv += ["--planner-json", json.dumps(options)]
@@ -101,4 +135,6 @@ def cache_key(case: Case, policy: str, options: dict[str, Any]) -> str:
         policy,
         options,
     ]
+    if case.profile:
+        key.append({"profile": case.profile})
     return json.dumps(key if case.referee == "dynamo" else [case.referee, *key], sort_keys=True)

@@ -34,7 +34,8 @@ SCENARIO_FIELDS = (
 
 
 def scenario(case: Case, options: dict[str, Any]) -> Scenario:
-    """NVIDIA's H200 profile (converted), the case's SLO and cold start, each pool within the GPU budget."""
+    """The case's engine profile (default: NVIDIA's H200 profile, converted), SLO and cold start, each pool
+    within the GPU budget."""
     unknown = set(options) - set(SCENARIO_FIELDS)
     if unknown:
         raise ValueError(
@@ -42,7 +43,7 @@ def scenario(case: Case, options: dict[str, Any]) -> Scenario:
         )
     limits = {pool: PoolLimits(1, case.max_gpus - (pool != Pool.colocated)) for pool in Pool}
     sc = Scenario(
-        profile_named(None),
+        profile_named(case.profile or None),
         Slo(case.slo_ttft_ms, case.slo_tpot_ms, 90.0),
         limits,
         cold_start_s=case.startup_s,

@@ -6,9 +6,9 @@ Run by the Python that has ai-dynamo 1.6.1 (a script, not a module: it imports o
 Dynamo and the harness in DIR, whose README sets that Python up). Each job on stdin names a Mooncake JSONL
 trace, an arrival speed-up and a pool: {"agg": N} (N aggregated workers, prefill and decode in one engine) or
 {"prefill": P, "decode": D}. Every engine runs on NVIDIA's H200 profile of Llama-3.1-8B-Instruct-FP8, the
-harness's conversion of it. One JSON line per job comes back, as soon as it ran: the job and, per request in
-trace order, [input tokens, TTFT ms, TPOT ms] (TTFT null for a request that did not finish; TPOT 0 for one
-output token).
+harness's conversion of it, or on the profiler result in `--profile-dir` (`tandem profile export-dynamo`). One
+JSON line per job comes back, as soon as it ran: the job and, per request in trace order, [input tokens, TTFT
+ms, TPOT ms] (TTFT null for a request that did not finish; TPOT 0 for one output token).
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ def per_request(records: list[dict]) -> list[list[float | None]]:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--harness", required=True, help="the dynamo-replay harness folder (its replay.py)")
+    p.add_argument(
+        "--profile-dir", default=None, help="a profiler result in Dynamo's layout to time the engines with"
+    )
     a = p.parse_args(argv)
     sys.path.insert(0, a.harness)
     import replay as harness  # the harness's H200 profile conversion and engine arguments
@@ -42,7 +45,7 @@ def main(argv: list[str]) -> int:
     from dynamo._core import run_mocker_trace_replay
 
     with tempfile.TemporaryDirectory(prefix="tandem-dynamo-goodput-") as tmp:
-        npz, max_kv = harness.h200_perf_npz(tmp)
+        npz, max_kv = harness.h200_perf_npz(tmp, a.profile_dir)
         for line in sys.stdin:
             job = json.loads(line)
             common = dict(

@@ -4,11 +4,12 @@ pool.
     python -m bench.autoscale_dynamo --json out.json        # run with the Python that has ai-dynamo installed
 
 The referee is NVIDIA Dynamo 1.6.1's offline replay (its mocker engine model in its Rust loop) with NVIDIA's
-measured H200 profile of Llama-3.1-8B-Instruct-FP8, driven through the harness in `--replay-dir` (set-up in
-its README: `pip install --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1` and the planner's imports, then
-`pip install --no-deps -e .` of tandem). tandem runs as
-`module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy`, the same `decide` the operator runs,
-fed only what the loop's per-tick metrics hold.
+measured H200 profile of Llama-3.1-8B-Instruct-FP8 (or, with `--profile FILE`, any tandem profile, such as
+tandem's own engine measured by `tandem profile`, exported in Dynamo's profiler layout), driven through the
+harness in `--replay-dir` (set-up in its README: `pip install --no-deps ai-dynamo==1.6.1
+ai-dynamo-runtime==1.6.1` and the planner's imports, then `pip install --no-deps -e .` of tandem). tandem runs
+as `module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy`, the same `decide` the operator
+runs, fed only what the loop's per-tick metrics hold.
 
 For each trace, rate scale, TTFT SLO and cold start, every policy is swept over its knob:
 - static (P, D): the cheapest pool reaching the attainment target, found by a staircase search over the
@@ -64,6 +65,7 @@ from bench._anchor_plot import write_day_plot, write_pareto_plot
 from bench._anchor_replay import HPA_POLICY, Case, cache_key, replay_once
 from bench._anchor_search import Point, box_search, cost_at, count_search, pareto, staircase
 from bench._anchor_sim import AUTO_POLICY, gpu_timeline, simulate_once
+from tandem.profile_compare import profile_caption
 from tandem.trace import AZURE_ATTRIBUTION, diurnal, load_trace, scale_rate, to_mooncake_jsonl, windows
 
 __all__ = [
@@ -332,6 +334,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--crosscheck", action="store_true", help="tandem simulate vs Dynamo's replay on fixed pools"
     )
+    p.add_argument(
+        "--profile",
+        default="",
+        help="the engine's capacity profile (a file, or a shipped profile's name) that times Dynamo's mocker "
+        "(exported in its profiler layout), tandem's simulator and tandem's policy; default: NVIDIA's H200 "
+        "vLLM profile",
+    )
     return p
 
 
@@ -366,18 +375,31 @@ def main(argv: list[str] | None = None) -> int:
         )
         if a.crosscheck:
             slo = float(a.slo_ttft_ms.split(",")[0])
-            checks = [Case(path, label, slo, a.slo_tpot_ms, 0.0, a.max_gpus) for label, path in made]
+            checks = [
+                Case(path, label, slo, a.slo_tpot_ms, 0.0, a.max_gpus, profile=a.profile)
+                for label, path in made
+            ]
             with ProcessPoolExecutor(a.jobs) as pool:
                 found = pool.map(
                     crosscheck, [a.replay_dir] * len(checks), checks, [CROSSCHECK_SHAPES] * len(checks)
                 )
                 rows = [row for rs in found for row in rs]
+            print(f"Engine profile: {profile_caption(a.profile)}\n")
             print(render_crosscheck(rows))
             if a.json:
                 Path(a.json).write_text(json.dumps({"crosscheck": rows}, indent=1))
             return 0
         cases = [
-            Case(path, label, float(ttft), a.slo_tpot_ms, float(startup), a.max_gpus, referee=a.referee)
+            Case(
+                path,
+                label,
+                float(ttft),
+                a.slo_tpot_ms,
+                float(startup),
+                a.max_gpus,
+                referee=a.referee,
+                profile=a.profile,
+            )
             for (label, path), ttft, startup in itertools.product(
                 made, a.slo_ttft_ms.split(","), a.startup_s.split(",")
             )
@@ -441,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
     rows = summarise(points, a.target)
+    print(f"Engine profile: {profile_caption(a.profile)}\n")
     print(render(rows, a.target))
     print(f"\nTraces: {AZURE_ATTRIBUTION}")
     if a.plot:

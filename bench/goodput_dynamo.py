@@ -3,12 +3,13 @@ Dynamo's own replay, with NVIDIA's H200 profile, on both Azure traces, over benc
 
     python -m bench.goodput_dynamo [--gpus 4] [--rows 6000] [--out bench/out/goodput_dynamo.json]
 
-The referee is NVIDIA Dynamo 1.6.1's offline replay (its mocker engine model in its Rust loop) on its
-measured H200 profile of Llama-3.1-8B-Instruct-FP8, through the harness in `--replay-dir` (its README sets
-up the Python that has ai-dynamo; pass it as `--dynamo-python`; tandem need not be installed there: the
-replays run in a child process, bench/_dynamo_goodput_replay.py). KV moves between the pools for free in
-that model, so the split's cost here is only the prefill pool's GPUs and the extra decode step before the
-first token; what it buys is decode steps no prefill lands in.
+The referee is NVIDIA Dynamo 1.6.1's offline replay (its mocker engine model in its Rust loop) on its measured
+H200 profile of Llama-3.1-8B-Instruct-FP8 (or `--profile FILE`: any tandem profile, e.g. tandem's own engine's
+from `tandem profile`, exported in Dynamo's profiler layout), through the harness in `--replay-dir` (its
+README sets up the Python that has ai-dynamo; pass it as `--dynamo-python`; tandem need not be installed
+there: the replays run in a child process, bench/_dynamo_goodput_replay.py). KV moves between the pools for
+free in that model, so the split's cost here is only the prefill pool's GPUs and the extra decode step before
+the first token; what it buys is decode steps no prefill lands in.
 
 For each trace (its first `--rows` rows, as Mooncake JSONL) and pool of `--gpus` GPUs (aggregated: that
 many workers running both phases; disaggregated: every split into P prefill + D decode workers), the trace
@@ -34,6 +35,9 @@ from typing import Any
 
 from bench._goodput_sweep import Goodput, Latency, attainment, goodput
 from bench._trace_shape import slo_from_idle
+from tandem.profile import profile_named
+from tandem.profile_compare import profile_caption
+from tandem.profile_dynamo import to_dynamo
 from tandem.slo import Slo
 from tandem.trace import TraceRequest, load_trace, to_mooncake_jsonl
 
@@ -108,10 +112,11 @@ def median_request(trace: list[TraceRequest]) -> TraceRequest:
 class Replayer:
     """A child process of the Python that has ai-dynamo, replaying one job at a time."""
 
-    def __init__(self, python: str, replay_dir: str):
+    def __init__(self, python: str, replay_dir: str, profile_dir: str | None = None):
         script = Path(__file__).with_name("_dynamo_goodput_replay.py")
+        timing = ["--profile-dir", profile_dir] if profile_dir else []
         self.proc = subprocess.Popen(
-            [python, str(script), "--harness", replay_dir],
+            [python, str(script), "--harness", replay_dir, *timing],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -263,7 +268,8 @@ def report(result: dict[str, Any]) -> str:
     cfg = result["config"]
     lines = [
         f"Goodput per GPU (req/s/GPU with >= {ATTAINMENT:.0%} of requests meeting TTFT and TPOT) in Dynamo's "
-        f"replay, H200 profile of Llama-3.1-8B-Instruct-FP8, {cfg['gpus']} GPUs: aggregated ({cfg['gpus']} "
+        f"replay, engine profile {result.get('profile') or profile_caption('')}, {cfg['gpus']} GPUs: "
+        f"aggregated ({cfg['gpus']} "
         "workers) vs disaggregated (best P+D split); '<' below the lowest probed rate, '>=' at least the "
         f"highest; {result['replays']} replays.",
     ]
@@ -311,6 +317,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--local-prefill-max-tokens", type=int, default=512, help="the conditional rule's threshold"
     )
+    p.add_argument(
+        "--profile",
+        default="",
+        help="the engine's capacity profile (a file, or a shipped profile's name), exported in Dynamo's "
+        "profiler layout to time its mocker; default: NVIDIA's H200 vLLM profile",
+    )
     p.add_argument("--out", type=Path, default=Path("bench/out/goodput_dynamo.json"))
     p.add_argument("--from-json", type=Path, help="print the tables of an earlier --out; nothing is replayed")
     p.add_argument(
@@ -334,13 +346,18 @@ def main(argv: list[str]) -> int:
     if args.from_json:
         print(report(json.loads(args.from_json.read_text())))
         return 0
-    replayer = Replayer(args.dynamo_python, args.replay_dir)
-    try:
-        with tempfile.TemporaryDirectory(prefix="tandem-goodput-dynamo-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="tandem-goodput-dynamo-") as tmp:
+        profile_dir = None
+        if args.profile:
+            profile_dir = str(Path(tmp) / "profile")
+            to_dynamo(profile_named(args.profile), profile_dir)
+        replayer = Replayer(args.dynamo_python, args.replay_dir, profile_dir)
+        try:
             traces = [run_trace(replayer, args.traces / name, args, Path(tmp)) for name in TRACES]
-    finally:
-        replayer.close()
+        finally:
+            replayer.close()
     result = {
+        "profile": profile_caption(args.profile),
         "traces": traces,
         "replays": replayer.replays,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tandem.profile import Profile
+from tandem.profile import DEFAULT_GPU_PROFILE, Profile, profile_named
 
 PROMPT_LENGTHS = (128, 512, 1024, 2048, 4096, 8192)
 
@@ -52,6 +52,13 @@ def describe(p: Profile, label: str) -> str:
         f"- {label}: {p.model} on {p.device} ({p.dtype}), KV {p.kv_capacity_tokens} tokens, batch cap "
         f"{p.max_running_sequences}, cold start {p.cold_start_ms / 1000:.1f} s; {how}"
     )
+
+
+def profile_caption(profile: str) -> str:
+    """A profile (a file or a shipped name; "": the default GPU profile) in a line, for a table's caption."""
+    p = profile_named(profile or None)
+    made = f", measured {p.provenance.date} on {p.provenance.device_name}" if p.provenance else ""
+    return f"{profile or DEFAULT_GPU_PROFILE} ({p.model} on {p.device}, {p.dtype}{made})"
 
 
 def render(

@@ -27,6 +27,7 @@ SMOKE = {  # module -> the arguments of its smoke run
     "flip": ["--smoke"],
     "goodput": ["--smoke"],
     "gpu_engine": ["--dry-run"],  # a GPU bench: its dry run is the CPU path
+    "gpu_profile": ["--dry-run"],  # a GPU bench: its dry run is the CPU path
     "grammar_mask": ["--smoke"],
     "kv_transfer": ["--smoke"],
     "load": ["--smoke"],
@@ -46,6 +47,7 @@ SLOW = {
     "flip",
     "goodput",
     "gpu_engine",
+    "gpu_profile",
     "load",
     "operator",
     "security",

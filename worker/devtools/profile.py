@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-running-sequences", type=int, default=_ENGINE.max_running_sequences)
     p.add_argument("--max-batch-tokens", type=int, default=_ENGINE.max_batch_tokens)
     p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="longest sequence served (default: the model's positions); it sets the decode graphs' buckets",
+    )
+    p.add_argument(
         "--kv-transfer-ms-per-token", type=float, default=0.0, help="not measured here; see bench/"
     )
     p.add_argument("--speedup", type=float, default=1.0, help="what-if: divide every time by this")
@@ -128,6 +134,7 @@ def worker_options(args: argparse.Namespace, device: str) -> Any:
         device=device,
         quantization=Quantization(args.quantization),
         threads=args.threads,
+        max_model_len=args.max_model_len,
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
         kv_cache_memory_percent=args.kv_memory_percent,

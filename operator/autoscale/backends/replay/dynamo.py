@@ -12,8 +12,8 @@ capacity profile defaults to Dynamo's own H200 profile converted
 
 Settings come from the loop's context (SLO, GPU budget, cold start) and, for sweeps, from the environment:
 `TANDEM_ANCHOR_OPTIONS` is a JSON object of PolicyConfig fields (e.g. {"margin": 0.7, "stabilization_s":
-300}), `TANDEM_ANCHOR_PROFILE` a profile path, `TANDEM_ANCHOR_LOG` a file that gets every scaling decision as
-JSON lines.
+300}), `TANDEM_ANCHOR_PROFILE` a profile path or a shipped profile's name, `TANDEM_ANCHOR_LOG` a file that
+gets every scaling decision as JSON lines.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tandem.operator.autoscale.core.config import PolicyConfig, PoolLimits
 from tandem.operator.autoscale.core.loop import Autoscaler
 from tandem.operator.autoscale.core.source import Target
 from tandem.operator.autoscale.core.types import Decision, Pool, Replicas
-from tandem.profile import load_profile, shipped_profile
+from tandem.profile import profile_named
 from tandem.slo import Slo
 
 DEFAULT_PROFILE = "h200-llama-3.1-8b-fp8"
@@ -53,7 +53,7 @@ def anchor_config(ctx: dict[str, Any], options: dict[str, Any] | None = None) ->
     """The policy settings for one replay: SLO and budget from the loop's context, the rest from `options`."""
     options = dict(options or {})
     profile_path = options.pop("profile", None) or os.environ.get("TANDEM_ANCHOR_PROFILE")
-    profile = load_profile(profile_path) if profile_path else shipped_profile(DEFAULT_PROFILE)
+    profile = profile_named(profile_path or DEFAULT_PROFILE)
     budget = int(ctx.get("max_gpus") or 16)
     limits = {pool: PoolLimits(1, budget - 1) for pool in POOLS}
     config = PolicyConfig(
