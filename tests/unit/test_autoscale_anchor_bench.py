@@ -3,6 +3,7 @@ fixed-pool search for the day, the case labels, the Pareto plot and the HPA base
 
 import itertools
 import json
+import os
 import random
 import struct
 from dataclasses import replace
@@ -253,3 +254,30 @@ def test_the_simulator_referee_runs_colocated_pools_and_auto(tmp_path):
         auto.attainment > 0.95 and auto.gpus_over_time and auto.shape_changes_per_hour > 0
     )  # 1P+1D collapses
     assert cache_key(case, "colocated:1", {}) != cache_key(replace(case, referee="dynamo"), "colocated:1", {})
+
+
+def test_a_case_on_another_profile_replays_on_it_and_is_cached_apart(tmp_path, monkeypatch):
+    from bench._anchor_replay import profile_argv
+    from tandem.profile import shipped_profile
+    from tandem.profile_dynamo import from_dynamo
+
+    rng, t, reqs = random.Random(7), 0.0, []
+    while t < 120.0:
+        t += rng.expovariate(0.5)
+        reqs.append(TraceRequest(t, 200, 20))
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(to_mooncake_jsonl(reqs)) + "\n")
+    nvidia = Case(str(trace), "small", 2000.0, 50.0, 0.0, 4, referee="simulate")
+    tiny = replace(nvidia, profile="tiny-cpu")
+    assert cache_key(nvidia, "static:1,1", {}) != cache_key(tiny, "static:1,1", {})
+    # the simulator referee times the engine with the case's profile: the tiny CPU model is far slower
+    _, fast = _job(("", nvidia, "static", "static:1,1", {}))
+    _, slow = _job(("", tiny, "static", "static:1,1", {}))
+    assert slow.ttft_p90_ms > 3 * fast.ttft_p90_ms
+    # Dynamo's harness gets the profile exported in its layout, and tandem's policy inside it the same profile
+    monkeypatch.delenv("TANDEM_ANCHOR_PROFILE", raising=False)
+    assert profile_argv(nvidia) == []
+    flag, folder = profile_argv(tiny)
+    assert flag == "--profile-dir" and os.environ["TANDEM_ANCHOR_PROFILE"] == "tiny-cpu"
+    back = from_dynamo(folder, model="m", device="d")
+    assert [p.step_ms for p in back.decode] == [p.step_ms for p in shipped_profile("tiny-cpu").decode]
