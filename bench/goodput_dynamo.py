@@ -116,8 +116,7 @@ class Replayer:
         script = Path(__file__).with_name("_dynamo_goodput_replay.py")
         timing = ["--profile-dir", profile_dir] if profile_dir else []
         self.proc = subprocess.Popen(
-            # -I: the script's folder (bench/, whose operator.py would shadow the standard library's) stays off
-            # sys.path
+            # -I: the script's folder stays off sys.path (bench/operator.py would shadow the standard library)
             [python, "-I", str(script), "--harness", replay_dir, *timing],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

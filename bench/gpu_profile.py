@@ -112,6 +112,12 @@ def profile_argv(model: Path, out: Path, device: str, variant: str, knobs: dict[
     ]
 
 
+def knobs_for(a: argparse.Namespace) -> dict[str, Any]:
+    """What a run measures: the GPU's or the dry run's rows, with the command line's overrides."""
+    overrides = {k: getattr(a, k) for k in ("max_running_sequences", "max_model_len") if getattr(a, k)}
+    return {**(DRY if a.dry_run else GPU), **overrides}
+
+
 def fp8_missing(device: str) -> str | None:
     """Why FP8 weights cannot run here, or None."""
     import torch
@@ -124,25 +130,32 @@ def fp8_missing(device: str) -> str | None:
 
 
 def _tandem(argv: list[str], timeout: float, echo: bool = True) -> tuple[int, float, str]:
+    """`tandem profile ARGV` in its own process: exit status (124 past `timeout`), seconds, output."""
     started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "tandem", "profile", *argv],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "tandem", "profile", *argv],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+        )
+        code, output = done.returncode, done.stdout
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout or ""
+        code, output = 124, (out.decode(errors="replace") if isinstance(out, bytes) else out)
+        output += f"\ntandem profile: stopped after {timeout:g} s (--timeout)\n"
     if echo:
-        print(done.stdout, file=sys.stderr, end="")
-    return done.returncode, time.monotonic() - started, done.stdout
+        print(output, file=sys.stderr, end="")
+    return code, time.monotonic() - started, output
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     device = "cpu" if a.dry_run else "cuda"
-    knobs = DRY if a.dry_run else GPU
+    knobs = knobs_for(a)
     card = "cpu" if a.dry_run else card_slug(torch.cuda.get_device_name())
     out = a.out_dir
     (out / "tandem" / "profiles").mkdir(parents=True, exist_ok=True)
@@ -216,6 +229,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--num-kv-blocks", type=int, default=None, help="default: planned as the worker plans it")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads of each profile")
     p.add_argument("--timeout", type=float, default=420.0, help="seconds one variant's profile may take")
+    p.add_argument(
+        "--max-running-sequences",
+        type=int,
+        default=None,
+        help=f"the batch cap (default {GPU['max_running_sequences']}; with --max-model-len it sets how many "
+        "decode graphs warm-up captures)",
+    )
+    p.add_argument("--max-model-len", type=int, default=None, help=f"default {GPU['max_model_len']}")
     p.add_argument(
         "--dry-run", action="store_true", help="the same steps on the CPU with a tiny model: checks the code"
     )
