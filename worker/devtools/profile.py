@@ -42,7 +42,7 @@ SERVING_KNOBS = ("dtype", "quantization", "attention", "decode_step", "kv_cache_
 _ENGINE = EngineSpec()
 
 
-def _ints(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError as e:
@@ -73,12 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-dtype", default=_ENGINE.kv_cache_dtype.value, choices=_choices(KvCacheDtype))
     p.add_argument("--compile", action="store_true", help="torch.compile the per-token layers (CUDA)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (a worker's engine.threads)")
-    p.add_argument("--prompt-lengths", type=_ints, default=[64, 256, 1024, 2048])
+    p.add_argument("--prompt-lengths", type=int_list, default=[64, 256, 1024, 2048])
     p.add_argument(
-        "--chunks", type=_ints, default=[512], help="prefill chunk sizes; the first is the default"
+        "--chunks", type=int_list, default=[512], help="prefill chunk sizes; the first is the default"
     )
-    p.add_argument("--batches", type=_ints, default=[1, 4, 16, 32])
-    p.add_argument("--contexts", type=_ints, default=[128, 1024])
+    p.add_argument("--batches", type=int_list, default=[1, 4, 16, 32])
+    p.add_argument("--contexts", type=int_list, default=[128, 1024])
     p.add_argument("--decode-steps", type=int, default=6, help="timed steps per decode point")
     p.add_argument("--repeats", type=int, default=2, help="prefill runs per point (the fastest is kept)")
     p.add_argument("--block-size", type=int, default=_ENGINE.block_size)
@@ -295,88 +295,9 @@ def measure(args: argparse.Namespace, argv: list[str]) -> Profile:
     )
 
 
-def import_dynamo(argv: list[str]) -> int:
-    """`tandem profile import-dynamo DIR -o OUT`: a tandem profile from Dynamo's profiler output."""
-    from tandem.profile_dynamo import from_dynamo
-
-    p = argparse.ArgumentParser(prog=f"{PROG} import-dynamo", description=import_dynamo.__doc__)
-    p.add_argument(
-        "directory", help="a Dynamo profiler result: selected_{prefill,decode}_interpolation/raw_data.npz"
-    )
-    p.add_argument("-o", "--output", required=True, help="where to write the profile JSON")
-    p.add_argument("--model", required=True, help="the model the profile measured (kept in the profile)")
-    p.add_argument("--device", required=True, help="the accelerator it ran on, e.g. H200")
-    p.add_argument("--dtype", default="fp8")
-    p.add_argument(
-        "--cold-start-s", type=float, default=60.0, help="pod created to Ready (not in Dynamo's data)"
-    )
-    p.add_argument("--max-running-sequences", type=int, default=256, help="the engine's max_num_seqs")
-    p.add_argument("--note", default="", help="where the data came from and under which licence")
-    args = p.parse_args(argv)
-    try:
-        profile = from_dynamo(
-            args.directory,
-            model=args.model,
-            device=args.device,
-            dtype=args.dtype,
-            cold_start_ms=args.cold_start_s * 1000,
-            max_running_sequences=args.max_running_sequences,
-            note=args.note,
-        )
-    except (FileNotFoundError, ValueError, KeyError) as e:
-        print(f"{PROG} import-dynamo: error: {e}", file=sys.stderr)
-        return 2
-    save_profile(profile, args.output)
-    print(f"wrote {args.output}", file=sys.stderr)
-    return 0
-
-
-def export_dynamo(argv: list[str]) -> int:
-    """`tandem profile export-dynamo PROFILE -o DIR`: the profile in Dynamo's profiler layout, for its planner
-    and its mocker's replay (`--profile-dir DIR`)."""
-    from tandem.profile import profile_named
-    from tandem.profile_dynamo import to_dynamo
-
-    p = argparse.ArgumentParser(prog=f"{PROG} export-dynamo", description=export_dynamo.__doc__)
-    p.add_argument("profile", help="a profile JSON, or a shipped profile's name")
-    p.add_argument("-o", "--output", required=True, help="the folder to write (created)")
-    args = p.parse_args(argv)
-    try:
-        profile = profile_named(args.profile)
-    except (OSError, ValueError) as e:
-        print(f"{PROG} export-dynamo: error: {args.profile}: {e}", file=sys.stderr)
-        return 2
-    for path in to_dynamo(profile, args.output):
-        print(f"wrote {path}", file=sys.stderr)
-    return 0
-
-
-def compare(argv: list[str]) -> int:
-    """`tandem profile compare A B`: two profiles side by side (TTFT by prompt length, ITL by batch and
-    context), each cell as its profile predicts it, and B / A."""
-    from tandem.profile import profile_named
-    from tandem.profile_compare import render
-
-    p = argparse.ArgumentParser(prog=f"{PROG} compare", description=compare.__doc__)
-    p.add_argument("a", help="a profile JSON, or a shipped profile's name")
-    p.add_argument("b", help="a profile JSON, or a shipped profile's name")
-    p.add_argument("--prompt-lengths", type=_ints, default=None, help="default: both profiles' own")
-    p.add_argument("--batches", type=_ints, default=[1, 8, 32, 64, 128])
-    p.add_argument("--contexts", type=_ints, default=[512, 2048, 8192])
-    args = p.parse_args(argv)
-    try:
-        a, b = profile_named(args.a), profile_named(args.b)
-    except (OSError, ValueError) as e:
-        print(f"{PROG} compare: error: {e}", file=sys.stderr)
-        return 2
-    print(render(a, b, args.a, args.b, args.prompt_lengths, args.batches, args.contexts))
-    return 0
-
-
-SUBCOMMANDS = {"import-dynamo": import_dynamo, "export-dynamo": export_dynamo, "compare": compare}
-
-
 def main(argv: list[str]) -> int:
+    from tandem.worker.devtools.profile_convert import SUBCOMMANDS
+
     if argv[:1] and argv[0] in SUBCOMMANDS:
         return SUBCOMMANDS[argv[0]](argv[1:])
     args = build_parser().parse_args(argv)
