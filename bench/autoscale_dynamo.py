@@ -65,6 +65,7 @@ from bench._anchor_plot import write_day_plot, write_pareto_plot
 from bench._anchor_replay import HPA_POLICY, Case, cache_key, replay_once
 from bench._anchor_search import Point, box_search, cost_at, count_search, pareto, staircase
 from bench._anchor_sim import AUTO_POLICY, gpu_timeline, simulate_once
+from tandem.profile import profile_named
 from tandem.profile_compare import profile_caption
 from tandem.trace import AZURE_ATTRIBUTION, diurnal, load_trace, scale_rate, to_mooncake_jsonl, windows
 
@@ -285,7 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--slo-ttft-ms", default="2000,1000")
     p.add_argument("--slo-tpot-ms", type=float, default=50.0)
-    p.add_argument("--startup-s", default="60", help="cold starts to replay (the static search ignores them)")
+    p.add_argument(
+        "--startup-s",
+        default="60",
+        help="cold starts to replay, seconds or 'profile' (the profile's measured cold start); the static "
+        "search ignores them",
+    )
     p.add_argument("--max-gpus", type=int, default=16)
     p.add_argument("--target", type=float, default=0.95, help="joint SLO attainment to compare at")
     p.add_argument(
@@ -344,6 +350,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def cold_start_s(value: str, profile: str) -> float:
+    """A --startup-s entry in seconds: a number, or 'profile' for the profile's own (measured) cold start."""
+    return profile_named(profile or None).cold_start_ms / 1000 if value == "profile" else float(value)
+
+
 def panel_title(c: Case) -> str:
     return f"{c.label}, TTFT {c.slo_ttft_ms / 1000:g} s, cold start {c.startup_s:g} s"
 
@@ -395,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                 label,
                 float(ttft),
                 a.slo_tpot_ms,
-                float(startup),
+                cold_start_s(startup, a.profile),
                 a.max_gpus,
                 referee=a.referee,
                 profile=a.profile,

@@ -281,3 +281,12 @@ def test_a_case_on_another_profile_replays_on_it_and_is_cached_apart(tmp_path, m
     assert flag == "--profile-dir" and os.environ["TANDEM_ANCHOR_PROFILE"] == "tiny-cpu"
     back = from_dynamo(folder, model="m", device="d")
     assert [p.step_ms for p in back.decode] == [p.step_ms for p in shipped_profile("tiny-cpu").decode]
+
+
+def test_a_cold_start_can_be_the_profiles_own():
+    from bench.autoscale_dynamo import cold_start_s
+    from tandem.profile import shipped_profile
+
+    assert cold_start_s("30", "tiny-cpu") == 30.0
+    assert cold_start_s("profile", "tiny-cpu") == shipped_profile("tiny-cpu").cold_start_ms / 1000
+    assert cold_start_s("profile", "") == 60.0  # NVIDIA's data holds none: the 60 s the import assumed
