@@ -61,10 +61,10 @@ from pathlib import Path
 from typing import Any
 
 from bench._anchor_crosscheck import CROSSCHECK_SHAPES, crosscheck, render_crosscheck
+from bench._anchor_families import cheapest_fixed, colocated_search, run_job, scaling_jobs, static_searches
 from bench._anchor_plot import write_day_plot, write_pareto_plot
-from bench._anchor_replay import HPA_POLICY, Case, cache_key, replay_once
+from bench._anchor_replay import Case, cache_key
 from bench._anchor_search import Point, box_search, cost_at, count_search, pareto, staircase
-from bench._anchor_sim import AUTO_POLICY, gpu_timeline, simulate_once
 from tandem.profile import profile_named
 from tandem.profile_compare import profile_caption
 from tandem.trace import AZURE_ATTRIBUTION, diurnal, load_trace, scale_rate, to_mooncake_jsonl, windows
@@ -80,64 +80,6 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ("azure_llm_2023_conv.csv", "azure_llm_2023_code.csv")
-TANDEM_SETTINGS = [
-    {"margin": m, "stabilization_s": s} for m, s in itertools.product((0.5, 0.8), (180.0, 600.0))
-]
-AUTO_SETTINGS = [
-    {"margin": 0.8, "stabilization_s": s} for s in (180.0, 600.0)
-]  # the shape rule at its defaults
-HPA_SETTINGS = [
-    {"target": t} for t in (0.3, 0.6, 0.9)
-]  # of the engine's token budget / sequence limit per pod
-DYNAMO_SETTINGS: list[tuple[str, dict[str, Any]]] = [
-    ("dynamo:throughput", {}),
-    ("dynamo:latency", {}),
-    (
-        "dynamo:load",
-        {
-            "prefill_scale_up_queue_tokens": 16384,
-            "prefill_scale_down_queue_tokens": 1024,
-            "decode_scale_up_kv_rate": 0.7,
-            "decode_scale_down_kv_rate": 0.3,
-        },
-    ),
-    (
-        "dynamo:load",
-        {
-            "prefill_scale_up_queue_tokens": 4096,
-            "prefill_scale_down_queue_tokens": 256,
-            "decode_scale_up_kv_rate": 0.5,
-            "decode_scale_down_kv_rate": 0.2,
-        },
-    ),
-]
-
-
-def _job(args: tuple[str, Case, str, str, dict[str, Any]]) -> tuple[Case, Point]:
-    replay_dir, case, family, policy, options = args
-    timeline: tuple[tuple[float, int], ...] = ()
-    if case.referee == "simulate":
-        out, result = simulate_once(case, policy, options)
-        if " day " in case.label and family in ("tandem", "auto"):
-            timeline = tuple(gpu_timeline(result))
-    else:
-        if policy == AUTO_POLICY or policy.startswith("colocated:"):
-            raise ValueError(f"{policy}: Dynamo's replay runs a fixed shape per run; use --referee simulate")
-        out = replay_once(replay_dir, case, policy, options)
-    setting = policy if not options else f"{policy} {json.dumps(options, separators=(',', ':'))}"
-    return case, Point(
-        family,
-        setting,
-        float(out["gpu_hours"]),
-        float(out["slo_attainment"]),
-        float(out["reversals_per_hour"]),
-        float(out["ttft_p90_ms"] or 0.0),
-        float(out["tpot_p90_ms"] or 0.0),
-        float(out.get("shape_changes_per_hour", 0.0)),
-        timeline,
-    )
-
-
 DAY_LOW, DAY_HIGH = 1.0, 8.0  # the diurnal curve's rate factors at 04:00 and 16:00
 
 
@@ -204,58 +146,6 @@ def parse_hints(text: str) -> dict[str, tuple[int, int]]:
 def peak_label(day_label: str) -> str:
     """The label of the rate-scaled hour the day's peak replays: `conv day (6 h)` -> `conv x8`."""
     return f"{day_label.split(' day ')[0]} x{DAY_HIGH:g}"
-
-
-def static_search(
-    replay_dir: str,
-    case: Case,
-    target: float,
-    cache: dict[str, dict[str, Any]],
-    box: tuple[int, ...] | None = None,
-    hint: tuple[int, int] | None = None,
-) -> list[Point]:
-    """The fixed pools replayed finding the cheapest that reaches `target`: the staircase over the whole
-    budget (walking only pools cheaper than `hint` when that reaches it), or `box_search` inside (P, D) <=
-    `box`."""
-    memo: dict[tuple[int, int], Point] = {}
-
-    def evaluate(p: int, d: int) -> float:
-        if (p, d) not in memo:
-            key = cache_key(case, f"static:{p},{d}", {})
-            memo[(p, d)] = (
-                Point(**cache[key])
-                if key in cache
-                else _job((replay_dir, case, "static", f"static:{p},{d}", {}))[1]
-            )
-            print(f"{case.label} ttft {case.slo_ttft_ms:g}: {memo[(p, d)]}", file=sys.stderr, flush=True)
-        return memo[(p, d)].attainment
-
-    if box:
-        box_search(evaluate, target, box[0], box[1])
-    else:
-        staircase(evaluate, target, case.max_gpus, hint)
-    return list(memo.values())
-
-
-def colocated_search(
-    replay_dir: str, case: Case, target: float, cache: dict[str, dict[str, Any]]
-) -> list[Point]:
-    """The fixed colocated pools replayed finding the fewest workers that reach `target` (`count_search`)."""
-    memo: dict[int, Point] = {}
-
-    def evaluate(n: int) -> float:
-        if n not in memo:
-            key = cache_key(case, f"colocated:{n}", {})
-            memo[n] = (
-                Point(**cache[key])
-                if key in cache
-                else _job((replay_dir, case, "static", f"colocated:{n}", {}))[1]
-            )
-            print(f"{case.label} ttft {case.slo_ttft_ms:g}: {memo[n]}", file=sys.stderr, flush=True)
-        return memo[n].attainment
-
-    count_search(evaluate, target, case.max_gpus)
-    return list(memo.values())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -424,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             if "static" in families:  # one search per trace and SLO: a fixed pool has no cold start
                 days = {(c.trace, c.slo_ttft_ms): c for c in cases if " day " in c.label}
                 hours = {(c.trace, c.slo_ttft_ms): c for c in cases if " day " not in c.label}
-                statics = _static_searches(
+                statics = static_searches(
                     pool, a.replay_dir, hours, a.target, cache, {}, parse_hints(a.pool_hints)
                 )
                 _save(a.cache, cache)
@@ -433,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
                 boxes = {}
                 for k, c in days.items():
                     peak = by_label.get((peak_label(c.label), c.slo_ttft_ms))
-                    pool_size = _cheapest(statics[peak], a.target) if peak else None
+                    pool_size = cheapest_fixed(statics[peak], a.target) if peak else None
                     hint = parse_hints(a.pool_hints).get(peak_label(c.label))
                     if pool_size is None and hint is None:
                         raise SystemExit(
@@ -441,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"add {DAY_HIGH:g} to --rate-scales or give it in --pool-hints"
                         )
                     boxes[k] = tuple(int(x) for x in pool_size.split(",")) if pool_size else hint
-                statics |= _static_searches(pool, a.replay_dir, days, a.target, cache, boxes)
+                statics |= static_searches(pool, a.replay_dir, days, a.target, cache, boxes)
                 _save(a.cache, cache)
             if "colocated" in families:  # the cheapest fixed pool is the cheaper of N colocated and (P, D)
                 for k, c in {(c.trace, c.slo_ttft_ms): c for c in cases}.items():
@@ -452,20 +342,20 @@ def main(argv: list[str] | None = None) -> int:
                 _save(a.cache, cache)
             # every scaling policy starts warm, from the cheapest fixed pool of its case (1,1 if none or
             # --start-small)
-            cheapest = {k: _cheapest(ps, a.target) for k, ps in statics.items()}
+            cheapest = {k: cheapest_fixed(ps, a.target) for k, ps in statics.items()}
             cases = [
                 replace(c, init="1,1" if a.start_small else cheapest.get((c.trace, c.slo_ttft_ms)) or "1,1")
                 for c in cases
             ]
             points = {c: list(statics.get((c.trace, c.slo_ttft_ms), [])) for c in cases}
             jobs = []
-            for job in _jobs(a.replay_dir, cases, families, a.quick):
+            for job in scaling_jobs(a.replay_dir, cases, families, a.quick):
                 key = cache_key(job[1], job[3], job[4])
                 if key in cache:
                     points[job[1]].append(Point(**cache[key]))
                 else:
                     jobs.append(job)
-            for (case, point), job in zip(pool.map(_job, jobs), jobs, strict=True):
+            for (case, point), job in zip(pool.map(run_job, jobs), jobs, strict=True):
                 points[case].append(point)
                 cache[cache_key(case, job[3], job[4])] = asdict(point)
                 _save(a.cache, cache)
@@ -504,73 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _static_searches(
-    pool: ProcessPoolExecutor,
-    replay_dir: str,
-    cases: dict[tuple[str, float], Case],
-    target: float,
-    cache: dict[str, dict[str, Any]],
-    boxes: dict[tuple[str, float], tuple[int, ...]],
-    hints: dict[str, tuple[int, int]] | None = None,
-) -> dict[tuple[str, float], list[Point]]:
-    """Each case's fixed-pool search, in parallel; every replay joins the cache as its search ends."""
-    hints = hints or {}
-    done = {
-        k: pool.submit(static_search, replay_dir, c, target, cache, boxes.get(k), hints.get(c.label))
-        for k, c in cases.items()
-    }
-    found = {}
-    for k, future in done.items():
-        found[k] = future.result()
-        for pt in found[k]:
-            cache[cache_key(cases[k], pt.setting, {})] = asdict(pt)
-    return found
-
-
 def _save(path: str | None, cache: dict[str, dict[str, Any]]) -> None:
     if path:
         Path(path).write_text(json.dumps(cache))
-
-
-def _cheapest(points: list[Point], target: float) -> str | None:
-    """The cheapest fixed split pool that reaches `target`, as "P,D" (where scaling policies start); None if
-    none does."""
-    reaching = [
-        p for p in points if p.attainment >= target and p.setting.startswith("static:")
-    ]  # split pools
-    if not reaching:
-        return None
-    return min(reaching, key=lambda p: p.gpu_hours).setting.removeprefix("static:")
-
-
-QUICK_SETTINGS = {
-    "tandem": [TANDEM_SETTINGS[2], TANDEM_SETTINGS[3]],
-    "dynamo": DYNAMO_SETTINGS[:2],
-    "hpa": HPA_SETTINGS[1:2],
-    "auto": AUTO_SETTINGS,
-}
-
-
-def _jobs(
-    replay_dir: str, cases: list[Case], families: set[str], quick: bool = False
-) -> list[tuple[str, Case, str, str, dict[str, Any]]]:
-    dynamo = QUICK_SETTINGS["dynamo"] if quick else DYNAMO_SETTINGS
-    tandem = QUICK_SETTINGS["tandem"] if quick else TANDEM_SETTINGS
-    hpa = QUICK_SETTINGS["hpa"] if quick else HPA_SETTINGS
-    return [
-        (replay_dir, c, fam, pol, opt)
-        for c in cases
-        for fam, pol, opt in (
-            [("dynamo", pol, opt) for pol, opt in dynamo] * ("dynamo" in families)
-            + [
-                ("tandem", "module:tandem.operator.autoscale.backends.replay.dynamo.dynamo_policy", opt)
-                for opt in tandem
-            ]
-            * ("tandem" in families)
-            + [("hpa", HPA_POLICY, opt) for opt in hpa] * ("hpa" in families)
-            + [("auto", AUTO_POLICY, opt) for opt in AUTO_SETTINGS] * ("auto" in families)
-        )
-    ]
 
 
 def summarise(points: dict[Case, list[Point]], target: float) -> list[dict[str, Any]]:
@@ -591,7 +417,7 @@ def summarise(points: dict[Case, list[Point]], target: float) -> list[dict[str, 
             reaching = [p for p in mine if p.attainment >= target]
             cheapest = min(reaching, key=lambda p: p.gpu_hours) if reaching else None
             row[f"{family}_reversals_per_hour"] = cheapest.reversals_per_hour if cheapest else None
-            row[f"{family}_cheapest"] = cheapest.setting if cheapest else None
+            row[f"{family}cheapest_fixed"] = cheapest.setting if cheapest else None
             if family == "auto":
                 row["auto_shape_changes_per_hour"] = cheapest.shape_changes_per_hour if cheapest else None
         for mine in ("tandem", "auto"):

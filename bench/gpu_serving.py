@@ -63,7 +63,7 @@ from tandem.loadgen.prompts import Vocabulary, load_vocabulary
 from tandem.loadgen.trace import load_trace
 from tandem.loadgen.workload import RequestSpec
 from tandem.slo import DEFAULT as SLO
-from tandem.spec import Quantization
+from tandem.spec_model import Quantization
 
 COLOCATED, DISAGGREGATED = "colocated", "disaggregated"
 BLOCK_SIZE = 16

@@ -22,24 +22,18 @@ from pydantic.fields import FieldInfo
 
 from tandem import names
 from tandem.slo import DEFAULT as DEFAULT_SLO
-from tandem.spec import (
+from tandem.spec import InferenceServiceSpec, Mode
+from tandem.spec_engine import (
     AttentionBackend,
     DecodeStep,
-    DisaggregationMode,
-    DisaggregationSpec,
-    Dtype,
     EngineSpec,
-    InferenceServiceSpec,
     KvCacheDtype,
-    KvTransferSpec,
-    Mode,
-    Quantization,
-    RouterSpec,
     SpeculativeMethod,
     SpeculativeSpec,
-    Transport,
-    WakeQueueSpec,
 )
+from tandem.spec_model import Dtype, Quantization
+from tandem.spec_router import DisaggregationMode, DisaggregationSpec, RouterSpec, WakeQueueSpec
+from tandem.spec_workers import KvTransferSpec, Transport
 
 ENGINE_STALL_S = (
     120.0  # an engine loop that has not come round for this long is stuck (the longest step is far shorter)

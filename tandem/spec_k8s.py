@@ -1,5 +1,5 @@
 """What the CRD checks of the Kubernetes objects a spec passes through as dicts (volumes, env, tolerations):
-their schemas, in Kubernetes' spelling, for the fields of tandem/spec.py that carry them."""
+their schemas, in Kubernetes' spelling, for the spec's fields that carry them."""
 
 from __future__ import annotations
 

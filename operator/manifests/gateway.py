@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tandem import names
-from tandem.spec import GatewaySpec
+from tandem.spec_gateway import GatewaySpec
 
 POOL_API_VERSION = "inference.networking.k8s.io/v1"
 ROUTE_API_VERSION = "gateway.networking.k8s.io/v1"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.spec import PodTemplateOverlay
+from tandem.spec_pods import PodTemplateOverlay
 
 
 def apply_overlay(template: dict[str, Any], overlay: PodTemplateOverlay | None) -> dict[str, Any]:

@@ -8,7 +8,8 @@ import json
 import os
 from collections.abc import Mapping
 
-from tandem.spec import InferenceServiceSpec, SecuritySpec
+from tandem.spec import InferenceServiceSpec
+from tandem.spec_security import SecuritySpec
 
 ENV = "TANDEM_DEFAULT_SECURITY"  # JSON, the shape of spec.security
 # JSON, a NetworkPolicyPeer: the operator's own pods (the chart sets it), admitted to every metrics port so

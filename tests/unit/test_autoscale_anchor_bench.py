@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from bench._anchor_families import cheapest_fixed, run_job
 from bench._anchor_plot import day_choice, fixed_gpus, front_series, write_day_plot, write_pareto_plot
 from bench._anchor_replay import Case, cache_key
 from bench._anchor_search import Point, box_search, count_search, staircase
-from bench.autoscale_dynamo import _cheapest, _job, main, peak_label, points_from_json, summarise, variants
+from bench.autoscale_dynamo import main, peak_label, points_from_json, summarise, variants
 from tandem.operator.autoscale.backends.replay.hpa import HpaPolicy
 from tandem.trace import TraceRequest, to_mooncake_jsonl, windows
 from tests.unit.test_autoscale_anchor import CTX, tick
@@ -219,7 +220,7 @@ def test_the_cheapest_fixed_pool_is_the_cheaper_shape_and_scaling_starts_from_th
     (row,) = summarise({case: pts}, 0.95)
     assert row["static"] == pytest.approx(1.0 + (0.95 - 0.7) / (0.96 - 0.7) * 1.0)  # on the colocated front
     assert row["auto_vs_static"] == pytest.approx(1.2 / row["static"])
-    assert _cheapest(pts, 0.95) == "2,1"  # a scaling policy starts from a split pool
+    assert cheapest_fixed(pts, 0.95) == "2,1"  # a scaling policy starts from a split pool
 
 
 def test_the_day_plot_draws_each_policy_and_the_fixed_pool(tmp_path):
@@ -247,8 +248,8 @@ def test_the_simulator_referee_runs_colocated_pools_and_auto(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text("\n".join(to_mooncake_jsonl(reqs)) + "\n")
     case = Case(str(trace), "tiny day (0.1 h)", 2000.0, 50.0, 10.0, 8, referee="simulate")
-    _, fixed = _job(("", case, "static", "colocated:1", {}))
-    _, auto = _job(("", case, "auto", "auto", {"shape_dwell_s": 60.0}))
+    _, fixed = run_job(("", case, "static", "colocated:1", {}))
+    _, auto = run_job(("", case, "auto", "auto", {"shape_dwell_s": 60.0}))
     assert fixed.attainment > 0.95 and fixed.setting == "colocated:1" and not fixed.gpus_over_time
     assert (
         auto.attainment > 0.95 and auto.gpus_over_time and auto.shape_changes_per_hour > 0

@@ -186,7 +186,7 @@ def test_status_shows_the_shape_now_and_keeps_the_last_change():
     from tandem.operator.autoscale.core.report import slo_status
     from tandem.operator.autoscale.core.shape import ShapeAction, ShapeDecision
     from tandem.operator.autoscale.core.types import Pool, Replicas
-    from tandem.spec import SloSpec
+    from tandem.spec_autoscaling import SloSpec
 
     slo, at = SloSpec(ttft_ms=500, tpot_ms=50, percentile=90), "2026-01-01T00:00:00Z"
     split = {Pool.colocated: Replicas(0), Pool.prefill: Replicas(1), Pool.decode: Replicas(2, 1)}

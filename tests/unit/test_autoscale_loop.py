@@ -13,7 +13,8 @@ from tandem.operator.autoscale.core.report import slo_met, slo_status
 from tandem.operator.autoscale.core.source import MetricsUnavailable, Target
 from tandem.operator.autoscale.core.types import Decision, Pool, PoolObservation, Replicas
 from tandem.profile import shipped_profile
-from tandem.spec import InferenceServiceSpec, SloSpec
+from tandem.spec import InferenceServiceSpec
+from tandem.spec_autoscaling import SloSpec
 
 SLO = SloSpec(ttft_ms=500, tpot_ms=50, percentile=90)
 

@@ -40,7 +40,7 @@ def test_settings_a_device_cannot_honour_are_refused():
 
 
 def test_the_spec_settings_are_the_registry_settings():
-    from tandem.spec import Transport
+    from tandem.spec_workers import Transport
 
     assert set(transports.settings()) == {t.value for t in Transport}
 

@@ -95,7 +95,8 @@ def test_disaggregation_reaches_the_rendered_router_and_the_local_one():
 
     from tandem.operator.local.plan import plan
     from tandem.operator.manifests import render
-    from tandem.spec import DisaggregationMode, InferenceService, Mode
+    from tandem.spec import InferenceService, Mode
+    from tandem.spec_router import DisaggregationMode
 
     spec = _spec()
     spec.security.tls = spec.security.tls.model_validate(

@@ -1,4 +1,5 @@
-"""The CRD schema and tandem/spec.py describe the same object: same fields, same defaults, same enums."""
+"""The CRD schema and the spec types (tandem/spec*.py) describe the same object: same fields, same defaults,
+same enums."""
 
 import types
 from enum import Enum
@@ -63,7 +64,7 @@ def _walk(model: type[BaseModel], schema: dict, where: str, problems: list[str])
     props = schema.get("properties", {})
     fields = {f.alias or n: f for n, f in model.model_fields.items()}
     if set(fields) != set(props):
-        problems.append(f"{where}: spec.py {sorted(fields)} vs CRD {sorted(props)}")
+        problems.append(f"{where}: spec types {sorted(fields)} vs CRD {sorted(props)}")
     required = set(schema.get("required", []))
     for alias, f in fields.items():
         if alias not in props:

@@ -11,7 +11,8 @@ from pydantic import Field
 from tandem import options
 from tandem.options import RouterOptions, WorkerOptions, _kind
 from tandem.slo import DEFAULT as DEFAULT_SLO
-from tandem.spec import EngineSpec, InferenceServiceSpec
+from tandem.spec import InferenceServiceSpec
+from tandem.spec_engine import EngineSpec
 
 
 def _other_than_default(cls, f: dataclasses.Field):

@@ -3,7 +3,7 @@
 import pytest
 
 from tandem.slo import Slo
-from tandem.spec import SloSpec
+from tandem.spec_autoscaling import SloSpec
 
 
 def test_the_spec_defaults_to_the_one_slo():

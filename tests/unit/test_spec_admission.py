@@ -8,7 +8,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from tandem.spec import IGNORED_BY_MODE, MAX_CONTEXT_LENGTH, InferenceServiceSpec
+from tandem.spec import IGNORED_BY_MODE, InferenceServiceSpec
+from tandem.spec_model import MAX_CONTEXT_LENGTH
 from tests.unit.test_operator_crd import _schema
 
 MODEL = {"source": {"path": "/m"}, "servedName": "m"}

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from tandem.profile import DecodePoint, PrefillPoint, Profile, Provenance, load_profile, save_profile
-from tandem.spec import AttentionBackend, DecodeStep, Dtype, EngineSpec, KvCacheDtype, Quantization
+from tandem.spec_engine import AttentionBackend, DecodeStep, EngineSpec, KvCacheDtype
+from tandem.spec_model import Dtype, Quantization
 
 PROG = "tandem profile"
 FIRST_TOKEN_ID = 10  # below this sit a tokenizer's special tokens

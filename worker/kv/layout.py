@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from tandem.spec import KvCacheDtype
+from tandem.spec_engine import KvCacheDtype
 
 KV_CACHE_DTYPES = tuple(d.value for d in KvCacheDtype)  # auto: the model's dtype
 SCALE_BYTES = 4  # the 8-bit cache: one float32 scale per token and head, after its int8 values

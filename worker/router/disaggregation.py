@@ -38,8 +38,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from tandem.spec import DisaggregationMode
-from tandem.spec import DisaggregationSpec as DisaggregationPolicy
+from tandem.spec_router import DisaggregationMode
+from tandem.spec_router import DisaggregationSpec as DisaggregationPolicy
 from tandem.worker.router.selection import WorkerView, pick_prefill
 
 __all__ = [

@@ -7,7 +7,7 @@ import logging
 import sys
 
 from tandem.options import RouterOptions
-from tandem.spec import DisaggregationMode
+from tandem.spec_router import DisaggregationMode
 from tandem.worker.router.limits import RequestLimits
 
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from tandem.spec import WakeQueueSpec
+from tandem.spec_router import WakeQueueSpec
 from tandem.worker.router.backend import BackendError
 
 _DEFAULTS = WakeQueueSpec()

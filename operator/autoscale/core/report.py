@@ -11,7 +11,7 @@ from tandem.operator.autoscale.core.loop import Tick
 from tandem.operator.autoscale.core.shape import ShapeAction
 from tandem.operator.autoscale.core.shape_tick import current_shape
 from tandem.operator.autoscale.core.types import Decision, Pool
-from tandem.spec import SloSpec
+from tandem.spec_autoscaling import SloSpec
 
 Body = dict[str, Any]
 

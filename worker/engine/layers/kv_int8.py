@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from tandem.spec import KV_INT8_NEEDS_SDPA
+from tandem.spec_engine import KV_INT8_NEEDS_SDPA
 from tandem.worker.kv.layout import KV_CACHE_DTYPES, SCALE_BYTES, is_packed, row_bytes
 
 __all__ = ["KV_INT8_NEEDS_SDPA", "KV_CACHE_DTYPES", "SCALE_BYTES", "is_packed", "pack", "row_bytes", "unpack"]

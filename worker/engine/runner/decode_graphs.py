@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from tandem.spec import DecodeStep
+from tandem.spec_engine import DecodeStep
 from tandem.worker.engine.core.scheduler import SchedulerOutput
 from tandem.worker.engine.layers.kv_int8 import write_slots
 from tandem.worker.engine.layers.static_decode import StaticDecodeBatch
