@@ -272,8 +272,8 @@ def test_a_case_on_another_profile_replays_on_it_and_is_cached_apart(tmp_path, m
     tiny = replace(nvidia, profile="tiny-cpu")
     assert cache_key(nvidia, "static:1,1", {}) != cache_key(tiny, "static:1,1", {})
     # the simulator referee times the engine with the case's profile: the tiny CPU model is far slower
-    _, fast = _job(("", nvidia, "static", "static:1,1", {}))
-    _, slow = _job(("", tiny, "static", "static:1,1", {}))
+    _, fast = run_job(("", nvidia, "static", "static:1,1", {}))
+    _, slow = run_job(("", tiny, "static", "static:1,1", {}))
     assert slow.ttft_p90_ms > 3 * fast.ttft_p90_ms
     # Dynamo's harness gets the profile exported in its layout, and tandem's policy inside it the same profile
     monkeypatch.setenv("TANDEM_ANCHOR_PROFILE", "an earlier case's")  # restored, so unset, after the test
