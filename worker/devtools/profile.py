@@ -35,22 +35,12 @@ from typing import Any
 from tandem.profile import DecodePoint, PrefillPoint, Profile, Provenance, load_profile, save_profile
 from tandem.spec_engine import AttentionBackend, DecodeStep, EngineSpec, KvCacheDtype
 from tandem.spec_model import Dtype, Quantization
+from tandem.worker.devtools.profile_args import PROG, int_list
 
-PROG = "tandem profile"
 FIRST_TOKEN_ID = 10  # below this sit a tokenizer's special tokens
 COLD_START_PHASES = ("load", "kv_plan", "warmup")  # warmup includes decode_graphs
 SERVING_KNOBS = ("dtype", "quantization", "attention", "decode_step", "kv_cache_dtype", "compile")
 _ENGINE = EngineSpec()
-
-
-def int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from e
-    if not values or min(values) <= 0:
-        raise argparse.ArgumentTypeError(f"need positive integers: {text!r}")
-    return values
 
 
 def _choices(enum: Any) -> list[str]:

@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from tandem.profile import profile_named, save_profile
-from tandem.worker.devtools.profile import PROG, int_list
+from tandem.worker.devtools.profile_args import PROG, int_list
 
 
 def import_dynamo(argv: list[str]) -> int:
