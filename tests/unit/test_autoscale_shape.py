@@ -26,7 +26,7 @@ LONG = ShapeLoad(
     rate_rps=10, prompt_tokens_mean=4000, output_tokens_mean=200, prompt_tokens_p90=6000, tpot_ms=9.0
 )
 BAND_LOAD = ShapeLoad(
-    rate_rps=40, prompt_tokens_mean=4000, output_tokens_mean=800, prompt_tokens_p90=6000, tpot_ms=12.0
+    rate_rps=40, prompt_tokens_mean=4000, output_tokens_mean=800, prompt_tokens_p90=4000, tpot_ms=12.0
 )
 IDLE_STEP_MS = H200.decode_step_ms(1, LONG.prompt_tokens_mean + LONG.output_tokens_mean / 2)
 
@@ -69,8 +69,8 @@ CASES = [
         tpot_x_idle(1.5),
         ShapeAction.split,
         Shape(prefill=1, decode=2),
-        "Split: TPOT p90 9 ms > 7 ms under prefill interference; 1P+2D serves it at 3 GPUs, 19 colocated "
-        "would need 19",
+        "Split: TPOT p90 9 ms > 7 ms under prefill interference; 1P+2D serves it at 3 GPUs, 22 colocated "
+        "would need 22",
     ),
     Case(
         "loose TPOT (8x idle) keeps colocated workers: the split saves nothing",

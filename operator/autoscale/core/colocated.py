@@ -11,7 +11,8 @@ rides with. `u >= 1` means the worker cannot keep up. Built on the split model's
 profile's prefill and decode rows; no second model.
 
 That stretch is the mean. A generation's own TPOT depends on how many prompts land in its worker's steps
-while it decodes: a Poisson count at `rate/N` over its decode time, each adding the prompt's prefill time
+while it decodes (a Poisson count at `rate/N` over its decode time, and the one in progress as it joins,
+with the prefill share's probability), each adding the prompt's prefill time
 spread over the generation's tokens. The need sizes TPOT at the SLO percentile of that count: with short
 generations and long prompts (one prompt landing adds several ms to a 13-token answer's TPOT) the
 percentile is far above the mean, and it is what a tight TPOT SLO is judged on. The need sizes the larger of
@@ -57,16 +58,30 @@ def colocated_tpot_at_ms(
 ) -> float:
     """TPOT at `percentile` on `replicas` colocated workers: the decode step at the mean's batch, plus the
     prefill time of the prompts that land in a generation's steps (their count at `percentile` of a Poisson
-    count over its decode time, each a prompt at the percentile's length), spread over its tokens; never
+    count: those arriving over its decode time and the one in progress as it joins, each a prompt at the
+    percentile's length), spread over its tokens; never
     below the mean's TPOT, so it sizes no fewer workers than the mean alone."""
     mean = colocated_tpot_ms(profile, replicas, prefill, decode)
     if math.isinf(mean) or prefill.rate_rps <= 0:
         return mean
-    step = mean * (1 - prefill_share(profile, replicas, prefill))  # the decode step without prefill in it
+    u = prefill_share(profile, replicas, prefill)
+    step = mean * (1 - u)  # the decode step without prefill in it
     tokens = max(decode.output_tokens_mean - 1, 1.0)
-    landing = poisson_quantile(prefill.rate_rps / replicas * tokens * mean / 1000, percentile)
     uncached = 1.0 - min(max(prefill.prefix_hit_rate, 0.0), 1.0)
-    return max(mean, step + landing * profile.prefill_ms(prefill.prompt_tokens_p * uncached) / tokens)
+    per_prompt = profile.prefill_ms(prefill.prompt_tokens_p * uncached) / tokens
+    if prefill.rate_rps / replicas * tokens * per_prompt / 1000 >= 1:
+        return math.inf  # each prompt landing lengthens the generation enough for another: no fixed point
+    tpot, landing = mean, -1
+    for _ in range(MAX_LANDING_ROUNDS):  # a generation lasts its tokens at its own TPOT: to the fixed point
+        # the prompts arriving while it decodes, and the one in progress when it joins (the prefill share)
+        now = poisson_quantile(prefill.rate_rps / replicas * tokens * tpot / 1000 + u, percentile)
+        if now == landing:
+            break
+        landing, tpot = now, step + now * per_prompt
+    return max(mean, tpot)
+
+
+MAX_LANDING_ROUNDS = 50
 
 
 def poisson_quantile(mean: float, percentile: float) -> int:
