@@ -122,14 +122,9 @@ class Replayer:
 
     def __init__(self, python: str, replay_dir: str):
         script = Path(__file__).with_name("_dynamo_goodput_replay.py")
+        # -I keeps the script's folder off the path: bench/operator.py would shadow the standard library's
         self.proc = subprocess.Popen(
-            [
-                python,
-                "-I",
-                str(script),
-                "--harness",
-                replay_dir,
-            ],  # -I: bench/ (its operator.py) not on the path
+            [python, "-I", str(script), "--harness", replay_dir],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
