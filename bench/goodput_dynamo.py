@@ -214,6 +214,11 @@ def run_trace(
                 }
             )
         table[title] = rows
+    if isinstance(replayer, SimReplayer) and args.live_auto_scales:
+        for r in table[f"TTFT at {FIXED_TTFT_SCALE:g}x idle, TPOT at s x idle"]:
+            if r["tpot_scale"] in [float(x) for x in args.live_auto_scales.split(",")]:
+                slo = base.scaled(r["ttft_scale"], r["tpot_scale"])
+                r["live_auto"] = live_auto(replayer, jsonl, native_rate, args.gpus, grid, slo)
     return {
         "trace": path.name,
         "rows": len(trace),
@@ -223,6 +228,22 @@ def run_trace(
         "share_local": share_local(trace, args.local_prefill_max_tokens),
         "tables": table,
     }
+
+
+def live_auto(
+    replayer: SimReplayer, trace: Path, native_rate: float, gpus: int, grid: list[float], slo: Slo
+) -> dict[str, Any]:
+    """The autoscaler of `spec.mode: auto` up the grid at one SLO (until it misses): its goodput per budget
+    GPU, and the GPUs it held and the shape changes it made at the last rate that met the target."""
+    points, held, changes = [], None, None
+    for rate in grid:
+        reqs, gpus_held, shape_changes = replayer.live_auto(trace, rate * gpus / native_rate, gpus, slo)
+        points.append((rate, attainment(reqs, slo)))
+        if points[-1][1] < ATTAINMENT:
+            break
+        held, changes = gpus_held, shape_changes
+    g = goodput(points, ATTAINMENT)
+    return {"goodput": cell(g, grid), "rate": g.rate, "gpus_held": held, "shape_changes": changes}
 
 
 def auto_cell(
@@ -355,19 +376,25 @@ def auto_table(tables: dict[str, list[dict[str, Any]]]) -> list[str]:
         "the best split) and with the rule's own split:",
         "",
         "| TPOT s | auto chose | auto (kind) | auto (its split) | aggregated | disaggregated (split) | "
-        "auto (kind) / aggregated | auto (kind) / disaggregated |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "auto (kind) / aggregated | auto (kind) / disaggregated | live auto (GPUs held, shape changes) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
 
     def ratio(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f}x"
+
+    def live(v: dict[str, Any] | None) -> str:
+        if v is None:
+            return "-"
+        held = "-" if v["gpus_held"] is None else f"{v['gpus_held']:.1f}, {v['shape_changes']}"
+        return f"{v['goodput']} ({held})"
 
     for r in rows:
         a = r["auto"]
         lines.append(
             f"| {r['tpot_scale']:g} | {a['shape']} / {a['pool']} | {a['kind_goodput']} | {a['goodput']} | "
             f"{r['aggregated']} | {r['disaggregated']} ({r['split']}) | {ratio(a['kind_vs_aggregated'])} | "
-            f"{ratio(a['kind_vs_disaggregated'])} |"
+            f"{ratio(a['kind_vs_disaggregated'])} | {live(r.get('live_auto'))} |"
         )
     return lines
 
@@ -380,6 +407,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         choices=["dynamo", "simulate"],
         default="dynamo",
         help="Dynamo's replay, or tandem's own simulator (NVIDIA's profile as tandem converts it)",
+    )
+    p.add_argument(
+        "--live-auto-scales",
+        default="1.5,8",
+        help="with --referee simulate, also run mode auto's whole autoscaler up the grid at these TPOT "
+        "scales (TTFT 5x idle); '' for none",
     )
     add_smoke(p)
     p.add_argument("--replay-dir", default=str(ROOT.parent / "shared" / "tools" / "dynamo-replay"))
