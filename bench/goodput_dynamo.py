@@ -20,6 +20,13 @@ the requests meet both TTFT and TPOT, interpolated on the grid, and two sweeps a
 s x idle, and TTFT at 5x idle while the TPOT scale moves. Disaggregated is its best split at each point.
 Conditional disaggregation is not expressible in this replay (a pool is either kind); the table instead
 shows where tandem's conditional rule sends the trace's prompts. The replay is deterministic: one run.
+
+`spec.mode: auto` on the same GPUs (bench/_goodput_auto.py): at each rate the shape rule
+(autoscale/core/shape.py, its capacity model of NVIDIA's profile as tandem converts it, the policy's margin)
+chooses colocated or split for the trace's load at each point's SLO, and the table gives its choice at the
+goodput and the goodput of the pools it chose, beside the aggregated and the best split. `--referee simulate`
+replays the pools on tandem's own simulator instead of Dynamo's (bench/_goodput_sim.py, seconds a replay);
+`--smoke` runs tiny traces on it in seconds.
 """
 
 from __future__ import annotations
@@ -33,8 +40,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bench._goodput_auto import auto_goodput, auto_walk, step_at
+from bench._goodput_sim import SimReplayer
 from bench._goodput_sweep import Goodput, Latency, attainment, goodput
+from bench._smoke import add_smoke, smoke_sizes, write_tiny_trace
 from bench._trace_shape import slo_from_idle
+from tandem.operator.autoscale.core.shape import ShapeConfig
 from tandem.profile import profile_named
 from tandem.profile_compare import profile_caption
 from tandem.profile_dynamo import to_dynamo
@@ -146,7 +157,7 @@ def write_jsonl(requests: list[TraceRequest], path: Path) -> Path:
 
 
 def sweep_pool(
-    replayer: Replayer,
+    replayer: Replayer | SimReplayer,
     trace: Path,
     native_rate: float,
     gpus: int,
@@ -162,7 +173,9 @@ def sweep_pool(
             return
 
 
-def run_trace(replayer: Replayer, path: Path, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+def run_trace(
+    replayer: Replayer | SimReplayer, path: Path, args: argparse.Namespace, tmp: Path
+) -> dict[str, Any]:
     trace = load_trace(path)[: args.rows or None]
     native_rate = (len(trace) - 1) / (trace[-1].arrival_s - trace[0].arrival_s)
     med = median_request(trace)
@@ -185,10 +198,8 @@ def run_trace(replayer: Replayer, path: Path, args: argparse.Namespace, tmp: Pat
         rows = []
         for point in points:
             slo = base.scaled(*point)
-            per_pool = {
-                label: goodput([(r, attainment(q, slo)) for r, q in ps], ATTAINMENT)
-                for label, ps in probes.items()
-            }
+            curves = {label: [(r, attainment(q, slo)) for r, q in ps] for label, ps in probes.items()}
+            per_pool = {label: goodput(c, ATTAINMENT) for label, c in curves.items()}
             split, best = best_split(per_pool)
             agg = per_pool[AGGREGATED]
             rows.append(
@@ -202,9 +213,16 @@ def run_trace(replayer: Replayer, path: Path, args: argparse.Namespace, tmp: Pat
                     "split": split,
                     "ratio": best.rate / agg.rate if agg.rate > 0 and best.rate > 0 else None,
                     "per_pool": {k: cell(v, grid) for k, v in per_pool.items()},
+                    "curves": curves,
+                    "auto": auto_cell(trace, grid, args.gpus, slo, curves, agg, best, split, args.profile),
                 }
             )
         table[title] = rows
+    if isinstance(replayer, SimReplayer) and args.live_auto_scales:
+        for r in table[f"TTFT at {FIXED_TTFT_SCALE:g}x idle, TPOT at s x idle"]:
+            if r["tpot_scale"] in [float(x) for x in args.live_auto_scales.split(",")]:
+                slo = base.scaled(r["ttft_scale"], r["tpot_scale"])
+                r["live_auto"] = live_auto(replayer, jsonl, native_rate, args.gpus, grid, slo)
     return {
         "trace": path.name,
         "rows": len(trace),
@@ -213,6 +231,54 @@ def run_trace(replayer: Replayer, path: Path, args: argparse.Namespace, tmp: Pat
         "idle": {k: {"ttft_ms": 1000 * v.ttft_s, "tpot_ms": 1000 * v.tpot_s} for k, v in idle.items()},
         "share_local": share_local(trace, args.local_prefill_max_tokens),
         "tables": table,
+    }
+
+
+def live_auto(
+    replayer: SimReplayer, trace: Path, native_rate: float, gpus: int, grid: list[float], slo: Slo
+) -> dict[str, Any]:
+    """The autoscaler of `spec.mode: auto` up the grid at one SLO (until it misses): its goodput per budget
+    GPU, and the GPUs it held and the shape changes it made at the last rate that met the target."""
+    points, held, changes = [], None, None
+    for rate in grid:
+        reqs, gpus_held, shape_changes = replayer.live_auto(trace, rate * gpus / native_rate, gpus, slo)
+        points.append((rate, attainment(reqs, slo)))
+        if points[-1][1] < ATTAINMENT:
+            break
+        held, changes = gpus_held, shape_changes
+    g = goodput(points, ATTAINMENT)
+    return {"goodput": cell(g, grid), "rate": g.rate, "gpus_held": held, "shape_changes": changes}
+
+
+def auto_cell(
+    trace: list[TraceRequest],
+    grid: list[float],
+    gpus: int,
+    slo: Slo,
+    curves: dict[str, list[tuple[float, float]]],
+    agg: Goodput,
+    best: Goodput,
+    best_split_label: str,
+    profile: str = "",
+) -> dict[str, Any]:
+    """`auto` at one SLO: the rule's shape and pool at each rate, its goodput over the pools it chose and
+    over its choice of kind alone (a split read as the best split), each with its ratio to the aggregated
+    and the best split's."""
+    steps = auto_walk(trace, grid, gpus, ShapeConfig(slo=slo, profile=profile_named(profile or None)))
+    g = auto_goodput(steps, curves, ATTAINMENT)
+    kind = auto_goodput(steps, curves, ATTAINMENT, split_as=best_split_label)
+    at = step_at(steps, kind.rate)
+    return {
+        "goodput": cell(g, grid),
+        "kind_goodput": cell(kind, grid),
+        "kind_vs_aggregated": kind.rate / agg.rate if agg.rate > 0 and kind.rate > 0 else None,
+        "kind_vs_disaggregated": kind.rate / best.rate if best.rate > 0 and kind.rate > 0 else None,
+        "pool": at.pool,
+        "shape": str(at.shape),
+        "reason": at.reason,
+        "pools": [s.pool for s in steps],
+        "vs_aggregated": g.rate / agg.rate if agg.rate > 0 and g.rate > 0 else None,
+        "vs_disaggregated": g.rate / best.rate if best.rate > 0 and g.rate > 0 else None,
     }
 
 
@@ -267,12 +333,12 @@ def write_plot(traces: list[dict[str, Any]], path: Path) -> Path:
 
 def report(result: dict[str, Any]) -> str:
     cfg = result["config"]
+    referee = "tandem's simulator" if cfg.get("referee") == "simulate" else "Dynamo's replay"
     lines = [
-        f"Goodput per GPU (req/s/GPU with >= {ATTAINMENT:.0%} of requests meeting TTFT and TPOT) in Dynamo's "
-        f"replay, engine profile {result.get('profile') or profile_caption('')}, {cfg['gpus']} GPUs: "
-        f"aggregated ({cfg['gpus']} "
-        "workers) vs disaggregated (best P+D split); '<' below the lowest probed rate, '>=' at least the "
-        f"highest; {result['replays']} replays.",
+        f"Goodput per GPU (req/s/GPU with >= {ATTAINMENT:.0%} of requests meeting TTFT and TPOT) in "
+        f"{referee}, engine profile {result.get('profile') or profile_caption('')}, {cfg['gpus']} GPUs: "
+        f"aggregated ({cfg['gpus']} workers) vs disaggregated (best P+D split); '<' below the lowest probed "
+        f"rate, '>=' at least the highest; {result['replays']} replays.",
     ]
     for t in result["traces"]:
         idle = "; ".join(
@@ -301,12 +367,59 @@ def report(result: dict[str, Any]) -> str:
                     f"| {r['tpot_scale']:g} | {r['slo_ttft_ms']:.0f} / {r['slo_tpot_ms']:.1f} | "
                     f"{r['aggregated']} | {r['disaggregated']} ({r['split']}) | {ratio} |"
                 )
+        if all("auto" in r for rows in t["tables"].values() for r in rows):  # runs before auto have none
+            lines += ["", *auto_table(t["tables"])]
     return "\n".join(lines)
+
+
+def auto_table(tables: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """`auto` beside the fixed pools, TTFT at 5x idle: its shape at its goodput, and the ratios."""
+    rows = tables[f"TTFT at {FIXED_TTFT_SCALE:g}x idle, TPOT at s x idle"]
+    lines = [
+        f"`auto` on the same GPUs (TTFT at {FIXED_TTFT_SCALE:g}x idle): the rule's shape at its goodput (as "
+        "sized for the load / its pool on the budget); its goodput with its choice of kind (a split read as "
+        "the best split) and with the rule's own split:",
+        "",
+        "| TPOT s | auto chose | auto (kind) | auto (its split) | aggregated | disaggregated (split) | "
+        "auto (kind) / aggregated | auto (kind) / disaggregated | live auto (GPUs held, shape changes) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+
+    def ratio(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}x"
+
+    def live(v: dict[str, Any] | None) -> str:
+        if v is None:
+            return "-"
+        held = "-" if v["gpus_held"] is None else f"{v['gpus_held']:.1f}, {v['shape_changes']}"
+        return f"{v['goodput']} ({held})"
+
+    for r in rows:
+        a = r["auto"]
+        lines.append(
+            f"| {r['tpot_scale']:g} | {a['shape']} / {a['pool']} | {a['kind_goodput']} | {a['goodput']} | "
+            f"{r['aggregated']} | {r['disaggregated']} ({r['split']}) | {ratio(a['kind_vs_aggregated'])} | "
+            f"{ratio(a['kind_vs_disaggregated'])} | {live(r.get('live_auto'))} |"
+        )
+    return lines
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.goodput_dynamo", description=__doc__.splitlines()[0])
     p.add_argument("--dynamo-python", default=sys.executable, help="the Python that has ai-dynamo 1.6.1")
+    p.add_argument(
+        "--referee",
+        choices=["dynamo", "simulate"],
+        default="dynamo",
+        help="Dynamo's replay, or tandem's own simulator (NVIDIA's profile as tandem converts it)",
+    )
+    p.add_argument(
+        "--live-auto-scales",
+        default="1.5,8",
+        help="with --referee simulate, also run mode auto's whole autoscaler up the grid at these TPOT "
+        "scales (TTFT 5x idle); '' for none",
+    )
+    add_smoke(p)
     p.add_argument("--replay-dir", default=str(ROOT.parent / "shared" / "tools" / "dynamo-replay"))
     p.add_argument(
         "--traces", type=Path, default=ROOT.parent / "shared" / "traces", help="folder with the Azure CSVs"
@@ -339,6 +452,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.smoke:  # tiny traces on tandem's simulator, 2 GPUs, TPOT at 1.5x and 8x idle, four rates
+        folder = Path(tempfile.mkdtemp(prefix="tandem-goodput-dynamo-smoke-"))
+        for name in TRACES:
+            write_tiny_trace(folder / name)
+        smoke_sizes(
+            args,
+            referee="simulate",
+            traces=folder,
+            rows=0,
+            gpus=2,
+            scales="1.5,8",
+            rates="1,4,16,64",
+            out=folder / "goodput_dynamo.json",
+        )
     if args.plot_from:
         if not args.plot:
             raise SystemExit("--plot-from needs --plot FILE")
@@ -349,10 +476,14 @@ def main(argv: list[str]) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="tandem-goodput-dynamo-") as tmp:
         profile_dir = None
-        if args.profile:
+        if args.profile and args.referee != "simulate":
             profile_dir = str(Path(tmp) / "profile")
             to_dynamo(profile_named(args.profile), profile_dir)
-        replayer = Replayer(args.dynamo_python, args.replay_dir, profile_dir)
+        replayer: Replayer | SimReplayer = (
+            SimReplayer(profile_named(args.profile or None))
+            if args.referee == "simulate"
+            else Replayer(args.dynamo_python, args.replay_dir, profile_dir)
+        )
         try:
             traces = [run_trace(replayer, args.traces / name, args, Path(tmp)) for name in TRACES]
         finally:

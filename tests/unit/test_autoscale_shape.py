@@ -8,7 +8,12 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from tandem.operator.autoscale.core.capacity import DecodeLoad, PrefillLoad, prefill_ttft_ms
-from tandem.operator.autoscale.core.colocated import colocated_need, colocated_tpot_ms, colocated_ttft_ms
+from tandem.operator.autoscale.core.colocated import (
+    colocated_need,
+    colocated_tpot_at_ms,
+    colocated_tpot_ms,
+    colocated_ttft_ms,
+)
 from tandem.operator.autoscale.core.config import PolicyConfig
 from tandem.operator.autoscale.core.shape import Shape, ShapeAction, ShapeConfig, ShapeLoad, decide_shape
 from tandem.operator.autoscale.core.types import Pool, PoolObservation, Replicas
@@ -19,6 +24,9 @@ from tests.unit.autoscale_fixtures import linear_profile
 H200 = shipped_profile("h200-llama-3.1-8b-fp8")  # NVIDIA's measured H200 profile: idle step about 4.6 ms
 LONG = ShapeLoad(
     rate_rps=10, prompt_tokens_mean=4000, output_tokens_mean=200, prompt_tokens_p90=6000, tpot_ms=9.0
+)
+BAND_LOAD = ShapeLoad(
+    rate_rps=40, prompt_tokens_mean=4000, output_tokens_mean=800, prompt_tokens_p90=4000, tpot_ms=12.0
 )
 IDLE_STEP_MS = H200.decode_step_ms(1, LONG.prompt_tokens_mean + LONG.output_tokens_mean / 2)
 
@@ -61,8 +69,8 @@ CASES = [
         tpot_x_idle(1.5),
         ShapeAction.split,
         Shape(prefill=1, decode=2),
-        "Split: TPOT p90 9 ms > 7 ms under prefill interference; 1P+2D serves it at 3 GPUs, 6 colocated "
-        "would need 6",
+        "Split: TPOT p90 9 ms > 7 ms under prefill interference; 1P+2D serves it at 3 GPUs, 22 colocated "
+        "would need 22",
     ),
     Case(
         "loose TPOT (8x idle) keeps colocated workers: the split saves nothing",
@@ -83,26 +91,22 @@ CASES = [
         "Collapsed: 10 req/s fits 1 colocated worker",
     ),
     Case(
-        "inside the hysteresis band (4P+6D against 11 colocated) keeps",
-        ShapeLoad(
-            rate_rps=40, prompt_tokens_mean=4000, output_tokens_mean=500, prompt_tokens_p90=6000, tpot_ms=12.0
-        ),
-        Shape(colocated=11),
-        tpot_x_idle(3),
+        "inside the hysteresis band (4P+7D against 12 colocated) keeps",
+        BAND_LOAD,
+        Shape(colocated=12),
+        tpot_x_idle(5),
         ShapeAction.keep,
-        Shape(colocated=11),
-        "Kept 11 colocated: it needs 11 colocated at 11 GPUs; 4P+6D at 10 GPUs saves less than 10%",
+        Shape(colocated=12),
+        "Kept 12 colocated: it needs 12 colocated at 12 GPUs; 4P+7D at 11 GPUs saves less than 10%",
     ),
     Case(
         "the same load with no band splits",
-        ShapeLoad(
-            rate_rps=40, prompt_tokens_mean=4000, output_tokens_mean=500, prompt_tokens_p90=6000, tpot_ms=12.0
-        ),
-        Shape(colocated=11),
-        tpot_x_idle(3),
+        BAND_LOAD,
+        Shape(colocated=12),
+        tpot_x_idle(5),
         ShapeAction.split,
-        Shape(prefill=4, decode=6),
-        "Split: 40 req/s; 4P+6D serves it at 10 GPUs, 11 colocated would need 11",
+        Shape(prefill=4, decode=7),
+        "Split: 40 req/s; 4P+7D serves it at 11 GPUs, 12 colocated would need 12",
         config={"band": 0.0},
     ),
     Case(
@@ -183,10 +187,9 @@ def test_shape_rule(case: Case):
 
 def test_hysteresis_holds_either_way_at_the_crossover():
     """Where neither shape saves the band, both directions keep: the service cannot flap."""
-    load = CASES[4].load
-    cfg = ShapeConfig(slo=tpot_x_idle(3), profile=H200)
-    assert decide_shape(load, Shape(colocated=11), 3600, cfg).action == ShapeAction.keep
-    assert decide_shape(load, Shape(prefill=4, decode=6), 3600, cfg).action == ShapeAction.keep
+    cfg = ShapeConfig(slo=tpot_x_idle(5), profile=H200)
+    assert decide_shape(BAND_LOAD, Shape(colocated=12), 3600, cfg).action == ShapeAction.keep
+    assert decide_shape(BAND_LOAD, Shape(prefill=4, decode=7), 3600, cfg).action == ShapeAction.keep
 
 
 def test_config_from_the_policy_carries_its_slo_margin_and_flip_time():
@@ -263,7 +266,7 @@ def test_colocated_need_is_the_fewest_workers_meeting_both_targets(rate):
 
     def fits(n: int) -> bool:
         return (
-            colocated_tpot_ms(p, n, prefill, decode) <= 24
+            colocated_tpot_at_ms(p, n, prefill, decode, 90) <= 24
             and colocated_ttft_ms(p, n, prefill, decode, 90) <= 400
         )
 

@@ -28,7 +28,7 @@ from tandem.operator.autoscale.core.capacity import (
     decode_need,
     prefill_need,
 )
-from tandem.operator.autoscale.core.colocated import colocated_need, colocated_tpot_ms
+from tandem.operator.autoscale.core.colocated import colocated_need, colocated_tpot_at_ms
 from tandem.operator.autoscale.core.config import PolicyConfig
 from tandem.operator.autoscale.core.sizing import missing
 from tandem.operator.autoscale.core.types import Pool, PoolObservation
@@ -177,6 +177,12 @@ def decide_shape(load: ShapeLoad, current: Shape, since_change_s: float, cfg: Sh
     )
 
 
+def sized(load: ShapeLoad, cfg: ShapeConfig) -> tuple[Shape, Shape]:
+    """The colocated workers and the split the rule compares for this load (its capacity model at the
+    margin); a count of MAX_REPLICAS_SEARCHED says no count of that kind meets the SLO."""
+    return _sized(load, cfg)
+
+
 def _loads(load: ShapeLoad) -> tuple[PrefillLoad, DecodeLoad]:
     p90 = load.prompt_tokens_p90 if load.prompt_tokens_p90 is not None else load.prompt_tokens_mean
     prefill = PrefillLoad(load.rate_rps, load.prompt_tokens_mean, p90, load.prefix_hit_rate)
@@ -222,7 +228,7 @@ def _why(load: ShapeLoad, current: Shape, colocated: Shape, split: Shape, cfg: S
     slo, p = cfg.slo, f"p{cfg.slo.percentile:g}"
     if current.split:
         n = colocated.colocated
-        tpot = colocated_tpot_ms(cfg.profile, n, *_loads(load))
+        tpot = colocated_tpot_at_ms(cfg.profile, n, *_loads(load), slo.percentile)
         return (
             f"{load.rate_rps:.2g} req/s fits {n} colocated worker{'s' if n > 1 else ''} at TPOT {p} "
             f"{tpot:.0f} ms <= {slo.tpot_ms:.0f} ms; the split needs {_described(split, cfg)}"
