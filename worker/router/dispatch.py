@@ -49,6 +49,7 @@ from tandem.worker.router.disaggregation import (
     pick_mixed,
 )
 from tandem.worker.router.membership import STUBS, Pools, Worker
+from tandem.worker.router.pairing import connected_now
 from tandem.worker.router.selection import WorkerView, pick_decode, pick_prefill
 from tandem.worker.router.wake_queue import WakeLimits, WakeQueue
 from tandem.worker.router.worker_errors import (
@@ -160,6 +161,16 @@ class GrpcBackend:
     def discovery_stale(self) -> int:
         """Worker names whose last lookup failed, served from their last good addresses."""
         return len(self.pools.stale_names)
+
+    def connected_workers(self) -> dict[str, int]:
+        """Workers whose channel from the router is connected now, by pool."""
+        return {
+            role: sum(connected_now(w.channel) for w in self.pools.workers[role].values()) for role in STUBS
+        }
+
+    def kv_pairs_connected(self) -> int:
+        """Prefill-decode pairs whose KV channel the prefill worker has connected."""
+        return len(self.pools.kv_pairing.connected)
 
     def routable_workers(self) -> dict[str, int]:
         return {role: sum(v.routable for v in self.pools.views(role)) for role in STUBS}

@@ -28,6 +28,7 @@ from grpc import aio
 
 from tandem.v1 import colocated_pb2_grpc, common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 from tandem.worker.api.tls import ClientCertWatch, TlsConfig, aio_channel
+from tandem.worker.router.pairing import KvPairing
 from tandem.worker.router.selection import WorkerView
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class Pools:
         self.reported: dict[
             str, str
         ] = {}  # address -> the role it last reported, where that differs from its list's
+        self.kv_pairing = KvPairing()  # prefill workers' KV channels, connected before the first transfer
 
     def views(self, role: str) -> list[WorkerView]:
         return [w.view for w in self.workers[role].values()]
@@ -200,6 +202,7 @@ class Pools:
             await ch.close()
 
     async def close(self) -> None:
+        await self.kv_pairing.close()
         for role in self.workers.values():
             for w in role.values():
                 await w.channel.close()
@@ -222,6 +225,7 @@ class Pools:
     async def poll_all(self, role: str | None = None) -> None:
         roles = [role] if role else list(self.workers)
         await asyncio.gather(*(poll(w) for r in roles for w in self.workers[r].values()))
+        self.kv_pairing.update(self.workers["prefill"], self.workers["decode"])
         moved = [
             w
             for r in roles

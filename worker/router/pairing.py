@@ -1,0 +1,81 @@
+"""Connections made before the first request needs them: the router names each decode worker to each prefill
+worker as soon as both answer, so that the prefill worker's KV channel to it (TCP, TLS) is open before the
+first transfer between them; and which of the router's own channels are connected now."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+import grpc
+from grpc import aio
+
+from tandem.v1 import common_pb2
+
+if TYPE_CHECKING:
+    from tandem.worker.router.membership import Worker
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_TIMEOUT_S = 5.0  # the prefill worker waits up to 2 s for its channel, then answers
+
+Pair = tuple[str, str]  # (prefill address, decode address)
+
+
+def answering(workers: dict[str, Worker]) -> dict[str, Worker]:
+    """The workers that answered their Handshake and Load and take work (pure)."""
+    return {a: w for a, w in workers.items() if w.info is not None and w.view.healthy and not w.view.draining}
+
+
+def pairs_to_connect(
+    prefill: dict[str, Worker], decode: dict[str, Worker], connected: set[Pair], connecting: set[Pair]
+) -> list[Pair]:
+    """Pairs of answering prefill and decode workers whose KV channel is neither connected nor being
+    connected (pure)."""
+    return [
+        (p, d)
+        for p in answering(prefill)
+        for d in answering(decode)
+        if (p, d) not in connected and (p, d) not in connecting
+    ]
+
+
+def connected_now(channel: aio.Channel) -> bool:
+    """Whether a channel is connected, asked without dialling."""
+    return channel.get_state(try_to_connect=False) == grpc.ChannelConnectivity.READY
+
+
+class KvPairing:
+    """The prefill-decode pairs whose KV channel is connected, and the handshakes that connect new ones (each
+    in the background: a poll round never waits on one)."""
+
+    def __init__(self) -> None:
+        self.connected: set[Pair] = set()
+        self._tasks: dict[Pair, asyncio.Task] = {}
+
+    def update(self, prefill: dict[str, Worker], decode: dict[str, Worker]) -> None:
+        """Forget the pairs of workers that left; start a handshake for each new pair."""
+        self.connected = {(p, d) for p, d in self.connected if p in prefill and d in decode}
+        for pair in pairs_to_connect(prefill, decode, self.connected, set(self._tasks)):
+            self._tasks[pair] = asyncio.create_task(self._connect(pair, prefill[pair[0]], decode[pair[1]]))
+
+    async def _connect(self, pair: Pair, prefill: Worker, decode: Worker) -> None:
+        try:
+            reply = await prefill.stub.Handshake(  # type: ignore[attr-defined]
+                common_pb2.HandshakeRequest(peer=decode.info, peer_address=pair[1]),
+                timeout=HANDSHAKE_TIMEOUT_S,
+            )
+            if reply.peer_connected:
+                self.connected.add(pair)
+            else:
+                log.info("prefill worker %s could not connect to decode worker %s yet", *pair)
+        except aio.AioRpcError as e:
+            log.info("prefill worker %s not paired with %s: %s %s", *pair, e.code().name, e.details())
+        finally:
+            self._tasks.pop(pair, None)
+
+    async def close(self) -> None:
+        for task in list(self._tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
