@@ -24,6 +24,7 @@ SMOKE = {  # module -> the arguments of its smoke run
     "disagg_overhead": ["--smoke"],
     "engine": ["--smoke"],
     "faults": ["--smoke"],
+    "first_request": ["--smoke"],
     "flip": ["--smoke"],
     "goodput": ["--smoke"],
     "gpu_engine": ["--dry-run"],  # a GPU bench: its dry run is the CPU path
@@ -43,6 +44,7 @@ SLOW = {
     "disagg_idle",
     "disagg_overhead",
     "faults",
+    "first_request",
     "flip",
     "goodput",
     "gpu_engine",
