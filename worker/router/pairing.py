@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import grpc
@@ -18,7 +20,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-HANDSHAKE_TIMEOUT_S = 5.0  # the prefill worker waits up to 2 s for its channel, then answers
+HANDSHAKE_TIMEOUT_S = 5.0  # the prefill worker waits a moment for its channel, then answers
+RETRY_S = 5.0  # a pair whose channel did not connect is tried again this much later
 
 Pair = tuple[str, str]  # (prefill address, decode address)
 
@@ -28,17 +31,10 @@ def answering(workers: dict[str, Worker]) -> dict[str, Worker]:
     return {a: w for a, w in workers.items() if w.info is not None and w.view.healthy and not w.view.draining}
 
 
-def pairs_to_connect(
-    prefill: dict[str, Worker], decode: dict[str, Worker], connected: set[Pair], connecting: set[Pair]
-) -> list[Pair]:
-    """Pairs of answering prefill and decode workers whose KV channel is neither connected nor being
-    connected (pure)."""
-    return [
-        (p, d)
-        for p in answering(prefill)
-        for d in answering(decode)
-        if (p, d) not in connected and (p, d) not in connecting
-    ]
+def pairs_to_connect(prefill: dict[str, Worker], decode: dict[str, Worker], skip: set[Pair]) -> list[Pair]:
+    """Pairs of answering prefill and decode workers, but those in `skip` (connected, being connected, or
+    waiting to try again) (pure)."""
+    return [(p, d) for p in answering(prefill) for d in answering(decode) if (p, d) not in skip]
 
 
 def connected_now(channel: aio.Channel) -> bool:
@@ -47,20 +43,26 @@ def connected_now(channel: aio.Channel) -> bool:
 
 
 class KvPairing:
-    """The prefill-decode pairs whose KV channel is connected, and the handshakes that connect new ones (each
-    in the background: a poll round never waits on one)."""
+    """The prefill-decode pairs whose KV channel is connected, and the handshakes that connect new ones: each
+    in the background (a poll round never waits on one), a pair that failed tried again RETRY_S later."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self.connected: set[Pair] = set()
         self._tasks: dict[Pair, asyncio.Task] = {}
+        self._retry_at: dict[Pair, float] = {}  # pairs that failed: not before then
 
     def update(self, prefill: dict[str, Worker], decode: dict[str, Worker]) -> None:
-        """Forget the pairs of workers that left; start a handshake for each new pair."""
+        """Forget the pairs of workers that left; start a handshake for each new pair (or one due a retry)."""
+        now = self.clock()
         self.connected = {(p, d) for p, d in self.connected if p in prefill and d in decode}
-        for pair in pairs_to_connect(prefill, decode, self.connected, set(self._tasks)):
+        self._retry_at = {pair: t for pair, t in self._retry_at.items() if t > now}
+        skip = self.connected | set(self._tasks) | set(self._retry_at)
+        for pair in pairs_to_connect(prefill, decode, skip):
             self._tasks[pair] = asyncio.create_task(self._connect(pair, prefill[pair[0]], decode[pair[1]]))
 
     async def _connect(self, pair: Pair, prefill: Worker, decode: Worker) -> None:
+        why = ""
         try:
             reply = await prefill.stub.Handshake(  # type: ignore[attr-defined]
                 common_pb2.HandshakeRequest(peer=decode.info, peer_address=pair[1]),
@@ -69,11 +71,14 @@ class KvPairing:
             if reply.peer_connected:
                 self.connected.add(pair)
             else:
-                log.info("prefill worker %s could not connect to decode worker %s yet", *pair)
+                why = "its channel did not connect"
         except aio.AioRpcError as e:
-            log.info("prefill worker %s not paired with %s: %s %s", *pair, e.code().name, e.details())
+            why = f"{e.code().name} {e.details()}"
         finally:
             self._tasks.pop(pair, None)
+        if why:
+            self._retry_at[pair] = self.clock() + RETRY_S
+            log.info("prefill worker %s not yet connected to decode worker %s (%s)", *pair, why)
 
     async def close(self) -> None:
         for task in list(self._tasks.values()):
