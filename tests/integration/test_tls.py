@@ -58,18 +58,18 @@ def _load(role: str, channel: grpc.Channel) -> common_pb2.LoadReport:
 
 
 def test_every_connection_a_first_request_takes_is_open_before_it(stack):
-    """Before any request: the router's channel to each worker is connected (its TLS handshake done), and the
-    prefill worker's KV channel to the decode worker too (the router named one to the other). First in this
-    module: the stack has served nothing yet."""
+    """Once the router routes to a worker, before any request: its channel to each worker is connected (TLS
+    handshake done), and the prefill worker's KV channel to the decode worker too (the router named one to the
+    other before either was routable). First in this module: the stack has served nothing yet."""
     _, url, _ = stack
     deadline = time.monotonic() + 60
-    while metric(url, names.ROUTER_KV_PAIRS_CONNECTED) < 1:  # set once the prefill worker's handshake says so
-        assert time.monotonic() < deadline, "the prefill worker never connected to the decode worker"
+    while not all(metric(url, names.ROUTER_ROUTABLE_WORKERS, role=r) == 1 for r in ("prefill", "decode")):
+        assert time.monotonic() < deadline, "the router never routed to both workers"
         time.sleep(0.2)
+    assert metric(url, names.ROUTER_KV_PAIRS_CONNECTED) == 1
     assert metric(url, names.REQUEST_ARRIVALS_TOTAL) == 0
     for role in ("prefill", "decode"):
         assert metric(url, names.ROUTER_CONNECTED_WORKERS, role=role) == 1
-        assert metric(url, names.ROUTER_ROUTABLE_WORKERS, role=role) == 1
 
 
 def test_only_the_router_names_a_decode_worker_for_a_prefill_worker_to_dial(stack):

@@ -59,3 +59,14 @@ def test_a_pair_that_did_not_connect_is_tried_again_later_not_every_round():
     now[0] = 60.0
     asyncio.run(rounds(1))
     assert stub.handshakes == 2
+
+
+def test_a_joining_worker_is_routable_once_each_kv_channel_it_needs_was_tried():
+    pairing = KvPairing()
+    prefill = pool("prefill", worker("p1", "prefill"), worker("p2", "prefill", known=False))
+    decode = pool("decode", worker("d1", "decode"), worker("d2", "decode", healthy=False))
+    p1, p2, d1 = prefill["p1"], prefill["p2"], decode["d1"]
+    assert not pairing.tried_all(p1, prefill, decode) and not pairing.tried_all(d1, prefill, decode)
+    pairing.tried.add(("p1", "d1"))  # d2 does not answer: nothing to wait for
+    assert pairing.tried_all(p1, prefill, decode) and pairing.tried_all(d1, prefill, decode)
+    assert not pairing.tried_all(p2, prefill, decode)  # it never answered

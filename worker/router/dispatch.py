@@ -150,9 +150,10 @@ class GrpcBackend:
     def _may_wake(self, role: str) -> bool:
         """No worker of `role` is routable, and one may be soon: the pool is at zero or going there (its last
         workers drain, as a scale-down's or a flip's do), or a worker of it is starting (joined, or moved here
-        by a flip, and never answered). A pool whose workers all failed is refused at once, not held."""
+        by a flip, and never answered or its KV channels not yet tried). A pool whose workers all failed is
+        refused at once, not held."""
         members = [w for side in self._sides(role) for w in self.pools.workers[side].values()]
-        starting = any(w.info is None for w in members)
+        starting = any(w.info is None or w.view.warming for w in members)
         return not self._routable(role) and (starting or all(w.view.draining for w in members))
 
     def queue_depth(self) -> int:

@@ -24,6 +24,7 @@ HANDSHAKE_TIMEOUT_S = 5.0  # the prefill worker waits a moment for its channel, 
 RETRY_S = 5.0  # a pair whose channel did not connect is tried again this much later
 
 Pair = tuple[str, str]  # (prefill address, decode address)
+PAIRED = ("prefill", "decode")  # the pools whose workers are routable once their KV channels were tried
 
 
 def answering(workers: dict[str, Worker]) -> dict[str, Worker]:
@@ -46,9 +47,12 @@ class KvPairing:
     """The prefill-decode pairs whose KV channel is connected, and the handshakes that connect new ones: each
     in the background (a poll round never waits on one), a pair that failed tried again RETRY_S later."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, on_tried: Callable[[], None] = lambda: None
+    ) -> None:
+        self.clock, self.on_tried = clock, on_tried  # on_tried: after each handshake, answered or failed
         self.connected: set[Pair] = set()
+        self.tried: set[Pair] = set()  # handshakes that answered (connected or not) or failed
         self._tasks: dict[Pair, asyncio.Task] = {}
         self._retry_at: dict[Pair, float] = {}  # pairs that failed: not before then
 
@@ -56,6 +60,7 @@ class KvPairing:
         """Forget the pairs of workers that left; start a handshake for each new pair (or one due a retry)."""
         now = self.clock()
         self.connected = {(p, d) for p, d in self.connected if p in prefill and d in decode}
+        self.tried = {(p, d) for p, d in self.tried if p in prefill and d in decode}
         self._retry_at = {pair: t for pair, t in self._retry_at.items() if t > now}
         skip = self.connected | set(self._tasks) | set(self._retry_at)
         for pair in pairs_to_connect(prefill, decode, skip):
@@ -76,9 +81,20 @@ class KvPairing:
             why = f"{e.code().name} {e.details()}"
         finally:
             self._tasks.pop(pair, None)
+            self.tried.add(pair)
         if why:
             self._retry_at[pair] = self.clock() + RETRY_S
             log.info("prefill worker %s not yet connected to decode worker %s (%s)", *pair, why)
+        self.on_tried()
+
+    def tried_all(self, worker: Worker, prefill: dict[str, Worker], decode: dict[str, Worker]) -> bool:
+        """Whether a worker that answered has had a handshake with each answering worker of the other pool."""
+        if worker.info is None:
+            return False
+        me = worker.view.address
+        if worker.role == "prefill":
+            return all((me, d) in self.tried for d in answering(decode))
+        return all((p, me) in self.tried for p in answering(prefill))
 
     async def close(self) -> None:
         for task in list(self._tasks.values()):
