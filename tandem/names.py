@@ -42,6 +42,10 @@ REQUESTS_TOTAL = "tandem_requests_total"
 ROUTER_QUEUE_DEPTH = "tandem_router_queue_depth"
 ROUTER_ROUTABLE_WORKERS = "tandem_router_routable_workers"  # by `role`: prefill | decode | colocated
 ROUTER_DISCOVERY_STALE = "tandem_router_discovery_stale"  # worker names kept at their last good addresses
+# Warm before the first request: workers whose channel from the router is connected (TCP and TLS done), by
+# `role`, and prefill-decode pairs whose KV channel the prefill worker has connected.
+ROUTER_CONNECTED_WORKERS = "tandem_router_connected_workers"
+ROUTER_KV_PAIRS_CONNECTED = "tandem_router_kv_pairs_connected"
 # Requests the router holds while a pool they need has no worker (scaled to zero, waking), by `role`, and
 # how long the oldest of them has waited: the demand the autoscaler sees at zero.
 ROUTER_HELD_REQUESTS = "tandem_router_held_requests"

@@ -58,6 +58,15 @@ def greedy_tokens(url: str, prompt: str, n: int = 24, timeout_s: float = 120) ->
     return r.json()["choices"][0]["logprobs"]["tokens"]
 
 
+def metric(url: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` whose labels include `labels`, scraped from `url`/metrics."""
+    total = 0.0
+    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 @contextmanager
 def running_stack(obj: dict, log_dir: Path):
     base = free_port_block(24)

@@ -24,6 +24,7 @@ SMOKE = {  # module -> the arguments of its smoke run
     "disagg_overhead": ["--smoke"],
     "engine": ["--smoke"],
     "faults": ["--smoke"],
+    "first_request": ["--smoke"],
     "flip": ["--smoke"],
     "goodput": ["--smoke"],
     "goodput_dynamo": ["--smoke"],  # on tandem's simulator: Dynamo's replay is not in CI
@@ -45,6 +46,7 @@ SLOW = {
     "disagg_idle",
     "disagg_overhead",
     "faults",
+    "first_request",
     "flip",
     "goodput",
     "gpu_engine",

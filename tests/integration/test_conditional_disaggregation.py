@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tandem import names
-from tests.integration.stacks import running_stack, spec
+from tests.integration.stacks import metric, running_stack, spec
 from tests.integration.test_serving_e2e import _busy, _stream_in_thread, _wait_idle
 
 pytestmark = pytest.mark.slow
@@ -65,22 +65,13 @@ def _greedy(url: str, prompt: str) -> tuple[str, int, str]:
     )
 
 
-def _metric(url: str, name: str, **labels: str) -> float:
-    """Sum of the samples of `name` whose labels include `labels`."""
-    total = 0.0
-    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 def _worker_metrics_url(stack, role: str) -> str:
     p = next(p for p in stack.plans if p.role == role)
     return f"http://{p.address.rsplit(':', 1)[0]}:{p.metrics_port}"
 
 
 def _prefilled(stack, role: str) -> float:
-    return _metric(_worker_metrics_url(stack, role), names.PREFILL_TOKENS_TOTAL)
+    return metric(_worker_metrics_url(stack, role), names.PREFILL_TOKENS_TOTAL)
 
 
 def _until(check, what: str, timeout_s: float = 10.0) -> None:
@@ -104,8 +95,8 @@ def test_short_prompts_run_on_the_decode_worker_and_long_ones_disaggregated(cond
         "the long prompt was not prefilled remotely",
     )
     for route in ("local", "disaggregated"):
-        assert _metric(url, names.TTFT_SECONDS + "_count", prefill=route) == 1
-        assert _metric(url, names.REQUESTS_TOTAL, prefill=route, status="200") == 1
+        assert metric(url, names.TTFT_SECONDS + "_count", prefill=route) == 1
+        assert metric(url, names.REQUESTS_TOTAL, prefill=route, status="200") == 1
     # the same prompts with every prefill on the decode worker: the same greedy text
     assert _greedy(never[1], SHORT) == (short_text, short_len, "local")
     assert _greedy(never[1], LONG) == (long_text, long_len, "local")
@@ -134,7 +125,7 @@ def test_a_busy_decode_worker_s_next_request_runs_whole_on_the_prefill_worker(co
         assert route == "mixed"
         assert _busy(stack, "decode", "running_sequences") is not None, "the first stream ended early"
     # the client left the first stream: the router aborts it on the decode worker
-    assert _metric(url, names.REQUESTS_TOTAL, prefill="mixed", status="200") == 1
+    assert metric(url, names.REQUESTS_TOTAL, prefill="mixed", status="200") == 1
     _until(
         lambda: _prefilled(stack, "prefill") >= prefilled + prompt_len,
         "the prefill worker did not run the prompt",
@@ -174,5 +165,5 @@ def test_a_decode_worker_killed_under_a_local_prefill_ends_the_stream_with_an_er
     assert not t.is_alive(), "the client hung"
     data = [e[1] for e in events if e[0] == "data"]
     assert any('"error"' in d for d in data) and data[-1] == "[DONE]"
-    assert _metric(url, names.REQUESTS_TOTAL, prefill="local", status="503") == 1
+    assert metric(url, names.REQUESTS_TOTAL, prefill="local", status="503") == 1
     victim_proc.wait()

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tandem import names
 from tandem.identity import Identity, peer_name
 from tandem.operator.certs import Authority, write_dir, write_local
 from tandem.operator.local.flip import dial_worker
@@ -27,7 +28,7 @@ from tandem.v1 import (
     prefill_pb2,
     prefill_pb2_grpc,
 )
-from tests.integration.stacks import running_stack, spec
+from tests.integration.stacks import metric, running_stack, spec
 
 pytestmark = pytest.mark.slow
 SERVICE = "tls"
@@ -54,6 +55,37 @@ def _load(role: str, channel: grpc.Channel) -> common_pb2.LoadReport:
         channel
     )
     return stub.Load(common_pb2.LoadRequest(), timeout=5)
+
+
+def test_every_connection_a_first_request_takes_is_open_before_it(stack):
+    """Once the router routes to a worker, before any request: its channel to each worker is connected (TLS
+    handshake done), and the prefill worker's KV channel to the decode worker too (the router named one to the
+    other before either was routable). First in this module: the stack has served nothing yet."""
+    _, url, _ = stack
+    deadline = time.monotonic() + 60
+    while not all(metric(url, names.ROUTER_ROUTABLE_WORKERS, role=r) == 1 for r in ("prefill", "decode")):
+        assert time.monotonic() < deadline, "the router never routed to both workers"
+        time.sleep(0.2)
+    assert metric(url, names.ROUTER_KV_PAIRS_CONNECTED) == 1
+    assert metric(url, names.REQUEST_ARRIVALS_TOTAL) == 0
+    for role in ("prefill", "decode"):
+        assert metric(url, names.ROUTER_CONNECTED_WORKERS, role=role) == 1
+
+
+def test_only_the_router_names_a_decode_worker_for_a_prefill_worker_to_dial(stack):
+    certs = stack[2]
+    addresses = dict(_workers(stack))
+    named = common_pb2.HandshakeRequest(peer_address=addresses["decode"])
+    for who in ("decode", "prefill", "operator"):
+        with _dial(addresses["prefill"], certs, who, "prefill") as ch:
+            _denied(lambda: prefill_pb2_grpc.PrefillServiceStub(ch).Handshake(named, timeout=10))
+    with _dial(addresses["prefill"], certs, "router", "prefill") as ch:
+        stub = prefill_pb2_grpc.PrefillServiceStub(ch)
+        assert stub.Handshake(named, timeout=10).peer_connected
+        assert not stub.Handshake(common_pb2.HandshakeRequest(), timeout=10).peer_connected  # none named
+        with pytest.raises(grpc.RpcError) as err:  # a gRPC scheme, not a worker's host:port
+            stub.Handshake(common_pb2.HandshakeRequest(peer_address="unix:/tmp/x"), timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_requests_flow_over_mutual_tls_by_default(stack):

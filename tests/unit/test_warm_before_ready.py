@@ -2,6 +2,8 @@
 time."""
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 
@@ -76,3 +78,31 @@ def test_step_paths_name_each_kind_of_row():
         step_paths.FILTERED,
         step_paths.CONSTRAINED,
     ]
+
+
+START_WITHOUT_DYNAMO = """
+import sys
+from pathlib import Path
+from tandem.worker.engine.loading import build_engine
+from tandem.worker.engine.runner.compiled import warm_up
+from tandem.worker.engine.runner.engine import EngineConfig
+
+config = EngineConfig(num_kv_blocks=64, block_size=4, prefill_chunk_tokens=32)
+engine = build_engine(Path(sys.argv[1]), config)[0]
+warm_up(engine)
+print(sorted(m for m in sys.modules if m.startswith("torch._dynamo")))
+"""
+
+
+def test_an_eager_start_never_imports_torch_dynamo(tiny_model_dir):
+    """Loading the model (built on `meta`) and the warm-up (grammar masks included) stay off torch._dynamo,
+    whose import is seconds of every worker's start; only a compiled decode step needs it. A fresh
+    interpreter: this one may have imported it already."""
+    out = subprocess.run(
+        [sys.executable, "-c", START_WITHOUT_DYNAMO, str(tiny_model_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout

@@ -12,6 +12,7 @@ from safetensors import safe_open
 
 from tandem.worker.engine.core.grammar import GRAMMAR_TOKENIZER_FILE, GrammarVocab
 from tandem.worker.engine.layers import weight_fp8, weight_int8
+from tandem.worker.engine.meta_init import on_meta_uninitialised
 from tandem.worker.engine.models.llama import Transformer, rope_inv_freq
 from tandem.worker.engine.models.protocol import CausalLM
 from tandem.worker.engine.models.registry import model_module
@@ -203,7 +204,7 @@ def load_model(
         weight_fp8.check_fp8(device)
     target = parse_dtype(dtype)
     config, state = load_checkpoint(model_dir, target, device)
-    with torch.device("meta"):
+    with on_meta_uninitialised():
         model: Transformer = model_module(config.architecture).Model(config)
     if quantization == "fp8":
         _fp8_layers_as_stored(model, state)

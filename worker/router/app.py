@@ -41,8 +41,9 @@ from tandem.worker.router.backend import Backend
 from tandem.worker.router.choices import Generations
 from tandem.worker.router.errors import add_error_handlers, error_of, error_response, parse_request
 from tandem.worker.router.limits import BodyGone, RequestLimits, read_body
-from tandem.worker.router.metrics import STATUS_CLIENT_GONE, RouterMetrics
+from tandem.worker.router.metrics import STATUS_CLIENT_GONE, Connections, RouterMetrics
 from tandem.worker.router.openapi import document_request_bodies
+from tandem.worker.router.warm import warm_request_path
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +158,7 @@ def create_app(
         slo=slo,
         routable_workers=backend.routable_workers,
         discovery_stale=getattr(backend, "discovery_stale", None),
+        connections=backend if isinstance(backend, Connections) else None,
         model_name=served_name,
         wake_queue=getattr(backend, "wake_queue", None),
     )
@@ -164,7 +166,7 @@ def create_app(
     token_bytes = max_token_bytes(tokenizer.backend.get_vocab(with_added_tokens=True))
     app = FastAPI(
         title="tandem router",
-        lifespan=backend_lifespan(backend),
+        lifespan=backend_lifespan(backend, tokenizer),
         docs_url="/docs" if docs else None,
         redoc_url="/redoc" if docs else None,
         openapi_url="/openapi.json" if docs else None,
@@ -191,11 +193,15 @@ def create_app(
     return app
 
 
-def backend_lifespan(backend: Backend) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
-    """The app's lifespan: the backend starts before the first request and closes after the last."""
+def backend_lifespan(
+    backend: Backend, tokenizer: Tokenizer
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: the request path is warmed up and the backend started before the first request;
+    the backend closes after the last."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await warm_request_path(tokenizer)
         await backend.start()
         try:
             yield

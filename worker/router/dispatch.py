@@ -49,6 +49,7 @@ from tandem.worker.router.disaggregation import (
     pick_mixed,
 )
 from tandem.worker.router.membership import STUBS, Pools, Worker
+from tandem.worker.router.pairing import connected_now
 from tandem.worker.router.selection import WorkerView, pick_decode, pick_prefill
 from tandem.worker.router.wake_queue import WakeLimits, WakeQueue
 from tandem.worker.router.worker_errors import (
@@ -149,9 +150,10 @@ class GrpcBackend:
     def _may_wake(self, role: str) -> bool:
         """No worker of `role` is routable, and one may be soon: the pool is at zero or going there (its last
         workers drain, as a scale-down's or a flip's do), or a worker of it is starting (joined, or moved here
-        by a flip, and never answered). A pool whose workers all failed is refused at once, not held."""
+        by a flip, and never answered or its KV channels not yet tried). A pool whose workers all failed is
+        refused at once, not held."""
         members = [w for side in self._sides(role) for w in self.pools.workers[side].values()]
-        starting = any(w.info is None for w in members)
+        starting = any(w.info is None or w.view.warming for w in members)
         return not self._routable(role) and (starting or all(w.view.draining for w in members))
 
     def queue_depth(self) -> int:
@@ -160,6 +162,16 @@ class GrpcBackend:
     def discovery_stale(self) -> int:
         """Worker names whose last lookup failed, served from their last good addresses."""
         return len(self.pools.stale_names)
+
+    def connected_workers(self) -> dict[str, int]:
+        """Workers whose channel from the router is connected now, by pool."""
+        return {
+            role: sum(connected_now(w.channel) for w in self.pools.workers[role].values()) for role in STUBS
+        }
+
+    def kv_pairs_connected(self) -> int:
+        """Prefill-decode pairs whose KV channel the prefill worker has connected."""
+        return len(self.pools.kv_pairing.connected)
 
     def routable_workers(self) -> dict[str, int]:
         return {role: sum(v.routable for v in self.pools.views(role)) for role in STUBS}

@@ -29,6 +29,7 @@ from grpc import aio
 
 from tandem.v1 import colocated_pb2_grpc, common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 from tandem.worker.api.tls import ClientCertWatch, TlsConfig, aio_channel
+from tandem.worker.router.pairing import PAIRED, KvPairing
 from tandem.worker.router.selection import WorkerView
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,8 @@ class Pools:
         self.reported: dict[
             str, str
         ] = {}  # address -> the role it last reported, where that differs from its list's
+        # prefill workers' KV channels, connected before the first transfer
+        self.kv_pairing = KvPairing(on_tried=self._settle_warming)
 
     def views(self, role: str) -> list[WorkerView]:
         return [w.view for w in self.workers[role].values()]
@@ -172,7 +175,10 @@ class Pools:
                 if address not in current:
                     channel = aio_channel(address, self.tls.to(role) if self.tls else None)
                     current[address] = Worker(
-                        role, WorkerView(address, healthy=False), channel, STUBS[role](channel)
+                        role,
+                        WorkerView(address, healthy=False, warming=role in PAIRED),
+                        channel,
+                        STUBS[role](channel),
                     )
             for address in list(current):
                 if address not in addresses:  # scaled away: no new requests, the held ones finish
@@ -191,6 +197,12 @@ class Pools:
         self.reported = {a: r for a, r in self.reported.items() if a in named}
         return out
 
+    def _settle_warming(self) -> None:
+        """A joining prefill or decode worker is routable once each KV channel it needs was tried."""
+        prefill, decode = self.workers["prefill"], self.workers["decode"]
+        for w in (*prefill.values(), *decode.values()):
+            w.view.warming = w.view.warming and not self.kv_pairing.tried_all(w, prefill, decode)
+
     async def close_retired(self) -> None:
         """Close the channels of workers that left the membership once no request holds them."""
         done = [w for w in self.retiring if w.in_use == 0]
@@ -203,6 +215,7 @@ class Pools:
             await ch.close()
 
     async def close(self) -> None:
+        await self.kv_pairing.close()
         for role in self.workers.values():
             for w in role.values():
                 await w.channel.close()
@@ -225,6 +238,8 @@ class Pools:
     async def poll_all(self, role: str | None = None) -> None:
         roles = [role] if role else list(self.workers)
         await asyncio.gather(*(poll(w) for r in roles for w in self.workers[r].values()))
+        self.kv_pairing.update(self.workers["prefill"], self.workers["decode"])
+        self._settle_warming()
         moved = [
             w
             for r in roles

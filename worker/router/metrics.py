@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from functools import partial
+from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -23,9 +24,11 @@ from tandem.names import (
     REQUEST_OUTPUT_TOKENS,
     REQUEST_PROMPT_TOKENS,
     REQUESTS_TOTAL,
+    ROUTER_CONNECTED_WORKERS,
     ROUTER_DISCOVERY_STALE,
     ROUTER_HELD_OLDEST_SECONDS,
     ROUTER_HELD_REQUESTS,
+    ROUTER_KV_PAIRS_CONNECTED,
     ROUTER_QUEUE_DEPTH,
     ROUTER_ROUTABLE_WORKERS,
     SLO_OBJECTIVE_RATIO,
@@ -40,6 +43,16 @@ from tandem.names import (
 )
 from tandem.slo import Slo
 from tandem.worker.router.wake_queue import WakeQueue
+
+
+@runtime_checkable
+class Connections(Protocol):
+    """The connections a backend opens before the first request needs them."""
+
+    def connected_workers(self) -> dict[str, int]: ...
+
+    def kv_pairs_connected(self) -> int: ...
+
 
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600)
 
@@ -148,6 +161,7 @@ class RouterMetrics:
         slo: Slo | None = None,
         routable_workers: Callable[[], dict[str, int]] | None = None,
         discovery_stale: Callable[[], float] | None = None,
+        connections: Connections | None = None,
         model_name: str = "model",
         wake_queue: WakeQueue | None = None,
     ) -> None:
@@ -161,6 +175,8 @@ class RouterMetrics:
         self._load_gauges(queue_depth, routable_workers, discovery_stale)
         if wake_queue is not None:
             self._held_gauges(wake_queue)
+        if connections is not None:
+            self._connection_gauges(connections)
         self.slo_requests = self._slo_series()
 
     def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
@@ -230,6 +246,20 @@ class RouterMetrics:
     def _gauge(self, name: str, doc: str, read: Callable[[], float]) -> None:
         """A gauge under this router's labels alone, read when scraped."""
         Gauge(name, doc, METRIC_LABELS, registry=self.registry).labels(**self.labels).set_function(read)
+
+    def _connection_gauges(self, connections: Connections) -> None:
+        """What a first request would otherwise wait for: the router's channels, the prefill workers' KV
+        channels (pairing.py)."""
+        self._by_role(
+            ROUTER_CONNECTED_WORKERS,
+            "Workers whose channel from the router is connected now (TCP and TLS done), by pool",
+            lambda role: connections.connected_workers().get(role, 0),
+        )
+        self._gauge(
+            ROUTER_KV_PAIRS_CONNECTED,
+            "Prefill-decode worker pairs whose KV channel the prefill worker has connected",
+            connections.kv_pairs_connected,
+        )
 
     def _held_gauges(self, queue: WakeQueue) -> None:
         """Requests held for a pool with no worker, and the oldest hold's age, by pool (wake_queue.py)."""

@@ -22,10 +22,11 @@ class WorkerView:
     inflight_prompt_tokens: int = 0
     recent_tpot_s: float = 0.0  # smoothed gap between tokens of the router's streams on this worker
     last_picked: float = 0.0  # when the router last chose it: equally loaded workers take turns
+    warming: bool = False  # joined, its KV channels to the other pool not yet tried (pairing.py)
 
     @property
     def routable(self) -> bool:
-        return self.healthy and not self.draining
+        return self.healthy and not self.draining and not self.warming
 
 
 def pick_prefill(workers: Iterable[WorkerView], exclude: Set[str] = frozenset()) -> WorkerView | None:

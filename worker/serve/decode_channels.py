@@ -49,5 +49,14 @@ class DecodeChannels:
             old.close()
         return channel
 
+    def open(self, address: str, timeout_s: float) -> bool:
+        """Connect the kept channel to `address` now (TCP, and TLS with mutual TLS), so that the first KV push
+        to it does not wait for the connection; False when it is not connected within `timeout_s`."""
+        try:
+            grpc.channel_ready_future(self.get(address)).result(timeout=timeout_s)
+        except grpc.FutureTimeoutError:
+            return False
+        return True
+
     def __len__(self) -> int:
         return len(self._open)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from tandem.identity import Identity
 from tandem.v1 import common_pb2, decode_pb2, prefill_pb2
 from tandem.worker.api.params import InvalidRequest
 from tandem.worker.api.tls import TlsConfig
@@ -24,6 +25,7 @@ from tandem.worker.kv_transport.base import DecodeUnreachable, KvLayout, KvSende
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS, StreamKvSender, staging_for
 from tandem.worker.kv_transport.handshake import check_compatible, reserve_transport
 from tandem.worker.kv_transport.pairing_log import PairingLog, transport_label
+from tandem.worker.serve.authz import ROUTER, caller_identity
 from tandem.worker.serve.colocated import generate_tokens
 from tandem.worker.serve.decode_channels import DecodeChannels
 from tandem.worker.serve.drain import refuse_while_draining
@@ -82,6 +84,12 @@ def check_decode_address(address: str) -> str | None:
     return None
 
 
+def names_peers(caller: Identity | None) -> bool:
+    """Whether `caller` may have this worker dial a decode worker (pure): the router, which names the decode
+    worker of every Prefill too."""
+    return caller is not None and bool(caller.roles & ROUTER)
+
+
 def public_reason(e: KvTransferError) -> str:
     """What a failed transfer tells the caller: the decode worker's own refusal, but never how a connection
     failed (refused, reset, not TLS), which would make Prefill a port scanner."""
@@ -90,6 +98,8 @@ def public_reason(e: KvTransferError) -> str:
 
 PUSH_GRACE_S = 1.0  # past the lease, for the decode worker's own clock and the commit's round trip
 PUSH_TIMEOUT_CAP_S = 60.0
+# a Handshake naming a decode worker waits this long for the channel to it (it goes on connecting after)
+PEER_CONNECT_TIMEOUT_S = 1.0
 
 
 def push_timeout_s(lease_deadline_ms: int, now_s: float) -> float:
@@ -112,6 +122,7 @@ class PrefillServicer:
         self.loop, self.info, self.compression, self.metrics = loop, info, compression, metrics
         self.layout = KvLayout.from_worker_info(info)
         self._transfers: dict[str, Transfer | None] = {}  # None: accepted, its transfer not yet set up
+        self.tls = tls
         self.decode_channels = DecodeChannels(tls, BULK_CHANNEL_OPTIONS)
         self._lock = threading.Lock()
         self.draining = False
@@ -138,8 +149,11 @@ class PrefillServicer:
         self, request: common_pb2.HandshakeRequest, context: grpc.ServicerContext
     ) -> common_pb2.HandshakeReply:
         peer = request.peer
+        connected = self._connect(request.peer_address, context)
         if not peer.num_layers:  # no peer named: nothing to check or choose
-            return common_pb2.HandshakeReply(worker=self.info, transport=common_pb2.KV_TRANSPORT_UNSPECIFIED)
+            return common_pb2.HandshakeReply(
+                worker=self.info, transport=common_pb2.KV_TRANSPORT_UNSPECIFIED, peer_connected=connected
+            )
         transport = reserve_transport(
             self.info.transports, self.info.host_id, peer, self.info.cuda_device_uuid
         )
@@ -147,8 +161,28 @@ class PrefillServicer:
             peer.worker_id, transport, "handshake: KV to decode worker %s would go over %s", peer.worker_id
         )
         return common_pb2.HandshakeReply(
-            worker=self.info, problems=check_compatible(self.info, peer), transport=transport
+            worker=self.info,
+            problems=check_compatible(self.info, peer),
+            transport=transport,
+            peer_connected=connected,
         )
+
+    def _connect(self, address: str, context: grpc.ServicerContext) -> bool:
+        """Open the channel to a decode worker before the first transfer to it needs it (the router names
+        each decode worker it may pair this one with)."""
+        if not address:
+            return False
+        if self.tls is not None and not names_peers(caller_identity(context)):
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, "only the router names decode workers to dial")
+        if problem := check_decode_address(address):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        started = time.perf_counter()
+        connected = self.decode_channels.open(address, PEER_CONNECT_TIMEOUT_S)
+        if connected:
+            log.info("channel to decode worker %s open in %.3f s", address, time.perf_counter() - started)
+        else:
+            log.info("channel to decode worker %s not open after %.1f s", address, PEER_CONNECT_TIMEOUT_S)
+        return connected
 
     def Load(self, request: common_pb2.LoadRequest, context: grpc.ServicerContext) -> common_pb2.LoadReport:
         return self.load_of() if self.load_of is not None else self.own_load()

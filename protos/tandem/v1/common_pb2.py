@@ -24,37 +24,37 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tandem/v1/common.proto\x12\ttandem.v1\"\xfb\x02\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12#\n\x04role\x18\x02 \x01(\x0e\x32\x15.tandem.v1.WorkerRole\x12\x12\n\nmodel_name\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x12\n\nnum_layers\x18\x05 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x06 \x01(\r\x12\x10\n\x08head_dim\x18\x07 \x01(\r\x12\x12\n\nblock_size\x18\x08 \x01(\r\x12\x0f\n\x07host_id\x18\t \x01(\t\x12*\n\ntransports\x18\n \x03(\x0e\x32\x16.tandem.v1.KvTransport\x12\x13\n\x0bshm_capable\x18\x0b \x01(\x08\x12\x13\n\x0b\x63uda_device\x18\x0c \x01(\x05\x12\x18\n\x10protocol_version\x18\r \x01(\r\x12\x0f\n\x07version\x18\x0e \x01(\t\x12\x16\n\x0ekv_cache_dtype\x18\x0f \x01(\t\x12\x18\n\x10\x63uda_device_uuid\x18\x10 \x01(\t\"7\n\x10HandshakeRequest\x12#\n\x04peer\x18\x01 \x01(\x0b\x32\x15.tandem.v1.WorkerInfo\"t\n\x0eHandshakeReply\x12%\n\x06worker\x18\x01 \x01(\x0b\x32\x15.tandem.v1.WorkerInfo\x12\x10\n\x08problems\x18\x02 \x03(\t\x12)\n\ttransport\x18\x03 \x01(\x0e\x32\x16.tandem.v1.KvTransport\"\r\n\x0bLoadRequest\"\xf7\x01\n\nLoadReport\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x1c\n\x14queued_prompt_tokens\x18\x02 \x01(\x04\x12\x19\n\x11running_sequences\x18\x03 \x01(\r\x12\x19\n\x11waiting_sequences\x18\x04 \x01(\r\x12\x16\n\x0e\x66ree_kv_blocks\x18\x05 \x01(\r\x12\x17\n\x0ftotal_kv_blocks\x18\x06 \x01(\r\x12\x1a\n\x12reserved_kv_blocks\x18\x07 \x01(\r\x12\x10\n\x08\x64raining\x18\x08 \x01(\x08\x12#\n\x04role\x18\t \x01(\x0e\x32\x15.tandem.v1.WorkerRole\"\xb7\x03\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x10\n\x08logprobs\x18\x07 \x01(\x08\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x17\n\ncache_salt\x18\t \x01(\tH\x01\x88\x01\x01\x12\x14\n\x07grammar\x18\n \x01(\tH\x02\x88\x01\x01\x12\x12\n\nmin_tokens\x18\x0b \x01(\r\x12\x14\n\x0ctop_logprobs\x18\x0c \x01(\r\x12\r\n\x05min_p\x18\r \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x0e \x01(\x02\x12\x18\n\x10presence_penalty\x18\x0f \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x10 \x01(\x02\x12\x1c\n\x0fprompt_logprobs\x18\x11 \x01(\rH\x03\x88\x01\x01\x42\x07\n\x05_seedB\r\n\x0b_cache_saltB\n\n\x08_grammarB\x12\n\x10_prompt_logprobs\"1\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"\x86\x02\n\nTokenEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\r\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12.\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x17.tandem.v1.FinishReason\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\r\n\x05index\x18\x06 \x01(\r\x12\x11\n\thas_token\x18\x07 \x01(\x08\x12-\n\x0ctop_logprobs\x18\x08 \x03(\x0b\x32\x17.tandem.v1.TokenLogprob\x12\x31\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x18.tandem.v1.PromptLogprob\"T\n\rPromptLogprob\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12$\n\x03top\x18\x02 \x03(\x0b\x32\x17.tandem.v1.TokenLogprob\x12\x0c\n\x04rank\x18\x03 \x01(\r\"l\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.tandem.v1.SamplingParams*s\n\x0bKvTransport\x12\x1c\n\x18KV_TRANSPORT_UNSPECIFIED\x10\x00\x12\x15\n\x11KV_TRANSPORT_GRPC\x10\x01\x12\x14\n\x10KV_TRANSPORT_SHM\x10\x02\x12\x19\n\x15KV_TRANSPORT_CUDA_IPC\x10\x03*u\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_ROLE_PREFILL\x10\x01\x12\x16\n\x12WORKER_ROLE_DECODE\x10\x02\x12\x19\n\x15WORKER_ROLE_COLOCATED\x10\x03*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tandem/v1/common.proto\x12\ttandem.v1\"\xfb\x02\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12#\n\x04role\x18\x02 \x01(\x0e\x32\x15.tandem.v1.WorkerRole\x12\x12\n\nmodel_name\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x12\n\nnum_layers\x18\x05 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x06 \x01(\r\x12\x10\n\x08head_dim\x18\x07 \x01(\r\x12\x12\n\nblock_size\x18\x08 \x01(\r\x12\x0f\n\x07host_id\x18\t \x01(\t\x12*\n\ntransports\x18\n \x03(\x0e\x32\x16.tandem.v1.KvTransport\x12\x13\n\x0bshm_capable\x18\x0b \x01(\x08\x12\x13\n\x0b\x63uda_device\x18\x0c \x01(\x05\x12\x18\n\x10protocol_version\x18\r \x01(\r\x12\x0f\n\x07version\x18\x0e \x01(\t\x12\x16\n\x0ekv_cache_dtype\x18\x0f \x01(\t\x12\x18\n\x10\x63uda_device_uuid\x18\x10 \x01(\t\"M\n\x10HandshakeRequest\x12#\n\x04peer\x18\x01 \x01(\x0b\x32\x15.tandem.v1.WorkerInfo\x12\x14\n\x0cpeer_address\x18\x02 \x01(\t\"\x8c\x01\n\x0eHandshakeReply\x12%\n\x06worker\x18\x01 \x01(\x0b\x32\x15.tandem.v1.WorkerInfo\x12\x10\n\x08problems\x18\x02 \x03(\t\x12)\n\ttransport\x18\x03 \x01(\x0e\x32\x16.tandem.v1.KvTransport\x12\x16\n\x0epeer_connected\x18\x04 \x01(\x08\"\r\n\x0bLoadRequest\"\xf7\x01\n\nLoadReport\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x1c\n\x14queued_prompt_tokens\x18\x02 \x01(\x04\x12\x19\n\x11running_sequences\x18\x03 \x01(\r\x12\x19\n\x11waiting_sequences\x18\x04 \x01(\r\x12\x16\n\x0e\x66ree_kv_blocks\x18\x05 \x01(\r\x12\x17\n\x0ftotal_kv_blocks\x18\x06 \x01(\r\x12\x1a\n\x12reserved_kv_blocks\x18\x07 \x01(\r\x12\x10\n\x08\x64raining\x18\x08 \x01(\x08\x12#\n\x04role\x18\t \x01(\x0e\x32\x15.tandem.v1.WorkerRole\"\xb7\x03\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x10\n\x08logprobs\x18\x07 \x01(\x08\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x17\n\ncache_salt\x18\t \x01(\tH\x01\x88\x01\x01\x12\x14\n\x07grammar\x18\n \x01(\tH\x02\x88\x01\x01\x12\x12\n\nmin_tokens\x18\x0b \x01(\r\x12\x14\n\x0ctop_logprobs\x18\x0c \x01(\r\x12\r\n\x05min_p\x18\r \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x0e \x01(\x02\x12\x18\n\x10presence_penalty\x18\x0f \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x10 \x01(\x02\x12\x1c\n\x0fprompt_logprobs\x18\x11 \x01(\rH\x03\x88\x01\x01\x42\x07\n\x05_seedB\r\n\x0b_cache_saltB\n\n\x08_grammarB\x12\n\x10_prompt_logprobs\"1\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"\x86\x02\n\nTokenEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\r\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12.\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x17.tandem.v1.FinishReason\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\r\n\x05index\x18\x06 \x01(\r\x12\x11\n\thas_token\x18\x07 \x01(\x08\x12-\n\x0ctop_logprobs\x18\x08 \x03(\x0b\x32\x17.tandem.v1.TokenLogprob\x12\x31\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x18.tandem.v1.PromptLogprob\"T\n\rPromptLogprob\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12$\n\x03top\x18\x02 \x03(\x0b\x32\x17.tandem.v1.TokenLogprob\x12\x0c\n\x04rank\x18\x03 \x01(\r\"l\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.tandem.v1.SamplingParams*s\n\x0bKvTransport\x12\x1c\n\x18KV_TRANSPORT_UNSPECIFIED\x10\x00\x12\x15\n\x11KV_TRANSPORT_GRPC\x10\x01\x12\x14\n\x10KV_TRANSPORT_SHM\x10\x02\x12\x19\n\x15KV_TRANSPORT_CUDA_IPC\x10\x03*u\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_ROLE_PREFILL\x10\x01\x12\x16\n\x12WORKER_ROLE_DECODE\x10\x02\x12\x19\n\x15WORKER_ROLE_COLOCATED\x10\x03*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tandem.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_KVTRANSPORT']._serialized_start=1813
-  _globals['_KVTRANSPORT']._serialized_end=1928
-  _globals['_WORKERROLE']._serialized_start=1930
-  _globals['_WORKERROLE']._serialized_end=2047
-  _globals['_FINISHREASON']._serialized_start=2050
-  _globals['_FINISHREASON']._serialized_end=2195
+  _globals['_KVTRANSPORT']._serialized_start=1860
+  _globals['_KVTRANSPORT']._serialized_end=1975
+  _globals['_WORKERROLE']._serialized_start=1977
+  _globals['_WORKERROLE']._serialized_end=2094
+  _globals['_FINISHREASON']._serialized_start=2097
+  _globals['_FINISHREASON']._serialized_end=2242
   _globals['_WORKERINFO']._serialized_start=38
   _globals['_WORKERINFO']._serialized_end=417
   _globals['_HANDSHAKEREQUEST']._serialized_start=419
-  _globals['_HANDSHAKEREQUEST']._serialized_end=474
-  _globals['_HANDSHAKEREPLY']._serialized_start=476
-  _globals['_HANDSHAKEREPLY']._serialized_end=592
-  _globals['_LOADREQUEST']._serialized_start=594
-  _globals['_LOADREQUEST']._serialized_end=607
-  _globals['_LOADREPORT']._serialized_start=610
-  _globals['_LOADREPORT']._serialized_end=857
-  _globals['_SAMPLINGPARAMS']._serialized_start=860
-  _globals['_SAMPLINGPARAMS']._serialized_end=1299
-  _globals['_TOKENLOGPROB']._serialized_start=1301
-  _globals['_TOKENLOGPROB']._serialized_end=1350
-  _globals['_TOKENEVENT']._serialized_start=1353
-  _globals['_TOKENEVENT']._serialized_end=1615
-  _globals['_PROMPTLOGPROB']._serialized_start=1617
-  _globals['_PROMPTLOGPROB']._serialized_end=1701
-  _globals['_GENERATEREQUEST']._serialized_start=1703
-  _globals['_GENERATEREQUEST']._serialized_end=1811
+  _globals['_HANDSHAKEREQUEST']._serialized_end=496
+  _globals['_HANDSHAKEREPLY']._serialized_start=499
+  _globals['_HANDSHAKEREPLY']._serialized_end=639
+  _globals['_LOADREQUEST']._serialized_start=641
+  _globals['_LOADREQUEST']._serialized_end=654
+  _globals['_LOADREPORT']._serialized_start=657
+  _globals['_LOADREPORT']._serialized_end=904
+  _globals['_SAMPLINGPARAMS']._serialized_start=907
+  _globals['_SAMPLINGPARAMS']._serialized_end=1346
+  _globals['_TOKENLOGPROB']._serialized_start=1348
+  _globals['_TOKENLOGPROB']._serialized_end=1397
+  _globals['_TOKENEVENT']._serialized_start=1400
+  _globals['_TOKENEVENT']._serialized_end=1662
+  _globals['_PROMPTLOGPROB']._serialized_start=1664
+  _globals['_PROMPTLOGPROB']._serialized_end=1748
+  _globals['_GENERATEREQUEST']._serialized_start=1750
+  _globals['_GENERATEREQUEST']._serialized_end=1858
 # @@protoc_insertion_point(module_scope)

@@ -79,20 +79,24 @@ class WorkerInfo(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., model_name: _Optional[str] = ..., dtype: _Optional[str] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., block_size: _Optional[int] = ..., host_id: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[KvTransport, str]]] = ..., shm_capable: _Optional[bool] = ..., cuda_device: _Optional[int] = ..., protocol_version: _Optional[int] = ..., version: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., cuda_device_uuid: _Optional[str] = ...) -> None: ...
 
 class HandshakeRequest(_message.Message):
-    __slots__ = ("peer",)
+    __slots__ = ("peer", "peer_address")
     PEER_FIELD_NUMBER: _ClassVar[int]
+    PEER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     peer: WorkerInfo
-    def __init__(self, peer: _Optional[_Union[WorkerInfo, _Mapping]] = ...) -> None: ...
+    peer_address: str
+    def __init__(self, peer: _Optional[_Union[WorkerInfo, _Mapping]] = ..., peer_address: _Optional[str] = ...) -> None: ...
 
 class HandshakeReply(_message.Message):
-    __slots__ = ("worker", "problems", "transport")
+    __slots__ = ("worker", "problems", "transport", "peer_connected")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    PEER_CONNECTED_FIELD_NUMBER: _ClassVar[int]
     worker: WorkerInfo
     problems: _containers.RepeatedScalarFieldContainer[str]
     transport: KvTransport
-    def __init__(self, worker: _Optional[_Union[WorkerInfo, _Mapping]] = ..., problems: _Optional[_Iterable[str]] = ..., transport: _Optional[_Union[KvTransport, str]] = ...) -> None: ...
+    peer_connected: bool
+    def __init__(self, worker: _Optional[_Union[WorkerInfo, _Mapping]] = ..., problems: _Optional[_Iterable[str]] = ..., transport: _Optional[_Union[KvTransport, str]] = ..., peer_connected: _Optional[bool] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
     __slots__ = ()

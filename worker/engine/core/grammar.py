@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import llguidance
+import llguidance.numpy as llnp  # not llguidance.torch: it imports torch._dynamo (seconds of a start)
 import torch
 
 from tandem.worker.api.params import InvalidRequest, SamplingParams
@@ -96,10 +97,11 @@ def allowed_tokens(
     """[M, V] bool on `device` (the host by default): True where each constraint lets the token through. The
     matchers fill a packed bitmask on the host; it crosses in one copy and is unpacked where the logits
     are."""
-    # here, not at the top: it imports torch._dynamo, 3 s of every worker's start
-    import llguidance.torch as llt
-
-    words = llt.allocate_token_bitmask(len(constraints), vocab_size)  # all bits set: everything allowed
+    pinned = device is not None and torch.device(device).type == "cuda"  # the copy below overlaps the host
+    words = torch.full(  # all bits set: everything allowed
+        llnp.get_bitmask_shape(len(constraints), vocab_size), -1, dtype=torch.int32, pin_memory=pinned
+    )
+    masks = words.numpy()  # the same memory: the matchers write their masks into it
     for i, c in enumerate(constraints):
         if c.matcher is None:
             continue
@@ -108,7 +110,7 @@ def allowed_tokens(
             for t in eos_token_ids:
                 words[i, t // 32] |= _bit(t % 32)
         else:
-            llt.fill_next_token_bitmask(c.matcher, words, i)
+            llnp.fill_next_token_bitmask(c.matcher, masks, i)
     early = [(i, t) for i, c in enumerate(constraints) if c.emitted < c.min_tokens for t in c.banned_early]
     words = words.to(device or "cpu", non_blocking=True)
     shifts = torch.arange(32, dtype=torch.int32, device=words.device)

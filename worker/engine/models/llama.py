@@ -27,9 +27,11 @@ __all__ = ["AttentionBatch", "Model", "Transformer", "expected_shapes"]
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """Rotary inverse frequencies, with Llama 3 and linear RoPE scaling."""
+    """Rotary inverse frequencies, with Llama 3 and linear RoPE scaling; on the host whatever device the model
+    is built under (on `meta` this arithmetic would import torch._dynamo), the loader moves them."""
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    steps = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu")
+    inv_freq = 1.0 / (config.rope_theta ** (steps.float() / dim))
     scaling = config.rope_scaling or {}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind in ("default", None):

@@ -23,6 +23,7 @@ from tandem.worker.engine.layers import weight_fp8, weight_int8
 from tandem.worker.engine.layers.attention import AttentionBatch, StepBatch
 from tandem.worker.engine.layers.kv_cache import KvCache
 from tandem.worker.engine.loading import load_state_dict, parse_dtype
+from tandem.worker.engine.meta_init import on_meta_uninitialised
 from tandem.worker.engine.models.llama import LayerHook, Transformer, rope_inv_freq
 from tandem.worker.engine.models.registry import model_module
 from tandem.worker.engine.tp.group import TpGroup
@@ -62,7 +63,7 @@ def load_shard(
         shard=functools.partial(_slice, rank=group.rank, ranks=group.ranks),
     )
     state = {name: t.to(device) for name, t in state.items()}
-    with torch.device("meta"):
+    with on_meta_uninitialised():
         model: Transformer = model_module(config.architecture).Model(mine)
         embed = VocabParallelEmbedding(
             mine.vocab_size, config.hidden_size, group.rank * local_vocab(config.vocab_size, group.ranks)
