@@ -25,6 +25,7 @@ from tandem.operator.autoscale.core.capacity import (
     DecodeLoad,
     Need,
     PrefillLoad,
+    burst_rate,
     decode_need,
     prefill_need,
 )
@@ -77,11 +78,13 @@ class ShapeLoad:
     prefix_hit_rate: float = 0.0
     ttft_ms: float | None = None  # observed
     tpot_ms: float | None = None  # observed
+    burst_rate_rps: float | None = None  # the rate the SLO percentile's request arrived at (capacity.burst_rate)
 
     @classmethod
-    def observed(cls, observations: dict[Pool, PoolObservation]) -> ShapeLoad | None:
+    def observed(cls, observations: dict[Pool, PoolObservation], percentile: float = 90.0) -> ShapeLoad | None:
         """The load from the policy's own observations: requests and prompts where prefill runs (the prefill or
-        colocated pool), outputs and TPOT where decode runs; None while a metric the rule needs is missing."""
+        colocated pool), outputs and TPOT where decode runs, and the burst rate from the arrival slices (at the
+        SLO's `percentile`); None while a metric the rule needs is missing."""
         front = observations.get(Pool.colocated) or observations.get(Pool.prefill)
         back = observations.get(Pool.colocated) or observations.get(Pool.decode)
         if front is None or back is None:
@@ -94,9 +97,10 @@ class ShapeLoad:
         def present(v: float | None) -> float | None:
             return None if missing(v) else v
 
+        slices = front.arrival_rate_slices_rps
         return cls(
             rate, prompt, output, present(front.prompt_tokens_p90), present(front.prefix_hit_rate) or 0.0,
-            present(front.ttft_ms), present(back.tpot_ms),
+            present(front.ttft_ms), present(back.tpot_ms), burst_rate(slices, percentile) if slices else None,
         )  # fmt: skip
 
 
@@ -155,8 +159,10 @@ def decide_shape(load: ShapeLoad, current: Shape, since_change_s: float, cfg: Sh
 
 
 def _loads(load: ShapeLoad) -> tuple[PrefillLoad, DecodeLoad]:
+    """Prompts at the burst's rate (a queue has no time to scale, as the policy sizes prefill), decode at the mean."""
     p90 = load.prompt_tokens_p90 if load.prompt_tokens_p90 is not None else load.prompt_tokens_mean
-    prefill = PrefillLoad(load.rate_rps, load.prompt_tokens_mean, p90, load.prefix_hit_rate)
+    rate = max(load.rate_rps, load.burst_rate_rps or 0.0)
+    prefill = PrefillLoad(rate, load.prompt_tokens_mean, p90, load.prefix_hit_rate)
     return prefill, DecodeLoad(load.rate_rps, load.prompt_tokens_mean, load.output_tokens_mean)
 
 
@@ -199,7 +205,7 @@ def _why(load: ShapeLoad, current: Shape, colocated: Shape, split: Shape, cfg: S
     slo, p = cfg.slo, f"p{cfg.slo.percentile:g}"
     if current.split:
         n = colocated.colocated
-        tpot = colocated_tpot_ms(cfg.profile, n, *_loads(load))
+        tpot = colocated_tpot_ms(cfg.profile, n, *_loads(load), slo.percentile)
         return (
             f"{load.rate_rps:.2g} req/s fits {n} colocated worker{'s' if n > 1 else ''} at TPOT {p} {tpot:.0f} ms "
             f"<= {slo.tpot_ms:.0f} ms; the split needs {_described(split, cfg)}"

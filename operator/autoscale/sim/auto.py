@@ -203,7 +203,7 @@ def auto_controller(config: PolicyConfig, shape: ShapeConfig) -> Controller:
             if split
             else Shape(colocated=max(counts[Pool.colocated], 1))
         )
-        load = ShapeLoad.observed(obs)
+        load = ShapeLoad.observed(obs, shape.slo.percentile)
         if load is not None and snap.at_s >= max(o.window_s for o in obs.values()):  # a whole window seen
             d = decide_shape(load, current, snap.at_s - last_change_s, shape)
             if d.action != ShapeAction.keep:
