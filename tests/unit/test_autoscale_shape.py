@@ -14,7 +14,14 @@ from tandem.operator.autoscale.core.colocated import (
     colocated_ttft_ms,
 )
 from tandem.operator.autoscale.core.config import PolicyConfig
-from tandem.operator.autoscale.core.shape import Shape, ShapeAction, ShapeConfig, ShapeLoad, decide_shape
+from tandem.operator.autoscale.core.shape import (
+    Shape,
+    ShapeAction,
+    ShapeConfig,
+    ShapeLoad,
+    decide_shape,
+    peak_load,
+)
 from tandem.operator.autoscale.core.types import Pool, PoolObservation, Replicas
 from tandem.profile import shipped_profile
 from tandem.slo import Slo
@@ -262,3 +269,17 @@ def test_colocated_need_says_when_no_count_meets_the_slo():
     p = linear_profile()  # the idle step alone is 10.5 ms
     need = colocated_need(p, PrefillLoad(1.0, 100, 100), DecodeLoad(1.0, 100, 10), Slo(ttft_ms=500, tpot_ms=10), 0.8)
     assert need.latency_ms == math.inf
+
+
+def test_the_rule_sizes_for_the_busiest_window_of_the_dwell():
+    """A quiet minute between bursts does not collapse the service; a surge is seen at once; a burst ages out."""
+    busy = ShapeLoad(rate_rps=2.0, prompt_tokens_mean=2000, output_tokens_mean=30, burst_rate_rps=14.0)
+    quiet = ShapeLoad(rate_rps=0.3, prompt_tokens_mean=2000, output_tokens_mean=30)
+    peak, recent = peak_load((), busy, now_s=0.0, span_s=600.0)
+    assert peak == busy
+    peak, recent = peak_load(recent, quiet, now_s=60.0, span_s=600.0)
+    assert peak == busy and len(recent) == 2
+    peak, recent = peak_load(recent, quiet, now_s=650.0, span_s=600.0)
+    assert peak == quiet and [t for t, _ in recent] == [60.0, 650.0]
+    surge = replace(busy, rate_rps=20.0)
+    assert peak_load(recent, surge, now_s=655.0, span_s=600.0)[0] == surge

@@ -158,6 +158,20 @@ def decide_shape(load: ShapeLoad, current: Shape, since_change_s: float, cfg: Sh
     return ShapeDecision(action, current, other, f"{'Collapsed' if current.split else 'Split'}: {why}", details)
 
 
+def peak_load(
+    recent: tuple[tuple[float, ShapeLoad], ...], load: ShapeLoad, now_s: float, span_s: float
+) -> tuple[ShapeLoad, tuple[tuple[float, ShapeLoad], ...]]:
+    """The window of the last `span_s` (the dwell) with the most prompt work, and the windows kept for the next
+    tick (pure): the rule sizes for it, so a quiet minute between bursts does not collapse a service that the
+    next burst splits again, while a surge splits at once."""
+    kept = tuple((t, seen) for t, seen in recent if t > now_s - span_s) + ((now_s, load),)
+
+    def work(seen: ShapeLoad) -> float:
+        return max(seen.rate_rps, seen.burst_rate_rps or 0.0) * seen.prompt_tokens_mean
+
+    return max((seen for _, seen in kept), key=work), kept
+
+
 def _loads(load: ShapeLoad) -> tuple[PrefillLoad, DecodeLoad]:
     """Prompts at the burst's rate (a queue has no time to scale, as the policy sizes prefill), decode at the mean."""
     p90 = load.prompt_tokens_p90 if load.prompt_tokens_p90 is not None else load.prompt_tokens_mean
