@@ -1,5 +1,6 @@
 """The shape as a decision (pure): colocated workers or a prefill/decode split, whichever serves the load at
-the SLO on fewer GPUs, with hysteresis and a cost for each change.
+the SLO
+on fewer GPUs, with hysteresis and a cost for each change.
 
 The rule sizes both shapes for the window's load at the policy's margin (a share of the SLO) with the
 capacity model of the profile in use: the split with capacity.prefill_need and decode_need (at least one
@@ -25,6 +26,7 @@ from tandem.operator.autoscale.core.capacity import (
     DecodeLoad,
     Need,
     PrefillLoad,
+    burst_rate,
     decode_need,
     prefill_need,
 )
@@ -80,12 +82,19 @@ class ShapeLoad:
     prefix_hit_rate: float = 0.0
     ttft_ms: float | None = None  # observed
     tpot_ms: float | None = None  # observed
+    burst_rate_rps: float | None = (
+        None  # the rate the SLO percentile's request arrived at (capacity.burst_rate)
+    )
 
     @classmethod
-    def observed(cls, observations: dict[Pool, PoolObservation]) -> ShapeLoad | None:
+    def observed(
+        cls, observations: dict[Pool, PoolObservation], percentile: float = 90.0
+    ) -> ShapeLoad | None:
         """The load from the policy's own observations: requests and prompts where prefill runs (the prefill
-        or colocated pool), outputs and TPOT where decode runs; None while a metric the rule needs is
-        missing."""
+        or
+        colocated pool), outputs and TPOT where decode runs, and the burst rate from the arrival slices (at
+        the
+        SLO's `percentile`); None while a metric the rule needs is missing."""
         front = observations.get(Pool.colocated) or observations.get(Pool.prefill)
         back = observations.get(Pool.colocated) or observations.get(Pool.decode)
         if front is None or back is None:
@@ -98,6 +107,7 @@ class ShapeLoad:
         def present(v: float | None) -> float | None:
             return None if missing(v) else v
 
+        slices = front.arrival_rate_slices_rps
         return cls(
             rate,
             prompt,
@@ -106,6 +116,7 @@ class ShapeLoad:
             present(front.prefix_hit_rate) or 0.0,
             present(front.ttft_ms),
             present(back.tpot_ms),
+            burst_rate(slices, percentile) if slices else None,
         )
 
 
@@ -168,8 +179,8 @@ def decide_shape(load: ShapeLoad, current: Shape, since_change_s: float, cfg: Sh
     if saving <= cost:
         text = (
             f"Kept {current}: would {action.value} ({why}), but the change costs {cost:.0f} GPU-s "
-            f"({current.workers} workers drain {drain_s:.1f} s + flip {cfg.flip_s:g} s) and saves "
-            f"{saving:.0f} GPU-s in {cfg.horizon_s:.0f} s"
+            f"({current.workers} workers drain {drain_s:.1f} s + flip {cfg.flip_s:g} s) "
+            f"and saves {saving:.0f} GPU-s in {cfg.horizon_s:.0f} s"
         )
         return _keep(current, text, details)
     return ShapeDecision(
@@ -177,9 +188,27 @@ def decide_shape(load: ShapeLoad, current: Shape, since_change_s: float, cfg: Sh
     )
 
 
+def peak_load(
+    recent: tuple[tuple[float, ShapeLoad], ...], load: ShapeLoad, now_s: float, span_s: float
+) -> tuple[ShapeLoad, tuple[tuple[float, ShapeLoad], ...]]:
+    """The window of the last `span_s` (the dwell) with the most prompt work, and the windows kept for the
+    next
+    tick (pure): the rule sizes for it, so a quiet minute between bursts does not collapse a service that the
+    next burst splits again, while a surge splits at once."""
+    kept = tuple((t, seen) for t, seen in recent if t > now_s - span_s) + ((now_s, load),)
+
+    def work(seen: ShapeLoad) -> float:
+        return max(seen.rate_rps, seen.burst_rate_rps or 0.0) * seen.prompt_tokens_mean
+
+    return max((seen for _, seen in kept), key=work), kept
+
+
 def _loads(load: ShapeLoad) -> tuple[PrefillLoad, DecodeLoad]:
+    """Prompts at the burst's rate (a queue has no time to scale, as the policy sizes prefill), decode at the
+    mean."""
     p90 = load.prompt_tokens_p90 if load.prompt_tokens_p90 is not None else load.prompt_tokens_mean
-    prefill = PrefillLoad(load.rate_rps, load.prompt_tokens_mean, p90, load.prefix_hit_rate)
+    rate = max(load.rate_rps, load.burst_rate_rps or 0.0)
+    prefill = PrefillLoad(rate, load.prompt_tokens_mean, p90, load.prefix_hit_rate)
     return prefill, DecodeLoad(load.rate_rps, load.prompt_tokens_mean, load.output_tokens_mean)
 
 
@@ -222,16 +251,21 @@ def _why(load: ShapeLoad, current: Shape, colocated: Shape, split: Shape, cfg: S
     slo, p = cfg.slo, f"p{cfg.slo.percentile:g}"
     if current.split:
         n = colocated.colocated
-        tpot = colocated_tpot_ms(cfg.profile, n, *_loads(load))
+        tpot = colocated_tpot_ms(cfg.profile, n, *_loads(load), slo.percentile)
         return (
-            f"{load.rate_rps:.2g} req/s fits {n} colocated worker{'s' if n > 1 else ''} at TPOT {p} "
-            f"{tpot:.0f} ms <= {slo.tpot_ms:.0f} ms; the split needs {_described(split, cfg)}"
+            f"{load.rate_rps:.2g} req/s fits {n} colocated worker{'s' if n > 1 else ''} "
+            f"at TPOT {p} {tpot:.0f} ms <= {slo.tpot_ms:.0f} ms; the split needs {_described(split, cfg)}"
         )
     if load.tpot_ms is not None and load.tpot_ms > slo.tpot_ms:
         head = f"TPOT {p} {load.tpot_ms:.0f} ms > {slo.tpot_ms:.0f} ms under prefill interference"
     else:
         head = f"{load.rate_rps:.2g} req/s"
-    serves = f"{head}; {split} serves it at {_gpus(split, cfg)} GPUs"
     if _unreachable(colocated):
-        return f"{serves}, no count of colocated workers meets the SLO"
-    return f"{serves}, {colocated} would need {_gpus(colocated, cfg)}"
+        return (
+            f"{head}; {split} serves it at {_gpus(split, cfg)} GPUs, "
+            "no count of colocated workers meets the SLO"
+        )
+    return (
+        f"{head}; {split} serves it at {_gpus(split, cfg)} GPUs, "
+        f"{colocated} would need {_gpus(colocated, cfg)}"
+    )

@@ -14,7 +14,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from tandem.operator.autoscale.core.config import PolicyConfig, PoolLimits
-from tandem.operator.autoscale.core.shape import Shape, ShapeConfig, ShapeDecision, ShapeLoad, decide_shape
+from tandem.operator.autoscale.core.shape import (
+    Shape,
+    ShapeConfig,
+    ShapeDecision,
+    ShapeLoad,
+    decide_shape,
+    peak_load,
+)
 from tandem.operator.autoscale.core.sizing import missing
 from tandem.operator.autoscale.core.types import Pool, PoolObservation, Replicas
 from tandem.spec import InferenceServiceSpec, Mode
@@ -41,6 +48,7 @@ def shape_config(spec: InferenceServiceSpec, config: PolicyConfig) -> ShapeConfi
 @dataclass(frozen=True)
 class ShapeState:
     last_change_s: float = float("-inf")  # never changed: the first change waits no dwell
+    recent: tuple[tuple[float, ShapeLoad], ...] = ()  # the windows of the last dwell (shape.peak_load)
 
 
 def current_shape(replicas: Mapping[Pool, Replicas]) -> Shape | None:
@@ -111,7 +119,9 @@ def shape_tick(
     load = load_of(observations, shape)
     if load is None:
         return None, state
-    decision = decide_shape(load, shape, now_s - state.last_change_s, cfg)
+    peak, recent = peak_load(state.recent, load, now_s, cfg.dwell_s)
+    state = replace(state, recent=recent)
+    decision = decide_shape(peak, shape, now_s - state.last_change_s, cfg)
     bounded = within(decision.target, limits) if limits is not None else decision.target
     if bounded != decision.target:
         decision = replace(
@@ -119,7 +129,7 @@ def shape_tick(
         )
     if decision.target == decision.current:
         return decision, state
-    return decision, ShapeState(last_change_s=now_s)
+    return decision, replace(state, last_change_s=now_s)
 
 
 @dataclass(frozen=True)
