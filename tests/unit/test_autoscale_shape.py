@@ -16,11 +16,14 @@ from tandem.operator.autoscale.core.colocated import (
 )
 from tandem.operator.autoscale.core.config import PolicyConfig
 from tandem.operator.autoscale.core.shape import (
+    MAX_COLOCATED_FACTOR,
+    Learned,
     Shape,
     ShapeAction,
     ShapeConfig,
     ShapeLoad,
     decide_shape,
+    learn_colocated,
     peak_load,
 )
 from tandem.operator.autoscale.core.types import Pool, PoolObservation, Replicas
@@ -332,3 +335,45 @@ def test_the_rule_sizes_for_the_busiest_window_of_the_dwell():
     assert peak == quiet and [t for t, _ in recent] == [60.0, 650.0]
     surge = replace(busy, rate_rps=20.0)
     assert peak_load(recent, surge, now_s=655.0, span_s=600.0)[0] == surge
+
+
+SHORT_OUTPUTS = ShapeLoad(
+    rate_rps=4,
+    prompt_tokens_mean=2000,
+    output_tokens_mean=28,
+    prompt_tokens_p90=5000,
+    ttft_ms=300,
+    tpot_ms=20,
+)
+
+
+def test_colocated_workers_that_breach_teach_the_rule_to_size_them_for_more_load():
+    """Bursts of long prompts stall short generations: 4 colocated workers breach TPOT where the model says
+    one meets it. The rule learns the ratio, sizes colocated workers for that much more load (a split that it
+    would collapse stays split), and the lesson fades over the horizon."""
+    cfg = ShapeConfig(slo=Slo(ttft_ms=2000, tpot_ms=50), profile=H200)
+    split = Shape(prefill=1, decode=1)
+    assert decide_shape(SHORT_OUTPUTS, split, 3600, cfg).action == ShapeAction.collapse
+    breached = replace(SHORT_OUTPUTS, tpot_ms=157)
+    learned = learn_colocated(Learned(), breached, Shape(colocated=4), cfg, now_s=1000)
+    assert learned.factor == pytest.approx(4.0) and learned.at_s == 1000
+    kept = decide_shape(SHORT_OUTPUTS, split, 3600, cfg, learned.factor)
+    assert kept.action == ShapeAction.keep, kept.reason
+    later = learn_colocated(learned, SHORT_OUTPUTS, split, cfg, now_s=1000 + cfg.horizon_s)
+    assert later.factor == pytest.approx(
+        1 + 3 / math.e
+    )  # a split service learns nothing new; the excess fades
+    assert learn_colocated(learned, breached, Shape(colocated=40), cfg, 1000).factor == MAX_COLOCATED_FACTOR
+    # meeting the SLO, or breaching on no more workers than the model asked for, teaches nothing
+    assert learn_colocated(Learned(), SHORT_OUTPUTS, Shape(colocated=4), cfg, 1000).factor == 1.0
+    assert learn_colocated(Learned(), breached, Shape(colocated=1), cfg, 1000).factor == 1.0
+
+
+def test_a_shape_that_breaches_on_more_workers_than_the_model_asks_costs_the_workers_it_runs():
+    """The model says one colocated worker serves the load; eight run and still breach: the split (2 GPUs)
+    is cheaper than what the colocated shape really costs, so the rule splits."""
+    cfg = ShapeConfig(slo=Slo(ttft_ms=2000, tpot_ms=50), profile=H200)
+    breached = replace(SHORT_OUTPUTS, tpot_ms=157)
+    d = decide_shape(breached, Shape(colocated=8), 3600, cfg)
+    assert (d.action, d.target) == (ShapeAction.split, Shape(prefill=1, decode=1)), d.reason
+    assert decide_shape(SHORT_OUTPUTS, Shape(colocated=8), 3600, cfg).action == ShapeAction.keep

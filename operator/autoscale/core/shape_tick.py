@@ -15,11 +15,13 @@ from dataclasses import dataclass, field, replace
 
 from tandem.operator.autoscale.core.config import PolicyConfig, PoolLimits
 from tandem.operator.autoscale.core.shape import (
+    Learned,
     Shape,
     ShapeConfig,
     ShapeDecision,
     ShapeLoad,
     decide_shape,
+    learn_colocated,
     peak_load,
 )
 from tandem.operator.autoscale.core.sizing import missing
@@ -49,6 +51,9 @@ def shape_config(spec: InferenceServiceSpec, config: PolicyConfig) -> ShapeConfi
 class ShapeState:
     last_change_s: float = float("-inf")  # never changed: the first change waits no dwell
     recent: tuple[tuple[float, ShapeLoad], ...] = ()  # the windows of the last dwell (shape.peak_load)
+    learned: Learned = (
+        Learned()
+    )  # the colocated model's error on this service's traffic (shape.learn_colocated)
 
 
 def current_shape(replicas: Mapping[Pool, Replicas]) -> Shape | None:
@@ -120,8 +125,9 @@ def shape_tick(
     if load is None:
         return None, state
     peak, recent = peak_load(state.recent, load, now_s, cfg.dwell_s)
-    state = replace(state, recent=recent)
-    decision = decide_shape(peak, shape, now_s - state.last_change_s, cfg)
+    learned = learn_colocated(state.learned, load, shape, cfg, now_s)
+    state = replace(state, recent=recent, learned=learned)
+    decision = decide_shape(peak, shape, now_s - state.last_change_s, cfg, learned.factor)
     bounded = within(decision.target, limits) if limits is not None else decision.target
     if bounded != decision.target:
         decision = replace(

@@ -20,11 +20,13 @@ from typing import cast
 from tandem.operator.autoscale.core.config import PolicyConfig
 from tandem.operator.autoscale.core.policy import PolicyState, decide
 from tandem.operator.autoscale.core.shape import (
+    Learned,
     Shape,
     ShapeAction,
     ShapeConfig,
     ShapeLoad,
     decide_shape,
+    learn_colocated,
     peak_load,
 )
 from tandem.operator.autoscale.core.types import Pool
@@ -216,9 +218,10 @@ def auto_controller(config: PolicyConfig, shape: ShapeConfig) -> Controller:
     per-pool policy's memory (the pools it remembered are gone)."""
     state, last_change_s = PolicyState(), -math.inf
     recent: tuple[tuple[float, ShapeLoad], ...] = ()
+    learned = Learned()
 
     def control(snap: Snapshot) -> dict[Pool, int] | Control:
-        nonlocal state, last_change_s, recent
+        nonlocal state, last_change_s, recent, learned
         obs = snap.observations
         split = Pool.colocated not in obs
         counts = {pool: o.replicas.ready + o.replicas.starting for pool, o in obs.items()}
@@ -230,7 +233,8 @@ def auto_controller(config: PolicyConfig, shape: ShapeConfig) -> Controller:
         load = ShapeLoad.observed(obs, shape.slo.percentile)
         if load is not None and snap.at_s >= max(o.window_s for o in obs.values()):  # a whole window seen
             peak, recent = peak_load(recent, load, snap.at_s, shape.dwell_s)
-            d = decide_shape(peak, current, snap.at_s - last_change_s, shape)
+            learned = learn_colocated(learned, load, current, shape, snap.at_s)
+            d = decide_shape(peak, current, snap.at_s - last_change_s, shape, learned.factor)
             if d.action != ShapeAction.keep:
                 state, last_change_s = PolicyState(), snap.at_s
                 return ShapeChange({}, target=d.target, reason=d.reason)
