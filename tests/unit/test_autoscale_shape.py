@@ -1,6 +1,6 @@
 """The shape rule as a table: collapse at the trough, split under a tight TPOT, colocated under a loose one,
-and
-hysteresis, dwell and the cost of a change keeping the shape; the colocated capacity model checked by hand."""
+and hysteresis, dwell and the cost of a change keeping the shape; the colocated capacity model checked by
+hand."""
 
 import math
 from dataclasses import dataclass, field, replace

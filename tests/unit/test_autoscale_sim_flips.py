@@ -96,9 +96,8 @@ def test_a_flipped_prefill_worker_hands_its_queued_prompts_to_the_rest_of_its_po
 
 def test_tandem_with_flips_borrows_on_a_breach_returns_and_counts_flips_per_hour():
     """Long generations for 3 minutes grow decode while prefill has slack: decode borrows a prefill worker,
-    and
-    the loan comes back once its own new pod is Ready. At 200 s a prefill burst: the scrape's arrival slices
-    show it within one scrape, and prefill scales for the burst's rate instead of borrowing."""
+    and the loan comes back once its own new pod is Ready. At 200 s a prefill burst: the scrape's arrival
+    slices show it within one scrape, and prefill scales for the burst's rate instead of borrowing."""
     import random
 
     rng = random.Random(3)

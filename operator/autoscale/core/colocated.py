@@ -52,9 +52,8 @@ def colocated_tpot_ms(
     profile: Profile, replicas: int, prefill: PrefillLoad, decode: DecodeLoad, percentile: float = 90.0
 ) -> float:
     """TPOT at `percentile` over requests on `replicas` colocated workers: the plain decode step plus the
-    prompts
-    that land in a request's own steps, shared over its output (a short output that meets one long prompt pays
-    most of its prefill per token)."""
+    prompts that land in a request's own steps, shared over its output (a short output that meets one long
+    prompt pays most of its prefill per token)."""
     step = colocated_step_ms(profile, replicas, prefill, decode)
     if math.isinf(step):
         return math.inf

@@ -1,6 +1,5 @@
 """The shape as a decision (pure): colocated workers or a prefill/decode split, whichever serves the load at
-the SLO
-on fewer GPUs, with hysteresis and a cost for each change.
+the SLO on fewer GPUs, with hysteresis and a cost for each change.
 
 The rule sizes both shapes for the window's load at the policy's margin (a share of the SLO) with the
 capacity model of the profile in use: the split with capacity.prefill_need and decode_need (at least one
@@ -92,10 +91,8 @@ class ShapeLoad:
         cls, observations: dict[Pool, PoolObservation], percentile: float = 90.0
     ) -> ShapeLoad | None:
         """The load from the policy's own observations: requests and prompts where prefill runs (the prefill
-        or
-        colocated pool), outputs and TPOT where decode runs, and the burst rate from the arrival slices (at
-        the
-        SLO's `percentile`); None while a metric the rule needs is missing."""
+        or colocated pool), outputs and TPOT where decode runs, and the burst rate from the arrival slices (at
+        the SLO's `percentile`); None while a metric the rule needs is missing."""
         front = observations.get(Pool.colocated) or observations.get(Pool.prefill)
         back = observations.get(Pool.colocated) or observations.get(Pool.decode)
         if front is None or back is None:
@@ -201,9 +198,8 @@ def peak_load(
     recent: tuple[tuple[float, ShapeLoad], ...], load: ShapeLoad, now_s: float, span_s: float
 ) -> tuple[ShapeLoad, tuple[tuple[float, ShapeLoad], ...]]:
     """The window of the last `span_s` (the dwell) with the most prompt work, and the windows kept for the
-    next
-    tick (pure): the rule sizes for it, so a quiet minute between bursts does not collapse a service that the
-    next burst splits again, while a surge splits at once."""
+    next tick (pure): the rule sizes for it, so a quiet minute between bursts does not collapse a service that
+    the next burst splits again, while a surge splits at once."""
     kept = tuple((t, seen) for t, seen in recent if t > now_s - span_s) + ((now_s, load),)
 
     def work(seen: ShapeLoad) -> float:
