@@ -26,6 +26,7 @@ from tandem.operator.autoscale.core.shape import (
     learn_colocated,
     peak_load,
 )
+from tandem.operator.autoscale.core.sizing import size_pool
 from tandem.operator.autoscale.core.types import Pool, PoolObservation, Replicas
 from tandem.profile import shipped_profile
 from tandem.slo import Slo
@@ -377,3 +378,28 @@ def test_a_shape_that_breaches_on_more_workers_than_the_model_asks_costs_the_wor
     d = decide_shape(breached, Shape(colocated=8), 3600, cfg)
     assert (d.action, d.target) == (ShapeAction.split, Shape(prefill=1, decode=1)), d.reason
     assert decide_shape(SHORT_OUTPUTS, Shape(colocated=8), 3600, cfg).action == ShapeAction.keep
+
+
+def test_the_policy_sizes_colocated_workers_as_the_shape_rule_does_prompts_at_the_burst_decode_at_the_mean():
+    """A burst inside the window: the colocated pool's prompts are sized at the burst's rate (a queue has no
+    time to scale) and its decode batch at the window's mean, as the shape rule's `_loads` does."""
+    slo = Slo(ttft_ms=2000, tpot_ms=50)
+    cfg = PolicyConfig(slo=slo, profile=H200, limits={})
+    obs = PoolObservation(
+        pool=Pool.colocated,
+        at_s=0.0,
+        window_s=60.0,
+        replicas=Replicas(2),
+        arrival_rate_rps=10.0,
+        prompt_tokens_mean=1000.0,
+        prompt_tokens_p90=2500.0,
+        output_tokens_mean=200.0,
+        ttft_ms=100.0,
+        tpot_ms=10.0,
+        arrival_rate_slices_rps=(5.0, 5.0, 5.0, 5.0, 5.0, 35.0),
+    )
+    sized = size_pool(obs, cfg, 10.0)
+    burst = PrefillLoad(35.0, 1000.0, 2500.0)
+    assert sized.rate_rps == 35.0
+    assert sized.need == colocated_need(H200, burst, DecodeLoad(10.0, 1000.0, 200.0), slo, cfg.margin)
+    assert sized.need != colocated_need(H200, burst, DecodeLoad(35.0, 1000.0, 200.0), slo, cfg.margin)
