@@ -10,12 +10,23 @@ import pytest
 from tandem.operator.autoscale.core.capacity import DecodeLoad, PrefillLoad, prefill_ttft_ms
 from tandem.operator.autoscale.core.colocated import (
     colocated_need,
-    colocated_tpot_at_ms,
+    colocated_step_ms,
     colocated_tpot_ms,
     colocated_ttft_ms,
 )
 from tandem.operator.autoscale.core.config import PolicyConfig
-from tandem.operator.autoscale.core.shape import Shape, ShapeAction, ShapeConfig, ShapeLoad, decide_shape
+from tandem.operator.autoscale.core.shape import (
+    MAX_COLOCATED_FACTOR,
+    Learned,
+    Shape,
+    ShapeAction,
+    ShapeConfig,
+    ShapeLoad,
+    decide_shape,
+    learn_colocated,
+    peak_load,
+)
+from tandem.operator.autoscale.core.sizing import size_pool
 from tandem.operator.autoscale.core.types import Pool, PoolObservation, Replicas
 from tandem.profile import shipped_profile
 from tandem.slo import Slo
@@ -24,9 +35,6 @@ from tests.unit.autoscale_fixtures import linear_profile
 H200 = shipped_profile("h200-llama-3.1-8b-fp8")  # NVIDIA's measured H200 profile: idle step about 4.6 ms
 LONG = ShapeLoad(
     rate_rps=10, prompt_tokens_mean=4000, output_tokens_mean=200, prompt_tokens_p90=6000, tpot_ms=9.0
-)
-BAND_LOAD = ShapeLoad(
-    rate_rps=40, prompt_tokens_mean=4000, output_tokens_mean=800, prompt_tokens_p90=4000, tpot_ms=12.0
 )
 IDLE_STEP_MS = H200.decode_step_ms(1, LONG.prompt_tokens_mean + LONG.output_tokens_mean / 2)
 
@@ -59,8 +67,8 @@ CASES = [
         Slo(ttft_ms=2000, tpot_ms=50),
         ShapeAction.collapse,
         Shape(colocated=1),
-        "Collapsed: 0.4 req/s fits 1 colocated worker at TPOT p90 5 ms <= 50 ms; the split needs 1P+1D at 2 "
-        "GPUs",
+        "Collapsed: 0.4 req/s fits 1 colocated worker at TPOT p90 5 ms <= 50 ms; "
+        "the split needs 1P+1D at 2 GPUs",
     ),
     Case(
         "tight TPOT (1.5x idle) under long prompts splits",
@@ -69,8 +77,8 @@ CASES = [
         tpot_x_idle(1.5),
         ShapeAction.split,
         Shape(prefill=1, decode=2),
-        "Split: TPOT p90 9 ms > 7 ms under prefill interference; 1P+2D serves it at 3 GPUs, 22 colocated "
-        "would need 22",
+        "Split: TPOT p90 9 ms > 7 ms under prefill interference; "
+        "1P+2D serves it at 3 GPUs, 15 colocated would need 15",
     ),
     Case(
         "loose TPOT (8x idle) keeps colocated workers: the split saves nothing",
@@ -91,22 +99,34 @@ CASES = [
         "Collapsed: 10 req/s fits 1 colocated worker",
     ),
     Case(
-        "inside the hysteresis band (4P+7D against 12 colocated) keeps",
-        BAND_LOAD,
-        Shape(colocated=12),
-        tpot_x_idle(5),
+        "inside the hysteresis band (3P+7D against 11 colocated) keeps",
+        ShapeLoad(
+            rate_rps=40,
+            prompt_tokens_mean=2000,
+            output_tokens_mean=1000,
+            prompt_tokens_p90=3000,
+            tpot_ms=12.0,
+        ),
+        Shape(colocated=11),
+        tpot_x_idle(3),
         ShapeAction.keep,
-        Shape(colocated=12),
-        "Kept 12 colocated: it needs 12 colocated at 12 GPUs; 4P+7D at 11 GPUs saves less than 10%",
+        Shape(colocated=11),
+        "Kept 11 colocated: it needs 11 colocated at 11 GPUs; 3P+7D at 10 GPUs saves less than 10%",
     ),
     Case(
         "the same load with no band splits",
-        BAND_LOAD,
-        Shape(colocated=12),
-        tpot_x_idle(5),
+        ShapeLoad(
+            rate_rps=40,
+            prompt_tokens_mean=2000,
+            output_tokens_mean=1000,
+            prompt_tokens_p90=3000,
+            tpot_ms=12.0,
+        ),
+        Shape(colocated=11),
+        tpot_x_idle(3),
         ShapeAction.split,
-        Shape(prefill=4, decode=7),
-        "Split: 40 req/s; 4P+7D serves it at 11 GPUs, 12 colocated would need 12",
+        Shape(prefill=3, decode=7),
+        "Split: 40 req/s; 3P+7D serves it at 10 GPUs, 11 colocated would need 11",
         config={"band": 0.0},
     ),
     Case(
@@ -187,9 +207,10 @@ def test_shape_rule(case: Case):
 
 def test_hysteresis_holds_either_way_at_the_crossover():
     """Where neither shape saves the band, both directions keep: the service cannot flap."""
-    cfg = ShapeConfig(slo=tpot_x_idle(5), profile=H200)
-    assert decide_shape(BAND_LOAD, Shape(colocated=12), 3600, cfg).action == ShapeAction.keep
-    assert decide_shape(BAND_LOAD, Shape(prefill=4, decode=7), 3600, cfg).action == ShapeAction.keep
+    load = CASES[4].load
+    cfg = ShapeConfig(slo=tpot_x_idle(3), profile=H200)
+    assert decide_shape(load, Shape(colocated=11), 3600, cfg).action == ShapeAction.keep
+    assert decide_shape(load, Shape(prefill=3, decode=7), 3600, cfg).action == ShapeAction.keep
 
 
 def test_config_from_the_policy_carries_its_slo_margin_and_flip_time():
@@ -236,23 +257,42 @@ def test_a_shape_is_colocated_or_split_not_both():
 # --- the colocated capacity model, by hand on round numbers (prefill 0.1 ms/token, step 10 + 0.5 b ms) ---
 
 
-def test_colocated_tpot_is_the_decode_step_stretched_by_the_prefill_share():
+def test_colocated_step_is_the_decode_step_stretched_by_the_prefill_share():
     p = linear_profile()
     prefill = PrefillLoad(rate_rps=2.0, prompt_tokens_mean=1000, prompt_tokens_p=1000)  # u = 2 x 100 ms = 0.2
     decode = DecodeLoad(rate_rps=2.0, prompt_tokens_mean=1000, output_tokens_mean=100)
     # step = (10 + 0.5 b) / 0.8 with b = 2 x 100 x step / 1000 = 0.2 step  ->  0.7 step = 10
-    assert colocated_tpot_ms(p, 1, prefill, decode) == pytest.approx(10 / 0.7, rel=1e-4)
-    assert colocated_tpot_ms(p, 2, prefill, decode) < colocated_tpot_ms(p, 1, prefill, decode)
+    assert colocated_step_ms(p, 1, prefill, decode) == pytest.approx(10 / 0.7, rel=1e-4)
+    assert colocated_step_ms(p, 2, prefill, decode) < colocated_step_ms(p, 1, prefill, decode)
     saturated = replace(prefill, rate_rps=10.0)  # 10 x 100 ms: prefill alone fills every step
+    assert colocated_step_ms(p, 1, saturated, replace(decode, rate_rps=10.0)) == math.inf
     assert colocated_tpot_ms(p, 1, saturated, replace(decode, rate_rps=10.0)) == math.inf
+
+
+def test_colocated_tpot_p90_is_the_plain_step_without_prompts_and_pays_for_them_with_short_outputs():
+    p = linear_profile()
+    decode = DecodeLoad(rate_rps=2.0, prompt_tokens_mean=1000, output_tokens_mean=100)
+    idle = PrefillLoad(rate_rps=0.0, prompt_tokens_mean=1000, prompt_tokens_p=1000)
+    assert colocated_tpot_ms(p, 1, idle, decode) == pytest.approx(colocated_step_ms(p, 1, idle, decode))
+    prefill = PrefillLoad(rate_rps=2.0, prompt_tokens_mean=1000, prompt_tokens_p=1500)
+    long, short = replace(decode, output_tokens_mean=2000), replace(decode, output_tokens_mean=4)
+    plain = 10.0  # the step at a batch near 1, without prompts
+    # a long generation meets many 100 ms prompts: its TPOT is near the mean step, its spread averaged out
+    assert colocated_tpot_ms(p, 4, prefill, long) == pytest.approx(
+        colocated_step_ms(p, 4, prefill, long), rel=0.25
+    )
+    # a three-step generation that meets one 100 ms prompt pays about a third of it per token
+    assert colocated_tpot_ms(p, 1, prefill, short) > plain + 100 / 4
+    assert colocated_tpot_ms(p, 1, prefill, short) > 2 * colocated_step_ms(p, 1, prefill, short)
+    assert colocated_tpot_ms(p, 4, prefill, short) < colocated_tpot_ms(p, 1, prefill, short)
 
 
 def test_colocated_ttft_adds_a_decode_step_per_chunk_to_the_prefill_queue():
     p = linear_profile()  # chunk 512: a 1000-token prompt rides two steps
     prefill = PrefillLoad(rate_rps=2.0, prompt_tokens_mean=1000, prompt_tokens_p=1000)
     decode = DecodeLoad(rate_rps=2.0, prompt_tokens_mean=1000, output_tokens_mean=100)
-    tpot = colocated_tpot_ms(p, 4, prefill, decode)
-    batch = 2.0 / 4 * 100 * tpot / 1000
+    step = colocated_step_ms(p, 4, prefill, decode)
+    batch = 2.0 / 4 * 100 * step / 1000
     want = prefill_ttft_ms(p, 4, prefill, 90) + 2 * p.decode_step_ms(batch, 1050)
     assert colocated_ttft_ms(p, 4, prefill, decode, 90) == pytest.approx(want)
 
@@ -266,7 +306,7 @@ def test_colocated_need_is_the_fewest_workers_meeting_both_targets(rate):
 
     def fits(n: int) -> bool:
         return (
-            colocated_tpot_at_ms(p, n, prefill, decode, 90) <= 24
+            colocated_tpot_ms(p, n, prefill, decode, 90) <= 24
             and colocated_ttft_ms(p, n, prefill, decode, 90) <= 400
         )
 
@@ -281,3 +321,85 @@ def test_colocated_need_says_when_no_count_meets_the_slo():
         p, PrefillLoad(1.0, 100, 100), DecodeLoad(1.0, 100, 10), Slo(ttft_ms=500, tpot_ms=10), 0.8
     )
     assert need.latency_ms == math.inf
+
+
+def test_the_rule_sizes_for_the_busiest_window_of_the_dwell():
+    """A quiet minute between bursts does not collapse the service; a surge is seen at once; a burst ages
+    out."""
+    busy = ShapeLoad(rate_rps=2.0, prompt_tokens_mean=2000, output_tokens_mean=30, burst_rate_rps=14.0)
+    quiet = ShapeLoad(rate_rps=0.3, prompt_tokens_mean=2000, output_tokens_mean=30)
+    peak, recent = peak_load((), busy, now_s=0.0, span_s=600.0)
+    assert peak == busy
+    peak, recent = peak_load(recent, quiet, now_s=60.0, span_s=600.0)
+    assert peak == busy and len(recent) == 2
+    peak, recent = peak_load(recent, quiet, now_s=650.0, span_s=600.0)
+    assert peak == quiet and [t for t, _ in recent] == [60.0, 650.0]
+    surge = replace(busy, rate_rps=20.0)
+    assert peak_load(recent, surge, now_s=655.0, span_s=600.0)[0] == surge
+
+
+SHORT_OUTPUTS = ShapeLoad(
+    rate_rps=4,
+    prompt_tokens_mean=2000,
+    output_tokens_mean=28,
+    prompt_tokens_p90=5000,
+    ttft_ms=300,
+    tpot_ms=20,
+)
+
+
+def test_colocated_workers_that_breach_teach_the_rule_to_size_them_for_more_load():
+    """Bursts of long prompts stall short generations: 4 colocated workers breach TPOT where the model says
+    one meets it. The rule learns the ratio, sizes colocated workers for that much more load (a split that it
+    would collapse stays split), and the lesson fades over the horizon."""
+    cfg = ShapeConfig(slo=Slo(ttft_ms=2000, tpot_ms=50), profile=H200)
+    split = Shape(prefill=1, decode=1)
+    assert decide_shape(SHORT_OUTPUTS, split, 3600, cfg).action == ShapeAction.collapse
+    breached = replace(SHORT_OUTPUTS, tpot_ms=157)
+    learned = learn_colocated(Learned(), breached, Shape(colocated=4), cfg, now_s=1000)
+    assert learned.factor == pytest.approx(4.0) and learned.at_s == 1000
+    kept = decide_shape(SHORT_OUTPUTS, split, 3600, cfg, learned.factor)
+    assert kept.action == ShapeAction.keep, kept.reason
+    later = learn_colocated(learned, SHORT_OUTPUTS, split, cfg, now_s=1000 + cfg.horizon_s)
+    assert later.factor == pytest.approx(
+        1 + 3 / math.e
+    )  # a split service learns nothing new; the excess fades
+    assert learn_colocated(learned, breached, Shape(colocated=40), cfg, 1000).factor == MAX_COLOCATED_FACTOR
+    # meeting the SLO, or breaching on no more workers than the model asked for, teaches nothing
+    assert learn_colocated(Learned(), SHORT_OUTPUTS, Shape(colocated=4), cfg, 1000).factor == 1.0
+    assert learn_colocated(Learned(), breached, Shape(colocated=1), cfg, 1000).factor == 1.0
+
+
+def test_a_shape_that_breaches_on_more_workers_than_the_model_asks_costs_the_workers_it_runs():
+    """The model says one colocated worker serves the load; eight run and still breach: the split (2 GPUs)
+    is cheaper than what the colocated shape really costs, so the rule splits."""
+    cfg = ShapeConfig(slo=Slo(ttft_ms=2000, tpot_ms=50), profile=H200)
+    breached = replace(SHORT_OUTPUTS, tpot_ms=157)
+    d = decide_shape(breached, Shape(colocated=8), 3600, cfg)
+    assert (d.action, d.target) == (ShapeAction.split, Shape(prefill=1, decode=1)), d.reason
+    assert decide_shape(SHORT_OUTPUTS, Shape(colocated=8), 3600, cfg).action == ShapeAction.keep
+
+
+def test_the_policy_sizes_colocated_workers_as_the_shape_rule_does_prompts_at_the_burst_decode_at_the_mean():
+    """A burst inside the window: the colocated pool's prompts are sized at the burst's rate (a queue has no
+    time to scale) and its decode batch at the window's mean, as the shape rule's `_loads` does."""
+    slo = Slo(ttft_ms=2000, tpot_ms=50)
+    cfg = PolicyConfig(slo=slo, profile=H200, limits={})
+    obs = PoolObservation(
+        pool=Pool.colocated,
+        at_s=0.0,
+        window_s=60.0,
+        replicas=Replicas(2),
+        arrival_rate_rps=10.0,
+        prompt_tokens_mean=1000.0,
+        prompt_tokens_p90=2500.0,
+        output_tokens_mean=200.0,
+        ttft_ms=100.0,
+        tpot_ms=10.0,
+        arrival_rate_slices_rps=(5.0, 5.0, 5.0, 5.0, 5.0, 35.0),
+    )
+    sized = size_pool(obs, cfg, 10.0)
+    burst = PrefillLoad(35.0, 1000.0, 2500.0)
+    assert sized.rate_rps == 35.0
+    assert sized.need == colocated_need(H200, burst, DecodeLoad(10.0, 1000.0, 200.0), slo, cfg.margin)
+    assert sized.need != colocated_need(H200, burst, DecodeLoad(35.0, 1000.0, 200.0), slo, cfg.margin)

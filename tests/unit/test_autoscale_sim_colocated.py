@@ -1,6 +1,7 @@
-"""Colocated workers in the simulator: a lone request takes the profile's times, prompts longer than the chunk
-span steps, every request is served, and under load the simulated TPOT is the shape rule's colocated model's
-(and above the split's decode TPOT: prefill interference)."""
+"""Colocated workers in the simulator: a lone request takes the profile's times, prompts longer than the
+chunk span
+steps, every request is served, and under load the simulated TPOT is the shape rule's colocated model's (and
+above the split's decode TPOT: prefill interference)."""
 
 import random
 import statistics
@@ -8,7 +9,7 @@ import statistics
 import pytest
 
 from tandem.operator.autoscale.core.capacity import DecodeLoad, PrefillLoad, decode_tpot_ms
-from tandem.operator.autoscale.core.colocated import colocated_tpot_ms, colocated_ttft_ms
+from tandem.operator.autoscale.core.colocated import colocated_step_ms, colocated_tpot_ms, colocated_ttft_ms
 from tandem.operator.autoscale.core.config import PoolLimits
 from tandem.operator.autoscale.core.types import Pool
 from tandem.operator.autoscale.sim.colocated import simulate_colocated
@@ -53,12 +54,14 @@ def test_simulated_tpot_is_the_colocated_model(rate, replicas):
     trace = poisson(rate, 300, prompt=1000, output=100)
     result = simulate_colocated(trace, workers(replicas), lambda snap: {})
     assert all(r.finish_s is not None and not r.failed for r in result.requests)
-    tpot = statistics.mean(
-        (r.finish_s - r.first_token_s) / (r.output_len - 1) * 1000 for r in result.requests
-    )
+    tpots = sorted((r.finish_s - r.first_token_s) / (r.output_len - 1) * 1000 for r in result.requests)
+    tpot = statistics.mean(tpots)
     ttfts = sorted((r.first_token_s - r.arrival_s) * 1000 for r in result.requests)
     prefill, decode = PrefillLoad(rate, 1000, 1000), DecodeLoad(rate, 1000, 100)
-    assert tpot == pytest.approx(colocated_tpot_ms(PROFILE, replicas, prefill, decode), rel=0.2)
+    assert tpot == pytest.approx(colocated_step_ms(PROFILE, replicas, prefill, decode), rel=0.2)
+    assert tpots[int(0.9 * len(tpots))] == pytest.approx(
+        colocated_tpot_ms(PROFILE, replicas, prefill, decode, 90), rel=0.35
+    )
     assert tpot > 1.2 * decode_tpot_ms(
         PROFILE, replicas, decode
     )  # the split's decode pool has no prefill in its steps

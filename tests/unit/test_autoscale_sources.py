@@ -15,7 +15,13 @@ from tandem.operator.autoscale.core.source import MetricsUnavailable, Target
 from tandem.operator.autoscale.core.types import Pool, Replicas
 from tandem.operator.autoscale.sources import promql
 from tandem.operator.autoscale.sources.prometheus import PrometheusSource
-from tandem.operator.autoscale.sources.scrape import ScrapeSource, histogram_quantile
+from tandem.operator.autoscale.sources.scrape import (
+    ScrapeSource,
+    Snapshot,
+    Window,
+    figures,
+    histogram_quantile,
+)
 from tandem.worker.router.metrics import RouterMetrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "charts/tandem/dashboards/tandem.json"
@@ -158,3 +164,19 @@ def test_the_direct_scrape_reads_a_bounded_number_of_bytes():
         assert len(sent) < 10_000
     finally:
         server.shutdown()
+
+
+def test_the_window_cut_at_each_scrape_gives_the_arrival_slices():
+    """A burst shorter than the window shows in the slices (the policy and the shape rule size for it), not in
+    the window's mean rate."""
+    router, series = Window(), (names.REQUEST_ARRIVALS_TOTAL, (("pool", "router"),))
+    for at, total in ((0.0, 0.0), (15.0, 15.0), (30.0, 30.0), (45.0, 180.0)):
+        router.add(Snapshot(at, {series: total}), window_s=60.0)
+    assert router.slice_rates(names.REQUEST_ARRIVALS_TOTAL) == (1.0, 1.0, 10.0)
+    out = figures(Pool.prefill, [router], [], 90)
+    assert out["arrival_rate_rps"] == pytest.approx(4.0)
+    assert out["arrival_rate_slices_rps"] == (1.0, 1.0, 10.0)
+    one = Window()
+    one.add(Snapshot(0.0, {series: 0.0}), 60.0)
+    one.add(Snapshot(15.0, {series: 15.0}), 60.0)
+    assert figures(Pool.prefill, [one], [], 90)["arrival_rate_slices_rps"] is None  # one slice is the mean

@@ -21,6 +21,7 @@ the two, each landing prompt at the percentile's length.
 
 from __future__ import annotations
 
+import bisect
 import math
 
 from tandem.operator.autoscale.core.capacity import (
@@ -29,6 +30,7 @@ from tandem.operator.autoscale.core.capacity import (
     Need,
     PrefillLoad,
     decode_tpot_ms,
+    erlang_c,
     prefill_ttft_ms,
 )
 from tandem.profile import Profile
@@ -45,55 +47,122 @@ def prefill_share(profile: Profile, replicas: int, load: PrefillLoad) -> float:
     return load.rate_rps / replicas * profile.prefill_ms(load.prompt_tokens_mean * uncached) / 1000
 
 
-def colocated_tpot_ms(profile: Profile, replicas: int, prefill: PrefillLoad, decode: DecodeLoad) -> float:
-    """TPOT on `replicas` colocated workers: the decode step at Little's batch, stretched by 1/(1 - u)."""
+def colocated_step_ms(profile: Profile, replicas: int, prefill: PrefillLoad, decode: DecodeLoad) -> float:
+    """The mean step on `replicas` colocated workers: the decode step at Little's batch, stretched by 1/(1 -
+    u)."""
     u = prefill_share(profile, replicas, prefill)
     if u >= 1:
         return math.inf
     return decode_tpot_ms(profile, replicas, decode, stretch=1 / (1 - u))
 
 
-def colocated_tpot_at_ms(
-    profile: Profile, replicas: int, prefill: PrefillLoad, decode: DecodeLoad, percentile: float
+def colocated_tpot_ms(
+    profile: Profile, replicas: int, prefill: PrefillLoad, decode: DecodeLoad, percentile: float = 90.0
 ) -> float:
-    """TPOT at `percentile` on `replicas` colocated workers: the decode step at the mean's batch, plus the
-    prefill time of the prompts that land in a generation's steps (their count at `percentile` of a Poisson
-    count: those arriving over its decode time and the one in progress as it joins, each a prompt at the
-    percentile's length), spread over its tokens; never
-    below the mean's TPOT, so it sizes no fewer workers than the mean alone."""
-    mean = colocated_tpot_ms(profile, replicas, prefill, decode)
-    if math.isinf(mean) or prefill.rate_rps <= 0:
-        return mean
+    """TPOT at `percentile` over requests on `replicas` colocated workers: the plain decode step plus the
+    prompts that land in a request's own steps, shared over its output (a short output that meets one long
+    prompt pays most of its prefill per token)."""
+    step = colocated_step_ms(profile, replicas, prefill, decode)
+    if math.isinf(step):
+        return math.inf
     u = prefill_share(profile, replicas, prefill)
-    step = mean * (1 - u)  # the decode step without prefill in it
-    tokens = max(decode.output_tokens_mean - 1, 1.0)
+    plain = step * (1 - u)  # the decode step at the batch, without prompts
+    if prefill.rate_rps <= 0:
+        return plain
+    costs = _prompt_costs(profile, prefill)
+    arrivals_per_ms = prefill.rate_rps / replicas / 1000
+    steps = _decode_steps(decode.output_tokens_mean)
+    tail = 1 - percentile / 100
+
+    # a prompt that waits finds a backlog: the steps until it drains carry full chunks of queued prompts
+    mean_cost = sum(costs) / len(costs)
+    scv = sum((c - mean_cost) ** 2 for c in costs) / len(costs) / mean_cost**2
+    offered = prefill.rate_rps * mean_cost / 1000
+    if offered >= replicas:
+        return math.inf
+    waits = erlang_c(replicas, offered)
+    backlog_ms = mean_cost / (replicas - offered) * (1 + scv) / 2  # the mean wait of one that waits (M/G/c)
+    chunk_ms = profile.prefill_ms(profile.prefill_chunk_tokens)
+
+    def missed(tpot: float) -> float:
+        def one(k: float) -> float:
+            own = arrivals_per_ms * (
+                k * step + mean_cost
+            )  # prompts arriving during its own prefill and its steps
+            backlog = min(backlog_ms, k * chunk_ms) / k
+            return waits * (plain + backlog > tpot) + (1 - waits) * _exceeds(
+                own, (tpot - plain) * k, costs, u
+            )
+
+        return sum(one(k) for k in steps) / len(steps)
+
+    lo, hi = plain, plain + costs[-1] * 4 + step
+    if missed(lo) <= tail:
+        return lo
+    while missed(hi) > tail:
+        lo, hi = hi, hi * 2
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if missed(mid) <= tail else (mid, hi)
+    return hi
+
+
+_QUANTILES = 24  # points that stand for a distribution of prompt costs or of output lengths
+
+
+def _prompt_costs(profile: Profile, prefill: PrefillLoad) -> list[float]:
+    """The prefill time of prompts at evenly spaced quantiles (sorted): a Weibull through the mean and the
+    percentile length (shape < 1 for heavy tails, about 2 for narrow ones)."""
     uncached = 1.0 - min(max(prefill.prefix_hit_rate, 0.0), 1.0)
-    per_prompt = profile.prefill_ms(prefill.prompt_tokens_p * uncached) / tokens
-    if prefill.rate_rps / replicas * tokens * per_prompt / 1000 >= 1:
-        return math.inf  # each prompt landing lengthens the generation enough for another: no fixed point
-    tpot, landing = mean, -1
-    for _ in range(MAX_LANDING_ROUNDS):  # a generation lasts its tokens at its own TPOT: to the fixed point
-        # the prompts arriving while it decodes, and the one in progress when it joins (the prefill share)
-        now = poisson_quantile(prefill.rate_rps / replicas * tokens * tpot / 1000 + u, percentile)
-        if now == landing:
+    mean, p90 = (
+        prefill.prompt_tokens_mean * uncached,
+        max(prefill.prompt_tokens_p * uncached, prefill.prompt_tokens_mean * uncached),
+    )
+    ratio = p90 / mean if mean > 0 else 1.0
+    lo, hi = 0.3, 20.0  # Weibull shape: p90 / mean = ln(10)^(1/k) / Gamma(1 + 1/k) falls as k grows
+    for _ in range(40):
+        k = (lo + hi) / 2
+        lo, hi = (k, hi) if math.log(10) ** (1 / k) / math.gamma(1 + 1 / k) > ratio else (lo, k)
+    k = (lo + hi) / 2
+    scale = mean / math.gamma(1 + 1 / k) if mean > 0 else 0.0
+    qs = ((i + 0.5) / _QUANTILES for i in range(_QUANTILES))
+    return sorted(profile.prefill_ms(scale * (-math.log(1 - q)) ** (1 / k)) for q in qs)
+
+
+def _decode_steps(output_mean: float) -> list[float]:
+    """Decode steps per request (output - 1, at least 1) at evenly spaced quantiles of a geometric length."""
+    mean = max(output_mean - 1, 1.0)
+    return [max(1.0, math.ceil(-mean * math.log(1 - (i + 0.5) / _QUANTILES))) for i in range(_QUANTILES)]
+
+
+def _exceeds(expected: float, budget: float, costs: list[float], share: float) -> float:
+    """P(the prompts landing in a request's steps cost more than `budget` ms): a Poisson count with mean
+    `expected`, each prompt's cost drawn from `costs`; many prompts by the normal approximation, whose spread
+    grows by 1/(1 - share) because prompts arriving during a prefill step stretch the life that collects
+    them."""
+    if budget < 0:
+        return 1.0
+    n = len(costs)
+    mean = sum(costs) / n
+    if expected > 12:
+        var = expected * sum(c * c for c in costs) / n / (1 - share) ** 2
+        return 0.5 * math.erfc((budget - expected * mean) / math.sqrt(2 * var))
+    total, pmf, m = 0.0, math.exp(-expected), 0
+    spread = math.sqrt(sum((c - mean) ** 2 for c in costs) / n)
+    while m < 40:
+        m += 1
+        pmf *= expected / m
+        if pmf < 1e-6 and m > expected:
             break
-        landing, tpot = now, step + now * per_prompt
-    return max(mean, tpot)
-
-
-MAX_LANDING_ROUNDS = 50
-
-
-def poisson_quantile(mean: float, percentile: float) -> int:
-    """The smallest k with P(K <= k) >= percentile/100 for K ~ Poisson(mean)."""
-    if mean <= 0:
-        return 0
-    target, total, k = percentile / 100, 0.0, 0
-    while True:
-        total += math.exp(k * math.log(mean) - mean - math.lgamma(k + 1))
-        if total >= target or k > mean + 50 * math.sqrt(mean) + 50:
-            return k
-        k += 1
+        # m prompts: their mean cost plus sqrt(m) x one prompt's deviation
+        threshold = mean + (budget - m * mean) / math.sqrt(m) if m > 1 else budget
+        over = (
+            n - bisect.bisect_right(costs, threshold)
+            if spread > 0 or m == 1
+            else (n if m * mean > budget else 0)
+        )
+        total += pmf * over / n
+    return total
 
 
 def colocated_ttft_ms(
@@ -101,11 +170,11 @@ def colocated_ttft_ms(
 ) -> float:
     """TTFT at `percentile` on `replicas` colocated workers: the prefill queue plus a decode step per
     chunk."""
-    tpot = colocated_tpot_ms(profile, replicas, prefill, decode)
-    if math.isinf(tpot):
+    step = colocated_step_ms(profile, replicas, prefill, decode)
+    if math.isinf(step):
         return math.inf
     chunks = max(1, math.ceil(prefill.prompt_tokens_p / profile.prefill_chunk_tokens))
-    batch = decode.rate_rps / max(replicas, 1) * decode.output_tokens_mean * tpot / 1000
+    batch = decode.rate_rps / max(replicas, 1) * decode.output_tokens_mean * step / 1000
     return prefill_ttft_ms(profile, replicas, prefill, percentile) + chunks * profile.decode_step_ms(
         batch, decode.context_tokens
     )
@@ -129,7 +198,7 @@ def colocated_need(
     if floor_tpot > tpot_target or floor_ttft > ttft_target:
         return Need(MAX_REPLICAS_SEARCHED, load, math.inf)
     for n in range(max(1, math.floor(load)), MAX_REPLICAS_SEARCHED):
-        tpot = colocated_tpot_at_ms(profile, n, prefill, decode, slo.percentile)
+        tpot = colocated_tpot_ms(profile, n, prefill, decode, slo.percentile)
         if (
             tpot <= tpot_target
             and colocated_ttft_ms(profile, n, prefill, decode, slo.percentile) <= ttft_target

@@ -14,7 +14,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from tandem.operator.autoscale.core.config import PolicyConfig, PoolLimits
-from tandem.operator.autoscale.core.shape import Shape, ShapeConfig, ShapeDecision, ShapeLoad, decide_shape
+from tandem.operator.autoscale.core.shape import (
+    Learned,
+    Shape,
+    ShapeConfig,
+    ShapeDecision,
+    ShapeLoad,
+    decide_shape,
+    learn_colocated,
+    peak_load,
+)
 from tandem.operator.autoscale.core.sizing import missing
 from tandem.operator.autoscale.core.types import Pool, PoolObservation, Replicas
 from tandem.spec import InferenceServiceSpec, Mode
@@ -41,6 +50,10 @@ def shape_config(spec: InferenceServiceSpec, config: PolicyConfig) -> ShapeConfi
 @dataclass(frozen=True)
 class ShapeState:
     last_change_s: float = float("-inf")  # never changed: the first change waits no dwell
+    recent: tuple[tuple[float, ShapeLoad], ...] = ()  # the windows of the last dwell (shape.peak_load)
+    learned: Learned = (
+        Learned()
+    )  # the colocated model's error on this service's traffic (shape.learn_colocated)
 
 
 def current_shape(replicas: Mapping[Pool, Replicas]) -> Shape | None:
@@ -111,7 +124,10 @@ def shape_tick(
     load = load_of(observations, shape)
     if load is None:
         return None, state
-    decision = decide_shape(load, shape, now_s - state.last_change_s, cfg)
+    peak, recent = peak_load(state.recent, load, now_s, cfg.dwell_s)
+    learned = learn_colocated(state.learned, load, shape, cfg, now_s)
+    state = replace(state, recent=recent, learned=learned)
+    decision = decide_shape(peak, shape, now_s - state.last_change_s, cfg, learned.factor)
     bounded = within(decision.target, limits) if limits is not None else decision.target
     if bounded != decision.target:
         decision = replace(
@@ -119,7 +135,7 @@ def shape_tick(
         )
     if decision.target == decision.current:
         return decision, state
-    return decision, ShapeState(last_change_s=now_s)
+    return decision, replace(state, last_change_s=now_s)
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,8 @@ def size_pool(obs: PoolObservation, cfg: PolicyConfig, rate: float, share: float
     if obs.arrival_rate_slices_rps:  # size for the bursts a request meets, not the window's mean
         burst = max(rate, burst_rate(obs.arrival_rate_slices_rps, slo.percentile))
         prefill_load = replace(prefill_load, rate_rps=burst)
-        decode_load = replace(decode_load, rate_rps=burst)
+        if obs.pool != Pool.colocated:  # colocated workers: decode at the mean, as the shape rule sizes them
+            decode_load = replace(decode_load, rate_rps=burst)
 
     def ttft_share(n: int) -> float:
         return prefill_ttft_ms(profile, n, prefill_load, slo.percentile) / slo.ttft_ms

@@ -19,7 +19,16 @@ from typing import cast
 
 from tandem.operator.autoscale.core.config import PolicyConfig
 from tandem.operator.autoscale.core.policy import PolicyState, decide
-from tandem.operator.autoscale.core.shape import Shape, ShapeAction, ShapeConfig, ShapeLoad, decide_shape
+from tandem.operator.autoscale.core.shape import (
+    Learned,
+    Shape,
+    ShapeAction,
+    ShapeConfig,
+    ShapeLoad,
+    decide_shape,
+    learn_colocated,
+    peak_load,
+)
 from tandem.operator.autoscale.core.types import Pool
 from tandem.operator.autoscale.sim.colocated import ColocatedSimulation
 from tandem.operator.autoscale.sim.flipping import FlipSimulation
@@ -208,9 +217,11 @@ def auto_controller(config: PolicyConfig, shape: ShapeConfig) -> Controller:
     """tandem's policy for the pools of the current shape, and the shape rule above it: a change resets the
     per-pool policy's memory (the pools it remembered are gone)."""
     state, last_change_s = PolicyState(), -math.inf
+    recent: tuple[tuple[float, ShapeLoad], ...] = ()
+    learned = Learned()
 
     def control(snap: Snapshot) -> dict[Pool, int] | Control:
-        nonlocal state, last_change_s
+        nonlocal state, last_change_s, recent, learned
         obs = snap.observations
         split = Pool.colocated not in obs
         counts = {pool: o.replicas.ready + o.replicas.starting for pool, o in obs.items()}
@@ -219,9 +230,11 @@ def auto_controller(config: PolicyConfig, shape: ShapeConfig) -> Controller:
             if split
             else Shape(colocated=max(counts[Pool.colocated], 1))
         )
-        load = ShapeLoad.observed(obs)
+        load = ShapeLoad.observed(obs, shape.slo.percentile)
         if load is not None and snap.at_s >= max(o.window_s for o in obs.values()):  # a whole window seen
-            d = decide_shape(load, current, snap.at_s - last_change_s, shape)
+            peak, recent = peak_load(recent, load, snap.at_s, shape.dwell_s)
+            learned = learn_colocated(learned, load, current, shape, snap.at_s)
+            d = decide_shape(peak, current, snap.at_s - last_change_s, shape, learned.factor)
             if d.action != ShapeAction.keep:
                 state, last_change_s = PolicyState(), snap.at_s
                 return ShapeChange({}, target=d.target, reason=d.reason)

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from tandem import names
 from tandem.operator.autoscale.core.types import Pool
+from tandem.operator.autoscale.sources.observation import Figure
 from tandem.operator.autoscale.sources.scrape import Labels, Samples, Snapshot, Window, figures
 
 ROUTER_LABELS: Labels = (("pool", names.POOL_ROUTER),)
@@ -85,7 +86,7 @@ class Exposition:
             }
             self.workers.setdefault(pool, Window()).add(Snapshot(now_s, worker), self.window_s)
 
-    def observed(self, pool: Pool, percentile: float) -> dict[str, float | None]:
+    def observed(self, pool: Pool, percentile: float) -> dict[str, Figure]:
         """The PoolObservation fields of `pool` as of the last scrape (latencies in seconds)."""
         workers = [self.workers[pool]] if pool in self.workers else []
         return figures(pool, [self.router], workers, percentile)

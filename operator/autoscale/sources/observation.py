@@ -16,11 +16,17 @@ def clean(value: float | None) -> float | None:
     return value
 
 
+Figure = float | tuple[float, ...] | None  # one PoolObservation field as a source read it (slices: a tuple)
+
+
 def observation(
-    pool: Pool, values: Mapping[str, float | None], replicas: Replicas, at_s: float, window_s: float
+    pool: Pool, values: Mapping[str, Figure], replicas: Replicas, at_s: float, window_s: float
 ) -> PoolObservation:
-    fields = {}
+    fields: dict[str, Figure] = {}
     for name, value in values.items():
+        if isinstance(value, tuple):
+            fields[name] = value
+            continue
         v = clean(value)
         fields[name] = v * 1000 if v is not None and name in SECONDS_FIELDS else v
     return PoolObservation(pool=pool, at_s=at_s, window_s=window_s, replicas=replicas, **fields)

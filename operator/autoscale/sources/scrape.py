@@ -4,6 +4,7 @@ change over the window, gauges summed over the pool's replicas)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections import deque
@@ -16,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tandem import names
 from tandem.operator.autoscale.core.source import MetricsUnavailable, Target
 from tandem.operator.autoscale.core.types import Pool, PoolObservation, Replicas
-from tandem.operator.autoscale.sources.observation import observation
+from tandem.operator.autoscale.sources.observation import Figure, observation
 
 Labels = tuple[tuple[str, str], ...]
 Samples = dict[tuple[str, Labels], float]
@@ -82,6 +83,22 @@ class Window:
                 out[labels] = value - before if value >= before else value
         return out
 
+    def slice_rates(self, name: str) -> tuple[float, ...]:
+        """The counter's increase per second between consecutive snapshots (summed over series), oldest first:
+        the window cut at each scrape, so a burst shorter than the window shows."""
+        out = []
+        for old, new in itertools.pairwise(self.history):
+            dt = new.at_s - old.at_s
+            if dt <= 0:
+                continue
+            grew = 0.0
+            for (n, labels), value in new.samples.items():
+                if n == name:
+                    before = old.samples.get((n, labels), 0.0)
+                    grew += value - before if value >= before else value
+            out.append(grew / dt)
+        return tuple(out)
+
     def current(self, name: str) -> dict[Labels, float]:
         if not self.history:
             return {}
@@ -110,9 +127,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def figures(
-    pool: Pool, router: list[Window], workers: list[Window], percentile: float
-) -> dict[str, float | None]:
+def figures(pool: Pool, router: list[Window], workers: list[Window], percentile: float) -> dict[str, Figure]:
     """The PoolObservation fields promql.pool_queries names, from scraped windows (seconds for latencies)."""
     span = max((w.span_s for w in router), default=0.0)
     q = percentile / 100
@@ -130,7 +145,7 @@ def figures(
         buckets = _buckets(windows, name)
         return histogram_quantile(qq, buckets) if buckets else None
 
-    out: dict[str, float | None] = {
+    out: dict[str, Figure] = {
         "arrival_rate_rps": rate(router, names.REQUEST_ARRIVALS_TOTAL),
         "prompt_tokens_mean": mean(names.REQUEST_PROMPT_TOKENS),
         "prompt_tokens_p90": quantile(router, names.REQUEST_PROMPT_TOKENS, 0.9),
@@ -144,6 +159,8 @@ def figures(
             _sum(workers, lambda w: w.current(names.KV_BLOCKS_TOTAL)),
         ),
     }
+    slices = [r for w in router for r in w.slice_rates(names.REQUEST_ARRIVALS_TOTAL)]
+    out["arrival_rate_slices_rps"] = tuple(slices) if len(slices) > 1 else None
     held_for = pool.value
 
     def for_pool(name: str) -> Callable[[Window], dict[Labels, float]]:
