@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._smoke import add_smoke, smoke_sizes, write_tiny_trace
+from bench._traces import TRACES as TRACE_DIR
 from tandem.operator.autoscale.core.config import PoolLimits
 from tandem.operator.autoscale.core.types import Pool
 from tandem.operator.autoscale.sim.metrics import percentile
@@ -42,16 +43,13 @@ from tandem.profile import Profile, profile_named, shipped_profile
 from tandem.slo import Slo
 from tandem.trace import AZURE_ATTRIBUTION, TraceRequest, load_trace
 
-ROOT = Path(__file__).resolve().parents[1]
 TRACES = ("azure_llm_2023_code.csv", "azure_llm_2023_conv.csv")
 AGREEMENT = 0.25
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.autoscale", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--traces", default=str(ROOT.parent / "shared" / "traces"), help="folder with the Azure CSVs"
-    )
+    p.add_argument("--traces", default=str(TRACE_DIR), help="folder with the Azure CSVs")
     p.add_argument(
         "--profile", help="a `tandem profile` JSON or shipped name (default: Dynamo's H200 data, converted)"
     )

@@ -65,6 +65,7 @@ from bench._anchor_families import cheapest_fixed, colocated_search, run_job, sc
 from bench._anchor_plot import write_day_plot, write_pareto_plot
 from bench._anchor_replay import Case, cache_key
 from bench._anchor_search import Point, box_search, cost_at, count_search, pareto, staircase
+from bench._traces import TRACES as TRACE_DIR
 from tandem.profile import profile_named
 from tandem.profile_compare import profile_caption
 from tandem.trace import AZURE_ATTRIBUTION, diurnal, load_trace, scale_rate, to_mooncake_jsonl, windows
@@ -151,9 +152,7 @@ def peak_label(day_label: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.autoscale_dynamo", description=__doc__.split("\n\n")[0])
     p.add_argument("--replay-dir", default=str(ROOT.parent / "shared" / "tools" / "dynamo-replay"))
-    p.add_argument(
-        "--traces", default=str(ROOT.parent / "shared" / "traces"), help="folder with the Azure CSVs"
-    )
+    p.add_argument("--traces", default=str(TRACE_DIR), help="folder with the Azure CSVs")
     p.add_argument("--rate-scales", default="1,8", help="arrival-rate multiples of each trace ('' for none)")
     p.add_argument(
         "--day-hour-s",

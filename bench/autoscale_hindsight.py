@@ -15,7 +15,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.autoscale_dynamo import DAY_HIGH, DAY_LOW, ROOT
+from bench._traces import TRACES as TRACE_DIR
+from bench.autoscale_dynamo import DAY_HIGH, DAY_LOW
 from tandem.operator.autoscale.core.types import Pool
 from tandem.operator.autoscale.sim.baselines import static_controller
 from tandem.operator.autoscale.sim.colocated import simulate_colocated
@@ -51,9 +52,7 @@ def main() -> None:
     p = argparse.ArgumentParser(
         prog="python -m bench.autoscale_hindsight", description=__doc__.split("\n\n")[0]
     )
-    p.add_argument(
-        "--traces", default=str(ROOT.parent / "shared" / "traces"), help="folder with the Azure CSVs"
-    )
+    p.add_argument("--traces", default=str(TRACE_DIR), help="folder with the Azure CSVs")
     p.add_argument("--trace-names", default="conv,code")
     p.add_argument("--day-hour-s", type=float, default=600.0, help="each hour of the day's curve this long")
     p.add_argument("--slo-ttft-ms", type=float, default=2000.0)

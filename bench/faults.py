@@ -10,7 +10,7 @@ Soak mode replays the conversation trace for N minutes with a kill -9 or a decod
 cycle, and prints each process's RSS growth after its warm-up (target < 5%), the answers by outcome and
 the KV blocks still held at the end:
 
-    python -m bench.faults --soak [--soak-minutes 30] [--trace ../shared/traces/azure_llm_2023_conv.csv]
+    python -m bench.faults --soak [--soak-minutes 30] [--trace bench/traces/azure_llm_2023_conv.csv]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import httpx
 
 from bench._smoke import add_smoke, smoke_sizes
 from bench._stacks import SERVED_NAME, ModelShape, make_model, running_stacks, service_object, worker_load
+from bench._traces import CONV
 from tandem import names
 
 OUTPUT_TOKENS = 24
@@ -310,7 +311,7 @@ def main() -> None:
     )
     p.add_argument("--soak", action="store_true", help="soak mode instead of the fault table")
     p.add_argument("--soak-minutes", type=float, default=30.0, help="how long the soak runs")
-    p.add_argument("--trace", type=Path, default=Path("../shared/traces/azure_llm_2023_conv.csv"))
+    p.add_argument("--trace", type=Path, default=CONV)
     p.add_argument("--rate", type=float, default=1.5, help="soak: mean requests per second")
     p.add_argument("--cycle", type=float, default=60.0, help="soak: seconds between kill or scale steps")
     p.add_argument(

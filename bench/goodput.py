@@ -58,6 +58,7 @@ from bench._trace_shape import (
     slo_from_idle,
     thinned,
 )
+from bench._traces import CODE, CONV
 from tandem.loadgen.prompts import Vocabulary, load_vocabulary
 from tandem.loadgen.report import percentile
 from tandem.loadgen.trace import AZURE_ATTRIBUTION, attribution_for, load_trace
@@ -70,7 +71,7 @@ SLO_AWARE = (
     "conditional-slo"  # conditional whose router keeps local prefills off decode workers near its TPOT SLO
 )
 MODES = (COLOCATED, DISAGGREGATED, CONDITIONAL, SLO_AWARE, CONTROL)
-TRACES = ("../shared/traces/azure_llm_2023_conv.csv", "../shared/traces/azure_llm_2023_code.csv")
+TRACES = (str(CONV), str(CODE))
 
 
 def idle_latency(url: str, input_len: int, output_len: int, repeat: int, vocab: Vocabulary, seed: int) -> Slo:

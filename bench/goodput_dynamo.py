@@ -45,6 +45,7 @@ from bench._goodput_sim import SimReplayer
 from bench._goodput_sweep import Goodput, Latency, attainment, goodput
 from bench._smoke import add_smoke, smoke_sizes, write_tiny_trace
 from bench._trace_shape import slo_from_idle
+from bench._traces import TRACES as TRACE_DIR
 from tandem.operator.autoscale.core.shape import ShapeConfig
 from tandem.profile import profile_named
 from tandem.profile_compare import profile_caption
@@ -421,9 +422,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     add_smoke(p)
     p.add_argument("--replay-dir", default=str(ROOT.parent / "shared" / "tools" / "dynamo-replay"))
-    p.add_argument(
-        "--traces", type=Path, default=ROOT.parent / "shared" / "traces", help="folder with the Azure CSVs"
-    )
+    p.add_argument("--traces", type=Path, default=TRACE_DIR, help="folder with the Azure CSVs")
     p.add_argument("--rows", type=int, default=6000, help="replay each trace's first this many rows (0: all)")
     p.add_argument("--gpus", type=int, default=4)
     p.add_argument("--rates", default="0.5,0.71,1,1.41,2,2.83,4,5.66,8,11.3,16,22.6,32", help="req/s per GPU")

@@ -1,8 +1,8 @@
 """The served stack on one GPU: requests through the router beside the engine alone, and KV transfer per
 prompt beside the copy floor.
 
-    python -m bench.gpu_serving --trace azure_llm_2023_conv.csv [--decode-step cudaGraphs] [--out r.json]
-    python -m bench.gpu_serving --tiny --trace azure_llm_2023_conv.csv  # the same code on the CPU, tiny model
+    python -m bench.gpu_serving [--trace T.csv] [--decode-step cudaGraphs] [--out r.json]
+    python -m bench.gpu_serving --tiny  # the same code on the CPU, tiny model
 
 A Llama-3.1-8B-shaped model with random weights (bf16; `--quantization` another the engine loads) is written
 at start. Two stacks run through `tandem up`, one after the other, every worker on the same GPU: one
@@ -58,6 +58,7 @@ from bench._stacks import (
     wait_idle,
 )
 from bench._trace_shape import LengthShaping, at_rate, median_lengths, requests_for_rate, thinned
+from bench._traces import CONV
 from tandem import names
 from tandem.loadgen.prompts import Vocabulary, load_vocabulary
 from tandem.loadgen.trace import load_trace
@@ -92,8 +93,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--trace",
         type=Path,
-        required=True,
-        help="an Azure LLM trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens)",
+        default=CONV,
+        help="an Azure LLM trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens); default: conversation",
     )
     p.add_argument(
         "--tiny", action="store_true", help="the tiny model on the CPU with small counts: a dry run"

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from bench._traces import CONV
+
 FIELDS = {
     "policy",
     "gpu_hours",
@@ -21,7 +23,6 @@ FIELDS = {
     "goodput_per_gpu_hour",
     "flips_per_hour",
 }
-SHARED_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 
 
 def simulate(*args: str) -> subprocess.CompletedProcess[str]:
@@ -98,9 +99,7 @@ def test_time_and_rate_scale(jsonl_trace: Path) -> None:
 
 
 def test_azure_slice(tmp_path: Path) -> None:
-    source = SHARED_TRACES / "azure_llm_2023_conv.csv"
-    if not source.exists():
-        pytest.skip("shared Azure traces not present (../shared/traces is optional)")
+    source = CONV
     sliced = tmp_path / "azure_llm_2023_conv.csv"
     with source.open() as f:
         sliced.write_text("".join(next(f) for _ in range(301)))

@@ -1,4 +1,4 @@
-"""Trace parsing for `tandem bench`: Azure CSV, JSONL, and the real shared trace when it is present."""
+"""Trace parsing for `tandem bench`: Azure CSV, JSONL, and the real Azure traces the repository carries."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from bench._traces import TRACES
 from tandem.loadgen.trace import attribution_for, load_trace, parse_azure_csv, parse_jsonl
-
-SHARED_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 
 AZURE_SAMPLE = """TIMESTAMP,ContextTokens,GeneratedTokens
 2023-11-16 18:15:46.6805900,374,44
@@ -60,10 +59,8 @@ def test_attribution_only_for_azure_traces() -> None:
 
 
 @pytest.mark.parametrize("name", ["azure_llm_2023_conv.csv", "azure_llm_2023_code.csv"])
-def test_real_shared_trace_first_rows(name: str, tmp_path: Path) -> None:
-    source = SHARED_TRACES / name
-    if not source.exists():
-        pytest.skip(f"shared trace {name} not present (../shared/traces is optional)")
+def test_real_trace_first_rows(name: str, tmp_path: Path) -> None:
+    source = TRACES / name
     with source.open() as f:
         head = [next(f) for _ in range(201)]
     sample = tmp_path / name
