@@ -10,13 +10,13 @@ queue of capacity.prefill_ttft_ms on the N replicas, plus the decode step that e
 rides with. `u >= 1` means the worker cannot keep up. Built on the split model's own functions, from the
 profile's prefill and decode rows; no second model.
 
-That stretch is the mean. A generation's own TPOT depends on how many prompts land in its worker's steps
-while it decodes (a Poisson count at `rate/N` over its decode time, and the one in progress as it joins,
-with the prefill share's probability), each adding the prompt's prefill time
-spread over the generation's tokens. The need sizes TPOT at the SLO percentile of that count: with short
-generations and long prompts (one prompt landing adds several ms to a 13-token answer's TPOT) the
-percentile is far above the mean, and it is what a tight TPOT SLO is judged on. The need sizes the larger of
-the two, each landing prompt at the percentile's length.
+That stretch is the mean (colocated_step_ms). A request's own TPOT depends on the prompts that land in its
+worker's steps while it decodes: a Poisson count at `rate/N` over its prefill and its steps, each prompt's
+prefill time drawn from a Weibull through the prompts' mean and p90 lengths, shared over the request's own
+output (geometric lengths at evenly spaced quantiles); a prompt that waits finds a backlog (M/G/c, Erlang C)
+that drains in full chunks. colocated_tpot_ms is that TPOT at the SLO percentile over requests: with short
+outputs and long prompts (one prompt landing adds several ms to a 13-token answer's TPOT) it is far above the
+mean, and it is what a tight TPOT SLO is judged on.
 """
 
 from __future__ import annotations
