@@ -134,7 +134,7 @@ class _Options:
 
     @classmethod
     def _fields(cls) -> tuple[tuple[Field, type], ...]:
-        return _fields_of(cls)
+        return _fields_of(cls)  # type: ignore[arg-type]  # a class hashes; mypy reads its instances
 
     @classmethod
     def _spec_flags(cls) -> dict[str, FieldInfo]:
