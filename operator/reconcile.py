@@ -299,12 +299,12 @@ class Reconciler:
         # All or nothing: the API server validates and admits (quota included) every changed child before any
         # is written, so a child it refuses leaves no GPU pool half-built beside it. The dry runs write
         # nothing, so they go out beside the Secret and the pools, whose own writes stay in order.
-        # For a never-reconciled object, a dry run answering with a stored object (one with a resourceVersion)
-        # found a child the observation took for absent: someone else's, or ours unseen by the cache.
+        # For a never-reconciled object, a dry run that answers with a stored object (it has a
+        # resourceVersion), or is refused, for a child the observation took for absent sends the reconcile
+        # back to read the API: the child may be someone else's, or ours unseen by the cache.
         dry_runs = [] if p.blocked else [self.pool.submit(self.kube.apply, m, dry_run=True) for m in p.apply]
+        secret = self.pool.submit(self._issue_tls_secret, seen, spec.role_flip, out) if p.tls_secret else None
         try:
-            if p.tls_secret:
-                self._issue_tls_secret(seen, spec.role_flip, out)
             pools = dict(
                 zip(
                     [s.pool for s in p.pools],
@@ -313,7 +313,9 @@ class Reconciler:
                 )
             )
         finally:
-            wait(dry_runs)
+            wait([*dry_runs, *([secret] if secret else [])])
+        if secret:
+            secret.result()
         if p.blocked:
             message = p.blocked[1]
             self._report_blocked(reader, isvc, seen, p.blocked, message, out)
@@ -321,9 +323,10 @@ class Reconciler:
         if reader.first_time:
             for manifest, dry_run in zip(p.apply, dry_runs, strict=True):
                 key = (manifest["kind"], manifest["metadata"]["name"])
-                if dry_run.exception() is None and seen.children.get(key) is None:
-                    if dry_run.result()["metadata"].get("resourceVersion"):
-                        raise _Taken(ApiError(409, f"{key[0]}/{key[1]} exists"))
+                if seen.children.get(key) is None and (
+                    dry_run.exception() is not None or dry_run.result()["metadata"].get("resourceVersion")
+                ):  # a refusal may be for an object of someone else's: look before reporting it
+                    raise _Taken(ApiError(409, f"{key[0]}/{key[1]} exists or was refused"))
         for dry_run in dry_runs:
             dry_run.result()
         # children are independent: apply them side by side, so a new object waits for one round trip, not
@@ -413,26 +416,44 @@ class Reconciler:
     def _write_report(
         self, reader: Reader, isvc: Body, spec: InferenceServiceSpec, seen: Observed, r: Report, out: Outcome
     ) -> None:
-        for child, st in r.pool_status.items():
-            reader.remember(
-                self.kube.merge_patch("TandemPool", seen.namespace, child, {"status": st}, sub="status")
+        # the statuses are independent writes: side by side, one round trip
+        statuses = [
+            self.pool.submit(
+                self.kube.merge_patch, "TandemPool", seen.namespace, child, {"status": st}, sub="status"
             )
-            out.writes.append(f"status TandemPool/{child}")
+            for child, st in r.pool_status.items()
+        ]
+        if r.status is not None:
+            statuses.append(self.pool.submit(_patch_status, self.kube, isvc, r.status))
+        wait(statuses)
+        for written in statuses:
+            reader.remember(written.result())
+        out.writes += [f"status TandemPool/{child}" for child in r.pool_status]
+        out.writes += ["status"] if r.status is not None else []
         out.ready = r.ready
         if r.recheck_after is not None:
             out.recheck_after = r.recheck_after
-        if r.status is not None:
-            reader.remember(_patch_status(self.kube, isvc, r.status))
-            out.writes.append("status")
         key = (seen.namespace, seen.name, seen.uid)
         if spec.security.api_keys is not None:
             self.exposure.services.pop(key, None)  # list them again should the keys go
         self.exposure.to_send(key, r.exposed, r.warning)  # the Event, if due, is among r.events
-        for reason, message, type_ in r.events:
-            self.kube.event(isvc, reason, message, type_)
+        if r.events:  # in order, best effort, without holding the reconcile
+            self.pool.submit(self._send_events, isvc, r.events)
         made = [w for w in out.writes if not w.startswith("status")]
         if made:
             log.info("%s/%s: %s", seen.namespace, seen.name, "; ".join(made))
+
+    def _send_events(self, isvc: Body, events: tuple[tuple[str, str, str], ...]) -> None:
+        try:
+            for reason, message, type_ in events:
+                self.kube.event(isvc, reason, message, type_)
+        except Exception as e:  # a lost Event is logged, never raised: Events are best effort
+            log.warning(
+                "%s/%s: could not send an Event: %s",
+                isvc["metadata"]["namespace"],
+                isvc["metadata"]["name"],
+                e,
+            )
 
     def _report_blocked(
         self, reader: Reader, isvc: Body, seen: Observed, blocked: tuple[str, str], event: str, out: Outcome
