@@ -205,13 +205,19 @@ def pods_to_read(
     desired: Mapping[str, int], deployments: Mapping[str, Body | None], previous: Mapping[str, Any]
 ) -> list[str]:
     """Only a pool that is not rolled out, or whose ready pods changed, costs a pod read: steady state reads
-    none."""
+    none. Nor does a Deployment the deployment controller has not seen yet (one just created): it has no
+    pods of its own until then, and its first status brings another look."""
     stuck = stuck_pools(desired, deployments)
     return [
         p
         for p in desired
-        if p in stuck or (deployments.get(p) is not None and _ready_changed(deployments.get(p), previous, p))
+        if _seen_by_controller(deployments.get(p))
+        and (p in stuck or _ready_changed(deployments.get(p), previous, p))
     ]
+
+
+def _seen_by_controller(dep: Body | None) -> bool:
+    return dep is not None and "observedGeneration" in (dep.get("status") or {})
 
 
 def deployments_of(name: str, children: Mapping[Key, Body | None]) -> dict[str, Body | None]:
@@ -272,7 +278,7 @@ def report(
             pool_status[live["metadata"]["name"]] = st
     desired = desired_replicas(spec, p)
     stuck = stuck_pools(desired, deployments)
-    problems = {pool: pod_problems(list(r.pods[pool])) for pool in stuck}
+    problems = {pool: pod_problems(list(r.pods.get(pool, ()))) for pool in stuck}
     recheck = POD_RECHECK_SECONDS if stuck and not any(problems.values()) else None  # pods may yet fail
     for pool, found in o.findings.pools.items():  # the cause first, then what the scheduler says of it
         problems[pool] = found + problems.get(pool, [])

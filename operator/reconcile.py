@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
+import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -48,6 +52,7 @@ log = logging.getLogger("tandem.operator")
 # Kinds of other projects' CRDs (spec.gateway): a cluster without them has none of these children to remove.
 _OPTIONAL_KINDS = ("InferencePool", "HTTPRoute")
 PREFLIGHT_RECHECK_SECONDS = 10.0  # the operator watches neither claims nor nodes: look again for the fix
+SERVICES_TTL_SECONDS = 5.0  # a namespace's Services listed once serve the exposure checks of this long
 Body = dict[str, Any]
 ServiceKey = tuple[str, str, str]  # (namespace, name, uid)
 
@@ -93,14 +98,35 @@ class Reader:
 
 
 class _Taken(Exception):
-    """A TandemPool the observation saw absent exists: the world moved, look again."""
+    """A child the observation took for absent exists (a TandemPool's create met a 409, or a dry run
+    answered for a stored object): the world moved, look again, reading the API."""
 
     def __init__(self, error: ApiError):
         super().__init__(str(error))
         self.error = error
 
 
-def read_facts(kube: Kube, namespace: str, spec: InferenceServiceSpec) -> Facts:
+class Listing:
+    """A list read shared by every reconcile for `ttl` seconds: the cluster's Nodes (the preflight of every
+    object not yet Ready) or a namespace's Services (the exposure check of every new object), which a burst
+    of new objects would otherwise list once each."""
+
+    def __init__(self, read: Callable[[], list[Body]], ttl: float):
+        self.read, self.ttl = read, ttl
+        self._items: list[Body] = []
+        self._at = -math.inf
+        self._lock = threading.Lock()
+
+    def __call__(self) -> list[Body]:
+        with self._lock:
+            if time.monotonic() - self._at >= self.ttl:
+                self._items, self._at = self.read(), time.monotonic()
+            return self._items
+
+
+def read_facts(
+    kube: Kube, namespace: str, spec: InferenceServiceSpec, nodes: Callable[[], list[Body]]
+) -> Facts:
     """The I/O edge of the preflight check; what the API refuses (RBAC, a Role without nodes) stays
     unknown."""
     claims: dict[str, str | None] = {}
@@ -112,11 +138,11 @@ def read_facts(kube: Kube, namespace: str, spec: InferenceServiceSpec) -> Facts:
             continue
         claims[claim] = None if body is None else str((body.get("status") or {}).get("phase") or "Pending")
     try:
-        nodes: tuple[NodeGpus, ...] | None = tuple(node_gpus(n) for n in kube.list_nodes())
+        gpus: tuple[NodeGpus, ...] | None = tuple(node_gpus(n) for n in nodes())
     except ApiError as e:
         log.debug("cannot list nodes (the GPU check is skipped): %s", e)
-        nodes = None
-    return Facts(claims=claims, nodes=nodes)
+        gpus = None
+    return Facts(claims=claims, nodes=gpus)
 
 
 def _settled(previous: dict[str, Any], generation: int) -> bool:
@@ -137,6 +163,10 @@ class Reconciler:
         self.issued: set[ServiceKey] = set()  # whose TLS Secret exists
         self.exposure = exposure.ExposureWatch()
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="apply")
+        # half the preflight's recheck: a fixed cluster is seen by the next look
+        self.nodes = Listing(kube.list_nodes, PREFLIGHT_RECHECK_SECONDS / 2)
+        self.services: dict[str, Listing] = {}  # namespace -> its Services
+        self._services_lock = threading.Lock()
 
     def reconcile(self, namespace: str, name: str, fresh: bool = False) -> Outcome:
         """Bring one InferenceService's children and status in line with its spec.
@@ -150,8 +180,10 @@ class Reconciler:
             self.exposure.forget(namespace, name)
             return out  # garbage collection removes the children through owner references
         previous = isvc.get("status") or {}
-        # Never reconciled: its children can only be ones we created, which the cache holds. (A crash between
-        # creating children and writing status is covered: apply is idempotent, create falls back on 409.)
+        # Never reconciled: its children can only be ones we created, which the cache holds; a name the cache
+        # misses is taken for free, and the dry run before any write says whether it is (act raises _Taken).
+        # (A crash between creating children and writing status is covered: apply is idempotent, create falls
+        # back on 409.)
         reader.first_time = "observedGeneration" not in previous
         meta = isvc["metadata"]
         seen = Observed(name, namespace, meta["uid"], meta.get("generation", 1), previous, Findings())
@@ -184,7 +216,8 @@ class Reconciler:
 
     def observe(self, reader: Reader, isvc: Body, spec: InferenceServiceSpec) -> Observed:
         """Read the world once: the preflight's facts (until Ready), then, unless they block, the TandemPools,
-        the children, the labelled objects (after a spec change) and the Services (for the exposure check)."""
+        the children, the labelled objects (after a spec change) and the Services (for the exposure check).
+        For a never-reconciled object, a child the cache does not hold is taken for absent (see act)."""
         meta = isvc["metadata"]
         namespace, name, uid, generation = (
             meta["namespace"],
@@ -198,23 +231,17 @@ class Reconciler:
         facts = (
             None
             if _settled(previous, generation)
-            else self.pool.submit(read_facts, self.kube, namespace, spec)
+            else self.pool.submit(read_facts, self.kube, namespace, spec, self.nodes)
         )
         pools = render.worker_pools(spec)
         keys = child_keys(spec, name, namespace, uid)
-
-        def child(key: tuple[str, str]) -> Body | None:
-            live = reader.get(key[0], namespace, key[1])
-            if live is None and reader.first_time:  # the cache holds only ours: ask whether the name is free
-                live = self.kube.get(key[0], namespace, key[1])
-            return live
-
         live_pools = self.pool.map(
             lambda p: reader.get("TandemPool", namespace, render.child_name(name, p)), pools
         )
-        live_children = self.pool.map(child, keys)
+        live_children = self.pool.map(lambda k: reader.get(k[0], namespace, k[1]), keys)
         labelled = None
-        if previous.get("observedGeneration") != generation:
+        # children of another generation can be left over only once the spec has changed
+        if generation > 1 and previous.get("observedGeneration") != generation:
             labelled = dict(
                 zip(
                     CHILD_KINDS,
@@ -225,7 +252,7 @@ class Reconciler:
         key = (namespace, name, uid)
         services = None
         if spec.security.api_keys is None and self.exposure.needs_listing(key, reader.fresh):
-            services = self.kube.list("Service", namespace, "")
+            services = self._services(namespace)
         findings = Findings() if facts is None else check(spec, [*pools, names.POOL_ROUTER], facts.result())
         if findings.blocked:
             return Observed(name, namespace, uid, generation, previous, findings)
@@ -247,6 +274,15 @@ class Reconciler:
             warned=self.exposure.warned.get(key),
         )
 
+    def _services(self, namespace: str) -> list[Body]:
+        with self._services_lock:
+            listing = self.services.get(namespace)
+            if listing is None:
+                listing = self.services[namespace] = Listing(
+                    lambda: self.kube.list("Service", namespace, ""), SERVICES_TTL_SECONDS
+                )
+        return listing()
+
     def _labelled(self, kind: str, namespace: str, name: str) -> list[Body]:
         try:
             return self.kube.list(kind, namespace, f"{names.LABEL_SERVICE}={name}")
@@ -263,10 +299,12 @@ class Reconciler:
         # All or nothing: the API server validates and admits (quota included) every changed child before any
         # is written, so a child it refuses leaves no GPU pool half-built beside it. The dry runs write
         # nothing, so they go out beside the Secret and the pools, whose own writes stay in order.
+        # For a never-reconciled object, a dry run that answers with a stored object (it has a
+        # resourceVersion), or is refused, for a child the observation took for absent sends the reconcile
+        # back to read the API: the child may be someone else's, or ours unseen by the cache.
         dry_runs = [] if p.blocked else [self.pool.submit(self.kube.apply, m, dry_run=True) for m in p.apply]
+        secret = self.pool.submit(self._issue_tls_secret, seen, spec.role_flip, out) if p.tls_secret else None
         try:
-            if p.tls_secret:
-                self._issue_tls_secret(seen, spec.role_flip, out)
             pools = dict(
                 zip(
                     [s.pool for s in p.pools],
@@ -275,11 +313,20 @@ class Reconciler:
                 )
             )
         finally:
-            wait(dry_runs)
+            wait([*dry_runs, *([secret] if secret else [])])
+        if secret:
+            secret.result()
         if p.blocked:
             message = p.blocked[1]
             self._report_blocked(reader, isvc, seen, p.blocked, message, out)
             return
+        if reader.first_time:
+            for manifest, dry_run in zip(p.apply, dry_runs, strict=True):
+                key = (manifest["kind"], manifest["metadata"]["name"])
+                if seen.children.get(key) is None and (
+                    dry_run.exception() is not None or dry_run.result()["metadata"].get("resourceVersion")
+                ):  # a refusal may be for an object of someone else's: look before reporting it
+                    raise _Taken(ApiError(409, f"{key[0]}/{key[1]} exists or was refused"))
         for dry_run in dry_runs:
             dry_run.result()
         # children are independent: apply them side by side, so a new object waits for one round trip, not
@@ -369,26 +416,44 @@ class Reconciler:
     def _write_report(
         self, reader: Reader, isvc: Body, spec: InferenceServiceSpec, seen: Observed, r: Report, out: Outcome
     ) -> None:
-        for child, st in r.pool_status.items():
-            reader.remember(
-                self.kube.merge_patch("TandemPool", seen.namespace, child, {"status": st}, sub="status")
+        # the statuses are independent writes: side by side, one round trip
+        statuses = [
+            self.pool.submit(
+                self.kube.merge_patch, "TandemPool", seen.namespace, child, {"status": st}, sub="status"
             )
-            out.writes.append(f"status TandemPool/{child}")
+            for child, st in r.pool_status.items()
+        ]
+        if r.status is not None:
+            statuses.append(self.pool.submit(_patch_status, self.kube, isvc, r.status))
+        wait(statuses)
+        for written in statuses:
+            reader.remember(written.result())
+        out.writes += [f"status TandemPool/{child}" for child in r.pool_status]
+        out.writes += ["status"] if r.status is not None else []
         out.ready = r.ready
         if r.recheck_after is not None:
             out.recheck_after = r.recheck_after
-        if r.status is not None:
-            reader.remember(_patch_status(self.kube, isvc, r.status))
-            out.writes.append("status")
         key = (seen.namespace, seen.name, seen.uid)
         if spec.security.api_keys is not None:
             self.exposure.services.pop(key, None)  # list them again should the keys go
         self.exposure.to_send(key, r.exposed, r.warning)  # the Event, if due, is among r.events
-        for reason, message, type_ in r.events:
-            self.kube.event(isvc, reason, message, type_)
+        if r.events:  # in order, best effort, without holding the reconcile
+            self.pool.submit(self._send_events, isvc, r.events)
         made = [w for w in out.writes if not w.startswith("status")]
         if made:
             log.info("%s/%s: %s", seen.namespace, seen.name, "; ".join(made))
+
+    def _send_events(self, isvc: Body, events: tuple[tuple[str, str, str], ...]) -> None:
+        try:
+            for reason, message, type_ in events:
+                self.kube.event(isvc, reason, message, type_)
+        except Exception as e:  # a lost Event is logged, never raised: Events are best effort
+            log.warning(
+                "%s/%s: could not send an Event: %s",
+                isvc["metadata"]["namespace"],
+                isvc["metadata"]["name"],
+                e,
+            )
 
     def _report_blocked(
         self, reader: Reader, isvc: Body, seen: Observed, blocked: tuple[str, str], event: str, out: Outcome

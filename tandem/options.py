@@ -12,6 +12,7 @@ it: nothing here.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from enum import Enum, StrEnum
@@ -111,6 +112,13 @@ def _spec_defaults(cls: type[_Options]) -> dict[str, Any]:
     return {name: info.get_default(call_default_factory=True) for name, info in cls._spec_flags().items()}
 
 
+@functools.cache
+def _fields_of(cls: type) -> tuple[tuple[Field, type], ...]:
+    """A class's fields and their kinds, resolved once (the operator renders argv for every reconcile)."""
+    hints = get_type_hints(cls)
+    return tuple((f, _kind(hints[f.name])) for f in fields(cls) if f.name != "engine_knobs")  # type: ignore[arg-type]
+
+
 class _Options:
     """Flags from fields, both ways; a class may add flags from spec fields it does not declare
     (`_spec_flags`), carried in its `engine_knobs` mapping."""
@@ -119,9 +127,8 @@ class _Options:
     DESCRIPTION: ClassVar[str]
 
     @classmethod
-    def _fields(cls) -> list[tuple[Field, type]]:
-        hints = get_type_hints(cls)
-        return [(f, _kind(hints[f.name])) for f in fields(cls) if f.name != "engine_knobs"]  # type: ignore[arg-type]
+    def _fields(cls) -> tuple[tuple[Field, type], ...]:
+        return _fields_of(cls)  # type: ignore[arg-type]  # a class hashes; mypy reads its instances
 
     @classmethod
     def _spec_flags(cls) -> dict[str, FieldInfo]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,9 +16,44 @@ log = logging.getLogger("tandem.operator")
 Key = tuple[str, str]  # (namespace, name)
 
 
+class _Slots:
+    """`n` worker slots handed out in order, new generations first: a new object (or a spec change) waits
+    behind other new generations only, never behind the reruns that echoes of earlier writes queued."""
+
+    def __init__(self, n: int):
+        self._free = n
+        self._waiting: tuple[deque[asyncio.Future[None]], ...] = (deque(), deque())  # urgent, then the rest
+
+    async def acquire(self, urgent: bool) -> None:
+        if self._free:
+            self._free -= 1
+            return
+        slot = asyncio.get_running_loop().create_future()
+        self._waiting[0 if urgent else 1].append(slot)
+        try:
+            await slot
+        except asyncio.CancelledError:
+            if slot.done() and not slot.cancelled():
+                self.release()  # handed a slot as it was cancelled: pass it on
+            raise
+
+    def release(self) -> None:
+        for waiting in self._waiting:
+            while waiting:
+                slot = waiting.popleft()
+                if not slot.done():
+                    slot.set_result(None)
+                    return
+        self._free += 1
+
+    def waiting(self) -> int:
+        return sum(len(w) for w in self._waiting)
+
+
 class ReconcileQueue:
     """trigger(key) schedules fn(*key, fresh) in a worker thread; triggers during a run cause exactly one
-    rerun.
+    rerun. A trigger that brings a new generation of the object (a new object, a spec change) takes the next
+    free worker before the other waiting runs.
 
     `fresh` asks the reconcile to read the API rather than the watch cache; it sticks until a run uses it.
     After a failure the object waits `backoff(error, failures)` seconds; every trigger in that time (child
@@ -32,7 +68,7 @@ class ReconcileQueue:
         backoff: Callable[[BaseException, int], float] = retry_delay,
     ):
         self._fn = fn
-        self._sem = asyncio.Semaphore(concurrency)
+        self.slots = _Slots(concurrency)
         # threads of its own: asyncio's default pool (CPUs + 4) is smaller than `concurrency` on a small node
         # and is shared with the autoscaler's ticks
         self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="reconcile")
@@ -44,6 +80,7 @@ class ReconcileQueue:
         self._failures: dict[Key, int] = {}
         self._waiting: dict[Key, asyncio.TimerHandle] = {}  # objects in backoff and their retry timer
         self._generation: dict[Key, int] = {}  # newest generation seen per object
+        self._urgent: set[Key] = set()  # objects whose next run brings a new generation
         self._failed_generation: dict[Key, int | None] = {}
         self._rechecks: dict[Key, asyncio.TimerHandle] = {}  # a later look the last run asked for
         self.known: set[Key] = set()
@@ -58,6 +95,7 @@ class ReconcileQueue:
         if generation is not None and generation != self._generation.get(key):
             self._generation[key] = generation
             self._failures.pop(key, None)  # a new spec starts a new backoff
+            self._urgent.add(key)
         if fresh:
             self._fresh.add(key)
         if key in self._waiting:
@@ -73,6 +111,7 @@ class ReconcileQueue:
     def forget(self, key: Key) -> None:
         """The object is gone: drop its backoff and history."""
         self.known.discard(key)
+        self._urgent.discard(key)
         for timers in (self._waiting, self._rechecks):
             if key in timers:
                 timers.pop(key).cancel()
@@ -93,8 +132,10 @@ class ReconcileQueue:
     async def _run(self, key: Key, delay: float = 0.0) -> None:
         if delay:
             await asyncio.sleep(delay)
-        async with self._sem:
+        await self.slots.acquire(key in self._urgent)
+        try:
             self._queued.discard(key)
+            self._urgent.discard(key)
             self._running.add(key)
             fresh = key in self._fresh
             self._fresh.discard(key)
@@ -110,6 +151,8 @@ class ReconcileQueue:
                 self._recheck(key, getattr(result, "recheck_after", None))
             finally:
                 self._running.discard(key)
+        finally:
+            self.slots.release()
         if key in self._dirty:
             self._dirty.discard(key)
             self.trigger(key)

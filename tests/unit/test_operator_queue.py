@@ -53,6 +53,32 @@ def test_delayed_triggers_fold_and_failures_retry_fresh():
     assert calls == [False, True]
 
 
+def test_a_new_generation_takes_the_next_worker_before_reruns_queued_ahead_of_it():
+    order: list[str] = []
+    started, go = threading.Event(), threading.Event()
+
+    def fn(ns, name, fresh):
+        if name == "busy":
+            started.set()
+            go.wait(10)
+        order.append(name)
+
+    async def main():
+        q = ReconcileQueue(fn, concurrency=1)
+        q.trigger(("ns", "busy"))
+        await asyncio.to_thread(started.wait, 10)  # the only worker is taken
+        q.trigger(("ns", "echo"))  # a child event of an object already reconciled
+        q.trigger(("ns", "new"), generation=1)  # a new object, queued after it
+        while q.slots.waiting() < 2:
+            await asyncio.sleep(0)
+        go.set()
+        while len(order) < 3:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    assert order == ["busy", "new", "echo"]
+
+
 def test_retry_delay_doubles_to_a_cap_and_permanent_answers_wait_the_cap():
     down = ConnectionError("refused")
     assert [retry_delay(down, n, base=1, cap=30) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]

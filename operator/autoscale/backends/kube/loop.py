@@ -128,6 +128,8 @@ class KubeAutoscalers:
         self.kube, self.cache, self.prometheus_url = kube, cache, prometheus_url
         self.metrics = metrics or AutoscalerMetrics()
         self.http = httpx.Client(timeout=2.0)
+        # one client for every service's Prometheus: a client of its own would load the CA bundle per service
+        self.prometheus_http = httpx.Client(timeout=5.0)
         self.managed: dict[tuple[str, str], Managed] = {}
 
     def _profile(self, svc: InferenceService) -> Profile:
@@ -150,7 +152,7 @@ class KubeAutoscalers:
     def _source(self, namespace: str, service: str, spec_url: str | None = None) -> MetricSource:
         url = spec_url or self.prometheus_url
         if url:
-            return PrometheusSource(url)
+            return PrometheusSource(url, client=self.prometheus_http)
         selector = f"{names.LABEL_SERVICE}={service}"
         return ScrapeSource(lambda: metrics_targets(self.kube.list("Pod", namespace, selector)))
 
