@@ -1,6 +1,7 @@
 """A diurnal day in hindsight: each hour's fewest GPUs that reach the attainment target, known ahead.
 
     python -m bench.autoscale_hindsight --trace-names conv,code --day-hour-s 600
+    python -m bench.autoscale_hindsight --smoke  # hours of 2 s, at most 3 GPUs: runs, measures nothing
 
 Each hour of the day (bench.autoscale_dynamo's diurnal curve, x1 at 04:00 to x8 at 16:00) is replayed on its
 own in tandem's simulator (NVIDIA's H200 profile converted) with fixed workers, from warm: the fewest GPUs,
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bench._smoke import add_smoke, smoke_sizes
 from bench._traces import TRACES as TRACE_DIR
 from bench.autoscale_dynamo import DAY_HIGH, DAY_LOW
 from tandem.operator.autoscale.core.types import Pool
@@ -59,7 +61,8 @@ def main() -> None:
     p.add_argument("--slo-tpot-ms", type=float, default=50.0)
     p.add_argument("--target", type=float, default=0.95)
     p.add_argument("--max-gpus", type=int, default=16)
-    a = p.parse_args()
+    add_smoke(p)
+    a = smoke_sizes(p.parse_args(), trace_names="conv", day_hour_s=2.0, max_gpus=3)
     slo = Slo(a.slo_ttft_ms, a.slo_tpot_ms, 90.0)
     for short in a.trace_names.split(","):
         day = diurnal(

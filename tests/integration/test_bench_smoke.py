@@ -19,6 +19,7 @@ BENCH = ROOT / "bench"
 SMOKE = {  # module -> the arguments of its smoke run
     "attention_backends": ["--dry-run"],  # a GPU bench: its dry run is the CPU path
     "autoscale": ["--smoke"],
+    "autoscale_hindsight": ["--smoke"],
     "continuous_batching": ["--smoke"],
     "disagg_idle": ["--smoke"],
     "disagg_overhead": ["--smoke"],
