@@ -73,6 +73,8 @@ def test_kv_bytes_and_times_are_counted_under_the_transport_used(tiny_model_dir,
         )  # the tail is the end of the span
     logs = {p.stem: p.read_text(errors="replace") for p in tmp_path.glob("*.log")}
     said = [line for line in logs["prefill-0"].splitlines() if "KV to decode worker" in line]
-    assert len(said) == 1 and said[0].endswith(f"goes over {label}"), said
+    went = [line for line in said if " goes over " in line]
+    assert len(went) == 1 and went[0].endswith(f"goes over {label}"), said  # once, at the first transfer
+    assert all(line.endswith(f" over {label}") for line in said), said  # the router's pairing handshake too
     said = [line for line in logs["decode-0"].splitlines() if "KV from prefill workers" in line]
     assert len(said) == 1 and said[0].endswith(f"comes over {label}"), said
