@@ -17,6 +17,7 @@ from pathlib import Path
 
 import llguidance
 import llguidance.numpy as llnp  # not llguidance.torch: it imports torch._dynamo (seconds of a start)
+import numpy as np
 import torch
 
 from tandem.worker.api.params import InvalidRequest, SamplingParams
@@ -97,11 +98,8 @@ def allowed_tokens(
     """[M, V] bool on `device` (the host by default): True where each constraint lets the token through. The
     matchers fill a packed bitmask on the host; it crosses in one copy and is unpacked where the logits
     are."""
-    pinned = device is not None and torch.device(device).type == "cuda"  # the copy below overlaps the host
-    words = torch.full(  # all bits set: everything allowed
-        llnp.get_bitmask_shape(len(constraints), vocab_size), -1, dtype=torch.int32, pin_memory=pinned
-    )
-    masks = words.numpy()  # the same memory: the matchers write their masks into it
+    masks = np.full(llnp.get_bitmask_shape(len(constraints), vocab_size), -1, dtype=np.int32)  # all allowed
+    words = torch.from_numpy(masks)  # the same host memory: the matchers write their masks into it
     for i, c in enumerate(constraints):
         if c.matcher is None:
             continue
@@ -112,6 +110,8 @@ def allowed_tokens(
         else:
             llnp.fill_next_token_bitmask(c.matcher, masks, i)
     early = [(i, t) for i, c in enumerate(constraints) if c.emitted < c.min_tokens for t in c.banned_early]
+    if device is not None and torch.device(device).type == "cuda":
+        words = words.pin_memory()  # so the copy below overlaps the host
     words = words.to(device or "cpu", non_blocking=True)
     shifts = torch.arange(32, dtype=torch.int32, device=words.device)
     allowed = ((words[:, :, None] >> shifts) & 1).bool().reshape(len(constraints), -1)[:, :vocab_size]
