@@ -42,6 +42,7 @@ from tandem.names import (
     TTFT_SECONDS,
 )
 from tandem.slo import Slo
+from tandem.worker.router.disaggregation import PrefillRoute
 from tandem.worker.router.wake_queue import WakeQueue
 
 
@@ -194,6 +195,8 @@ class RouterMetrics:
             registry=self.registry,
             buckets=TTFT_BUCKETS,
         )
+        for route in (*PrefillRoute, "colocated", PREFILL_ROUTE_NONE):  # at 0 from the first scrape, so a
+            ttft.labels(**self.labels, prefill=route)  # rate() in Prometheus counts a route's first requests
         tpot = self._histogram(
             TPOT_SECONDS, "Per-request mean time per output token after the first", TOKEN_BUCKETS
         )
