@@ -139,10 +139,12 @@ def test_status_writes_built_on_a_stale_read_keep_the_other_writers_condition(co
         built_on.append([c["type"] for c in previous.get("conditions") or []])
         return rebase({"conditions": [ready]}, previous)
 
-    kube.patch_status(KIND, stale, reconciler)  # built on the read from before SLOMet was written
-    assert built_on == [[], ["SLOMet"]]  # refused once (409), then rebuilt on the fresh status
-    final = {c["type"]: c["status"] for c in kube.get(KIND, ns, "writers")["status"]["conditions"]}
-    assert final == {"Ready": "True", "SLOMet": "True"}
+    written = kube.patch_status(KIND, stale, reconciler)  # built on the read from before SLOMet was written
+    # refused (409), then rebuilt on the fresh status; the session's operator may write this object too, so
+    # the status is read as this write left it, not later
+    assert built_on[0] == [] and len(built_on) >= 2 and "SLOMet" in built_on[-1]
+    final = {c["type"]: c["status"] for c in written["status"]["conditions"]}
+    assert final["Ready"] == "True" and final["SLOMet"] == "True"
 
 
 def test_a_flip_relabels_a_pod_leaves_the_replicasets_alone_and_the_flipped_pod_goes_first(
