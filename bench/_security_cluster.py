@@ -151,7 +151,6 @@ def _reach_rows(cp: ControlPlane) -> list[Row]:
 
 
 def _pod_patch_row(cp: ControlPlane) -> Row:
-    from kubernetes import config
 
     from tandem.operator.runtime.kube import ApiError, Kube
 
@@ -163,7 +162,7 @@ def _pod_patch_row(cp: ControlPlane) -> Row:
     }
     cp.kubectl("create", "-f", "-", input=json.dumps(pod))
     token = cp.kubectl("create", "token", OPERATOR_SA.rsplit(":", 1)[1], "-n", SYSTEM).stdout.strip()
-    kube = Kube(config.new_client_from_config(config_file=str(cp.token_kubeconfig("sec-operator", token))))
+    kube = Kube.from_kubeconfig(str(cp.token_kubeconfig("sec-operator", token)))
     try:
         kube.merge_patch(
             "Pod", TENANT, "victim", {"metadata": {"labels": {"serving.tandem.dev/pool": "decode"}}}

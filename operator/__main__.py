@@ -65,36 +65,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def load_config(kubeconfig: str | None) -> None:
-    from kubernetes import client, config
-
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig)
-    else:
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-    cfg = client.Configuration.get_default_copy()
-    cfg.connection_pool_maxsize = 32  # reconcile workers x side-by-side applies share one pool
-    client.Configuration.set_default(cfg)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    load_config(args.kubeconfig)
+    # kopf imports the generated Kubernetes client when it is installed: 78 MB of API models the operator
+    # never uses (it speaks to the API server through runtime/kube.py). Keep it out of this process.
+    sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
+    import kopf
+
+    from tandem.operator.runtime.credentials import LoginError, login
+    from tandem.operator.runtime.kube import Kube
+
+    def log_in() -> kopf.ConnectionInfo:
+        return login(args.kubeconfig)
+
+    try:
+        kube = Kube(log_in)
+    except LoginError as e:
+        print(f"tandem operator: {e}", file=sys.stderr)
+        return 2
     if args.check:
         from tandem.operator.runtime.check import check
 
-        ok, lines = check(args.namespace, args.lease_name, args.lease_namespace)
+        ok, lines = check(kube, args.namespace, args.lease_name, args.lease_namespace)
         print("\n".join(lines), flush=True)
         return 0 if ok else 1
-    if args.kubeconfig:
-        os.environ["KUBECONFIG"] = args.kubeconfig  # kopf logs in through the same file
     if args.prometheus_url:
         os.environ["TANDEM_PROMETHEUS_URL"] = args.prometheus_url  # read by the autoscaler at startup
     if args.metrics_port:
@@ -119,8 +117,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tandem operator: {e}", file=sys.stderr)
         return 2
 
-    import kopf
-
     from tandem.operator import handlers  # noqa: F401  (registers the handlers)
     from tandem.operator.runtime import health
     from tandem.operator.runtime.leader import Leader
@@ -130,7 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     leader = None
     if args.leader_elect:
         leader = Leader(
-            args.lease_name, args.lease_namespace, args.lease_seconds, args.renew_seconds, args.retry_seconds
+            kube,
+            args.lease_name,
+            args.lease_namespace,
+            args.lease_seconds,
+            args.renew_seconds,
+            args.retry_seconds,
         )
         leader.wait()
     health.HEARTBEAT.lead()
@@ -145,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             namespaces=args.namespace,
             liveness_endpoint=args.liveness,
             settings=settings,
+            memo=kopf.Memo(login=log_in),
         )
     finally:
         if leader:

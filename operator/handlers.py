@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
-from kubernetes import client
 
 from tandem.operator.reconcile import Reconciler
 from tandem.operator.runtime.cache import ObjectCache
 from tandem.operator.runtime.health import HEARTBEAT
-from tandem.operator.runtime.kube import Kube
+from tandem.operator.runtime.kube import Kube, Login
 from tandem.operator.runtime.queue import ReconcileQueue
 from tandem.spec import API_GROUP, API_VERSION, KIND
 
@@ -42,8 +41,8 @@ class Runtime:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @classmethod
-    def start(cls) -> Runtime:
-        kube, cache = Kube(), ObjectCache()
+    def start(cls, login: Login) -> Runtime:
+        kube, cache = Kube(login), ObjectCache()
         reconciler = Reconciler(kube, cache)
         queue = ReconcileQueue(
             reconciler.reconcile, concurrency=int(os.environ.get("TANDEM_OPERATOR_WORKERS", "8"))
@@ -85,20 +84,11 @@ def _owned(meta: dict[str, Any], **_: Any) -> bool:
 
 
 @kopf.on.login()
-def login(**_: Any) -> kopf.ConnectionInfo:
-    """kopf connects with the same credentials the Kubernetes client loaded (kubeconfig or in-cluster)."""
-    cfg = client.Configuration.get_default_copy()  # the one every Kube() client is made with
-    auth = cfg.auth_settings().get("BearerToken") or {}
-    scheme, _sep, token = str(auth.get("value") or "").partition(" ")
-    return kopf.ConnectionInfo(
-        server=cfg.host,
-        ca_path=cfg.ssl_ca_cert,
-        insecure=not cfg.verify_ssl,
-        scheme=scheme or None,
-        token=token or None,
-        certificate_path=cfg.cert_file,
-        private_key_path=cfg.key_file,
-    )
+def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    """kopf connects as the operator's own client does (runtime/credentials.py), and logs in again through
+    it when the API server answers 401."""
+    info: kopf.ConnectionInfo = memo.login()
+    return info
 
 
 @kopf.on.startup()
@@ -108,7 +98,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.client_timeout = 330
     settings.networking.error_backoffs = API_RETRY_BACKOFFS
     settings.persistence.diffbase_storage = EventsOnly()
-    memo.tandem = Runtime.start()
+    memo.tandem = Runtime.start(memo.login)
 
 
 async def _beat_forever() -> None:

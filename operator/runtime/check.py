@@ -6,12 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from kubernetes import client
-from kubernetes.client.rest import ApiException
-
-from tandem.operator.runtime.leader import lease_free
-
-GROUP, VERSION, PLURAL = "serving.tandem.dev", "v1alpha1", "inferenceservices"
+from tandem.operator.runtime.kube import ApiError, Kube
+from tandem.operator.runtime.leader import lease_free, parse_time
 
 
 def lease_problem(
@@ -25,36 +21,37 @@ def lease_problem(
     return None
 
 
-def check(namespaces: list[str], lease_name: str, lease_namespace: str) -> tuple[bool, list[str]]:
+def check(kube: Kube, namespaces: list[str], lease_name: str, lease_namespace: str) -> tuple[bool, list[str]]:
     """Run the checks against the API server; (all passed, one line per check)."""
     lines, ok = [], True
-    api = client.CustomObjectsApi()
     scopes: list[str | None] = list(namespaces) or [None]
     for ns in scopes:
         where = f"namespace {ns}" if ns else "all namespaces"
         try:
-            if ns:
-                items = api.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
-            else:
-                items = api.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
+            items = kube.list("InferenceService", ns)
             lines.append(f"ok: {len(items)} InferenceService(s) in {where}")
-        except ApiException as e:
+        except ApiError as e:
             ok = False
             lines.append(f"fail: cannot list InferenceServices in {where}: {e.status} {e.reason}")
+    spec: dict = {}
     try:
-        lease = client.CoordinationV1Api().read_namespaced_lease(lease_name, lease_namespace)
-        spec = lease.spec
-        problem = lease_problem(
-            spec.holder_identity if spec else None,
-            spec.renew_time if spec else None,
-            (spec.lease_duration_seconds if spec else None) or 15,
-            dt.datetime.now(dt.UTC),
+        lease = kube.get("Lease", lease_namespace, lease_name)
+        spec = (lease or {}).get("spec") or {}
+        problem = (
+            f"no lease {lease_namespace}/{lease_name}"
+            if lease is None
+            else lease_problem(
+                spec.get("holderIdentity"),
+                parse_time(spec.get("renewTime")),
+                spec.get("leaseDurationSeconds") or 15,
+                dt.datetime.now(dt.UTC),
+            )
         )
-    except ApiException as e:
+    except ApiError as e:
         problem = f"cannot read lease {lease_namespace}/{lease_name}: {e.status} {e.reason}"
     if problem:
         ok = False
         lines.append(f"fail: {problem}")
     else:
-        lines.append(f"ok: {spec.holder_identity} leads {lease_namespace}/{lease_name}")
+        lines.append(f"ok: {spec.get('holderIdentity')} leads {lease_namespace}/{lease_name}")
     return ok, lines

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlencode
 
+import kopf
 import urllib3
-from kubernetes import client
+
+from tandem.operator.runtime.credentials import login
 
 FIELD_MANAGER = "tandem-operator"
 
@@ -28,13 +31,16 @@ _KINDS = {
     "InferenceService": ("/apis/serving.tandem.dev/v1alpha1", "inferenceservices"),
     "TandemPool": ("/apis/serving.tandem.dev/v1alpha1", "tandempools"),
     "Event": ("/api/v1", "events"),
+    "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
     # spec.gateway: the Gateway API Inference Extension's pool and the Gateway API's route
     "InferencePool": ("/apis/inference.networking.k8s.io/v1", "inferencepools"),
     "HTTPRoute": ("/apis/gateway.networking.k8s.io/v1", "httproutes"),
 }
 
 Body = dict[str, Any]
+Login = Callable[[], kopf.ConnectionInfo]
 _TIMEOUT = urllib3.Timeout(connect=10, read=60)
+POOL_SIZE = 32  # reconcile workers x side-by-side applies share one pool
 
 
 class ApiError(Exception):
@@ -53,9 +59,10 @@ class ApiError(Exception):
         self.message = str(doc.get("message") or body[:500])
 
 
-def path(kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
+def path(kind: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
+    """The resource's URL path; without a namespace, across all namespaces."""
     prefix, plural = _KINDS[kind]
-    out = f"{prefix}/namespaces/{namespace}/{plural}"
+    out = f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
     if name:
         out += f"/{name}"
     if sub:
@@ -64,10 +71,36 @@ def path(kind: str, namespace: str, name: str | None = None, sub: str | None = N
 
 
 class Kube:
-    """A thin, thread-safe wrapper around one ApiClient."""
+    """A thin, thread-safe client over one urllib3 pool, logged in by `login` (runtime/credentials.py);
+    it logs in again when the credentials expire or the API server answers 401."""
 
-    def __init__(self, api: client.ApiClient | None = None):
-        self.api = api or client.ApiClient()
+    def __init__(self, login: Login):
+        self._login = login
+        self._lock = threading.Lock()
+        self._connect()
+
+    @classmethod
+    def from_kubeconfig(cls, kubeconfig: str) -> Kube:
+        """A client for a kubeconfig's current context (tools, tests; the operator passes its own login)."""
+        return cls(lambda: login(kubeconfig))
+
+    def _connect(self) -> None:
+        info = self._login()
+        pool: dict[str, Any] = {"maxsize": POOL_SIZE}
+        if info.server.startswith("https:"):
+            pool["ssl_context"] = info.as_ssl_context()
+        self.server = info.server.rstrip("/")
+        self.expiration = info.expiration
+        self.headers = info.as_http_headers()
+        self.pool = (
+            urllib3.ProxyManager(info.proxy_url, **pool) if info.proxy_url else urllib3.PoolManager(**pool)
+        )
+
+    def _relogin_if_expired(self, seen: urllib3.PoolManager | None = None) -> None:
+        with self._lock:
+            expired = self.expiration is not None and dt.datetime.now(dt.UTC) >= _aware(self.expiration)
+            if expired or (seen is not None and seen is self.pool):
+                self._connect()
 
     def _call(
         self,
@@ -77,23 +110,28 @@ class Kube:
         query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
     ) -> Body:
-        """One HTTP round trip through the client's configured pool (TLS, client certs, token).
-
-        The generated client's call_api changed signature between releases; its urllib3 pool did not.
-        """
-        cfg = self.api.configuration
-        headers = {"Content-Type": content_type, "Accept": "application/json"}
-        auth = cfg.auth_settings().get("BearerToken")
-        if auth and auth.get("value"):
-            headers[auth["key"]] = auth["value"]
-        full = cfg.host + url + (f"?{urlencode(query)}" if query else "")
+        """One HTTP round trip; a 401 logs in again and tries once more (a rotated token)."""
+        self._relogin_if_expired()
+        full = url + (f"?{urlencode(query)}" if query else "")
         payload = json.dumps(body).encode() if body is not None else None
-        resp = self.api.rest_client.pool_manager.request(
-            method, full, body=payload, headers=headers, timeout=_TIMEOUT, preload_content=True
-        )
-        if resp.status >= 400:
-            raise ApiError(resp.status, resp.data.decode(errors="replace"))
-        return json.loads(resp.data) if resp.data else {}
+        for attempt in range(2):
+            pool, headers = self.pool, {"Content-Type": content_type, "Accept": "application/json"}
+            headers.update(self.headers)
+            resp = pool.request(
+                method,
+                self.server + full,
+                body=payload,
+                headers=headers,
+                timeout=_TIMEOUT,
+                preload_content=True,
+            )
+            if resp.status == 401 and attempt == 0:
+                self._relogin_if_expired(seen=pool)
+                continue
+            if resp.status >= 400:
+                raise ApiError(resp.status, resp.data.decode(errors="replace"))
+            return json.loads(resp.data) if resp.data else {}
+        raise AssertionError("unreachable")
 
     def get(self, kind: str, namespace: str, name: str) -> Body | None:
         try:
@@ -107,9 +145,10 @@ class Kube:
         """Every Node (cluster-scoped); the preflight GPU check reads their allocatable resources."""
         return self._call("GET", "/api/v1/nodes").get("items") or []
 
-    def list(self, kind: str, namespace: str, label_selector: str) -> list[Body]:
-        out = self._call("GET", path(kind, namespace), query=[("labelSelector", label_selector)])
-        return out.get("items") or []
+    def list(self, kind: str, namespace: str | None, label_selector: str = "") -> list[Body]:
+        """Objects of `kind` in `namespace` (None: every namespace) matching `label_selector`."""
+        query = [("labelSelector", label_selector)] if label_selector else None
+        return self._call("GET", path(kind, namespace), query=query).get("items") or []
 
     def apply(self, manifest: Body, dry_run: bool = False) -> Body:
         """Server-side apply under our field manager; force, since the operator owns what it renders.
@@ -133,6 +172,16 @@ class Kube:
         return self._call(
             "POST",
             path(manifest["kind"], meta["namespace"]),
+            manifest,
+            query=[("fieldManager", FIELD_MANAGER)],
+        )
+
+    def replace(self, manifest: Body) -> Body:
+        """PUT: the whole object, guarded by the resourceVersion it carries."""
+        meta = manifest["metadata"]
+        return self._call(
+            "PUT",
+            path(manifest["kind"], meta["namespace"], meta["name"]),
             manifest,
             query=[("fieldManager", FIELD_MANAGER)],
         )
@@ -202,3 +251,7 @@ class Kube:
             self.create(event)
         except ApiError:
             pass  # events are best effort
+
+
+def _aware(t: dt.datetime) -> dt.datetime:
+    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)

@@ -1,6 +1,6 @@
 """Lease-based leader election, so two operator replicas never both act.
 
-Written against CoordinationV1Api alone (the client's own leaderelection helpers differ between releases).
+Written against the Lease API alone, through the operator's own client (runtime/kube.py).
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import threading
 import time
 from typing import Any
 
-from kubernetes import client
-from kubernetes.client.rest import ApiException
+from tandem.operator.runtime.kube import ApiError, Kube
 
 log = logging.getLogger("tandem.operator")
 
@@ -25,6 +24,11 @@ def _now() -> dt.datetime:
 
 def _micro(t: dt.datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(value: str | None) -> dt.datetime | None:
+    """A Lease's MicroTime (RFC 3339, UTC) as an aware datetime."""
+    return dt.datetime.fromisoformat(value) if value else None
 
 
 def lease_free(
@@ -41,6 +45,7 @@ class Leader:
 
     def __init__(
         self,
+        kube: Kube,
         name: str,
         namespace: str,
         lease_seconds: int = 15,
@@ -56,7 +61,7 @@ class Leader:
             retry_seconds,
         )
         self.identity = f"{socket.gethostname()}-{os.getpid()}"
-        self.api = client.CoordinationV1Api()
+        self.kube = kube
 
     def _body(self, spec: dict[str, Any], resource_version: str | None = None) -> dict[str, Any]:
         meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
@@ -72,39 +77,30 @@ class Leader:
             "leaseDurationSeconds": self.lease_seconds,
             "renewTime": _micro(now),
         }
-        try:
-            lease = self.api.read_namespaced_lease(self.name, self.namespace)
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        lease = self.kube.get("Lease", self.namespace, self.name)
+        if lease is None:
             try:
-                self.api.create_namespaced_lease(
-                    self.namespace, self._body({**mine, "acquireTime": _micro(now), "leaseTransitions": 0})
-                )
+                self.kube.create(self._body({**mine, "acquireTime": _micro(now), "leaseTransitions": 0}))
                 return True
-            except ApiException as e2:
-                if e2.status == 409:
+            except ApiError as e:
+                if e.status == 409:
                     return False
                 raise
-        spec = lease.spec
-        holder = spec.holder_identity if spec else None
-        renewed = spec.renew_time if spec else None
-        duration = (spec.lease_duration_seconds if spec else None) or self.lease_seconds
-        if not lease_free(holder, renewed, duration, self.identity, now):
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity")
+        duration = spec.get("leaseDurationSeconds") or self.lease_seconds
+        if not lease_free(holder, parse_time(spec.get("renewTime")), duration, self.identity, now):
             return False
+        ours = holder == self.identity and spec.get("acquireTime")
         body = {
             **mine,
-            "acquireTime": _micro(spec.acquire_time)
-            if holder == self.identity and spec and spec.acquire_time
-            else _micro(now),
-            "leaseTransitions": ((spec.lease_transitions or 0) if spec else 0) + (holder != self.identity),
+            "acquireTime": spec["acquireTime"] if ours else _micro(now),
+            "leaseTransitions": (spec.get("leaseTransitions") or 0) + (holder != self.identity),
         }
         try:
-            self.api.replace_namespaced_lease(
-                self.name, self.namespace, self._body(body, lease.metadata.resource_version)
-            )
+            self.kube.replace(self._body(body, lease["metadata"]["resourceVersion"]))
             return True
-        except ApiException as e:
+        except ApiError as e:
             if e.status == 409:
                 return False
             raise
@@ -136,12 +132,15 @@ class Leader:
     def release(self) -> None:
         """Expire our lease on a clean shutdown, so a successor does not wait out the lease."""
         try:
-            lease = self.api.read_namespaced_lease(self.name, self.namespace)
-            if lease.spec is None or lease.spec.holder_identity != self.identity:
+            lease = self.kube.get("Lease", self.namespace, self.name)
+            if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
                 return
             past = _now() - dt.timedelta(hours=1)
-            self.api.patch_namespaced_lease(
-                self.name, self.namespace, {"spec": {"leaseDurationSeconds": 1, "renewTime": _micro(past)}}
+            self.kube.merge_patch(
+                "Lease",
+                self.namespace,
+                self.name,
+                {"spec": {"leaseDurationSeconds": 1, "renewTime": _micro(past)}},
             )
         except Exception as e:  # shutting down: nothing useful to do on failure
             log.warning("leader election: could not release the lease: %s", e)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 
 import yaml
-from kubernetes import config as kube_config
 
 from tandem import names
 from tandem.launch import drain_timeout_seconds
@@ -62,7 +61,7 @@ def test_scale_down_removes_the_pod_with_the_fewest_running_sequences(control_pl
 
     names_ = sorted(p["metadata"]["name"] for p in pods)
     load = {names_[0]: 7.0, names_[1]: 0.0, names_[2]: 3.0}  # what each pod's /metrics would say
-    kube = Kube(kube_config.new_client_from_config(str(cp.kubeconfig("admin"))))
+    kube = Kube.from_kubeconfig(str(cp.kubeconfig("admin")))
     owner = get_json(cp, "tsvc", "victim", namespace=ns)
     actuator = KubeActuator(
         kube,
@@ -126,7 +125,7 @@ def test_status_writes_built_on_a_stale_read_keep_the_other_writers_condition(co
 
     cp, ns = control_plane, namespace
     cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(_svc("writers", decode=1)))
-    kube = Kube(kube_config.new_client_from_config(str(cp.kubeconfig("admin"))))
+    kube = Kube.from_kubeconfig(str(cp.kubeconfig("admin")))
     stale = kube.get(KIND, ns, "writers")
     assert stale is not None
     slo_met = {"type": "SLOMet", "status": "True", "reason": "WithinTarget", "message": "ok"}
@@ -161,7 +160,7 @@ def test_a_flip_relabels_a_pod_leaves_the_replicasets_alone_and_the_flipped_pod_
     wait_for(lambda: len(_ready(_pods(cp, ns, "flipper", "prefill"))) == 1, 120, "1 prefill pod Ready")
     names_ = sorted(p["metadata"]["name"] for p in pods)
     load = {names_[0]: 4.0, names_[1]: 1.0, names_[2]: 6.0}
-    kube = Kube(kube_config.new_client_from_config(str(cp.kubeconfig("admin"))))
+    kube = Kube.from_kubeconfig(str(cp.kubeconfig("admin")))
     owner = get_json(cp, "tsvc", "flipper", namespace=ns)
     actuator = KubeActuator(
         kube,
@@ -232,7 +231,7 @@ def test_mode_auto_collapse_relabels_the_prefill_pod_drains_the_decode_pod_and_s
         lambda: len(r := _ready(_pods(cp, ns, "shaper", "decode"))) == 1 and r, 120, "1 decode pod Ready"
     )
     p0, d0 = p0["metadata"]["name"], d0["metadata"]["name"]
-    kube = Kube(kube_config.new_client_from_config(str(cp.kubeconfig("admin"))))
+    kube = Kube.from_kubeconfig(str(cp.kubeconfig("admin")))
     owner = get_json(cp, "tsvc", "shaper", namespace=ns)
     actuator = KubeActuator(kube, owner, SHAPE_POOLS, lambda ps: {p["metadata"]["name"]: 0.0 for p in ps})
     assert current_shape(actuator.replicas()) == Shape(prefill=1, decode=1)

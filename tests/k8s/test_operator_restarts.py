@@ -10,7 +10,6 @@ from contextlib import contextmanager
 
 import pytest
 import yaml
-from kubernetes import config as kube_config
 
 from tandem import names
 from tandem.operator.autoscale.backends.kube.actuator import KubeActuator
@@ -28,7 +27,7 @@ KINDS = ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "Tande
 
 
 def admin(cp) -> Kube:
-    return Kube(kube_config.new_client_from_config(str(cp.kubeconfig("admin"))))
+    return Kube.from_kubeconfig(str(cp.kubeconfig("admin")))
 
 
 def children(kube: Kube, ns: str, name: str) -> dict[str, str]:

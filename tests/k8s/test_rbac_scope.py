@@ -243,13 +243,9 @@ def _pod(ns: str, name: str) -> dict:
 def as_operator(control_plane, scoped):
     """The operator's own API client (what the autoscaler's deletion-cost patch goes through), with the
     chart's ServiceAccount's token."""
-    from kubernetes import config
-
     from tandem.operator.runtime.kube import Kube
 
-    return Kube(
-        config.new_client_from_config(config_file=str(_service_account_kubeconfig(control_plane, scoped)))
-    )
+    return Kube.from_kubeconfig(str(_service_account_kubeconfig(control_plane, scoped)))
 
 
 def _refusal(call) -> str:

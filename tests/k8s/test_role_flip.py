@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from kubernetes import config as kube_config
 
 from tandem import names
 from tandem.operator.autoscale.backends.kube.flip import flip_candidates, patch_flip
@@ -80,7 +79,7 @@ def test_flip_and_flip_back_move_labels_services_and_counts_and_leave_replica_se
     control_plane, flippable
 ):
     ns, cp = flippable, control_plane
-    kube = Kube(kube_config.new_client_from_config(str(cp.kubeconfig("admin"))))
+    kube = Kube.from_kubeconfig(str(cp.kubeconfig("admin")))
     before_pods = _pods(cp, ns)
     before_sets = _replica_sets(cp, ns)
     assert sorted(_roles(cp, ns).values()) == ["decode", "decode", "prefill", "prefill"]
