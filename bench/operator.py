@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(1)
 
         cpu0 = cpu_seconds(op.proc.pid)
+        cluster0 = {name: cpu_seconds(p.pid) for name, p in cp.procs.items()}
         applied: dict[str, float] = {}
         for i in range(args.objects):
             name = f"bench-{i:03d}"
@@ -202,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
         p99 = lat[min(len(lat) - 1, int(round(0.99 * len(lat))) - 1)]
         watcher.stop = True
         print(f"operator CPU while creating {len(applied)} objects: {cpu_seconds(op.proc.pid) - cpu0:.1f} s")
+        cluster = {name: cpu_seconds(cp.procs[name].pid) - t for name, t in cluster0.items()}
+        print(
+            "control plane CPU meanwhile: "
+            + ", ".join(f"{name} {t:.1f} s" for name, t in sorted(cluster.items(), key=lambda kv: -kv[1]))
+        )
         print(
             f"apply->all {CHILDREN_PER_OBJECT} children created over {len(lat)} objects: "
             f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, max {lat[-1] * 1000:.0f} ms (target p99 < "
