@@ -66,15 +66,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def load_config(kubeconfig: str | None) -> None:
-    from kubernetes import client, config
+    from kubernetes import client
 
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig)
-    else:
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
+    from tandem.operator.runtime.kube import load_credentials
+
+    load_credentials(kubeconfig)
     cfg = client.Configuration.get_default_copy()
     cfg.connection_pool_maxsize = 32  # reconcile workers x side-by-side applies share one pool
     client.Configuration.set_default(cfg)

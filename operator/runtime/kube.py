@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import urllib3
-from kubernetes import client
+from kubernetes import client, config
 
 FIELD_MANAGER = "tandem-operator"
 
@@ -35,6 +35,18 @@ _KINDS = {
 
 Body = dict[str, Any]
 _TIMEOUT = urllib3.Timeout(connect=10, read=60)
+
+
+def load_credentials(kubeconfig: str | None) -> None:
+    """Where the API is and who we are: `kubeconfig` when named, else the pod's service account, else the
+    user's default kubeconfig."""
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig)
+    else:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
 
 
 class ApiError(Exception):

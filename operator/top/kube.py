@@ -75,15 +75,11 @@ def last_scaling(events: Iterable[dict[str, Any]], service: str, now: dt.datetim
 
 class KubeSource:
     def __init__(self, kubeconfig: str | None = None, namespace: str | None = None):
-        from kubernetes import client, config
+        from kubernetes import client
 
-        if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig)
-        else:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
+        from tandem.operator.runtime.kube import load_credentials
+
+        load_credentials(kubeconfig)
         self.api, self.core, self.namespace = client.CustomObjectsApi(), client.CoreV1Api(), namespace
         self.client = client.ApiClient()
 

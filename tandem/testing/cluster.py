@@ -97,7 +97,13 @@ class ControlPlane:
     def token_kubeconfig(self, name: str, token: str) -> Path:
         """A kubeconfig that authenticates with `token` (e.g. a ServiceAccount's, from the TokenRequest
         API)."""
-        path = self.dir / f"{name}.kubeconfig"
+        return self._write_kubeconfig(self.dir / f"{name}.kubeconfig", name, token)
+
+    def kubeconfig(self, user: str = "admin") -> Path:
+        path = self.dir / f"{user.replace(':', '-')}.kubeconfig"
+        return path if path.exists() else self._write_kubeconfig(path, user, USERS[user][0])
+
+    def _write_kubeconfig(self, path: Path, user: str, token: str) -> Path:
         cfg = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -108,33 +114,12 @@ class ControlPlane:
                     "cluster": {"server": self.server, "certificate-authority": str(self.dir / "ca.crt")},
                 }
             ],
-            "users": [{"name": name, "user": {"token": token}}],
+            "users": [{"name": user, "user": {"token": token}}],
             "contexts": [
-                {"name": "tandem", "context": {"cluster": "tandem", "user": name, "namespace": "default"}}
+                {"name": "tandem", "context": {"cluster": "tandem", "user": user, "namespace": "default"}}
             ],
         }
         path.write_text(yaml.safe_dump(cfg))
-        return path
-
-    def kubeconfig(self, user: str = "admin") -> Path:
-        path = self.dir / f"{user.replace(':', '-')}.kubeconfig"
-        if not path.exists():
-            cfg = {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "tandem",
-                "clusters": [
-                    {
-                        "name": "tandem",
-                        "cluster": {"server": self.server, "certificate-authority": str(self.dir / "ca.crt")},
-                    }
-                ],
-                "users": [{"name": user, "user": {"token": USERS[user][0]}}],
-                "contexts": [
-                    {"name": "tandem", "context": {"cluster": "tandem", "user": user, "namespace": "default"}}
-                ],
-            }
-            path.write_text(yaml.safe_dump(cfg))
         return path
 
     def _prepare(self) -> None:
