@@ -9,7 +9,8 @@ import pytest
 from pydantic import Field
 
 from tandem import options
-from tandem.options import RouterOptions, WorkerOptions, _kind
+from tandem.flags import kind_of
+from tandem.options import RouterOptions, WorkerOptions
 from tandem.slo import DEFAULT as DEFAULT_SLO
 from tandem.spec import InferenceServiceSpec
 from tandem.spec_engine import EngineSpec
@@ -17,7 +18,7 @@ from tandem.spec_engine import EngineSpec
 
 def _other_than_default(cls, f: dataclasses.Field):
     """A value of the field's type that differs from its default."""
-    kind = _kind(get_type_hints(cls)[f.name])
+    kind = kind_of(get_type_hints(cls)[f.name])
     default = f.default if f.default is not dataclasses.MISSING else None
     if kind is bool:
         return not default
