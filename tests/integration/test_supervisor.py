@@ -7,17 +7,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
-from tandem import names
-from tandem.operator.local.stack import free_port_block
 from tandem.shm_segments import SHM_DIR, creator_of
+from tandem.testing.local_up import launch, routable
 from tests.integration.stacks import spec
 
 pytestmark = pytest.mark.slow
@@ -89,45 +86,12 @@ def healthy(url: str) -> bool:
         return False
 
 
-def routable(url: str, role: str) -> int:
-    """How many workers of `role` the router can route to, from its /metrics."""
-    try:
-        text = httpx.get(f"{url}/metrics", timeout=2).text
-    except httpx.HTTPError:
-        return 0
-    lines = [li for li in text.splitlines() if li.startswith(names.ROUTER_ROUTABLE_WORKERS + "{")]
-    return int(sum(float(li.split()[-1]) for li in lines if f'role="{role}"' in li))
-
-
 def start_tandem_up(
     tiny_model_dir, tmp_path: Path, decode: int = 1, obj: dict | None = None, new_session: bool = False
 ) -> tuple[subprocess.Popen, str]:
     """`tandem up -f` of `obj` (default: a stack with `decode` decode workers), once it serves; its output in
     tmp_path/tandem-up.log. `new_session`: in a process group of its own, to be killed as one."""
-    spec_file = tmp_path / "spec.yaml"
-    spec_file.write_text(yaml.safe_dump(obj or spec("sup", tiny_model_dir, decode=decode)))
-    base = free_port_block(24)
-    log = open(tmp_path / "tandem-up.log", "wb")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tandem",
-            "up",
-            "-f",
-            str(spec_file),
-            "--port",
-            str(base),
-            "--worker-port",
-            str(base + 2),
-            "--log-dir",
-            str(tmp_path / "logs"),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=new_session,
-    )
-    url = f"http://127.0.0.1:{base}"
+    proc, url = launch(obj or spec("sup", tiny_model_dir, decode=decode), tmp_path, new_session=new_session)
     try:
         wait_for("the stack to serve", lambda: healthy(url) or proc.poll() is not None, START_TIMEOUT_S)
     except AssertionError:
