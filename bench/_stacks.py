@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from tandem.loadgen.client import stream_chunks
 from tandem.loadgen.prompts import Vocabulary
 from tandem.loadgen.runner import run_workload
 from tandem.loadgen.workload import RequestSpec
@@ -157,12 +158,7 @@ def timed_completion(url: str, prompt_ids: list[int], max_tokens: int, timeout_s
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout_s, trust_env=False) as resp:
         if resp.status_code != 200:
             raise RuntimeError(f"router answered {resp.status_code}: {resp.read().decode()[:300]}")
-        for line in resp.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(chunk["error"]["message"])
+        for chunk in stream_chunks(resp.iter_lines()):
             if first is None and any(c.get("text") for c in chunk.get("choices") or []):
                 first = time.perf_counter()
             if chunk.get("usage"):

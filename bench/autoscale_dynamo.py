@@ -64,20 +64,12 @@ from bench._anchor_crosscheck import CROSSCHECK_SHAPES, crosscheck, render_cross
 from bench._anchor_families import cheapest_fixed, colocated_search, run_job, scaling_jobs, static_searches
 from bench._anchor_plot import write_day_plot, write_pareto_plot
 from bench._anchor_replay import Case, cache_key
-from bench._anchor_search import Point, box_search, cost_at, count_search, pareto, staircase
+from bench._anchor_report import render, summarise
+from bench._anchor_search import Point
 from bench._traces import TRACES as TRACE_DIR
 from tandem.profile import profile_named
 from tandem.profile_compare import profile_caption
 from tandem.trace import AZURE_ATTRIBUTION, diurnal, load_trace, scale_rate, to_mooncake_jsonl, windows
-
-__all__ = [
-    "Point",
-    "box_search",
-    "cost_at",
-    "count_search",
-    "pareto",
-    "staircase",
-]  # the arithmetic, re-exported for callers
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ("azure_llm_2023_conv.csv", "azure_llm_2023_code.csv")
@@ -396,62 +388,6 @@ def main(argv: list[str] | None = None) -> int:
 def _save(path: str | None, cache: dict[str, dict[str, Any]]) -> None:
     if path:
         Path(path).write_text(json.dumps(cache))
-
-
-def summarise(points: dict[Case, list[Point]], target: float) -> list[dict[str, Any]]:
-    rows = []
-    for case, ps in points.items():
-        row: dict[str, Any] = {
-            "trace": case.label,
-            "slo_ttft_ms": case.slo_ttft_ms,
-            "startup_s": case.startup_s,
-        }
-        for family in ("static", "dynamo", "hpa", "tandem", "auto"):
-            mine = [p for p in ps if p.family == family]
-            if not mine:
-                continue
-            cost, why = cost_at(mine, target)
-            row[family] = cost
-            row[f"{family}_how"] = why
-            reaching = [p for p in mine if p.attainment >= target]
-            cheapest = min(reaching, key=lambda p: p.gpu_hours) if reaching else None
-            row[f"{family}_reversals_per_hour"] = cheapest.reversals_per_hour if cheapest else None
-            row[f"{family}cheapest_fixed"] = cheapest.setting if cheapest else None
-            if family == "auto":
-                row["auto_shape_changes_per_hour"] = cheapest.shape_changes_per_hour if cheapest else None
-        for mine in ("tandem", "auto"):
-            if row.get(mine) and row.get("static"):
-                row[f"{mine}_vs_static"] = row[mine] / row["static"]
-        for other in ("dynamo", "hpa"):
-            if row.get("tandem") and row.get(other):
-                row[f"tandem_vs_{other}"] = row["tandem"] / row[other]
-        rows.append(row)
-    return rows
-
-
-def render(rows: list[dict[str, Any]], target: float) -> str:
-    def fmt(v: Any) -> str:
-        return "-" if v is None else f"{v:.2f}"
-
-    def cost(r: dict[str, Any], family: str) -> str:
-        how = r.get(f"{family}_how", "")
-        return how if r.get(family) is None else f"{r[family]:.2f} ({how})"
-
-    head = (
-        f"| trace | TTFT SLO ms | cold start s | cheapest fixed pool GPU-h at {target:.0%} | Dynamo planner "
-        "| HPA | tandem | tandem / fixed | tandem / Dynamo | tandem reversals/h | auto | auto / fixed | auto "
-        "shape changes/h |"
-    )
-    lines = [head, "| " + " | ".join(["---"] * 13) + " |"]
-    for r in rows:
-        lines.append(
-            f"| {r['trace']} | {r['slo_ttft_ms']:g} | {r['startup_s']:g} | {cost(r, 'static')} "
-            f"| {cost(r, 'dynamo')} | {cost(r, 'hpa')} | {cost(r, 'tandem')} "
-            f"| {fmt(r.get('tandem_vs_static'))} | {fmt(r.get('tandem_vs_dynamo'))} | "
-            f"{fmt(r.get('tandem_reversals_per_hour'))} | {cost(r, 'auto')} | {fmt(r.get('auto_vs_static'))} "
-            f"| {fmt(r.get('auto_shape_changes_per_hour'))} |"
-        )
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import httpx
 from bench._smoke import add_smoke, smoke_sizes
 from bench._stacks import SERVED_NAME, ModelShape, make_model, running_stacks, service_object, worker_load
 from bench._traces import CONV
-from tandem import names
+from tandem.testing.local_up import routable
 
 OUTPUT_TOKENS = 24
 DEADLINE_S = 60.0  # a client gives up on a request after this long: counted as lost
@@ -132,21 +132,6 @@ def one_stream(http: httpx.Client, url: str, prompt: str) -> str:
     if error and done:
         return "failed"
     return "ok" if done and tokens == OUTPUT_TOKENS else "lost"
-
-
-def routable(url: str, role: str) -> int:
-    try:
-        text = httpx.get(f"{url}/metrics", timeout=2, trust_env=False).text
-    except httpx.HTTPError:
-        return 0
-    prefix = names.ROUTER_ROUTABLE_WORKERS + "{"
-    return int(
-        sum(
-            float(li.split()[-1])
-            for li in text.splitlines()
-            if li.startswith(prefix) and f'role="{role}"' in li
-        )
-    )
 
 
 def whole(url: str, stack) -> bool:

@@ -17,18 +17,16 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import yaml
 
 from bench._smoke import add_smoke, smoke_sizes
-from bench.wake_from_zero import START_TIMEOUT_S, first_token, routable, spread, wait_for
-from tandem.operator.local.stack import free_port_block
+from bench.wake_from_zero import START_TIMEOUT_S, first_token, spread, wait_for
+from tandem.testing.local_up import launch, routable
 
 README_SPEC = Path(__file__).resolve().parent.parent / "examples" / "tiny.yaml"
 
@@ -56,24 +54,12 @@ def startup_phases(log_dir: Path) -> dict[str, dict[str, float]]:
 def one_run(work: Path, model_dir: Path, steady: int, max_tokens: int) -> dict:
     """A fresh stack: wait for both workers to be routable, then the first request and `steady` after it."""
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=work))
-    spec_file = run_dir / "spec.yaml"
-    spec_file.write_text(yaml.safe_dump(stack_spec(model_dir)))
-    port = free_port_block(24)
-    url = f"http://127.0.0.1:{port}"
     started = time.monotonic()
-    log = open(run_dir / "tandem-up.log", "wb")  # noqa: SIM115 - closed with the process
-    up = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "tandem", "up", "-f", str(spec_file), "--create-tiny"),
-            *("--port", str(port), "--worker-port", str(port + 2), "--log-dir", str(run_dir / "logs")),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    up, url = launch(stack_spec(model_dir), run_dir, "--create-tiny")
     try:
         wait_for(
             "both workers routable",
-            lambda: up.poll() is not None or _both_routable(url),
+            lambda: up.poll() is not None or (routable(url, "prefill") >= 1 and routable(url, "decode") >= 1),
             START_TIMEOUT_S,
         )
         if up.poll() is not None:
@@ -85,7 +71,6 @@ def one_run(work: Path, model_dir: Path, steady: int, max_tokens: int) -> dict:
     finally:
         up.terminate()
         up.wait(timeout=60)
-        log.close()
     median = statistics.median(steady_ms)
     return {
         "ready_s": ready_s,
@@ -94,14 +79,6 @@ def one_run(work: Path, model_dir: Path, steady: int, max_tokens: int) -> dict:
         "ratio": first_ms / median,
         **phases,
     }
-
-
-def _both_routable(url: str) -> bool:
-    try:
-        seen = routable(url)
-    except httpx.HTTPError:
-        return False
-    return seen["prefill"] >= 1 and seen["decode"] >= 1
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -41,6 +41,20 @@ from pathlib import Path
 from typing import Any
 
 from bench._goodput_auto import auto_goodput, auto_walk, step_at
+from bench._goodput_dynamo_grid import (
+    AGGREGATED,
+    ATTAINMENT,
+    FIXED_TTFT_SCALE,
+    Pool,
+    best_split,
+    cell,
+    latencies,
+    median_request,
+    pools,
+    share_local,
+    sweep_points,
+)
+from bench._goodput_dynamo_report import report, write_plot
 from bench._goodput_sim import SimReplayer
 from bench._goodput_sweep import Goodput, Latency, attainment, goodput
 from bench._smoke import add_smoke, smoke_sizes, write_tiny_trace
@@ -55,67 +69,6 @@ from tandem.trace import TraceRequest, load_trace, to_mooncake_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ("azure_llm_2023_conv.csv", "azure_llm_2023_code.csv")
-ATTAINMENT = 0.9
-FIXED_TTFT_SCALE = 5.0
-AGGREGATED = "aggregated"
-Pool = dict[str, int]
-
-
-# --- pure ------------------------------------------------------------------------------------------------
-
-
-def pools(gpus: int) -> dict[str, Pool]:
-    """The aggregated pool and every disaggregated split of `gpus` GPUs, by label."""
-    if gpus < 2:
-        raise ValueError("a disaggregated pool needs at least 2 GPUs")
-    out: dict[str, Pool] = {AGGREGATED: {"agg": gpus}}
-    for p in range(1, gpus):
-        out[f"{p}P+{gpus - p}D"] = {"prefill": p, "decode": gpus - p}
-    return out
-
-
-def sweep_points(scales: list[float]) -> dict[str, list[tuple[float, float]]]:
-    """(TTFT scale, TPOT scale) of each sweep, as bench.goodput reports them."""
-    return {
-        "both SLOs at s x idle": [(s, s) for s in scales],
-        f"TTFT at {FIXED_TTFT_SCALE:g}x idle, TPOT at s x idle": [(FIXED_TTFT_SCALE, s) for s in scales],
-    }
-
-
-def latencies(rows: list[list[float | None]]) -> list[Latency]:
-    """The replay's [input, TTFT ms, TPOT ms] rows as the sweep's latencies (unfinished: failed)."""
-    return [
-        Latency(
-            ttft is not None,
-            None if ttft is None else ttft / 1000,
-            None if ttft is None else (tpot or 0) / 1000,
-            int(n or 0),
-        )
-        for n, ttft, tpot in rows
-    ]
-
-
-def cell(g: Goodput, grid: list[float]) -> str:
-    """A goodput as the table prints it: below the grid as '< lowest rate'."""
-    return f"< {grid[0]:g}" if g.bound == "<" else f"{g.bound}{g.rate:.2f}"
-
-
-def best_split(per_pool: dict[str, Goodput]) -> tuple[str, Goodput]:
-    """The disaggregated split with the highest goodput (ties: fewer prefill workers)."""
-    splits = [(label, g) for label, g in per_pool.items() if label != AGGREGATED]
-    return max(splits, key=lambda kv: kv[1].rate)
-
-
-def share_local(trace: list[TraceRequest], local_prefill_max_tokens: int) -> float:
-    """Share of the trace's prompts tandem's conditional rule prefills on the decode worker while the prefill
-    pool is not saturated: those of at most `local_prefill_max_tokens` tokens."""
-    return sum(r.input_len <= local_prefill_max_tokens for r in trace) / len(trace)
-
-
-def median_request(trace: list[TraceRequest]) -> TraceRequest:
-    ins = sorted(r.input_len for r in trace)
-    outs = sorted(r.output_len for r in trace)
-    return TraceRequest(0.0, ins[len(ins) // 2], outs[len(outs) // 2])
 
 
 # --- I/O --------------------------------------------------------------------------------------------------
@@ -281,128 +234,6 @@ def auto_cell(
         "vs_aggregated": g.rate / agg.rate if agg.rate > 0 and g.rate > 0 else None,
         "vs_disaggregated": g.rate / best.rate if best.rate > 0 and g.rate > 0 else None,
     }
-
-
-def rate_of(cell_text: str) -> float | None:
-    """A table cell's goodput per GPU as a number ('>=32.00' counts as 32), None below the grid."""
-    return None if cell_text.startswith("<") else float(cell_text.lstrip(">="))
-
-
-def write_plot(traces: list[dict[str, Any]], path: Path) -> Path:
-    """The goodput curves: per trace, goodput per GPU against the TPOT SLO (TTFT at 5x idle), aggregated and
-    the best disaggregated split, each point of the split named (matplotlib, Agg)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sweep = f"TTFT at {FIXED_TTFT_SCALE:g}x idle, TPOT at s x idle"
-    fig, axes = plt.subplots(1, len(traces), figsize=(5.2 * len(traces), 3.8), squeeze=False)
-    for ax, t in zip(axes[0], traces, strict=True):
-        rows = t["tables"][sweep]
-        xs = [r["tpot_scale"] for r in rows]
-        for key, label, colour in (
-            ("aggregated", "aggregated", "tab:gray"),
-            ("disaggregated", "disaggregated (best split)", "tab:blue"),
-        ):
-            ax.plot(xs, [rate_of(r[key]) for r in rows], marker="o", color=colour, label=label)
-        for x, r in zip(xs, rows, strict=True):
-            if rate_of(r["disaggregated"]) is not None:
-                ax.annotate(
-                    r["split"],
-                    (x, rate_of(r["disaggregated"])),
-                    textcoords="offset points",
-                    xytext=(0, -12),
-                    ha="center",
-                    fontsize=7,
-                    color="tab:blue",
-                )
-        ax.set_xscale("log")
-        ax.minorticks_off()
-        ax.set_xticks(xs, [f"{x:g}x" for x in xs])
-        ax.set_title(f"{t['trace']}, TTFT SLO {FIXED_TTFT_SCALE:g}x idle", fontsize=9)
-        ax.set_xlabel("TPOT SLO (x idle TPOT)")
-        ax.set_ylabel("goodput per GPU (req/s)")
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def report(result: dict[str, Any]) -> str:
-    cfg = result["config"]
-    referee = "tandem's simulator" if cfg.get("referee") == "simulate" else "Dynamo's replay"
-    lines = [
-        f"Goodput per GPU (req/s/GPU with >= {ATTAINMENT:.0%} of requests meeting TTFT and TPOT) in "
-        f"{referee}, engine profile {result.get('profile') or profile_caption('')}, {cfg['gpus']} GPUs: "
-        f"aggregated ({cfg['gpus']} workers) vs disaggregated (best P+D split); '<' below the lowest probed "
-        f"rate, '>=' at least the highest; {result['replays']} replays.",
-    ]
-    for t in result["traces"]:
-        idle = "; ".join(
-            f"{k} TTFT {v['ttft_ms']:.1f} ms, TPOT {v['tpot_ms']:.2f} ms" for k, v in t["idle"].items()
-        )
-        lines += [
-            "",
-            f"#### {t['trace']} (first {t['rows']} rows, {t['native_rate']:.2f} req/s; median request "
-            f"{t['median_request']['input_len']} in / {t['median_request']['output_len']} out)",
-            "",
-            f"Idle: {idle}. Prompts of <= {cfg['local_prefill_max_tokens']} tokens (tandem's conditional "
-            f"rule prefills them on the decode worker): {t['share_local']:.0%}.",
-        ]
-        for title, rows in t["tables"].items():
-            lines += [
-                "",
-                f"{title}:",
-                "",
-                "| s | TTFT / TPOT SLO, ms | aggregated | disaggregated (split) | disaggregated / aggregated "
-                "|",
-                "| --- | --- | --- | --- | --- |",
-            ]
-            for r in rows:
-                ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
-                lines.append(
-                    f"| {r['tpot_scale']:g} | {r['slo_ttft_ms']:.0f} / {r['slo_tpot_ms']:.1f} | "
-                    f"{r['aggregated']} | {r['disaggregated']} ({r['split']}) | {ratio} |"
-                )
-        if all("auto" in r for rows in t["tables"].values() for r in rows):  # runs before auto have none
-            lines += ["", *auto_table(t["tables"])]
-    return "\n".join(lines)
-
-
-def auto_table(tables: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """`auto` beside the fixed pools, TTFT at 5x idle: its shape at its goodput, and the ratios."""
-    rows = tables[f"TTFT at {FIXED_TTFT_SCALE:g}x idle, TPOT at s x idle"]
-    lines = [
-        f"`auto` on the same GPUs (TTFT at {FIXED_TTFT_SCALE:g}x idle): the rule's shape at its goodput (as "
-        "sized for the load / its pool on the budget); its goodput with its choice of kind (a split read as "
-        "the best split) and with the rule's own split:",
-        "",
-        "| TPOT s | auto chose | auto (kind) | auto (its split) | aggregated | disaggregated (split) | "
-        "auto (kind) / aggregated | auto (kind) / disaggregated | live auto (GPUs held, shape changes) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-
-    def ratio(v: float | None) -> str:
-        return "-" if v is None else f"{v:.2f}x"
-
-    def live(v: dict[str, Any] | None) -> str:
-        if v is None:
-            return "-"
-        held = "-" if v["gpus_held"] is None else f"{v['gpus_held']:.1f}, {v['shape_changes']}"
-        return f"{v['goodput']} ({held})"
-
-    for r in rows:
-        a = r["auto"]
-        lines.append(
-            f"| {r['tpot_scale']:g} | {a['shape']} / {a['pool']} | {a['kind_goodput']} | {a['goodput']} | "
-            f"{r['aggregated']} | {r['disaggregated']} ({r['split']}) | {ratio(a['kind_vs_aggregated'])} | "
-            f"{ratio(a['kind_vs_disaggregated'])} | {live(r.get('live_auto'))} |"
-        )
-    return lines
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -59,6 +59,19 @@ DRY = {
     "repeats": 1,
 }
 
+# `tandem profile`'s flag for each knob, in command-line order (the chunk also caps a step's batched tokens)
+KNOB_FLAGS = (
+    ("--prompt-lengths", "prompt_lengths"),
+    ("--chunks", "chunk"),
+    ("--max-batch-tokens", "chunk"),
+    ("--batches", "batches"),
+    ("--contexts", "contexts"),
+    ("--max-running-sequences", "max_running_sequences"),
+    ("--max-model-len", "max_model_len"),
+    ("--decode-steps", "decode_steps"),
+    ("--repeats", "repeats"),
+)
+
 
 def card_slug(device_name: str) -> str:
     """`NVIDIA H200` -> `h200`; `NVIDIA H100 80GB HBM3` -> `h100`; the file name's card."""
@@ -87,24 +100,7 @@ def profile_argv(model: Path, out: Path, device: str, variant: str, knobs: dict[
         a.attention,
         "--decode-step",
         a.decode_step,
-        "--prompt-lengths",
-        knobs["prompt_lengths"],
-        "--chunks",
-        str(knobs["chunk"]),
-        "--max-batch-tokens",
-        str(knobs["chunk"]),
-        "--batches",
-        knobs["batches"],
-        "--contexts",
-        knobs["contexts"],
-        "--max-running-sequences",
-        str(knobs["max_running_sequences"]),
-        "--max-model-len",
-        str(knobs["max_model_len"]),
-        "--decode-steps",
-        str(knobs["decode_steps"]),
-        "--repeats",
-        str(knobs["repeats"]),
+        *(arg for flag, knob in KNOB_FLAGS for arg in (flag, str(knobs[knob]))),
         *(["--num-kv-blocks", str(a.num_kv_blocks)] if a.num_kv_blocks else []),
         *(["--threads", str(a.threads)] if a.threads else []),
         "-o",

@@ -23,7 +23,8 @@ from kubernetes import client, config, watch
 
 from bench._smoke import add_smoke, smoke_sizes
 from tandem import names
-from tandem.testing.cluster import ControlPlane, Operator, find_binaries
+from tandem.testing.cluster import ControlPlane, find_binaries
+from tandem.testing.operator_process import Operator
 
 GROUP, VERSION = "serving.tandem.dev", "v1alpha1"
 CHILD_KINDS = ("deployments", "services", "poddisruptionbudgets", "tandempools")

@@ -17,18 +17,16 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
-import yaml
 
 from bench._smoke import add_smoke, smoke_sizes
 from tandem import names
-from tandem.operator.local.stack import free_port_block
+from tandem.testing.local_up import launch, routable_workers
 
 START_TIMEOUT_S = 300.0
 
@@ -54,17 +52,6 @@ def stack_spec(model_dir: Path) -> dict:
             },
         },
     }
-
-
-def routable(url: str) -> dict[str, float]:
-    text = httpx.get(f"{url}/metrics", timeout=5, trust_env=False).text
-    out = {"prefill": 0.0, "decode": 0.0}
-    for line in text.splitlines():
-        if line.startswith(names.ROUTER_ROUTABLE_WORKERS + "{"):
-            for role in out:
-                if f'role="{role}"' in line:
-                    out[role] += float(line.split()[-1])
-    return out
 
 
 def wait_for(what: str, check, timeout_s: float) -> None:
@@ -117,37 +104,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="tandem-wake-bench-"))
-    spec_file = work / "spec.yaml"
-    spec_file.write_text(yaml.safe_dump(stack_spec(work / "model")))
-    port = free_port_block(24)
-    url = f"http://127.0.0.1:{port}"
-    log = open(work / "tandem-up.log", "wb")  # noqa: SIM115 - closed with the process
-    up = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tandem",
-            "up",
-            "-f",
-            str(spec_file),
-            "--create-tiny",
-            "--port",
-            str(port),
-            "--worker-port",
-            str(port + 2),
-            "--log-dir",
-            str(work / "logs"),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    up, url = launch(stack_spec(work / "model"), work, "--create-tiny")
     runs = []
     try:
         wait_for("the router", lambda: _healthy(url) or up.poll() is not None, START_TIMEOUT_S)
         if up.poll() is not None:
             raise RuntimeError((work / "tandem-up.log").read_text()[-2000:])
         for i in range(args.runs):
-            wait_for("both pools at zero", lambda: not any(routable(url).values()), START_TIMEOUT_S)
+            wait_for("both pools at zero", lambda: not any(routable_workers(url).values()), START_TIMEOUT_S)
             cold_ms, held_ms = first_token(url, args.max_tokens)
             warm = [first_token(url, args.max_tokens)[0] for _ in range(args.warm)]
             run = {
@@ -165,7 +129,6 @@ def main(argv: list[str]) -> int:
     finally:
         up.terminate()
         up.wait(timeout=30)
-        log.close()
     col = {k: [r[k] for r in runs] for k in ("cold_ttft_ms", "cold_start_header_ms", "warm_ttft_ms", "ratio")}
     print(
         f"\nload average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {args.runs} runs, median "

@@ -87,6 +87,14 @@ OVERLAY = (
 )
 
 
+def no_key_prefix(field: str, prefixes: tuple[str, ...], why: str) -> dict[str, str]:
+    """The CEL rule that keeps podTemplate.`field`'s keys off the `prefixes` the operator owns."""
+    rule = " && ".join(f"!k.startsWith('{p}')" for p in prefixes)
+    return cel(
+        f"self.all(k, {rule})", f"podTemplate.{field} may not set {' or '.join(prefixes)} {field}: {why}"
+    )
+
+
 class PodTemplateOverlay(Spec):
     """What a user adds to a pool's pods (Kubernetes only); the CRD refuses what would break the restricted
     Pod Security Standard or the operator's own fields."""
@@ -106,10 +114,8 @@ class PodTemplateOverlay(Spec):
         default_factory=dict,
         max_length=64,
         json_schema_extra=rules(
-            cel(
-                "self.all(k, !k.startsWith('serving.tandem.dev/') && !k.startsWith('app.kubernetes.io/'))",
-                "podTemplate.labels may not set serving.tandem.dev/ or app.kubernetes.io/ labels: the "
-                "operator's selectors use them",
+            no_key_prefix(
+                "labels", ("serving.tandem.dev/", "app.kubernetes.io/"), "the operator's selectors use them"
             ),
             additionalProperties={"type": "string", "maxLength": 63},
         ),
@@ -119,11 +125,7 @@ class PodTemplateOverlay(Spec):
         default_factory=dict,
         max_length=64,
         json_schema_extra=rules(
-            cel(
-                "self.all(k, !k.startsWith('serving.tandem.dev/') && !k.startsWith('prometheus.io/'))",
-                "podTemplate.annotations may not set serving.tandem.dev/ or prometheus.io/ annotations: the "
-                "operator sets them",
-            )
+            no_key_prefix("annotations", ("serving.tandem.dev/", "prometheus.io/"), "the operator sets them")
         ),
     )
     """Extra pod annotations."""

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from tandem.context_limit import beyond_model
+from tandem.loadgen.client import stream_chunks
 from tandem.operator.local.plan import model_dir
 from tandem.operator.local.stack import LocalStack, serving
 from tandem.spec import InferenceService, load_file
@@ -39,12 +40,7 @@ def demo(router_url: str, model: str, prompt: str, max_tokens: int) -> dict[str,
     with httpx.stream("POST", f"{router_url}/v1/chat/completions", json=body, timeout=120) as resp:
         if resp.status_code != 200:
             raise RuntimeError(f"router answered {resp.status_code}: {resp.read().decode()}")
-        for line in resp.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(chunk["error"]["message"])
+        for chunk in stream_chunks(resp.iter_lines()):
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
             for choice in chunk.get("choices", []):

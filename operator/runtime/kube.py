@@ -96,6 +96,10 @@ class Kube:
             urllib3.ProxyManager(info.proxy_url, **pool) if info.proxy_url else urllib3.PoolManager(**pool)
         )
 
+    def close(self) -> None:
+        """Close the pool's connections."""
+        self.pool.clear()
+
     def _relogin_if_expired(self, seen: urllib3.PoolManager | None = None) -> None:
         with self._lock:
             expired = self.expiration is not None and dt.datetime.now(dt.UTC) >= _aware(self.expiration)

@@ -10,7 +10,6 @@ from typing import Any
 
 from tandem.operator.top.view import PoolState, ServiceState
 
-GROUP, VERSION, PLURAL = "serving.tandem.dev", "v1alpha1", "inferenceservices"
 POOL_KINDS = ("InferenceService", "TandemPool")
 SCALING_MESSAGE = re.compile(r"^\S+ \d+->\d+: ")
 
@@ -75,23 +74,13 @@ def last_scaling(events: Iterable[dict[str, Any]], service: str, now: dt.datetim
 
 class KubeSource:
     def __init__(self, kubeconfig: str | None = None, namespace: str | None = None):
-        from kubernetes import client, config
+        from tandem.operator.runtime.credentials import login
+        from tandem.operator.runtime.kube import Kube
 
-        if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig)
-        else:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-        self.api, self.core, self.namespace = client.CustomObjectsApi(), client.CoreV1Api(), namespace
-        self.client = client.ApiClient()
+        self.kube, self.namespace = Kube(lambda: login(kubeconfig)), namespace
 
     def poll(self) -> list[ServiceState]:
-        if self.namespace:
-            items = self.api.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)["items"]
-        else:
-            items = self.api.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
+        items = self.kube.list("InferenceService", self.namespace)
         now = dt.datetime.now(dt.UTC)
         events: dict[str, list[dict[str, Any]]] = {}
         out = []
@@ -99,11 +88,10 @@ class KubeSource:
             st = service_state(obj)
             ns = st.namespace or "default"
             if ns not in events:
-                raw = self.core.list_namespaced_event(ns).items
-                events[ns] = [self.client.sanitize_for_serialization(e) for e in raw]
+                events[ns] = self.kube.list("Event", ns)
             st.last_scaling = last_scaling(events[ns], st.name, now)
             out.append(st)
         return out
 
     def close(self) -> None:
-        self.client.close()
+        self.kube.close()

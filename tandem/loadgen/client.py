@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import httpx
@@ -38,6 +39,20 @@ def sse_data(line: str) -> str | None:
     if not line.startswith("data:"):
         return None
     return line[5:].strip()
+
+
+def stream_chunks(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """The JSON chunks of a streamed answer's `data:` lines, up to `[DONE]`; an error event raises."""
+    for line in lines:
+        data = sse_data(line)
+        if not data:
+            continue
+        if data == "[DONE]":
+            return
+        chunk = json.loads(data)
+        if "error" in chunk:
+            raise RuntimeError(chunk["error"]["message"])
+        yield chunk
 
 
 def chunk_text(chunk: dict[str, Any]) -> str:

@@ -7,23 +7,22 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
-from tandem import names
-from tandem.operator.local.stack import free_port_block
 from tandem.shm_segments import SHM_DIR, creator_of
+from tandem.testing.local_up import launch, routable
 from tests.integration.stacks import spec
 
 pytestmark = pytest.mark.slow
 
 START_TIMEOUT_S = 240.0
-HANG_S = 60.0  # what an expected event may take at most on a busy host before the test calls it a hang
+# The guard on events that take well under a second on an idle host (a SIGKILLed process exiting, the
+# supervisor's restart after its 0.5 s backoff, tandem up's stop within its 5 s grace): a hundredfold margin.
+HANG_S = 60.0
 
 
 def children(pid: int) -> list[int]:
@@ -63,10 +62,13 @@ def wait_for(what: str, check, timeout_s: float):
 
 
 def complete_answer(url: str) -> tuple[int, str]:
-    """One short completion: its HTTP status (0 when none came) and body."""
+    """One short completion: its HTTP status (0 when none came) and body. It waits for the router's answer,
+    with no deadline of its own: the router bounds every request itself (each attempt's Reserve and Prefill
+    deadlines, three attempts, then a 503), a bound longer than any fixed client wait would have to be on a
+    busy host while a worker restarts beside it; pytest's timeout catches a router that never answers."""
     try:
         r = httpx.post(
-            f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 4}, timeout=60
+            f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 4}, timeout=None
         )
     except httpx.HTTPError as e:
         return 0, repr(e)
@@ -84,45 +86,12 @@ def healthy(url: str) -> bool:
         return False
 
 
-def routable(url: str, role: str) -> int:
-    """How many workers of `role` the router can route to, from its /metrics."""
-    try:
-        text = httpx.get(f"{url}/metrics", timeout=2).text
-    except httpx.HTTPError:
-        return 0
-    lines = [li for li in text.splitlines() if li.startswith(names.ROUTER_ROUTABLE_WORKERS + "{")]
-    return int(sum(float(li.split()[-1]) for li in lines if f'role="{role}"' in li))
-
-
 def start_tandem_up(
     tiny_model_dir, tmp_path: Path, decode: int = 1, obj: dict | None = None, new_session: bool = False
 ) -> tuple[subprocess.Popen, str]:
     """`tandem up -f` of `obj` (default: a stack with `decode` decode workers), once it serves; its output in
     tmp_path/tandem-up.log. `new_session`: in a process group of its own, to be killed as one."""
-    spec_file = tmp_path / "spec.yaml"
-    spec_file.write_text(yaml.safe_dump(obj or spec("sup", tiny_model_dir, decode=decode)))
-    base = free_port_block(24)
-    log = open(tmp_path / "tandem-up.log", "wb")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tandem",
-            "up",
-            "-f",
-            str(spec_file),
-            "--port",
-            str(base),
-            "--worker-port",
-            str(base + 2),
-            "--log-dir",
-            str(tmp_path / "logs"),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=new_session,
-    )
-    url = f"http://127.0.0.1:{base}"
+    proc, url = launch(obj or spec("sup", tiny_model_dir, decode=decode), tmp_path, new_session=new_session)
     try:
         wait_for("the stack to serve", lambda: healthy(url) or proc.poll() is not None, START_TIMEOUT_S)
     except AssertionError:

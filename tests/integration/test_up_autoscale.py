@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from tandem.testing.local_up import routable
 from tests.integration.stacks import spec
 from tests.integration.test_drain_scaling import StreamingLoad
-from tests.integration.test_supervisor import routable, start_tandem_up, wait_for
+from tests.integration.test_supervisor import start_tandem_up, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from tandem import names
+from tandem.testing.local_up import routable
 from tests.integration.stacks import spec
-from tests.integration.test_supervisor import routable, start_tandem_up, wait_for
+from tests.integration.test_supervisor import start_tandem_up, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tandem.testing.cluster import ControlPlane, Operator, find_binaries
+from tandem.testing.cluster import ControlPlane, find_binaries
+from tandem.testing.operator_process import Operator
 
 HERE = Path(__file__).resolve().parent
 CHART = HERE.parents[1] / "charts/tandem"

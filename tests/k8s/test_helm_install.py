@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from tandem import names
-from tandem.testing.cluster import ControlPlane, Operator, find_binaries, free_port
+from tandem.testing.cluster import ControlPlane, find_binaries, free_port
+from tandem.testing.operator_process import Operator
 from tests import doc_blocks
 from tests.k8s.conftest import get_json, wait_for
 from tests.k8s.test_operator_lifecycle import EXAMPLE, SERVICE, model_volume, ready_at_current_generation

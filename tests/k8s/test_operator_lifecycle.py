@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tandem import names
-from tandem.testing.cluster import Operator
+from tandem.testing.operator_process import Operator
 from tests.k8s.conftest import get_json, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from tandem import names
 from tandem.operator.autoscale.backends.kube.actuator import KubeActuator
 from tandem.operator.autoscale.core.types import Decision, Pool
 from tandem.operator.runtime.kube import Kube
-from tandem.testing.cluster import Operator
+from tandem.testing.operator_process import Operator
 from tests.k8s.conftest import get_json, wait_for
 from tests.k8s.test_careless import obj, pool
 from tests.k8s.test_operator_lifecycle import condition, ready_at_current_generation

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tandem import names
-from tandem.testing.cluster import Operator
+from tandem.testing.operator_process import Operator
 from tests.k8s.conftest import PSS_ENFORCE, get_json, wait_for
 from tests.k8s.test_operator_lifecycle import EXAMPLE, SERVICE, model_volume, ready_at_current_generation
 from tests.k8s.test_security import CLUSTER_FORBIDDEN, FORBIDDEN, NEEDED, can_i

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from bench.autoscale_dynamo import Point, cost_at, pareto, staircase
+from bench._anchor_search import Point, cost_at, pareto, staircase
 from tandem.operator.autoscale.backends.replay.dynamo import DynamoPolicy, anchor_config
 from tandem.operator.autoscale.backends.replay.tick import ReplayTickSource, weighted_percentile
 from tandem.operator.autoscale.core.source import Target

@@ -14,8 +14,9 @@ import pytest
 from bench._anchor_families import cheapest_fixed, run_job
 from bench._anchor_plot import day_choice, fixed_gpus, front_series, write_day_plot, write_pareto_plot
 from bench._anchor_replay import Case, cache_key
+from bench._anchor_report import summarise
 from bench._anchor_search import Point, box_search, count_search, staircase
-from bench.autoscale_dynamo import main, peak_label, points_from_json, summarise, variants
+from bench.autoscale_dynamo import main, peak_label, points_from_json, variants
 from tandem.operator.autoscale.backends.replay.hpa import HpaPolicy
 from tandem.trace import TraceRequest, to_mooncake_jsonl, windows
 from tests.unit.test_autoscale_anchor import CTX, tick

@@ -4,10 +4,11 @@ of equal GPU count, the replay's rows read as latencies, and the best split."""
 import importlib.util
 from pathlib import Path
 
+from bench._goodput_dynamo_grid import AGGREGATED, best_split, cell, latencies, pools, rate_of, share_local
 from bench._goodput_sweep import Goodput
 from bench._host import busy_reason, busy_ticks, foreign_share, process_ticks, quietly, stat_column
 from bench.disagg_idle import COLOCATED, DISAGGREGATED, cpu_per_token, run_summary, verdict
-from bench.goodput_dynamo import AGGREGATED, best_split, cell, latencies, main, pools, rate_of, share_local
+from bench.goodput_dynamo import main
 from tandem.trace import TraceRequest
 
 

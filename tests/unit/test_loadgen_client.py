@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tandem.loadgen.client import build_payload, chunk_text, sse_data
+from tandem.loadgen.client import build_payload, chunk_text, sse_data, stream_chunks
 
 
 def test_payloads_stream_and_pin_the_output_length() -> None:
@@ -28,6 +28,13 @@ def test_sse_data_lines() -> None:
     assert sse_data(": keep-alive") is None
     assert sse_data("") is None
     assert sse_data("event: message") is None
+
+
+def test_stream_chunks_stop_at_done_and_raise_on_an_error_event() -> None:
+    lines = [": keep-alive", 'data: {"choices": [{"text": "a"}]}', "", 'data: {"usage": {}}', "data: [DONE]"]
+    assert list(stream_chunks([*lines, 'data: {"late": 1}'])) == [{"choices": [{"text": "a"}]}, {"usage": {}}]
+    with pytest.raises(RuntimeError, match="context too long"):
+        list(stream_chunks(['data: {"error": {"message": "context too long"}}']))
 
 
 def test_chunk_text_for_both_endpoints() -> None:

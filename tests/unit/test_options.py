@@ -9,7 +9,8 @@ import pytest
 from pydantic import Field
 
 from tandem import options
-from tandem.options import RouterOptions, WorkerOptions, _kind
+from tandem.flags import kind_of
+from tandem.options import RouterOptions, WorkerOptions
 from tandem.slo import DEFAULT as DEFAULT_SLO
 from tandem.spec import InferenceServiceSpec
 from tandem.spec_engine import EngineSpec
@@ -17,7 +18,7 @@ from tandem.spec_engine import EngineSpec
 
 def _other_than_default(cls, f: dataclasses.Field):
     """A value of the field's type that differs from its default."""
-    kind = _kind(get_type_hints(cls)[f.name])
+    kind = kind_of(get_type_hints(cls)[f.name])
     default = f.default if f.default is not dataclasses.MISSING else None
     if kind is bool:
         return not default
@@ -127,7 +128,7 @@ def test_a_new_spec_knob_needs_no_edit_here(monkeypatch, capsys):
     to_argv, from_argv and the worker, typed, defaulted and checked by the spec, with no edit to this
     module."""
     from tandem.worker.engine.runner.engine import EngineConfig
-    from tandem.worker.serve import main as worker_main
+    from tandem.worker.serve import prepare as worker_prepare
 
     @dataclasses.dataclass
     class EngineConfigWithNewKnobs(EngineConfig):
@@ -137,7 +138,7 @@ def test_a_new_spec_knob_needs_no_edit_here(monkeypatch, capsys):
         cap: int | None = None
 
     monkeypatch.setattr(options, "EngineSpec", EngineSpecWithNewKnobs)
-    monkeypatch.setattr(worker_main, "EngineConfig", EngineConfigWithNewKnobs)
+    monkeypatch.setattr(worker_prepare, "EngineConfig", EngineConfigWithNewKnobs)
     base = InferenceServiceSpec.model_validate({"model": {"source": {"path": "/m"}, "servedName": "tiny"}})
     engine = EngineSpecWithNewKnobs(pace="eager", lookahead=3, prefetch=False, cap=5, block_size=32)
     spec = base.model_copy(update={"engine": engine})
@@ -155,7 +156,7 @@ def test_a_new_spec_knob_needs_no_edit_here(monkeypatch, capsys):
         assert argv[argv.index(flag) + 1] == text
     back = WorkerOptions.from_argv(argv)
     assert back == opts and type(back.engine_knobs["pace"]) is Pace
-    config = worker_main._engine_config(back)
+    config = worker_prepare._engine_config(back)
     assert (config.pace, config.lookahead, config.prefetch, config.cap, config.block_size) == (
         "eager",
         3,

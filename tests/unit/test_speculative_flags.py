@@ -15,8 +15,9 @@ from tandem.worker.api.params import SamplingParams
 from tandem.worker.engine.loading import load_model
 from tandem.worker.engine.runner.engine import Engine, EngineConfig
 from tandem.worker.engine.speculative.proposer import SpeculativeConfig
-from tandem.worker.serve.main import main, parse_args, speculative_config
+from tandem.worker.serve.main import main, parse_args
 from tandem.worker.serve.metrics import WorkerMetrics
+from tandem.worker.serve.prepare import speculative_config
 
 FLAG = ["--speculative", "ngram", "--speculative-tokens", "6"]
 

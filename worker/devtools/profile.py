@@ -2,7 +2,7 @@
 reads.
 
 The engine is built as `tandem worker` builds it (its options, checks, weight load, KV plan and warm-up:
-`tandem.worker.serve.main`), with the serving knobs that set its speed (`--attention`, `--decode-step`,
+`tandem.worker.serve.prepare`), with the serving knobs that set its speed (`--attention`, `--decode-step`,
 `--quantization`, `--kv-cache-dtype`, `--compile`) spelled as the worker's flags. Prefill: one prompt of
 each length, run to its first token, at each chunk size. Decode: `batch` sequences of `context` tokens
 admitted as already prefilled (the decode worker's own path after a KV transfer), then the mean time of a few
@@ -203,7 +203,7 @@ def measure(args: argparse.Namespace, argv: list[str]) -> Profile:
     from tandem.worker.api.params import SamplingParams
     from tandem.worker.engine.loading import engine_for_model
     from tandem.worker.engine.runner.compiled import warm_up
-    from tandem.worker.serve.main import prepare, warmed_engine
+    from tandem.worker.serve.prepare import prepare, warmed_engine
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     rng = random.Random(args.seed)
@@ -298,7 +298,7 @@ def main(argv: list[str]) -> int:
         print(f"{PROG}: error: {args.model}: model directory does not exist", file=sys.stderr)
         return 2
     else:
-        from tandem.worker.serve.main import BadOptions
+        from tandem.worker.serve.prepare import BadOptions
 
         try:
             profile = measure(args, argv)

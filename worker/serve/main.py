@@ -3,38 +3,25 @@ SetRole), with health and metrics."""
 
 from __future__ import annotations
 
-import dataclasses
 import faulthandler
 import logging
 import os
 import signal
 import sys
-import time
 import uuid
-from collections.abc import Iterator
 from concurrent import futures
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import grpc
 import torch
 from grpc_health.v1 import health, health_pb2_grpc
 
-from tandem.context_limit import beyond_model
 from tandem.identity import FLIPPABLE, Identity
-from tandem.options import SPECULATIVE_TOKENS, WorkerOptions
+from tandem.options import WorkerOptions
 from tandem.v1 import colocated_pb2_grpc, common_pb2, prefill_pb2_grpc
 from tandem.worker.api.metrics_http import serve_metrics
 from tandem.worker.api.tls import TlsConfig, add_port
-from tandem.worker.engine.layers.attention import check_backend
-from tandem.worker.engine.loading import engine_for_model, load_model
-from tandem.worker.engine.memory import KvCachePlan, plan_kv_cache
-from tandem.worker.engine.models.protocol import CausalLM
-from tandem.worker.engine.runner.decode_graphs import check_decode_step
-from tandem.worker.engine.runner.engine import Engine, EngineConfig
 from tandem.worker.engine.runner.engine_loop import EngineLoop
-from tandem.worker.engine.speculative.proposer import SpeculativeConfig
-from tandem.worker.hf.config import ModelConfig
 from tandem.worker.kv_transport.codec import wire_compression
 from tandem.worker.kv_transport.grpc_stream import BULK_CHANNEL_OPTIONS
 from tandem.worker.serve.authz import Authorizer
@@ -42,9 +29,10 @@ from tandem.worker.serve.drain import Drainer
 from tandem.worker.serve.drain import add_to_server as add_drain_service
 from tandem.worker.serve.health import HealthWatch
 from tandem.worker.serve.metrics import WorkerMetrics
+from tandem.worker.serve.prepare import BadOptions, Prepared, prepare, warmed_engine
 from tandem.worker.serve.roles import RoleSwitch
 from tandem.worker.serve.rpc_limits import RpcLimiter, rpc_limits
-from tandem.worker.serve.wire import offered_transports, worker_info
+from tandem.worker.serve.wire import worker_info
 
 log = logging.getLogger("tandem.worker")
 EXIT_WATCHDOG_S = 20  # after the drain: time to close the server and stop the engine before a forced exit
@@ -53,32 +41,6 @@ EXIT_WATCHDOG_S = 20  # after the drain: time to close the server and stop the e
 def parse_args(argv: list[str]) -> WorkerOptions:
     opts = WorkerOptions.from_argv(argv)
     return opts if opts.device else replace(opts, device="cuda" if torch.cuda.is_available() else "cpu")
-
-
-class BadOptions(Exception):
-    """Options this worker cannot start with (a check, the model or the memory refused them): `main` says why
-    and exits with status 2 before it serves anything."""
-
-
-@contextmanager
-def options_checked() -> Iterator[None]:
-    """A ValueError raised inside is the options' fault: it leaves as BadOptions."""
-    try:
-        yield
-    except ValueError as e:
-        raise BadOptions(str(e)) from e
-
-
-@dataclass
-class Prepared:
-    """What the checks and the load leave for the engine: the model, its config and the KV cache's plan."""
-
-    transports: list[int]
-    engine_config: EngineConfig
-    model: CausalLM
-    kv_plan: KvCachePlan
-    loaded_s: float
-    kv_plan_s: float  # sizing the cache (on a GPU: a pass at the largest batch)
 
 
 @dataclass
@@ -116,65 +78,6 @@ def log_with_role(role: str) -> RoleField:
     for handler in logging.getLogger().handlers:
         handler.addFilter(role_field)
     return role_field
-
-
-def prepare(args: WorkerOptions) -> Prepared:
-    """Check the options, load the model, size its KV cache; BadOptions for what this worker cannot serve."""
-    device = args.device or "cpu"  # parse_args chose one
-    with options_checked():
-        transports = offered_transports(args.kv_transport, device)
-    if (
-        args.role == "colocated"
-    ):  # no staging rings held for KV it may never receive: inline on gRPC if it flips
-        transports = [common_pb2.KV_TRANSPORT_GRPC]
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    with options_checked():  # the spec refuses these combinations first; a hand-written command line may not
-        engine_config = _engine_config(args)
-        check_decode_step(args.decode_step, torch.device(device))
-        check_backend(args.attention, torch.device(device))
-    started = time.monotonic()
-    with options_checked():  # a model the pool's GPUs cannot split, or more ranks than devices
-        model = _load(args, device)
-    loaded_s = time.monotonic() - started
-    if why := beyond_model(engine_config.max_model_len or 0, model.config.max_position_embeddings):
-        log.warning("%s (the model's own limit; the router refuses longer prompts)", why)
-    with options_checked():  # a draft of the model's first layers needs the model to count them
-        if engine_config.speculative is not None:
-            engine_config.speculative.check_model(model.config.num_layers)
-    planning = time.monotonic()
-    with options_checked():  # after the weights: the cache takes what they and the largest batch leave
-        kv_plan = plan_kv_cache(model, engine_config, args.num_kv_blocks, args.kv_cache_memory_percent)
-    kv_plan_s = time.monotonic() - planning
-    log.info(
-        "%s; KV stored as %s, weights quantization %s",
-        kv_plan.describe(),
-        args.kv_cache_dtype,
-        args.quantization,
-    )
-    return Prepared(transports, engine_config, model, kv_plan, loaded_s, kv_plan_s)
-
-
-def warmed_engine(args: WorkerOptions, prepared: Prepared) -> tuple[Engine, dict[str, float]]:
-    """The engine around the loaded model, warmed up (every path a request can take), and the seconds the
-    start spent in each phase (names.STARTUP_PHASES; warmup includes decode_graphs)."""
-    engine_config = dataclasses.replace(prepared.engine_config, num_kv_blocks=prepared.kv_plan.num_blocks)
-    engine, _ = engine_for_model(prepared.model, args.model_dir, engine_config)
-    started = time.monotonic()
-    # every path a first request can take (compiled graphs, captured buckets, sampling), before the health
-    # check says ready: the first request waits on none of them
-    from tandem.worker.engine.runner.compiled import warm_up
-
-    log.info("warmed up: %d steps took every path a request can take", warm_up(engine))
-    warmup_s = time.monotonic() - started
-    graphs = engine.decode_step.warm_up_seconds if engine.decode_step is not None else None
-    phases = {
-        "load": prepared.loaded_s,
-        "kv_plan": prepared.kv_plan_s,
-        "warmup": warmup_s,
-        "decode_graphs": graphs or 0.0,
-    }
-    return engine, phases
 
 
 def start_engine(args: WorkerOptions, prepared: Prepared) -> tuple[EngineLoop, WorkerMetrics]:
@@ -322,40 +225,6 @@ def serve_until_drained(started: Started) -> None:
     _exit_now(0)
 
 
-def _load(args: WorkerOptions, device: str) -> CausalLM:
-    """The model on one device, or split across `--tensor-parallel` ranks that this process starts."""
-    ranks = args.tensor_parallel or 1
-    if ranks <= 1:
-        model = load_model(args.model_dir, args.dtype, device, args.quantization)
-        if args.compile:  # one rank only: tensor parallelism runs eager steps
-            from tandem.worker.engine.runner.compiled import compile_layers
-
-            compile_layers(model)
-        return model
-    from tandem.worker.engine.tp.group import start_ranks
-    from tandem.worker.engine.tp.model import load_tensor_parallel
-    from tandem.worker.engine.tp.split import tensor_parallel_problem
-
-    problem = tensor_parallel_problem(
-        ModelConfig.from_dir(args.model_dir),
-        ranks,
-        device,
-        args.decode_step,
-        args.compile,
-        torch.cuda.device_count() if device.startswith("cuda") else None,
-    )
-    if problem:
-        raise ValueError(problem)
-    group = start_ranks(ranks, device, args.threads)
-    log.info(
-        "model split across %d tensor-parallel ranks (%s)",
-        ranks,
-        "NCCL" if device.startswith("cuda") else "gloo",
-    )
-    # rank 0's view runs the same calls as one model (its forward, logits and KV cache span the ranks)
-    return load_tensor_parallel(args.model_dir, args.dtype, args.quantization, group)
-
-
 def _exit_now(code: int) -> None:
     """Leave without the interpreter's teardown: with the server closed and the engine stopped nothing is left
     to flush but the logs, and gRPC's and torch's native threads can hang finalization past the watchdog."""
@@ -363,30 +232,6 @@ def _exit_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def speculative_config(args: WorkerOptions) -> SpeculativeConfig | None:
-    if args.speculative is None:
-        return None
-    return SpeculativeConfig(
-        method=args.speculative,
-        num_tokens=args.speculative_tokens or SPECULATIVE_TOKENS,
-        draft_layers=args.speculative_draft_layers,
-    )
-
-
-# Engine knobs WorkerOptions and EngineConfig name alike reach the engine by name; these two differ in kind.
-_NOT_BY_NAME = {"num_kv_blocks", "speculative"}  # sized by plan_kv_cache; a method -> a SpeculativeConfig
-
-
-def _engine_config(args: WorkerOptions) -> EngineConfig:
-    by_name = {f.name for f in dataclasses.fields(EngineConfig)} & {f.name for f in dataclasses.fields(args)}
-    return EngineConfig(
-        **{name: getattr(args, name) for name in by_name - _NOT_BY_NAME},
-        **args.engine_knobs,  # the spec's other knobs, by name (tandem/options.py)
-        prefix_cache_seed=f"{args.served_name}\0{args.model_dir}\0{args.dtype}\0{args.quantization}\0{args.kv_cache_dtype}",
-        speculative=speculative_config(args),
-    )
 
 
 class RoleField(logging.Filter):

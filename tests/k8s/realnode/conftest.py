@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tandem.testing.cluster import ControlPlane, Operator, find_binaries
+from tandem.testing.cluster import ControlPlane, find_binaries
+from tandem.testing.operator_process import Operator
 from tests.k8s.conftest import PSS_ENFORCE, wait_for
 
 HERE = Path(__file__).resolve().parent
