@@ -19,9 +19,10 @@ Samples = Sequence[tuple[float, float]]  # one series' (time in seconds, counter
 def slice_rates(series: Sequence[Samples], slice_s: float, count: int) -> tuple[float, ...] | None:
     """The rate of a counter in the last `count` slices of `slice_s` up to its newest sample, oldest first,
     summed over its series: each series' count (a reset counts from zero) read at the slices' edges, linear
-    between its samples and flat outside them, so the slices are what the direct scrape cuts at each tick.
-    Slices before the oldest sample are left out; None with fewer than two (a fresh Prometheus, a gap as long
-    as the window): one slice is the window's mean, and the policy then sizes for the mean rate."""
+    between its samples and flat outside them, so the slices are what the direct scrape cuts at each tick (a
+    gap in the samples spreads its arrivals evenly over the slices it spans). Slices before the oldest sample
+    are left out; None with fewer than two (a fresh Prometheus, no sample in the window): one slice is the
+    window's mean, and the policy then sizes for the mean rate."""
     series = [s for s in series if s]
     if not series or slice_s <= 0:
         return None
