@@ -184,6 +184,11 @@ def test_the_window_cut_at_each_scrape_gives_the_arrival_slices():
     one.add(Snapshot(0.0, {series: 0.0}), 60.0)
     one.add(Snapshot(15.0, {series: 15.0}), 60.0)
     assert figures(Pool.prefill, [one], [], 90)["arrival_rate_slices_rps"] is None  # one slice is the mean
+    # two routers share the traffic: their slices add up, as Prometheus' sum over the series does
+    late = Window()
+    for at, total in ((30.0, 0.0), (45.0, 30.0)):
+        late.add(Snapshot(at, {series: total}), window_s=60.0)
+    assert figures(Pool.prefill, [router, late], [], 90)["arrival_rate_slices_rps"] == (1.0, 1.0, 12.0)
 
 
 def _counter(rate_at, until_s: float, every_s: float) -> list[tuple[float, float]]:
