@@ -120,6 +120,8 @@ def test_the_tick_source_maps_the_loop_onto_what_prometheus_would_give():
     obs = src.observe(target, src.replicas(), 60.0)
     p, d = obs[Pool.prefill], obs[Pool.decode]
     assert p.arrival_rate_rps == pytest.approx(sum(10 * i for i in range(1, 13)) / 60)
+    # the rate between two ticks, as the direct scrape cuts its window: what the policy sizes bursts from
+    assert p.arrival_rate_slices_rps == pytest.approx(tuple(10 * i / 5 for i in range(1, 13)))
     assert (p.replicas.ready, p.replicas.starting, d.replicas.draining) == (2, 1, 1)
     assert p.prompt_tokens_mean == pytest.approx(1000.0) and d.output_tokens_mean == pytest.approx(200.0)
     # the p90 of the slices' means, weighted by samples: above the window's mean, at most its worst slice
@@ -137,6 +139,14 @@ def test_the_window_forgets_old_slices_and_an_empty_window_has_no_latency():
         src.push(tick(i * 5000.0, req=0, ttft=0.0, itl=0.0))
     obs = src.observe(Target("r", "a", (Pool.prefill,), 60, 90), src.replicas(), 95.0)[Pool.prefill]
     assert obs.arrival_rate_rps == 0.0 and obs.ttft_ms is None
+    assert obs.arrival_rate_slices_rps == (0.0,) * 12
+
+
+def test_one_tick_gives_no_slices_the_policy_takes_the_mean():
+    src = ReplayTickSource(kv_capacity_tokens=1_000_000, window_s=60)
+    src.push(tick(15_000.0, req=30))
+    obs = src.observe(Target("r", "a", (Pool.prefill,), 60, 90), src.replicas(), 15.0)[Pool.prefill]
+    assert obs.arrival_rate_rps == pytest.approx(30 / 5) and obs.arrival_rate_slices_rps is None
 
 
 def test_weighted_percentile():

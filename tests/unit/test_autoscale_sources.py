@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
@@ -14,7 +15,7 @@ from tandem import names
 from tandem.operator.autoscale.core.source import MetricsUnavailable, Target
 from tandem.operator.autoscale.core.types import Pool, Replicas
 from tandem.operator.autoscale.sources import promql
-from tandem.operator.autoscale.sources.prometheus import PrometheusSource
+from tandem.operator.autoscale.sources.prometheus import PrometheusSource, slice_rates
 from tandem.operator.autoscale.sources.scrape import (
     ScrapeSource,
     Snapshot,
@@ -42,6 +43,9 @@ def test_every_query_the_autoscaler_runs_is_charted_on_the_dashboard(pool):
     missing = {name: q for name, q in queries.items() if q not in charted}
     assert not missing, missing
     assert promql.attainment("$namespace", "$service", "$__rate_interval", op="=~") in charted
+    # the arrival slices are a range selector, which Grafana cannot chart: it charts the rate between scrapes
+    samples = promql.arrival_samples("$namespace", "$service", "$__rate_interval", op="=~")
+    assert f"sum by (namespace, service) (irate({samples}))" in charted
 
 
 @pytest.mark.parametrize(
@@ -180,3 +184,101 @@ def test_the_window_cut_at_each_scrape_gives_the_arrival_slices():
     one.add(Snapshot(0.0, {series: 0.0}), 60.0)
     one.add(Snapshot(15.0, {series: 15.0}), 60.0)
     assert figures(Pool.prefill, [one], [], 90)["arrival_rate_slices_rps"] is None  # one slice is the mean
+    # two routers share the traffic: their slices add up, as Prometheus' sum over the series does
+    late = Window()
+    for at, total in ((30.0, 0.0), (45.0, 30.0)):
+        late.add(Snapshot(at, {series: total}), window_s=60.0)
+    assert figures(Pool.prefill, [router, late], [], 90)["arrival_rate_slices_rps"] == (1.0, 1.0, 12.0)
+
+
+def _counter(rate_at, until_s: float, every_s: float) -> list[tuple[float, float]]:
+    """A counter sampled every `every_s` from 0 to `until_s`, growing at `rate_at(t)` per second."""
+    out, total, t = [(0.0, 0.0)], 0.0, 0.0
+    while t < until_s:
+        total += rate_at(t) * every_s
+        t += every_s
+        out.append((t, total))
+    return out
+
+
+def test_prometheus_slices_cut_the_counters_samples_where_the_direct_scrape_cuts_its_window():
+    """1 req/s with a 15 s burst at 10 req/s, scraped every 5 s: the slices of the loop's 15 s interval are
+    the rates between the direct scrape's ticks, and a Prometheus rate() over the window would average the
+    burst away."""
+    samples = _counter(lambda t: 10.0 if 45 <= t < 60 else 1.0, 75, 5)
+    assert slice_rates([samples], 15, 4) == pytest.approx((1.0, 1.0, 10.0, 1.0))
+    router, series = Window(), (names.REQUEST_ARRIVALS_TOTAL, (("pool", "router"),))
+    for at, total in samples:
+        if at % 15 == 0:  # the direct scrape ticks every 15 s
+            router.add(Snapshot(at, {series: total}), window_s=60.0)
+    assert router.slice_rates(names.REQUEST_ARRIVALS_TOTAL) == pytest.approx(slice_rates([samples], 15, 4))
+    # a scrape slower than the slices: the count is read between its samples, linear
+    sparse = [(t, v) for t, v in samples if t % 15 == 0]
+    assert slice_rates([sparse], 7.5, 8) == pytest.approx((1.0, 1.0, 1.0, 1.0, 10.0, 10.0, 1.0, 1.0))
+
+
+def test_prometheus_slices_sum_routers_and_count_a_reset_from_zero():
+    steady = [(float(t), 2.0 * t) for t in range(0, 31, 5)]  # 2 req/s throughout
+    restarted = [
+        (0.0, 500.0),
+        (5.0, 505.0),
+        (10.0, 3.0),
+        (15.0, 8.0),
+        (20.0, 13.0),
+        (25.0, 18.0),
+        (30.0, 23.0),
+    ]
+    late = [
+        (20.0, 100.0),
+        (25.0, 110.0),
+        (30.0, 120.0),
+    ]  # a router that came up mid-window: 2 req/s from 20 s
+    # the reset between 5 s and 10 s counts the 3 the new process saw: 3/5 req/s in place of 1 req/s
+    assert slice_rates([steady, restarted, late], 10, 3) == pytest.approx((2 + 0.8, 2 + 1.0, 2 + 1.0 + 2.0))
+
+
+@pytest.mark.parametrize(
+    "series",
+    [
+        [],  # a fresh Prometheus: no series yet
+        [[]],
+        [[(0.0, 4.0)]],  # one sample: no rate
+        [[(0.0, 4.0), (12.0, 16.0)]],  # 12 s of samples: one 10 s slice, which is the mean
+    ],
+)
+def test_prometheus_slices_need_two_slices_of_samples(series):
+    assert slice_rates(series, 10, 6) is None
+
+
+def _prometheus_answering(results: dict[str, dict]) -> PrometheusSource:
+    """A PrometheusSource whose HTTP client gets Prometheus' JSON answer for each query it names (an empty
+    vector for the rest): the parsing, below the edge tests/integration/test_prometheus_slices_live.py
+    crosses with a real Prometheus."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        data = results.get(request.url.params["query"], {"resultType": "vector", "result": []})
+        return httpx.Response(200, json={"status": "success", "data": data})
+
+    return PrometheusSource(
+        "http://prometheus:9090", client=httpx.Client(transport=httpx.MockTransport(answer))
+    )
+
+
+def test_prometheus_source_parses_the_slices_and_leaves_them_out_without_samples():
+    target = Target("ns", "svc", (Pool.prefill,), window_s=30, percentile=90, interval_s=10)
+    samples = promql.arrival_samples("ns", "svc", "50s")  # three slices and two to find the first edge
+    mean = promql.pool_queries(Pool.prefill, "ns", "svc", "30s", 90)["arrival_rate_rps"]
+    matrix = {
+        "metric": {"namespace": "ns", "service": "svc", "pool": "router"},
+        "values": [[t, str(v)] for t, v in _counter(lambda t: 9.0 if t >= 30 else 1.0, 40, 5)],
+    }
+    answers = {
+        samples: {"resultType": "matrix", "result": [matrix]},
+        mean: {"resultType": "vector", "result": [{"metric": {}, "value": [40, "3.6667"]}]},
+    }
+    obs = _prometheus_answering(answers).observe(target, {}, 40.0)[Pool.prefill]
+    assert obs.arrival_rate_slices_rps == pytest.approx((1.0, 1.0, 9.0))
+    assert obs.arrival_rate_rps == pytest.approx(3.6667)
+    fresh = _prometheus_answering(answers | {samples: {"resultType": "matrix", "result": []}})
+    obs = fresh.observe(target, {}, 40.0)[Pool.prefill]
+    assert obs.arrival_rate_slices_rps is None and obs.arrival_rate_rps == pytest.approx(3.6667)

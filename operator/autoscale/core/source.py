@@ -22,6 +22,7 @@ class Target:
     pools: tuple[Pool, ...]
     window_s: float = 60.0
     percentile: float = 90.0
+    interval_s: float = 15.0  # how often the loop observes: the length of the arrival slices
 
 
 class MetricSource(Protocol):

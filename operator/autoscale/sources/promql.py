@@ -100,6 +100,14 @@ def pool_queries(
     return out
 
 
+def arrival_samples(namespace: str, service: str, span: str, op: str = "=") -> str:
+    """Every sample of the router's arrival counter over `span`, not a rate: the source cuts them into slices
+    of the autoscaler's interval (prometheus.slice_rates), as the direct scrape cuts its window at each tick.
+    A `rate()` over one slice would need two samples inside it, which a slice as long as the scrape interval
+    (both 15 s by default) seldom holds. The dashboard charts it as `irate()`, the rate between scrapes."""
+    return f"{names.REQUEST_ARRIVALS_TOTAL}{router(namespace, service, op).render()}[{span}]"
+
+
 def attainment(namespace: str, service: str, window: str, op: str = "=") -> str:
     """Share of completed requests that met each SLO over the window, one series per `slo` (ttft, tpot)."""
     m = router(namespace, service, op)

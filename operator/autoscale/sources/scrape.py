@@ -109,6 +109,14 @@ class Window:
         return self.history[-1].at_s - self.history[0].at_s if len(self.history) >= 2 else 0.0
 
 
+def summed_slices(per_router: list[tuple[float, ...]]) -> tuple[float, ...]:
+    """The routers' slices added up, newest with newest: every router is scraped at the same ticks, and one
+    that came up later has only the newer slices."""
+    n = max(map(len, per_router), default=0)
+    padded = [(0.0,) * (n - len(r)) + r for r in per_router]
+    return tuple(sum(column) for column in zip(*padded, strict=True)) if padded else ()
+
+
 def _sum(windows: Iterable[Window], pick: Callable[[Window], dict[Labels, float]]) -> float | None:
     values = [v for w in windows for v in pick(w).values()]
     return sum(values) if values else None
@@ -159,8 +167,8 @@ def figures(pool: Pool, router: list[Window], workers: list[Window], percentile:
             _sum(workers, lambda w: w.current(names.KV_BLOCKS_TOTAL)),
         ),
     }
-    slices = [r for w in router for r in w.slice_rates(names.REQUEST_ARRIVALS_TOTAL)]
-    out["arrival_rate_slices_rps"] = tuple(slices) if len(slices) > 1 else None
+    slices = summed_slices([w.slice_rates(names.REQUEST_ARRIVALS_TOTAL) for w in router])
+    out["arrival_rate_slices_rps"] = slices if len(slices) > 1 else None
     held_for = pool.value
 
     def for_pool(name: str) -> Callable[[Window], dict[Labels, float]]:

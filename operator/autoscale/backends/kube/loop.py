@@ -175,8 +175,9 @@ class KubeAutoscalers:
         if m is None or m.generation != generation:
             pools = pools_of(svc)
             source = self._source(svc.namespace, svc.name, svc.spec.autoscaling.prometheus_url)
+            a = svc.spec.autoscaling
             target = Target(
-                svc.namespace, svc.name, pools, svc.spec.autoscaling.window_seconds, svc.spec.slo.percentile
+                svc.namespace, svc.name, pools, a.window_seconds, svc.spec.slo.percentile, a.interval_seconds
             )
             actuator = KubeActuator(self.kube, obj, pools, lambda pods: self._held(source, target, pods))
             if m is not None:

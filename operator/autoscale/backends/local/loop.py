@@ -79,7 +79,7 @@ def local_autoscaler(pools: LocalPools, svc: InferenceService, base: Path) -> Au
     a = svc.spec.autoscaling
     path = a.profile
     profile = load_profile(path if Path(path).is_absolute() else base / path) if path else shipped_profile()
-    target = Target("local", svc.name, roles, a.window_seconds, svc.spec.slo.percentile)
+    target = Target("local", svc.name, roles, a.window_seconds, svc.spec.slo.percentile, a.interval_seconds)
     url = a.prometheus_url
     source: MetricSource = PrometheusSource(url) if url else ScrapeSource(pools.metrics_targets)
     config = policy_config(svc.spec, profile)

@@ -79,7 +79,9 @@ class DynamoPolicy:
         window_s = max(60.0, 4 * self.config.interval_s)
         self.source = ReplayTickSource(float(ctx["max_kv_tokens"]), window_s)
         self.actuator = _Targets(self.source)
-        target = Target("replay", "anchor", POOLS, window_s, self.config.slo.percentile)
+        target = Target(
+            "replay", "anchor", POOLS, window_s, self.config.slo.percentile, self.config.interval_s
+        )
         self.autoscaler = Autoscaler(target, self.source, self.actuator, self.config)
         self.decisions: list[dict[str, Any]] = []
         self.log_path = log_path

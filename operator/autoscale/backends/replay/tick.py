@@ -9,6 +9,7 @@ Prometheus `rate()` window would, and maps them onto a PoolObservation:
 | -------------------------- | ------------------------------------------------------------------------ |
 | replicas                   | active / starting / draining worker counts of the pool                   |
 | arrival_rate_rps           | arrivals in the window / the window's duration                           |
+| arrival_rate_slices_rps    | each slice's arrivals / its duration (the rate between two ticks)        |
 | prompt_tokens_mean         | mean ISL over the window, weighted by requests                           |
 | output_tokens_mean         | mean OSL over the window, weighted by requests                           |
 | prefix_hit_rate            | mean KV hit rate over the window, weighted by its sample count           |
@@ -125,6 +126,7 @@ class ReplayTickSource:
         m, slices = self.tick, list(self.slices)
         duration = sum(s.duration_s for s in slices)
         requests = [(s.isl_mean, s.arrivals) for s in slices]
+        rates = tuple(s.arrivals / s.duration_s for s in slices if s.duration_s > 0)
         common: dict[str, float | None] = {
             "arrival_rate_rps": sum(s.arrivals for s in slices) / duration if duration > 0 else None,
             "prompt_tokens_mean": weighted_mean(requests),
@@ -162,6 +164,7 @@ class ReplayTickSource:
                 replicas=replicas.get(pool, pool_counts(m, pool)),
                 **common,
                 **per_pool[pool],
+                arrival_rate_slices_rps=rates if len(rates) > 1 else None,  # one slice is the mean
             )
             for pool in target.pools
             if pool in per_pool
