@@ -110,6 +110,12 @@ def prefill_full_step(profile: Profile, prompt_tokens: float) -> tuple[float, fl
     return batch, profile.prefill_ms(batch * prompt_tokens)
 
 
+def prefill_drain_tokens_per_ms(profile: Profile, prompt_tokens: float) -> float:
+    """Prompt tokens a replica with a backlog serves per ms: full steps of prompts of this mean length."""
+    most, full_ms = prefill_full_step(profile, prompt_tokens)
+    return most * max(prompt_tokens, 1.0) / full_ms
+
+
 def prefill_busy_batch(profile: Profile, rate_per_replica_rps: float, prompt_tokens: float) -> float:
     """Prompts in a busy replica's step: the root of b = rate x S(b x prompt), between 1 and the full step;
     inf when even full steps do not keep up."""
