@@ -13,6 +13,7 @@ from tandem.operator.autoscale.core.colocated import (
     colocated_step_ms,
     colocated_tpot_ms,
     colocated_ttft_ms,
+    prefill_share,
 )
 from tandem.operator.autoscale.core.config import PolicyConfig
 from tandem.operator.autoscale.core.shape import (
@@ -99,34 +100,34 @@ CASES = [
         "Collapsed: 10 req/s fits 1 colocated worker",
     ),
     Case(
-        "inside the hysteresis band (3P+7D against 11 colocated) keeps",
+        "inside the hysteresis band (3P+8D against 12 colocated) keeps",
         ShapeLoad(
-            rate_rps=40,
-            prompt_tokens_mean=2000,
+            rate_rps=38,
+            prompt_tokens_mean=2500,
             output_tokens_mean=1000,
-            prompt_tokens_p90=3000,
+            prompt_tokens_p90=3500,
             tpot_ms=12.0,
         ),
-        Shape(colocated=11),
+        Shape(colocated=12),
         tpot_x_idle(3),
         ShapeAction.keep,
-        Shape(colocated=11),
-        "Kept 11 colocated: it needs 11 colocated at 11 GPUs; 3P+7D at 10 GPUs saves less than 10%",
+        Shape(colocated=12),
+        "Kept 12 colocated: it needs 12 colocated at 12 GPUs; 3P+8D at 11 GPUs saves less than 10%",
     ),
     Case(
         "the same load with no band splits",
         ShapeLoad(
-            rate_rps=40,
-            prompt_tokens_mean=2000,
+            rate_rps=38,
+            prompt_tokens_mean=2500,
             output_tokens_mean=1000,
-            prompt_tokens_p90=3000,
+            prompt_tokens_p90=3500,
             tpot_ms=12.0,
         ),
-        Shape(colocated=11),
+        Shape(colocated=12),
         tpot_x_idle(3),
         ShapeAction.split,
-        Shape(prefill=3, decode=7),
-        "Split: 40 req/s; 3P+7D serves it at 10 GPUs, 11 colocated would need 11",
+        Shape(prefill=3, decode=8),
+        "Split: 38 req/s; 3P+8D serves it at 11 GPUs, 12 colocated would need 12",
         config={"band": 0.0},
     ),
     Case(
@@ -267,6 +268,34 @@ def test_colocated_step_is_the_decode_step_stretched_by_the_prefill_share():
     saturated = replace(prefill, rate_rps=10.0)  # 10 x 100 ms: prefill alone fills every step
     assert colocated_step_ms(p, 1, saturated, replace(decode, rate_rps=10.0)) == math.inf
     assert colocated_tpot_ms(p, 1, saturated, replace(decode, rate_rps=10.0)) == math.inf
+
+
+@pytest.mark.parametrize(
+    "rate,batched",
+    [
+        (2.0, False),  # 0.5 prompts a second a worker: less than one a step, each pays its own 25 ms
+        (200.0, True),  # 50 a second a worker: the prompts of a step share its 20 ms fixed cost
+        (400.0, True),
+    ],
+)
+def test_colocated_prompts_in_one_step_share_its_fixed_cost(rate, batched):
+    """Prefill 20 ms + 0.01 ms/token at a chunk of 8192, a 10 ms decode step, 4 workers: b = rate/4 x (10 +
+    S(b x 500)) ms prompts a step, each costing S(b x 500) / b."""
+    p = linear_profile(prefill_ms_per_token=0.01, prefill_fixed_ms=20.0, chunk_tokens=8192)
+    load = PrefillLoad(rate_rps=rate, prompt_tokens_mean=500, prompt_tokens_p=500)
+    alone = rate * p.prefill_ms(500) / 1000
+    u = prefill_share(p, 4, load, 10.0)
+    if not batched:
+        assert u == pytest.approx(alone / 4)
+        return
+    lo, hi = 1.0, 8192 / 500
+    for _ in range(60):
+        b = (lo + hi) / 2
+        lo, hi = (b, hi) if rate / 4 / 1000 * (10.0 + 20.0 + 0.01 * 500 * b) > b else (lo, b)
+    assert u == pytest.approx(rate / 4 / 1000 * (20.0 + 0.01 * 500 * b) / b, rel=1e-6)
+    assert u < alone / 4
+    no_fixed_cost = linear_profile(prefill_ms_per_token=0.01, chunk_tokens=8192)
+    assert prefill_share(no_fixed_cost, 4, load, 10.0) == pytest.approx(rate / 4 * 0.01 * 500 / 1000)
 
 
 def test_colocated_tpot_p90_is_the_plain_step_without_prompts_and_pays_for_them_with_short_outputs():

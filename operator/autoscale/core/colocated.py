@@ -1,14 +1,15 @@
 """The capacity model of colocated workers: TTFT and TPOT when each worker serves both phases, and the N it
 needs.
 
-A colocated worker runs chunked prefill: every step carries its running batch's decode work plus a share
-of the prompts waiting. Per replica, prompts arrive at `rate/N` and each costs `prefill_ms(prompt)` of
-step time, so a share `u = rate/N x prefill_ms(prompt_mean)` of every step is prefill work, spread evenly
-over the steps: a step lasts `decode_step(b) / (1 - u)`, and TPOT is that step at the batch Little's law
-gives (`b = rate/N x output x TPOT`, capacity.decode_tpot_ms with the step stretched). TTFT is the prefill
-queue of capacity.prefill_ttft_ms on the N replicas, plus the decode step that each chunk of the prompt
-rides with. `u >= 1` means the worker cannot keep up. Built on the split model's own functions, from the
-profile's prefill and decode rows; no second model.
+A colocated worker runs chunked prefill: every step carries its running batch's decode work plus a share of
+the prompts waiting. Per replica, prompts arrive at `rate/N`; alone each costs `prefill_ms(prompt)` of step
+time, and the prompts that arrive during a step share the next one's fixed cost (prefill_share, as capacity.py
+batches them), so a share `u` (`rate/N x prefill_ms(prompt_mean)` with less than one prompt a step) of every
+step is prefill work, spread evenly over the steps: a step lasts `decode_step(b) / (1 - u)`, and TPOT is that
+step at the batch Little's law gives (`b = rate/N x output x TPOT`, capacity.decode_tpot_ms with the step
+stretched). TTFT is the prefill queue of capacity.prefill_ttft_ms on the N replicas, plus the decode step that
+each chunk of the prompt rides with. `u >= 1` means the worker cannot keep up. Built on the split model's own
+functions, from the profile's prefill and decode rows; no second model.
 
 That stretch is the mean (colocated_step_ms). A request's own TPOT depends on the prompts that land in its
 worker's steps while it decodes: a Poisson count at `rate/N` over its prefill and its steps, each prompt's
@@ -31,26 +32,48 @@ from tandem.operator.autoscale.core.capacity import (
     PrefillLoad,
     decode_tpot_ms,
     erlang_c,
+    prefill_full_step,
     prefill_ttft_ms,
 )
 from tandem.profile import Profile
 from tandem.slo import Slo
 
 
-def prefill_share(profile: Profile, replicas: int, load: PrefillLoad) -> float:
-    """The share of a colocated worker's step time that goes to prefill (`u`); inf with no replica."""
+def prefill_share(profile: Profile, replicas: int, load: PrefillLoad, decode_step_ms: float = 0.0) -> float:
+    """The share of a colocated worker's step time that goes to prefill (`u`); inf with no replica, or when
+    full chunks of prompts do not keep up.
+
+    The prompts that arrive during a step share the next one's prefill, as in capacity.py: a step of decode
+    part `decode_step_ms` carries b = rate/N x (decode_step_ms + S(b m)) prompts (at least 1, at most a
+    chunk), each costing S(b m) / b. With less than one prompt a step, each pays its own `S(m)`."""
     if load.rate_rps <= 0:
         return 0.0
     if replicas <= 0:
         return math.inf
     uncached = 1.0 - min(max(load.prefix_hit_rate, 0.0), 1.0)
-    return load.rate_rps / replicas * profile.prefill_ms(load.prompt_tokens_mean * uncached) / 1000
+    mean = load.prompt_tokens_mean * uncached
+    per_ms = load.rate_rps / replicas / 1000
+    most, _ = prefill_full_step(profile, mean)
+
+    def excess(b: float) -> float:
+        return per_ms * (decode_step_ms + profile.prefill_ms(b * mean)) - b
+
+    if excess(most) >= 0 and most > 1:
+        return math.inf
+    batch = 1.0
+    if excess(1.0) > 0 and most > 1:
+        lo, hi = 1.0, most
+        for _ in range(50):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if excess(mid) > 0 else (lo, mid)
+        batch = hi
+    return per_ms * profile.prefill_ms(batch * mean) / batch
 
 
 def colocated_step_ms(profile: Profile, replicas: int, prefill: PrefillLoad, decode: DecodeLoad) -> float:
     """The mean step on `replicas` colocated workers: the decode step at Little's batch, stretched by 1/(1 -
     u)."""
-    u = prefill_share(profile, replicas, prefill)
+    u = prefill_share(profile, replicas, prefill, profile.decode_step_ms(1, decode.context_tokens))
     if u >= 1:
         return math.inf
     return decode_tpot_ms(profile, replicas, decode, stretch=1 / (1 - u))
@@ -65,7 +88,7 @@ def colocated_tpot_ms(
     step = colocated_step_ms(profile, replicas, prefill, decode)
     if math.isinf(step):
         return math.inf
-    u = prefill_share(profile, replicas, prefill)
+    u = prefill_share(profile, replicas, prefill, profile.decode_step_ms(1, decode.context_tokens))
     plain = step * (1 - u)  # the decode step at the batch, without prompts
     if prefill.rate_rps <= 0:
         return plain
@@ -194,7 +217,8 @@ def colocated_need(
     uncached = 1.0 - min(max(prefill.prefix_hit_rate, 0.0), 1.0)
     floor_tpot = profile.decode_step_ms(1, ctx)
     floor_ttft = profile.prefill_ms(prefill.prompt_tokens_p * uncached) + chunks * floor_tpot
-    load = prefill_share(profile, 1, prefill)
+    most, full_ms = prefill_full_step(profile, prefill.prompt_tokens_mean * uncached)
+    load = prefill.rate_rps * full_ms / most / 1000  # workers whose steps are all full chunks of prompts
     if floor_tpot > tpot_target or floor_ttft > ttft_target:
         return Need(MAX_REPLICAS_SEARCHED, load, math.inf)
     for n in range(max(1, math.floor(load)), MAX_REPLICAS_SEARCHED):

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
+from tandem.operator.autoscale.core.capacity import prefill_drain_tokens_per_ms
 from tandem.operator.autoscale.core.config import PolicyConfig
 from tandem.operator.autoscale.core.policy import PolicyState, decide
 from tandem.operator.autoscale.core.sizing import Sizing, missing, size_pool
@@ -233,7 +234,9 @@ def _present_fits(obs: PoolObservation, config: PolicyConfig, replicas: int) -> 
     prompt = float(obs.prompt_tokens_mean or 0.0)
     if prompt <= 0:
         return True
-    backlog_ms = float(obs.queued_prompt_tokens or 0.0) / (replicas * prompt / profile.prefill_ms(prompt))
+    backlog_ms = float(obs.queued_prompt_tokens or 0.0) / (
+        replicas * prefill_drain_tokens_per_ms(profile, prompt)
+    )
     return (
         backlog_ms + profile.prefill_ms(float(obs.prompt_tokens_p90 or prompt)) <= margin * config.slo.ttft_ms
     )

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 
 from tandem.operator.autoscale.core import forecast as fc
 from tandem.operator.autoscale.core.budget import apply_budget
+from tandem.operator.autoscale.core.capacity import prefill_drain_tokens_per_ms
 from tandem.operator.autoscale.core.config import PolicyConfig
 from tandem.operator.autoscale.core.pool_tick import (
     QUIET_SPELLS,
@@ -325,7 +326,7 @@ def _stalled(obs: PoolObservation, cfg: PolicyConfig) -> tuple[PoolObservation, 
         backlog = float(obs.queued_prompt_tokens)  # type: ignore[arg-type]
         implied = 0.0
         if not missing(prompt) and prompt:
-            per_ms = max(obs.replicas.ready, 1) * prompt / cfg.profile.prefill_ms(prompt)
+            per_ms = max(obs.replicas.ready, 1) * prefill_drain_tokens_per_ms(cfg.profile, prompt)
             implied = backlog / per_ms
         ttft = max(implied, 2 * slo.ttft_ms)
         return replace(obs, ttft_ms=ttft), f"{backlog:.0f} prompt tokens wait and none finished in the window"
@@ -364,7 +365,7 @@ def _queue_growing(obs: PoolObservation, ps: PoolState, cfg: PolicyConfig, curre
     if dt <= 0 or q <= ps.last_queue_tokens:  # type: ignore[operator]
         return ""
     prompt = max(float(obs.prompt_tokens_mean or 1.0), 1.0)
-    tokens_per_s = current * prompt / (cfg.profile.prefill_ms(prompt) / 1000)
+    tokens_per_s = current * prefill_drain_tokens_per_ms(cfg.profile, prompt) * 1000
     drain_s = float(q) / max(tokens_per_s, 1e-9)  # type: ignore[arg-type]
     if drain_s * 1000 <= cfg.slo.ttft_ms:
         return ""

@@ -14,6 +14,7 @@ from tandem.operator.autoscale.core.capacity import (
     burst_rate,
     decode_need,
     decode_tpot_ms,
+    prefill_drain_tokens_per_ms,
     prefill_need,
     prefill_ttft_ms,
 )
@@ -74,7 +75,7 @@ def size_pool(obs: PoolObservation, cfg: PolicyConfig, rate: float, share: float
         observed = float(obs.ttft_ms)  # type: ignore[arg-type]
         now_ms = observed
         if not missing(obs.queued_prompt_tokens) and prompt > 0:
-            tokens_per_ms = ready * prompt / profile.prefill_ms(prompt)
+            tokens_per_ms = ready * prefill_drain_tokens_per_ms(profile, prompt)
             now_ms = float(obs.queued_prompt_tokens) / tokens_per_ms + profile.prefill_ms(
                 prefill_load.prompt_tokens_p
             )  # type: ignore[arg-type]
