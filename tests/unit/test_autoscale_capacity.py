@@ -3,6 +3,7 @@ Little's law for decode."""
 
 import math
 
+import numpy as np
 import pytest
 
 from tandem.operator.autoscale.core.capacity import (
@@ -99,16 +100,56 @@ def test_decode_need_meets_the_tpot_target_at_the_chosen_batch():
 
 
 @pytest.mark.parametrize(
-    "slices,expected",
+    "slices,slice_s,expected",
     [
-        ((5.0, 5.0, 5.0, 5.0), 5.0),  # smooth: the mean
-        ((0.0, 0.0, 0.0, 0.0, 0.0, 30.0), 30.0),  # every request came in the burst
-        ((1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 91.0), 91.0),
-        ((0.0, 0.0), 0.0),
+        ((5.0, 5.0, 5.0, 5.0), 15.0, 5.0),  # smooth: the mean
+        ((0.0, 0.0, 0.0, 0.0, 0.0, 30.0), 10.0, 30.0),  # every request came in the burst
+        ((1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 91.0), 10.0, 91.0),
+        ((2.0, 2.0, 20.0, 2.0), 15.0, 20.0),  # one slice at 10x
+        ((4.0, 4.0, 20.0, 20.0, 4.0, 4.0), 10.0, 20.0),  # two slices at 5x
+        ((1.0, 1.0, 1.0, 3.0), 1.0, 1.5),  # counts 1, 1, 1, 3: within Poisson noise, so the mean
+        ((1.0, 1.0, 1.0, 3.0), 100.0, 3.0),  # counts 100, 100, 100, 300: a burst
+        ((7.0,), 15.0, 7.0),  # one slice is the mean
+        ((0.0, 0.0), 15.0, 0.0),
+        ((), 15.0, 0.0),
     ],
 )
-def test_burst_rate_is_the_rate_the_percentile_request_saw(slices, expected):
-    assert burst_rate(slices, 90) == expected
+def test_burst_rate_is_the_rate_the_percentile_request_saw(slices, slice_s, expected):
+    """A burst of many requests keeps (within 2%) its rate; a spread Poisson noise explains gives the mean."""
+    assert burst_rate(slices, 90, slice_s) == pytest.approx(expected, rel=0.02)
+
+
+@pytest.mark.parametrize("rate", [1.0, 4.0, 16.0, 64.0])
+def test_burst_rate_of_poisson_slices_is_about_the_mean(rate):
+    """Four 15 s slices of Poisson arrivals, 50 seeds: the busiest slice sits about one Poisson standard
+    deviation (sd = sqrt(mean / slice_s), in rps) above the mean, and the burst rate did before it discounted
+    the noise; now it is the mean for at least half the seeds (counts no more spread than Poisson's) and
+    never more than 3 sd above it."""
+    slice_s, at_mean, busiest_above = 15.0, 0, []
+    for seed in range(50):
+        rates = [c / slice_s for c in np.random.default_rng(seed).poisson(rate * slice_s, 4)]
+        mean = sum(rates) / len(rates)
+        sd = math.sqrt(mean / slice_s)
+        burst = burst_rate(rates, 90, slice_s)
+        assert mean <= burst <= mean + 3 * sd, (rates, burst)
+        at_mean += burst == pytest.approx(mean)
+        busiest_above.append((max(rates) - mean) / sd)
+    assert at_mean >= 25
+    assert float(np.median(busiest_above)) > 0.8  # the noise the estimate takes out
+
+
+def test_burst_rate_of_a_poisson_burst_is_the_bursts_rate():
+    """Calm Poisson arrivals at 2 rps with one 15 s slice of them at 10x: the burst's rate within 10%."""
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        rates = [c / 15.0 for c in rng.poisson(2.0 * 15.0, 4)]
+        rates[seed % 4] = rng.poisson(20.0 * 15.0) / 15.0
+        assert burst_rate(rates, 90, 15.0) == pytest.approx(20.0, rel=0.1), rates
+
+
+def test_burst_rate_needs_a_slice_length():
+    with pytest.raises(ValueError, match="slice_s"):
+        burst_rate((1.0, 2.0), 90, 0.0)
 
 
 # A profile whose fixed cost dominates a short prompt's prefill (20 ms + 0.01 ms/token: 25 ms for 500

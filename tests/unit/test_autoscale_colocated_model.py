@@ -62,7 +62,8 @@ def modelled(trace: list[TraceRequest]) -> int:
     prompt_mean = sum(prompts) / len(prompts)
     output_mean = sum(r.output_len for r in trace) / len(trace)
     slices = Counter(int(r.arrival_s // SLICE_S) for r in trace)
-    burst = burst_rate([slices.get(i, 0) / SLICE_S for i in range(int(SECONDS / SLICE_S))], SLO.percentile)
+    rates = [slices.get(i, 0) / SLICE_S for i in range(int(SECONDS / SLICE_S))]
+    burst = burst_rate(rates, SLO.percentile, SLICE_S)
     prefill = PrefillLoad(burst, prompt_mean, prompts[int(0.9 * len(prompts))])
     decode = DecodeLoad(len(trace) / SECONDS, prompt_mean, output_mean)
     return colocated_need(H200, prefill, decode, SLO, 1.0).replicas

@@ -238,7 +238,7 @@ def test_bursts_inside_the_window_size_prefill_above_the_mean():
     calm, _ = once(smooth)
     burst, _ = once(bursty)
     assert burst.desired > calm.desired
-    assert "bursts of 30 req/s" in burst.reason
+    assert "bursts of 29.9 req/s" in burst.reason  # 30 less the share of the spread Poisson noise explains
 
 
 # --- rules a real cluster needs: stalls, drains, break-even, big pools, confirmed forecasts ---------------

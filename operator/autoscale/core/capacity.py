@@ -73,21 +73,41 @@ class Need:
     batch: float = 0.0  # decode: the largest batch per replica that meets the TPOT target
 
 
-def burst_rate(slice_rates: tuple[float, ...] | list[float], percentile: float) -> float:
-    """The arrival rate the p-th percentile request arrived at: slices weighted by the requests they hold.
+def burst_rate(slice_rates: tuple[float, ...] | list[float], percentile: float, slice_s: float) -> float:
+    """The arrival rate the p-th percentile request arrived at: slices weighted by the requests they hold,
+    each slice's rate first stripped of the Poisson noise in its count.
 
-    On smooth traffic this is about the mean rate; on traffic that comes in bursts it is the burst's rate,
-    which is what a queue with no time to scale sees.
+    A slice of `slice_s` seconds at rate r holds c = r x slice_s requests. Were the arrivals Poisson at one
+    steady rate, the counts would spread with a variance equal to their mean, and the busiest slice would sit
+    above the mean by counting noise alone, which the queue model (M/G/c) already prices. So the counts'
+    sample variance v is read as Poisson noise (the mean m) plus the spread of the rate itself (v - m); the
+    best linear guess of a slice's own rate from its count (the Gamma-Poisson empirical-Bayes, or
+    credibility, estimate) moves it toward the mean by the share of the spread the noise explains:
+    r' = mean + (r - mean) x (1 - m / v). Poisson or calmer traffic (v <= m) thus gives the mean rate, and a
+    burst of many requests, whose spread dwarfs the noise, keeps its rate. On smooth traffic this is about
+    the mean rate; on traffic that comes in bursts it is the burst's rate, which is what a queue with no time
+    to scale sees.
     """
+    if slice_s <= 0:
+        raise ValueError(f"slice_s must be positive, got {slice_s}")
     total = sum(slice_rates)
     if total <= 0:
         return 0.0
+    n = len(slice_rates)
+    mean_rate = total / n
+    counts = [rate * slice_s for rate in slice_rates]
+    mean = mean_rate * slice_s
+    variance = sum((c - mean) ** 2 for c in counts) / (n - 1) if n > 1 else 0.0
+    if variance <= mean:  # no spread beyond Poisson noise: the queue model prices all of it
+        return mean_rate
+    keep = 1 - mean / variance
+    rates = sorted(mean_rate + (rate - mean_rate) * keep for rate in slice_rates)
     seen = 0.0
-    for rate in sorted(slice_rates):
+    for rate in rates:
         seen += rate
         if seen >= total * percentile / 100:
             return rate
-    return max(slice_rates)
+    return rates[-1]
 
 
 def erlang_c(servers: int, offered: float) -> float:

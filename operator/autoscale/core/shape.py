@@ -114,7 +114,7 @@ class ShapeLoad:
             present(front.prefix_hit_rate) or 0.0,
             present(front.ttft_ms),
             present(back.tpot_ms),
-            burst_rate(slices, percentile) if slices else None,
+            burst_rate(slices, percentile, front.window_s / len(slices)) if slices else None,
         )
 
 

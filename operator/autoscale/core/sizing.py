@@ -57,8 +57,9 @@ def size_pool(obs: PoolObservation, cfg: PolicyConfig, rate: float, share: float
         prefix_hit_rate=float(obs.prefix_hit_rate if not missing(obs.prefix_hit_rate) else 0.0),
     )
     decode_load = DecodeLoad(rate, prompt, float(obs.output_tokens_mean or 0.0))
-    if obs.arrival_rate_slices_rps:  # size for the bursts a request meets, not the window's mean
-        burst = max(rate, burst_rate(obs.arrival_rate_slices_rps, slo.percentile))
+    slices = obs.arrival_rate_slices_rps
+    if slices:  # size for the bursts a request meets, not the window's mean
+        burst = max(rate, burst_rate(slices, slo.percentile, obs.window_s / len(slices)))
         prefill_load = replace(prefill_load, rate_rps=burst)
         if obs.pool != Pool.colocated:  # colocated workers: decode at the mean, as the shape rule sizes them
             decode_load = replace(decode_load, rate_rps=burst)
