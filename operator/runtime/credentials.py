@@ -113,7 +113,10 @@ def _user(user: dict[str, Any], base: Path, context: str) -> dict[str, Any]:
     """The user's credentials as kopf.ConnectionInfo fields; a credential plugin is run for them."""
     token = user.get("token")
     if not token and user.get("tokenFile"):
-        token = Path(_path(user["tokenFile"], base) or "").read_text().strip()
+        try:
+            token = Path(_path(user["tokenFile"], base) or "").read_text().strip()
+        except OSError as e:
+            raise LoginError(f"kubeconfig context {context}: tokenFile: {e}") from e
     if not token and user.get("auth-provider"):
         token = ((user["auth-provider"].get("config") or {}).get("access-token")) or None
         if not token:

@@ -90,7 +90,7 @@ class Kube:
         if info.server.startswith("https:"):
             pool["ssl_context"] = info.as_ssl_context()
         self.server = info.server.rstrip("/")
-        self.expiration = info.expiration
+        self.expires_at = None if info.expiration is None else _aware(info.expiration)
         self.headers = info.as_http_headers()
         self.pool = (
             urllib3.ProxyManager(info.proxy_url, **pool) if info.proxy_url else urllib3.PoolManager(**pool)
@@ -100,10 +100,14 @@ class Kube:
         """Close the pool's connections."""
         self.pool.clear()
 
-    def _relogin_if_expired(self, seen: urllib3.PoolManager | None = None) -> None:
+    def _expired(self) -> bool:
+        return self.expires_at is not None and dt.datetime.now(dt.UTC) >= self.expires_at
+
+    def _relogin(self, refused: urllib3.PoolManager | None = None) -> None:
+        """Log in again if the credentials expired or `refused` (the pool a 401 came through) is still in use:
+        threads that met the same 401 log in once."""
         with self._lock:
-            expired = self.expiration is not None and dt.datetime.now(dt.UTC) >= _aware(self.expiration)
-            if expired or (seen is not None and seen is self.pool):
+            if self._expired() or (refused is not None and refused is self.pool):
                 self._connect()
 
     def _call(
@@ -115,7 +119,8 @@ class Kube:
         content_type: str = "application/json",
     ) -> Body:
         """One HTTP round trip; a 401 logs in again and tries once more (a rotated token)."""
-        self._relogin_if_expired()
+        if self._expired():
+            self._relogin()
         full = url + (f"?{urlencode(query)}" if query else "")
         payload = json.dumps(body).encode() if body is not None else None
         for attempt in range(2):
@@ -130,7 +135,7 @@ class Kube:
                 preload_content=True,
             )
             if resp.status == 401 and attempt == 0:
-                self._relogin_if_expired(seen=pool)
+                self._relogin(refused=pool)
                 continue
             if resp.status >= 400:
                 raise ApiError(resp.status, resp.data.decode(errors="replace"))
